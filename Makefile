@@ -1,0 +1,45 @@
+# Two commands on a fresh machine: `make demo` and `make test`. Each sets itself up.
+#
+#   VENV=path       use another virtual environment (default .venv)
+#   TORCH_SPEC=...  the torch to install when none is installed (default: the CPU build 2.13.0)
+#   TORCH_PIP_ARGS  extra pip arguments for that install, e.g.
+#                   --index-url https://download.pytorch.org/whl/cpu on a machine without a local wheel
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.ingest-installed
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+
+.PHONY: setup demo test lint typecheck unit bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# Keep a torch that is already installed; otherwise take the CPU build before anything
+	# else can pull the CUDA wheels in through the unpinned `torch>=` requirement.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) scripts/demo.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest -q
+
+test: lint typecheck unit
+
+bench: $(STAMP)
+	$(PY) -m ingest.cli bench
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,73 @@
+"""ingest: stream training data from object storage into PyTorch; resume exactly.
+
+Public API::
+
+    import ingest
+    stream = ingest.Stream("s3://bucket/train/*.parquet", columns=["id", "tokens"],
+                           batch_size=1024, shuffle_seed=0)
+    for batch in stream: ...                 # dict of torch tensors
+    state = stream.state_dict()              # small JSON
+    stream.load_state_dict(state)            # continue exactly after it
+"""
+
+from ingest.catalog import Listing
+from ingest.errors import (
+    ConfigError,
+    IngestError,
+    SchemaMismatchError,
+    ShardError,
+    SourceError,
+    StateError,
+    StreamTimeoutError,
+)
+from ingest.formats import get_format, register_format, registered_formats
+from ingest.formats.base import ReadOptions, ShardInfo
+from ingest.sources import IOStats, Shard, Source
+from ingest.state import STATE_VERSION
+from ingest.stream import Stream
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "STATE_VERSION",
+    "ConfigError",
+    "IOStats",
+    "IngestError",
+    "Listing",
+    "ReadOptions",
+    "SchemaMismatchError",
+    "Shard",
+    "ShardError",
+    "ShardInfo",
+    "Source",
+    "SourceError",
+    "StateError",
+    "Stream",
+    "StreamTimeoutError",
+    "__version__",
+    "get_format",
+    "list_shards",
+    "register_format",
+    "registered_formats",
+]
+
+
+def list_shards(
+    source: str | list[str],
+    *,
+    storage_options: dict[str, object] | None = None,
+    format: str | None = None,
+    progress: bool = False,
+) -> Listing:
+    """List a source once and read what each shard's footer tells (rows when known).
+
+    Args:
+        source: URL, glob or directory, or a list of them.
+        storage_options: fsspec options for the store.
+        format: Format name for every shard; None infers it from extensions.
+        progress: Show a progress bar while footers are read.
+    """
+    from ingest.catalog import Catalog
+
+    src = Source(source, storage_options=storage_options, format=format)
+    return Catalog(src, ReadOptions(), None).scan(progress=progress)

@@ -1,0 +1,104 @@
+"""Run an iterator in a background thread, a bounded number of items ahead.
+
+Reading and decoding release the GIL (network waits, pyarrow), so one thread overlaps them
+with the consumer. Every wait has a timeout; an exception in the thread is raised in the
+consumer; closing the consumer stops the thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from typing import Generic, TypeVar
+
+from ingest.errors import StreamTimeoutError
+
+T = TypeVar("T")
+_POLL_S = 0.1
+
+
+class _Done:
+    pass
+
+
+class _Failed:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class Prefetcher(Generic[T]):
+    """Iterate ``make()`` in a daemon thread, up to ``depth`` items ahead.
+
+    Args:
+        make: Builds the iterator; called in the thread.
+        depth: Items buffered ahead (>= 1).
+        timeout_s: Longest wait for one item before :class:`StreamTimeoutError`.
+        what: Names the producer in the timeout message.
+    """
+
+    def __init__(
+        self, make: Callable[[], Iterator[T]], depth: int, timeout_s: float, what: str
+    ) -> None:
+        self._queue: queue.Queue[T | _Done | _Failed] = queue.Queue(maxsize=max(depth, 1))
+        self._stop = threading.Event()
+        self._timeout_s = timeout_s
+        self._what = what
+        self._thread = threading.Thread(
+            target=self._run, args=(make,), daemon=True, name=f"ingest-prefetch:{what}"
+        )
+        self._thread.start()
+
+    def _put(self, item: T | _Done | _Failed) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _run(self, make: Callable[[], Iterator[T]]) -> None:
+        it: Iterator[T] | None = None
+        try:
+            it = make()
+            for item in it:
+                if not self._put(item):
+                    return
+            self._put(_Done())
+        except BaseException as e:  # forwarded to the consumer, which re-raises it
+            self._put(_Failed(e))
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    def __iter__(self) -> Iterator[T]:
+        return self
+
+    def __next__(self) -> T:
+        try:
+            item = self._queue.get(timeout=self._timeout_s)
+        except queue.Empty:
+            self.close()
+            raise StreamTimeoutError(
+                f"no data from {self._what} for {self._timeout_s:.0f} s; the store may be "
+                "unreachable or a shard read stalled. Raise ReadOptions.timeout_s for very "
+                "slow stores"
+            ) from None
+        if isinstance(item, _Done):
+            raise StopIteration
+        if isinstance(item, _Failed):
+            self.close()
+            raise item.error
+        return item
+
+    def close(self) -> None:
+        """Stop the thread and drop what it buffered."""
+        self._stop.set()
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+        self._thread.join(timeout=5)

@@ -1,0 +1,97 @@
+"""Arrow record batches -> dicts of torch tensors, zero-copy where the dtype allows.
+
+Numeric columns without nulls and fixed-size lists of them become tensors that share the
+Arrow buffers (read-only memory: copy before writing into them in place). Variable-length
+lists of numbers become lists of tensors that are views into one flat buffer. Strings and
+binaries become lists of ``str``/``bytes``. Booleans and nullable floats are copied.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ingest.errors import ConfigError
+
+# Arrow buffers are immutable, so numpy views of them are read-only and torch warns once per
+# conversion that it will not enforce that. Zero-copy is the point here; the module
+# docstring tells users to copy before writing in place.
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning
+)
+
+Batch = dict[str, Any]
+
+
+def _numeric(arr: pa.Array, name: str) -> torch.Tensor:
+    if arr.null_count:
+        if pa.types.is_floating(arr.type):
+            return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
+        raise ConfigError(
+            f"column {name!r} ({arr.type}) has {arr.null_count} null(s) and no "
+            "torch integer dtype holds nulls; fill them in a transform "
+            "(pyarrow.compute.fill_null) or cast the column to float"
+        )
+    return torch.from_numpy(arr.to_numpy(zero_copy_only=not pa.types.is_boolean(arr.type)))
+
+
+def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
+    """Convert one column; see the module docstring for the rules."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    t = arr.type
+    if pa.types.is_dictionary(t):
+        arr = arr.dictionary_decode()
+        t = arr.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        if pa.types.is_unsigned_integer(t) and t.bit_width > 8 and t.bit_width < 64:
+            arr = arr.cast(pa.int64())  # torch has no uint16/uint32 arithmetic worth using
+        return _numeric(arr, name)
+    if pa.types.is_timestamp(t) or pa.types.is_date64(t) or pa.types.is_duration(t):
+        return _numeric(arr.cast(pa.int64()), name)
+    if pa.types.is_fixed_size_list(t) and _is_number(t.value_type):
+        if arr.null_count:
+            raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
+        flat = arr.flatten() if arr.offset else arr.values
+        return _numeric(flat, name).reshape(len(arr), t.list_size)
+    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_number(t.value_type):
+        if arr.null_count:
+            raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
+        offsets = arr.offsets.to_numpy()
+        values = _numeric(arr.values, name)
+        return [values[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
+    if (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+    ):
+        return arr.to_pylist()
+    return arr.to_pylist()
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
+
+
+def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:
+    """Convert a record batch, a table or a dict of arrays/tensors to a dict for torch."""
+    if isinstance(batch, pa.RecordBatch | pa.Table):
+        return {
+            name: column_to_torch(batch.column(i), name)
+            for i, name in enumerate(batch.schema.names)
+        }
+    out: Batch = {}
+    for name, value in batch.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            out[name] = torch.from_numpy(value)
+        elif isinstance(value, pa.Array | pa.ChunkedArray):
+            out[name] = column_to_torch(value, name)
+        else:
+            out[name] = value
+    return out

@@ -1,0 +1,145 @@
+"""Format registry: a name -> the class that reads it, imported lazily.
+
+An unknown name is an error that lists the known ones; registering a taken name needs
+``overwrite=True``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import posixpath
+
+from ingest.errors import ConfigError
+from ingest.formats.base import (
+    Format,
+    ReadContext,
+    ReadOptions,
+    RowBatch,
+    Seek,
+    ShardInfo,
+    ShardReader,
+)
+
+__all__ = [
+    "Format",
+    "ReadContext",
+    "ReadOptions",
+    "RowBatch",
+    "Seek",
+    "ShardInfo",
+    "ShardReader",
+    "format_for_path",
+    "get_format",
+    "known_extensions",
+    "register_format",
+    "registered_formats",
+]
+
+_REGISTRY: dict[str, str] = {
+    "parquet": "ingest.formats.parquet:ParquetFormat",
+    "jsonl": "ingest.formats.jsonl:JsonlFormat",
+    "csv": "ingest.formats.csv:CsvFormat",
+    "arrow": "ingest.formats.arrow:ArrowFormat",
+    "webdataset": "ingest.formats.webdataset:WebDatasetFormat",
+}
+_EXTENSIONS: dict[str, str] = {
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".arrow": "arrow",
+    ".feather": "arrow",
+    ".ipc": "arrow",
+    ".arrows": "arrow",
+    ".tar": "webdataset",
+}
+COMPRESSIONS: dict[str, str] = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+_COMPRESSIBLE = ("jsonl", "csv")
+_instances: dict[str, Format] = {}
+
+
+def registered_formats() -> list[str]:
+    """Names of every registered format."""
+    return sorted(_REGISTRY)
+
+
+def register_format(
+    name: str, target: str, extensions: tuple[str, ...] = (), *, overwrite: bool = False
+) -> None:
+    """Register a format class by import path (``"package.module:Class"``).
+
+    Raises:
+        ConfigError: If ``name`` or an extension is taken and ``overwrite`` is False.
+    """
+    if not overwrite and name in _REGISTRY:
+        raise ConfigError(
+            f"format {name!r} is already registered ({_REGISTRY[name]}); "
+            "pass overwrite=True to replace it"
+        )
+    taken = [e for e in extensions if e in _EXTENSIONS and _EXTENSIONS[e] != name]
+    if taken and not overwrite:
+        raise ConfigError(
+            f"extensions {taken} already map to other formats; pass overwrite=True to remap them"
+        )
+    _REGISTRY[name] = target
+    _instances.pop(name, None)
+    for ext in extensions:
+        _EXTENSIONS[ext] = name
+
+
+def get_format(name: str) -> Format:
+    """The format registered as ``name``.
+
+    Raises:
+        ConfigError: If no format has that name; the message lists the known ones.
+    """
+    fmt = _instances.get(name)
+    if fmt is not None:
+        return fmt
+    target = _REGISTRY.get(name)
+    if target is None:
+        raise ConfigError(
+            f"unknown format {name!r}; known formats: {', '.join(registered_formats())}"
+        )
+    module, _, cls = target.partition(":")
+    fmt = getattr(importlib.import_module(module), cls)()
+    _instances[name] = fmt
+    return fmt
+
+
+def split_compression(path: str) -> tuple[str, str | None]:
+    """``("a.jsonl", "gzip")`` for ``"a.jsonl.gz"``; ``(path, None)`` when uncompressed."""
+    root, ext = posixpath.splitext(path)
+    if ext.lower() in COMPRESSIONS:
+        return root, COMPRESSIONS[ext.lower()]
+    return path, None
+
+
+def format_for_path(path: str, *, strict: bool = False) -> str | None:
+    """The format name for a file path, from its extension.
+
+    Args:
+        path: File path or URL.
+        strict: Raise for an unknown extension instead of returning None (used for files
+            named explicitly rather than found by a glob or a directory walk).
+
+    Raises:
+        ConfigError: If ``strict`` and the extension is unknown.
+    """
+    root, compression = split_compression(path)
+    name = _EXTENSIONS.get(posixpath.splitext(root)[1].lower())
+    if name is not None and (compression is None or name in _COMPRESSIBLE):
+        return name
+    if strict:
+        raise ConfigError(
+            f"cannot tell the format of {path} from its extension; pass "
+            f"format= one of {', '.join(registered_formats())}"
+        )
+    return None
+
+
+def known_extensions() -> list[str]:
+    """Every extension the registry maps to a format."""
+    return sorted(_EXTENSIONS)

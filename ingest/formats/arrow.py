@@ -1,0 +1,118 @@
+"""Arrow IPC: the file format (random access by record batch) and the stream format.
+
+A file's row count comes from ``count_rows``, which reads only the record batch headers.
+Its seek points are ``(row, record batch index)``: a resumed reader fetches that batch
+directly. The stream format has no index; it is read front to back and skips within the
+shard.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+from pyarrow import ipc
+
+from ingest.errors import ShardError
+from ingest.formats.base import (
+    Format,
+    ReadContext,
+    ReadOptions,
+    RowBatch,
+    Seek,
+    ShardInfo,
+    ShardReader,
+    check_schema,
+    clip,
+    select,
+)
+from ingest.sources import Shard, Source
+
+_MAGIC = b"ARROW1"
+_FIX = "check that the object is a complete Arrow IPC file or stream, or pass format="
+
+
+class ArrowFormat(Format):
+    name = "arrow"
+    extensions = (".arrow", ".feather", ".ipc", ".arrows")
+
+    def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
+        with source.open(shard) as f:
+            head = f.read(len(_MAGIC))
+            try:
+                if head == _MAGIC:
+                    f.seek(0)
+                    reader = ipc.open_file(f)
+                    return ShardInfo(rows=reader.count_rows(), schema=reader.schema, meta="file")
+                f.seek(0)
+                return ShardInfo(rows=None, schema=ipc.open_stream(f).schema, meta="stream")
+            except (pa.ArrowInvalid, OSError) as e:
+                raise ShardError(
+                    shard.url, f"is not a readable Arrow IPC file or stream ({e})", _FIX, byte=0
+                ) from None
+
+    def open(self, ctx: ReadContext) -> ShardReader:
+        return _ArrowReader(ctx)
+
+
+class _ArrowReader(ShardReader):
+    def __init__(self, ctx: ReadContext) -> None:
+        super().__init__(ctx)
+        assert ctx.info.schema is not None
+        check_schema(ctx.shard.url, ctx.info.schema, ctx.schema, ctx.schema_origin, ctx.columns)
+        self._file = ctx.source.open(ctx.shard)
+
+    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+        batches = (
+            self._file_batches(start, seek)
+            if self.ctx.info.meta == "file"
+            else self._stream_batches()
+        )
+        yield from clip(batches, start, stop)
+
+    def _file_batches(self, start: int, seek: Seek | None) -> Iterator[RowBatch]:
+        row, index = seek if seek is not None and seek[0] <= start else (0, 0)
+        reader: Any = self._open(lambda: ipc.open_file(self._file), row)
+        while index < reader.num_record_batches:
+            batch = self._batch(lambda i=index: reader.get_batch(i), row)
+            yield RowBatch(row, batch, (row, index))
+            row += batch.num_rows
+            index += 1
+
+    def _stream_batches(self) -> Iterator[RowBatch]:
+        row = 0
+        self._file.seek(0)
+        reader: Any = self._open(lambda: ipc.open_stream(self._file), row)
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                return
+            except (pa.ArrowInvalid, OSError, EOFError) as e:
+                raise ShardError(
+                    self.ctx.shard.url, f"record batch cannot be read ({e})", _FIX, row=row
+                ) from None
+            batch = select(batch, self.ctx.columns, self.ctx.shard.url, row)
+            yield RowBatch(row, batch)
+            row += batch.num_rows
+
+    def _open(self, opener: Any, row: int) -> Any:
+        try:
+            return opener()
+        except (pa.ArrowInvalid, OSError) as e:
+            raise ShardError(
+                self.ctx.shard.url, f"cannot be opened as Arrow IPC ({e})", _FIX, row=row
+            ) from None
+
+    def _batch(self, get: Any, row: int) -> pa.RecordBatch:
+        try:
+            batch = get()
+        except (pa.ArrowInvalid, OSError, EOFError) as e:
+            raise ShardError(
+                self.ctx.shard.url, f"record batch cannot be read ({e})", _FIX, row=row
+            ) from None
+        return select(batch, self.ctx.columns, self.ctx.shard.url, row)
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,250 @@
+"""What every format implements, and the types they share.
+
+A format inspects a shard (row count, seekable blocks, schema: whatever its footer or index
+tells cheaply) and opens a shard reader that yields Arrow record batches tagged with the row
+offset of their first row, starting at any row. Formats know nothing of Ray or of plans.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pyarrow as pa
+
+from ingest.errors import ConfigError, ShardError
+from ingest.sources import Shard, Source
+
+Seek = tuple[int, int]
+"""A place a format can jump to without reading what comes before: ``(row, cursor)``.
+
+``cursor`` means what the format says: a byte offset (line formats, tar), a record batch
+index (Arrow IPC file). Formats that seek by row alone (parquet) never hand one out."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadOptions:
+    """How shards are read. One instance serves every format.
+
+    Attributes:
+        block_bytes: Line formats: bytes read and parsed per chunk. WebDataset: read-ahead
+            buffer size.
+        batch_rows: Most rows per record batch a reader yields (parquet, Arrow, tar samples).
+        prefetch: Record batches read ahead in a background thread (0: read on demand).
+        pre_buffer: Parquet: fetch the column chunks of a row group as coalesced, concurrent
+            range requests (pyarrow's pre-buffering) instead of one read per page.
+        schema: Explicit schema for JSONL, CSV and WebDataset. None infers it from the first
+            block of the first non-empty shard.
+        timeout_s: Longest wait for the next record batch from the reader thread.
+    """
+
+    block_bytes: int = 8 << 20
+    batch_rows: int = 65_536
+    prefetch: int = 4
+    pre_buffer: bool = True
+    schema: pa.Schema | None = None
+    timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        if self.block_bytes < 1024:
+            raise ConfigError(
+                f"block_bytes={self.block_bytes} is below 1024; use at least "
+                "1 KiB (the default is 8 MiB)"
+            )
+        if self.batch_rows < 1:
+            raise ConfigError(f"batch_rows={self.batch_rows} must be >= 1")
+        if self.prefetch < 0:
+            raise ConfigError(f"prefetch={self.prefetch} must be >= 0 (0 disables it)")
+        if self.timeout_s <= 0:
+            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
+        if self.schema is not None and not isinstance(self.schema, pa.Schema):
+            raise TypeError(f"schema must be a pyarrow.Schema, got {type(self.schema).__name__}")
+
+
+@dataclass(frozen=True, slots=True)
+class ShardInfo:
+    """What a format learnt of a shard without reading its data.
+
+    Attributes:
+        rows: Row count, or None when only a full read can tell.
+        blocks: Row offsets of independently readable blocks (parquet row groups), or None.
+        schema: The shard's schema when its footer holds one.
+        meta: Format-private metadata reused by readers (the parquet footer), never saved.
+    """
+
+    rows: int | None
+    blocks: tuple[int, ...] | None = None
+    schema: pa.Schema | None = None
+    meta: Any = None
+
+
+EMPTY = ShardInfo(rows=0)
+
+
+@dataclass(frozen=True, slots=True)
+class RowBatch:
+    """Rows ``[row, row + len(data))`` of a shard, and a seek point at or before ``row``."""
+
+    row: int
+    data: pa.RecordBatch
+    seek: Seek | None = None
+
+    @property
+    def stop(self) -> int:
+        return self.row + self.data.num_rows
+
+
+@dataclass(frozen=True, slots=True)
+class ReadContext:
+    """Everything a shard reader needs, passed as one value.
+
+    Attributes:
+        source: Opens the shard and counts requests.
+        shard: The shard to read.
+        info: The shard's inspection result.
+        options: Read options.
+        schema: The stream's schema (all columns), which every shard must match.
+        schema_origin: URL of the shard the schema was taken from, for error messages.
+        columns: Columns to keep, or None for all.
+    """
+
+    source: Source
+    shard: Shard
+    info: ShardInfo
+    options: ReadOptions
+    schema: pa.Schema | None
+    schema_origin: str
+    columns: Sequence[str] | None
+
+
+class ShardReader(ABC):
+    """Reads rows of one opened shard."""
+
+    def __init__(self, ctx: ReadContext) -> None:
+        self.ctx = ctx
+
+    @abstractmethod
+    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+        """Yield the rows ``[start, stop)`` (``stop`` None: to the end) in order.
+
+        Args:
+            start: First row to yield.
+            stop: Row to stop before, or None.
+            seek: A seek point handed out earlier by this format for this shard, with
+                ``seek[0] <= start``; the reader jumps there instead of reading from row 0.
+        """
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release files and buffers."""
+
+    def __enter__(self) -> ShardReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Format(ABC):
+    """A file format: inspects shards and opens readers."""
+
+    name: ClassVar[str]
+    extensions: ClassVar[tuple[str, ...]]
+
+    @abstractmethod
+    def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
+        """Read what the footer or index tells cheaply. Zero-byte shards never get here."""
+
+    def infer_schema(
+        self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
+    ) -> pa.Schema:
+        """The schema the stream adopts when ``shard`` is the first non-empty one."""
+        if info.schema is None:
+            raise NotImplementedError(f"format {self.name} must override infer_schema")
+        return info.schema
+
+    @abstractmethod
+    def open(self, ctx: ReadContext) -> ShardReader:
+        """Open a reader over ``ctx.shard``."""
+
+
+def clip(batches: Iterator[RowBatch], start: int, stop: int | None) -> Iterator[RowBatch]:
+    """Trim a stream of batches to rows ``[start, stop)``, stopping early at ``stop``."""
+    for b in batches:
+        if stop is not None and b.row >= stop:
+            return
+        if b.stop <= start:
+            continue
+        lo = max(start - b.row, 0)
+        hi = b.data.num_rows if stop is None else min(stop - b.row, b.data.num_rows)
+        if lo == 0 and hi == b.data.num_rows:
+            yield b
+        else:
+            yield RowBatch(b.row + lo, b.data.slice(lo, hi - lo), b.seek)
+        if stop is not None and b.stop >= stop:
+            return
+
+
+def select(
+    batch: pa.RecordBatch, columns: Sequence[str] | None, url: str, row: int
+) -> pa.RecordBatch:
+    """Keep ``columns`` of ``batch``, with an error naming the missing ones."""
+    if columns is None:
+        return batch
+    missing = [c for c in columns if c not in batch.schema.names]
+    if missing:
+        raise ShardError(
+            url,
+            f"has no column(s) {missing}; it has {batch.schema.names}",
+            "fix columns=[...] or the data",
+            row=row,
+        )
+    return batch.select(list(columns))
+
+
+def check_schema(
+    url: str,
+    schema: pa.Schema,
+    expected: pa.Schema | None,
+    origin: str,
+    columns: Sequence[str] | None,
+) -> None:
+    """Raise :class:`SchemaMismatchError` if ``schema`` differs from ``expected``.
+
+    Only ``columns`` are compared when given.
+    """
+    from ingest.errors import SchemaMismatchError
+
+    if expected is None:
+        return
+    names = list(columns) if columns is not None else None
+    got = _project(schema, names)
+    want = _project(expected, names)
+    if got.equals(want):
+        return
+    diffs = []
+    for f in want:
+        other = got.field(f.name) if f.name in got.names else None
+        if other is None:
+            diffs.append(f"missing column {f.name!r}")
+        elif not other.type.equals(f.type):
+            diffs.append(f"column {f.name!r} is {other.type}, not {f.type}")
+    diffs += [f"extra column {n!r}" for n in got.names if n not in want.names]
+    raise SchemaMismatchError(
+        url,
+        f"schema differs from {origin}'s: {'; '.join(diffs) or 'column order differs'}",
+        "make the shards agree, select the shared columns with columns=[...], or read them as "
+        "separate streams",
+    )
+
+
+def _project(schema: pa.Schema, names: list[str] | None) -> pa.Schema:
+    if names is None:
+        return pa.schema([pa.field(f.name, f.type) for f in schema])
+    return pa.schema(
+        [
+            pa.field(n, schema.field(n).type) if n in schema.names else pa.field(n, pa.null())
+            for n in names
+        ]
+    )

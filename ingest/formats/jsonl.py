@@ -1,0 +1,99 @@
+"""JSON Lines (plain, .gz, .zst): one JSON object per line, parsed by pyarrow in chunks.
+
+Row k is the k-th non-blank line. Uncompressed shards resume by byte offset; compressed ones
+decompress and skip within the shard. The schema is inferred from the first block of the
+first non-empty shard unless ``ReadOptions.schema`` gives it, and every shard must match it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.json as pj
+
+from ingest.errors import ShardError
+from ingest.formats._lines import LineReader, iter_chunks
+from ingest.formats.base import Format, ReadContext, ReadOptions, ShardInfo, ShardReader
+from ingest.sources import Shard, Source
+
+
+class JsonlFormat(Format):
+    name = "jsonl"
+    extensions = (".jsonl", ".ndjson", ".json")
+
+    def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
+        return ShardInfo(rows=None)  # only a full read can count lines
+
+    def infer_schema(
+        self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
+    ) -> pa.Schema:
+        for _, chunk in iter_chunks(source, shard, 0, options.block_bytes):
+            if chunk.strip():
+                try:
+                    return _parse(chunk, None, None).schema
+                except pa.ArrowInvalid:
+                    # Let the reader find and name the bad line.
+                    reader = _JsonlReader(
+                        ReadContext(source, shard, info, options, None, shard.url, None)
+                    )
+                    reader._parse_or_locate(chunk, 0, 1, 0)
+                    raise
+        raise ShardError(
+            shard.url, "has no JSON lines to infer a schema from", "pass ReadOptions(schema=...)"
+        )
+
+    def open(self, ctx: ReadContext) -> ShardReader:
+        return _JsonlReader(ctx)
+
+
+def _parse(chunk: bytes, schema: pa.Schema | None, columns: list[str] | None) -> pa.Table:
+    parse_options = pj.ParseOptions(
+        explicit_schema=schema,
+        unexpected_field_behavior="infer"
+        if schema is None
+        else ("ignore" if columns is not None else "error"),
+    )
+    # One block per chunk: chunks are already sized by ReadOptions.block_bytes.
+    read_options = pj.ReadOptions(use_threads=False, block_size=len(chunk) + 1)
+    return pj.read_json(
+        pa.BufferReader(chunk), read_options=read_options, parse_options=parse_options
+    )
+
+
+class _JsonlReader(LineReader):
+    def __init__(self, ctx: ReadContext) -> None:
+        super().__init__(ctx)
+        self._columns = list(ctx.columns) if ctx.columns is not None else None
+        schema = ctx.schema
+        if schema is not None and self._columns is not None:
+            schema = pa.schema([schema.field(c) for c in self._columns if c in schema.names])
+        self._schema = schema
+
+    def parse(self, chunk: bytes) -> pa.Table:
+        table = _parse(chunk, self._schema, self._columns)
+        if self._columns is not None:
+            missing = [c for c in self._columns if c not in table.column_names]
+            if missing:
+                raise ShardError(
+                    self.ctx.shard.url, f"has no column(s) {missing}", "fix columns=[...]"
+                )
+            table = table.select(self._columns)
+        return table
+
+    def describe_error(self, line: bytes, error: Exception) -> tuple[str, str, bool]:
+        try:
+            json.loads(line)
+        except ValueError as e:
+            return (
+                f"invalid JSON ({e}): {line[:80]!r}",
+                "fix or remove the line; every line must be one JSON object",
+                False,
+            )
+        return (
+            f"line does not match the schema taken from {self.ctx.schema_origin} "
+            f"({error}): {line[:80]!r}",
+            "make the shards agree, pass ReadOptions(schema=...) with types that fit "
+            "every shard, or select shared columns with columns=[...]",
+            True,
+        )

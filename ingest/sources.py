@@ -1,0 +1,369 @@
+"""Sources: fsspec URLs and globs -> one listing of shards.
+
+A :class:`Source` lists its URLs once per call of :meth:`Source.list` (the stream calls it
+once per epoch), opens shards for the format readers, and counts what it asks of the store
+(:class:`IOStats`). It never reads data itself.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from glob import has_magic
+from typing import IO, Any
+
+import fsspec
+from fsspec.core import url_to_fs
+from fsspec.utils import get_protocol
+
+from ingest.errors import ConfigError, SourceError, redact
+
+# Timeouts and retries for S3 when the caller gives none: botocore's defaults wait 60 s per
+# attempt on connect, which turns an unreachable endpoint into a minutes-long hang.
+_S3_CONFIG_DEFAULTS: dict[str, Any] = {
+    "connect_timeout": 5,
+    "read_timeout": 60,
+    "retries": {"max_attempts": 3, "mode": "standard"},
+}
+_SECRET_OPTION_NAMES = (
+    "key",
+    "secret",
+    "token",
+    "password",
+    "aws_secret_access_key",
+    "aws_access_key_id",
+    "aws_session_token",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One file of the dataset, as one listing saw it.
+
+    Attributes:
+        url: Full URL with protocol (``s3://bucket/a.parquet``, ``file:///data/a.jsonl``).
+        size: Size in bytes.
+        version: ETag (object stores) or modification time (file systems): what tells a
+            changed object from the one a state was saved against. Empty if the store gives
+            neither.
+        format: Registry name of the format that reads it.
+    """
+
+    url: str
+    size: int
+    version: str
+    format: str
+
+
+@dataclass(slots=True)
+class IOStats:
+    """Counts of what a stream asked of its stores. Thread-safe."""
+
+    listings: int = 0
+    opens: int = 0
+    reads: int = 0
+    bytes_read: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(
+        self, *, listings: int = 0, opens: int = 0, reads: int = 0, bytes_read: int = 0
+    ) -> None:
+        with self._lock:
+            self.listings += listings
+            self.opens += opens
+            self.reads += reads
+            self.bytes_read += bytes_read
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "listings": self.listings,
+            "opens": self.opens,
+            "reads": self.reads,
+            "bytes_read": self.bytes_read,
+        }
+
+
+class _CountingFile:
+    """A read-only file wrapper that counts read calls and bytes into :class:`IOStats`."""
+
+    def __init__(self, raw: IO[bytes], stats: IOStats, size: int) -> None:
+        self._raw = raw
+        self._stats = stats
+        self.size = size
+        self.closed = False
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._raw.read(n)
+        self._stats.add(reads=1, bytes_read=len(data))
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return int(self._raw.seek(offset, whence))
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        self.closed = True
+        self._raw.close()
+
+    def __enter__(self) -> _CountingFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """Turn ``KEY=VALUE`` strings into storage options.
+
+    Dotted keys nest (``client_kwargs.endpoint_url=http://...``); ``true``/``false``,
+    integers and floats become Python values.
+
+    Raises:
+        ConfigError: If an item has no ``=``.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(
+                f"storage option {pair!r} is not KEY=VALUE; "
+                "write e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000"
+            )
+        value: Any = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(raw)
+                    break
+                except ValueError:
+                    continue
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+class Source:
+    """One or more fsspec URLs (files, directories or globs) with their storage options.
+
+    Args:
+        urls: A URL or a list of them, any fsspec protocol (``s3://``, ``gs://``, ``hf://``,
+            ``https://``, ``file://`` or a plain path).
+        storage_options: Passed to the fsspec filesystem of each protocol. Never logged.
+        format: A registry name to read every shard with; None infers it per file from the
+            extension.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        format: str | None = None,
+    ) -> None:
+        from ingest.formats import format_for_path, get_format
+
+        self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
+        if not self.urls:
+            raise ConfigError("a Source needs at least one URL; got an empty list")
+        self.format = format
+        if format is not None:
+            get_format(format)  # unknown name -> error listing the known ones
+        self._format_for_path = format_for_path
+        self._options = dict(storage_options or {})
+        self._filesystems: dict[str, fsspec.AbstractFileSystem] = {}
+        self._fs_lock = threading.Lock()
+        self.stats = IOStats()
+
+    # -- filesystems ---------------------------------------------------------------------
+
+    def filesystem(self, url: str) -> fsspec.AbstractFileSystem:
+        """The (cached) fsspec filesystem for ``url``'s protocol."""
+        protocol = get_protocol(url)
+        with self._fs_lock:
+            fs = self._filesystems.get(protocol)
+            if fs is None:
+                options = dict(self._options)
+                if protocol in ("s3", "s3a"):
+                    config = {**_S3_CONFIG_DEFAULTS, **options.get("config_kwargs", {})}
+                    options["config_kwargs"] = config
+                try:
+                    fs, _ = url_to_fs(url, **options)
+                except (ImportError, ValueError) as e:
+                    raise SourceError(
+                        url,
+                        f"no filesystem for protocol {protocol!r}: {self.scrub(str(e))}",
+                        "install the fsspec backend it names, or check the URL scheme",
+                    ) from None
+                self._filesystems[protocol] = fs
+            return fs
+
+    def scrub(self, text: str) -> str:
+        """Remove secret storage-option values and URL credentials from ``text``."""
+        for name in _SECRET_OPTION_NAMES:
+            value = self._options.get(name)
+            if isinstance(value, str) and len(value) >= 4:
+                text = text.replace(value, "***")
+        return redact(text)
+
+    # -- listing -------------------------------------------------------------------------
+
+    def list(self) -> list[Shard]:
+        """List every URL once and return the shards, sorted by URL, without duplicates.
+
+        Raises:
+            SourceError: If a URL matches nothing, its bucket does not exist, the
+                credentials are refused or the store cannot be reached.
+        """
+        found: dict[str, Shard] = {}
+        for url in self.urls:
+            for shard in self._list_one(url):
+                found.setdefault(shard.url, shard)
+        return [found[u] for u in sorted(found)]
+
+    def _list_one(self, url: str) -> list[Shard]:
+        fs = self.filesystem(url)
+        path = fs._strip_protocol(url)
+        try:
+            self.stats.add(listings=1)
+            if has_magic(path):
+                infos = list(fs.glob(path, detail=True).values())
+                explicit = False
+            else:
+                info = fs.info(path)
+                if info.get("type") == "directory":
+                    self.stats.add(listings=1)
+                    infos = list(fs.find(path, detail=True, withdirs=False).values())
+                    explicit = False
+                else:
+                    infos, explicit = [info], True
+        except FileNotFoundError as e:
+            raise SourceError(
+                url,
+                f"not found ({self.scrub(str(e)) or 'no such object'})",
+                "check the bucket and path; for object stores the bucket must "
+                "exist and be visible with these credentials",
+            ) from None
+        except PermissionError as e:
+            raise SourceError(
+                url,
+                f"access denied ({self.scrub(str(e))})",
+                "check the credentials in storage_options or the environment "
+                "(key/secret/token, or the profile)",
+            ) from None
+        except OSError as e:
+            raise SourceError(
+                url,
+                f"cannot list ({type(e).__name__}: {self.scrub(str(e))})",
+                "check the endpoint and network; timeouts are set with "
+                "storage_options config_kwargs",
+            ) from None
+        shards: list[Shard] = []
+        for info in infos:
+            if info.get("type", "file") != "file":
+                continue
+            name = info["name"]
+            if not explicit and posixpath.basename(name).startswith((".", "_")):
+                continue  # _SUCCESS, .crc and other writer droppings
+            fmt = self.format or self._format_for_path(name, strict=explicit)
+            if fmt is None:
+                continue
+            shards.append(
+                Shard(
+                    url=fs.unstrip_protocol(name),
+                    size=int(info.get("size") or 0),
+                    version=_version_of(info),
+                    format=fmt,
+                )
+            )
+        if not shards:
+            raise SourceError(
+                url,
+                "matches no data files",
+                "check the glob; known extensions: "
+                f"{', '.join(_known_extensions())}; or pass format=...",
+            )
+        return shards
+
+    # -- opening -------------------------------------------------------------------------
+
+    def open(self, shard: Shard, *, block_size: int | None = None) -> _CountingFile:
+        """Open ``shard`` for reading; every read call is counted in :attr:`stats`.
+
+        ``block_size`` None opens without a read-ahead cache, for readers that ask for exact
+        ranges themselves (parquet pre-buffering, Arrow IPC); otherwise reads go through a
+        read-ahead buffer of that many bytes.
+        """
+        fs = self.filesystem(shard.url)
+        path = fs._strip_protocol(shard.url)
+        kwargs: dict[str, Any] = {"size": shard.size}
+        if block_size is None:
+            kwargs["cache_type"] = "none"
+        else:
+            kwargs.update(cache_type="readahead", block_size=block_size)
+        self.stats.add(opens=1)
+        try:
+            raw = fs.open(path, "rb", **kwargs)
+        except FileNotFoundError:
+            raise SourceError(
+                shard.url,
+                "disappeared after it was listed",
+                "the dataset changed under the stream; restart the epoch or restore the object",
+            ) from None
+        return _CountingFile(raw, self.stats, shard.size)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if k not in ("_filesystems", "_fs_lock")}
+        state["stats"] = IOStats()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._filesystems = {}
+        self._fs_lock = threading.Lock()
+
+
+def _version_of(info: Mapping[str, Any]) -> str:
+    for key in (
+        "ETag",
+        "etag",
+        "md5Hash",
+        "blob_id",
+        "sha",
+        "LastModified",
+        "mtime",
+        "updated",
+        "last_modified",
+    ):
+        value = info.get(key)
+        if value not in (None, ""):
+            return str(value).strip('"')
+    return ""
+
+
+def _known_extensions() -> list[str]:
+    from ingest.formats import known_extensions
+
+    return known_extensions()
