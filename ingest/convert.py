@@ -57,8 +57,9 @@ def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
     if pa.types.is_fixed_size_list(t) and _is_number(t.value_type):
         if arr.null_count:
             raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
-        flat = arr.flatten() if arr.offset else arr.values
-        return _numeric(flat, name).reshape(len(arr), t.list_size)
+        size = t.list_size
+        flat = arr.values.slice(arr.offset * size, len(arr) * size)  # zero-copy view
+        return _numeric(flat, name).reshape(len(arr), size)
     if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_number(t.value_type):
         if arr.null_count:
             raise ConfigError(f"column {name!r} has null lists; fill them in a transform")

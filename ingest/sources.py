@@ -298,6 +298,15 @@ class Source:
                     format=fmt,
                 )
             )
+        if not shards and has_magic(path):
+            prefix = path.split("*")[0].split("?")[0].split("[")[0].rsplit("/", 1)[0]
+            if prefix and not fs.exists(prefix):
+                raise SourceError(
+                    url,
+                    f"not found: {fs.unstrip_protocol(prefix)} does not exist",
+                    "check the bucket and prefix; for object stores the bucket must exist "
+                    "and be visible with these credentials",
+                )
         if not shards:
             raise SourceError(
                 url,

@@ -121,10 +121,21 @@ class LoopbackS3:
     def filesystem(self) -> fsspec.AbstractFileSystem:
         return fsspec.filesystem("s3", **self.storage_options())
 
-    def create_bucket(self, name: str) -> str:
-        fs = self.filesystem()
-        if not fs.exists(name):
-            fs.mkdir(name)
+    def create_bucket(self, name: str, key: str | None = None, secret: str | None = None) -> str:
+        """Create bucket ``name`` (if missing) and return its ``s3://`` URL."""
+        import boto3
+
+        client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id=key or self.key,
+            aws_secret_access_key=secret or self.secret,
+        )
+        try:
+            client.create_bucket(Bucket=name)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
         return f"s3://{name}"
 
     def reset(self) -> None:

@@ -47,8 +47,7 @@ def _samples(
         f.seek(offset)
         key: str | None = None
         fields: dict[str, bytes] = {}
-        start = offset
-        position = offset
+        start = end = position = offset
         try:
             with tarfile.open(fileobj=f, mode="r|") as tar:  # type: ignore[call-overload]
                 for member in tar:
@@ -62,10 +61,20 @@ def _samples(
                         key, fields, start = k, {}, position
                     extracted = tar.extractfile(member)
                     fields[ext] = extracted.read() if extracted is not None else b""
+                end = offset + tar.offset
         except (tarfile.TarError, EOFError, OSError) as e:
             raise ShardError(
                 shard.url, f"tar stream is corrupt or truncated ({e})", _FIX, byte=position
             ) from None
+        # tarfile takes a file cut at a member boundary for a clean end; a complete archive
+        # ends with two zero blocks (1024 bytes) after its last member.
+        if shard.size - end < 2 * tarfile.BLOCKSIZE:
+            raise ShardError(
+                shard.url,
+                "tar archive ends without its end-of-archive marker (the file is truncated)",
+                _FIX,
+                byte=end,
+            )
         if key is not None:
             yield start, key, fields
 

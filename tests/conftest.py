@@ -1,0 +1,62 @@
+"""Shared fixtures: one loopback S3 server per session, stores to write shards to."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import fsspec
+import pytest
+
+from ingest.testing import LoopbackS3
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def s3() -> Iterator[LoopbackS3]:
+    """A real S3-protocol server (moto_server) on 127.0.0.1 for the whole session."""
+    with LoopbackS3() as server:
+        server.create_bucket("ingest-test")
+        yield server
+
+
+@dataclass
+class Store:
+    """Where a test writes shards: a filesystem, a root URL and the options to read it."""
+
+    name: str
+    fs: fsspec.AbstractFileSystem
+    root: str
+    storage_options: dict[str, Any]
+
+    def url(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def write(self, relpath: str, data: bytes) -> str:
+        url = self.url(relpath)
+        self.fs.pipe(url, data)
+        return url
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Any) -> Store:
+    """The same test on the local disk and on the loopback S3 server."""
+    if request.param == "local":
+        return Store("local", fsspec.filesystem("file"), f"file://{tmp_path}", {})
+    server: LoopbackS3 = request.getfixturevalue("s3")
+    return Store(
+        "s3", server.filesystem(), f"s3://ingest-test/t{next(_names)}", server.storage_options()
+    )
+
+
+@pytest.fixture
+def local(tmp_path: Any) -> Store:
+    return Store("local", fsspec.filesystem("file"), f"file://{tmp_path}", {})
+
+
+@pytest.fixture
+def s3_store(s3: LoopbackS3) -> Store:
+    return Store("s3", s3.filesystem(), f"s3://ingest-test/t{next(_names)}", s3.storage_options())

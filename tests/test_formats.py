@@ -1,0 +1,199 @@
+"""The format contract: every format, on local disk and on the loopback S3 server.
+
+Each subclass names a generated format; the tests are the same for all: row count, read-all
+equals the file, seek to row k equals the tail from k (and reads less than the whole shard
+where the format can seek), corrupt input raises a clear error naming the URL.
+"""
+
+from __future__ import annotations
+
+import gzip
+from typing import ClassVar
+
+import pytest
+
+from ingest.catalog import Catalog, Listing
+from ingest.errors import ShardError
+from ingest.formats import get_format
+from ingest.formats.base import ReadOptions, RowBatch
+from ingest.sources import Source
+from ingest.testing import encode, make_table
+from tests.conftest import Store
+
+ROWS = 3000
+OPTIONS = ReadOptions(block_bytes=4096, batch_rows=256)
+
+
+def open_shard(
+    store: Store, fmt: str, data: bytes, options: ReadOptions = OPTIONS
+) -> tuple[Catalog, Listing]:
+    store.write(f"shard.{fmt}", data)
+    source = Source(store.url(f"shard.{fmt}"), storage_options=store.storage_options)
+    catalog = Catalog(source, options, None)
+    return catalog, catalog.scan()
+
+
+def read(
+    catalog: Catalog,
+    listing: Listing,
+    start: int = 0,
+    stop: int | None = None,
+    seek: tuple[int, int] | None = None,
+) -> list[RowBatch]:
+    ctx = listing.context(0, catalog.source, catalog.options, catalog.columns)
+    with get_format(ctx.shard.format).open(ctx) as reader:
+        return list(reader.read(start, stop, seek))
+
+
+def ids(batches: list[RowBatch], key: str) -> list[int]:
+    out: list[int] = []
+    for b in batches:
+        col = b.data.column(key).to_pylist()
+        out += [int(v[len("sample") :]) for v in col] if key == "__key__" else col
+    return out
+
+
+class FormatContract:
+    fmt: ClassVar[str]
+    key: ClassVar[str] = "id"
+    seeks: ClassVar[bool] = True
+    """Whether resuming at row k reads less than the whole shard (invariant 3)."""
+    options: ClassVar[ReadOptions] = OPTIONS
+
+    def corrupt(self, data: bytes) -> bytes:
+        return data[: len(data) // 2]
+
+    def test_row_count(self, store: Store) -> None:
+        catalog, listing = open_shard(
+            store, self.fmt, encode(make_table(0, ROWS), self.fmt), self.options
+        )
+        assert listing.infos[0].rows in (ROWS, None)
+        batches = read(catalog, listing)
+        assert sum(b.data.num_rows for b in batches) == ROWS
+
+    def test_read_all_equals_the_file(self, store: Store) -> None:
+        catalog, listing = open_shard(
+            store, self.fmt, encode(make_table(0, ROWS), self.fmt), self.options
+        )
+        batches = read(catalog, listing)
+        assert ids(batches, self.key) == list(range(ROWS))
+        # Offsets tag every batch and follow on without gaps.
+        assert [b.row for b in batches] == [0, *[b.stop for b in batches[:-1]]]
+
+    @pytest.mark.parametrize("k", [0, 1, 1234, ROWS - 1, ROWS])
+    def test_seek_to_k_equals_the_tail(self, store: Store, k: int) -> None:
+        catalog, listing = open_shard(
+            store, self.fmt, encode(make_table(0, ROWS), self.fmt), self.options
+        )
+        full = read(catalog, listing)
+        points = [b.seek for b in full if b.seek is not None and b.seek[0] <= k]
+        seek = points[-1] if points else None
+        tail = read(catalog, listing, k, None, seek)
+        assert ids(tail, self.key) == list(range(k, ROWS))
+        assert tail == [] or tail[0].row == k
+        assert ids(read(catalog, listing, k, None, None), self.key) == list(range(k, ROWS))
+        assert ids(read(catalog, listing, k, k + 300, seek), self.key) == list(
+            range(k, min(k + 300, ROWS))
+        )
+
+    def test_resume_at_90_percent_is_a_seek(self, store: Store) -> None:
+        catalog, listing = open_shard(
+            store, self.fmt, encode(make_table(0, ROWS), self.fmt), self.options
+        )
+        stats = catalog.source.stats
+        before = stats.bytes_read
+        full = read(catalog, listing)
+        full_bytes = stats.bytes_read - before
+        k = ROWS * 9 // 10
+        points = [b.seek for b in full if b.seek is not None and b.seek[0] <= k]
+        before = stats.bytes_read
+        tail = read(catalog, listing, k, None, points[-1] if points else None)
+        tail_bytes = stats.bytes_read - before
+        assert ids(tail, self.key) == list(range(k, ROWS))
+        if self.seeks:
+            assert tail_bytes < 0.5 * full_bytes, (tail_bytes, full_bytes)
+
+    def test_corrupt_input_raises_a_clear_error(self, store: Store) -> None:
+        bad = self.corrupt(encode(make_table(0, ROWS), self.fmt))
+        with pytest.raises(ShardError) as err:
+            catalog, listing = open_shard(store, self.fmt, bad, self.options)
+            read(catalog, listing)
+        assert f"shard.{self.fmt}" in str(err.value)
+        assert err.value.url.startswith(store.root.split("://")[0])
+
+
+class TestParquet(FormatContract):
+    fmt = "parquet"
+
+
+class TestJsonl(FormatContract):
+    fmt = "jsonl"
+
+    def corrupt(self, data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        lines[1700] = b'{"id": 1700, "score": 0.5, "text": "cut'
+        return b"\n".join(lines)
+
+    def test_bad_line_is_named(self, store: Store) -> None:
+        catalog, listing = open_shard(
+            store, self.fmt, self.corrupt(encode(make_table(0, ROWS), self.fmt))
+        )
+        with pytest.raises(
+            ShardError,
+            match=r"shard\.jsonl at line 1701, row 1700, byte \d+: "
+            r"invalid JSON",
+        ):
+            read(catalog, listing)
+
+
+class TestJsonlGzip(FormatContract):
+    fmt = "jsonl.gz"
+    seeks = False  # a gzip stream can only be skipped through, within the shard
+
+
+class TestJsonlZstd(FormatContract):
+    fmt = "jsonl.zst"
+    seeks = False
+
+
+class TestCsv(FormatContract):
+    fmt = "csv"
+
+    def corrupt(self, data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        lines[900] = b"1,2"
+        return b"\n".join(lines)
+
+
+class TestArrowFile(FormatContract):
+    fmt = "arrow"
+
+
+class TestArrowStream(FormatContract):
+    fmt = "arrows"
+    seeks = False  # the IPC stream format has no index
+
+
+class TestWebDataset(FormatContract):
+    fmt = "tar"
+    key = "__key__"
+    # Read-ahead is block_bytes for tar: 4 KiB would make every tar block one request.
+    options = ReadOptions(block_bytes=256 << 10, batch_rows=256)
+
+    def test_fields_are_bytes_and_grouped_by_key(self, local: Store) -> None:
+        catalog, listing = open_shard(local, "tar", encode(make_table(0, 10), "tar"))
+        batch = read(catalog, listing)[0].data
+        assert batch.schema.names == ["__key__", "json", "txt"]
+        assert batch.column("txt")[3].as_py() == b"row 3"
+        assert batch.column("json")[3].as_py() == b'{"id": 3}'
+
+
+def test_gzip_truncation_names_the_offset(local: Store) -> None:
+    data = gzip.compress(b"".join(b'{"id": %d}\n' % i for i in range(20000)))
+    catalog, listing = open_shard(local, "jsonl.gz", data[: len(data) - 50])
+    with pytest.raises(
+        ShardError,
+        match=r"shard\.jsonl\.gz at byte \d+: compressed stream is "
+        "corrupt or truncated",
+    ):
+        read(catalog, listing)

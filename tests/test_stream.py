@@ -1,0 +1,226 @@
+"""ingest.Stream: exact resume, epochs, determinism, conversion, one listing per epoch."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+
+import ingest
+from ingest.testing import encode, make_table, write_dataset
+from tests.conftest import Store
+
+SHARDS, ROWS = 4, 1500
+TOTAL = SHARDS * ROWS
+READ = ingest.ReadOptions(block_bytes=8192, batch_rows=300)
+
+
+def make(store: Store, fmt: str = "parquet", **kwargs: Any) -> ingest.Stream:
+    options: dict[str, Any] = {
+        "batch_size": 128,
+        "read": READ,
+        "shuffle_buffer": 700,
+        "storage_options": store.storage_options,
+        **kwargs,
+    }
+    columns = ["__key__"] if fmt == "tar" else ["id"]
+    return ingest.Stream(store.url(fmt), columns=options.pop("columns", columns), **options)
+
+
+def key_ids(batch: dict[str, Any]) -> list[int]:
+    if "__key__" in batch:
+        return [int(k[len("sample") :]) for k in batch["__key__"]]
+    return [int(v) for v in batch["id"].tolist()]
+
+
+def batches(stream: ingest.Stream, limit: int | None = None) -> list[list[int]]:
+    out = []
+    for batch in stream:
+        out.append(key_ids(batch))
+        if limit is not None and len(out) == limit:
+            break
+    return out
+
+
+def write(store: Store, fmt: str, shards: int = SHARDS) -> None:
+    write_dataset(store.fs, store.url(fmt), fmt, shards, ROWS, row_group_rows=400)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv", "arrow", "tar", "jsonl.gz"])
+@pytest.mark.parametrize("seed", [None, 5])
+def test_resume_gives_the_batches_of_the_uninterrupted_run(
+    local: Store, fmt: str, seed: int | None
+) -> None:
+    write(local, fmt)
+    reference = batches(make(local, fmt, shuffle_seed=seed))
+    assert sorted(sum(reference, [])) == list(range(TOTAL))
+    for k in (1, len(reference) // 2, len(reference) - 1):
+        first = make(local, fmt, shuffle_seed=seed)
+        head = batches(first, limit=k)
+        state = json.loads(json.dumps(first.state_dict()))
+        second = make(local, fmt, shuffle_seed=seed)
+        second.load_state_dict(state)
+        assert head + batches(second) == reference, f"resume after {k} batches"
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_resume_on_loopback_s3(s3_store: Store, fmt: str) -> None:
+    write(s3_store, fmt)
+    reference = batches(make(s3_store, fmt, shuffle_seed=1))
+    first = make(s3_store, fmt, shuffle_seed=1)
+    head = batches(first, limit=20)
+    second = make(s3_store, fmt, shuffle_seed=1)
+    second.load_state_dict(first.state_dict())
+    assert head + batches(second) == reference
+
+
+def test_many_save_restore_cycles_deliver_every_row_exactly_once(local: Store) -> None:
+    write(local, "parquet")
+    delivered: list[int] = []
+    state = None
+    while True:
+        stream = make(local, shuffle_seed=3, shuffle_buffer=333, batch_size=97)
+        if state is not None:
+            stream.load_state_dict(state)
+        got = batches(stream, limit=5)
+        delivered += sum(got, [])
+        state = json.loads(json.dumps(stream.state_dict()))
+        if len(got) < 5 or state["epoch"] == 1:
+            break
+    assert Counter(delivered) == Counter(range(TOTAL))
+
+
+def test_state_after_an_epoch_starts_the_next(local: Store) -> None:
+    write(local, "parquet")
+    stream = make(local, shuffle_seed=2)
+    epoch0 = batches(stream)
+    state = stream.state_dict()
+    assert state["epoch"] == 1 and state["progress"]["done"] == []
+    epoch1 = batches(stream)
+    assert sorted(sum(epoch1, [])) == list(range(TOTAL))
+    assert epoch1 != epoch0
+    restored = make(local, shuffle_seed=2)
+    restored.load_state_dict(state)
+    assert restored.epoch == 1
+    assert batches(restored) == epoch1
+
+
+def test_same_seed_same_order_and_new_epochs_new_orders(local: Store) -> None:
+    write(local, "parquet")
+    a, b = make(local, shuffle_seed=9), make(local, shuffle_seed=9)
+    a_epochs = [batches(a) for _ in range(3)]
+    assert a_epochs[0] == batches(b)
+    assert a_epochs[0] != a_epochs[1] != a_epochs[2]
+    assert batches(make(local, shuffle_seed=10)) != a_epochs[0]
+    ordered = batches(make(local, shuffle_seed=None))
+    assert sum(ordered, []) == list(range(TOTAL))
+
+
+def test_a_loop_left_early_continues_on_the_next_loop(local: Store) -> None:
+    write(local, "jsonl")
+    stream = make(local, "jsonl", shuffle_seed=4)
+    head = batches(stream, limit=7)
+    rest = batches(stream)
+    assert Counter(sum(head + rest, [])) == Counter(range(TOTAL))
+    assert stream.epoch == 0
+    assert sorted(sum(batches(stream), [])) == list(range(TOTAL))
+    assert stream.epoch == 1
+
+
+def test_drop_last_is_counted_and_carries_nothing_silently(local: Store) -> None:
+    write(local, "parquet")
+    stream = make(local, batch_size=1000, drop_last=True)
+    got = batches(stream)
+    assert all(len(b) == 1000 for b in got)
+    assert stream.stats["rows_dropped"] == TOTAL % 1000
+    assert stream.stats["rows_delivered"] == TOTAL - TOTAL % 1000
+
+
+def test_grown_dataset_joins_at_the_next_epoch(local: Store) -> None:
+    write(local, "parquet")
+    first = make(local, shuffle_seed=0)
+    head = batches(first, limit=10)
+    state = first.state_dict()
+    for n in (SHARDS, SHARDS + 1):
+        local.write(
+            f"parquet/part-{n:05d}.parquet",
+            encode(make_table(n * ROWS, ROWS), "parquet", row_group_rows=400),
+        )
+    grown = make(local, shuffle_seed=0)
+    grown.load_state_dict(state)
+    rest = batches(grown)
+    assert Counter(sum(head + rest, [])) == Counter(range(TOTAL))
+    assert sorted(sum(batches(grown), [])) == list(range(TOTAL + 2 * ROWS))
+
+
+def test_changed_shard_is_refused(local: Store) -> None:
+    write(local, "jsonl")
+    first = make(local, "jsonl")
+    batches(first, limit=3)
+    state = first.state_dict()
+    local.write("jsonl/part-00001.jsonl", b'{"id": 1}\n')
+    with pytest.raises(ingest.StateError, match=r"part-00001\.jsonl \(size"):
+        make(local, "jsonl").load_state_dict(state)
+
+
+def test_other_seed_is_refused(local: Store) -> None:
+    write(local, "parquet")
+    state = make(local, shuffle_seed=1).state_dict()
+    with pytest.raises(ingest.StateError, match="shuffle_seed=1"):
+        make(local, shuffle_seed=2).load_state_dict(state)
+
+
+def test_conversion_to_torch(local: Store) -> None:
+    write(local, "parquet")
+    stream = make(local, columns=["id", "tokens", "score", "text"], batch_size=50)
+    batch = next(iter(stream))
+    assert batch["id"].dtype == torch.int64 and batch["id"].shape == (50,)
+    assert batch["tokens"].dtype == torch.int32 and batch["tokens"].shape == (50, 16)
+    assert batch["score"].dtype == torch.float32
+    assert batch["text"][:2] == ["row 0", "row 1"]
+    assert torch.equal(batch["tokens"][1], (torch.arange(16, dtype=torch.int32) + 31) % 50_000)
+
+
+def test_transform_runs_on_each_batch(local: Store) -> None:
+    import pyarrow.compute as pc
+
+    write(local, "parquet")
+
+    def double(table: Any) -> dict[str, Any]:
+        return {"twice": pc.multiply(table.column("id"), 2).to_numpy()}
+
+    stream = make(local, transform=double, batch_size=10)
+    assert next(iter(stream))["twice"].tolist() == list(range(0, 20, 2))
+
+
+def test_one_listing_per_epoch_and_footers_read_once(local: Store) -> None:
+    write(local, "parquet")
+    stream = make(local, read=ingest.ReadOptions(prefetch=0))
+    batches(stream)
+    first = stream.stats
+    assert first["listings"] == 2  # the directory: info, then find
+    assert first["opens"] == 2 * SHARDS  # one footer read + one data read per shard
+    batches(stream)
+    second = stream.stats
+    assert second["listings"] == 4
+    assert second["opens"] == first["opens"] + SHARDS  # footers came from the cache
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_resume_at_90_percent_reads_about_what_a_fresh_start_reads(local: Store, fmt: str) -> None:
+    write(local, fmt, shards=2)
+    options = ingest.ReadOptions(prefetch=0, block_bytes=8192, batch_rows=300)
+    fresh = make(local, fmt, read=options)
+    next(iter(fresh))
+    fresh_bytes = fresh.stats["bytes_read"]
+    ahead = make(local, fmt, read=options)
+    batches(ahead, limit=int(2 * ROWS * 0.9) // 128)
+    state = ahead.state_dict()
+    resumed = make(local, fmt, read=options)
+    resumed.load_state_dict(state)
+    listed = resumed.stats["bytes_read"]  # footers read while validating the state
+    next(iter(resumed))
+    assert resumed.stats["bytes_read"] - listed <= 2 * fresh_bytes
