@@ -70,4 +70,4 @@ def list_shards(
     from ingest.catalog import Catalog
 
     src = Source(source, storage_options=storage_options, format=format)
-    return Catalog(src, ReadOptions(), None).scan(progress=progress)
+    return Catalog(src, ReadOptions(), None).scan(progress=progress, schema=False)

@@ -102,17 +102,19 @@ class Catalog:
             self._cache[key] = info
         return info
 
-    def scan(self, *, progress: bool = False) -> Listing:
+    def scan(self, *, progress: bool = False, schema: bool = True) -> Listing:
         """List the source once and inspect every shard.
 
         Args:
             progress: Show a progress bar (stderr) while footers are read.
+            schema: Settle the stream schema and check every footer against it; without it
+                the listing has no schema (listing tools need none).
 
         Raises:
             SourceError: If the source cannot be listed or matches nothing.
             ShardError: If a footer cannot be read, or shard schemas disagree.
         """
-        shards = self.source.list()
+        shards = self.source.list_shards()
         infos: list[ShardInfo]
         todo = sum(1 for s in shards if (s.url, s.size, s.version) not in self._cache)
         with tqdm(
@@ -133,12 +135,14 @@ class Catalog:
                     infos = list(pool.map(one, shards))
             else:
                 infos = [one(s) for s in shards]
-        schema, origin = self._schema(shards, infos)
-        if schema is not None:
+        if not schema:
+            return Listing(tuple(shards), tuple(infos), None, "")
+        stream_schema, origin = self._schema(shards, infos)
+        if stream_schema is not None:
             for shard, info in zip(shards, infos, strict=True):
                 if info.schema is not None and info.rows:
-                    check_schema(shard.url, info.schema, schema, origin, self.columns)
-        return Listing(tuple(shards), tuple(infos), schema, origin)
+                    check_schema(shard.url, info.schema, stream_schema, origin, self.columns)
+        return Listing(tuple(shards), tuple(infos), stream_schema, origin)
 
     def _schema(
         self, shards: Sequence[Shard], infos: Sequence[ShardInfo]

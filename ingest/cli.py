@@ -56,7 +56,7 @@ def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
 def ls(urls: Sequence[str], storage_options: Sequence[str], format: str | None, count: bool) -> int:
     source = Source(urls, storage_options=parse_storage_options(storage_options), format=format)
     catalog = Catalog(source, ReadOptions(), None)
-    listing = catalog.scan(progress=True)
+    listing = catalog.scan(progress=True, schema=False)
     rows = _count(catalog, listing) if count else [i.rows for i in listing.infos]
     width = max(len(s.url) for s in listing.shards)
     print(f"{'path':<{width}}  {'format':<10}  {'bytes':>14}  {'rows':>12}")

@@ -18,7 +18,7 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
-from ingest.errors import ConfigError, SourceError, redact
+from ingest.errors import ConfigError, ShardError, SourceError, redact
 
 # Timeouts and retries for S3 when the caller gives none: botocore's defaults wait 60 s per
 # attempt on connect, which turns an unreachable endpoint into a minutes-long hang.
@@ -27,6 +27,24 @@ _S3_CONFIG_DEFAULTS: dict[str, Any] = {
     "read_timeout": 60,
     "retries": {"max_attempts": 3, "mode": "standard"},
 }
+# Packages whose exceptions mean "the store failed", whatever their class: botocore's
+# EndpointConnectionError and aiohttp's errors are not OSErrors.
+_STORE_ERROR_PACKAGES = frozenset(
+    {
+        "botocore",
+        "aiobotocore",
+        "aiohttp",
+        "requests",
+        "urllib3",
+        "huggingface_hub",
+        "google",
+        "gcsfs",
+        "adlfs",
+        "azure",
+        "s3fs",
+        "fsspec",
+    }
+)
 _SECRET_OPTION_NAMES = (
     "key",
     "secret",
@@ -85,17 +103,40 @@ class IOStats:
         }
 
 
-class _CountingFile:
-    """A read-only file wrapper that counts read calls and bytes into :class:`IOStats`."""
+def is_store_error(error: BaseException) -> bool:
+    """Whether ``error`` comes from the store or the network rather than from our code."""
+    if isinstance(error, OSError | TimeoutError):
+        return True
+    return type(error).__module__.split(".")[0] in _STORE_ERROR_PACKAGES
 
-    def __init__(self, raw: IO[bytes], stats: IOStats, size: int) -> None:
+
+class _CountingFile:
+    """A read-only file wrapper that counts read calls and bytes into :class:`IOStats`.
+
+    A failed read becomes a :class:`ShardError` naming the URL and the byte offset.
+    """
+
+    def __init__(self, raw: IO[bytes], stats: IOStats, size: int, url: str, scrub: Any) -> None:
         self._raw = raw
         self._stats = stats
+        self._url = url
+        self._scrub = scrub
         self.size = size
         self.closed = False
 
     def read(self, n: int = -1) -> bytes:
-        data = self._raw.read(n)
+        try:
+            data = self._raw.read(n)
+        except Exception as e:
+            if not is_store_error(e):
+                raise
+            raise ShardError(
+                self._url,
+                f"read failed ({type(e).__name__}: {self._scrub(str(e))})",
+                "check the store and the network; "
+                "timeouts and retries are set with storage_options",
+                byte=self._raw.tell(),
+            ) from None
         self._stats.add(reads=1, bytes_read=len(data))
         return data
 
@@ -230,7 +271,7 @@ class Source:
 
     # -- listing -------------------------------------------------------------------------
 
-    def list(self) -> list[Shard]:
+    def list_shards(self) -> list[Shard]:
         """List every URL once and return the shards, sorted by URL, without duplicates.
 
         Raises:
@@ -273,7 +314,9 @@ class Source:
                 "check the credentials in storage_options or the environment "
                 "(key/secret/token, or the profile)",
             ) from None
-        except OSError as e:
+        except Exception as e:
+            if not is_store_error(e):
+                raise
             raise SourceError(
                 url,
                 f"cannot list ({type(e).__name__}: {self.scrub(str(e))})",
@@ -341,15 +384,24 @@ class Source:
                 "disappeared after it was listed",
                 "the dataset changed under the stream; restart the epoch or restore the object",
             ) from None
-        return _CountingFile(raw, self.stats, shard.size)
+        except Exception as e:
+            if not is_store_error(e):
+                raise
+            raise ShardError(
+                shard.url,
+                f"cannot be opened ({type(e).__name__}: {self.scrub(str(e))})",
+                "check the credentials, the store and the network",
+                byte=0,
+            ) from None
+        return _CountingFile(raw, self.stats, shard.size, shard.url, self.scrub)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_filesystems", "_fs_lock")}
-        state["stats"] = IOStats()
-        return state
+        skip = ("_filesystems", "_fs_lock", "stats")
+        return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self.stats = IOStats()
         self._filesystems = {}
         self._fs_lock = threading.Lock()
 

@@ -387,7 +387,7 @@ class Stream:
                 begin, seek = unit.start, None
                 if ui == start.unit:
                     begin, seek = max(begin, start.row), start.seek
-                if reader_shard != unit.shard:
+                if reader is None or reader_shard != unit.shard:
                     if reader is not None:
                         reader.close()
                     ctx = listing.context(unit.shard, self._source, self.read_options, self.columns)

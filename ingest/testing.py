@@ -7,6 +7,7 @@ GIL. Nothing here reaches beyond the loopback interface.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import json
@@ -132,10 +133,8 @@ class LoopbackS3:
             aws_access_key_id=key or self.key,
             aws_secret_access_key=secret or self.secret,
         )
-        try:
+        with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=name)
-        except client.exceptions.BucketAlreadyOwnedByYou:
-            pass
         return f"s3://{name}"
 
     def reset(self) -> None:

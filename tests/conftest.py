@@ -37,6 +37,7 @@ class Store:
 
     def write(self, relpath: str, data: bytes) -> str:
         url = self.url(relpath)
+        self.fs.makedirs(url.rsplit("/", 1)[0], exist_ok=True)
         self.fs.pipe(url, data)
         return url
 

@@ -63,6 +63,9 @@ class FormatContract:
     def corrupt(self, data: bytes) -> bytes:
         return data[: len(data) // 2]
 
+    def shard(self, store: Store) -> tuple[Catalog, Listing]:
+        return open_shard(store, self.fmt, encode(make_table(0, ROWS), self.fmt), self.options)
+
     def test_row_count(self, store: Store) -> None:
         catalog, listing = open_shard(
             store, self.fmt, encode(make_table(0, ROWS), self.fmt), self.options

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -26,7 +28,7 @@ def test_add_matches_set_model_and_stays_compact(items: list[tuple[int, int]]) -
     assert iv.count == len(expected)
     spans = list(iv)
     # Sorted, disjoint and not touching: the representation is canonical.
-    assert all(a[1] < b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert all(a[1] < b[0] for a, b in itertools.pairwise(spans))
     assert all(s < e for s, e in spans)
 
 

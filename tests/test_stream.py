@@ -36,6 +36,10 @@ def key_ids(batch: dict[str, Any]) -> list[int]:
     return [int(v) for v in batch["id"].tolist()]
 
 
+def flat(groups: list[list[int]]) -> list[int]:
+    return [v for g in groups for v in g]
+
+
 def batches(stream: ingest.Stream, limit: int | None = None) -> list[list[int]]:
     out = []
     for batch in stream:
@@ -56,7 +60,7 @@ def test_resume_gives_the_batches_of_the_uninterrupted_run(
 ) -> None:
     write(local, fmt)
     reference = batches(make(local, fmt, shuffle_seed=seed))
-    assert sorted(sum(reference, [])) == list(range(TOTAL))
+    assert sorted(flat(reference)) == list(range(TOTAL))
     for k in (1, len(reference) // 2, len(reference) - 1):
         first = make(local, fmt, shuffle_seed=seed)
         head = batches(first, limit=k)
@@ -86,7 +90,7 @@ def test_many_save_restore_cycles_deliver_every_row_exactly_once(local: Store) -
         if state is not None:
             stream.load_state_dict(state)
         got = batches(stream, limit=5)
-        delivered += sum(got, [])
+        delivered += flat(got)
         state = json.loads(json.dumps(stream.state_dict()))
         if len(got) < 5 or state["epoch"] == 1:
             break
@@ -100,7 +104,7 @@ def test_state_after_an_epoch_starts_the_next(local: Store) -> None:
     state = stream.state_dict()
     assert state["epoch"] == 1 and state["progress"]["done"] == []
     epoch1 = batches(stream)
-    assert sorted(sum(epoch1, [])) == list(range(TOTAL))
+    assert sorted(flat(epoch1)) == list(range(TOTAL))
     assert epoch1 != epoch0
     restored = make(local, shuffle_seed=2)
     restored.load_state_dict(state)
@@ -116,7 +120,7 @@ def test_same_seed_same_order_and_new_epochs_new_orders(local: Store) -> None:
     assert a_epochs[0] != a_epochs[1] != a_epochs[2]
     assert batches(make(local, shuffle_seed=10)) != a_epochs[0]
     ordered = batches(make(local, shuffle_seed=None))
-    assert sum(ordered, []) == list(range(TOTAL))
+    assert flat(ordered) == list(range(TOTAL))
 
 
 def test_a_loop_left_early_continues_on_the_next_loop(local: Store) -> None:
@@ -124,9 +128,9 @@ def test_a_loop_left_early_continues_on_the_next_loop(local: Store) -> None:
     stream = make(local, "jsonl", shuffle_seed=4)
     head = batches(stream, limit=7)
     rest = batches(stream)
-    assert Counter(sum(head + rest, [])) == Counter(range(TOTAL))
+    assert Counter(flat(head + rest)) == Counter(range(TOTAL))
     assert stream.epoch == 0
-    assert sorted(sum(batches(stream), [])) == list(range(TOTAL))
+    assert sorted(flat(batches(stream))) == list(range(TOTAL))
     assert stream.epoch == 1
 
 
@@ -152,8 +156,8 @@ def test_grown_dataset_joins_at_the_next_epoch(local: Store) -> None:
     grown = make(local, shuffle_seed=0)
     grown.load_state_dict(state)
     rest = batches(grown)
-    assert Counter(sum(head + rest, [])) == Counter(range(TOTAL))
-    assert sorted(sum(batches(grown), [])) == list(range(TOTAL + 2 * ROWS))
+    assert Counter(flat(head + rest)) == Counter(range(TOTAL))
+    assert sorted(flat(batches(grown))) == list(range(TOTAL + 2 * ROWS))
 
 
 def test_changed_shard_is_refused(local: Store) -> None:
@@ -224,3 +228,20 @@ def test_resume_at_90_percent_reads_about_what_a_fresh_start_reads(local: Store,
     listed = resumed.stats["bytes_read"]  # footers read while validating the state
     next(iter(resumed))
     assert resumed.stats["bytes_read"] - listed <= 2 * fresh_bytes
+
+
+def test_numeric_columns_are_zero_copy_views_of_arrow_buffers() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from ingest.convert import to_torch
+
+    values = pa.array(np.arange(8, dtype=np.int64))
+    tokens = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(64, dtype=np.int32)), 8)
+    batch = pa.record_batch({"v": values, "t": tokens}).slice(2, 4)
+    out = to_torch(batch)
+    assert out["v"].data_ptr() == values.buffers()[1].address + 2 * 8
+    assert out["t"].data_ptr() == tokens.values.buffers()[1].address + 2 * 8 * 4
+    assert out["t"].tolist()[0] == list(range(16, 24))
+    with pytest.raises(ingest.ConfigError, match="null"):
+        to_torch(pa.record_batch({"v": pa.array([1, None])}))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import posixpath
+from typing import cast
 
 from ingest.errors import ConfigError
 from ingest.formats.base import (
@@ -104,7 +105,7 @@ def get_format(name: str) -> Format:
             f"unknown format {name!r}; known formats: {', '.join(registered_formats())}"
         )
     module, _, cls = target.partition(":")
-    fmt = getattr(importlib.import_module(module), cls)()
+    fmt = cast(Format, getattr(importlib.import_module(module), cls)())
     _instances[name] = fmt
     return fmt
 

@@ -31,7 +31,7 @@ def open_decompressed(source: Source, shard: Shard, block_bytes: int) -> tuple[A
     if compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), False
+        return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), False  # type: ignore[arg-type]
     return raw, True
 
 

@@ -93,7 +93,7 @@ class RowBatch:
 
     @property
     def stop(self) -> int:
-        return self.row + self.data.num_rows
+        return self.row + int(self.data.num_rows)
 
 
 @dataclass(frozen=True, slots=True)
