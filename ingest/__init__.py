@@ -10,6 +10,9 @@ Public API::
     stream.load_state_dict(state)            # continue exactly after it
 """
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from ingest.catalog import Listing
 from ingest.errors import (
     ConfigError,
@@ -53,9 +56,9 @@ __all__ = [
 
 
 def list_shards(
-    source: str | list[str],
+    source: str | Sequence[str],
     *,
-    storage_options: dict[str, object] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
     format: str | None = None,
     progress: bool = False,
 ) -> Listing:
