@@ -7,8 +7,10 @@ consumer; closing the consumer stops the thread.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
@@ -16,6 +18,19 @@ from ingest.errors import StreamTimeoutError
 
 T = TypeVar("T")
 _POLL_S = 0.1
+
+
+# Prefetchers still running. At exit each is stopped and joined before the interpreter
+# finalises: a reader thread (or a pyarrow I/O thread calling back into a Python file) that
+# is still running then aborts the process. The handler is registered again whenever a
+# prefetcher starts, so that it runs before the exit handlers of the libraries the reader
+# uses (atexit runs the most recent first).
+_LIVE: weakref.WeakSet[Prefetcher[object]] = weakref.WeakSet()
+
+
+def _stop_all() -> None:
+    for prefetcher in list(_LIVE):
+        prefetcher.close()
 
 
 class _Done:
@@ -48,6 +63,9 @@ class Prefetcher(Generic[T]):
             target=self._run, args=(make,), daemon=True, name=f"ingest-prefetch:{what}"
         )
         self._thread.start()
+        _LIVE.add(self)  # type: ignore[arg-type]
+        atexit.unregister(_stop_all)
+        atexit.register(_stop_all)
 
     def _put(self, item: T | _Done | _Failed) -> bool:
         while not self._stop.is_set():
@@ -94,11 +112,15 @@ class Prefetcher(Generic[T]):
         return item
 
     def close(self) -> None:
-        """Stop the thread and drop what it buffered."""
+        """Stop the thread and drop what it buffered; waits up to 10 s for the thread."""
         self._stop.set()
-        while True:
+        deadline = 10.0
+        while self._thread.is_alive() and deadline > 0:
             try:
-                self._queue.get_nowait()
+                while True:
+                    self._queue.get_nowait()
             except queue.Empty:
-                break
-        self._thread.join(timeout=5)
+                pass
+            self._thread.join(timeout=_POLL_S)
+            deadline -= _POLL_S
+        _LIVE.discard(self)  # type: ignore[arg-type]

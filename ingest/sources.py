@@ -116,7 +116,9 @@ class _CountingFile:
     A failed read becomes a :class:`ShardError` naming the URL and the byte offset.
     """
 
-    def __init__(self, raw: IO[bytes], stats: IOStats, size: int, url: str, scrub: Any) -> None:
+    def __init__(
+        self, raw: IO[bytes], stats: IOStats | None, size: int, url: str, scrub: Any
+    ) -> None:
         self._raw = raw
         self._stats = stats
         self._url = url
@@ -137,7 +139,8 @@ class _CountingFile:
                 "timeouts and retries are set with storage_options",
                 byte=self._raw.tell(),
             ) from None
-        self._stats.add(reads=1, bytes_read=len(data))
+        if self._stats is not None:
+            self._stats.add(reads=1, bytes_read=len(data))
         return data
 
     def readinto(self, buffer: Any) -> int:
@@ -394,6 +397,44 @@ class Source:
                 byte=0,
             ) from None
         return _CountingFile(raw, self.stats, shard.size, shard.url, self.scrub)
+
+    def fetches_ranges(self, shard: Shard) -> bool:
+        """Whether the shard's store serves many byte ranges concurrently (async fsspec)."""
+        return bool(getattr(self.filesystem(shard.url), "async_impl", False))
+
+    def fetch_ranges(self, shard: Shard, starts: list[int], ends: list[int]) -> _CountingFile:
+        """Fetch byte ranges concurrently and open the shard with exactly those bytes known.
+
+        Reads outside the ranges still work (one request each). Uses fsspec's
+        ``cat_ranges`` and its ``parts`` cache.
+        """
+        fs = self.filesystem(shard.url)
+        path = fs._strip_protocol(shard.url)
+        try:
+            blobs = fs.cat_ranges([path] * len(starts), starts, ends)
+        except Exception as e:
+            blobs = [e]
+        for start, blob in zip(starts, blobs, strict=False):
+            if isinstance(blob, BaseException):
+                if not is_store_error(blob):
+                    raise blob
+                raise ShardError(
+                    shard.url,
+                    f"range read failed ({type(blob).__name__}: {self.scrub(str(blob))})",
+                    "check the store and the network",
+                    byte=start,
+                ) from None
+        self.stats.add(reads=len(starts), bytes_read=sum(len(b) for b in blobs))
+        parts = {(s, e): b for s, e, b in zip(starts, ends, blobs, strict=True)}
+        raw = fs.open(
+            path,
+            "rb",
+            size=shard.size,
+            cache_type="parts",
+            cache_options={"data": parts, "strict": False},
+        )
+        # Reads of this file are served from memory: the fetch above is what was sent.
+        return _CountingFile(raw, None, shard.size, shard.url, self.scrub)
 
     def __getstate__(self) -> dict[str, Any]:
         skip = ("_filesystems", "_fs_lock", "stats")

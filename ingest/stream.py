@@ -25,8 +25,7 @@ from ingest.catalog import Catalog, Listing
 from ingest.convert import Batch, to_torch
 from ingest.errors import ConfigError, StateError
 from ingest.formats import get_format
-from ingest.formats.base import ReadOptions, RowBatch, Seek, ShardReader
-from ingest.intervals import IntervalSet
+from ingest.formats.base import ReadOptions, RowBatch, Seek
 from ingest.plan import Unit, epoch_units, permutation
 from ingest.sources import Source
 from ingest.state import Progress, StreamState, match_listing
@@ -251,6 +250,12 @@ class Stream:
         self._close_active()
         self._restore(parsed, None)
 
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Stop background reading. Iterating again resumes where the stream stopped."""
         if self._active is not None:
@@ -372,35 +377,47 @@ class Stream:
     def _read(
         self, epoch: _Epoch, start: _Position, frozen: Progress
     ) -> Iterator[_Piece | _ShardEnd]:
-        """Every row of the epoch from ``start`` on, unit by unit; one reader per shard."""
-        listing, records = epoch.listing, epoch.listing.records()
-        reader: ShardReader | None = None
-        reader_shard = -1
-        try:
-            for ui in range(start.unit, len(epoch.units)):
-                unit = epoch.units[ui]
-                consumed = frozen.consumed.get(unit.shard, IntervalSet())
-                if frozen.is_done(unit.shard, records) or (
-                    unit.stop is not None and consumed.covers(unit.start, unit.stop)
-                ):
-                    continue
-                begin, seek = unit.start, None
-                if ui == start.unit:
-                    begin, seek = max(begin, start.row), start.seek
-                if reader is None or reader_shard != unit.shard:
-                    if reader is not None:
-                        reader.close()
-                    ctx = listing.context(unit.shard, self._source, self.read_options, self.columns)
-                    reader, reader_shard = get_format(ctx.shard.format).open(ctx), unit.shard
-                last = begin
-                for batch in reader.read(begin, unit.stop, seek):
-                    yield _Piece(ui, unit.shard, batch)
-                    last = batch.stop
-                if unit.stop is None:
-                    yield _ShardEnd(unit.shard, last)
-        finally:
-            if reader is not None:
-                reader.close()
+        """Every row of the epoch from ``start`` on, in plan order; one reader per shard.
+
+        The units of one shard are adjacent in the plan and go to the reader in one call,
+        so that a format with random access can fetch their bytes together.
+        """
+        listing, records, units = epoch.listing, epoch.listing.records(), epoch.units
+
+        def skip(unit: Unit) -> bool:
+            if frozen.is_done(unit.shard, records):
+                return True
+            consumed = frozen.consumed.get(unit.shard)
+            return (
+                unit.stop is not None
+                and consumed is not None
+                and consumed.covers(unit.start, unit.stop)
+            )
+
+        ui = start.unit
+        while ui < len(units):
+            shard = units[ui].shard
+            run = []
+            while ui < len(units) and units[ui].shard == shard:
+                if not skip(units[ui]):
+                    run.append(ui)
+                ui += 1
+            if not run:
+                continue
+            spans = [(units[k].start, units[k].stop) for k in run]
+            seek = None
+            if run[0] == start.unit:
+                spans[0] = (max(spans[0][0], start.row), spans[0][1])
+                seek = start.seek
+            ctx = listing.context(shard, self._source, self.read_options, self.columns)
+            last = [s for s, _ in spans]
+            with get_format(ctx.shard.format).open(ctx) as reader:
+                for index, batch in reader.read_spans(spans, seek):
+                    yield _Piece(run[index], shard, batch)
+                    last[index] = batch.stop
+            for index, (_, stop) in enumerate(spans):
+                if stop is None:
+                    yield _ShardEnd(shard, last[index])
 
     def _windows(
         self,

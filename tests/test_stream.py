@@ -245,3 +245,36 @@ def test_numeric_columns_are_zero_copy_views_of_arrow_buffers() -> None:
     assert out["t"].tolist()[0] == list(range(16, 24))
     with pytest.raises(ingest.ConfigError, match="null"):
         to_torch(pa.record_batch({"v": pa.array([1, None])}))
+
+
+def test_leaving_a_loop_early_and_exiting_is_clean(s3: Any, s3_store: Store) -> None:
+    """Regression: a read-ahead thread still running at exit used to abort the interpreter."""
+    import subprocess
+    import sys
+
+    write(s3_store, "parquet")
+    code = (
+        "import json, sys, ingest\n"
+        "s = ingest.Stream(sys.argv[1], columns=['id'], batch_size=64,\n"
+        "                  storage_options=json.loads(sys.argv[2]))\n"
+        "for i, b in enumerate(s):\n"
+        "    if i == 3: break\n"
+        "print('left the loop')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, s3_store.url("parquet"), json.dumps(s3_store.storage_options)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "left the loop" in out.stdout and "Fatal" not in out.stderr
+
+
+def test_stream_as_context_manager_stops_reading(local: Store) -> None:
+    write(local, "parquet")
+    with make(local) as stream:
+        head = batches(stream, limit=2)
+    rest = batches(stream)
+    assert Counter(flat(head + rest)) == Counter(range(TOTAL))

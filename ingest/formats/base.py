@@ -33,6 +33,8 @@ class ReadOptions:
             buffer size.
         batch_rows: Most rows per record batch a reader yields (parquet, Arrow, tar samples).
         prefetch: Record batches read ahead in a background thread (0: read on demand).
+        coalesce_bytes: Parquet: adjacent row groups read in order are fetched together up to
+            this many (uncompressed) bytes, in few large requests.
         pre_buffer: Parquet: fetch the column chunks of a row group as coalesced, concurrent
             range requests (pyarrow's pre-buffering) instead of one read per page.
         schema: Explicit schema for JSONL, CSV and WebDataset. None infers it from the first
@@ -43,6 +45,7 @@ class ReadOptions:
     block_bytes: int = 8 << 20
     batch_rows: int = 65_536
     prefetch: int = 4
+    coalesce_bytes: int = 64 << 20
     pre_buffer: bool = True
     schema: pa.Schema | None = None
     timeout_s: float = 300.0
@@ -55,6 +58,8 @@ class ReadOptions:
             )
         if self.batch_rows < 1:
             raise ConfigError(f"batch_rows={self.batch_rows} must be >= 1")
+        if self.coalesce_bytes < 1:
+            raise ConfigError(f"coalesce_bytes={self.coalesce_bytes} must be >= 1")
         if self.prefetch < 0:
             raise ConfigError(f"prefetch={self.prefetch} must be >= 0 (0 disables it)")
         if self.timeout_s <= 0:
@@ -135,6 +140,18 @@ class ShardReader(ABC):
             seek: A seek point handed out earlier by this format for this shard, with
                 ``seek[0] <= start``; the reader jumps there instead of reading from row 0.
         """
+
+    def read_spans(
+        self, spans: Sequence[tuple[int, int | None]], seek: Seek | None
+    ) -> Iterator[tuple[int, RowBatch]]:
+        """Read several row ranges of the shard, in the order given.
+
+        Yields ``(index of the span, batch)``. ``seek`` applies to the first span. Formats
+        with random access override this to fetch the bytes of many spans at once.
+        """
+        for index, (start, stop) in enumerate(spans):
+            for batch in self.read(start, stop, seek if index == 0 else None):
+                yield index, batch
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and buffers."""

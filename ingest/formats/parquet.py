@@ -2,20 +2,24 @@
 
 The footer is read once per shard by :meth:`ParquetFormat.inspect` and handed back to every
 reader as ``ParquetFile(metadata=...)``, so opening a shard again costs no request.
-Column chunks are fetched with pyarrow's own pre-buffering, which coalesces nearby ranges
-and issues them concurrently. ``fsspec.parquet.open_parquet_file`` does the same
-coalescing, but re-reads the footer on every open and, with the pyarrow engine, cannot take
-a footer that was already read.
+On object stores, the column chunks of the row groups about to be read are computed from
+that footer, merged with ``fsspec.utils.merge_offset_ranges`` and fetched concurrently with
+``cat_ranges``: a few large requests per run of row groups. This is what
+``fsspec.parquet.open_parquet_file`` does, but that function re-reads the footer on every
+open and, with the pyarrow engine, cannot take one that was already read. pyarrow's own
+pre-buffering is slower here: its reads call back into the Python file one range at a time.
+On local disks pyarrow reads the file directly, with pre-buffering.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.utils import merge_offset_ranges
 
 from ingest.errors import ShardError
 from ingest.formats.base import (
@@ -30,6 +34,12 @@ from ingest.formats.base import (
 )
 from ingest.sources import Shard, Source
 
+_TAIL_BYTES = 64 << 10
+# Ranges closer than _MAX_GAP are merged: on object stores the first byte of a request costs
+# tens of milliseconds, which buys about a megabyte of transfer. Merged ranges are cut into
+# _MAX_BLOCK pieces that cat_ranges fetches concurrently.
+_MAX_GAP = 1 << 20
+_MAX_BLOCK = 8 << 20
 _FIX = "check that the object is a complete Parquet file (re-upload it), or pass format="
 
 
@@ -38,20 +48,46 @@ class ParquetFormat(Format):
     extensions = (".parquet", ".pq")
 
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
+        # One request for the tail, which holds the footer of all but very wide files;
+        # pyarrow's read_metadata on the file would make three (magic, length, footer).
+        size = shard.size
         with source.open(shard) as f:
-            head = f.read(4)
-            if head != b"PAR1":
+            n = min(size, _TAIL_BYTES)
+            f.seek(size - n)
+            tail = f.read(n)
+            if tail[-4:] != b"PAR1" or size < 12:
+                f.seek(0)
+                head = f.read(4)
+                if head == b"PAR1":
+                    raise ShardError(
+                        shard.url,
+                        "has no readable Parquet footer (it does not "
+                        "end with b'PAR1': the file is truncated)",
+                        _FIX,
+                        byte=size,
+                    )
                 raise ShardError(
                     shard.url,
                     f"is not a Parquet file (starts with {head!r}, not b'PAR1')",
                     _FIX,
                     byte=0,
                 )
+            need = int.from_bytes(tail[-8:-4], "little") + 8
+            if need > size:
+                raise ShardError(
+                    shard.url,
+                    f"has a footer length ({need - 8}) larger than the file: the file is corrupt",
+                    _FIX,
+                    byte=size - 8,
+                )
+            if need > n:
+                f.seek(size - need)
+                tail = f.read(need)
             try:
-                meta = pq.read_metadata(f)
+                meta = pq.read_metadata(pa.BufferReader(tail))
             except (pa.ArrowInvalid, OSError) as e:
                 raise ShardError(
-                    shard.url, f"has no readable Parquet footer ({e})", _FIX, byte=shard.size
+                    shard.url, f"has no readable Parquet footer ({e})", _FIX, byte=size - need
                 ) from None
         starts: list[int] = []
         offset = 0
@@ -75,40 +111,104 @@ class _ParquetReader(ShardReader):
         info = ctx.info
         assert info.schema is not None  # set by inspect
         check_schema(ctx.shard.url, info.schema, ctx.schema, ctx.schema_origin, ctx.columns)
-        self._file = ctx.source.open(ctx.shard)
-        self._pf: Any = pq.ParquetFile(
-            self._file, metadata=info.meta, pre_buffer=ctx.options.pre_buffer
-        )
+        self._ranged = ctx.source.fetches_ranges(ctx.shard)
+        self._file = None if self._ranged else ctx.source.open(ctx.shard)
         self._starts = list(info.blocks or (0,))
+        self._leaves = _leaf_columns(info.meta, ctx.columns)
+
+    def _parquet_file(self, groups: list[int]) -> Any:
+        meta = self.ctx.info.meta
+        if not self._ranged:
+            return pq.ParquetFile(self._file, metadata=meta, pre_buffer=self.ctx.options.pre_buffer)
+        starts, ends = [], []
+        for group in groups:
+            row_group = meta.row_group(group)
+            for c in self._leaves:
+                column = row_group.column(c)
+                first = column.data_page_offset
+                if column.has_dictionary_page and column.dictionary_page_offset:
+                    first = min(first, column.dictionary_page_offset)
+                starts.append(first)
+                ends.append(first + column.total_compressed_size)
+        _, starts, ends = merge_offset_ranges(
+            [self.ctx.shard.url] * len(starts),
+            starts,
+            ends,
+            max_gap=_MAX_GAP,
+            max_block=_MAX_BLOCK,
+            sort=True,
+        )
+        f = self.ctx.source.fetch_ranges(self.ctx.shard, starts, ends)
+        return pq.ParquetFile(f, metadata=meta, pre_buffer=False)
 
     def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+        for _, batch in self.read_spans([(start, stop)], seek):
+            yield batch
+
+    def read_spans(
+        self, spans: Sequence[tuple[int, int | None]], seek: Seek | None
+    ) -> Iterator[tuple[int, RowBatch]]:
         rows = self.ctx.info.rows or 0
-        stop = rows if stop is None else min(stop, rows)
-        if start >= stop:
-            return
-        first = bisect.bisect_right(self._starts, start) - 1
-        last = bisect.bisect_left(self._starts, stop)
+        items: list[tuple[int, int, int, int]] = []  # (span, row group, start, stop)
+        for index, (start, stop) in enumerate(spans):
+            end = rows if stop is None else min(stop, rows)
+            first = bisect.bisect_right(self._starts, start) - 1
+            last = bisect.bisect_left(self._starts, end)
+            items += [(index, g, start, end) for g in range(first, last) if start < end]
         columns = list(self.ctx.columns) if self.ctx.columns is not None else None
-        for group in range(first, last):
-            row = self._starts[group]
-            try:
-                batches = self._pf.iter_batches(
-                    batch_size=self.ctx.options.batch_rows, row_groups=[group], columns=columns
-                )
-                for batch in batches:
-                    lo, hi = max(start - row, 0), min(stop - row, batch.num_rows)
-                    if hi > lo:
-                        data = (
-                            batch if (lo, hi) == (0, batch.num_rows) else batch.slice(lo, hi - lo)
-                        )
-                        yield RowBatch(row + lo, data)
-                    row += batch.num_rows
-                    if row >= stop:
-                        return
-            except (pa.ArrowInvalid, OSError, EOFError) as e:
-                raise ShardError(
-                    self.ctx.shard.url, f"row group {group} cannot be read ({e})", _FIX, row=row
-                ) from None
+        for chunk in self._chunks(items):
+            # The column chunks of every row group of this chunk are fetched together (a few
+            # concurrent requests), then decoded in the order asked.
+            pf = self._parquet_file(sorted({group for _, group, _, _ in chunk}))
+            for index, group, start, stop in chunk:
+                row = self._starts[group]
+                try:
+                    for batch in pf.iter_batches(
+                        batch_size=self.ctx.options.batch_rows, row_groups=[group], columns=columns
+                    ):
+                        lo, hi = max(start - row, 0), min(stop - row, batch.num_rows)
+                        if hi > lo:
+                            data = (
+                                batch
+                                if (lo, hi) == (0, batch.num_rows)
+                                else batch.slice(lo, hi - lo)
+                            )
+                            yield index, RowBatch(row + lo, data)
+                        row += batch.num_rows
+                except (pa.ArrowInvalid, OSError, EOFError) as e:
+                    raise ShardError(
+                        self.ctx.shard.url, f"row group {group} cannot be read ({e})", _FIX, row=row
+                    ) from None
+
+    def _chunks(
+        self, items: list[tuple[int, int, int, int]]
+    ) -> Iterator[list[tuple[int, int, int, int]]]:
+        """Cut the row groups to read into runs of at most ``coalesce_bytes`` (uncompressed)."""
+        meta = self.ctx.info.meta
+        budget = self.ctx.options.coalesce_bytes
+        chunk: list[tuple[int, int, int, int]] = []
+        size = 0
+        for item in items:
+            group_bytes = meta.row_group(item[1]).total_byte_size
+            if chunk and size + group_bytes > budget:
+                yield chunk
+                chunk, size = [], 0
+            chunk.append(item)
+            size += group_bytes
+        if chunk:
+            yield chunk
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _leaf_columns(meta: Any, columns: Sequence[str] | None) -> list[int]:
+    """Indices of the leaf columns that make up ``columns`` (all when None)."""
+    wanted = None if columns is None else set(columns)
+    schema = meta.schema
+    return [
+        i
+        for i in range(len(schema))
+        if wanted is None or schema.column(i).path.split(".")[0] in wanted
+    ]

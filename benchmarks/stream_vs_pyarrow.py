@@ -1,0 +1,169 @@
+"""ingest.Stream against a plain pyarrow loop over the same parquet files on loopback S3.
+
+Prints one table, measured in one run (ratios are what to compare; these machines are
+noisy): steady rows/s and MB/s of an epoch, and the first-batch time of a fresh stream
+against one resumed at 90% of the epoch (both include listing and footer reads).
+
+    .venv/bin/python benchmarks/stream_vs_pyarrow.py [--shards 8] [--rows 100000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+
+import ingest
+from ingest.testing import LoopbackS3, write_dataset
+
+COLUMNS = ["id", "tokens"]
+ROW_BYTES = 8 + 16 * 4  # id int64 + 16 int32 tokens, as delivered to the consumer
+BATCH = 1024
+
+
+def pyarrow_loop(s3: LoopbackS3, url: str) -> Iterator[int]:
+    """The peer: list with s3fs, open each file, iterate pyarrow batches, make tensors."""
+    fs = s3.filesystem()
+    for path in sorted(fs.glob(url)):
+        with fs.open(path, "rb") as f:
+            for rb in pq.ParquetFile(f).iter_batches(batch_size=BATCH, columns=COLUMNS):
+                ids = torch.from_numpy(rb.column(0).to_numpy())
+                tokens = rb.column(1)
+                flat = tokens.values.slice(tokens.offset * 16, len(tokens) * 16)
+                torch.from_numpy(flat.to_numpy()).reshape(len(tokens), 16)
+                yield len(ids)
+
+
+def stream_epoch(s3: LoopbackS3, url: str, seed: int | None) -> Iterator[int]:
+    stream = ingest.Stream(
+        url,
+        columns=COLUMNS,
+        batch_size=BATCH,
+        shuffle_seed=seed,
+        storage_options=s3.storage_options(),
+    )
+    for batch in stream:
+        yield len(batch["id"])
+
+
+def first_batch_s(s3: LoopbackS3, url: str, state: dict[str, Any] | None) -> float:
+    start = time.perf_counter()
+    stream = ingest.Stream(
+        url, columns=COLUMNS, batch_size=BATCH, shuffle_seed=0, storage_options=s3.storage_options()
+    )
+    if state is not None:
+        stream.load_state_dict(state)
+    next(iter(stream))
+    elapsed = time.perf_counter() - start
+    stream.close()
+    return elapsed
+
+
+def state_at(s3: LoopbackS3, url: str, fraction: float, total: int) -> dict[str, Any]:
+    stream = ingest.Stream(
+        url, columns=COLUMNS, batch_size=BATCH, shuffle_seed=0, storage_options=s3.storage_options()
+    )
+    seen = 0
+    for batch in stream:
+        seen += len(batch["id"])
+        if seen >= fraction * total:
+            break
+    state = stream.state_dict()
+    stream.close()
+    return state
+
+
+def timed(make: Callable[[], Iterator[int]], repeat: int) -> dict[str, float]:
+    """Medians over ``repeat`` epochs: first-batch seconds (listing included) and steady
+    rows/s after the first batch. Each epoch must deliver the same row count."""
+    first, steady, rows = [], [], []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        it = make()
+        n = next(it)
+        t_first = time.perf_counter()
+        rest = sum(it)
+        end = time.perf_counter()
+        first.append(t_first - start)
+        steady.append(rest / (end - t_first))
+        rows.append(n + rest)
+    if len(set(rows)) != 1:
+        raise SystemExit(f"epochs delivered different row counts: {rows}")
+    return {
+        "first_batch_s": statistics.median(first),
+        "rows_s": statistics.median(steady),
+        "rows": rows[0],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=100_000, help="rows per shard")
+    parser.add_argument("--row-group", type=int, default=10_000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--out", default="bench-out/stream_vs_pyarrow.json")
+    args = parser.parse_args()
+    total = args.shards * args.rows
+    with LoopbackS3() as s3:
+        s3.create_bucket("bench")
+        write_dataset(
+            s3.filesystem(),
+            "bench/train",
+            "parquet",
+            args.shards,
+            args.rows,
+            row_group_rows=args.row_group,
+        )
+        url = "s3://bench/train/*.parquet"
+        runs = {
+            "plain pyarrow loop (+torch)": timed(lambda: pyarrow_loop(s3, url), args.repeat),
+            "ingest.Stream, listing order": timed(lambda: stream_epoch(s3, url, None), args.repeat),
+            "ingest.Stream, shuffle_seed=0": timed(lambda: stream_epoch(s3, url, 0), args.repeat),
+        }
+        for name, run in runs.items():
+            if run["rows"] != total:
+                raise SystemExit(f"{name} delivered {run['rows']} rows, expected {total}")
+        state90 = state_at(s3, url, 0.9, total)
+        fresh = statistics.median(first_batch_s(s3, url, None) for _ in range(5))
+        resumed = statistics.median(first_batch_s(s3, url, state90) for _ in range(5))
+    peer = runs["plain pyarrow loop (+torch)"]["rows_s"]
+    results = {
+        "rows": total,
+        "shards": args.shards,
+        "row_group": args.row_group,
+        "readers": runs,
+        "first_batch_s": fresh,
+        "first_batch_resumed_90_s": resumed,
+        "resume90_vs_fresh": resumed / fresh,
+    }
+    print(
+        f"{total:,} rows in {args.shards} parquet shards on loopback S3, columns {COLUMNS}, "
+        f"batch {BATCH}, median of {args.repeat} epochs"
+    )
+    print(
+        f"{'reader':<32} {'first batch s':>13} {'steady rows/s':>14} {'MB/s':>7} {'vs pyarrow':>10}"
+    )
+    for name, run in runs.items():
+        print(
+            f"{name:<32} {run['first_batch_s']:>13.3f} {run['rows_s']:>14,.0f} "
+            f"{run['rows_s'] * ROW_BYTES / 1e6:>7.1f} {run['rows_s'] / peer:>9.2f}x"
+        )
+    print(
+        f"first batch (shuffle_seed=0, listing included), fresh: {fresh:.3f} s; "
+        f"resumed at 90%: {resumed:.3f} s ({resumed / fresh:.2f}x; goal <= 1.5x)"
+    )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
