@@ -39,7 +39,7 @@ unit: $(STAMP)
 test: lint typecheck unit
 
 bench: $(STAMP)
-	$(PY) -m ingest.cli bench
+	$(PY) benchmarks/stream_vs_pyarrow.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
