@@ -84,6 +84,7 @@ class Catalog:
         self.options = options
         self.columns = columns
         self._cache: dict[tuple[str, int, str], ShardInfo] = {}
+        self._index_cache: dict[tuple[str, int, str, str], ShardInfo] = {}
         self._lock = threading.Lock()
 
     def inspect(self, shard: Shard) -> ShardInfo:
@@ -102,13 +103,15 @@ class Catalog:
             self._cache[key] = info
         return info
 
-    def scan(self, *, progress: bool = False, schema: bool = True) -> Listing:
+    def scan(self, *, progress: bool = False, schema: bool = True, index: bool = False) -> Listing:
         """List the source once and inspect every shard.
 
         Args:
             progress: Show a progress bar (stderr) while footers are read.
             schema: Settle the stream schema and check every footer against it; without it
                 the listing has no schema (listing tools need none).
+            index: Give every shard a row count and seek points, reading once (cached) the
+                shards whose footer has no row count. Needs ``schema``.
 
         Raises:
             SourceError: If the source cannot be listed or matches nothing.
@@ -142,7 +145,35 @@ class Catalog:
             for shard, info in zip(shards, infos, strict=True):
                 if info.schema is not None and info.rows:
                     check_schema(shard.url, info.schema, stream_schema, origin, self.columns)
-        return Listing(tuple(shards), tuple(infos), stream_schema, origin)
+        listing = Listing(tuple(shards), tuple(infos), stream_schema, origin)
+        return self._index(listing, progress) if index else listing
+
+    def _index(self, listing: Listing, progress: bool) -> Listing:
+        todo = [n for n, i in enumerate(listing.infos) if i.rows is None]
+        if not todo:
+            return listing
+        infos = list(listing.infos)
+        with tqdm(
+            total=len(todo), desc="indexing shards", unit="shard", disable=not progress, leave=False
+        ) as bar:
+
+            def one(n: int) -> ShardInfo:
+                shard = listing.shards[n]
+                key = (shard.url, shard.size, shard.version, "index")
+                with self._lock:
+                    cached = self._index_cache.get(key)
+                if cached is None:
+                    ctx = listing.context(n, self.source, self.options, None)
+                    cached = get_format(shard.format).index(ctx)
+                    with self._lock:
+                        self._index_cache[key] = cached
+                bar.update(1)
+                return cached
+
+            with ThreadPoolExecutor(min(_INSPECT_THREADS, len(todo))) as pool:
+                for n, info in zip(todo, pool.map(one, todo), strict=True):
+                    infos[n] = info
+        return Listing(listing.shards, tuple(infos), listing.schema, listing.schema_origin)
 
     def _schema(
         self, shards: Sequence[Shard], infos: Sequence[ShardInfo]

@@ -10,6 +10,9 @@ Layout (version 1)::
                   "partial": {"41": [[0, 512], ...]},  # consumed rows of other shards
                   "rows": {"41": 9000}},               # row counts learnt by reading
      "delivered": 123456,
+     "step": 120,                                      # next global step (distributed)
+     "carry": {"spans": [[3, 0, 17]], "consumed": {}}, # rows carried in from the last epoch
+     "dropped": 0,                                     # rows dropped by drop_remainder
      "resume": {...}}                                  # reader position hint, or null
 
 Shard indices refer to ``dataset.shards`` of the state itself, so a dataset that grew (new
@@ -134,6 +137,18 @@ class StreamState:
     progress: Progress
     delivered: int = 0
     resume: dict[str, Any] | None = None
+    step: int = 0
+    carry: list[tuple[int, int, int]] = field(default_factory=list)
+    """Spans ``(shard, start, stop)`` carried in from the previous epoch (equal steps)."""
+    carry_progress: Progress = field(default_factory=Progress)
+    dropped: int = 0
+
+    @property
+    def started(self) -> bool:
+        """Whether any row of this epoch was consumed (else the epoch may re-list)."""
+        return bool(
+            self.delivered or self.progress.count() or self.carry_progress.count() or self.resume
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -148,6 +163,16 @@ class StreamState:
             "world_size": self.world_size,
             "progress": self.progress.to_json(self.shards),
             "delivered": self.delivered,
+            "step": self.step,
+            "carry": {
+                "spans": [list(s) for s in self.carry],
+                "consumed": {
+                    str(k): v.to_json()
+                    for k, v in sorted(self.carry_progress.consumed.items())
+                    if v
+                },
+            },
+            "dropped": self.dropped,
             "resume": self.resume,
         }
 
@@ -186,6 +211,12 @@ class StreamState:
             seed = data["seed"]
             if seed is not None and not isinstance(seed, int):
                 raise StateError(f"seed must be an integer or null, got {seed!r}")
+            carry = data.get("carry") or {}
+            spans = [
+                (_index(a, shards), _int(b, "carry start"), _int(c, "carry stop"))
+                for a, b, c in carry.get("spans", [])
+            ]
+            carry_progress = Progress.from_json({"partial": carry.get("consumed", {})}, shards)
             return cls(
                 sources=[str(s) for s in dataset.get("sources", [])],
                 shards=shards,
@@ -195,6 +226,10 @@ class StreamState:
                 progress=Progress.from_json(data.get("progress", {}), shards),
                 delivered=_int(data.get("delivered", 0), "delivered"),
                 resume=data.get("resume"),
+                step=_int(data.get("step", 0), "step"),
+                carry=spans,
+                carry_progress=carry_progress,
+                dropped=_int(data.get("dropped", 0), "dropped"),
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, StateError):

@@ -241,6 +241,11 @@ class Stream:
                 shards are gone or changed (new shards are accepted and join next epoch).
         """
         parsed = StreamState.from_json(state)
+        if parsed.carry:
+            raise StateError(
+                f"the state carries {len(parsed.carry)} span(s) of rows from the previous epoch "
+                "of a distributed stream (equal steps per rank); resume it with ingest.RayStream"
+            )
         if parsed.seed != self.shuffle_seed:
             raise StateError(
                 f"the state was saved with shuffle_seed={parsed.seed}, this stream "
@@ -271,8 +276,7 @@ class Stream:
         if listing is None:
             listing = self.listing()
             match_listing(state.shards, listing.records())
-        started = state.delivered or state.progress.count() or state.resume
-        if started:
+        if state.started:
             # The rest of an epoch reads the shards it started with; new ones join next epoch.
             listing = listing.subset([s.url for s in state.shards])
         self._epoch_index = state.epoch

@@ -200,3 +200,20 @@ def test_gzip_truncation_names_the_offset(local: Store) -> None:
         "corrupt or truncated",
     ):
         read(catalog, listing)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "tar", "arrow", "jsonl.gz"])
+def test_index_gives_rows_and_seek_points(local: Store, fmt: str) -> None:
+    from ingest.formats import get_format
+
+    catalog, listing = open_shard(local, fmt, encode(make_table(0, ROWS), fmt))
+    ctx = listing.context(0, catalog.source, catalog.options, None)
+    info = get_format(ctx.shard.format).index(ctx)
+    assert info.rows == ROWS
+    indexed = listing.__class__(listing.shards, (info,), listing.schema, listing.schema_origin)
+    key = "__key__" if fmt == "tar" else "id"
+    stats = catalog.source.stats
+    before = stats.bytes_read
+    assert ids(read(catalog, indexed, 2500, 2600), key) == list(range(2500, 2600))
+    if fmt != "jsonl.gz":  # compressed: decompress-skip; the others seek with the index
+        assert stats.bytes_read - before < ctx.shard.size / 2

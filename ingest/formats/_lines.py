@@ -122,7 +122,8 @@ class LineReader(ShardReader):
         """(problem, fix, is_schema_mismatch) for the first line that fails to parse."""
 
     def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
-        row, offset = seek if seek is not None and seek[0] <= start else (0, 0)
+        seek = self.ctx.info.seek_for(start, seek)
+        row, offset = seek if seek is not None else (0, 0)
         line: int | None = 1 if offset == 0 else None
         opts = self.ctx.options
         batches = self._batches(row, offset, line, opts.block_bytes, opts.batch_rows)

@@ -72,7 +72,8 @@ class _ArrowReader(ShardReader):
         yield from clip(batches, start, stop)
 
     def _file_batches(self, start: int, seek: Seek | None) -> Iterator[RowBatch]:
-        row, index = seek if seek is not None and seek[0] <= start else (0, 0)
+        seek = self.ctx.info.seek_for(start, seek)
+        row, index = seek if seek is not None else (0, 0)
         reader: Any = self._open(lambda: ipc.open_file(self._file), row)
         while index < reader.num_record_batches:
             batch = self._batch(lambda i=index: reader.get_batch(i), row)

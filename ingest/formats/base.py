@@ -7,9 +7,10 @@ offset of their first row, starting at any row. Formats know nothing of Ray or o
 
 from __future__ import annotations
 
+import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import pyarrow as pa
@@ -83,6 +84,16 @@ class ShardInfo:
     blocks: tuple[int, ...] | None = None
     schema: pa.Schema | None = None
     meta: Any = None
+    seeks: tuple[Seek, ...] = ()
+    """Seek points found by indexing the shard (line formats, tar, Arrow files)."""
+
+    def seek_for(self, start: int, given: Seek | None) -> Seek | None:
+        """The best seek point at or before ``start``: ``given`` or one from the index."""
+        best = given if given is not None and given[0] <= start else None
+        i = bisect.bisect_right(self.seeks, (start, float("inf"))) - 1
+        if i >= 0 and (best is None or self.seeks[i][0] > best[0]):
+            best = self.seeks[i]
+        return best
 
 
 EMPTY = ShardInfo(rows=0)
@@ -184,6 +195,23 @@ class Format(ABC):
     @abstractmethod
     def open(self, ctx: ReadContext) -> ShardReader:
         """Open a reader over ``ctx.shard``."""
+
+    def index(self, ctx: ReadContext) -> ShardInfo:
+        """Read the whole shard once to count its rows and collect its seek points.
+
+        Needed where the footer has no row count (JSONL, CSV, tar, IPC streams) and rows must
+        be shared out evenly before reading. Formats whose footer knows both return it as is.
+        """
+        if ctx.info.rows is not None and (ctx.info.blocks or ctx.info.seeks):
+            return ctx.info
+        rows = 0
+        seeks: list[Seek] = []
+        with self.open(ctx) as reader:
+            for batch in reader.read(0, None, None):
+                rows = batch.stop
+                if batch.seek is not None and (not seeks or seeks[-1] != batch.seek):
+                    seeks.append(batch.seek)
+        return replace(ctx.info, rows=rows, seeks=tuple(seeks))
 
 
 def clip(batches: Iterator[RowBatch], start: int, stop: int | None) -> Iterator[RowBatch]:

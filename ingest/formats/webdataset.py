@@ -104,7 +104,8 @@ class WebDatasetFormat(Format):
 
 class _WebDatasetReader(ShardReader):
     def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
-        row, offset = seek if seek is not None and seek[0] <= start else (0, 0)
+        seek = self.ctx.info.seek_for(start, seek)
+        row, offset = seek if seek is not None else (0, 0)
         yield from clip(self._batches(row, offset), start, stop)
 
     def _batches(self, row: int, offset: int) -> Iterator[RowBatch]:
