@@ -15,6 +15,10 @@ from dataclasses import dataclass
 from ingest.intervals import IntervalSet
 from ingest.plan import Unit
 
+CARRY, MAIN = 0, 1
+"""Segments: rows carried in from the previous epoch, and the epoch's own rows. A row can be
+in both (read at the end of one epoch and again in the next), so each has its own ledger."""
+
 
 @dataclass(frozen=True, slots=True)
 class Span:
@@ -23,13 +27,14 @@ class Span:
     shard: int
     start: int
     stop: int
+    segment: int = MAIN
 
     @property
     def rows(self) -> int:
         return self.stop - self.start
 
-    def to_json(self) -> list[int]:
-        return [self.shard, self.start, self.stop]
+    def cut(self, start: int, stop: int) -> Span:
+        return Span(self.shard, start, stop, self.segment)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,13 +87,13 @@ def split(spans: Sequence[Span], world_size: int, batch_size: int) -> Assignment
         start = span.start
         while start < span.stop:
             if rank == world_size or (room == 0 and rank == world_size - 1):
-                remainder.append(Span(span.shard, start, span.stop))
+                remainder.append(span.cut(start, span.stop))
                 break
             if room == 0:
                 rank, room = rank + 1, share
                 continue
             take = min(room, span.stop - start)
-            ranks[rank].append(Span(span.shard, start, start + take))
+            ranks[rank].append(span.cut(start, start + take))
             start += take
             room -= take
     return Assignment(tuple(tuple(r) for r in ranks), steps, tuple(remainder))

@@ -12,10 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 Run = tuple[int, int, int, int]
-"""``(segment, shard, start, stop)``: rows of a shard consumed by one batch. Segment 0 holds
-rows carried in from the previous epoch, segment 1 the epoch's own rows."""
-
-CARRY, MAIN = 0, 1
+"""``(segment, shard, start, stop)``: rows of a shard consumed by one batch; segments are
+:data:`ingest.assign.CARRY` and :data:`ingest.assign.MAIN`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +36,6 @@ class Ledger:
         self.world_size = world_size
         self._records: list[dict[int, tuple[Run, ...]]] = [{} for _ in range(world_size)]
         self._acked = [first_step - 1] * world_size
-        self._folded = first_step - 1
 
     def ack(self, rank: int, records: Iterable[StepRecord]) -> None:
         """Record steps of ``rank``; each step once, in order.
@@ -65,21 +62,18 @@ class Ledger:
         """Whether every rank acked ``step``."""
         return min(self._acked) >= step
 
-    def runs_through(self, step: int) -> list[Run]:
-        """Rows of steps ``<= step`` of every rank that are not folded yet."""
+    def runs(self, first: int, last: int) -> list[Run]:
+        """Rows of steps ``first..last`` of every rank that are not folded yet."""
         return [
             run
             for per_rank in self._records
             for s, runs in per_rank.items()
-            if s <= step
+            if first <= s <= last
             for run in runs
         ]
 
-    def fold(self, step: int) -> list[Run]:
-        """Remove and return the rows of steps ``<= step`` (they went into a snapshot)."""
-        out = self.runs_through(step)
+    def fold(self, step: int) -> None:
+        """Forget steps ``<= step``: the caller has kept what it needs of them."""
         for per_rank in self._records:
             for s in [s for s in per_rank if s <= step]:
                 del per_rank[s]
-        self._folded = max(self._folded, step)
-        return out

@@ -1,0 +1,169 @@
+"""The coordinator's logic without Ray: ranks are simulated by walking their spans."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from ingest.assign import CARRY, MAIN, Span, split
+from ingest.epochs import EpochBook, RankPlan, StreamSpec
+from ingest.ledger import Ledger, StepRecord
+from ingest.state import StreamState
+from ingest.testing import write_dataset
+from tests.conftest import Store
+
+SHARDS, ROWS, BATCH = 5, 1000, 64
+TOTAL = SHARDS * ROWS
+
+
+def batches_of(plan: RankPlan, batch_size: int) -> list[StepRecord]:
+    """The step records a rank would ack: consecutive runs of ``batch_size`` rows."""
+    records, runs, filled, step = [], [], 0, plan.first_step
+    for span in plan.spans:
+        start = span.start
+        while start < span.stop:
+            take = min(batch_size - filled, span.stop - start)
+            runs.append((span.segment, span.shard, start, start + take))
+            start += take
+            filled += take
+            if filled == batch_size:
+                records.append(StepRecord(step, tuple(runs)))
+                runs, filled, step = [], 0, step + 1
+    assert not runs, "a rank's share is whole steps"
+    return records
+
+
+def ids(plan_listing_urls: list[str], runs: list[tuple[int, int, int, int]]) -> list[int]:
+    """Global row ids (shard n holds ids n*ROWS ..) of runs."""
+    out = []
+    for _, shard, start, stop in runs:
+        n = int(plan_listing_urls[shard].rsplit("-", 1)[1].split(".")[0])
+        out += range(n * ROWS + start, n * ROWS + stop)
+    return out
+
+
+@pytest.fixture
+def spec(local: Store) -> StreamSpec:
+    write_dataset(local.fs, local.url("d"), "parquet", SHARDS, ROWS, row_group_rows=300)
+    return StreamSpec(urls=(local.url("d"),), batch_size=BATCH, shuffle_seed=3)
+
+
+def run_epoch(book: EpochBook, epoch: int, stop_after: int | None = None) -> list[int]:
+    """Every rank consumes its share of ``epoch`` (up to ``stop_after`` steps); returns ids."""
+    delivered = []
+    for rank in range(book.world_size):
+        plan = book.rank_plan(rank, epoch)
+        records = batches_of(plan, BATCH)
+        assert len(records) == plan.steps
+        if stop_after is not None:
+            records = [r for r in records if r.step < plan.first_step + stop_after]
+        book.ack(rank, records)
+        urls = [s.url for s in plan.listing.shards]
+        delivered += ids(urls, [run for r in records for run in r.runs])
+    return delivered
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_equal_steps_and_every_row_once(spec: StreamSpec, world_size: int) -> None:
+    book = EpochBook(spec, world_size)
+    steps = {book.rank_plan(r, 0).steps for r in range(world_size)}
+    assert len(steps) == 1
+    delivered = run_epoch(book, 0)
+    remainder = book.plan(0).assignment.remainder_rows
+    assert remainder < world_size * BATCH
+    assert len(delivered) == len(set(delivered)) == TOTAL - remainder
+    # The remainder is carried: epoch 1 delivers it first, then its own rows.
+    epoch1 = book.rank_plan(0, 1)
+    assert epoch1.first_step == steps.pop()
+    assert epoch1.spans[0].segment == (CARRY if remainder else MAIN)
+
+
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 3), (1, 4), (3, 3)])
+def test_snapshot_and_elastic_restore_deliver_exactly_once(spec: StreamSpec, before: int,
+                                                           after: int) -> None:
+    book = EpochBook(spec, before)
+    first = run_epoch(book, 0, stop_after=5)
+    state = json.loads(json.dumps(book.snapshot(5 - 1).to_json()))
+    assert state["world_size"] == before and state["step"] == 5
+    resumed = EpochBook(spec, after)
+    resumed.load(StreamState.from_json(state))
+    assert resumed.first_epoch == 0
+    rest = run_epoch(resumed, 0)
+    remainder = resumed.plan(0).assignment.remainder_rows
+    assert Counter(first + rest) == Counter(set(first + rest))
+    assert len(first) + len(rest) + remainder == TOTAL
+    # Next epoch: the carried rows, then every row again.
+    carried = {i for i in range(TOTAL)} - set(first + rest)
+    epoch1 = run_epoch(resumed, 1)
+    assert carried <= set(epoch1)
+
+
+def test_snapshot_waits_for_every_rank(spec: StreamSpec) -> None:
+    book = EpochBook(spec, 2)
+    plan = book.rank_plan(0, 0)
+    book.ack(0, batches_of(plan, BATCH)[:3])
+    with pytest.raises(Exception, match="not every rank has acked step 2"):
+        book.snapshot(2)
+
+
+def test_snapshot_at_the_epoch_end_starts_the_next_with_the_carry(spec: StreamSpec) -> None:
+    book = EpochBook(spec, 3)
+    run_epoch(book, 0)
+    end = book.plan(0).end_step
+    state = book.snapshot(end - 1)
+    assert state.epoch == 1 and state.step == end
+    assert sum(b - a for _, a, b in state.carry) == book.plan(0).assignment.remainder_rows
+    restored = EpochBook(spec, 2)
+    restored.load(state)
+    carried = [s for s in restored.rank_plan(0, 1).spans if s.segment == CARRY]
+    assert sum(s.rows for s in carried) == min(state_rows(state), restored.plan(1).assignment.steps
+                                                * BATCH)
+
+
+def state_rows(state: StreamState) -> int:
+    return sum(b - a for _, a, b in state.carry)
+
+
+def test_folding_keeps_later_snapshots_exact(spec: StreamSpec) -> None:
+    book = EpochBook(spec, 2)
+    run_epoch(book, 0, stop_after=10)
+    early = book.snapshot(3)
+    book.fold(3)
+    late = book.snapshot(9)
+    unfolded = EpochBook(spec, 2)
+    run_epoch(unfolded, 0, stop_after=10)
+    assert late.to_json() == unfolded.snapshot(9).to_json()
+    assert early.progress.count() == 4 * 2 * BATCH
+
+
+def test_drop_remainder_counts_what_it_drops(local: Store) -> None:
+    write_dataset(local.fs, local.url("d"), "parquet", SHARDS, ROWS, row_group_rows=300)
+    spec = StreamSpec(urls=(local.url("d"),), batch_size=BATCH, drop_remainder=True)
+    book = EpochBook(spec, 3)
+    run_epoch(book, 0)
+    remainder = book.plan(0).assignment.remainder_rows
+    assert remainder > 0
+    state = book.snapshot(book.plan(0).end_step - 1)
+    assert state.dropped == remainder and state.carry == []
+
+
+def test_split_is_exact_and_equal() -> None:
+    spans = [Span(0, 0, 100), Span(1, 10, 50), Span(2, 0, 7)]
+    got = split(spans, 3, 16)
+    assert got.steps == 147 // 48
+    assert [sum(s.rows for s in r) for r in got.ranks] == [48, 48, 48]
+    covered = [(s.shard, i) for r in got.ranks for s in r for i in range(s.start, s.stop)]
+    covered += [(s.shard, i) for s in got.remainder for i in range(s.start, s.stop)]
+    assert sorted(covered) == sorted((s.shard, i) for s in spans for i in range(s.start, s.stop))
+
+
+def test_ledger_refuses_out_of_order_steps() -> None:
+    ledger = Ledger(2, 10)
+    ledger.ack(0, [StepRecord(10, ((1, 0, 0, 5),))])
+    with pytest.raises(ValueError, match="acked step 12 after 10"):
+        ledger.ack(0, [StepRecord(12, ())])
+    assert not ledger.ready(10)
+    ledger.ack(1, [StepRecord(10, ())])
+    assert ledger.ready(10) and ledger.runs(10, 10) == [(1, 0, 0, 5)]
