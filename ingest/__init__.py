@@ -11,7 +11,7 @@ Public API::
 """
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ingest.catalog import Listing
 from ingest.errors import (
@@ -27,7 +27,11 @@ from ingest.formats import get_format, register_format, registered_formats
 from ingest.formats.base import ReadOptions, ShardInfo
 from ingest.sources import IOStats, Shard, Source
 from ingest.state import STATE_VERSION
-from ingest.stream import Stream
+
+if TYPE_CHECKING:
+    from ingest.distributed.rank import RankIterator, RankOptions, ReaderPool
+    from ingest.distributed.stream import RayStream
+    from ingest.stream import Stream
 
 __version__ = "0.1.0"
 
@@ -41,6 +45,10 @@ __all__ = [
     "SchemaMismatchError",
     "Shard",
     "ShardError",
+    "RankIterator",
+    "RankOptions",
+    "RayStream",
+    "ReaderPool",
     "ShardInfo",
     "Source",
     "SourceError",
@@ -53,6 +61,26 @@ __all__ = [
     "register_format",
     "registered_formats",
 ]
+
+
+_LAZY = {
+    "Stream": "ingest.stream",
+    "RayStream": "ingest.distributed.stream",
+    "ReaderPool": "ingest.distributed.rank",
+    "RankIterator": "ingest.distributed.rank",
+    "RankOptions": "ingest.distributed.rank",
+}
+
+
+def __getattr__(name: str) -> Any:
+    # torch and ray take seconds to import; Ray read tasks import this package and need
+    # neither, so the pieces that use them load on first use.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ingest' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
 
 
 def list_shards(

@@ -11,6 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 Run = tuple[int, int, int, int]
 """``(segment, shard, start, stop)``: rows of a shard consumed by one batch; segments are
 :data:`ingest.assign.CARRY` and :data:`ingest.assign.MAIN`."""
@@ -38,24 +41,26 @@ class Ledger:
         self._acked = [first_step - 1] * world_size
 
     def ack(self, rank: int, records: Iterable[StepRecord]) -> None:
-        """Record steps of ``rank``; each step once, in order.
+        """Record steps of ``rank``, each once, in any order (messages may overtake).
 
         Raises:
-            ValueError: On an unknown rank, or a step out of order (a bug or a replay).
+            ValueError: On an unknown rank, or a step recorded twice (a replay).
         """
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside world_size {self.world_size}")
+        mine = self._records[rank]
         for record in records:
-            if record.step != self._acked[rank] + 1:
+            if record.step <= self._acked[rank] or record.step in mine:
                 raise ValueError(
-                    f"rank {rank} acked step {record.step} after "
-                    f"{self._acked[rank]}; steps are acked once, in order"
+                    f"rank {rank} acked step {record.step} twice; each step's "
+                    "rows are consumed once"
                 )
-            self._records[rank][record.step] = record.runs
-            self._acked[rank] = record.step
+            mine[record.step] = record.runs
+        while self._acked[rank] + 1 in mine:
+            self._acked[rank] += 1
 
     def acked(self, rank: int) -> int:
-        """The last step ``rank`` acked (``first_step - 1`` before any)."""
+        """The last step up to which ``rank`` acked every step (``first_step - 1`` before)."""
         return self._acked[rank]
 
     def ready(self, step: int) -> bool:
@@ -74,6 +79,25 @@ class Ledger:
 
     def fold(self, step: int) -> None:
         """Forget steps ``<= step``: the caller has kept what it needs of them."""
+        if not self.ready(step):
+            raise ValueError(f"cannot fold step {step}: not every rank acked it")
         for per_rank in self._records:
             for s in [s for s in per_rank if s <= step]:
                 del per_rank[s]
+
+
+def runs_of(
+    segments: npt.NDArray[np.int8], shards: npt.NDArray[np.int32], rows: npt.NDArray[np.int64]
+) -> tuple[Run, ...]:
+    """Compact ``(segment, shard, start, stop)`` runs covering the given rows of a batch."""
+    if len(rows) == 0:
+        return ()
+    order = np.lexsort((rows, shards, segments))
+    seg, sh, rw = segments[order], shards[order], rows[order]
+    breaks = np.nonzero((np.diff(rw) != 1) | (np.diff(sh) != 0) | (np.diff(seg) != 0))[0] + 1
+    starts = np.concatenate(([0], breaks))
+    stops = np.concatenate((breaks, [len(rw)]))
+    return tuple(
+        (int(seg[a]), int(sh[a]), int(rw[a]), int(rw[b - 1]) + 1)
+        for a, b in zip(starts.tolist(), stops.tolist(), strict=True)
+    )

@@ -53,6 +53,24 @@ def store(request: pytest.FixtureRequest, tmp_path: Any) -> Store:
     )
 
 
+@pytest.fixture(scope="session")
+def ray_session() -> Iterator[None]:
+    """One local Ray for the whole test session (more logical CPUs than cores is fine)."""
+    import os
+
+    import ray
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ray.init(
+        num_cpus=8,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": root}},
+    )
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture
 def local(tmp_path: Any) -> Store:
     return Store("local", fsspec.filesystem("file"), f"file://{tmp_path}", {})

@@ -37,7 +37,7 @@ def batches_of(plan: RankPlan, batch_size: int) -> list[StepRecord]:
 
 def ids(plan_listing_urls: list[str], runs: list[tuple[int, int, int, int]]) -> list[int]:
     """Global row ids (shard n holds ids n*ROWS ..) of runs."""
-    out = []
+    out: list[int] = []
     for _, shard, start, stop in runs:
         n = int(plan_listing_urls[shard].rsplit("-", 1)[1].split(".")[0])
         out += range(n * ROWS + start, n * ROWS + stop)
@@ -81,8 +81,9 @@ def test_equal_steps_and_every_row_once(spec: StreamSpec, world_size: int) -> No
 
 
 @pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 3), (1, 4), (3, 3)])
-def test_snapshot_and_elastic_restore_deliver_exactly_once(spec: StreamSpec, before: int,
-                                                           after: int) -> None:
+def test_snapshot_and_elastic_restore_deliver_exactly_once(
+    spec: StreamSpec, before: int, after: int
+) -> None:
     book = EpochBook(spec, before)
     first = run_epoch(book, 0, stop_after=5)
     state = json.loads(json.dumps(book.snapshot(5 - 1).to_json()))
@@ -118,8 +119,9 @@ def test_snapshot_at_the_epoch_end_starts_the_next_with_the_carry(spec: StreamSp
     restored = EpochBook(spec, 2)
     restored.load(state)
     carried = [s for s in restored.rank_plan(0, 1).spans if s.segment == CARRY]
-    assert sum(s.rows for s in carried) == min(state_rows(state), restored.plan(1).assignment.steps
-                                                * BATCH)
+    assert sum(s.rows for s in carried) == min(
+        state_rows(state), restored.plan(1).assignment.steps * BATCH
+    )
 
 
 def state_rows(state: StreamState) -> int:
@@ -162,8 +164,23 @@ def test_split_is_exact_and_equal() -> None:
 def test_ledger_refuses_out_of_order_steps() -> None:
     ledger = Ledger(2, 10)
     ledger.ack(0, [StepRecord(10, ((1, 0, 0, 5),))])
-    with pytest.raises(ValueError, match="acked step 12 after 10"):
-        ledger.ack(0, [StepRecord(12, ())])
+    with pytest.raises(ValueError, match="acked step 10 twice"):
+        ledger.ack(0, [StepRecord(10, ())])
+    ledger.ack(0, [StepRecord(12, ())])  # overtook step 11: kept, not yet contiguous
+    assert ledger.acked(0) == 10
+    ledger.ack(0, [StepRecord(11, ())])
+    assert ledger.acked(0) == 12
     assert not ledger.ready(10)
     ledger.ack(1, [StepRecord(10, ())])
     assert ledger.ready(10) and ledger.runs(10, 10) == [(1, 0, 0, 5)]
+
+
+def test_runs_of_a_shuffled_batch() -> None:
+    import numpy as np
+
+    from ingest.ledger import runs_of
+
+    seg = np.array([1, 1, 0, 1, 1, 1], dtype=np.int8)
+    shard = np.array([2, 2, 2, 0, 2, 2], dtype=np.int32)
+    row = np.array([5, 3, 9, 7, 4, 8], dtype=np.int64)
+    assert runs_of(seg, shard, row) == ((0, 2, 9, 10), (1, 0, 7, 8), (1, 2, 3, 6), (1, 2, 8, 9))

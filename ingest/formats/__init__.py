@@ -93,6 +93,9 @@ def register_format(
 def get_format(name: str) -> Format:
     """The format registered as ``name``.
 
+    ``name`` may also be an import path, ``"package.module:Class"``: each process (Ray
+    workers included) imports it on first use, with no registration.
+
     Raises:
         ConfigError: If no format has that name; the message lists the known ones.
     """
@@ -100,12 +103,19 @@ def get_format(name: str) -> Format:
     if fmt is not None:
         return fmt
     target = _REGISTRY.get(name)
+    if target is None and ":" in name:
+        target = name  # an import path: usable in every process without registering
     if target is None:
         raise ConfigError(
             f"unknown format {name!r}; known formats: {', '.join(registered_formats())}"
         )
     module, _, cls = target.partition(":")
-    fmt = cast(Format, getattr(importlib.import_module(module), cls)())
+    try:
+        fmt = cast(Format, getattr(importlib.import_module(module), cls)())
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(
+            f"format {name!r} cannot be loaded from {target} ({e}); check the import path"
+        ) from None
     _instances[name] = fmt
     return fmt
 

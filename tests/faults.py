@@ -1,0 +1,87 @@
+"""Fault injection for the distributed tests: things that kill their own Ray worker once.
+
+A marker file makes each fault fire once per test, whichever process gets there first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import tempfile
+from collections.abc import Iterator
+
+import pyarrow as pa
+
+from ingest.formats.base import ReadContext, RowBatch, Seek, ShardReader
+from ingest.formats.parquet import ParquetFormat
+
+
+def fire_once(marker: str) -> bool:
+    """True exactly once per marker path, across processes."""
+    try:
+        fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+class Identity:
+    """A decode-pool transform that changes nothing (constructed once per actor)."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table
+
+
+class KillActorOnce:
+    """A decode-pool transform whose actor dies on its third block, once.
+
+    ``how`` is ``"os.kill"`` (SIGKILL to its own process) or ``"ray.kill"`` (ray.kill of its
+    own actor handle, restart allowed).
+    """
+
+    def __init__(self, marker: str, how: str) -> None:
+        self.marker, self.how, self.calls = marker, how, 0
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        self.calls += 1
+        if self.calls == 3 and fire_once(self.marker):
+            if self.how == "ray.kill":
+                import ray
+
+                ray.kill(ray.get_runtime_context().current_actor, no_restart=False)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return table
+
+
+class _KillingReader(ShardReader):
+    def __init__(self, ctx: ReadContext, inner: ShardReader, marker: str) -> None:
+        super().__init__(ctx)
+        self.inner, self.marker, self.batches = inner, marker, 0
+
+    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+        for batch in self.inner.read(start, stop, seek):
+            self.batches += 1
+            if self.batches == 2 and fire_once(self.marker):
+                os.kill(os.getpid(), signal.SIGKILL)  # the read task's worker, mid-read
+            yield batch
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class KillReadTaskParquet(ParquetFormat):
+    """Parquet whose read task kills its worker process once, after its first batch.
+
+    Use it as ``format="tests.faults:KillReadTaskParquet"``; the marker is per dataset.
+    """
+
+    name = "kill-read-parquet"
+
+    def open(self, ctx: ReadContext) -> ShardReader:
+        parent = ctx.shard.url.rsplit("/", 1)[0]
+        marker = (
+            f"{tempfile.gettempdir()}/ingest-kill-read-{hashlib.md5(parent.encode()).hexdigest()}"
+        )
+        return _KillingReader(ctx, super().open(ctx), marker)

@@ -1,0 +1,213 @@
+"""RayStream on a real local Ray, data on the loopback S3 server.
+
+Ranks consume in parallel Ray tasks. Every test checks exactly-once with the carried
+remainder in mind: an epoch delivers every row except fewer than ``world_size * batch``
+rows, which the next epoch delivers first.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import ray
+
+import ingest
+from ingest.testing import encode, make_table, write_dataset
+from tests.conftest import Store
+
+SHARDS, ROWS, BATCH = 5, 600, 32
+TOTAL = SHARDS * ROWS
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+@ray.remote(num_cpus=0)
+def consume(it: Any, epochs: int = 1, stop_after: int | None = None) -> dict[str, Any]:
+    """Run a rank: ``epochs`` epochs, or stop after ``stop_after`` batches and snapshot."""
+    out: dict[str, Any] = {"epochs": [], "state": None, "error": None}
+    try:
+        for _ in range(epochs):
+            batches = []
+            for batch in it:
+                batches.append([int(v) for v in batch["id"].tolist()])
+                if stop_after is not None and len(batches) == stop_after:
+                    out["epochs"].append(batches)
+                    out["state"] = it.state_dict()
+                    return out
+            out["epochs"].append(batches)
+    except ingest.IngestError as e:
+        out["error"] = e
+    return out
+
+
+def run(stream: ingest.RayStream, **kwargs: Any) -> list[dict[str, Any]]:
+    refs = [consume.remote(stream.rank_iterator(r), **kwargs) for r in range(stream.world_size)]
+    return ray.get(refs, timeout=240)
+
+
+def flat(results: list[dict[str, Any]], epoch: int) -> list[int]:
+    return [i for r in results for b in r["epochs"][epoch] for i in b]
+
+
+def make(store: Store, fmt: str, world_size: int, **kwargs: Any) -> ingest.RayStream:
+    options = {
+        "columns": ["id"],
+        "batch_size": BATCH,
+        "shuffle_seed": 7,
+        "storage_options": store.storage_options,
+        **kwargs,
+    }
+    return ingest.RayStream(store.url(fmt), world_size=world_size, **options)
+
+
+@pytest.fixture(scope="module")
+def s3_data(s3: Any) -> Store:
+    from tests.conftest import Store
+
+    store = Store("s3", s3.filesystem(), "s3://ingest-test/distributed", s3.storage_options())
+    for fmt in ("parquet", "jsonl"):
+        write_dataset(store.fs, store.url(fmt), fmt, SHARDS, ROWS, row_group_rows=150)
+    return store
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_every_row_once_per_epoch_with_equal_steps(
+    s3_data: Store, fmt: str, world_size: int
+) -> None:
+    with make(s3_data, fmt, world_size) as stream:
+        results = run(stream, epochs=2)
+    for r in results:
+        assert r["error"] is None
+    steps = {len(r["epochs"][0]) for r in results}
+    assert len(steps) == 1, f"unequal steps per rank: {steps}"
+    assert all(len(b) == BATCH for r in results for e in r["epochs"] for b in e)
+    first = flat(results, 0)
+    assert len(first) == len(set(first))
+    carried = set(range(TOTAL)) - set(first)
+    assert len(carried) < world_size * BATCH
+    second = Counter(flat(results, 1))
+    # Epoch 1 = what epoch 0 carried + every row but its own (smaller) remainder.
+    assert set(second) >= carried
+    assert {i for i, n in second.items() if n > 1} <= carried  # only carried rows twice
+    assert all(n <= 2 for n in second.values())
+    left_for_epoch_2 = TOTAL + len(carried) - sum(second.values())
+    assert 0 <= left_for_epoch_2 < world_size * BATCH
+
+
+@pytest.mark.parametrize(("before", "after"), [(4, 2), (2, 3)])
+def test_elastic_resume_delivers_the_rest_exactly_once(
+    s3_data: Store, before: int, after: int
+) -> None:
+    with make(s3_data, "parquet", before) as stream:
+        head = run(stream, stop_after=4)
+    states = [r["state"] for r in head]
+    assert all(s == states[0] for s in states), "every rank gets the same snapshot"
+    assert states[0]["world_size"] == before and states[0]["step"] == 4
+    with make(s3_data, "parquet", after) as resumed:
+        resumed.load_state_dict(states[0])
+        rest = run(resumed)
+        remainder_bound = after * BATCH
+    delivered = flat(head, 0) + flat(rest, 0)
+    assert len(delivered) == len(set(delivered))
+    assert TOTAL - len(delivered) < remainder_bound
+    assert len({len(r["epochs"][0]) for r in rest}) == 1
+
+
+def test_pool_size_change_between_save_and_resume(s3_data: Store) -> None:
+    from tests.faults import Identity
+
+    pool1 = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
+    with make(s3_data, "jsonl", 2, readers=pool1, transform=Identity) as stream:
+        head = run(stream, stop_after=5)
+    pool3 = ingest.ReaderPool(min_size=3, max_size=3, num_cpus=0.5)
+    with make(s3_data, "jsonl", 2, readers=pool3, transform=Identity) as resumed:
+        resumed.load_state_dict(head[0]["state"])
+        rest = run(resumed)
+    delivered = flat(head, 0) + flat(rest, 0)
+    assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < 2 * BATCH
+
+
+@pytest.mark.parametrize("how", ["os.kill", "ray.kill"])
+def test_decode_actor_killed_mid_epoch(s3_data: Store, tmp_path: Any, how: str) -> None:
+    from tests.faults import KillActorOnce
+
+    marker = str(tmp_path / "killed")
+
+    class Killer(KillActorOnce):
+        def __init__(self) -> None:
+            super().__init__(marker, how)
+
+    pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
+    with make(s3_data, "parquet", 2, readers=pool, transform=Killer) as stream:
+        results = run(stream)
+    assert (tmp_path / "killed").exists(), "the fault fired"
+    assert all(r["error"] is None for r in results)
+    delivered = flat(results, 0)
+    assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < 2 * BATCH
+
+
+def test_read_task_killed_mid_epoch(local: Store) -> None:
+    import hashlib
+    import os
+    import tempfile
+
+    write_dataset(local.fs, local.url("kill"), "parquet", SHARDS, ROWS, row_group_rows=150)
+    parent = local.url("kill")
+    marker = f"{tempfile.gettempdir()}/ingest-kill-read-{hashlib.md5(parent.encode()).hexdigest()}"
+    with make(local, "kill", 2, format="tests.faults:KillReadTaskParquet") as stream:
+        results = run(stream)
+    assert os.path.exists(marker), "the fault fired"
+    os.remove(marker)
+    delivered = flat(results, 0)
+    assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < 2 * BATCH
+
+
+def test_same_seed_same_rank_order_and_new_order_each_epoch(s3_data: Store) -> None:
+    with make(s3_data, "parquet", 2) as a:
+        first = run(a, epochs=2)
+    with make(s3_data, "parquet", 2) as b:
+        again = run(b, epochs=1)
+    for rank in range(2):
+        assert first[rank]["epochs"][0] == again[rank]["epochs"][0]
+        assert first[rank]["epochs"][0] != first[rank]["epochs"][1]
+
+
+def test_bad_input_reaches_the_rank_as_the_clear_error(local: Store) -> None:
+    for n in range(3):
+        lines = encode(make_table(n * 400, 400), "jsonl").split(b"\n")
+        if n == 1:
+            lines[250] = b"{broken"
+        local.write(f"bad/part-{n}.jsonl", b"\n".join(lines))
+    start = time.monotonic()
+    # The coordinator indexes every shard before planning: the bad line stops it there, and
+    # every rank gets the error instead of a plan.
+    with ingest.RayStream(
+        local.url("bad"), columns=["id"], batch_size=BATCH, world_size=2
+    ) as stream:
+        results = run(stream)
+    for r in results:
+        assert isinstance(r["error"], ingest.ShardError)
+        assert "part-1.jsonl at line 251, row 250" in str(r["error"])
+        assert "invalid JSON" in str(r["error"])
+    assert time.monotonic() - start < 120
+
+
+def test_bad_parquet_row_group_fails_its_rank_without_hanging_others(local: Store) -> None:
+    for n in range(4):
+        data = bytearray(encode(make_table(n * ROWS, ROWS), "parquet", row_group_rows=150))
+        if n == 3:
+            data[200:4000] = b"\x00" * 3800  # corrupt pages, footer intact
+        local.write(f"badpq/part-{n}.parquet", bytes(data))
+    start = time.monotonic()
+    with ingest.RayStream(
+        local.url("badpq"), columns=["id"], batch_size=BATCH, world_size=2
+    ) as stream:
+        results = run(stream)
+    errors = [r["error"] for r in results if r["error"] is not None]
+    assert errors, "the corrupt shard is reported"
+    assert all(isinstance(e, ingest.ShardError) and "part-3.parquet" in str(e) for e in errors)
+    assert time.monotonic() - start < 120
