@@ -184,3 +184,18 @@ def test_runs_of_a_shuffled_batch() -> None:
     shard = np.array([2, 2, 2, 0, 2, 2], dtype=np.int32)
     row = np.array([5, 3, 9, 7, 4, 8], dtype=np.int64)
     assert runs_of(seg, shard, row) == ((0, 2, 9, 10), (1, 0, 7, 8), (1, 2, 3, 6), (1, 2, 8, 9))
+
+
+def test_provenance_packs_and_unpacks() -> None:
+    import numpy as np
+
+    from ingest.distributed.datasource import MAX_ROWS, MAX_SHARDS, pack, unpack
+    from ingest.errors import ConfigError
+
+    rows = np.array([0, 5, MAX_ROWS - 1], dtype=np.int64)
+    seg, shard, row = unpack(pack(1, MAX_SHARDS - 1, rows))
+    assert seg.tolist() == [1, 1, 1] and shard.tolist() == [MAX_SHARDS - 1] * 3
+    assert row.tolist() == rows.tolist()
+    assert unpack(pack(0, 3, rows[:2]))[0].tolist() == [0, 0]
+    with pytest.raises(ConfigError, match="beyond what provenance holds"):
+        pack(1, MAX_SHARDS, rows)

@@ -17,7 +17,13 @@ import ray
 import torch
 
 from ingest.convert import Batch, to_torch
-from ingest.distributed.datasource import PROVENANCE, ROW, SEGMENT, SHARD, Decoder, SpanDatasource
+from ingest.distributed.datasource import (
+    PROVENANCE,
+    PROVENANCE_COLUMN,
+    Decoder,
+    SpanDatasource,
+    unpack,
+)
 from ingest.epochs import RankPlan, StreamSpec
 from ingest.errors import ConfigError, IngestError
 from ingest.ledger import StepRecord, runs_of
@@ -71,6 +77,8 @@ class RankOptions:
         prefetch_batches: Batches Ray Data prepares ahead of the training loop.
         ack_every: Batches per ack message to the coordinator.
         progress_bars: Show Ray Data's progress bars (noisy inside training workers).
+        track: Tag rows with their provenance and ack what was consumed. Without it there
+            is no state and no exactly-once resume; turn it off only to measure its cost.
         pin_memory: Pin tensors (when CUDA is available) for fast host-to-device copies.
         device: Move tensors to this device (``"cuda"``, ``"cuda:1"``) before yielding.
         timeout_s: Longest wait for the coordinator or for a snapshot.
@@ -79,6 +87,7 @@ class RankOptions:
     prefetch_batches: int = 2
     ack_every: int = 16
     progress_bars: bool = False
+    track: bool = True
     pin_memory: bool = False
     device: str | None = None
     timeout_s: float = 300.0
@@ -116,14 +125,15 @@ class RankIterator:
         self.step = plan.first_step - 1
         yielded = 0
         for table in _unwrapped(self._tables(plan)):
-            seg = table.column(SEGMENT).to_numpy()
-            shard = table.column(SHARD).to_numpy()
-            row = table.column(ROW).to_numpy()
             self.step += 1
+            yielded += 1
+            if not self.options.track:
+                yield self._to_torch(table)
+                continue
+            seg, shard, row = unpack(table.column(PROVENANCE_COLUMN).to_numpy())
             self._pending.append(StepRecord(self.step, runs_of(seg, shard, row)))
             if len(self._pending) >= self.options.ack_every:
                 self.flush(wait=False)
-            yielded += 1
             yield self._to_torch(table.drop_columns(list(PROVENANCE)))
         self.flush(wait=False)
         if yielded != plan.steps:
@@ -148,9 +158,12 @@ class RankIterator:
             plan.listing.context(s.shard, source, self.spec.read, self.spec.columns)
             for s in plan.spans
         ]
+        datasource = SpanDatasource(
+            contexts, plan.spans, self.spec.shuffle_seed, plan.epoch, provenance=self.options.track
+        )
         ds = read_datasource(
-            SpanDatasource(contexts, plan.spans, self.spec.shuffle_seed, plan.epoch),
-            override_num_blocks=len(plan.spans),
+            datasource,
+            override_num_blocks=datasource.num_tasks,
             ray_remote_args=self.readers.remote_args(self.readers.read_num_cpus),
         )
         if self.transform is not None:
