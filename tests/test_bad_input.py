@@ -71,12 +71,17 @@ def test_zero_byte_and_zero_row_shards_are_fine(store: Store) -> None:
     assert drain(stream) == 100
 
 
-def test_parquet_schema_drift_names_both_shards(local: Store) -> None:
+def write_drifted(local: Store) -> None:
+    """Two parquet shards whose ``id`` columns differ in type (int64, then string)."""
     local.write("d/a.parquet", encode(make_table(0, 10), "parquet"))
     table = make_table(10, 10).set_column(0, "id", pa.array([str(i) for i in range(10)]))
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     local.write("d/b.parquet", sink.getvalue().to_pybytes())
+
+
+def test_parquet_schema_drift_names_both_shards(local: Store) -> None:
+    write_drifted(local)
     with pytest.raises(
         ingest.SchemaMismatchError,
         match=r"b\.parquet: schema differs from "
@@ -86,11 +91,7 @@ def test_parquet_schema_drift_names_both_shards(local: Store) -> None:
 
 
 def test_parquet_drift_is_fine_when_the_columns_read_agree(local: Store) -> None:
-    local.write("d/a.parquet", encode(make_table(0, 10), "parquet"))
-    table = make_table(10, 10).set_column(0, "id", pa.array([str(i) for i in range(10)]))
-    sink = pa.BufferOutputStream()
-    pq.write_table(table, sink)
-    local.write("d/b.parquet", sink.getvalue().to_pybytes())
+    write_drifted(local)
     stream = ingest.Stream(local.url("d"), columns=["score"])
     assert sum(len(b["score"]) for b in stream) == 20
 

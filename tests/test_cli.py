@@ -20,6 +20,18 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def options(s3: LoopbackS3) -> list[str]:
+    """The -o storage options that reach the loopback server."""
+    return [
+        "-o",
+        f"key={s3.key}",
+        "-o",
+        f"secret={s3.secret}",
+        "-o",
+        f"client_kwargs.endpoint_url={s3.endpoint}",
+    ]
+
+
 def test_ls_on_loopback_s3(s3: LoopbackS3, s3_store: Store) -> None:
     for n in range(3):
         s3_store.write(f"d/part-{n}.parquet", encode(make_table(0, 100 * (n + 1)), "parquet"))
@@ -27,12 +39,7 @@ def test_ls_on_loopback_s3(s3: LoopbackS3, s3_store: Store) -> None:
     out = run(
         "ls",
         s3_store.url("d"),
-        "-o",
-        f"key={s3.key}",
-        "-o",
-        f"secret={s3.secret}",
-        "-o",
-        f"client_kwargs.endpoint_url={s3.endpoint}",
+        *options(s3),
     )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
@@ -51,12 +58,7 @@ def test_ls_on_loopback_s3(s3: LoopbackS3, s3_store: Store) -> None:
         "ls",
         s3_store.url("d"),
         "--count",
-        "-o",
-        f"key={s3.key}",
-        "-o",
-        f"secret={s3.secret}",
-        "-o",
-        f"client_kwargs.endpoint_url={s3.endpoint}",
+        *options(s3),
     )
     assert counted.stdout.strip().splitlines()[-1] == f"4 shards, 607 rows, {total_bytes} bytes"
     assert s3.secret not in out.stdout + out.stderr
