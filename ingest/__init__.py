@@ -29,6 +29,7 @@ from ingest.sources import IOStats, Shard, Source
 from ingest.state import STATE_VERSION
 
 if TYPE_CHECKING:
+    from ingest import testing, train
     from ingest.distributed.rank import RankIterator, RankOptions, ReaderPool
     from ingest.distributed.stream import RayStream
     from ingest.stream import Stream
@@ -60,6 +61,8 @@ __all__ = [
     "list_shards",
     "register_format",
     "registered_formats",
+    "testing",
+    "train",
 ]
 
 
@@ -75,6 +78,10 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     # torch and ray take seconds to import; Ray read tasks import this package and need
     # neither, so the pieces that use them load on first use.
+    if name in ("train", "testing"):
+        import importlib
+
+        return importlib.import_module(f"ingest.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ingest' has no attribute {name!r}")

@@ -26,6 +26,35 @@ class _Coordinator:
     def __init__(self, spec: StreamSpec, world_size: int) -> None:
         self._book = EpochBook(spec, world_size)
         self._lock = threading.Condition()
+        self._initial: dict[str, Any] | None = None  # what a session without a state starts at
+        self._session = 0
+        self._joined: set[int] = set()
+
+    def join(self, rank: int, world_size: int, state: dict[str, Any] | None) -> int:
+        """A rank of a (new) worker group starts; returns the session its acks must carry.
+
+        The first rank to join a new attempt (a rank that already joined the current
+        session, or another world size) starts a new session: the book restarts from
+        ``state`` (the checkpoint's), or from the stream's initial state when there is none.
+        Acks of older sessions are ignored from then on.
+        """
+        with self._lock:
+            new = rank in self._joined or world_size != self._book.world_size or not self._joined
+            if new:
+                book = EpochBook(self._book.spec, world_size)
+                start = state if state is not None else self._initial
+                if start is not None:
+                    book.load(StreamState.from_json(start))
+                self._book = book
+                self._session += 1
+                self._joined = set()
+                self._lock.notify_all()
+            self._joined.add(rank)
+            return self._session
+
+    def first_epoch(self) -> int:
+        with self._lock:
+            return self._book.first_epoch
 
     def ping(self) -> bool:
         return True
@@ -37,8 +66,10 @@ class _Coordinator:
         with self._lock:
             return self._book.rank_plan(rank, self._book.first_epoch if epoch is None else epoch)
 
-    def ack(self, rank: int, records: Sequence[StepRecord]) -> None:
+    def ack(self, rank: int, records: Sequence[StepRecord], session: int | None = None) -> None:
         with self._lock:
+            if session is not None and session != self._session:
+                return  # a rank of a worker group that was replaced
             self._book.ack(rank, records)
             self._lock.notify_all()
 
@@ -73,6 +104,7 @@ class _Coordinator:
             book = EpochBook(self._book.spec, self._book.world_size)
             book.load(StreamState.from_json(state))
             self._book = book
+            self._initial = dict(state)
 
 
 # The actor class; ray.remote on a class is opaque to type checkers, hence Any.

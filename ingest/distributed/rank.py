@@ -107,9 +107,18 @@ class RankIterator:
     transform: Callable[[pa.Table], Any] | type | None
     options: RankOptions = field(default_factory=RankOptions)
     epoch: int | None = None
+    session: int | None = None
+    """Set by :func:`ingest.train.rank_iterator`: acks of a replaced worker group are dropped."""
     step: int = -1
     """The global step of the last batch yielded (-1 before any)."""
     _pending: list[StepRecord] = field(default_factory=list)
+
+    def upcoming_epoch(self) -> int:
+        """The epoch the next ``for`` loop over this iterator runs."""
+        if self.epoch is None:
+            ref = self.coordinator.first_epoch.remote()
+            self.epoch = int(ray.get(ref, timeout=self.options.timeout_s))
+        return self.epoch
 
     def plan(self) -> RankPlan:
         """This rank's share of the next epoch (asks the coordinator)."""
@@ -205,7 +214,7 @@ class RankIterator:
         """Send the acks held back; ``wait`` until the coordinator has them."""
         if not self._pending:
             return
-        ref = self.coordinator.ack.remote(self.rank, self._pending)
+        ref = self.coordinator.ack.remote(self.rank, self._pending, self.session)
         self._pending = []
         if wait:
             ray.get(ref, timeout=self.options.timeout_s)

@@ -1,0 +1,116 @@
+"""Exactly once end to end, under Ray Train's TorchTrainer (CPU, gloo).
+
+The "model" is one counter per row id; each step adds 1 at the ids of its batch (summed
+across ranks like DDP gradients) and the counters go into every checkpoint with the stream
+state. After every epoch has run, through worker deaths and restarts at other worker
+counts, every counter must equal the number of epochs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import ingest
+from ingest.testing import write_dataset
+from tests.conftest import Store
+
+SHARDS, ROWS, BATCH, EPOCHS = 6, 200, 50, 2
+TOTAL = SHARDS * ROWS  # divisible by 2 and 3 ranks x BATCH: no remainder to carry
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def counting_loop(config: dict[str, Any]) -> None:
+    import ray.train
+    import torch.distributed as dist
+
+    it, checkpoint = ingest.train.rank_iterator(config["stream"])
+    counts = torch.zeros(TOTAL, dtype=torch.int64)
+    if checkpoint:
+        with checkpoint.as_directory() as directory:
+            counts = torch.load(os.path.join(directory, "counts.pt"))
+    rank = ray.train.get_context().get_world_rank()
+
+    def save(directory: str) -> None:
+        torch.save(counts, os.path.join(directory, "counts.pt"))
+
+    while it.upcoming_epoch() < EPOCHS:
+        for batch in it:
+            delta = torch.zeros(TOTAL, dtype=torch.int64)
+            delta.index_add_(0, batch["id"], torch.ones(len(batch["id"]), dtype=torch.int64))
+            dist.all_reduce(delta)
+            counts += delta
+            if rank == 1 and it.step == config["die_at"] and not os.path.exists(config["marker"]):
+                Path(config["marker"]).touch()
+                os._exit(1)  # the worker process dies mid-epoch, no cleanup
+            if it.step % 3 == 2:
+                ingest.train.report(it, {"step": it.step}, save=save)
+    ingest.train.report(it, {"step": it.step}, save=save)
+
+
+def fit(
+    stream: ingest.RayStream, tmp: Path, name: str, workers: int, max_failures: int, die_at: int
+) -> Any:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    trainer = TorchTrainer(
+        counting_loop,
+        train_loop_config={"stream": stream, "die_at": die_at, "marker": str(tmp / name)},
+        scaling_config=ScalingConfig(num_workers=workers),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(tmp / "runs"),
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+    )
+    return trainer.fit()
+
+
+def final_counts(result: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    with result.checkpoint.as_directory() as directory:
+        counts = torch.load(os.path.join(directory, "counts.pt"))
+        state = json.loads(Path(directory, ingest.train.STATE_FILE).read_text())
+    return counts, state
+
+
+@pytest.fixture
+def data(local: Store) -> str:
+    write_dataset(local.fs, local.url("data"), "parquet", SHARDS, ROWS, row_group_rows=50)
+    return local.url("data")
+
+
+def test_worker_death_and_automatic_restart(data: str, tmp_path: Path) -> None:
+    with ingest.RayStream(
+        data, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=2
+    ) as stream:
+        result = fit(stream, tmp_path, "auto", workers=2, max_failures=1, die_at=7)
+    assert (tmp_path / "auto").exists(), "a worker died"
+    counts, state = final_counts(result)
+    assert torch.all(counts == EPOCHS), torch.bincount(counts).tolist()
+    assert state["epoch"] == EPOCHS and state["version"] == 1
+
+
+def test_rerun_of_the_same_run_with_another_worker_count(data: str, tmp_path: Path) -> None:
+    from ray.train import TrainingFailedError
+
+    with (
+        ingest.RayStream(
+            data, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=2
+        ) as stream,
+        pytest.raises(TrainingFailedError),
+    ):
+        fit(stream, tmp_path, "rerun", workers=2, max_failures=0, die_at=7)
+    with ingest.RayStream(
+        data, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=3
+    ) as stream:
+        result = fit(stream, tmp_path, "rerun", workers=3, max_failures=0, die_at=-1)
+    counts, state = final_counts(result)
+    assert torch.all(counts == EPOCHS), torch.bincount(counts).tolist()
+    assert state["world_size"] == 3
