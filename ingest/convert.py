@@ -3,7 +3,8 @@
 Numeric columns without nulls and fixed-size lists of them become tensors that share the
 Arrow buffers (read-only memory: copy before writing into them in place). Variable-length
 lists of numbers become lists of tensors that are views into one flat buffer. Strings and
-binaries become lists of ``str``/``bytes``. Booleans and nullable floats are copied.
+binaries become lists of ``str``/``bytes``. Fixed-shape tensor columns (n-d arrays returned
+by a transform) become one ``(n, *shape)`` tensor. Booleans and nullable floats are copied.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
     t = arr.type
+    if isinstance(t, pa.FixedShapeTensorType):
+        # Decoded images and other n-d arrays from a transform: one (n, *shape) tensor.
+        if arr.null_count:
+            raise ConfigError(f"column {name!r} has null tensors; fill them in the transform")
+        return torch.from_numpy(arr.to_numpy_ndarray())
     if pa.types.is_dictionary(t):
         arr = arr.dictionary_decode()
         t = arr.type

@@ -16,6 +16,7 @@ import pyarrow as pa
 import ray
 import torch
 
+from ingest._prefetch import Prefetcher
 from ingest.convert import Batch, to_torch
 from ingest.distributed.datasource import (
     PROVENANCE,
@@ -133,7 +134,17 @@ class RankIterator:
         self.epoch = plan.epoch
         self.step = plan.first_step - 1
         yielded = 0
-        for table in _unwrapped(self._tables(plan)):
+        # The Ray Data iteration runs behind a bounded queue with a timeout: a pipeline that
+        # cannot get CPUs (training workers holding them all) must fail, not hang the rank.
+        tables = Prefetcher(
+            lambda: self._tables(plan),
+            max(self.options.prefetch_batches, 1),
+            self.options.timeout_s,
+            f"rank {self.rank}'s read pipeline (if read tasks wait for CPUs that "
+            "training workers hold, give the cluster more CPUs than the workers "
+            "use, or lower ReaderPool num_cpus/read_num_cpus)",
+        )
+        for table in _unwrapped(tables):
             self.step += 1
             yielded += 1
             if not self.options.track:
@@ -144,6 +155,7 @@ class RankIterator:
             if len(self._pending) >= self.options.ack_every:
                 self.flush(wait=False)
             yield self._to_torch(table.drop_columns(list(PROVENANCE)))
+        tables.close()
         self.flush(wait=False)
         if yielded != plan.steps:
             raise IngestError(
