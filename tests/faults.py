@@ -85,3 +85,40 @@ class KillReadTaskParquet(ParquetFormat):
             f"{tempfile.gettempdir()}/ingest-kill-read-{hashlib.md5(parent.encode()).hexdigest()}"
         )
         return _KillingReader(ctx, super().open(ctx), marker)
+
+
+def _node() -> str:
+    import ray
+
+    return str(ray.get_runtime_context().get_node_id())
+
+
+class _NodeTaggingReader(ShardReader):
+    def __init__(self, ctx: ReadContext, inner: ShardReader) -> None:
+        super().__init__(ctx)
+        self.inner = inner
+
+    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+        node = _node()
+        for batch in self.inner.read(start, stop, seek):
+            column = pa.array([node] * batch.data.num_rows)
+            yield RowBatch(batch.row, batch.data.append_column("read_node", column), batch.seek)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class NodeTaggingParquet(ParquetFormat):
+    """Parquet whose rows say which node's read task read them (``read_node``)."""
+
+    name = "node-tagging-parquet"
+
+    def open(self, ctx: ReadContext) -> ShardReader:
+        return _NodeTaggingReader(ctx, super().open(ctx))
+
+
+class TagDecodeNode:
+    """A decode-pool transform that records which node decoded each row (``decode_node``)."""
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return table.append_column("decode_node", pa.array([_node()] * table.num_rows))
