@@ -1,10 +1,16 @@
-"""`make demo`: stream from a loopback S3 server, stop half way, resume in a new process.
+"""`make demo`: exact resume, from a single process to a TorchTrainer job that loses a worker.
 
+Part 1, ``ingest.Stream`` without Ray:
 1. Starts an S3-protocol server on 127.0.0.1 and writes a generated parquet dataset to it.
-2. A child process streams it with ``ingest.Stream``, stops half way through the epoch and
-   saves the stream state to a JSON file.
+2. A child process streams it, stops half way through the epoch and saves the state.
 3. A second child process loads that state and streams the rest.
 4. This process checks that every row arrived exactly once.
+
+Part 2, the language-model example (``python -m train.lm``) under Ray Train's TorchTrainer
+on a laptop-local Ray, reading token shards from the same S3 server through
+``ingest.RayStream``: one training worker exits mid-epoch, Ray Train restarts the worker
+group from the last checkpoint (model + stream state), and the job prints its per-epoch
+throughput, its data-stall share and the exactly-once check.
 """
 
 from __future__ import annotations
@@ -104,7 +110,46 @@ def main() -> int:
         print("FAILED: rows were not delivered exactly once")
         return 1
     print("exactly once: every row arrived once across the stop and the resume")
-    return 0
+    return language_model_job(out)
+
+
+def language_model_job(out: Path) -> int:
+    """Part 2: the LM example under TorchTrainer with one injected worker failure."""
+    from ingest.testing import LoopbackS3
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    print(
+        "\npart 2: train.lm under Ray Train's TorchTrainer, 2 workers, token shards on S3; "
+        "rank 1 exits at step 11 (FailureConfig(max_failures=1))"
+    )
+    with LoopbackS3() as s3:
+        s3.create_bucket("demo")
+        overrides = [
+            "data.url=s3://demo/tokens/",
+            f"data.storage_options={json.dumps(s3.storage_options())}",
+            f"run.storage_path={out.resolve()}/runs",
+            f"run.name=lm-{stamp}",
+            "fault.die_at_step=11",
+            f"fault.marker={out.resolve()}/died-{stamp}",
+        ]
+        job = subprocess.run(
+            [sys.executable, "-m", "train.lm", *overrides],
+            text=True,
+            capture_output=True,
+            timeout=900,
+            check=False,
+        )
+    seen: set[str] = set()
+    for line in job.stdout.splitlines() + job.stderr.splitlines():
+        if "[lm]" in line:
+            text = line[line.index("[lm]") :]
+            if text not in seen:
+                seen.add(text)
+                print("  " + text)
+    if job.returncode != 0:
+        print(job.stderr[-3000:])
+        print("FAILED: the language-model job did not pass its exactly-once check")
+    return job.returncode
 
 
 if __name__ == "__main__":
