@@ -185,7 +185,7 @@ class RankIterator:
         ds = read_datasource(
             datasource,
             override_num_blocks=datasource.num_tasks,
-            ray_remote_args=self.readers.remote_args(self.readers.read_num_cpus),
+            **self.readers.remote_args(self.readers.read_num_cpus),
         )
         if self.transform is not None:
             ds = ds.map_batches(
