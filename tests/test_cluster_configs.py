@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from train.common import INGEST_RESOURCE, TRAINER_RESOURCE, load_config
+from train.common import INGEST_RESOURCE, TRAINER_RESOURCE, Job, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "cluster"
@@ -61,7 +61,7 @@ def test_rayjob_entrypoint_runs_an_existing_job_with_valid_overrides() -> None:
     entry = shlex.split(load(CLUSTER / "kuberay" / "rayjob.yaml")["spec"]["entrypoint"])
     assert entry[:3] == ["python", "-m", "train.lm"]
     module = importlib.import_module(entry[2])
-    assert callable(module.main)
+    assert isinstance(module.JOB, Job)
     config_path = entry[entry.index("--config") + 1]
     assert (ROOT / config_path).exists()
     overrides = [a for a in entry[entry.index("--config") + 2 :] if "=" in a]

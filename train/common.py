@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import torch
 import yaml
 
@@ -220,6 +221,37 @@ def run(job: Job, config: Config) -> dict[str, Any]:
         "rows": total,
         "epochs": int(train_cfg["epochs"]),
     }
+
+
+def generate_if_empty(
+    config: Config, pattern: str, write: Callable[[str, dict[str, Any], dict[str, Any]], None]
+) -> None:
+    """Write synthetic shards with ``write(url, storage_options, generate)`` when
+    ``data.generate`` is set and nothing matches ``pattern`` under ``data.url``."""
+    data = config["data"]
+    gen = data.get("generate")
+    if not gen:
+        return
+    options = data.get("storage_options") or {}
+    fs, root = fsspec.core.url_to_fs(data["url"], **options)
+    if fs.exists(root) and fs.glob(f"{root.rstrip('/')}/{pattern}"):
+        return
+    write(data["url"], options, gen)
+
+
+def main(
+    job: Job,
+    default_config: str,
+    pattern: str,
+    write: Callable[[str, dict[str, Any], dict[str, Any]], None],
+    argv: Sequence[str] | None = None,
+) -> int:
+    """Entry point of an example job: config, synthetic data if asked, run, check."""
+    config = parse_args(default_config, argv)
+    generate_if_empty(config, pattern, write)
+    found = run(job, config)
+    print(json.dumps({"state_epoch": found["state"]["epoch"], "rows": found["rows"]}))
+    return 0 if report_exactly_once(job.name, found) else 1
 
 
 def report_exactly_once(name: str, found: dict[str, Any]) -> bool:

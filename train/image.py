@@ -11,7 +11,6 @@ ranks, which receive ready float tensors. With ``data.generate`` set and no shar
 from __future__ import annotations
 
 import io
-import json
 import sys
 import tarfile
 from typing import Any
@@ -22,7 +21,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from train.common import Config, Job, parse_args, report_exactly_once, run
+from train.common import Config, Job, main
 
 SIZE = 32
 
@@ -103,30 +102,11 @@ def write_image_shards(
 JOB = Job("image", build, step, columns=["__key__", "png", "cls"], transform=DecodeImages)
 
 
-def prepare(config: Config) -> None:
-    data = config["data"]
-    gen = data.get("generate")
-    if not gen:
-        return
-    fs, root = fsspec.core.url_to_fs(data["url"], **(data.get("storage_options") or {}))
-    if fs.exists(root) and fs.glob(f"{root.rstrip('/')}/*.tar"):
-        return
+def _generate(url: str, storage_options: dict[str, Any], gen: dict[str, Any]) -> None:
     write_image_shards(
-        data["url"],
-        data.get("storage_options") or {},
-        int(gen["shards"]),
-        int(gen["rows"]),
-        int(gen["classes"]),
+        url, storage_options, int(gen["shards"]), int(gen["rows"]), int(gen["classes"])
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = parse_args("train/configs/image.yaml", argv)
-    prepare(config)
-    found = run(JOB, config)
-    print(json.dumps({"state_epoch": found["state"]["epoch"], "rows": found["rows"]}))
-    return 0 if report_exactly_once("image", found) else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(JOB, "train/configs/image.yaml", "*.tar", _generate))

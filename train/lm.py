@@ -8,7 +8,6 @@ shards there (sequences of a noisy affine recurrence, so the loss visibly falls)
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -19,7 +18,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from train.common import Config, Job, parse_args, report_exactly_once, run
+from train.common import Config, Job, main
 
 
 class TinyLM(nn.Module):
@@ -94,17 +93,10 @@ def write_token_shards(
 JOB = Job("lm", build, step, columns=["id", "tokens"])
 
 
-def prepare(config: Config) -> None:
-    data = config["data"]
-    gen = data.get("generate")
-    if not gen:
-        return
-    fs, root = fsspec.core.url_to_fs(data["url"], **(data.get("storage_options") or {}))
-    if fs.exists(root) and fs.glob(f"{root.rstrip('/')}/*.parquet"):
-        return
+def _generate(url: str, storage_options: dict[str, Any], gen: dict[str, Any]) -> None:
     write_token_shards(
-        data["url"],
-        data.get("storage_options") or {},
+        url,
+        storage_options,
         int(gen["shards"]),
         int(gen["rows"]),
         int(gen["seq_len"]),
@@ -112,13 +104,5 @@ def prepare(config: Config) -> None:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = parse_args("train/configs/lm.yaml", argv)
-    prepare(config)
-    found = run(JOB, config)
-    print(json.dumps({"state_epoch": found["state"]["epoch"], "rows": found["rows"]}))
-    return 0 if report_exactly_once("lm", found) else 1
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(JOB, "train/configs/lm.yaml", "*.parquet", _generate))
