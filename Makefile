@@ -40,6 +40,7 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(PY) benchmarks/stream_vs_pyarrow.py
+	$(PY) benchmarks/ray_stream.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
