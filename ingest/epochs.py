@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.assign import CARRY, MAIN, Assignment, Span, remaining, split
+from ingest.assign import CARRY, Assignment, Span, remaining, split
 from ingest.catalog import Catalog, Listing
 from ingest.errors import ConfigError, StateError
 from ingest.formats.base import ReadOptions
@@ -315,4 +315,4 @@ def _remap(
     return tuple(Span(by_url[state.shards[i].url], a, b, CARRY) for i, a, b in carry)
 
 
-__all__ = ["MAIN", "EpochBook", "RankPlan", "StreamSpec"]
+__all__ = ["EpochBook", "RankPlan", "StreamSpec"]

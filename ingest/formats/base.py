@@ -34,10 +34,11 @@ class ReadOptions:
             buffer size.
         batch_rows: Most rows per record batch a reader yields (parquet, Arrow, tar samples).
         prefetch: Record batches read ahead in a background thread (0: read on demand).
-        coalesce_bytes: Parquet: adjacent row groups read in order are fetched together up to
-            this many (uncompressed) bytes, in few large requests.
-        pre_buffer: Parquet: fetch the column chunks of a row group as coalesced, concurrent
-            range requests (pyarrow's pre-buffering) instead of one read per page.
+        coalesce_bytes: Parquet: the row groups of one shard read in one call are fetched
+            together, up to this many (uncompressed) bytes at a time, as merged concurrent
+            range requests (object stores).
+        pre_buffer: Parquet on local or other non-async filesystems: let pyarrow pre-buffer
+            the column chunks of a row group instead of reading page by page.
         schema: Explicit schema for JSONL, CSV and WebDataset. None infers it from the first
             block of the first non-empty shard.
         timeout_s: Longest wait for the next record batch from the reader thread.
