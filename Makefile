@@ -40,7 +40,7 @@ test: lint typecheck unit
 
 bench: $(STAMP)
 	$(PY) benchmarks/stream_vs_pyarrow.py
-	$(PY) benchmarks/ray_stream.py
+	$(PY) benchmarks/cold_start.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -30,7 +30,8 @@ from ingest.state import STATE_VERSION
 
 if TYPE_CHECKING:
     from ingest import testing, train
-    from ingest.distributed.rank import RankIterator, RankOptions, ReaderPool
+    from ingest.distributed.pool import ReaderPool
+    from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.stream import RayStream
     from ingest.stream import Stream
 
@@ -69,7 +70,7 @@ __all__ = [
 _LAZY = {
     "Stream": "ingest.stream",
     "RayStream": "ingest.distributed.stream",
-    "ReaderPool": "ingest.distributed.rank",
+    "ReaderPool": "ingest.distributed.pool",
     "RankIterator": "ingest.distributed.rank",
     "RankOptions": "ingest.distributed.rank",
 }

@@ -3,33 +3,58 @@
 An :class:`EpochBook` lists the source once per epoch (footers and shard indexes cached),
 plans the epoch, cuts what is left of it into equal shares for the ranks
 (:func:`ingest.assign.split`), takes the ranks' acks (:class:`ingest.ledger.Ledger`) and
-turns them into a :class:`ingest.state.StreamState` consistent across ranks at a step.
+turns them into a :class:`ingest.state.StreamState` consistent across ranks at a step. The
+single-process :class:`ingest.Stream` is a book with one rank; :class:`ingest.RayStream`
+wraps one in its coordinator actor.
 
 Steps are global: epoch ``e`` runs steps ``first_step .. first_step + steps - 1`` on every
 rank. The remainder of an epoch (fewer rows than one step on every rank) is carried into the
-next epoch's first steps, or dropped and counted with ``drop_remainder``.
+next epoch's first steps (``remainder="carry"``), or dropped and counted (``"drop"``). With
+one rank, shards whose row count is unknown (JSONL, CSV, tar without an index) are read
+without a count and the remainder is settled when the epoch's reading ends; with more ranks
+every count must be known so that ranks take equal steps, and unindexed shards are indexed.
+
+Restore. With the world size, batch size and shuffle settings of the state, every rank gets
+its original share back with the consumed rows left out and its saved cursor, so the rest of
+the epoch is exactly the uninterrupted run's. Otherwise the rows still to deliver are shared
+out again among the ranks there are now (elastic).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from ingest.assign import CARRY, Assignment, Span, remaining, split
+import numpy as np
+
+from ingest.assign import CARRY, MAIN, Assignment, Span, remaining, split
 from ingest.catalog import Catalog, Listing
 from ingest.errors import ConfigError, StateError
+from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
+from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
 from ingest.intervals import IntervalSet
-from ingest.ledger import Ledger, StepRecord
+from ingest.ledger import Ledger, Run, StepRecord
 from ingest.plan import epoch_units
 from ingest.sources import Source
-from ingest.state import Progress, StreamState, match_listing
+from ingest.state import (
+    DatasetState,
+    DistributedState,
+    PositionState,
+    Progress,
+    ProgressState,
+    ShardRecord,
+    StreamState,
+    match_listing,
+)
+
+Remainder = Literal["carry", "drop"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamSpec:
-    """What a distributed stream reads and how it batches it. Picklable.
+    """What a stream reads and how it orders and batches it. Picklable.
 
     Attributes:
         urls: Source URLs, globs or directories.
@@ -37,10 +62,14 @@ class StreamSpec:
         format: Format name for every shard, or None to infer from extensions.
         columns: Columns to read, or None for all.
         batch_size: Rows per batch on every rank.
-        shuffle_seed: Seed for shard, block and in-block row order; None keeps listing order.
+        shuffle_seed: Seed for shard, block and row order; None keeps listing order.
+        shuffle_window: Rows per shuffle window (the memory of the shuffle, in rows).
+        shuffle_lanes: Shards read side by side into each window, so a batch mixes rows of
+            up to this many shards even when every shard is sorted.
         read: How shards are read.
-        drop_remainder: Drop (and count) the rows that cannot fill a step on every rank
-            instead of carrying them into the next epoch.
+        remainder: What happens to the rows of an epoch that cannot fill one more step on
+            every rank: ``"carry"`` them into the next epoch's first steps, or ``"drop"``
+            them. Counted in the state either way.
     """
 
     urls: tuple[str, ...]
@@ -49,46 +78,72 @@ class StreamSpec:
     columns: tuple[str, ...] | None = None
     batch_size: int = 1024
     shuffle_seed: int | None = None
+    shuffle_window: int = 16_384
+    shuffle_lanes: int = 16
     read: ReadOptions = field(default_factory=ReadOptions)
-    drop_remainder: bool = False
+    remainder: Remainder = "carry"
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1:
+        if not self.urls:
+            raise ConfigError("a stream needs at least one source URL")
+        if isinstance(self.batch_size, bool) or self.batch_size < 1:
             raise ConfigError(f"batch_size={self.batch_size} must be >= 1")
         if self.columns is not None and not self.columns:
             raise ConfigError("columns=[] selects nothing; pass None for all columns")
+        if self.shuffle_seed is not None and (
+            isinstance(self.shuffle_seed, bool)
+            or not isinstance(self.shuffle_seed, int)
+            or self.shuffle_seed < 0
+        ):
+            raise ConfigError(
+                f"shuffle_seed={self.shuffle_seed!r} must be a non-negative int or None"
+            )
+        if self.shuffle_window < 1:
+            raise ConfigError(f"shuffle_window={self.shuffle_window} must be >= 1 row")
+        if self.shuffle_lanes < 1:
+            raise ConfigError(f"shuffle_lanes={self.shuffle_lanes} must be >= 1")
+        if self.remainder not in ("carry", "drop"):
+            raise ConfigError(
+                f"remainder={self.remainder!r} is not an option; use 'carry' (default: "
+                "rows that cannot fill a step on every rank start the next epoch) or 'drop'"
+            )
+        if self.format is not None:
+            get_format(self.format)
 
-
-@dataclass(frozen=True, slots=True)
-class RankPlan:
-    """What one rank reads in one epoch: its spans, in order, and its step numbers."""
-
-    epoch: int
-    rank: int
-    world_size: int
-    first_step: int
-    steps: int
-    spans: tuple[Span, ...]
-    listing: Listing
+    def feed_config(self) -> FeedConfig:
+        return FeedConfig(
+            batch_size=self.batch_size,
+            seed=self.shuffle_seed,
+            window=self.shuffle_window,
+            lanes=self.shuffle_lanes,
+            columns=self.columns,
+            read=self.read,
+        )
 
 
 @dataclass(slots=True)
-class _Epoch:
+class _PlannedEpoch:
     epoch: int
     first_step: int
     listing: Listing
     carry: tuple[Span, ...]
     assignment: Assignment
+    steps: int | None
+    """Steps of the whole epoch; None until reading ends when row counts are unknown."""
     main: Progress
     carried: Progress
     delivered: int
     dropped: int
-    based: int = 0
+    based: int
     """Steps before this one are folded into ``main``, ``carried`` and ``delivered``."""
+    opened: int
+    """The step the ranks' feeds start at in this run of the epoch (fixed at planning)."""
+    skip: tuple[dict[int, IntervalSet], dict[int, IntervalSet]]
+    cursors: list[Cursor | None] | None
 
     @property
-    def end_step(self) -> int:
-        return self.first_step + self.assignment.steps
+    def end_step(self) -> int | None:
+        return None if self.steps is None else self.first_step + self.steps
 
 
 class EpochBook:
@@ -98,34 +153,46 @@ class EpochBook:
         spec: The stream.
         world_size: Number of ranks.
         progress: Show progress bars while listing and indexing.
+        catalog: The catalog to list with (default: a new one over ``spec``).
     """
 
-    def __init__(self, spec: StreamSpec, world_size: int, *, progress: bool = False) -> None:
+    def __init__(
+        self,
+        spec: StreamSpec,
+        world_size: int,
+        *,
+        progress: bool = False,
+        catalog: Catalog | None = None,
+    ) -> None:
         if world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
         self.spec = spec
         self.world_size = world_size
-        self.source = Source(spec.urls, storage_options=spec.storage_options, format=spec.format)
-        self.catalog = Catalog(self.source, spec.read, spec.columns)
+        if catalog is None:
+            source = Source(spec.urls, storage_options=spec.storage_options, format=spec.format)
+            catalog = Catalog(source, spec.read, spec.columns)
+        self.catalog = catalog
+        self.source = catalog.source
         self._progress = progress
-        self._epochs: dict[int, _Epoch] = {}
+        self._epochs: dict[int, _PlannedEpoch] = {}
         self._start: StreamState | None = None
         self._start_listing: Listing | None = None
         self._start_epoch = 0
         self._start_step = 0
+        self._cursors: dict[int, tuple[int, Cursor]] = {}
         self.ledger = Ledger(world_size, 0)
 
     # -- planning --------------------------------------------------------------------------
 
     def scan(self) -> Listing:
-        """One listing of the source, with row counts and seek points for every shard."""
-        return self.catalog.scan(progress=self._progress, index=True)
+        """One listing of the source; with several ranks every shard gets a row count."""
+        return self.catalog.scan(progress=self._progress, index=self.world_size > 1)
 
     @property
     def first_epoch(self) -> int:
         return self._start_epoch
 
-    def plan(self, epoch: int) -> _Epoch:
+    def plan(self, epoch: int) -> _PlannedEpoch:
         """The plan of ``epoch`` (made on first use; lists the source once per epoch)."""
         if epoch < self._start_epoch:
             raise StateError(
@@ -137,75 +204,202 @@ class EpochBook:
             got = self._epochs[epoch] = self._make(epoch)
         return got
 
-    def _make(self, epoch: int) -> _Epoch:
-        spec = self.spec
+    def _make(self, epoch: int) -> _PlannedEpoch:
         if epoch == self._start_epoch:
-            start = self._start
-            listing = self._start_listing or self.scan()
-            if start is None:
-                carry: tuple[Span, ...] = ()
-                main, carried, delivered, dropped = Progress(), Progress(), 0, 0
-            else:
-                carry = _remap(start.carry, start, listing)
-                main, carried = start.progress, start.carry_progress
-                delivered, dropped = start.delivered, start.dropped
-            first_step = self._start_step
+            return self._make_first(epoch)
+        prev = self.plan(epoch - 1)
+        if prev.steps is None:
+            raise StateError(
+                f"epoch {epoch} cannot be planned before epoch {epoch - 1} has been read to "
+                "its end (its row counts are learnt by reading)"
+            )
+        listing = self.scan()
+        dropped = prev.dropped
+        carry: tuple[Span, ...] = ()
+        if self.spec.remainder == "drop":
+            dropped += prev.assignment.remainder_rows
         else:
-            prev = self.plan(epoch - 1)
-            listing = self.scan()
-            dropped = prev.dropped
-            if spec.drop_remainder:
-                carry = ()
-                dropped += prev.assignment.remainder_rows
-            else:
-                by_url = {s.url: n for n, s in enumerate(listing.shards)}
-                carry = tuple(
-                    Span(by_url[prev.listing.shards[s.shard].url], s.start, s.stop, CARRY)
-                    for s in prev.assignment.remainder
-                )
-            main, carried, delivered = Progress(), Progress(), 0
-            first_step = prev.end_step
-        rows = [i.rows or 0 for i in listing.infos]
-        units = epoch_units(listing.plan_shards(), spec.shuffle_seed, epoch)
+            by_url = {s.url: n for n, s in enumerate(listing.shards)}
+            carry = tuple(
+                Span(by_url[prev.listing.shards[s.shard].url], s.start, s.stop, CARRY)
+                for s in prev.assignment.remainder
+            )
+        first = prev.first_step + prev.steps
+        return self._planned(
+            epoch, first, listing, carry, Progress(), Progress(), 0, dropped, first, None
+        )
+
+    def _make_first(self, epoch: int) -> _PlannedEpoch:
+        start = self._start
+        listing = self._start_listing or self.scan()
+        step = self._start_step
+        if start is None:
+            return self._planned(epoch, step, listing, (), Progress(), Progress(), 0, 0, step, None)
+        by_url = {s.url: n for n, s in enumerate(listing.shards)}
+        carry = tuple(
+            Span(by_url[start.shards[i].url], a, b, CARRY) for i, a, b in start.distributed.carry
+        )
+        main = _remap(start.progress.consumed, start, by_url)
+        carried = _remap(start.distributed.carry_consumed, start, by_url)
+        p = start.progress
+        if self._same_order(start):
+            planned = self._planned(
+                epoch,
+                p.first_step,
+                listing,
+                carry,
+                Progress(),
+                Progress(),
+                0,
+                p.dropped,
+                p.first_step,
+                list(start.position.ranks) or None,
+            )
+            # The original shares, minus what was consumed, from the saved cursors.
+            planned.main, planned.carried = main, carried
+            planned.delivered, planned.based, planned.opened = p.delivered, p.step, p.step
+            planned.skip = (dict(carried.consumed), dict(main.consumed))
+            return planned
+        planned = self._planned(
+            epoch, step, listing, carry, main, carried, p.delivered, p.dropped, step, None
+        )
+        return planned
+
+    def _same_order(self, state: StreamState) -> bool:
+        """Whether ``state`` resumes in the original order (else the rest is shared anew)."""
+        pos, spec = state.position, self.spec
+        return (
+            state.distributed.world_size == self.world_size
+            and pos.batch_size == spec.batch_size
+            and pos.window == spec.shuffle_window
+            and pos.lanes == spec.shuffle_lanes
+            and len(pos.ranks) == self.world_size
+            and all(c is not None for c in pos.ranks)
+        )
+
+    def _planned(
+        self,
+        epoch: int,
+        first_step: int,
+        listing: Listing,
+        carry: tuple[Span, ...],
+        main: Progress,
+        carried: Progress,
+        delivered: int,
+        dropped: int,
+        based: int,
+        cursors: list[Cursor | None] | None,
+    ) -> _PlannedEpoch:
+        rows = [TO_END if i.rows is None else i.rows for i in listing.infos]
+        units = epoch_units(listing.plan_shards(), self.spec.shuffle_seed, epoch)
         spans = [
             Span(s.shard, a, b, CARRY)
             for s in carry
             for a, b in carried.consumed.get(s.shard, IntervalSet()).gaps(s.start, s.stop)
         ]
         spans += remaining(units, rows, main.consumed)
-        assignment = split(spans, self.world_size, spec.batch_size)
-        return _Epoch(
+        if any(s.stop == TO_END for s in spans):
+            if self.world_size > 1:
+                raise StateError(
+                    "some shards have no row count; several ranks need them all (index the "
+                    "shards: `ingest index URL`)"
+                )
+            assignment = Assignment((tuple(spans),), 0, ())
+            steps = None
+        else:
+            assignment = split(spans, self.world_size, self.spec.batch_size)
+            steps = assignment.steps + (based - first_step)
+        return _PlannedEpoch(
             epoch,
             first_step,
             listing,
             carry,
             assignment,
+            steps,
             main.copy(),
             carried.copy(),
             delivered,
             dropped,
-            first_step,
+            based,
+            based,
+            ({}, {}),
+            cursors,
         )
 
-    def rank_plan(self, rank: int, epoch: int) -> RankPlan:
+    def rank_plan(self, rank: int, epoch: int) -> FeedPlan:
         """What ``rank`` reads in ``epoch``."""
         if not 0 <= rank < self.world_size:
             raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
         e = self.plan(epoch)
-        return RankPlan(
+        cursor = e.cursors[rank] if e.cursors and e.opened > e.first_step else None
+        end = e.end_step
+        return FeedPlan(
             epoch,
             rank,
-            self.world_size,
-            e.first_step,
-            e.assignment.steps,
+            e.opened,
+            None if end is None else end - e.opened,
             e.assignment.ranks[rank],
+            e.skip,
+            cursor,
             e.listing,
         )
 
+    def rank_resume(self, rank: int, epoch: int, next_step: int, cursor: Cursor | None) -> FeedPlan:
+        """``rank``'s plan from ``next_step`` on, after its reader was lost mid-epoch.
+
+        Every batch of the rank before ``next_step`` must have been acked: their rows are
+        left out, and ``cursor`` (the one of the batch before ``next_step``) positions the
+        rank's lanes.
+        """
+        plan = self.rank_plan(rank, epoch)
+        if next_step == plan.next_step:
+            return plan
+        if self.ledger.acked(rank) < next_step - 1:
+            raise StateError(
+                f"rank {rank} resumes at step {next_step} but acked only up to step "
+                f"{self.ledger.acked(rank)}; flush its acks first"
+            )
+        e = self.plan(epoch)
+        main, carried = e.main.copy(), e.carried.copy()
+        _add_runs(self.ledger.runs(e.based, next_step - 1), carried, main)
+        end = e.end_step
+        return FeedPlan(
+            epoch,
+            rank,
+            next_step,
+            None if end is None else end - next_step,
+            plan.spans,
+            (dict(carried.consumed), dict(main.consumed)),
+            cursor,
+            e.listing,
+        )
+
+    def close(
+        self, epoch: int, steps: int, leftover: Sequence[Run], learned: Mapping[int, int]
+    ) -> None:
+        """Settle an epoch whose row counts were unknown, when its one rank read it all.
+
+        Args:
+            epoch: The epoch.
+            steps: Batches the rank's feed yielded in this run.
+            leftover: Rows read after the last full batch (the epoch's remainder).
+            learned: Row counts learnt by reading, per shard index.
+        """
+        e = self.plan(epoch)
+        if e.steps is not None:
+            return
+        e.steps = e.opened - e.first_step + steps
+        e.main.rows.update(learned)
+        remainder = tuple(Span(shard, a, b, segment) for segment, shard, a, b in leftover)
+        e.assignment = Assignment(e.assignment.ranks, e.steps, remainder)
+
     # -- acks and snapshots ----------------------------------------------------------------
 
-    def ack(self, rank: int, records: Sequence[StepRecord]) -> None:
+    def ack(self, rank: int, records: Sequence[StepRecord], cursor: Cursor | None = None) -> None:
+        """Record ``rank``'s consumed steps; ``cursor`` is its position after the last."""
         self.ledger.ack(rank, records)
+        if cursor is not None and records:
+            self._cursors[rank] = (max(r.step for r in records), cursor)
 
     def snapshot(self, step: int) -> StreamState:
         """The state after ``step`` (every rank's batches up to and including it).
@@ -222,71 +416,79 @@ class EpochBook:
         if not self._epochs and nxt == self._start_step:
             return self._state_in(self.plan(self._start_epoch), step)
         for e in sorted(self._epochs.values(), key=lambda x: x.epoch):
-            if e.first_step <= nxt < e.end_step:
+            end = e.end_step
+            if e.first_step <= nxt and (end is None or nxt < end):
                 return self._state_in(e, step)
-            if nxt == e.end_step:
+            if nxt == end:
                 return self._state_after(e, step)
         raise StateError(f"step {step} is outside every planned epoch")
 
-    def _state_in(self, e: _Epoch, step: int) -> StreamState:
-        main, carried = e.main.copy(), e.carried.copy()
-        for segment, shard, start, stop in self.ledger.runs(e.based, step):
-            (carried if segment == CARRY else main).of(shard).add(start, stop)
-        done = max(step + 1 - e.based, 0)
-        delivered = e.delivered + done * self.spec.batch_size * self.world_size
-        return StreamState(
-            list(self.spec.urls),
-            e.listing.records(),
-            self.spec.shuffle_seed,
-            e.epoch,
-            self.world_size,
-            main,
-            delivered,
-            None,
-            step + 1,
-            [(s.shard, s.start, s.stop) for s in e.carry],
-            carried,
-            e.dropped,
+    def _position(self, step: int, restored: list[Cursor | None] | None) -> PositionState:
+        spec = self.spec
+        ranks: list[Cursor | None] = []
+        for rank in range(self.world_size):
+            got = self._cursors.get(rank)
+            ranks.append(got[1] if got is not None and got[0] == step else None)
+        if restored is not None and all(c is None for c in ranks):
+            ranks = list(restored)
+        return PositionState(
+            spec.shuffle_seed, spec.batch_size, spec.shuffle_window, spec.shuffle_lanes, ranks
         )
 
-    def _state_after(self, e: _Epoch, step: int) -> StreamState:
+    def _state_in(self, e: _PlannedEpoch, step: int) -> StreamState:
+        main, carried = e.main.copy(), e.carried.copy()
+        _add_runs(self.ledger.runs(e.based, step), carried, main)
+        done = max(step + 1 - e.based, 0)
+        delivered = e.delivered + done * self.spec.batch_size * self.world_size
+        restored = e.cursors if step + 1 == e.opened else None
+        return StreamState(
+            DatasetState(list(self.spec.urls), e.listing.records()),
+            ProgressState(e.epoch, e.first_step, step + 1, delivered, e.dropped, main),
+            DistributedState(
+                self.world_size, [(s.shard, s.start, s.stop) for s in e.carry], carried
+            ),
+            self._position(step, restored),
+        )
+
+    def _state_after(self, e: _PlannedEpoch, step: int) -> StreamState:
         carry: list[tuple[int, int, int]] = []
         dropped = e.dropped
-        if self.spec.drop_remainder:
+        if self.spec.remainder == "drop":
             dropped += e.assignment.remainder_rows
         else:
             carry = [(s.shard, s.start, s.stop) for s in e.assignment.remainder]
+        records = e.listing.records()
+        for index, rows in e.main.rows.items():
+            r = records[index]
+            if r.rows is None:
+                records[index] = ShardRecord(r.url, r.size, r.version, rows)
         return StreamState(
-            list(self.spec.urls),
-            e.listing.records(),
-            self.spec.shuffle_seed,
-            e.epoch + 1,
-            self.world_size,
-            Progress(),
-            0,
-            None,
-            step + 1,
-            carry,
-            Progress(),
-            dropped,
+            DatasetState(list(self.spec.urls), records),
+            ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, Progress()),
+            DistributedState(self.world_size, carry, Progress()),
+            self._position(step, None),
         )
 
     def fold(self, step: int) -> None:
         """Keep the acks of steps ``<= step`` in the epochs' base progress and forget them."""
         for e in self._epochs.values():
-            last = min(step, e.end_step - 1)
+            end = e.end_step
+            last = step if end is None else min(step, end - 1)
             if last < e.based:
                 continue
-            for segment, shard, start, stop in self.ledger.runs(e.based, last):
-                (e.carried if segment == CARRY else e.main).of(shard).add(start, stop)
+            _add_runs(self.ledger.runs(e.based, last), e.carried, e.main)
             e.delivered += (last + 1 - e.based) * self.spec.batch_size * self.world_size
             e.based = last + 1
         self.ledger.fold(step)
 
     # -- restore ---------------------------------------------------------------------------
 
-    def load(self, state: StreamState) -> None:
+    def load(self, state: StreamState, listing: Listing | None = None) -> None:
         """Restore from ``state``; its world size may differ from this book's.
+
+        Args:
+            state: The state.
+            listing: A listing of the source made this epoch (None: list now).
 
         Raises:
             StateError: If the seed differs or the state's shards are gone or changed.
@@ -294,25 +496,60 @@ class EpochBook:
         if state.seed != self.spec.shuffle_seed:
             raise StateError(
                 f"the state was saved with shuffle_seed={state.seed}, this stream "
-                f"has shuffle_seed={self.spec.shuffle_seed}; use the same seed"
+                f"has shuffle_seed={self.spec.shuffle_seed}; create the stream with the "
+                "same seed to resume it"
             )
-        listing = self.scan()
+        if listing is None:
+            listing = self.scan()
         match_listing(state.shards, listing.records())
         if state.started:
+            # The rest of an epoch reads the shards it started with; new ones join next epoch.
             listing = listing.subset([s.url for s in state.shards])
         self._epochs.clear()
+        self._cursors.clear()
         self._start = state
         self._start_listing = listing
-        self._start_epoch = state.epoch
-        self._start_step = state.step
-        self.ledger = Ledger(self.world_size, state.step)
+        self._start_epoch = state.progress.epoch
+        self._start_step = state.progress.step
+        self.ledger = Ledger(self.world_size, state.progress.step)
 
 
-def _remap(
-    carry: Sequence[tuple[int, int, int]], state: StreamState, listing: Listing
-) -> tuple[Span, ...]:
-    by_url = {s.url: n for n, s in enumerate(listing.shards)}
-    return tuple(Span(by_url[state.shards[i].url], a, b, CARRY) for i, a, b in carry)
+def _add_runs(runs: Sequence[Run], carried: Progress, main: Progress) -> None:
+    """Add acked runs to the progress of their segment, merged first.
+
+    The runs of shuffled batches are short (often one row each) but together cover whole
+    windows, so merging them in numpy before adding keeps this O(runs log runs) with few
+    interval insertions.
+    """
+    if not runs:
+        return
+    arr = np.asarray(runs, dtype=np.int64)
+    order = np.lexsort((arr[:, 2], arr[:, 1], arr[:, 0]))
+    arr = arr[order]
+    key = arr[:, 0] * (1 << 32) + arr[:, 1]
+    # A run starts a new merged interval when its (segment, shard) changes or it begins
+    # after every earlier run of the same key ended (a running maximum per key).
+    new_key = np.concatenate(([True], key[1:] != key[:-1]))
+    firsts = np.flatnonzero(new_key)
+    ends = arr[:, 3].copy()
+    for g0, g1 in zip(firsts.tolist(), [*firsts[1:].tolist(), len(arr)], strict=True):
+        ends[g0:g1] = np.maximum.accumulate(arr[g0:g1, 3])
+    gap = np.concatenate(([True], (arr[1:, 2] > ends[:-1]) | new_key[1:]))
+    starts = np.flatnonzero(gap)
+    stops = np.concatenate((starts[1:], [len(arr)])) - 1
+    for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+        segment, shard, start = int(arr[a, 0]), int(arr[a, 1]), int(arr[a, 2])
+        (carried if segment == CARRY else main).of(shard).add(start, int(ends[b]))
 
 
-__all__ = ["EpochBook", "RankPlan", "StreamSpec"]
+def _remap(progress: Progress, state: StreamState, by_url: Mapping[str, int]) -> Progress:
+    """``progress`` (indexed by the state's shards) indexed by the listing's shards."""
+    out = Progress()
+    for index, rows in progress.consumed.items():
+        out.consumed[by_url[state.shards[index].url]] = rows.copy()
+    for index, count in progress.rows.items():
+        out.rows[by_url[state.shards[index].url]] = count
+    return out
+
+
+__all__ = ["MAIN", "EpochBook", "Remainder", "StreamSpec"]

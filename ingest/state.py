@@ -1,22 +1,30 @@
-"""Stream state: small, plain, versioned JSON. Pure; no Ray, no I/O.
+"""Stream state: small, plain, versioned JSON in named parts. Pure; no Ray, no I/O.
 
-Layout (version 1)::
+Layout (version 2), one part per concern, each validated by its own class::
 
-    {"version": 1,
-     "dataset": {"sources": [...], "digest": "sha256...",
+    {"version": 2,
+     "dataset": {"sources": [...], "digest": "sha256...",            # DatasetState
                  "shards": [[url, size, version, rows or null], ...]},
-     "seed": 0, "epoch": 2, "world_size": 1,
-     "progress": {"done": [[0, 40]],                  # shard indices fully consumed
-                  "partial": {"41": [[0, 512], ...]},  # consumed rows of other shards
-                  "rows": {"41": 9000}},               # row counts learnt by reading
-     "delivered": 123456,
-     "step": 120,                                      # next global step (distributed)
-     "carry": {"spans": [[3, 0, 17]], "consumed": {}}, # rows carried in from the last epoch
-     "dropped": 0,                                     # rows dropped by drop_remainder
-     "resume": {...}}                                  # reader position hint, or null
+     "progress": {"epoch": 2, "first_step": 96, "step": 120,          # ProgressState
+                  "delivered": 123456, "dropped": 0,
+                  "consumed": {"done": [[0, 40]],                     # shards fully consumed
+                               "partial": {"41": [[0, 512], ...]},    # rows of the others
+                               "rows": {"41": 9000}}},                # counts learnt by reading
+     "distributed": {"world_size": 4,                                 # DistributedState
+                     "carry": {"spans": [[3, 0, 17]], "consumed": {}}},
+     "position": {"seed": 0, "batch_size": 1024,                      # PositionState
+                  "shuffle": {"window": 16384, "lanes": 16},
+                  "ranks": [cursor or null, ...]}}
+
+``progress.step`` is the next global step; ``first_step`` the step the epoch began at.
+``distributed.carry`` holds the rows carried in from the previous epoch (equal steps per
+rank). ``position`` says where each rank's reading order stood: with the same seed, shuffle
+and world size a restored stream continues with exactly the batches of the uninterrupted
+run; without it the rest of the epoch is shared out again. Exactly-once rests on
+``progress`` and ``carry`` alone, never on the position.
 
 Shard indices refer to ``dataset.shards`` of the state itself, so a dataset that grew (new
-shards only) still resolves every saved index. Its size is O(shards + shuffle window).
+shards only) still resolves every saved index. The size is O(shards + ranks x lanes).
 """
 
 from __future__ import annotations
@@ -30,7 +38,9 @@ from typing import Any
 from ingest.errors import StateError
 from ingest.intervals import IntervalSet
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+MAX_STATE_BYTES = 256 << 20
+"""States larger than this are refused before parsing (a state is O(shards))."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,54 +136,207 @@ class Progress:
 
 
 @dataclass(slots=True)
-class StreamState:
-    """The resumable state of a stream, convertible to and from JSON."""
+class DatasetState:
+    """What was listed: the source URLs and every shard's identity (the fingerprint)."""
 
     sources: list[str]
     shards: list[ShardRecord]
-    seed: int | None
-    epoch: int
-    world_size: int
-    progress: Progress
-    delivered: int = 0
-    resume: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "sources": list(self.sources),
+            "digest": digest(self.shards),
+            "shards": [s.to_json() for s in self.shards],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> DatasetState:
+        shards = []
+        for n, entry in enumerate(_list(data["shards"], "dataset.shards")):
+            if not isinstance(entry, list) or len(entry) != 4:
+                raise StateError(
+                    f"dataset.shards[{n}] is {entry!r}, not [url, size, version, rows]"
+                )
+            url, size, version, rows = entry
+            shards.append(
+                ShardRecord(
+                    str(url),
+                    _int(size, f"dataset.shards[{n}] size"),
+                    str(version),
+                    None if rows is None else _int(rows, f"dataset.shards[{n}] rows"),
+                )
+            )
+        if data.get("digest") not in (None, digest(shards)):
+            raise StateError(
+                "dataset.digest does not match dataset.shards: the state was "
+                "edited or corrupted; save it again"
+            )
+        return cls([str(s) for s in data.get("sources", [])], shards)
+
+
+@dataclass(slots=True)
+class ProgressState:
+    """How far the epoch got: its steps, its counts and the rows consumed per shard."""
+
+    epoch: int = 0
+    first_step: int = 0
     step: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    consumed: Progress = field(default_factory=Progress)
+
+    def to_json(self, shards: Sequence[ShardRecord]) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "first_step": self.first_step,
+            "step": self.step,
+            "delivered": self.delivered,
+            "dropped": self.dropped,
+            "consumed": self.consumed.to_json(shards),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> ProgressState:
+        out = cls(
+            epoch=_int(data["epoch"], "progress.epoch"),
+            first_step=_int(data.get("first_step", 0), "progress.first_step"),
+            step=_int(data.get("step", 0), "progress.step"),
+            delivered=_int(data.get("delivered", 0), "progress.delivered"),
+            dropped=_int(data.get("dropped", 0), "progress.dropped"),
+            consumed=Progress.from_json(data.get("consumed", {}), shards),
+        )
+        if out.first_step > out.step:
+            raise StateError(
+                f"progress.first_step {out.first_step} is after progress.step {out.step}; "
+                "the state was edited: save it again"
+            )
+        _check_bounds(out.consumed, shards, "progress.consumed")
+        return out
+
+
+@dataclass(slots=True)
+class DistributedState:
+    """The world size at save and the rows carried in from the previous epoch."""
+
+    world_size: int = 1
     carry: list[tuple[int, int, int]] = field(default_factory=list)
     """Spans ``(shard, start, stop)`` carried in from the previous epoch (equal steps)."""
-    carry_progress: Progress = field(default_factory=Progress)
-    dropped: int = 0
+    carry_consumed: Progress = field(default_factory=Progress)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "carry": {
+                "spans": [list(s) for s in self.carry],
+                "consumed": {
+                    str(k): v.to_json()
+                    for k, v in sorted(self.carry_consumed.consumed.items())
+                    if v
+                },
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> DistributedState:
+        world_size = _int(data.get("world_size", 1), "distributed.world_size")
+        if world_size < 1:
+            raise StateError("distributed.world_size must be >= 1")
+        carry = data.get("carry") or {}
+        spans = []
+        for entry in _list(carry.get("spans", []), "distributed.carry.spans"):
+            if not isinstance(entry, list) or len(entry) != 3:
+                raise StateError(f"distributed.carry span {entry!r} is not [shard, start, stop]")
+            shard = _index(entry[0], shards)
+            start = _int(entry[1], "carry start")
+            stop = _int(entry[2], "carry stop")
+            rows = shards[shard].rows
+            if stop < start or (rows is not None and stop > rows):
+                raise StateError(
+                    f"distributed.carry span [{start}, {stop}) of {shards[shard].url} is "
+                    f"outside its {rows} rows; the state was edited: save it again"
+                )
+            spans.append((shard, start, stop))
+        consumed = Progress.from_json({"partial": carry.get("consumed", {})}, shards)
+        _check_bounds(consumed, shards, "distributed.carry.consumed")
+        return cls(world_size, spans, consumed)
+
+
+Cursor = dict[str, Any]
+"""Where one rank's reading order stood; its layout belongs to :mod:`ingest.feed`."""
+
+
+@dataclass(slots=True)
+class PositionState:
+    """The reading order: seed, batch and shuffle settings, and each rank's cursor."""
+
+    seed: int | None = None
+    batch_size: int = 0
+    window: int = 0
+    lanes: int = 0
+    ranks: list[Cursor | None] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "shuffle": {"window": self.window, "lanes": self.lanes},
+            "ranks": list(self.ranks),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PositionState:
+        seed = data.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise StateError(f"position.seed must be an integer or null, got {seed!r}")
+        shuffle = data.get("shuffle") or {}
+        ranks = _list(data.get("ranks", []), "position.ranks")
+        for n, cursor in enumerate(ranks):
+            if cursor is not None and not isinstance(cursor, dict):
+                raise StateError(f"position.ranks[{n}] is {cursor!r}, not an object or null")
+        return cls(
+            seed,
+            _int(data.get("batch_size", 0), "position.batch_size"),
+            _int(shuffle.get("window", 0), "position.shuffle.window"),
+            _int(shuffle.get("lanes", 0), "position.shuffle.lanes"),
+            list(ranks),
+        )
+
+
+@dataclass(slots=True)
+class StreamState:
+    """The resumable state of a stream: its four parts, convertible to and from JSON."""
+
+    dataset: DatasetState
+    progress: ProgressState = field(default_factory=ProgressState)
+    distributed: DistributedState = field(default_factory=DistributedState)
+    position: PositionState = field(default_factory=PositionState)
+
+    @property
+    def shards(self) -> list[ShardRecord]:
+        return self.dataset.shards
+
+    @property
+    def seed(self) -> int | None:
+        return self.position.seed
 
     @property
     def started(self) -> bool:
         """Whether any row of this epoch was consumed (else the epoch may re-list)."""
+        p = self.progress
         return bool(
-            self.delivered or self.progress.count() or self.carry_progress.count() or self.resume
+            p.step > p.first_step
+            or p.delivered
+            or p.consumed.count()
+            or self.distributed.carry_consumed.count()
         )
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
-            "dataset": {
-                "sources": list(self.sources),
-                "digest": digest(self.shards),
-                "shards": [s.to_json() for s in self.shards],
-            },
-            "seed": self.seed,
-            "epoch": self.epoch,
-            "world_size": self.world_size,
-            "progress": self.progress.to_json(self.shards),
-            "delivered": self.delivered,
-            "step": self.step,
-            "carry": {
-                "spans": [list(s) for s in self.carry],
-                "consumed": {
-                    str(k): v.to_json()
-                    for k, v in sorted(self.carry_progress.consumed.items())
-                    if v
-                },
-            },
-            "dropped": self.dropped,
-            "resume": self.resume,
+            "dataset": self.dataset.to_json(),
+            "progress": self.progress.to_json(self.dataset.shards),
+            "distributed": self.distributed.to_json(),
+            "position": self.position.to_json(),
         }
 
     @classmethod
@@ -181,8 +344,20 @@ class StreamState:
         """Parse and check a state produced by :meth:`to_json`.
 
         Raises:
-            StateError: On an unknown version or a malformed state.
+            StateError: On an unknown version or a malformed or edited state.
         """
+        if isinstance(data, (str, bytes)):
+            if len(data) > MAX_STATE_BYTES:
+                raise StateError(
+                    f"the state is {len(data)} bytes, above the {MAX_STATE_BYTES} byte limit; "
+                    "a stream state is O(shards): this is not one"
+                )
+            try:
+                data = json.loads(data)
+            except ValueError as e:
+                raise StateError(
+                    f"the state is not JSON ({e}); pass what state_dict() returned"
+                ) from None
         if not isinstance(data, Mapping):
             raise StateError(f"a stream state is a JSON object, got {type(data).__name__}")
         version = data.get("version")
@@ -193,43 +368,12 @@ class StreamState:
                 "wrote it, or start without the state"
             )
         try:
-            dataset = data["dataset"]
-            shards = [
-                ShardRecord(
-                    str(u),
-                    _int(s, "shard size"),
-                    str(v),
-                    None if r is None else _int(r, "shard rows"),
-                )
-                for u, s, v, r in dataset["shards"]
-            ]
-            if dataset.get("digest") not in (None, digest(shards)):
-                raise StateError(
-                    "dataset.digest does not match dataset.shards: the state was "
-                    "edited or corrupted; save it again"
-                )
-            seed = data["seed"]
-            if seed is not None and not isinstance(seed, int):
-                raise StateError(f"seed must be an integer or null, got {seed!r}")
-            carry = data.get("carry") or {}
-            spans = [
-                (_index(a, shards), _int(b, "carry start"), _int(c, "carry stop"))
-                for a, b, c in carry.get("spans", [])
-            ]
-            carry_progress = Progress.from_json({"partial": carry.get("consumed", {})}, shards)
+            dataset = DatasetState.from_json(data["dataset"])
             return cls(
-                sources=[str(s) for s in dataset.get("sources", [])],
-                shards=shards,
-                seed=seed,
-                epoch=_int(data["epoch"], "epoch"),
-                world_size=_int(data.get("world_size", 1), "world_size"),
-                progress=Progress.from_json(data.get("progress", {}), shards),
-                delivered=_int(data.get("delivered", 0), "delivered"),
-                resume=data.get("resume"),
-                step=_int(data.get("step", 0), "step"),
-                carry=spans,
-                carry_progress=carry_progress,
-                dropped=_int(data.get("dropped", 0), "dropped"),
+                dataset,
+                ProgressState.from_json(data["progress"], dataset.shards),
+                DistributedState.from_json(data.get("distributed") or {}, dataset.shards),
+                PositionState.from_json(data.get("position") or {}),
             )
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, StateError):
@@ -294,3 +438,24 @@ def _index(key: object, shards: Sequence[ShardRecord]) -> int:
     if not 0 <= index < len(shards):
         raise StateError(f"shard index {index} is out of range for {len(shards)} shards")
     return index
+
+
+def _list(value: object, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise StateError(f"{what} must be a JSON list, got {type(value).__name__}")
+    return value
+
+
+def _check_bounds(progress: Progress, shards: Sequence[ShardRecord], what: str) -> None:
+    """Refuse consumed rows beyond a shard's known row count (an edited state)."""
+    for index, rows in progress.consumed.items():
+        known = progress.rows_of(index, shards)
+        if known is None or not rows:
+            continue
+        last = max(stop for _, stop in rows)
+        if last > known:
+            raise StateError(
+                f"{what} of shard {index} ({shards[index].url}) reaches row {last}, "
+                f"but the shard has {known} rows; the state was edited or belongs to "
+                "other data: save it again"
+            )

@@ -71,13 +71,11 @@ def rank_iterator(
         raise unwrap(e) from None
     it = RankIterator(
         stream.coordinator,
+        stream.reader_for(rank),
         rank,
-        stream.spec,
-        stream.readers,
-        stream.transform,
         options or RankOptions(timeout_s=stream.timeout_s),
+        session=session,
     )
-    it.session = session
     return it, checkpoint
 
 

@@ -52,7 +52,8 @@ def consume(args: argparse.Namespace) -> None:
             Path(args.save).write_text(json.dumps(state))
             print(
                 f"  stopped after {sum(len(i) for i in ids):,} rows; state saved to "
-                f"{args.save} ({len(json.dumps(state)):,} bytes, epoch {state['epoch']})"
+                f"{args.save} ({len(json.dumps(state)):,} bytes, "
+                f"epoch {state['progress']['epoch']})"
             )
             break
     np.save(args.ids, np.concatenate(ids))

@@ -66,7 +66,11 @@ def test_zero_byte_and_zero_row_shards_are_fine(store: Store) -> None:
     listing = ingest.list_shards(store.url("d"), storage_options=store.storage_options)
     assert [i.rows for i in listing.infos] == [100, 0, 0, 0, None]
     stream = ingest.Stream(
-        store.url("d"), columns=["id"], storage_options=store.storage_options, shuffle_seed=0
+        store.url("d"),
+        columns=["id"],
+        storage_options=store.storage_options,
+        shuffle_seed=0,
+        batch_size=10,
     )
     assert drain(stream) == 100
 
@@ -92,7 +96,7 @@ def test_parquet_schema_drift_names_both_shards(local: Store) -> None:
 
 def test_parquet_drift_is_fine_when_the_columns_read_agree(local: Store) -> None:
     write_drifted(local)
-    stream = ingest.Stream(local.url("d"), columns=["score"])
+    stream = ingest.Stream(local.url("d"), columns=["score"], batch_size=5)
     assert sum(len(b["score"]) for b in stream) == 20
 
 

@@ -106,7 +106,8 @@ def test_elastic_resume_delivers_the_rest_exactly_once(
         head = run(stream, stop_after=4)
     states = [r["state"] for r in head]
     assert all(s == states[0] for s in states), "every rank gets the same snapshot"
-    assert states[0]["world_size"] == before and states[0]["step"] == 4
+    assert states[0]["distributed"]["world_size"] == before
+    assert states[0]["progress"]["step"] == 4
     with make(s3_data, "parquet", after) as resumed:
         resumed.load_state_dict(states[0])
         rest = run(resumed)

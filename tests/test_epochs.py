@@ -8,7 +8,9 @@ from collections import Counter
 import pytest
 
 from ingest.assign import CARRY, MAIN, Span, split
-from ingest.epochs import EpochBook, RankPlan, StreamSpec
+from ingest.epochs import EpochBook, StreamSpec
+from ingest.errors import StateError
+from ingest.feed import FeedPlan
 from ingest.ledger import Ledger, StepRecord
 from ingest.state import StreamState
 from ingest.testing import write_dataset
@@ -18,9 +20,9 @@ SHARDS, ROWS, BATCH = 5, 1000, 64
 TOTAL = SHARDS * ROWS
 
 
-def batches_of(plan: RankPlan, batch_size: int) -> list[StepRecord]:
+def batches_of(plan: FeedPlan, batch_size: int) -> list[StepRecord]:
     """The step records a rank would ack: consecutive runs of ``batch_size`` rows."""
-    records, runs, filled, step = [], [], 0, plan.first_step
+    records, runs, filled, step = [], [], 0, plan.next_step
     for span in plan.spans:
         start = span.start
         while start < span.stop:
@@ -58,7 +60,7 @@ def run_epoch(book: EpochBook, epoch: int, stop_after: int | None = None) -> lis
         records = batches_of(plan, BATCH)
         assert len(records) == plan.steps
         if stop_after is not None:
-            records = [r for r in records if r.step < plan.first_step + stop_after]
+            records = [r for r in records if r.step < plan.next_step + stop_after]
         book.ack(rank, records)
         urls = [s.url for s in plan.listing.shards]
         delivered += ids(urls, [run for r in records for run in r.runs])
@@ -76,7 +78,7 @@ def test_equal_steps_and_every_row_once(spec: StreamSpec, world_size: int) -> No
     assert len(delivered) == len(set(delivered)) == TOTAL - remainder
     # The remainder is carried: epoch 1 delivers it first, then its own rows.
     epoch1 = book.rank_plan(0, 1)
-    assert epoch1.first_step == steps.pop()
+    assert epoch1.next_step == steps.pop()
     assert epoch1.spans[0].segment == (CARRY if remainder else MAIN)
 
 
@@ -87,7 +89,7 @@ def test_snapshot_and_elastic_restore_deliver_exactly_once(
     book = EpochBook(spec, before)
     first = run_epoch(book, 0, stop_after=5)
     state = json.loads(json.dumps(book.snapshot(5 - 1).to_json()))
-    assert state["world_size"] == before and state["step"] == 5
+    assert state["distributed"]["world_size"] == before and state["progress"]["step"] == 5
     resumed = EpochBook(spec, after)
     resumed.load(StreamState.from_json(state))
     assert resumed.first_epoch == 0
@@ -105,7 +107,7 @@ def test_snapshot_waits_for_every_rank(spec: StreamSpec) -> None:
     book = EpochBook(spec, 2)
     plan = book.rank_plan(0, 0)
     book.ack(0, batches_of(plan, BATCH)[:3])
-    with pytest.raises(Exception, match="not every rank has acked step 2"):
+    with pytest.raises(StateError, match="not every rank has acked step 2"):
         book.snapshot(2)
 
 
@@ -113,9 +115,12 @@ def test_snapshot_at_the_epoch_end_starts_the_next_with_the_carry(spec: StreamSp
     book = EpochBook(spec, 3)
     run_epoch(book, 0)
     end = book.plan(0).end_step
+    assert end is not None
     state = book.snapshot(end - 1)
-    assert state.epoch == 1 and state.step == end
-    assert sum(b - a for _, a, b in state.carry) == book.plan(0).assignment.remainder_rows
+    assert state.progress.epoch == 1 and state.progress.step == end
+    assert (
+        sum(b - a for _, a, b in state.distributed.carry) == book.plan(0).assignment.remainder_rows
+    )
     restored = EpochBook(spec, 2)
     restored.load(state)
     carried = [s for s in restored.rank_plan(0, 1).spans if s.segment == CARRY]
@@ -125,7 +130,7 @@ def test_snapshot_at_the_epoch_end_starts_the_next_with_the_carry(spec: StreamSp
 
 
 def state_rows(state: StreamState) -> int:
-    return sum(b - a for _, a, b in state.carry)
+    return sum(b - a for _, a, b in state.distributed.carry)
 
 
 def test_folding_keeps_later_snapshots_exact(spec: StreamSpec) -> None:
@@ -137,18 +142,20 @@ def test_folding_keeps_later_snapshots_exact(spec: StreamSpec) -> None:
     unfolded = EpochBook(spec, 2)
     run_epoch(unfolded, 0, stop_after=10)
     assert late.to_json() == unfolded.snapshot(9).to_json()
-    assert early.progress.count() == 4 * 2 * BATCH
+    assert early.progress.consumed.count() == 4 * 2 * BATCH
 
 
-def test_drop_remainder_counts_what_it_drops(local: Store) -> None:
+def test_remainder_drop_counts_what_it_drops(local: Store) -> None:
     write_dataset(local.fs, local.url("d"), "parquet", SHARDS, ROWS, row_group_rows=300)
-    spec = StreamSpec(urls=(local.url("d"),), batch_size=BATCH, drop_remainder=True)
+    spec = StreamSpec(urls=(local.url("d"),), batch_size=BATCH, remainder="drop")
     book = EpochBook(spec, 3)
     run_epoch(book, 0)
     remainder = book.plan(0).assignment.remainder_rows
     assert remainder > 0
-    state = book.snapshot(book.plan(0).end_step - 1)
-    assert state.dropped == remainder and state.carry == []
+    end = book.plan(0).end_step
+    assert end is not None
+    state = book.snapshot(end - 1)
+    assert state.progress.dropped == remainder and state.distributed.carry == []
 
 
 def test_split_is_exact_and_equal() -> None:
@@ -186,16 +193,22 @@ def test_runs_of_a_shuffled_batch() -> None:
     assert runs_of(seg, shard, row) == ((0, 2, 9, 10), (1, 0, 7, 8), (1, 2, 3, 6), (1, 2, 8, 9))
 
 
-def test_provenance_packs_and_unpacks() -> None:
-    import numpy as np
+def test_acked_runs_are_merged_exactly() -> None:
+    import random
 
-    from ingest.distributed.datasource import MAX_ROWS, MAX_SHARDS, pack, unpack
-    from ingest.errors import ConfigError
+    from ingest.epochs import _add_runs
+    from ingest.intervals import IntervalSet
+    from ingest.state import Progress
 
-    rows = np.array([0, 5, MAX_ROWS - 1], dtype=np.int64)
-    seg, shard, row = unpack(pack(1, MAX_SHARDS - 1, rows))
-    assert seg.tolist() == [1, 1, 1] and shard.tolist() == [MAX_SHARDS - 1] * 3
-    assert row.tolist() == rows.tolist()
-    assert unpack(pack(0, 3, rows[:2]))[0].tolist() == [0, 0]
-    with pytest.raises(ConfigError, match="beyond what provenance holds"):
-        pack(1, MAX_SHARDS, rows)
+    rng = random.Random(0)
+    runs = []
+    for _ in range(500):
+        segment, shard, start = rng.randint(0, 1), rng.randint(0, 3), rng.randint(0, 300)
+        runs.append((segment, shard, start, start + rng.randint(1, 20)))
+    carried, main = Progress(), Progress()
+    _add_runs(runs, carried, main)
+    expected: dict[tuple[int, int], IntervalSet] = {}
+    for segment, shard, start, stop in runs:
+        expected.setdefault((segment, shard), IntervalSet()).add(start, stop)
+    for (segment, shard), rows in expected.items():
+        assert (carried if segment == CARRY else main).of(shard) == rows

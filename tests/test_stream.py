@@ -20,9 +20,10 @@ READ = ingest.ReadOptions(block_bytes=8192, batch_rows=300)
 
 def make(store: Store, fmt: str = "parquet", **kwargs: Any) -> ingest.Stream:
     options: dict[str, Any] = {
-        "batch_size": 128,
+        "batch_size": 120,  # TOTAL is whole batches: every epoch delivers every row
         "read": READ,
-        "shuffle_buffer": 700,
+        "shuffle_window": 700,
+        "shuffle_lanes": 4,
         "storage_options": store.storage_options,
         **kwargs,
     }
@@ -59,13 +60,15 @@ def test_resume_gives_the_batches_of_the_uninterrupted_run(
     local: Store, fmt: str, seed: int | None
 ) -> None:
     write(local, fmt)
-    reference = batches(make(local, fmt, shuffle_seed=seed))
-    assert sorted(flat(reference)) == list(range(TOTAL))
+    # 128 does not divide TOTAL: the last 112 rows are carried into the next epoch.
+    reference = batches(make(local, fmt, shuffle_seed=seed, batch_size=128))
+    got = flat(reference)
+    assert len(got) == len(set(got)) == TOTAL - TOTAL % 128
     for k in (1, len(reference) // 2, len(reference) - 1):
-        first = make(local, fmt, shuffle_seed=seed)
+        first = make(local, fmt, shuffle_seed=seed, batch_size=128)
         head = batches(first, limit=k)
         state = json.loads(json.dumps(first.state_dict()))
-        second = make(local, fmt, shuffle_seed=seed)
+        second = make(local, fmt, shuffle_seed=seed, batch_size=128)
         second.load_state_dict(state)
         assert head + batches(second) == reference, f"resume after {k} batches"
 
@@ -86,15 +89,17 @@ def test_many_save_restore_cycles_deliver_every_row_exactly_once(local: Store) -
     delivered: list[int] = []
     state = None
     while True:
-        stream = make(local, shuffle_seed=3, shuffle_buffer=333, batch_size=97)
+        stream = make(local, shuffle_seed=3, shuffle_window=333, batch_size=97)
         if state is not None:
             stream.load_state_dict(state)
         got = batches(stream, limit=5)
         delivered += flat(got)
         state = json.loads(json.dumps(stream.state_dict()))
-        if len(got) < 5 or state["epoch"] == 1:
+        if len(got) < 5 or state["progress"]["epoch"] == 1:
             break
-    assert Counter(delivered) == Counter(range(TOTAL))
+    assert len(delivered) == len(set(delivered)) == TOTAL - TOTAL % 97
+    carried = sum(stop - start for _, start, stop in state["distributed"]["carry"]["spans"])
+    assert carried == TOTAL % 97
 
 
 def test_state_after_an_epoch_starts_the_next(local: Store) -> None:
@@ -102,7 +107,7 @@ def test_state_after_an_epoch_starts_the_next(local: Store) -> None:
     stream = make(local, shuffle_seed=2)
     epoch0 = batches(stream)
     state = stream.state_dict()
-    assert state["epoch"] == 1 and state["progress"]["done"] == []
+    assert state["progress"]["epoch"] == 1 and state["progress"]["consumed"]["done"] == []
     epoch1 = batches(stream)
     assert sorted(flat(epoch1)) == list(range(TOTAL))
     assert epoch1 != epoch0
@@ -129,18 +134,35 @@ def test_a_loop_left_early_continues_on_the_next_loop(local: Store) -> None:
     head = batches(stream, limit=7)
     rest = batches(stream)
     assert Counter(flat(head + rest)) == Counter(range(TOTAL))
-    assert stream.epoch == 0
+    assert stream.epoch == 1  # the next one to run
     assert sorted(flat(batches(stream))) == list(range(TOTAL))
-    assert stream.epoch == 1
+    assert stream.epoch == 2
 
 
-def test_drop_last_is_counted_and_carries_nothing_silently(local: Store) -> None:
+def test_remainder_drop_is_counted(local: Store) -> None:
     write(local, "parquet")
-    stream = make(local, batch_size=1000, drop_last=True)
+    stream = make(local, batch_size=700, remainder="drop", shuffle_seed=1)
     got = batches(stream)
-    assert all(len(b) == 1000 for b in got)
-    assert stream.stats["rows_dropped"] == TOTAL % 1000
-    assert stream.stats["rows_delivered"] == TOTAL - TOTAL % 1000
+    assert [len(b) for b in got] == [700] * (TOTAL // 700)
+    state = stream.state_dict()
+    assert state["progress"]["dropped"] == TOTAL % 700 == 400
+    assert state["distributed"]["carry"]["spans"] == []
+    again = flat(batches(stream))
+    assert len(again) == len(set(again)) == TOTAL - 400
+
+
+def test_remainder_carry_starts_the_next_epoch(local: Store) -> None:
+    write(local, "parquet")
+    stream = make(local, batch_size=700, shuffle_seed=1)
+    epoch0 = flat(batches(stream))
+    assert len(epoch0) == len(set(epoch0)) == TOTAL - 400
+    missing = set(range(TOTAL)) - set(epoch0)
+    state = stream.state_dict()
+    assert sum(b - a for _, a, b in state["distributed"]["carry"]["spans"]) == 400
+    epoch1 = Counter(flat(batches(stream)))
+    assert sum(epoch1.values()) == 9 * 700  # 400 carried + 6000 own, less its own 100
+    assert missing <= set(epoch1)
+    assert max(epoch1.values()) <= 2  # a row may come once carried and once as its own
 
 
 def test_grown_dataset_joins_at_the_next_epoch(local: Store) -> None:

@@ -94,7 +94,7 @@ def test_worker_death_and_automatic_restart(data: str, tmp_path: Path) -> None:
     assert (tmp_path / "auto").exists(), "a worker died"
     counts, state = final_counts(result)
     assert torch.all(counts == EPOCHS), torch.bincount(counts).tolist()
-    assert state["epoch"] == EPOCHS and state["version"] == 1
+    assert state["progress"]["epoch"] == EPOCHS and state["version"] == 2
 
 
 def test_rerun_of_the_same_run_with_another_worker_count(data: str, tmp_path: Path) -> None:
@@ -113,4 +113,4 @@ def test_rerun_of_the_same_run_with_another_worker_count(data: str, tmp_path: Pa
         result = fit(stream, tmp_path, "rerun", workers=3, max_failures=0, die_at=-1)
     counts, state = final_counts(result)
     assert torch.all(counts == EPOCHS), torch.bincount(counts).tolist()
-    assert state["world_size"] == 3
+    assert state["distributed"]["world_size"] == 3

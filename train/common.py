@@ -250,14 +250,14 @@ def main(
     config = parse_args(default_config, argv)
     generate_if_empty(config, pattern, write)
     found = run(job, config)
-    print(json.dumps({"state_epoch": found["state"]["epoch"], "rows": found["rows"]}))
+    print(json.dumps({"state_epoch": found["state"]["progress"]["epoch"], "rows": found["rows"]}))
     return 0 if report_exactly_once(job.name, found) else 1
 
 
 def report_exactly_once(name: str, found: dict[str, Any]) -> bool:
     """Print the exactly-once check of a finished job; True when it holds."""
     epochs, rows, histogram = found["epochs"], found["rows"], found["seen_histogram"]
-    carried = sum(b - a for _, a, b in found["state"].get("carry", {}).get("spans", []))
+    carried = sum(b - a for _, a, b in found["state"]["distributed"]["carry"]["spans"])
     exact = histogram[epochs] if len(histogram) > epochs else 0
     short = histogram[epochs - 1] if len(histogram) >= epochs else 0
     ok = bool(exact + short == rows and short == carried and len(histogram) <= epochs + 1)

@@ -1,23 +1,32 @@
 """The coordinator: one named Ray actor per stream, thin around :class:`EpochBook`.
 
-It plans epochs (listing the source once per epoch), serves each rank its share, takes the
-ranks' acks and answers snapshots consistent across ranks. It never reads data rows. Calls
-run on a few threads so that a snapshot can wait for the acks it needs.
+It plans epochs (listing the source once per epoch), serves each rank's feed its share,
+takes the ranks' acks and answers snapshots consistent across ranks. It never reads data
+rows. Calls run on a few threads so that a snapshot can wait for the acks it needs.
+
+Sessions: a worker group (a Ray Train attempt) and every ``load_state_dict`` start a new
+session; feeds and acks of an older session are refused, so a replaced worker group can
+neither consume nor ack the new group's rows.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
 
-from ingest.epochs import EpochBook, RankPlan, StreamSpec
-from ingest.errors import StateError
-from ingest.ledger import StepRecord
+from ingest.epochs import EpochBook, StreamSpec
+from ingest.errors import IngestError, StateError
+from ingest.feed import Cursor, FeedPlan
+from ingest.ledger import Run, StepRecord
 from ingest.state import StreamState
+
+
+class StaleSessionError(IngestError):
+    """A feed or an ack of a session that a newer worker group or state replaced."""
 
 
 class _Coordinator:
@@ -29,28 +38,44 @@ class _Coordinator:
         self._initial: dict[str, Any] | None = None  # what a session without a state starts at
         self._session = 0
         self._joined: set[int] = set()
+        self._touched = False
+
+    def session(self) -> int:
+        with self._lock:
+            return self._session
 
     def join(self, rank: int, world_size: int, state: dict[str, Any] | None) -> int:
-        """A rank of a (new) worker group starts; returns the session its acks must carry.
+        """A rank of a (new) worker group starts; returns the session its calls must carry.
 
         The first rank to join a new attempt (a rank that already joined the current
-        session, or another world size) starts a new session: the book restarts from
-        ``state`` (the checkpoint's), or from the stream's initial state when there is none.
-        Acks of older sessions are ignored from then on.
+        session, another world size, or a checkpoint's state) starts a new session: the book
+        restarts from ``state`` (the checkpoint's), or from the stream's initial state.
         """
         with self._lock:
-            new = rank in self._joined or world_size != self._book.world_size or not self._joined
-            if new:
-                book = EpochBook(self._book.spec, world_size)
+            fresh = not self._joined and state is None and not self._touched
+            new = rank in self._joined or world_size != self._book.world_size
+            if new or (not self._joined and not fresh):
                 start = state if state is not None else self._initial
-                if start is not None:
-                    book.load(StreamState.from_json(start))
-                self._book = book
-                self._session += 1
-                self._joined = set()
-                self._lock.notify_all()
+                self._reset(world_size, start)
             self._joined.add(rank)
             return self._session
+
+    def _reset(self, world_size: int, state: Mapping[str, Any] | None) -> None:
+        book = EpochBook(self._book.spec, world_size, catalog=self._book.catalog)
+        if state is not None:
+            book.load(StreamState.from_json(state))
+        self._book = book
+        self._session += 1
+        self._joined = set()
+        self._touched = False
+        self._lock.notify_all()
+
+    def _check(self, session: int) -> None:
+        if session != self._session:
+            raise StaleSessionError(
+                f"session {session} was replaced by session {self._session} (a new worker "
+                "group or a loaded state); this rank's iterator is stale: get a new one"
+            )
 
     def first_epoch(self) -> int:
         with self._lock:
@@ -62,15 +87,43 @@ class _Coordinator:
     def world_size(self) -> int:
         return self._book.world_size
 
-    def rank_plan(self, rank: int, epoch: int | None) -> RankPlan:
+    def prepare(self) -> None:
+        """Plan the first epoch now (lists the source) so that the first batch comes sooner."""
         with self._lock:
+            self._book.plan(self._book.first_epoch)
+
+    def rank_plan(self, rank: int, epoch: int | None, session: int) -> FeedPlan:
+        with self._lock:
+            self._check(session)
             return self._book.rank_plan(rank, self._book.first_epoch if epoch is None else epoch)
 
-    def ack(self, rank: int, records: Sequence[StepRecord], session: int | None = None) -> None:
+    def rank_resume(
+        self, rank: int, epoch: int, next_step: int, cursor: Cursor | None, session: int
+    ) -> FeedPlan:
         with self._lock:
-            if session is not None and session != self._session:
+            self._check(session)
+            return self._book.rank_resume(rank, epoch, next_step, cursor)
+
+    def close_epoch(
+        self,
+        epoch: int,
+        steps: int,
+        leftover: Sequence[Run],
+        learned: Mapping[int, int],
+        session: int,
+    ) -> None:
+        with self._lock:
+            self._check(session)
+            self._book.close(epoch, steps, leftover, learned)
+
+    def ack(
+        self, rank: int, records: Sequence[StepRecord], session: int, cursor: Cursor | None = None
+    ) -> None:
+        with self._lock:
+            if session != self._session:
                 return  # a rank of a worker group that was replaced
-            self._book.ack(rank, records)
+            self._book.ack(rank, records, cursor)
+            self._touched = True
             self._lock.notify_all()
 
     def acked(self) -> list[int]:
@@ -99,14 +152,14 @@ class _Coordinator:
             book.fold(step)
             return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> int:
+        """Restart from ``state`` in a new session; returns the session."""
         with self._lock:
-            book = EpochBook(self._book.spec, self._book.world_size)
-            book.load(StreamState.from_json(state))
-            self._book = book
+            self._reset(self._book.world_size, state)
             self._initial = dict(state)
+            return self._session
 
 
 # The actor class; ray.remote on a class is opaque to type checkers, hence Any.
-_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 8, "max_restarts": 0}
+_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 16, "max_restarts": 0}
 Coordinator: Any = ray.remote(**_ACTOR_OPTIONS)(_Coordinator)

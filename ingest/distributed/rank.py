@@ -1,73 +1,34 @@
 """The rank iterator: the thin torch side inside each training worker.
 
-It asks the coordinator for its share of the epoch, runs that share through Ray Data (read
-tasks and the decode pool run elsewhere, on CPU), strips the provenance columns off each
-batch, acks them to the coordinator a few batches per message, and yields dicts of torch
-tensors. It never parses or decodes.
+It takes ready batches of its rank from the stream's reader pool (one call per few batches,
+the next call in flight while the loop trains), wraps them as torch tensors (zero-copy),
+and acks what the loop consumed to the coordinator a few batches per message. It never
+parses, decodes or plans.
+
+Which batches a state covers: a batch counts as consumed once the iterator has handed it to
+the loop. ``state_dict()`` (on every rank at the same step) covers every batch handed out up
+to that step; an iterator left early (``break``, an exception, ``close()``) sends its held
+acks before it returns, so a state taken on the driver afterwards covers every batch its
+loop received, and a new loop over the same iterator continues right after them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+import time
+from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import pyarrow as pa
 import ray
 import torch
 
-from ingest._prefetch import Prefetcher
 from ingest.convert import Batch, to_torch
-from ingest.distributed.datasource import (
-    PROVENANCE,
-    PROVENANCE_COLUMN,
-    Decoder,
-    SpanDatasource,
-    unpack,
-)
-from ingest.epochs import RankPlan, StreamSpec
-from ingest.errors import ConfigError, IngestError
-from ingest.ledger import StepRecord, runs_of
-from ingest.sources import Source
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ReaderPool:
-    """Where and how wide the CPU side runs.
-
-    Attributes:
-        min_size: Fewest decode actors (per rank).
-        max_size: Most decode actors (per rank); Ray Data scales between the two.
-        num_cpus: CPUs per decode actor.
-        read_num_cpus: CPUs per read task.
-        resources: Custom resources every read task and decode actor asks for, e.g.
-            ``{"ingest": 0.001}`` to keep them on nodes that declare an ``ingest`` resource.
-        label_selector: Node labels the read tasks and decode actors must match.
-    """
-
-    min_size: int = 1
-    max_size: int = 4
-    num_cpus: float = 1.0
-    read_num_cpus: float = 1.0
-    resources: dict[str, float] | None = None
-    label_selector: dict[str, str] | None = None
-
-    def __post_init__(self) -> None:
-        if not 1 <= self.min_size <= self.max_size:
-            raise ConfigError(
-                f"ReaderPool(min_size={self.min_size}, max_size={self.max_size}) "
-                "needs 1 <= min_size <= max_size"
-            )
-        if self.num_cpus < 0 or self.read_num_cpus < 0:
-            raise ConfigError("ReaderPool CPUs must be >= 0")
-
-    def remote_args(self, num_cpus: float) -> dict[str, Any]:
-        args: dict[str, Any] = {"num_cpus": num_cpus}
-        if self.resources:
-            args["resources"] = dict(self.resources)
-        if self.label_selector:
-            args["label_selector"] = dict(self.label_selector)
-        return args
+from ingest.distributed.pool import End, Item
+from ingest.errors import IngestError, StreamTimeoutError
+from ingest.feed import Cursor
+from ingest.ledger import StepRecord
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,20 +36,16 @@ class RankOptions:
     """How a rank iterator delivers batches.
 
     Attributes:
-        prefetch_batches: Batches Ray Data prepares ahead of the training loop.
+        fetch_batches: Ready batches asked for per call to the reader pool; the next call
+            is in flight while the loop consumes these.
         ack_every: Batches per ack message to the coordinator.
-        progress_bars: Show Ray Data's progress bars (noisy inside training workers).
-        track: Tag rows with their provenance and ack what was consumed. Without it there
-            is no state and no exactly-once resume; turn it off only to measure its cost.
         pin_memory: Pin tensors (when CUDA is available) for fast host-to-device copies.
         device: Move tensors to this device (``"cuda"``, ``"cuda:1"``) before yielding.
-        timeout_s: Longest wait for the coordinator or for a snapshot.
+        timeout_s: Longest wait for the coordinator, the pool or a snapshot.
     """
 
-    prefetch_batches: int = 2
+    fetch_batches: int = 4
     ack_every: int = 16
-    progress_bars: bool = False
-    track: bool = True
     pin_memory: bool = False
     device: str | None = None
     timeout_s: float = 300.0
@@ -98,116 +55,124 @@ class RankOptions:
 class RankIterator:
     """Batches of one rank, epoch after epoch; picklable, iterate it in any Ray worker.
 
-    Created by :meth:`ingest.RayStream.rank_iterator`.
+    Created by :meth:`ingest.RayStream.rank_iterator` or :func:`ingest.train.rank_iterator`.
     """
 
     coordinator: Any
+    reader: Any
     rank: int
-    spec: StreamSpec
-    readers: ReaderPool
-    transform: Callable[[pa.Table], Any] | type | None
     options: RankOptions = field(default_factory=RankOptions)
-    epoch: int | None = None
     session: int | None = None
-    """Set by :func:`ingest.train.rank_iterator`: acks of a replaced worker group are dropped."""
+    """The coordinator session this iterator belongs to (set on first use)."""
+    epoch: int | None = None
     step: int = -1
     """The global step of the last batch yielded (-1 before any)."""
     _pending: list[StepRecord] = field(default_factory=list)
+    _cursor: Cursor | None = None
+    _held: deque[Item | End] = field(default_factory=deque)
+    _inflight: Any = None
+
+    def _get(self, ref: Any) -> Any:
+        try:
+            return ray.get(ref, timeout=self.options.timeout_s)
+        except Exception as e:
+            raise unwrap(e) from None
+
+    def _session(self) -> int:
+        if self.session is None:
+            self.session = int(self._get(self.coordinator.session.remote()))
+        return self.session
 
     def upcoming_epoch(self) -> int:
         """The epoch the next ``for`` loop over this iterator runs."""
         if self.epoch is None:
-            ref = self.coordinator.first_epoch.remote()
-            self.epoch = int(ray.get(ref, timeout=self.options.timeout_s))
+            self.epoch = int(self._get(self.coordinator.first_epoch.remote()))
         return self.epoch
 
-    def plan(self) -> RankPlan:
-        """This rank's share of the next epoch (asks the coordinator)."""
-        ref = self.coordinator.rank_plan.remote(self.rank, self.epoch)
+    def _fetch(self, epoch: int) -> Any:
+        wait_s = min(self.options.timeout_s, 5.0)
+        return self.reader.take.remote(
+            self.rank, self._session(), epoch, self.options.fetch_batches, wait_s
+        )
+
+    def _recover(self, epoch: int) -> None:
+        """The reader that held this rank's feed died: resume the feed after the last batch.
+
+        Batches it had made but this rank had not consumed died with it; the restarted
+        reader reads them again, from the rank's cursor, leaving out every acked row.
+        """
+        self._held.clear()
+        self._inflight = None
+        self.flush()
+        plan_step = self.step + 1 if self._cursor is not None else None
+        if plan_step is None:
+            self._get(self.reader.warm.remote(self.rank, self._session(), epoch))
+        else:
+            self._get(
+                self.reader.resume.remote(
+                    self.rank, self._session(), epoch, plan_step, self._cursor
+                )
+            )
+
+    def _take(self, ref: Any, epoch: int) -> list[Item | End]:
         try:
-            return ray.get(ref, timeout=self.options.timeout_s)  # type: ignore[no-any-return]
-        except Exception as e:
-            raise unwrap(e) from None
+            got: list[Item | End] = self._get(ref)
+            return got
+        except ray.exceptions.RayActorError:
+            self._recover(epoch)
+            return []
+
+    def _next(self, epoch: int) -> Item | End:
+        deadline = time.monotonic() + self.options.timeout_s
+        while not self._held:
+            ref = self._inflight if self._inflight is not None else self._fetch(epoch)
+            self._inflight = None
+            self._held.extend(self._take(ref, epoch))
+            if not self._held and time.monotonic() > deadline:
+                raise StreamTimeoutError(
+                    f"rank {self.rank} got no batch for {self.options.timeout_s:.0f} s from "
+                    "the reader pool; the readers may wait for CPUs that training workers "
+                    "hold (give the cluster more CPUs, or lower ReaderPool.num_cpus), or the "
+                    "store stalled. Raise RankOptions.timeout_s for very slow stores"
+                )
+        item = self._held.popleft()
+        if self._inflight is None and isinstance(item, Item) and not self._held:
+            self._inflight = self._fetch(epoch)
+        return item
 
     def __iter__(self) -> Iterator[Batch]:
-        plan = self.plan()
-        self.epoch = plan.epoch
-        self.step = plan.first_step - 1
-        yielded = 0
-        # The Ray Data iteration runs behind a bounded queue with a timeout: a pipeline that
-        # cannot get CPUs (training workers holding them all) must fail, not hang the rank.
-        tables = Prefetcher(
-            lambda: self._tables(plan),
-            max(self.options.prefetch_batches, 1),
-            self.options.timeout_s,
-            f"rank {self.rank}'s read pipeline (if read tasks wait for CPUs that "
-            "training workers hold, give the cluster more CPUs than the workers "
-            "use, or lower ReaderPool num_cpus/read_num_cpus)",
-        )
-        for table in _unwrapped(tables):
-            self.step += 1
-            yielded += 1
-            if not self.options.track:
-                yield self._to_torch(table)
-                continue
-            seg, shard, row = unpack(table.column(PROVENANCE_COLUMN).to_numpy())
-            self._pending.append(StepRecord(self.step, runs_of(seg, shard, row)))
-            if len(self._pending) >= self.options.ack_every:
-                self.flush(wait=False)
-            yield self._to_torch(table.drop_columns(list(PROVENANCE)))
-        tables.close()
-        self.flush(wait=False)
-        if yielded != plan.steps:
-            raise IngestError(
-                f"rank {self.rank} got {yielded} batches in epoch {plan.epoch}, "
-                f"planned {plan.steps}; every rank must take the same steps"
-            )
-        self.epoch = plan.epoch + 1
+        epoch = self.upcoming_epoch()
+        try:
+            while True:
+                item = self._next(epoch)
+                if isinstance(item, End):
+                    if item.leftover or item.learned:
+                        self._get(
+                            self.coordinator.close_epoch.remote(
+                                epoch, item.steps, item.leftover, item.learned, self._session()
+                            )
+                        )
+                    break
+                try:
+                    table = self._get(item.ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                    self._recover(epoch)  # the reader that owned the batch died with it
+                    continue
+                batch = self._to_torch(table)
+                self._pending.append(StepRecord(item.step, item.runs))
+                self._cursor = item.cursor
+                self.step = item.step
+                if len(self._pending) >= self.options.ack_every:
+                    self.flush(wait=False)
+                yield batch
+            self.epoch = epoch + 1
+            self._cursor = None
+        finally:
+            # Left early or done: the acks of every batch handed out reach the coordinator.
+            with contextlib.suppress(Exception):
+                self.flush()
 
-    def _tables(self, plan: RankPlan) -> Iterator[pa.Table]:
-        if not plan.spans:
-            return
-        from ray.data import ActorPoolStrategy, DataContext, read_datasource
-
-        context = DataContext.get_current()
-        context.execution_options.preserve_order = True
-        context.enable_progress_bars = self.options.progress_bars
-        source = Source(
-            self.spec.urls, storage_options=self.spec.storage_options, format=self.spec.format
-        )
-        contexts = [
-            plan.listing.context(s.shard, source, self.spec.read, self.spec.columns)
-            for s in plan.spans
-        ]
-        datasource = SpanDatasource(
-            contexts, plan.spans, self.spec.shuffle_seed, plan.epoch, provenance=self.options.track
-        )
-        ds = read_datasource(
-            datasource,
-            override_num_blocks=datasource.num_tasks,
-            **self.readers.remote_args(self.readers.read_num_cpus),
-        )
-        if self.transform is not None:
-            ds = ds.map_batches(
-                Decoder,
-                fn_constructor_args=(self.transform,),
-                batch_size=None,
-                batch_format="pyarrow",
-                zero_copy_batch=True,
-                compute=ActorPoolStrategy(
-                    min_size=self.readers.min_size, max_size=self.readers.max_size
-                ),
-                max_restarts=-1,
-                max_task_retries=-1,
-                **self.readers.remote_args(self.readers.num_cpus),
-            )
-        yield from ds.iter_batches(
-            batch_size=self.spec.batch_size,
-            batch_format="pyarrow",
-            prefetch_batches=self.options.prefetch_batches,
-        )
-
-    def _to_torch(self, table: pa.Table) -> Batch:
+    def _to_torch(self, table: Any) -> Batch:
         batch = to_torch(table)
         if not (self.options.pin_memory or self.options.device):
             return batch
@@ -226,10 +191,10 @@ class RankIterator:
         """Send the acks held back; ``wait`` until the coordinator has them."""
         if not self._pending:
             return
-        ref = self.coordinator.ack.remote(self.rank, self._pending, self.session)
+        ref = self.coordinator.ack.remote(self.rank, self._pending, self._session(), self._cursor)
         self._pending = []
         if wait:
-            ray.get(ref, timeout=self.options.timeout_s)
+            self._get(ref)
 
     def state_dict(self) -> dict[str, Any]:
         """Flush, then the stream state after this rank's last batch (same on every rank).
@@ -239,13 +204,16 @@ class RankIterator:
         """
         self.flush()
         ref = self.coordinator.state_dict.remote(self.step, self.options.timeout_s)
-        return ray.get(ref, timeout=self.options.timeout_s + 30)  # type: ignore[no-any-return]
+        try:
+            return ray.get(ref, timeout=self.options.timeout_s + 30)  # type: ignore[no-any-return]
+        except Exception as e:
+            raise unwrap(e) from None
 
 
 def unwrap(error: BaseException) -> BaseException:
     """The :class:`IngestError` inside Ray's wrappers (task errors, user code errors), if any.
 
-    A bad shard read in a read task reaches the rank as a chain of Ray exceptions; the user
+    A bad shard read in a reader actor reaches the rank as a chain of Ray exceptions; the user
     should see the clear error raised where the shard was read.
     """
     seen: set[int] = set()
@@ -263,14 +231,4 @@ def unwrap(error: BaseException) -> BaseException:
     return error
 
 
-def _unwrapped(tables: Iterator[pa.Table]) -> Iterator[pa.Table]:
-    try:
-        yield from tables
-    except Exception as e:
-        found = unwrap(e)
-        if found is e:
-            raise
-        raise found from None
-
-
-__all__ = ["RankIterator", "RankOptions", "ReaderPool", "unwrap"]
+__all__ = ["RankIterator", "RankOptions", "unwrap"]

@@ -3,44 +3,49 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import pyarrow as pa
 import ray
 
 from ingest.distributed.coordinator import Coordinator
-from ingest.distributed.rank import RankIterator, RankOptions, ReaderPool
-from ingest.epochs import StreamSpec
+from ingest.distributed.pool import Reader, ReaderPool
+from ingest.distributed.rank import RankIterator, RankOptions, unwrap
+from ingest.epochs import Remainder, StreamSpec
 from ingest.errors import ConfigError
-from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
+from ingest.stream import Transform
 
 
 class RayStream:
-    """A stream read by Ray Data on CPU workers and consumed by ``world_size`` ranks.
+    """A stream read by a pool of CPU reader actors and consumed by ``world_size`` ranks.
 
-    A coordinator actor lists the source once per epoch, cuts the epoch into equal shares
-    (same number of batches on every rank), collects what each rank consumed and produces
-    states consistent across ranks. Each rank iterates :meth:`rank_iterator` inside any Ray
-    worker (a Ray Train worker, a task, an actor).
+    The same engine as :class:`ingest.Stream` (same planner, shuffle, batches and state),
+    with a coordinator actor that lists the source once per epoch, cuts the epoch into equal
+    shares (the same number of full batches on every rank), collects what each rank consumed
+    and produces states consistent across ranks; and one reader pool per stream
+    (:class:`ReaderPool`) that reads and decodes for every rank. Each rank iterates
+    :meth:`rank_iterator` inside any Ray worker (a Ray Train worker, a task, an actor).
+    The pool starts, and the first epoch is planned, when the stream is created.
 
     Args:
         source: URL, glob or directory, or a list of them (any fsspec protocol).
         format: Format name for every shard; None infers it from extensions.
         columns: Columns to read; None reads all.
         batch_size: Rows per batch on every rank.
-        shuffle_seed: Seed for shard, row-group and in-block row order; None keeps order.
+        shuffle_seed: Seed for shard, block and row order; None keeps listing order.
+        shuffle_window: Rows per shuffle window on each rank.
+        shuffle_lanes: Shards each rank reads side by side into a window.
+        remainder: ``"carry"`` the rows that cannot fill a step on every rank into the next
+            epoch, or ``"drop"`` them; counted either way.
         world_size: Number of ranks.
-        readers: Read task and decode pool resources.
+        readers: The reader pool: its size, CPUs, placement and object-store budget.
         storage_options: fsspec options for the store; never saved in the state.
         read: How shards are read.
-        transform: Run on every block in the decode pool: a function over an Arrow table,
-            or a class constructed once per actor. It must keep one row per input row.
-        drop_remainder: Drop (and count) rows that cannot fill a step on every rank at the
-            end of an epoch, instead of carrying them into the next.
+        transform: Run on every batch in the reader pool: a function over an Arrow table,
+            or a class constructed once per reader actor. It must keep one row per input row.
         name: Name of the coordinator actor (default: a fresh unique name).
-        timeout_s: Longest wait for the coordinator.
+        timeout_s: Longest wait for the coordinator and the pool.
     """
 
     def __init__(
@@ -51,21 +56,26 @@ class RayStream:
         columns: Sequence[str] | None = None,
         batch_size: int = 1024,
         shuffle_seed: int | None = None,
+        shuffle_window: int = 16_384,
+        shuffle_lanes: int = 16,
+        remainder: Remainder = "carry",
         world_size: int = 1,
         readers: ReaderPool | None = None,
         storage_options: Mapping[str, Any] | None = None,
         read: ReadOptions | None = None,
-        transform: Callable[[pa.Table], Any] | type | None = None,
-        drop_remainder: bool = False,
+        transform: Transform | None = None,
         name: str | None = None,
         timeout_s: float = 300.0,
     ) -> None:
-        if world_size < 1:
+        if isinstance(world_size, bool) or world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
-        if format is not None:
-            get_format(format)
-        if isinstance(columns, str):
-            raise ConfigError(f"columns={columns!r} must be a list of names")
+        if columns is not None and (isinstance(columns, str) or not columns):
+            raise ConfigError(f"columns={columns!r} must be a non-empty list of names, or None")
+        if transform is not None and not callable(transform):
+            raise ConfigError(
+                f"transform={transform!r} is neither a function nor a class; pass a function "
+                "over a pyarrow Table, or a class whose instances are one"
+            )
         self.spec = StreamSpec(
             urls=(source,) if isinstance(source, str) else tuple(source),
             storage_options=dict(storage_options or {}),
@@ -73,18 +83,43 @@ class RayStream:
             columns=tuple(columns) if columns is not None else None,
             batch_size=batch_size,
             shuffle_seed=shuffle_seed,
+            shuffle_window=shuffle_window,
+            shuffle_lanes=shuffle_lanes,
             read=read or ReadOptions(),
-            drop_remainder=drop_remainder,
+            remainder=remainder,
         )
         self.world_size = world_size
-        self.readers = readers or ReaderPool()
+        self.pool = readers or ReaderPool()
         self.transform = transform
         self.timeout_s = timeout_s
         self.name = name or f"ingest-coordinator-{uuid.uuid4().hex[:12]}"
         if not ray.is_initialized():
             ray.init()
         self.coordinator = Coordinator.options(name=self.name).remote(self.spec, world_size)
-        ray.get(self.coordinator.ping.remote(), timeout=timeout_s)
+        # Start the pool and plan the first epoch now, while the trainers start.
+        self.coordinator.prepare.remote()
+        size = self.pool.size(world_size)
+        self.readers = [
+            Reader.options(**self.pool.actor_options()).remote(
+                self.coordinator, self.spec, transform, self.pool, timeout_s
+            )
+            for _ in range(size)
+        ]
+        budget = max(self.pool.object_store_bytes // size, 1)
+        for reader in self.readers:
+            reader.connect.remote(self.readers, budget)
+        for rank in range(world_size):
+            self._reader(rank).warm.remote(rank, 0, 0)
+        self._get(self.coordinator.ping.remote())
+
+    def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
+        try:
+            return ray.get(ref, timeout=timeout_s or self.timeout_s)
+        except Exception as e:
+            raise unwrap(e) from None
+
+    def _reader(self, rank: int) -> Any:
+        return self.readers[rank % len(self.readers)]
 
     def rank_iterator(self, rank: int, *, options: RankOptions | None = None) -> RankIterator:
         """The iterator of ``rank`` (0 <= rank < world_size); picklable."""
@@ -92,28 +127,44 @@ class RayStream:
             raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
         return RankIterator(
             self.coordinator,
+            self._reader(rank),
             rank,
-            self.spec,
-            self.readers,
-            self.transform,
             options or RankOptions(timeout_s=self.timeout_s),
         )
 
+    def reader_for(self, rank: int) -> Any:
+        """The reader actor that hosts ``rank``'s feed (ranks of any world size)."""
+        return self._reader(rank)
+
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
-        """The state after ``step`` on every rank; None: after the last step all ranks acked."""
+        """The state after ``step`` on every rank; None: after the last step all ranks acked.
+
+        It covers every batch the ranks' iterators handed out up to that step (an iterator
+        left early sends its acks as it returns).
+        """
         ref = self.coordinator.state_dict.remote(step, self.timeout_s)
-        return ray.get(ref, timeout=self.timeout_s + 30)  # type: ignore[no-any-return]
+        return self._get(ref, self.timeout_s + 30)  # type: ignore[no-any-return]
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue after ``state``, which may come from another world size or pool size.
+        """Continue after ``state``, which may come from another world size, pool size or a
+        single-process :class:`ingest.Stream`. Load before any rank iterates."""
+        session = self._get(self.coordinator.load_state_dict.remote(dict(state)))
+        first = self._get(self.coordinator.first_epoch.remote())
+        for rank in range(self.world_size):
+            self._reader(rank).warm.remote(rank, session, first)
 
-        Load before any rank iterates.
-        """
-        ray.get(self.coordinator.load_state_dict.remote(dict(state)), timeout=self.timeout_s)
+    def stats(self) -> dict[str, int]:
+        """Requests and bytes the pool sent to the store, summed over its readers."""
+        out: dict[str, int] = {}
+        for part in self._get([r.stats.remote() for r in self.readers]):
+            for key, value in part.items():
+                out[key] = out.get(key, 0) + int(value)
+        return out
 
     def shutdown(self) -> None:
-        """Stop the coordinator actor."""
-        ray.kill(self.coordinator)
+        """Stop the reader pool and the coordinator actor."""
+        for actor in [*self.readers, self.coordinator]:
+            ray.kill(actor)
 
     def __enter__(self) -> RayStream:
         return self
