@@ -167,4 +167,5 @@ def test_submit_the_lm_job_and_find_the_stream_state_in_its_checkpoint(
     states = sorted((tmp_path / "runs" / "job").glob("checkpoint_*/ingest_stream_state.json"))
     assert states, "the job's checkpoints hold the stream state"
     final = json.loads(states[-1].read_text())
-    assert final["version"] == 1 and final["epoch"] == 1 and final["world_size"] == 2
+    assert final["version"] == 2 and final["progress"]["epoch"] == 1
+    assert final["distributed"]["world_size"] == 2

@@ -268,7 +268,8 @@ def report_exactly_once(name: str, found: dict[str, Any]) -> bool:
             if short
             else ""
         )
-        + f"; checkpoint {found['checkpoint']} (stream state epoch {found['state']['epoch']},"
-        f" step {found['state']['step']}) -> {'OK' if ok else 'FAILED'}"
+        + f"; checkpoint {found['checkpoint']} (stream state epoch "
+        f"{found['state']['progress']['epoch']}, step {found['state']['progress']['step']})"
+        f" -> {'OK' if ok else 'FAILED'}"
     )
     return ok
