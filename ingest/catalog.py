@@ -103,6 +103,15 @@ class Catalog:
             self._cache[key] = info
         return info
 
+    def remember(self, listing: Listing) -> None:
+        """Keep the inspections of a listing made elsewhere (another process, same source)."""
+        with self._lock:
+            for shard, info in zip(listing.shards, listing.infos, strict=True):
+                key = (shard.url, shard.size, shard.version)
+                if info.rows is not None and info.rows and info.seeks:
+                    self._index_cache[(*key, "index")] = info
+                self._cache.setdefault(key, info)
+
     def scan(self, *, progress: bool = False, schema: bool = True, index: bool = False) -> Listing:
         """List the source once and inspect every shard.
 

@@ -102,27 +102,3 @@ def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:
         else:
             out[name] = value
     return out
-
-
-def as_table(out: Any, what: str) -> pa.Table:
-    """A transform's result as an Arrow table (numpy arrays of any rank are accepted)."""
-    if isinstance(out, pa.Table):
-        return out
-    if isinstance(out, pa.RecordBatch):
-        return pa.Table.from_batches([out])
-    if isinstance(out, Mapping):
-        columns = {}
-        for name, value in out.items():
-            if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
-                value = value.numpy()  # torch tensors
-            if isinstance(value, np.ndarray) and value.ndim > 1:
-                columns[name] = pa.FixedShapeTensorArray.from_numpy_ndarray(
-                    np.ascontiguousarray(value)
-                )
-            else:
-                columns[name] = value
-        return pa.table(columns)
-    raise ConfigError(
-        f"{what} returned {type(out).__name__}; return a pyarrow Table or "
-        "RecordBatch, or a dict of column name -> numpy array/tensor/list"
-    )

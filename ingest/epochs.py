@@ -35,7 +35,7 @@ from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
 from ingest.intervals import IntervalSet
-from ingest.ledger import Ledger, Run, StepRecord
+from ingest.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.plan import epoch_units
 from ingest.sources import Source
 from ingest.state import (
@@ -183,6 +183,13 @@ class EpochBook:
         self.ledger = Ledger(world_size, 0)
 
     # -- planning --------------------------------------------------------------------------
+
+    def adopt(self, listing: Listing) -> None:
+        """Plan the first epoch from ``listing``, made by the caller (e.g. while this book's
+        actor started); unless a state was loaded or an epoch was planned already."""
+        self.catalog.remember(listing)
+        if self._start is None and not self._epochs and self._start_listing is None:
+            self._start_listing = listing
 
     def scan(self) -> Listing:
         """One listing of the source; with several ranks every shard gets a row count."""
@@ -375,7 +382,7 @@ class EpochBook:
         )
 
     def close(
-        self, epoch: int, steps: int, leftover: Sequence[Run], learned: Mapping[int, int]
+        self, epoch: int, steps: int, leftover: Runs | Sequence[Run], learned: Mapping[int, int]
     ) -> None:
         """Settle an epoch whose row counts were unknown, when its one rank read it all.
 
@@ -390,7 +397,9 @@ class EpochBook:
             return
         e.steps = e.opened - e.first_step + steps
         e.main.rows.update(learned)
-        remainder = tuple(Span(shard, a, b, segment) for segment, shard, a, b in leftover)
+        remainder = tuple(
+            Span(shard, a, b, segment) for segment, shard, a, b in as_runs(leftover).tolist()
+        )
         e.assignment = Assignment(e.assignment.ranks, e.steps, remainder)
 
     # -- acks and snapshots ----------------------------------------------------------------
@@ -514,16 +523,16 @@ class EpochBook:
         self.ledger = Ledger(self.world_size, state.progress.step)
 
 
-def _add_runs(runs: Sequence[Run], carried: Progress, main: Progress) -> None:
+def _add_runs(runs: Runs | Sequence[Run], carried: Progress, main: Progress) -> None:
     """Add acked runs to the progress of their segment, merged first.
 
     The runs of shuffled batches are short (often one row each) but together cover whole
     windows, so merging them in numpy before adding keeps this O(runs log runs) with few
     interval insertions.
     """
-    if not runs:
+    arr = as_runs(runs)
+    if not len(arr):
         return
-    arr = np.asarray(runs, dtype=np.int64)
     order = np.lexsort((arr[:, 2], arr[:, 1], arr[:, 0]))
     arr = arr[order]
     key = arr[:, 0] * (1 << 32) + arr[:, 1]

@@ -39,7 +39,7 @@ from ingest.errors import IngestError
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions, RowBatch, Seek
 from ingest.intervals import IntervalSet
-from ingest.ledger import Run, runs_of
+from ingest.ledger import Runs, as_runs, runs_of
 from ingest.plan import permutation
 from ingest.sources import Source
 
@@ -103,7 +103,7 @@ class Ready:
     step: int
     table: Any
     """The rows as an Arrow table, or whatever the transform returned for them."""
-    runs: tuple[Run, ...]
+    runs: Runs
     cursor: Cursor
 
 
@@ -115,7 +115,7 @@ class Tail:
     """
 
     steps: int
-    leftover: tuple[Run, ...]
+    leftover: Runs
     learned: dict[int, int]
 
 
@@ -376,12 +376,13 @@ class Feed:
                     yield self._cut(held, size, step)
                     held_rows -= size
                     step += 1
-            leftover = tuple(self._runs(held))
+            leftover = self._runs(held)
             steps = step - self.plan.next_step
-            if self.plan.steps is not None and (steps != self.plan.steps or leftover):
+            if self.plan.steps is not None and (steps != self.plan.steps or len(leftover)):
                 raise IngestError(
                     f"rank {self.plan.rank} read {steps} full batches and "
-                    f"{sum(r[3] - r[2] for r in leftover)} more rows in epoch {self.plan.epoch}, "
+                    f"{int((leftover[:, 3] - leftover[:, 2]).sum())} more rows in epoch "
+                    f"{self.plan.epoch}, "
                     f"planned {self.plan.steps} batches exactly; a shard changed while it was "
                     "read (its row count differs from the listing). Restart the epoch"
                 )
@@ -416,13 +417,13 @@ class Feed:
         return Ready(step, table, runs_of(seg, sh, rw), cursor)
 
     @staticmethod
-    def _runs(held: Sequence[tuple[_Window, int, int]]) -> list[Run]:
+    def _runs(held: Sequence[tuple[_Window, int, int]]) -> Runs:
         if not held:
-            return []
+            return as_runs(())
         seg = np.concatenate([w.segments[lo:hi] for w, lo, hi in held])
         sh = np.concatenate([w.shards[lo:hi] for w, lo, hi in held])
         rw = np.concatenate([w.rows[lo:hi] for w, lo, hi in held])
-        return list(runs_of(seg, sh, rw))
+        return runs_of(seg, sh, rw)
 
     def close(self) -> None:
         """Stop the lanes' reader threads."""

@@ -18,11 +18,25 @@ Run = tuple[int, int, int, int]
 """``(segment, shard, start, stop)``: rows of a shard consumed by one batch; segments are
 :data:`ingest.assign.CARRY` and :data:`ingest.assign.MAIN`."""
 
+Runs = npt.NDArray[np.int64]
+"""Runs as an ``(n, 4)`` int64 array, one :data:`Run` per row. A shuffled batch has about
+one run per row, so runs travel and fold as arrays, never as Python tuples."""
+
+_NO_RUNS: Runs = np.zeros((0, 4), dtype=np.int64)
+
+
+def as_runs(runs: Runs | Iterable[Run]) -> Runs:
+    """``runs`` as an ``(n, 4)`` int64 array."""
+    arr = np.asarray(runs if isinstance(runs, np.ndarray) else list(runs), dtype=np.int64)
+    return arr.reshape(-1, 4) if arr.size else _NO_RUNS
+
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
+    """The rows one rank consumed at one step."""
+
     step: int
-    runs: tuple[Run, ...]
+    runs: Runs | tuple[Run, ...]
 
 
 class Ledger:
@@ -37,7 +51,7 @@ class Ledger:
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be >= 1")
         self.world_size = world_size
-        self._records: list[dict[int, tuple[Run, ...]]] = [{} for _ in range(world_size)]
+        self._records: list[dict[int, Runs]] = [{} for _ in range(world_size)]
         self._acked = [first_step - 1] * world_size
 
     def ack(self, rank: int, records: Iterable[StepRecord]) -> None:
@@ -55,7 +69,7 @@ class Ledger:
                     f"rank {rank} acked step {record.step} twice; each step's "
                     "rows are consumed once"
                 )
-            mine[record.step] = record.runs
+            mine[record.step] = as_runs(record.runs)
         while self._acked[rank] + 1 in mine:
             self._acked[rank] += 1
 
@@ -67,15 +81,15 @@ class Ledger:
         """Whether every rank acked ``step``."""
         return min(self._acked) >= step
 
-    def runs(self, first: int, last: int) -> list[Run]:
+    def runs(self, first: int, last: int) -> Runs:
         """Rows of steps ``first..last`` of every rank that are not folded yet."""
-        return [
-            run
+        parts = [
+            runs
             for per_rank in self._records
             for s, runs in per_rank.items()
-            if first <= s <= last
-            for run in runs
+            if first <= s <= last and len(runs)
         ]
+        return np.concatenate(parts) if parts else _NO_RUNS
 
     def fold(self, step: int) -> None:
         """Forget steps ``<= step``: the caller has kept what it needs of them."""
@@ -88,16 +102,16 @@ class Ledger:
 
 def runs_of(
     segments: npt.NDArray[np.int8], shards: npt.NDArray[np.int32], rows: npt.NDArray[np.int64]
-) -> tuple[Run, ...]:
+) -> Runs:
     """Compact ``(segment, shard, start, stop)`` runs covering the given rows of a batch."""
     if len(rows) == 0:
-        return ()
+        return _NO_RUNS
     order = np.lexsort((rows, shards, segments))
     seg, sh, rw = segments[order], shards[order], rows[order]
     breaks = np.nonzero((np.diff(rw) != 1) | (np.diff(sh) != 0) | (np.diff(seg) != 0))[0] + 1
     starts = np.concatenate(([0], breaks))
     stops = np.concatenate((breaks, [len(rw)]))
-    return tuple(
-        (int(seg[a]), int(sh[a]), int(rw[a]), int(rw[b - 1]) + 1)
-        for a, b in zip(starts.tolist(), stops.tolist(), strict=True)
+    return np.stack(
+        [seg[starts].astype(np.int64), sh[starts].astype(np.int64), rw[starts], rw[stops - 1] + 1],
+        axis=1,
     )

@@ -9,10 +9,8 @@ same layout as :class:`ingest.RayStream`'s, and loads into either.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
-
-import pyarrow as pa
 
 from ingest._prefetch import Prefetcher
 from ingest.catalog import Listing
@@ -23,27 +21,9 @@ from ingest.feed import Feed, Tail
 from ingest.formats.base import ReadOptions
 from ingest.ledger import StepRecord
 from ingest.state import StreamState
-
-Transform = Callable[[pa.Table], Any] | type
-"""A function over a batch as an Arrow table, or a class whose instances are such functions
-(built once per worker: once per :class:`Stream`, once per pool actor of a RayStream). It
-returns a table, a record batch or a dict of arrays/tensors, one row per input row."""
+from ingest.transform import Transform, build_transform
 
 _FOLD_EVERY = 256
-
-
-def build_transform(transform: Transform | None) -> Callable[[pa.Table], Any] | None:
-    """The callable of a transform: the function itself, or an instance of the class."""
-    if transform is None:
-        return None
-    if isinstance(transform, type):
-        return transform()  # type: ignore[no-any-return]
-    if not callable(transform):
-        raise ConfigError(
-            f"transform={transform!r} is neither a function nor a class; pass a function "
-            "over a pyarrow Table, or a class whose instances are one"
-        )
-    return transform
 
 
 class Stream:
@@ -221,4 +201,4 @@ class Stream:
         self.close()
 
 
-__all__ = ["Stream", "Transform", "build_transform"]
+__all__ = ["Stream"]

@@ -179,7 +179,7 @@ def test_ledger_refuses_out_of_order_steps() -> None:
     assert ledger.acked(0) == 12
     assert not ledger.ready(10)
     ledger.ack(1, [StepRecord(10, ())])
-    assert ledger.ready(10) and ledger.runs(10, 10) == [(1, 0, 0, 5)]
+    assert ledger.ready(10) and ledger.runs(10, 10).tolist() == [[1, 0, 0, 5]]
 
 
 def test_runs_of_a_shuffled_batch() -> None:
@@ -190,7 +190,12 @@ def test_runs_of_a_shuffled_batch() -> None:
     seg = np.array([1, 1, 0, 1, 1, 1], dtype=np.int8)
     shard = np.array([2, 2, 2, 0, 2, 2], dtype=np.int32)
     row = np.array([5, 3, 9, 7, 4, 8], dtype=np.int64)
-    assert runs_of(seg, shard, row) == ((0, 2, 9, 10), (1, 0, 7, 8), (1, 2, 3, 6), (1, 2, 8, 9))
+    assert runs_of(seg, shard, row).tolist() == [
+        [0, 2, 9, 10],
+        [1, 0, 7, 8],
+        [1, 2, 3, 6],
+        [1, 2, 8, 9],
+    ]
 
 
 def test_acked_runs_are_merged_exactly() -> None:

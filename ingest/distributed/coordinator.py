@@ -18,10 +18,11 @@ from typing import Any
 
 import ray
 
+from ingest.catalog import Listing
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.errors import IngestError, StateError
 from ingest.feed import Cursor, FeedPlan
-from ingest.ledger import Run, StepRecord
+from ingest.ledger import Run, Runs, StepRecord
 from ingest.state import StreamState
 
 
@@ -87,9 +88,16 @@ class _Coordinator:
     def world_size(self) -> int:
         return self._book.world_size
 
-    def prepare(self) -> None:
-        """Plan the first epoch now (lists the source) so that the first batch comes sooner."""
+    def prepare(self, listing: Listing | None = None) -> None:
+        """Plan the first epoch now so that the first batch comes sooner.
+
+        Args:
+            listing: The source's listing, made by the driver while this actor started
+                (None: list here).
+        """
         with self._lock:
+            if listing is not None:
+                self._book.adopt(listing)
             self._book.plan(self._book.first_epoch)
 
     def rank_plan(self, rank: int, epoch: int | None, session: int) -> FeedPlan:
@@ -108,7 +116,7 @@ class _Coordinator:
         self,
         epoch: int,
         steps: int,
-        leftover: Sequence[Run],
+        leftover: Runs | Sequence[Run],
         learned: Mapping[int, int],
         session: int,
     ) -> None:

@@ -32,13 +32,12 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from ingest.convert import as_table
 from ingest.epochs import StreamSpec
 from ingest.errors import ConfigError, IngestError
 from ingest.feed import Cursor, Feed, Ready, Tail
-from ingest.ledger import Run
+from ingest.ledger import Runs
 from ingest.sources import Source
-from ingest.stream import Transform, build_transform
+from ingest.transform import Transform, apply, build_transform
 
 _WAIT_S = 5.0
 
@@ -102,7 +101,7 @@ class Item:
     """A ready batch as a rank receives it: the table stays in the object store until got."""
 
     step: int
-    runs: tuple[Run, ...]
+    runs: Runs
     cursor: Cursor
     ref: Any
     nbytes: int
@@ -114,7 +113,7 @@ class End:
 
     epoch: int
     steps: int
-    leftover: tuple[Run, ...]
+    leftover: Runs
     learned: dict[int, int]
 
 
@@ -263,15 +262,7 @@ class _Reader:
 
     def _transform(self, table: pa.Table) -> pa.Table:
         assert self._fn is not None
-        name = getattr(self._fn, "__qualname__", type(self._fn).__qualname__)
-        out = as_table(self._fn(table), f"transform {name}")
-        if out.num_rows != table.num_rows:
-            raise ConfigError(
-                f"transform {name} returned {out.num_rows} rows for {table.num_rows}; "
-                "transforms must keep one output row per input row, in order (filter in the "
-                "training loop instead)"
-            )
-        return out
+        return apply(self._fn, table)
 
     def decode_ref(self, table: pa.Table) -> Any:
         """An object ref to the batch, decoded by the pool's actors in turn."""

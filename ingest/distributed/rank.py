@@ -146,7 +146,7 @@ class RankIterator:
             while True:
                 item = self._next(epoch)
                 if isinstance(item, End):
-                    if item.leftover or item.learned:
+                    if len(item.leftover) or item.learned:
                         self._get(
                             self.coordinator.close_epoch.remote(
                                 epoch, item.steps, item.leftover, item.learned, self._session()

@@ -8,13 +8,15 @@ from typing import Any
 
 import ray
 
+from ingest.catalog import Catalog
 from ingest.distributed.coordinator import Coordinator
 from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.epochs import Remainder, StreamSpec
 from ingest.errors import ConfigError
 from ingest.formats.base import ReadOptions
-from ingest.stream import Transform
+from ingest.sources import Source
+from ingest.transform import Transform
 
 
 class RayStream:
@@ -96,8 +98,8 @@ class RayStream:
         if not ray.is_initialized():
             ray.init()
         self.coordinator = Coordinator.options(name=self.name).remote(self.spec, world_size)
-        # Start the pool and plan the first epoch now, while the trainers start.
-        self.coordinator.prepare.remote()
+        # Start the pool and plan the first epoch now, while the trainers start; the source
+        # is listed here while the actors' processes start.
         size = self.pool.size(world_size)
         self.readers = [
             Reader.options(**self.pool.actor_options()).remote(
@@ -110,7 +112,16 @@ class RayStream:
             reader.connect.remote(self.readers, budget)
         for rank in range(world_size):
             self._reader(rank).warm.remote(rank, 0, 0)
-        self._get(self.coordinator.ping.remote())
+        # The source is listed here while the actors' processes start; a bad URL fails here.
+        store = Source(
+            self.spec.urls, storage_options=self.spec.storage_options, format=self.spec.format
+        )
+        try:
+            listing = Catalog(store, self.spec.read, self.spec.columns).scan(index=world_size > 1)
+        except BaseException:
+            self.shutdown()  # no actor outlives a stream that could not start
+            raise
+        self.coordinator.prepare.remote(listing)
 
     def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
         try:
