@@ -1,8 +1,10 @@
-"""Run by test_disaggregation.py in its own process: a 3-node Ray cluster on one machine.
+"""Run by test_disaggregation.py in its own process: a 4-node Ray cluster on one machine.
 
-Nodes: a head (no custom resources), an "ingest" node and a "trainer" node. A TorchTrainer
-with 2 workers asking for the trainer resource consumes a RayStream whose read tasks and
-decode actors ask for the ingest resource. Prints one JSON line with where things ran.
+Nodes: a head (no custom resources), two "ingest" CPU nodes and a "trainer" node. A
+TorchTrainer with 4 workers asking for the trainer resource consumes a RayStream whose reader
+pool (reading and decoding) asks for the ingest resource, with a small object-store budget.
+Prints one JSON line with where things ran, the pool's peak ready bytes and the cluster's
+spilled bytes.
 """
 
 from __future__ import annotations
@@ -15,12 +17,15 @@ from typing import Any
 
 import fsspec
 import ray
+from ray._private.internal_api import memory_summary
 from ray.cluster_utils import Cluster
 
 import ingest
 from ingest.testing import write_dataset
 from tests.faults import TagDecodeNode
 from train.common import INGEST_RESOURCE, TRAINER_RESOURCE
+
+BUDGET = 64 << 20
 
 
 def loop(config: dict[str, Any]) -> None:
@@ -52,23 +57,29 @@ def main() -> int:
 
     work = Path(sys.argv[1])
     data = str(work / "data")
-    write_dataset(fsspec.filesystem("file"), data, "parquet", 4, 300, row_group_rows=100)
+    write_dataset(fsspec.filesystem("file"), data, "parquet", 8, 300, row_group_rows=100)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    ingest_node = cluster.add_node(num_cpus=4, resources={INGEST_RESOURCE: 100})
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
+    ingest_nodes = [
+        cluster.add_node(num_cpus=2, resources={INGEST_RESOURCE: 100}) for _ in range(2)
+    ]
     trainer_node = cluster.add_node(num_cpus=4, resources={TRAINER_RESOURCE: 4})
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": root}})
     try:
         readers = ingest.ReaderPool(
-            min_size=1, max_size=2, num_cpus=1, resources={INGEST_RESOURCE: 1}
+            min_size=2,
+            max_size=4,
+            num_cpus=1,
+            resources={INGEST_RESOURCE: 1},
+            object_store_bytes=BUDGET,
         )
         with ingest.RayStream(
             data,
             format="tests.faults:NodeTaggingParquet",
             columns=["id"],
             batch_size=50,
-            world_size=2,
+            world_size=4,
             readers=readers,
             transform=TagDecodeNode,
         ) as stream:
@@ -76,17 +87,24 @@ def main() -> int:
                 loop,
                 train_loop_config={"stream": stream, "out": str(work)},
                 scaling_config=ScalingConfig(
-                    num_workers=2, resources_per_worker={"CPU": 1, TRAINER_RESOURCE: 1}
+                    num_workers=4, resources_per_worker={"CPU": 1, TRAINER_RESOURCE: 1}
                 ),
                 run_config=RunConfig(name="disagg", storage_path=str(work / "runs")),
             ).fit()
-        ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(2)]
+            stats = stream.stats()
+            reader_nodes = sorted(set(ray.get([r.node.remote() for r in stream.readers])))
+        ranks = [json.loads((work / f"rank{r}.json").read_text()) for r in range(4)]
+        memory = memory_summary(cluster.address, stats_only=True)
         print(
             json.dumps(
                 {
-                    "ingest_node": ingest_node.node_id,
+                    "ingest_nodes": sorted(n.node_id for n in ingest_nodes),
                     "trainer_node": trainer_node.node_id,
+                    "reader_nodes": reader_nodes,
                     "ranks": ranks,
+                    "budget": BUDGET,
+                    "peak_ready_bytes": stats["peak_queued_bytes"],
+                    "memory_summary": memory,
                 }
             )
         )

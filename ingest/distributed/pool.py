@@ -149,6 +149,7 @@ class _RankFeed:
             self._queue.append(item)
             if isinstance(item, Item):
                 self.queued_bytes += item.nbytes
+                self._reader.note_queued()
             self._cond.notify_all()
             return True
 
@@ -181,8 +182,8 @@ class _RankFeed:
 
     def _item(self, ready: Ready) -> Item:
         reader = self._reader
-        reader.wait_for_budget()
         nbytes = int(ready.table.nbytes)
+        reader.wait_for_budget(nbytes)
         ref = reader.decode_ref(ready.table)
         return Item(ready.step, ready.runs, ready.cursor, ref, nbytes)
 
@@ -246,6 +247,7 @@ class _Reader:
         self._budget = pool.object_store_bytes
         self._feeds: dict[int, _RankFeed] = {}
         self._lock = threading.Lock()
+        self._peak_bytes = 0
 
     def connect(self, peers: list[Any], budget: int) -> None:
         """The pool's actors (this one included), and this actor's share of the budget."""
@@ -254,6 +256,10 @@ class _Reader:
 
     def ping(self) -> bool:
         return True
+
+    def node(self) -> str:
+        """The id of the node this reader runs on."""
+        return str(ray.get_runtime_context().get_node_id())
 
     def decode(self, table: pa.Table) -> pa.Table:
         """Run the transform on one batch (called by the pool's feeds, in turn)."""
@@ -274,10 +280,17 @@ class _Reader:
             return peer.decode.remote(table)
         return ray.put(self._transform(table))
 
-    def wait_for_budget(self) -> None:
-        """Wait while the ready batches of this actor's feeds fill its share of the budget."""
+    def _queued(self) -> int:
+        return sum(f.queued_bytes for f in list(self._feeds.values()))
+
+    def note_queued(self) -> None:
+        self._peak_bytes = max(self._peak_bytes, self._queued())
+
+    def wait_for_budget(self, nbytes: int) -> None:
+        """Wait until ``nbytes`` more fit in this actor's share of the budget (a batch larger
+        than the whole share goes alone)."""
         deadline = time.monotonic() + self.timeout_s
-        while sum(f.queued_bytes for f in list(self._feeds.values())) >= self._budget:
+        while (queued := self._queued()) and queued + nbytes > self._budget:
             if time.monotonic() > deadline:
                 raise IngestError(
                     f"the reader pool's object-store budget ({self._budget} bytes per reader) "
@@ -319,9 +332,12 @@ class _Reader:
         return self._feed(rank, session, epoch).take(most, wait_s)
 
     def stats(self) -> dict[str, int]:
+        """Requests and bytes sent to the store; ready bytes held now and at most."""
         return {
             **self.source.stats.as_dict(),
-            "queued_bytes": sum(f.queued_bytes for f in self._feeds.values()),
+            "queued_bytes": self._queued(),
+            "peak_queued_bytes": self._peak_bytes,
+            "budget_bytes": self._budget,
         }
 
 
