@@ -41,6 +41,7 @@ test: lint typecheck unit
 bench: $(STAMP)
 	$(PY) benchmarks/stream_vs_pyarrow.py
 	$(PY) benchmarks/cold_start.py
+	$(PY) benchmarks/shuffle_quality.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
