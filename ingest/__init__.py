@@ -25,6 +25,7 @@ from ingest.errors import (
 )
 from ingest.formats import get_format, register_format, registered_formats
 from ingest.formats.base import ReadOptions, ShardInfo
+from ingest.index import IndexConfig, IndexStore
 from ingest.sources import IOStats, Shard, Source
 from ingest.state import STATE_VERSION
 
@@ -41,6 +42,8 @@ __all__ = [
     "STATE_VERSION",
     "ConfigError",
     "IOStats",
+    "IndexConfig",
+    "IndexStore",
     "IngestError",
     "Listing",
     "ReadOptions",

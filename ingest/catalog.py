@@ -4,25 +4,34 @@
 Arrow footers); a shard already inspected with the same size and version is not read again,
 so the listing of the next epoch costs only the listing itself. The catalog also settles
 the stream's schema: the explicit one, or that of the first non-empty shard.
+
+Shards whose footer has no row count are indexed (read once for rows and seek points) only
+when a scan asks for it: from this catalog's memory, else from its persistent
+:class:`~ingest.index.IndexStore`, else by its indexer (threads here, or Ray tasks), whose
+results go back to the store as they arrive.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pyarrow as pa
 from tqdm.auto import tqdm
 
+from ingest.errors import IngestError, redact
 from ingest.formats import get_format
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
+from ingest.index import Indexer, IndexStore, local_indexer
 from ingest.plan import PlanShard
 from ingest.sources import Shard, Source
 from ingest.state import ShardRecord
 
 _INSPECT_THREADS = 16
+_SAVE_EVERY = 64  # indexes built per write to the store
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,14 +86,37 @@ class Listing:
 
 
 class Catalog:
-    """Lists a source and inspects its shards, caching inspections across listings."""
+    """Lists a source and inspects its shards, caching inspections across listings.
 
-    def __init__(self, source: Source, options: ReadOptions, columns: Sequence[str] | None) -> None:
+    Args:
+        source: What to list.
+        options: How shards are read.
+        columns: Columns the stream keeps (schema checks compare only these).
+        index_store: Persistent index looked up before any shard is read to index it, and
+            given every index built here, so later jobs read none. None: indexes live in
+            this object only.
+        indexer: Builds the indexes the store lacks, e.g.
+            :func:`ingest.distributed.indexing.ray_indexer` to read in Ray tasks on the
+            ingest nodes. None: threads of this process.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        options: ReadOptions,
+        columns: Sequence[str] | None,
+        *,
+        index_store: IndexStore | None = None,
+        indexer: Indexer | None = None,
+    ) -> None:
         self.source = source
         self.options = options
         self.columns = columns
+        self.index_store = index_store
+        self._indexer = indexer
         self._cache: dict[tuple[str, int, str], ShardInfo] = {}
         self._index_cache: dict[tuple[str, int, str, str], ShardInfo] = {}
+        """Indexes built or loaded by this catalog, by (url, size, version, format)."""
         self._lock = threading.Lock()
 
     def inspect(self, shard: Shard) -> ShardInfo:
@@ -109,7 +141,7 @@ class Catalog:
             for shard, info in zip(listing.shards, listing.infos, strict=True):
                 key = (shard.url, shard.size, shard.version)
                 if info.rows is not None and info.rows and info.seeks:
-                    self._index_cache[(*key, "index")] = info
+                    self._index_cache[_index_key(shard)] = info
                 self._cache.setdefault(key, info)
 
     def scan(self, *, progress: bool = False, schema: bool = True, index: bool = False) -> Listing:
@@ -119,12 +151,15 @@ class Catalog:
             progress: Show a progress bar (stderr) while footers are read.
             schema: Settle the stream schema and check every footer against it; without it
                 the listing has no schema (listing tools need none).
-            index: Give every shard a row count and seek points, reading once (cached) the
-                shards whose footer has no row count. Needs ``schema``.
+            index: Give every shard a row count and seek points. Shards whose footer has no
+                row count are looked up in this catalog's memory, then in its index store;
+                only the rest are read, by the indexer, and stored. Needs ``schema``.
 
         Raises:
             SourceError: If the source cannot be listed or matches nothing.
-            ShardError: If a footer cannot be read, or shard schemas disagree.
+            ShardError: If a footer or a shard being indexed cannot be read, or shard
+                schemas disagree.
+            IndexStoreError: If the index store cannot be read or written.
         """
         shards = self.source.list_shards()
         infos: list[ShardInfo]
@@ -162,27 +197,72 @@ class Catalog:
         if not todo:
             return listing
         infos = list(listing.infos)
+        with self._lock:
+            for n in todo:
+                cached = self._index_cache.get(_index_key(listing.shards[n]))
+                if cached is not None:
+                    infos[n] = cached
+        todo = [n for n in todo if infos[n].rows is None]
+        if todo and self.index_store is not None:
+            stored = self.index_store.get_many([listing.shards[n] for n in todo])
+            for n, got in zip(todo, stored, strict=True):
+                if got is not None:
+                    infos[n] = self._keep(
+                        listing.shards[n],
+                        replace(infos[n], rows=got.rows, blocks=got.blocks, seeks=got.seeks),
+                    )
+            todo = [n for n in todo if infos[n].rows is None]
+        if todo:
+            self._build(listing, todo, infos, progress)
+        return Listing(listing.shards, tuple(infos), listing.schema, listing.schema_origin)
+
+    def _build(
+        self, listing: Listing, todo: list[int], infos: list[ShardInfo], progress: bool
+    ) -> None:
+        """Index the shards ``todo`` with the indexer, saving them to the store as they come.
+
+        What was built before an error is saved too, so a re-run resumes after it.
+        """
+        contexts = [listing.context(n, self.source, self.options, None) for n in todo]
+        indexer = self._indexer or local_indexer(min(_INSPECT_THREADS, len(todo)))
+        unsaved: list[tuple[Shard, ShardInfo]] = []
         with tqdm(
             total=len(todo), desc="indexing shards", unit="shard", disable=not progress, leave=False
         ) as bar:
+            results = iter(indexer(contexts))
+            try:
+                for n in todo:
+                    info = next(results, None)
+                    if info is None or info.rows is None:
+                        raise ValueError(
+                            f"indexer {indexer!r} gave no row count for "
+                            f"{redact(listing.shards[n].url)}; an Indexer must yield one "
+                            "ShardInfo with rows set per ReadContext, in order"
+                        )
+                    infos[n] = self._keep(listing.shards[n], info)
+                    unsaved.append((listing.shards[n], info))
+                    bar.update(1)
+                    if len(unsaved) >= _SAVE_EVERY:
+                        self._save(unsaved)
+            except BaseException:
+                with contextlib.suppress(IngestError):
+                    self._save(unsaved)
+                raise
+            finally:
+                close = getattr(results, "close", None)
+                if close is not None:
+                    close()
+        self._save(unsaved)
 
-            def one(n: int) -> ShardInfo:
-                shard = listing.shards[n]
-                key = (shard.url, shard.size, shard.version, "index")
-                with self._lock:
-                    cached = self._index_cache.get(key)
-                if cached is None:
-                    ctx = listing.context(n, self.source, self.options, None)
-                    cached = get_format(shard.format).index(ctx)
-                    with self._lock:
-                        self._index_cache[key] = cached
-                bar.update(1)
-                return cached
+    def _keep(self, shard: Shard, info: ShardInfo) -> ShardInfo:
+        with self._lock:
+            self._index_cache[_index_key(shard)] = info
+        return info
 
-            with ThreadPoolExecutor(min(_INSPECT_THREADS, len(todo))) as pool:
-                for n, info in zip(todo, pool.map(one, todo), strict=True):
-                    infos[n] = info
-        return Listing(listing.shards, tuple(infos), listing.schema, listing.schema_origin)
+    def _save(self, unsaved: list[tuple[Shard, ShardInfo]]) -> None:
+        if self.index_store is not None and unsaved:
+            self.index_store.put_many(unsaved)
+        unsaved.clear()
 
     def _schema(
         self, shards: Sequence[Shard], infos: Sequence[ShardInfo]
@@ -195,3 +275,7 @@ class Catalog:
             fmt = get_format(shard.format)
             return fmt.infer_schema(self.source, shard, info, self.options), shard.url
         return None, ""
+
+
+def _index_key(shard: Shard) -> tuple[str, int, str, str]:
+    return (shard.url, shard.size, shard.version, shard.format)

@@ -1,6 +1,8 @@
 """The ``ingest`` command line. Thin: parses arguments and calls the library.
 
     ingest ls URL [URL ...] [--storage-option KEY=VALUE ...] [--format NAME] [--count]
+    ingest index URL [URL ...] [-o KEY=VALUE ...] [--index-dir DIR_OR_URL] [--workers N] [--ray]
+    ingest bench [ARGS ...]      (forwarded to ingest.bench)
 
 Exit codes: 0 success, 2 bad input (the one-line error says what and how to fix it).
 """
@@ -8,16 +10,24 @@ Exit codes: 0 success, 2 bad input (the one-line error says what and how to fix 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any
 
+from fsspec.utils import get_protocol
 from tqdm.auto import tqdm
 
 from ingest.catalog import Catalog, Listing
-from ingest.errors import IngestError
+from ingest.errors import ConfigError, IngestError
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
+from ingest.index import IndexConfig, Indexer, IndexStore, default_location, local_indexer
 from ingest.sources import Source, parse_storage_options
+
+_STORAGE_OPTION_HELP = (
+    "fsspec storage option; dotted keys nest (client_kwargs.endpoint_url=http://127.0.0.1:9000)"
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,8 +41,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="fsspec storage option; dotted keys nest "
-        "(client_kwargs.endpoint_url=http://127.0.0.1:9000)",
+        help=_STORAGE_OPTION_HELP,
     )
     ls.add_argument("--format", help="format of every shard (default: from the extension)")
     ls.add_argument(
@@ -40,7 +49,66 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read shards whose footer has no row count (JSONL, CSV, tar) to count",
     )
+    _index_parser(sub)
+    sub.add_parser(
+        "bench",
+        add_help=False,
+        help="compare this project with its peers on generated data (ingest bench --help)",
+    )
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
+def _index_parser(sub: Any) -> None:
+    index = sub.add_parser(
+        "index",
+        help="build the persistent shard index (row counts, seek points) ahead of time",
+        description="Read once every shard whose footer has no row count (JSONL, CSV, tar, "
+        "Arrow streams) and store its row count and seek points in the shard index, so "
+        "streams on this data plan without reading any shard. Shards already indexed at "
+        "the same size and version are skipped.",
+    )
+    index.add_argument("urls", nargs="+", metavar="URL", help="file, directory or glob (fsspec)")
+    index.add_argument(
+        "--storage-option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=_STORAGE_OPTION_HELP,
+    )
+    index.add_argument("--format", help="format of every shard (default: from the extension)")
+    index.add_argument(
+        "--index-dir",
+        metavar="DIR_OR_URL",
+        help=f"where the index lives: a directory or an fsspec URL such as "
+        f"s3://bucket/ingest-index/ shared by a cluster (default: {default_location()})",
+    )
+    index.add_argument(
+        "--index-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="fsspec storage option for --index-dir (default: the -o options when the index "
+        "URL has the data's protocol, none otherwise)",
+    )
+    index.add_argument(
+        "--workers",
+        type=_positive,
+        default=16,
+        help="shards read at once: threads, or Ray tasks with --ray (default: 16)",
+    )
+    index.add_argument(
+        "--ray",
+        action="store_true",
+        help="read in Ray tasks (joins the cluster at RAY_ADDRESS, or starts a local Ray)",
+    )
 
 
 def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
@@ -73,11 +141,98 @@ def ls(urls: Sequence[str], storage_options: Sequence[str], format: str | None, 
     return 0
 
 
+def index(
+    urls: Sequence[str],
+    storage_options: Sequence[str],
+    format: str | None,
+    index_dir: str | None,
+    index_options: Sequence[str] | None,
+    workers: int,
+    use_ray: bool,
+) -> int:
+    source_options = parse_storage_options(storage_options)
+    source = Source(urls, storage_options=source_options, format=format)
+    if index_options is not None:
+        store_options = parse_storage_options(index_options)
+    elif index_dir is not None and get_protocol(index_dir) == get_protocol(urls[0]):
+        store_options = source_options
+    else:
+        store_options = {}
+    store = IndexStore(IndexConfig(location=index_dir, storage_options=store_options))
+    indexer: Indexer = local_indexer(workers)
+    if use_ray:
+        import ray
+
+        from ingest.distributed.indexing import ray_indexer
+
+        try:
+            ray.init(log_to_driver=False)
+        except (ConnectionError, RuntimeError) as e:
+            raise ConfigError(
+                f"--ray cannot start or join Ray ({e}); check RAY_ADDRESS, or leave out --ray "
+                "to index in threads here"
+            ) from None
+        indexer = ray_indexer(max_tasks_in_flight=workers)
+    try:
+        catalog = Catalog(source, ReadOptions(), None, index_store=store, indexer=indexer)
+        # Bars only on a terminal: in logs and pipes they are noise around the one-line result.
+        listing = catalog.scan(progress=sys.stderr.isatty(), index=True)
+    finally:
+        if use_ray:
+            ray.shutdown()
+    stats = store.stats
+    print(
+        f"{len(listing.shards)} shards, {stats.misses} indexed, {stats.hits} already indexed, "
+        f"{listing.rows or 0} rows"
+    )
+    return 0
+
+
+def bench(argv: Sequence[str]) -> int:
+    """Run ``ingest.bench.main(argv)``, imported only now (it pulls in the peers)."""
+    try:
+        module = importlib.import_module("ingest.bench")
+    except ModuleNotFoundError as e:
+        if e.name in ("ingest.bench", None):
+            print(
+                "ingest bench: error: this install has no ingest.bench module; "
+                "install ingest from a checkout that has ingest/bench/ (pip install -e .)",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"ingest bench: error: the benchmark needs the package {e.name!r}, which is not "
+                "installed; install the peers with pip install -e '.[bench]'",
+                file=sys.stderr,
+            )
+        return 2
+    try:
+        return int(module.main(list(argv)))
+    except IngestError as e:
+        print(f"ingest bench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["bench"]:
+        return bench(args_list[1:])
+    args = _parser().parse_args(args_list)
     try:
         if args.command == "ls":
             return ls(args.urls, args.storage_option, args.format, args.count)
+        if args.command == "index":
+            return index(
+                args.urls,
+                args.storage_option,
+                args.format,
+                args.index_dir,
+                args.index_option,
+                args.workers,
+                args.ray,
+            )
     except IngestError as e:
         print(f"ingest {args.command}: error: {e}", file=sys.stderr)
         return 2

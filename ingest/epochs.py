@@ -34,6 +34,7 @@ from ingest.errors import ConfigError, StateError
 from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
+from ingest.index import IndexConfig, Indexer, IndexStore
 from ingest.intervals import IntervalSet
 from ingest.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.plan import epoch_units
@@ -70,6 +71,9 @@ class StreamSpec:
         remainder: What happens to the rows of an epoch that cannot fill one more step on
             every rank: ``"carry"`` them into the next epoch's first steps, or ``"drop"``
             them. Counted in the state either way.
+        index: Where the persistent shard index lives (row counts and seek points of shards
+            whose footer has none, keyed by url, size and version, reused by later jobs);
+            None keeps indexes in memory only.
     """
 
     urls: tuple[str, ...]
@@ -82,6 +86,7 @@ class StreamSpec:
     shuffle_lanes: int = 16
     read: ReadOptions = field(default_factory=ReadOptions)
     remainder: Remainder = "carry"
+    index: IndexConfig | None = field(default_factory=IndexConfig)
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -109,6 +114,12 @@ class StreamSpec:
             )
         if self.format is not None:
             get_format(self.format)
+
+    def catalog(self, indexer: Indexer | None = None) -> Catalog:
+        """A catalog of this stream's source, with its index store and ``indexer``."""
+        source = Source(self.urls, storage_options=self.storage_options, format=self.format)
+        store = IndexStore(self.index) if self.index is not None else None
+        return Catalog(source, self.read, self.columns, index_store=store, indexer=indexer)
 
     def feed_config(self) -> FeedConfig:
         return FeedConfig(
@@ -168,11 +179,8 @@ class EpochBook:
             raise ConfigError(f"world_size={world_size} must be >= 1")
         self.spec = spec
         self.world_size = world_size
-        if catalog is None:
-            source = Source(spec.urls, storage_options=spec.storage_options, format=spec.format)
-            catalog = Catalog(source, spec.read, spec.columns)
-        self.catalog = catalog
-        self.source = catalog.source
+        self.catalog = catalog if catalog is not None else spec.catalog()
+        self.source = self.catalog.source
         self._progress = progress
         self._epochs: dict[int, _PlannedEpoch] = {}
         self._start: StreamState | None = None

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +15,10 @@ import pytest
 from ingest.testing import LoopbackS3
 
 _names = itertools.count()
+
+# The persistent shard index (default: the user's cache directory) goes to a directory of
+# this test session, set before Ray starts so that its workers see it too.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ingest-test-cache-")
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from ingest.catalog import Listing
+from ingest.distributed.indexing import ray_indexer
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.errors import IngestError, StateError
 from ingest.feed import Cursor, FeedPlan
@@ -33,8 +34,16 @@ class StaleSessionError(IngestError):
 class _Coordinator:
     """See the module docstring. Created by :class:`ingest.RayStream`."""
 
-    def __init__(self, spec: StreamSpec, world_size: int) -> None:
-        self._book = EpochBook(spec, world_size)
+    def __init__(
+        self, spec: StreamSpec, world_size: int, placement: dict[str, Any] | None = None
+    ) -> None:
+        # Shards to index (new ones, in later epochs) are read by Ray tasks placed like the
+        # reader pool, not in this actor's process.
+        placement = placement or {}
+        indexer = ray_indexer(
+            resources=placement.get("resources"), label_selector=placement.get("label_selector")
+        )
+        self._book = EpochBook(spec, world_size, catalog=spec.catalog(indexer))
         self._lock = threading.Condition()
         self._initial: dict[str, Any] | None = None  # what a session without a state starts at
         self._session = 0

@@ -8,14 +8,14 @@ from typing import Any
 
 import ray
 
-from ingest.catalog import Catalog
 from ingest.distributed.coordinator import Coordinator
+from ingest.distributed.indexing import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.epochs import Remainder, StreamSpec
 from ingest.errors import ConfigError
 from ingest.formats.base import ReadOptions
-from ingest.sources import Source
+from ingest.index import IndexConfig
 from ingest.transform import Transform
 
 
@@ -46,6 +46,10 @@ class RayStream:
         read: How shards are read.
         transform: Run on every batch in the reader pool: a function over an Arrow table,
             or a class constructed once per reader actor. It must keep one row per input row.
+        index: Where the persistent shard index lives (default: the user's cache directory;
+            an fsspec URL shares it across a cluster; None: in memory only). With several
+            ranks, shards without footer row counts are indexed once, by Ray tasks on the
+            pool's nodes, and later jobs read none of them to plan.
         name: Name of the coordinator actor (default: a fresh unique name).
         timeout_s: Longest wait for the coordinator and the pool.
     """
@@ -66,6 +70,7 @@ class RayStream:
         storage_options: Mapping[str, Any] | None = None,
         read: ReadOptions | None = None,
         transform: Transform | None = None,
+        index: IndexConfig | None = IndexConfig(),  # noqa: B008 - frozen, compared by value
         name: str | None = None,
         timeout_s: float = 300.0,
     ) -> None:
@@ -89,6 +94,7 @@ class RayStream:
             shuffle_lanes=shuffle_lanes,
             read=read or ReadOptions(),
             remainder=remainder,
+            index=index,
         )
         self.world_size = world_size
         self.pool = readers or ReaderPool()
@@ -97,7 +103,13 @@ class RayStream:
         self.name = name or f"ingest-coordinator-{uuid.uuid4().hex[:12]}"
         if not ray.is_initialized():
             ray.init()
-        self.coordinator = Coordinator.options(name=self.name).remote(self.spec, world_size)
+        placement = {
+            "resources": self.pool.resources,
+            "label_selector": self.pool.label_selector,
+        }
+        self.coordinator = Coordinator.options(name=self.name).remote(
+            self.spec, world_size, placement
+        )
         # Start the pool and plan the first epoch now, while the trainers start; the source
         # is listed here while the actors' processes start.
         size = self.pool.size(world_size)
@@ -113,11 +125,13 @@ class RayStream:
         for rank in range(world_size):
             self._reader(rank).warm.remote(rank, 0, 0)
         # The source is listed here while the actors' processes start; a bad URL fails here.
-        store = Source(
-            self.spec.urls, storage_options=self.spec.storage_options, format=self.spec.format
+        # Shards without row counts are indexed by Ray tasks on the pool's nodes (once: the
+        # index persists, see StreamSpec.index).
+        indexer = ray_indexer(
+            resources=self.pool.resources, label_selector=self.pool.label_selector
         )
         try:
-            listing = Catalog(store, self.spec.read, self.spec.columns).scan(index=world_size > 1)
+            listing = self.spec.catalog(indexer).scan(index=world_size > 1)
         except BaseException:
             self.shutdown()  # no actor outlives a stream that could not start
             raise
