@@ -11,7 +11,7 @@ STAMP := $(VENV)/.ingest-installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test lint typecheck unit bench clean
+.PHONY: setup demo test lint typecheck unit unit-fast bench clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,10 @@ typecheck: $(STAMP)
 
 unit: $(STAMP)
 	$(PY) -m pytest -q
+
+# Everything but the system tests (job submit, multi-node cluster, notebook, Ray Train).
+unit-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not system"
 
 test: lint typecheck unit
 

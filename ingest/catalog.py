@@ -23,7 +23,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from ingest.errors import IngestError, redact
-from ingest.formats import get_format
+from ingest.formats import FORMAT_RESOLVER, get_format
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
 from ingest.index import Indexer, IndexStore, local_indexer
 from ingest.plan import PlanShard
@@ -161,7 +161,7 @@ class Catalog:
                 schemas disagree.
             IndexStoreError: If the index store cannot be read or written.
         """
-        shards = self.source.list_shards()
+        shards = self.source.list_shards(FORMAT_RESOLVER)
         infos: list[ShardInfo]
         todo = sum(1 for s in shards if (s.url, s.size, s.version) not in self._cache)
         with tqdm(

@@ -60,26 +60,27 @@ def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
         return _numeric(arr, name)
     if pa.types.is_timestamp(t) or pa.types.is_date64(t) or pa.types.is_duration(t):
         return _numeric(arr.cast(pa.int64()), name)
-    if pa.types.is_fixed_size_list(t) and _is_number(t.value_type):
-        if arr.null_count:
-            raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
-        size = t.list_size
+    if _is_number_list(t):
+        return _number_lists(arr, name)
+    return arr.to_pylist()  # strings, binary and nested values stay Python objects
+
+
+def _is_number_list(t: pa.DataType) -> bool:
+    lists = pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+    return bool(lists and _is_number(t.value_type))
+
+
+def _number_lists(arr: pa.Array, name: str) -> Any:
+    """A fixed-size list column is one (n, size) tensor; a variable one, a list of tensors."""
+    if arr.null_count:
+        raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
+    if pa.types.is_fixed_size_list(arr.type):
+        size = arr.type.list_size
         flat = arr.values.slice(arr.offset * size, len(arr) * size)  # zero-copy view
         return _numeric(flat, name).reshape(len(arr), size)
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_number(t.value_type):
-        if arr.null_count:
-            raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
-        offsets = arr.offsets.to_numpy()
-        values = _numeric(arr.values, name)
-        return [values[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
-    if (
-        pa.types.is_string(t)
-        or pa.types.is_large_string(t)
-        or pa.types.is_binary(t)
-        or pa.types.is_large_binary(t)
-    ):
-        return arr.to_pylist()
-    return arr.to_pylist()
+    offsets = arr.offsets.to_numpy()
+    values = _numeric(arr.values, name)
+    return [values[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
 
 
 def _is_number(t: pa.DataType) -> bool:

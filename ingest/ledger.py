@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from ingest.intervals import union
+
 Run = tuple[int, int, int, int]
 """``(segment, shard, start, stop)``: rows of a shard consumed by one batch; segments are
 :data:`ingest.assign.CARRY` and :data:`ingest.assign.MAIN`."""
@@ -53,6 +55,8 @@ class Ledger:
         self.world_size = world_size
         self._records: list[dict[int, Runs]] = [{} for _ in range(world_size)]
         self._acked = [first_step - 1] * world_size
+        self._merged: tuple[int, int, Runs] | None = None
+        """The last answer of :meth:`runs` (a snapshot asks, then the fold asks again)."""
 
     def ack(self, rank: int, records: Iterable[StepRecord]) -> None:
         """Record steps of ``rank``, each once, in any order (messages may overtake).
@@ -70,6 +74,8 @@ class Ledger:
                     "rows are consumed once"
                 )
             mine[record.step] = as_runs(record.runs)
+            if self._merged is not None and record.step <= self._merged[1]:
+                self._merged = None
         while self._acked[rank] + 1 in mine:
             self._acked[rank] += 1
 
@@ -82,14 +88,26 @@ class Ledger:
         return min(self._acked) >= step
 
     def runs(self, first: int, last: int) -> Runs:
-        """Rows of steps ``first..last`` of every rank that are not folded yet."""
+        """Rows of steps ``first..last`` of every rank that are not folded yet, merged.
+
+        Returns:
+            The rows as :func:`merge_runs` gives them: sorted, disjoint runs, one per
+            stretch of consecutive rows (the acked runs of a shuffled window are about one
+            row each; merged, the window's rows are a few runs per shard). Read-only: the
+            answer is kept until the next ack or fold, for the same question.
+        """
+        if self._merged is not None and self._merged[:2] == (first, last):
+            return self._merged[2]
         parts = [
             runs
             for per_rank in self._records
             for s, runs in per_rank.items()
             if first <= s <= last and len(runs)
         ]
-        return np.concatenate(parts) if parts else _NO_RUNS
+        merged = merge_runs(np.concatenate(parts)) if parts else _NO_RUNS
+        merged.setflags(write=False)
+        self._merged = (first, last, merged)
+        return merged
 
     def fold(self, step: int) -> None:
         """Forget steps ``<= step``: the caller has kept what it needs of them."""
@@ -98,6 +116,60 @@ class Ledger:
         for per_rank in self._records:
             for s in [s for s in per_rank if s <= step]:
                 del per_rank[s]
+        self._merged = None
+
+
+def merge_runs(runs: Runs | Iterable[Run]) -> Runs:
+    """The rows of ``runs`` as sorted, disjoint, non-touching runs.
+
+    Sorted by ``(segment, shard, start)``; overlapping and touching runs of one segment and
+    shard become one; empty runs go. With ``(segment, shard, row)`` packed into one int64
+    (always, unless rows reach beyond 2**40 or so), this is two value sorts, much faster
+    than sorting the runs themselves.
+    """
+    arr = as_runs(runs)
+    nonempty = arr[:, 3] > arr[:, 2]
+    if not nonempty.all():
+        arr = arr[nonempty]
+    if not len(arr):
+        return _NO_RUNS
+    segment, shard, start, stop = (arr[:, i] for i in range(4))
+    row_bits = int(stop.max()).bit_length()
+    shard_bits = int(shard.max()).bit_length()
+    packable = (
+        int(segment.min()) >= 0
+        and int(shard.min()) >= 0
+        and int(start.min()) >= 0
+        and int(segment.max()).bit_length() + shard_bits + row_bits <= 63
+    )
+    if not packable:
+        return _merge_sorted(arr[np.lexsort((start, shard, segment))])
+    # Two fresh arrays, (segment, shard, start) and (segment, shard, stop) packed, sorted in
+    # place: the fewest passes over runs that may number tens of millions.
+    lo = shard << row_bits
+    if int(segment.max()):
+        lo |= segment << (shard_bits + row_bits)
+    hi = lo + stop
+    lo += start
+    starts, stops = union(lo, hi, in_place=True)
+    key = starts >> row_bits
+    out = np.empty((len(starts), 4), dtype=np.int64)
+    out[:, 0] = key >> shard_bits
+    out[:, 1] = key & ((1 << shard_bits) - 1)
+    out[:, 2] = starts - (key << row_bits)
+    out[:, 3] = stops - (key << row_bits)
+    return out
+
+
+def _merge_sorted(arr: Runs) -> Runs:
+    """Merge non-empty runs sorted by (segment, shard, start)."""
+    out: list[list[int]] = []
+    for segment, shard, start, stop in arr.tolist():
+        if out and out[-1][0] == segment and out[-1][1] == shard and start <= out[-1][3]:
+            out[-1][3] = max(out[-1][3], stop)
+        else:
+            out.append([segment, shard, start, stop])
+    return np.asarray(out, dtype=np.int64).reshape(-1, 4)
 
 
 def runs_of(

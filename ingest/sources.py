@@ -1,18 +1,22 @@
 """Sources: fsspec URLs and globs -> one listing of shards.
 
-A :class:`Source` lists its URLs once per call of :meth:`Source.list` (the stream calls it
-once per epoch), opens shards for the format readers, and counts what it asks of the store
-(:class:`IOStats`). It never reads data itself.
+A :class:`Source` lists its URLs once per call of :meth:`Source.list_shards` (the stream
+calls it once per epoch), opens shards for the format readers, and counts what it asks of
+the store (:class:`IOStats`). It never reads data itself, and it knows no formats: which
+listed files are data, and which format reads each, is asked of a :class:`FormatResolver`
+that the caller hands to :meth:`Source.list_shards` (the format registry is one). Formats
+import sources, never the other way round.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from glob import has_magic
-from typing import IO, Any
+from typing import IO, Any, NoReturn, Protocol
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -73,6 +77,34 @@ class Shard:
     size: int
     version: str
     format: str
+
+
+class FormatResolver(Protocol):
+    """Which listed files are data, and the name of the format that reads each one.
+
+    A :class:`Source` lists files and knows no formats; the format registry implements this
+    (:data:`ingest.formats.FORMAT_RESOLVER`) and is handed to :meth:`Source.list_shards`.
+    """
+
+    def format_of(self, path: str, *, chosen: str | None, explicit: bool) -> str | None:
+        """The name of the format that reads ``path``, or None to leave the file out.
+
+        Args:
+            path: A listed file.
+            chosen: The format the user named for every file (checked, then used), or None
+                to tell it from the file's name.
+            explicit: Whether the user named this very file rather than a glob or a
+                directory; a file that no format reads is then an error, not left out.
+
+        Raises:
+            ConfigError: If ``chosen`` names no format, or ``explicit`` and no format reads
+                the file.
+        """
+        ...
+
+    def describe(self) -> str:
+        """Which files it takes as data, for the fix of a listing that matched none."""
+        ...
 
 
 @dataclass(slots=True)
@@ -216,8 +248,9 @@ class Source:
         urls: A URL or a list of them, any fsspec protocol (``s3://``, ``gs://``, ``hf://``,
             ``https://``, ``file://`` or a plain path).
         storage_options: Passed to the fsspec filesystem of each protocol. Never logged.
-        format: A registry name to read every shard with; None infers it per file from the
-            extension.
+        format: A format name to read every shard with, checked and applied by the
+            :class:`FormatResolver` at listing; None: the resolver tells it per file from
+            the file's name.
     """
 
     def __init__(
@@ -227,15 +260,10 @@ class Source:
         storage_options: Mapping[str, Any] | None = None,
         format: str | None = None,
     ) -> None:
-        from ingest.formats import format_for_path, get_format
-
         self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
         if not self.urls:
             raise ConfigError("a Source needs at least one URL; got an empty list")
         self.format = format
-        if format is not None:
-            get_format(format)  # unknown name -> error listing the known ones
-        self._format_for_path = format_for_path
         self._options = dict(storage_options or {})
         self._filesystems: dict[str, fsspec.AbstractFileSystem] = {}
         self._fs_lock = threading.Lock()
@@ -274,35 +302,68 @@ class Source:
 
     # -- listing -------------------------------------------------------------------------
 
-    def list_shards(self) -> list[Shard]:
+    def list_shards(self, formats: FormatResolver) -> list[Shard]:
         """List every URL once and return the shards, sorted by URL, without duplicates.
+
+        Args:
+            formats: Tells which listed files are data and the format of each (the format
+                registry: :data:`ingest.formats.FORMAT_RESOLVER`).
 
         Raises:
             SourceError: If a URL matches nothing, its bucket does not exist, the
                 credentials are refused or the store cannot be reached.
+            ConfigError: If :attr:`format` names no format, or a file named explicitly has
+                no known format.
         """
         found: dict[str, Shard] = {}
         for url in self.urls:
-            for shard in self._list_one(url):
+            for shard in self._list_one(url, formats):
                 found.setdefault(shard.url, shard)
         return [found[u] for u in sorted(found)]
 
-    def _list_one(self, url: str) -> list[Shard]:
+    def _list_one(self, url: str, formats: FormatResolver) -> list[Shard]:
         fs = self.filesystem(url)
         path = fs._strip_protocol(url)
+        infos, explicit = self._file_infos(fs, url, path)
+        shards: list[Shard] = []
+        for info in infos:
+            if info.get("type", "file") != "file":
+                continue
+            name = info["name"]
+            if not explicit and posixpath.basename(name).startswith((".", "_")):
+                continue  # _SUCCESS, .crc and other writer droppings
+            fmt = formats.format_of(name, chosen=self.format, explicit=explicit)
+            if fmt is None:
+                continue
+            shards.append(
+                Shard(
+                    url=fs.unstrip_protocol(name),
+                    size=int(info.get("size") or 0),
+                    version=_version_of(info),
+                    format=fmt,
+                )
+            )
+        if not shards:
+            self._raise_no_match(fs, url, path, formats)
+        return shards
+
+    def _file_infos(
+        self, fs: fsspec.AbstractFileSystem, url: str, path: str
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """The fsspec infos ``url`` matches, and whether it named one file explicitly.
+
+        Raises:
+            SourceError: If the path does not exist, access is denied or the store fails.
+        """
         try:
             self.stats.add(listings=1)
             if has_magic(path):
-                infos = list(fs.glob(path, detail=True).values())
-                explicit = False
-            else:
-                info = fs.info(path)
-                if info.get("type") == "directory":
-                    self.stats.add(listings=1)
-                    infos = list(fs.find(path, detail=True, withdirs=False).values())
-                    explicit = False
-                else:
-                    infos, explicit = [info], True
+                return list(fs.glob(path, detail=True).values()), False
+            info = fs.info(path)
+            if info.get("type") != "directory":
+                return [info], True
+            self.stats.add(listings=1)
+            return list(fs.find(path, detail=True, withdirs=False).values()), False
         except FileNotFoundError as e:
             raise SourceError(
                 url,
@@ -326,26 +387,17 @@ class Source:
                 "check the endpoint and network; timeouts are set with "
                 "storage_options config_kwargs",
             ) from None
-        shards: list[Shard] = []
-        for info in infos:
-            if info.get("type", "file") != "file":
-                continue
-            name = info["name"]
-            if not explicit and posixpath.basename(name).startswith((".", "_")):
-                continue  # _SUCCESS, .crc and other writer droppings
-            fmt = self.format or self._format_for_path(name, strict=explicit)
-            if fmt is None:
-                continue
-            shards.append(
-                Shard(
-                    url=fs.unstrip_protocol(name),
-                    size=int(info.get("size") or 0),
-                    version=_version_of(info),
-                    format=fmt,
-                )
-            )
-        if not shards and has_magic(path):
-            prefix = path.split("*")[0].split("?")[0].split("[")[0].rsplit("/", 1)[0]
+
+    def _raise_no_match(
+        self, fs: fsspec.AbstractFileSystem, url: str, path: str, formats: FormatResolver
+    ) -> NoReturn:
+        """Raise for a URL that listed no data files: a missing prefix, or no data among them.
+
+        Raises:
+            SourceError: Always.
+        """
+        if has_magic(path):
+            prefix = re.split(r"[*?\[]", path, maxsplit=1)[0].rsplit("/", 1)[0]
             if prefix and not fs.exists(prefix):
                 raise SourceError(
                     url,
@@ -353,14 +405,7 @@ class Source:
                     "check the bucket and prefix; for object stores the bucket must exist "
                     "and be visible with these credentials",
                 )
-        if not shards:
-            raise SourceError(
-                url,
-                "matches no data files",
-                "check the glob; known extensions: "
-                f"{', '.join(_known_extensions())}; or pass format=...",
-            )
-        return shards
+        raise SourceError(url, "matches no data files", f"check the glob; {formats.describe()}")
 
     # -- opening -------------------------------------------------------------------------
 
@@ -463,9 +508,3 @@ def _version_of(info: Mapping[str, Any]) -> str:
         if value not in (None, ""):
             return str(value).strip('"')
     return ""
-
-
-def _known_extensions() -> list[str]:
-    from ingest.formats import known_extensions
-
-    return known_extensions()

@@ -181,38 +181,68 @@ def _tar_bytes(table: pa.Table) -> bytes:
     return buf.getvalue()
 
 
+def _parquet_bytes(table: pa.Table, row_group_rows: int) -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(table, sink, row_group_size=row_group_rows)
+    return sink.getvalue()
+
+
+def _zstd_bytes(data: bytes) -> bytes:
+    import zstandard
+
+    return bytes(zstandard.ZstdCompressor().compress(data))
+
+
+def _csv_bytes(table: pa.Table) -> bytes:
+    sink = io.BytesIO()
+    pcsv.write_csv(table.select(["id", "score", "text"]), sink)
+    return sink.getvalue()
+
+
+def _ipc_bytes(table: pa.Table, row_group_rows: int, *, file: bool) -> bytes:
+    sink = io.BytesIO()
+    opener: Callable[..., Any] = ipc.new_file if file else ipc.new_stream
+    with opener(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=row_group_rows):
+            writer.write_batch(batch)
+    return sink.getvalue()
+
+
+_ENCODERS: dict[str, Callable[[pa.Table, int], bytes]] = {
+    "parquet": _parquet_bytes,
+    "jsonl": lambda table, _: _jsonl_bytes(table),
+    "jsonl.gz": lambda table, _: gzip.compress(_jsonl_bytes(table)),
+    "jsonl.zst": lambda table, _: _zstd_bytes(_jsonl_bytes(table)),
+    "csv": lambda table, _: _csv_bytes(table),
+    "arrow": lambda table, rows: _ipc_bytes(table, rows, file=True),
+    "arrows": lambda table, rows: _ipc_bytes(table, rows, file=False),
+    "tar": lambda table, _: _tar_bytes(table),
+}
+"""Generated shard formats: name -> ``(table, rows per row group or batch) -> bytes``."""
+
+
 def encode(table: pa.Table, fmt: str, *, row_group_rows: int = 1000) -> bytes:
     """Serialise ``table`` as one shard of ``fmt``.
 
-    Formats: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``csv``, ``arrow`` (IPC
-    file), ``arrows`` (IPC stream), ``tar`` (WebDataset: ``.txt`` and ``.json`` per sample).
-    """
-    if fmt == "parquet":
-        sink = io.BytesIO()
-        pq.write_table(table, sink, row_group_size=row_group_rows)
-        return sink.getvalue()
-    if fmt == "jsonl":
-        return _jsonl_bytes(table)
-    if fmt == "jsonl.gz":
-        return gzip.compress(_jsonl_bytes(table))
-    if fmt == "jsonl.zst":
-        import zstandard
+    Args:
+        table: The rows (as :func:`make_table` builds them).
+        fmt: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``csv``, ``arrow`` (IPC
+            file), ``arrows`` (IPC stream) or ``tar`` (WebDataset: ``.txt`` and ``.json`` per
+            sample).
+        row_group_rows: Rows per Parquet row group or Arrow IPC record batch.
 
-        return bytes(zstandard.ZstdCompressor().compress(_jsonl_bytes(table)))
-    if fmt == "csv":
-        sink = io.BytesIO()
-        pcsv.write_csv(table.select(["id", "score", "text"]), sink)
-        return sink.getvalue()
-    if fmt in ("arrow", "arrows"):
-        sink = io.BytesIO()
-        opener: Callable[..., Any] = ipc.new_file if fmt == "arrow" else ipc.new_stream
-        with opener(sink, table.schema) as writer:
-            for batch in table.to_batches(max_chunksize=row_group_rows):
-                writer.write_batch(batch)
-        return sink.getvalue()
-    if fmt == "tar":
-        return _tar_bytes(table)
-    raise ValueError(f"unknown generated format {fmt!r}")
+    Returns:
+        The shard's bytes.
+
+    Raises:
+        ValueError: If ``fmt`` is none of the above.
+    """
+    encoder = _ENCODERS.get(fmt)
+    if encoder is None:
+        raise ValueError(
+            f"unknown generated format {fmt!r}; generated formats: {', '.join(_ENCODERS)}"
+        )
+    return encoder(table, row_group_rows)
 
 
 def write_dataset(

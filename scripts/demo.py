@@ -6,8 +6,8 @@ Part 1, ``ingest.Stream`` without Ray:
 3. A second child process loads that state and streams the rest.
 4. This process checks that every row arrived exactly once.
 
-Part 2, the language-model example (``python -m train.lm``) under Ray Train's TorchTrainer
-on a laptop-local Ray, reading token shards from the same S3 server through
+Part 2, the language-model example (``python -m ingest.examples.lm``) under Ray Train's
+TorchTrainer on a laptop-local Ray, reading token shards from the same S3 server through
 ``ingest.RayStream``: one training worker exits mid-epoch, Ray Train restarts the worker
 group from the last checkpoint (model + stream state), and the job prints its per-epoch
 throughput, its data-stall share and the exactly-once check.
@@ -120,8 +120,8 @@ def language_model_job(out: Path) -> int:
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     print(
-        "\npart 2: train.lm under Ray Train's TorchTrainer, 2 workers, token shards on S3; "
-        "rank 1 exits at step 11 (FailureConfig(max_failures=1))"
+        "\npart 2: ingest.examples.lm under Ray Train's TorchTrainer, 2 workers, token shards "
+        "on S3; rank 1 exits at step 11 (FailureConfig(max_failures=1))"
     )
     with LoopbackS3() as s3:
         s3.create_bucket("demo")
@@ -134,7 +134,7 @@ def language_model_job(out: Path) -> int:
             f"fault.marker={out.resolve()}/died-{stamp}",
         ]
         job = subprocess.run(
-            [sys.executable, "-m", "train.lm", *overrides],
+            [sys.executable, "-m", "ingest.examples.lm", *overrides],
             text=True,
             capture_output=True,
             timeout=900,

@@ -33,35 +33,35 @@ def options(s3: LoopbackS3) -> list[str]:
 
 
 def test_ls_on_loopback_s3(s3: LoopbackS3, s3_store: Store) -> None:
+    sizes: dict[str, int] = {}
     for n in range(3):
-        s3_store.write(f"d/part-{n}.parquet", encode(make_table(0, 100 * (n + 1)), "parquet"))
-    s3_store.write("d/extra.jsonl", encode(make_table(0, 7), "jsonl"))
-    out = run(
-        "ls",
-        s3_store.url("d"),
-        *options(s3),
-    )
+        data = encode(make_table(0, 100 * (n + 1)), "parquet")
+        s3_store.write(f"d/part-{n}.parquet", data)
+        sizes[f"part-{n}.parquet"] = len(data)
+    data = encode(make_table(0, 7), "jsonl")
+    s3_store.write("d/extra.jsonl", data)
+    sizes["extra.jsonl"] = len(data)
+    total_bytes = sum(sizes.values())
+    out = run("ls", s3_store.url("d"), *options(s3))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert lines[0].split() == ["path", "format", "bytes", "rows"]
-    assert "part-0.parquet" in lines[2] and lines[2].split()[1:] == [
-        "parquet",
-        lines[2].split()[2],
-        "100",
+    # One line per shard, sorted by URL: format, bytes as listed, rows from the footer.
+    assert [line.split() for line in lines[1:-1]] == [
+        [s3_store.url("d", "extra.jsonl"), "jsonl", f"{sizes['extra.jsonl']:,}", "?"],
+        [s3_store.url("d", "part-0.parquet"), "parquet", f"{sizes['part-0.parquet']:,}", "100"],
+        [s3_store.url("d", "part-1.parquet"), "parquet", f"{sizes['part-1.parquet']:,}", "200"],
+        [s3_store.url("d", "part-2.parquet"), "parquet", f"{sizes['part-2.parquet']:,}", "300"],
     ]
-    assert lines[1].split()[-1] == "?"  # extra.jsonl: no footer
-    total_bytes = sum(int(x.split()[2].replace(",", "")) for x in lines[1:5])
     assert lines[-1] == (
         f"4 shards, 600 rows, {total_bytes} bytes (+1 shards not counted; --count reads them)"
     )
-    counted = run(
-        "ls",
-        s3_store.url("d"),
-        "--count",
-        *options(s3),
-    )
-    assert counted.stdout.strip().splitlines()[-1] == f"4 shards, 607 rows, {total_bytes} bytes"
-    assert s3.secret not in out.stdout + out.stderr
+    counted = run("ls", s3_store.url("d"), "--count", *options(s3))
+    assert counted.returncode == 0, counted.stderr
+    counted_lines = counted.stdout.strip().splitlines()
+    assert counted_lines[1].split()[-1] == "7"  # extra.jsonl, read to count its rows
+    assert counted_lines[-1] == f"4 shards, 607 rows, {total_bytes} bytes"
+    assert s3.secret not in out.stdout + out.stderr + counted.stdout + counted.stderr
 
 
 def test_ls_bad_input_exits_2_with_one_line(local: Store) -> None:

@@ -4,14 +4,27 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 import shlex
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from train.common import INGEST_RESOURCE, TRAINER_RESOURCE, Job, load_config
+from ingest.examples.common import (
+    INGEST_RESOURCE,
+    TRAINER_RESOURCE,
+    Job,
+    default_config,
+    load_config,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10: the backport mypy and pytest already depend on
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "cluster"
@@ -59,24 +72,61 @@ def test_kuberay_groups_declare_the_resources(name: str) -> None:
 
 def test_rayjob_entrypoint_runs_an_existing_job_with_valid_overrides() -> None:
     entry = shlex.split(load(CLUSTER / "kuberay" / "rayjob.yaml")["spec"]["entrypoint"])
-    assert entry[:3] == ["python", "-m", "train.lm"]
+    assert entry[:3] == ["python", "-m", "ingest.examples.lm"]
+    assert "--config" not in entry, "the job's config ships in the package"
     module = importlib.import_module(entry[2])
     assert isinstance(module.JOB, Job)
-    config_path = entry[entry.index("--config") + 1]
-    assert (ROOT / config_path).exists()
-    overrides = [a for a in entry[entry.index("--config") + 2 :] if "=" in a]
-    base = load_config(str(ROOT / config_path), [])
+    config_path = default_config(entry[2].rsplit(".", 1)[1])
+    overrides = entry[3:]
+    base = load_config(config_path, [])
     for item in overrides:
+        assert "=" in item, f"{item!r} in the entrypoint is not KEY=VALUE"
         node = base
         *parents, leaf = item.split("=", 1)[0].split(".")
         for part in parents:
             node = node[part]
         assert leaf in node, f"{item} overrides nothing in {config_path}"
-    config = load_config(str(ROOT / config_path), overrides)
+    config = load_config(config_path, overrides)
     assert config["placement"] == {"ingest_nodes": True, "trainer_nodes": True}
 
 
-def test_runtime_env_keeps_the_local_environment_out() -> None:
+def project_dependencies_but_ray_and_torch() -> list[str]:
+    """pyproject.toml's dependencies that the cluster image does not carry."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    deps: list[str] = project["dependencies"]
+    return [d for d in deps if re.split(r"[\[<>=!~; ]", d, maxsplit=1)[0] not in ("ray", "torch")]
+
+
+def test_runtime_env_uploads_the_code_and_pips_the_other_dependencies() -> None:
     env = load(CLUSTER / "runtime_env.yaml")
+    assert env["working_dir"] == "."
     assert ".venv" in env["excludes"]
-    assert any("ingest" in p for p in env["pip"])
+    # No `ingest @ file://.`: pip cannot take a relative file URI (the job would fail before
+    # it starts); the code comes with the working dir instead.
+    assert env["pip"] == project_dependencies_but_ray_and_torch()
+    assert not any(p.split("[")[0].startswith(("ray", "torch", "ingest")) for p in env["pip"])
+
+
+def test_rayjob_runtime_env_matches_the_shipped_one() -> None:
+    shipped = load(CLUSTER / "runtime_env.yaml")
+    job_env = yaml.safe_load(load(CLUSTER / "kuberay" / "rayjob.yaml")["spec"]["runtimeEnvYAML"])
+    assert job_env["pip"] == shipped["pip"]
+    assert job_env["env_vars"] == shipped["env_vars"]
+    # A RayJob has no local directory to upload: its working dir is a zip the cluster reads.
+    assert job_env["working_dir"].endswith(".zip")
+
+
+def test_rayjob_and_raycluster_run_one_image_per_group_kind() -> None:
+    """Both manifests name the same images: one with Ray and torch for CPU, one for GPU."""
+    cluster = load(CLUSTER / "kuberay" / "raycluster.yaml")["spec"]
+    job = load(CLUSTER / "kuberay" / "rayjob.yaml")["spec"]["rayClusterSpec"]
+
+    def images(spec: dict[str, Any]) -> dict[str, str]:
+        out = {"head": spec["headGroupSpec"]["template"]["spec"]["containers"][0]["image"]}
+        for name, group in groups(spec).items():
+            out[name] = group["template"]["spec"]["containers"][0]["image"]
+        return out
+
+    assert images(cluster) == images(job)
+    assert images(job)["trainer"].endswith("-gpu")
+    assert not images(job)["ingest"].endswith("-gpu")

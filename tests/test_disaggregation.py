@@ -13,7 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.system
 
 
 def test_ingest_and_training_run_on_their_own_nodes(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`ray job submit` against a real `ray start --head`, token authentication on.
+"""`ray job submit --runtime-env cluster/runtime_env.yaml` against a real `ray start --head`,
+token authentication on: the README's cluster command, with the shipped runtime env.
 
 The head gets its own TMPDIR, so its temp files and "current cluster" record cannot mix
 with the test session's Ray; its processes all carry that path, which is how the test stops
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,6 +22,8 @@ import psutil
 import pytest
 
 from ingest.testing import free_port
+
+pytestmark = pytest.mark.system
 
 ROOT = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).with_name("ray"))
@@ -93,77 +97,91 @@ def head() -> Iterator[tuple[str, dict[str, str]]]:
         proc.terminate()
         stop_processes_under(tmp)
         log.close()
+        # The runtime env's virtualenv (a clone of this one) and the session logs live here.
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_submit_the_lm_job_and_find_the_stream_state_in_its_checkpoint(
-    head: tuple[str, dict[str, str]], tmp_path: Path
-) -> None:
-    address, env = head
-    job_id = f"ingest-test-{int(time.time())}"
+def ray_job(
+    env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``ray job ARGS`` from the repository root, as a user runs it there."""
+    return subprocess.run(
+        [RAY, "job", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
+    )
+
+
+def submit(address: str, env: dict[str, str], job_id: str, entrypoint: list[str]) -> None:
+    """Submit with the shipped runtime env; retry while the job agent is still starting."""
     for _ in range(20):  # the job agent starts a few seconds after the job server
-        submitted = subprocess.run(
-            [
-                RAY,
-                "job",
-                "submit",
-                "--address",
-                address,
-                "--working-dir",
-                str(ROOT),
-                "--submission-id",
-                job_id,
-                "--no-wait",
-                "--",
-                sys.executable,
-                "-m",
-                "train.lm",
-                "--config",
-                "train/configs/lm.yaml",
-                f"data.url={tmp_path}/tokens",
-                f"run.storage_path={tmp_path}/runs",
-                "run.name=job",
-                f"fault.marker={tmp_path}/died",
-                "train.epochs=1",
-                "data.generate.shards=4",
-                "data.generate.rows=512",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
+        submitted = ray_job(
+            env,
+            "submit",
+            "--address",
+            address,
+            "--runtime-env",
+            "cluster/runtime_env.yaml",
+            "--submission-id",
+            job_id,
+            "--no-wait",
+            "--",
+            *entrypoint,
             timeout=120,
-            cwd=ROOT,
-            check=False,
         )
         if "No available agent" not in submitted.stderr:
             break
         time.sleep(3)
     assert submitted.returncode == 0, submitted.stderr[-3000:]
+
+
+def wait_for(address: str, env: dict[str, str], job_id: str, seconds: float) -> str:
+    """The job's final status line, lower case (or the last one seen when time ran out)."""
     status = ""
-    deadline = time.monotonic() + 480
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        polled = subprocess.run(
-            [RAY, "job", "status", "--address", address, job_id],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        polled = ray_job(env, "status", "--address", address, job_id)
         # e.g. "Job 'ingest-test-1' succeeded"; the CLI logger may write to either stream.
         status = (polled.stdout + polled.stderr).lower()
         if any(f"' {word}" in status for word in ("succeeded", "failed", "stopped")):
             break
         time.sleep(3)
-    logs = subprocess.run(
-        [RAY, "job", "logs", "--address", address, job_id],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    ).stdout
+    return status
+
+
+@pytest.mark.timeout(900)
+def test_submit_the_lm_job_with_the_shipped_runtime_env(
+    head: tuple[str, dict[str, str]], tmp_path: Path
+) -> None:
+    """The README's cluster command: the runtime env uploads the code and pip-installs the
+    dependencies into a virtualenv; the job's default config ships inside the package."""
+    address, env = head
+    job_id = f"ingest-test-{int(time.time())}"
+    entrypoint = [
+        "python",  # the runtime env's virtualenv python, as in the README
+        "-m",
+        "ingest.examples.lm",
+        f"data.url={tmp_path}/tokens",
+        f"run.storage_path={tmp_path}/runs",
+        "run.name=job",
+        f"fault.marker={tmp_path}/died",
+        "train.epochs=1",
+        "data.generate.shards=4",
+        "data.generate.rows=512",
+    ]
+    submit(address, env, job_id, entrypoint)
+    status = wait_for(address, env, job_id, seconds=720)
+    logs = ray_job(env, "logs", "--address", address, job_id).stdout
     assert f"job '{job_id}' succeeded" in status, f"{status}\n{logs[-4000:]}"
     assert "exactly once: 2,048 of 2,048 rows seen 1x" in logs
+    # It ran inside the shipped env: the uploaded code and the pip virtualenv are on the head.
+    resources = Path(env["TMPDIR"], "ray", "session_latest", "runtime_resources")
+    assert list(resources.glob("working_dir_files/*/ingest/examples/lm.py")), resources
+    assert list(resources.glob("pip/*/virtualenv/bin/python")), resources
     states = sorted((tmp_path / "runs" / "job").glob("checkpoint_*/ingest_stream_state.json"))
     assert states, "the job's checkpoints hold the stream state"
     final = json.loads(states[-1].read_text())

@@ -5,9 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "explore.ipynb"
+
+pytestmark = pytest.mark.system
 
 
 def test_explore_notebook_runs(tmp_path: Path) -> None:

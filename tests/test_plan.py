@@ -2,6 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -9,6 +16,8 @@ from hypothesis import strategies as st
 
 from ingest.intervals import IntervalSet
 from ingest.plan import PlanShard, epoch_units, permutation, shard_order
+
+ROOT = Path(__file__).resolve().parent.parent
 
 shards_strategy = st.lists(
     st.tuples(st.integers(0, 50), st.integers(1, 4), st.booleans()), min_size=1, max_size=12
@@ -37,11 +46,48 @@ def test_permutation_differs_across_epochs_and_seeds() -> None:
     assert not np.array_equal(base, permutation(1000, 1, 0))
 
 
+# Pinned orders: a change here changes every user's order (and what a saved state means);
+# change them only with a bump of the state version.
+PINNED: dict[str, list[Any]] = {
+    "permutation": [2, 7, 5, 3, 4, 1, 6, 0],
+    "shard_order": [3, 2, 1, 0],
+    "shard_order_unseeded": [0, 1, 2],
+    "epoch_units": [[1, 50, 100], [1, 0, 50], [2, 0, 50], [2, 50, 100], [0, 0, 50], [0, 50, 100]],
+}
+
+
+def known_values() -> dict[str, list[Any]]:
+    """The orders :data:`PINNED` holds, computed now (also run in a fresh interpreter)."""
+    shards = [PlanShard(f"s3://b/{i}.parquet", 100, (0, 50)) for i in range(3)]
+    return {
+        "permutation": permutation(8, "rows", 0, 0, 0).tolist(),
+        "shard_order": shard_order(["a", "b", "c", "d"], 7, 3),
+        "shard_order_unseeded": shard_order(["a", "b", "c"], None, 5),
+        "epoch_units": [[u.shard, u.start, u.stop] for u in epoch_units(shards, 7, 1)],
+    }
+
+
 def test_known_values_do_not_drift() -> None:
-    # Pinned: a change here changes every user's order; bump the state version if it must.
-    assert permutation(8, "rows", 0, 0, 0).tolist() == permutation(8, "rows", 0, 0, 0).tolist()
-    assert shard_order(["a", "b", "c", "d"], 7, 3) == shard_order(["a", "b", "c", "d"], 7, 3)
-    assert shard_order(["a", "b", "c"], None, 5) == [0, 1, 2]
+    assert known_values() == PINNED
+
+
+@pytest.mark.parametrize("hash_seed", ["0", "4242"])
+def test_known_values_are_the_same_in_a_fresh_interpreter(hash_seed: str) -> None:
+    """Another process with another string-hash seed (a restarted job, a Ray worker) plans
+    the same orders: nothing depends on Python's per-process ``hash()``."""
+    code = (
+        "import json; from tests.test_plan import known_values; print(json.dumps(known_values()))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert json.loads(out.stdout) == PINNED
 
 
 @given(shards_strategy, st.integers(0, 1000), st.integers(0, 20))

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import pickle
+from pathlib import Path
 
 import pytest
 
 import ingest
+import ingest.sources
+from ingest.formats import FORMAT_RESOLVER
 from ingest.sources import Source, parse_storage_options
 from ingest.testing import encode, make_table
 from tests.conftest import Store
@@ -59,6 +63,20 @@ def test_explicit_file_with_unknown_extension_asks_for_a_format(local: Store) ->
     assert listing.infos[0].rows == 5
 
 
+def test_an_unknown_format_name_is_refused_at_listing(local: Store) -> None:
+    local.write("d/a.parquet", encode(make_table(0, 5), "parquet"))
+    with pytest.raises(ingest.ConfigError, match="unknown format 'avro'; known formats: arrow"):
+        ingest.list_shards(local.url("d"), format="avro")
+
+
+def test_sources_do_not_import_formats() -> None:
+    """A listing knows no formats: the registry is handed to ``list_shards`` by its caller."""
+    tree = ast.parse(Path(ingest.sources.__file__).read_text())
+    modules = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not [m for m in modules if m.startswith("ingest.formats")], modules
+
+
 def test_the_version_changes_when_the_object_changes(s3_store: Store) -> None:
     s3_store.write("d/a.jsonl", b'{"id": 1}\n')
     first = ingest.list_shards(s3_store.url("d"), storage_options=s3_store.storage_options)
@@ -91,9 +109,9 @@ def test_storage_option_parsing() -> None:
 def test_source_pickles_without_its_filesystems(s3_store: Store) -> None:
     s3_store.write("d/a.jsonl", b'{"id": 1}\n')
     source = Source(s3_store.url("d"), storage_options=s3_store.storage_options)
-    source.list_shards()
+    listed = source.list_shards(FORMAT_RESOLVER)
     clone = pickle.loads(pickle.dumps(source))
-    assert [s.url for s in clone.list_shards()] == [s.url for s in source.list_shards()]
+    assert [s.url for s in clone.list_shards(FORMAT_RESOLVER)] == [s.url for s in listed]
 
 
 def test_secrets_are_scrubbed_from_messages() -> None:

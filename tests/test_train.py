@@ -23,7 +23,7 @@ from tests.conftest import Store
 SHARDS, ROWS, BATCH, EPOCHS = 6, 200, 50, 2
 TOTAL = SHARDS * ROWS  # divisible by 2 and 3 ranks x BATCH: no remainder to carry
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+pytestmark = [pytest.mark.system, pytest.mark.usefixtures("ray_session")]
 
 
 def counting_loop(config: dict[str, Any]) -> None:

@@ -1,7 +1,9 @@
 """Format registry: a name -> the class that reads it, imported lazily.
 
 An unknown name is an error that lists the known ones; registering a taken name needs
-``overwrite=True``.
+``overwrite=True``. File extensions map to names: :data:`FORMAT_RESOLVER` tells a listing
+which files are data and which format reads each (sources know no formats; the catalog hands
+it to :meth:`ingest.sources.Source.list_shards`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ingest.formats.base import (
 )
 
 __all__ = [
+    "FORMAT_RESOLVER",
     "Format",
     "ReadContext",
     "ReadOptions",
@@ -154,3 +157,30 @@ def format_for_path(path: str, *, strict: bool = False) -> str | None:
 def known_extensions() -> list[str]:
     """Every extension the registry maps to a format."""
     return sorted(_EXTENSIONS)
+
+
+class _RegistryResolver:
+    """The registry as a listing sees it (an :class:`ingest.sources.FormatResolver`).
+
+    Stateless: it reads the registry at each call, so formats registered later count too.
+    """
+
+    def format_of(self, path: str, *, chosen: str | None, explicit: bool) -> str | None:
+        """``chosen`` once checked, else the format of ``path``'s extension.
+
+        Raises:
+            ConfigError: If ``chosen`` names no format, or ``explicit`` and the extension is
+                unknown.
+        """
+        if chosen is not None:
+            get_format(chosen)  # unknown name -> error listing the known ones
+            return chosen
+        return format_for_path(path, strict=explicit)
+
+    def describe(self) -> str:
+        """The known extensions, and the way to name a format instead."""
+        return f"known extensions: {', '.join(known_extensions())}; or pass format=..."
+
+
+FORMAT_RESOLVER = _RegistryResolver()
+"""Tells a listing each file's format from the registry (see :class:`_RegistryResolver`)."""

@@ -1,6 +1,6 @@
 """A small causal language model over token shards (Parquet: ``id``, ``tokens``).
 
-    python -m train.lm --config train/configs/lm.yaml [KEY=VALUE ...]
+    python -m ingest.examples.lm [--config PATH] [KEY=VALUE ...]
 
 With ``data.generate`` set and no shards at ``data.url``, it first writes synthetic token
 shards there (sequences of a noisy affine recurrence, so the loss visibly falls).
@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from train.common import Config, Job, main
+from ingest.examples.common import Config, Job, default_config, main
 
 
 class TinyLM(nn.Module):
@@ -36,6 +36,7 @@ class TinyLM(nn.Module):
         self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(seq_len))
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits ``(batch, n, vocab)`` for token ids ``(batch, n)``, causally masked."""
         n = tokens.shape[1]
         x = self.embed(tokens) + self.pos[:n]
         x = self.block(x, src_mask=self.mask[:n, :n], is_causal=True)
@@ -44,19 +45,21 @@ class TinyLM(nn.Module):
 
 
 def build(config: Config) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A :class:`TinyLM` sized by ``model`` and ``data.generate``, with AdamW at ``train.lr``."""
     m, data = config["model"], config["data"]["generate"]
     model = TinyLM(int(data["vocab"]), int(m["dim"]), int(m["heads"]), int(data["seq_len"]))
     return model, torch.optim.AdamW(model.parameters(), lr=float(config["train"]["lr"]))
 
 
 def step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, Any]) -> torch.Tensor:
+    """One next-token training step on ``batch["tokens"]``; returns the detached loss."""
     tokens = batch["tokens"].long()
     logits = model(tokens[:, :-1])
     loss = nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1)
     )
     optimizer.zero_grad()
-    loss.backward()
+    torch.autograd.backward(loss)
     optimizer.step()
     return loss.detach()
 
@@ -70,7 +73,17 @@ def write_token_shards(
     vocab: int,
     seed: int = 0,
 ) -> None:
-    """Synthetic token shards: ``id`` and ``tokens`` (seq_len + 1 int32 per row)."""
+    """Write synthetic token shards: ``id`` and ``tokens`` (seq_len + 1 int32 per row).
+
+    Args:
+        url: Directory URL to write ``tokens-NNNNN.parquet`` files to.
+        storage_options: fsspec options for that URL's store.
+        shards: Number of files.
+        rows: Rows per file (ids run on across files).
+        seq_len: Tokens per row, plus one for the shifted target.
+        vocab: Token ids are in ``range(vocab)``.
+        seed: Seed of the generator.
+    """
     fs, root = fsspec.core.url_to_fs(url, **storage_options)
     fs.makedirs(root, exist_ok=True)
     rng = np.random.default_rng(seed)
@@ -105,4 +118,4 @@ def _generate(url: str, storage_options: dict[str, Any], gen: dict[str, Any]) ->
 
 
 if __name__ == "__main__":
-    sys.exit(main(JOB, "train/configs/lm.yaml", "*.parquet", _generate))
+    sys.exit(main(JOB, default_config("lm"), "*.parquet", _generate))

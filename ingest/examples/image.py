@@ -1,6 +1,6 @@
 """A small image classifier over WebDataset shards, decoded in the Ray Data pool.
 
-    python -m train.image --config train/configs/image.yaml [KEY=VALUE ...]
+    python -m ingest.examples.image [--config PATH] [KEY=VALUE ...]
 
 Each sample of a tar shard is ``<key>.png`` (the image) and ``<key>.cls`` (the label). The
 PNGs are decoded by :class:`DecodeImages` on the CPU decode pool, never on the training
@@ -21,7 +21,7 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from train.common import Config, Job, main
+from ingest.examples.common import Config, Job, default_config, main
 
 SIZE = 32
 
@@ -35,6 +35,7 @@ class DecodeImages:
         self._image = Image
 
     def __call__(self, table: pa.Table) -> dict[str, Any]:
+        """Decode one block: ``id`` from the key, ``image`` from the PNG, ``label``."""
         keys = table.column("__key__").to_pylist()
         images = np.stack(
             [
@@ -51,6 +52,7 @@ class DecodeImages:
 
 
 def build(config: Config) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A small CNN over ``data.generate.classes`` classes, with AdamW at ``train.lr``."""
     classes = int(config["data"]["generate"]["classes"])
     model = nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1),
@@ -66,9 +68,10 @@ def build(config: Config) -> tuple[nn.Module, torch.optim.Optimizer]:
 
 
 def step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, Any]) -> torch.Tensor:
+    """One classification step on ``batch["image"]``/``batch["label"]``; the detached loss."""
     loss = nn.functional.cross_entropy(model(batch["image"]), batch["label"])
     optimizer.zero_grad()
-    loss.backward()
+    torch.autograd.backward(loss)
     optimizer.step()
     return loss.detach()
 
@@ -76,7 +79,16 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, An
 def write_image_shards(
     url: str, storage_options: dict[str, Any], shards: int, rows: int, classes: int, seed: int = 0
 ) -> None:
-    """Synthetic WebDataset shards of 32x32 PNGs with a class label each."""
+    """Write synthetic WebDataset shards of 32x32 PNGs with a class label each.
+
+    Args:
+        url: Directory URL to write ``images-NNNNN.tar`` files to.
+        storage_options: fsspec options for that URL's store.
+        shards: Number of files.
+        rows: Samples per file (keys run on across files).
+        classes: Labels are in ``range(classes)``; each has its own colour pattern.
+        seed: Seed of the generator.
+    """
     from PIL import Image
 
     fs, root = fsspec.core.url_to_fs(url, **storage_options)
@@ -109,4 +121,4 @@ def _generate(url: str, storage_options: dict[str, Any], gen: dict[str, Any]) ->
 
 
 if __name__ == "__main__":
-    sys.exit(main(JOB, "train/configs/image.yaml", "*.tar", _generate))
+    sys.exit(main(JOB, default_config("image"), "*.tar", _generate))

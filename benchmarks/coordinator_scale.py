@@ -1,0 +1,497 @@
+"""The coordinator at scale, simulated: plan, acks, state size and snapshot, no data read.
+
+A synthetic listing of ``--shards`` parquet-like shards (row counts known from the "footer",
+``--row-groups`` seekable blocks each) is handed to an :class:`ingest.epochs.EpochBook` for
+``--ranks`` ranks: the coordinator's logic without Ray and without I/O. What each rank's feed
+would deliver is simulated from the rank's plan exactly as :class:`ingest.feed.Feed` orders
+it (spans dealt to ``lanes`` lanes, windows of ``window`` rows permuted by the same keyed
+permutation, batches cut from consecutive windows), so every ack carries the runs a real
+batch carries: about one run per row of a shuffled batch.
+
+Figures (issue 7, goals in brackets):
+
+1. plan: ``book.plan(0)`` and the plan of every rank (``book.rank_plan``) [<= 10 s].
+2. acks absorbed per second: one ack is one :class:`ingest.ledger.StepRecord` of one rank
+   (one shuffled batch), sent in messages of ``ack_every`` records, round-robin over the
+   ranks. Twice: the ``book.ack`` calls alone, and with the snapshot and the fold of every
+   checkpoint counted in (where the acked runs are merged into the progress)
+   [>= 100,000/s].
+3. state size: the JSON of a mid-epoch snapshot, taken half-way through a shuffle window
+   (its rows half consumed, as at a checkpoint that falls inside a window) [<= 10 MB].
+4. snapshot: ``book.snapshot(step)`` + ``to_json()`` + ``json.dumps``, the slowest of
+   ``--checkpoints`` taken one window apart (the first of an epoch also writes the
+   listing) [<= 2 s].
+
+Mid-epoch is reached by a fast-forward: each rank acks one record per window holding
+the window's rows in reading order and empty records for the window's other steps (the same
+rows, so the same progress at every window boundary); only the acks of the measured steps
+carry shuffled batches.
+
+    .venv/bin/python benchmarks/coordinator_scale.py [--shards 1000000] [--ranks 1024]
+        [--batch-size 1024] [--rows-per-shard 1000] [--checkpoints 2] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import resource
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from ingest.assign import Span
+from ingest.catalog import Listing
+from ingest.epochs import EpochBook, StreamSpec
+from ingest.formats.base import ShardInfo
+from ingest.ledger import Runs, StepRecord, as_runs, runs_of
+from ingest.plan import permutation
+from ingest.sources import Shard
+from ingest.state import StreamState
+
+GOALS = {
+    "plan_s": ("<=", 10.0),
+    "acks_per_s": (">=", 100_000.0),
+    "acks_with_checkpoints_per_s": (">=", 100_000.0),
+    "state_mb": ("<=", 10.0),
+    "snapshot_s": ("<=", 2.0),
+}
+SOURCE = "s3://bench-bucket/train"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """What is simulated.
+
+    Attributes:
+        shards: Shards in the listing.
+        ranks: Ranks (world size).
+        batch_size: Rows per batch on every rank.
+        rows_per_shard: Mean rows per shard (counts vary from 0.5x to 1.5x of it).
+        row_groups: Seekable blocks per shard (parquet row groups).
+        window: Shuffle window in rows (a multiple of ``batch_size``).
+        lanes: Shards read side by side into each window.
+        seed: Shuffle seed.
+        ack_every: Records per ack message (``RankOptions.ack_every``).
+        checkpoints: Snapshots (each followed by a fold), one window apart, each half-way
+            through a window; the first comes after a window and a half of shuffled batches.
+    """
+
+    shards: int = 1_000_000
+    ranks: int = 1024
+    batch_size: int = 1024
+    rows_per_shard: int = 1000
+    row_groups: int = 4
+    window: int = 16_384
+    lanes: int = 16
+    seed: int = 0
+    ack_every: int = 16
+    checkpoints: int = 2
+
+    def __post_init__(self) -> None:
+        for name in (
+            "shards",
+            "ranks",
+            "batch_size",
+            "rows_per_shard",
+            "row_groups",
+            "checkpoints",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.window % self.batch_size:
+            raise ValueError(
+                f"the simulation cuts whole batches from each window: window={self.window} "
+                f"must be a multiple of batch_size={self.batch_size}"
+            )
+
+
+# -- the synthetic dataset and book -------------------------------------------------------
+
+
+def synthetic_listing(config: Config) -> Listing:
+    """A listing of parquet-like shards with sizes, etags, row counts and row groups."""
+    rng = np.random.default_rng(1234)
+    mean = config.rows_per_shard
+    rows = rng.integers(max(mean // 2, 1), mean + mean // 2 + 1, size=config.shards)
+    sizes = rows * 180 + rng.integers(4096, 65536, size=config.shards)
+    etags = rng.integers(0, 1 << 63, size=(config.shards, 2), dtype=np.int64)
+    shards = []
+    infos = []
+    groups = config.row_groups
+    columns = zip(rows.tolist(), sizes.tolist(), etags.tolist(), strict=True)
+    for i, (n, size, (e0, e1)) in enumerate(columns):
+        etag = f"{e0:016x}{e1:016x}"
+        shards.append(Shard(f"{SOURCE}/part-{i:07d}.parquet", size, etag, "parquet"))
+        step = -(-n // groups)
+        infos.append(ShardInfo(rows=n, blocks=tuple(range(0, n, step))))
+    schema = pa.schema([("id", pa.int64()), ("text", pa.string())])
+    return Listing(tuple(shards), tuple(infos), schema, shards[0].url)
+
+
+class SimulatedBook(EpochBook):
+    """An :class:`EpochBook` whose listing is given, not read from a store."""
+
+    def __init__(self, spec: StreamSpec, world_size: int, listing: Listing) -> None:
+        super().__init__(spec, world_size)
+        self._listing = listing
+
+    def scan(self) -> Listing:
+        return self._listing
+
+
+# -- what a rank's feed delivers ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Lane:
+    runs: Runs
+    """``(segment, shard, start, stop)`` of the lane's spans in reading order."""
+    ends: npt.NDArray[np.int64]
+    """Rows of the lane's stream up to the end of each span."""
+
+    def pieces(self, a: int, b: int) -> Runs:
+        """Rows ``[a, b)`` of the lane's stream as runs."""
+        lo = int(np.searchsorted(self.ends, a, side="right"))
+        hi = min(int(np.searchsorted(self.ends, b, side="left")) + 1, len(self.runs))
+        out = self.runs[lo:hi].copy()
+        begins = self.ends[lo:hi] - (out[:, 3] - out[:, 2])
+        first = out[:, 2] - begins
+        out[:, 2] = first + np.maximum(begins, a)
+        out[:, 3] = first + np.minimum(self.ends[lo:hi], b)
+        return out[out[:, 3] > out[:, 2]]
+
+
+class RankFeed:
+    """The provenance of one rank's batches, ordered as :class:`ingest.feed.Feed` orders them.
+
+    Args:
+        spans: The rank's share (``FeedPlan.spans``).
+        config: Batch and shuffle settings.
+        epoch: The epoch (part of the window permutation's key).
+        rank: The rank (likewise).
+    """
+
+    def __init__(self, spans: Sequence[Span], config: Config, epoch: int, rank: int) -> None:
+        groups: list[list[Span]] = []
+        for span in spans:
+            if groups and groups[-1][-1].shard == span.shard:
+                groups[-1].append(span)
+            else:
+                groups.append([span])
+        count = max(1, min(config.lanes, len(groups)))
+        dealt: list[list[Span]] = [[] for _ in range(count)]
+        for g, group in enumerate(groups):
+            dealt[g % count].extend(group)
+        self.lanes = []
+        for lane in dealt:
+            runs = as_runs([(s.segment, s.shard, s.start, s.stop) for s in lane])
+            self.lanes.append(_Lane(runs, np.cumsum(runs[:, 3] - runs[:, 2])))
+        self.per_lane = max(1, config.window // count)
+        self.config, self.epoch, self.rank = config, epoch, rank
+
+    @property
+    def batches_per_window(self) -> int:
+        return len(self.lanes) * self.per_lane // self.config.batch_size
+
+    def full_windows(self) -> int:
+        """Windows before the first one that some lane cannot fill."""
+        return min(int(lane.ends[-1]) if len(lane.ends) else 0 for lane in self.lanes) // (
+            self.per_lane
+        )
+
+    def window_runs(self, w: int) -> Runs:
+        """The rows of window ``w`` in reading order (before the permutation)."""
+        a, b = w * self.per_lane, (w + 1) * self.per_lane
+        return np.concatenate([lane.pieces(a, b) for lane in self.lanes])
+
+    def batches(self, w: int) -> list[Runs]:
+        """The runs of each batch cut from window ``w`` (a full window)."""
+        pieces = self.window_runs(w)
+        sizes = pieces[:, 3] - pieces[:, 2]
+        segments = np.repeat(pieces[:, 0].astype(np.int8), sizes)
+        shards = np.repeat(pieces[:, 1].astype(np.int32), sizes)
+        starts = np.repeat(pieces[:, 2] - np.cumsum(sizes) + sizes, sizes)
+        rows = starts + np.arange(int(sizes.sum()), dtype=np.int64)
+        order = permutation(len(rows), "window", self.config.seed, self.epoch, self.rank, w)
+        segments, shards, rows = segments[order], shards[order], rows[order]
+        size = self.config.batch_size
+        return [
+            runs_of(segments[k : k + size], shards[k : k + size], rows[k : k + size])
+            for k in range(0, len(rows), size)
+        ]
+
+
+# -- the measurement ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Clock:
+    """Wall-clock and CPU seconds since it was made (CPU time tells a loaded machine apart)."""
+
+    wall: float = field(default_factory=time.perf_counter)
+    cpu: float = field(default_factory=time.process_time)
+
+    def lap(self) -> tuple[float, float]:
+        """Seconds ``(wall, cpu)`` since the clock was made."""
+        return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def measure(config: Config) -> dict[str, Any]:
+    """Run the simulation; return every figure."""
+    out: dict[str, Any] = {"config": asdict(config)}
+    clock = Clock()
+    listing = synthetic_listing(config)
+    out["listing_s"] = clock.lap()[0]
+    out["rows"] = listing.rows
+    tqdm.write(
+        f"listing: {config.shards:,} shards, {listing.rows:,} rows ({out['listing_s']:.1f} s)"
+    )
+
+    spec = StreamSpec(
+        urls=(SOURCE,),
+        batch_size=config.batch_size,
+        shuffle_seed=config.seed,
+        shuffle_window=config.window,
+        shuffle_lanes=config.lanes,
+    )
+    book = SimulatedBook(spec, config.ranks, listing)
+    gc.collect()
+    clock = Clock()
+    epoch = book.plan(0)
+    planned, _ = clock.lap()
+    plans = [book.rank_plan(r, 0) for r in range(config.ranks)]
+    out["plan_s"], out["plan_cpu_s"] = clock.lap()
+    out["plan_book_s"] = planned
+
+    steps = epoch.steps or 0
+    out["steps_per_epoch"] = steps
+    out["spans"] = sum(len(p.spans) for p in plans)
+    tqdm.write(
+        f"plan: {out['plan_s']:.2f} s ({planned:.2f} s book.plan), {out['spans']:,} spans, "
+        f"{steps:,} steps per epoch"
+    )
+
+    feeds = [RankFeed(p.spans, config, 0, r) for r, p in enumerate(plans)]
+    per_window = feeds[0].batches_per_window
+    full = min(f.full_windows() for f in feeds)
+    windows = config.checkpoints + 1
+    w0 = min(steps // 2 // per_window, full - windows)
+    if w0 < 0 or any(f.batches_per_window != per_window for f in feeds):
+        raise ValueError(
+            f"ranks have {full} full window(s), fewer than the {windows} measured; "
+            "raise --rows-per-shard or --shards"
+        )
+    out["fast_forward"] = fast_forward(book, feeds, w0, per_window)
+    # Checkpoints half-way through a window: its rows are half consumed, scattered.
+    marks = [(w0 + k + 1) * per_window + per_window // 2 - 1 for k in range(config.checkpoints)]
+    out["checkpoints"] = checkpoints(book, feeds, w0, marks, config)
+    cps = out["checkpoints"]
+    acks = sum(c["acks"] for c in cps)
+    ack_s = sum(c["ack_s"] for c in cps)
+    busy = ack_s + sum(c["fold_s"] + c["snapshot_s"] for c in cps)
+    out.update(
+        acks=acks,
+        runs_per_ack=float(np.mean([c["runs_per_ack"] for c in cps])),
+        acks_per_s=acks / ack_s,
+        acks_with_checkpoints_per_s=acks / busy,
+        snapshot_s=max(c["snapshot_s"] for c in cps),
+        snapshot_cpu_s=max(c["snapshot_cpu_s"] for c in cps),
+        state_mb=max(c["state_mb"] for c in cps),
+        peak_rss_mb=peak_rss_mb(),
+    )
+    return out
+
+
+def fast_forward(
+    book: EpochBook, feeds: list[RankFeed], windows: int, per_window: int
+) -> dict[str, Any]:
+    """Ack the first ``windows`` windows of every rank: each window's rows in its first step."""
+    empty = as_runs(())
+    acks, seconds = 0, 0.0
+    for w in tqdm(range(windows), desc="fast-forward (windows)", unit="win", file=sys.stderr):
+        first = w * per_window
+        records = [[StepRecord(first, f.window_runs(w))] for f in feeds]
+        for mine in records:
+            mine.extend(StepRecord(first + k, empty) for k in range(1, per_window))
+        clock = Clock()
+        for rank, mine in enumerate(records):
+            book.ack(rank, mine)
+        book.fold(first + per_window - 1)
+        seconds += clock.lap()[0]
+        acks += len(records) * per_window
+    return {"windows": windows, "acks": acks, "seconds": seconds}
+
+
+def checkpoints(
+    book: EpochBook, feeds: list[RankFeed], w0: int, marks: list[int], config: Config
+) -> list[dict[str, Any]]:
+    """Ack shuffled batches from window ``w0`` on; snapshot and fold at each step of ``marks``."""
+    per_window = feeds[0].batches_per_window
+    pending: list[list[Runs]] = [[] for _ in feeds]
+    made = [w0] * len(feeds)
+    step = w0 * per_window
+    out = []
+    for n, mark in enumerate(marks, 1):
+        need = mark + 1 - step
+        for r, f in enumerate(
+            tqdm(feeds, desc=f"checkpoint {n}: shuffled batches", unit="rank", file=sys.stderr)
+        ):
+            while len(pending[r]) < need:
+                pending[r].extend(f.batches(made[r]))
+                made[r] += 1
+        sent = [mine[:need] for mine in pending]
+        pending = [mine[need:] for mine in pending]
+        runs_per_ack = float(np.mean([len(b) for mine in sent for b in mine]))
+        gc.collect()
+        ack_s = 0.0
+        for k in range(0, need, config.ack_every):
+            chunk = [
+                [StepRecord(step + j, mine[j]) for j in range(k, min(k + config.ack_every, need))]
+                for mine in sent
+            ]
+            clock = Clock()
+            for rank, records in enumerate(chunk):
+                book.ack(rank, records)
+            ack_s += clock.lap()[0]
+        del sent
+        clock = Clock()
+        state = book.snapshot(mark)
+        t_book, _ = clock.lap()
+        data = state.to_json()
+        t_json, _ = clock.lap()
+        text = json.dumps(data)
+        snapshot_s, snapshot_cpu_s = clock.lap()
+        check_state(state, mark, config)
+        clock = Clock()
+        book.fold(mark)
+        fold_s, _ = clock.lap()
+        out.append(
+            {
+                "step": mark,
+                "acks": need * len(feeds),
+                "runs_per_ack": runs_per_ack,
+                "ack_s": ack_s,
+                "snapshot_s": snapshot_s,
+                "snapshot_cpu_s": snapshot_cpu_s,
+                "snapshot_parts_s": {
+                    "book.snapshot": t_book,
+                    "to_json": t_json - t_book,
+                    "json.dumps": snapshot_s - t_json,
+                },
+                "fold_s": fold_s,
+                "state_mb": len(text.encode()) / 1e6,
+                "state_parts_mb": {k: len(json.dumps(v)) / 1e6 for k, v in data.items()},
+            }
+        )
+        tqdm.write(
+            f"checkpoint {n} at step {mark:,}: {need * len(feeds):,} acks in {ack_s:.2f} s, "
+            f"snapshot {snapshot_s:.2f} s, fold {fold_s:.2f} s, state {out[-1]['state_mb']:.1f} MB"
+        )
+        step = mark + 1
+    return out
+
+
+def check_state(state: StreamState, step: int, config: Config) -> None:
+    """The snapshot holds exactly the rows of steps ``0..step`` (a check of the simulation).
+
+    Raises:
+        RuntimeError: If it does not.
+    """
+    consumed = state.progress.consumed.count() + state.distributed.carry_consumed.count()
+    delivered = (step + 1) * config.ranks * config.batch_size
+    if consumed != delivered or state.progress.delivered != delivered:
+        raise RuntimeError(
+            f"the state after step {step} holds {consumed} consumed rows and says "
+            f"{state.progress.delivered} delivered; the ranks delivered {delivered}"
+        )
+
+
+def verdict(name: str, value: float) -> str:
+    op, goal = GOALS[name]
+    ok = value <= goal if op == "<=" else value >= goal
+    return f"{op} {goal:,.0f}: {'met' if ok else 'NOT met'}"
+
+
+def table(out: dict[str, Any]) -> str:
+    """The figures as a text table."""
+    c = out["config"]
+
+    def row(label: str, key: str, value: str) -> str:
+        return f"{label:<44} {value:>12}  {verdict(key, out[key])}"
+
+    lines = [
+        f"coordinator at scale: {c['shards']:,} shards, {c['ranks']:,} ranks, batch "
+        f"{c['batch_size']:,}, window {c['window']:,} x {c['lanes']} lanes; "
+        f"{out['rows']:,} rows, {out['steps_per_epoch']:,} steps/epoch",
+        "",
+        f"{'figure':<44} {'value':>12}  goal",
+        row("plan one epoch, every rank's share (s)", "plan_s", f"{out['plan_s']:.2f}"),
+        row("acks absorbed per s (ack calls)", "acks_per_s", f"{out['acks_per_s']:,.0f}"),
+        row(
+            "acks absorbed per s (+ snapshot and fold)",
+            "acks_with_checkpoints_per_s",
+            f"{out['acks_with_checkpoints_per_s']:,.0f}",
+        ),
+        row("mid-epoch state (MB of JSON)", "state_mb", f"{out['state_mb']:.2f}"),
+        row("snapshot + to_json + json.dumps (s)", "snapshot_s", f"{out['snapshot_s']:.2f}"),
+        f"{'peak RSS (MB)':<44} {out['peak_rss_mb']:>12,.0f}",
+        "",
+        f"CPU seconds (this machine is shared): plan {out['plan_cpu_s']:.2f}, slowest "
+        f"snapshot {out['snapshot_cpu_s']:.2f}",
+        f"plan: book.plan {out['plan_book_s']:.2f} s; {out['spans']:,} spans over the ranks",
+        f"acks: {out['acks']:,} shuffled batches of {out['runs_per_ack']:.0f} runs each, in "
+        f"messages of {c['ack_every']}",
+    ]
+    for n, cp in enumerate(out["checkpoints"], 1):
+        parts = ", ".join(f"{k} {v:.2f} s" for k, v in cp["snapshot_parts_s"].items())
+        sizes = ", ".join(f"{k} {v:.2f}" for k, v in cp["state_parts_mb"].items() if v >= 0.01)
+        lines.append(
+            f"checkpoint {n} at step {cp['step']:,}: acks {cp['ack_s']:.2f} s, snapshot "
+            f"{cp['snapshot_s']:.2f} s ({parts}), fold {cp['fold_s']:.2f} s; "
+            f"MB by part: {sizes}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    default = Config()
+    parser.add_argument("--shards", type=int, default=default.shards)
+    parser.add_argument("--ranks", type=int, default=default.ranks)
+    parser.add_argument("--batch-size", type=int, default=default.batch_size)
+    parser.add_argument("--rows-per-shard", type=int, default=default.rows_per_shard)
+    parser.add_argument("--row-groups", type=int, default=default.row_groups)
+    parser.add_argument("--checkpoints", type=int, default=default.checkpoints)
+    parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    config = Config(
+        shards=args.shards,
+        ranks=args.ranks,
+        batch_size=args.batch_size,
+        rows_per_shard=args.rows_per_shard,
+        row_groups=args.row_groups,
+        checkpoints=args.checkpoints,
+    )
+    out = measure(config)
+    print(table(out))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

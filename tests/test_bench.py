@@ -1,0 +1,81 @@
+"""`ingest bench`: a tiny run of the harness with the cheap contenders, end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from ingest.bench import main
+from ingest.bench.contenders import CONTENDERS, Entry
+from ingest.bench.quality import batch_entropy, uniform_entropy
+from ingest.bench.report import FIGURES
+
+SHARDS, ROWS = 4, 2048
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_smoke_run_reports_every_figure(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(
+        CONTENDERS,
+        "absent",
+        Entry(
+            name="absent",
+            title="absent peer",
+            target="ingest_bench_absent:Peer",
+            modules=("ingest_bench_absent_module",),
+            install="pip install ingest-bench-absent",
+        ),
+    )
+    out = tmp_path / "bench.json"
+    plot = tmp_path / "bench.png"
+    argv = [
+        *("--contenders", "stream,torch,absent", "--shards", str(SHARDS)),
+        *("--rows", str(ROWS), "--row-group", "512", "--batch-size", "256"),
+        *("--ranks", "2", "--workers", "1", "--epochs", "2", "--labels", "2"),
+        *("--json", str(out), "--plot", str(plot), "--no-progress"),
+    ]
+    assert main(argv) == 0
+
+    doc = json.loads(out.read_text())
+    by_name = {c["name"]: c for c in doc["contenders"]}
+    assert [c["name"] for c in doc["contenders"]] == ["stream", "torch", "absent"]
+    for name in ("stream", "torch"):
+        report = by_name[name]
+        assert report["status"] == "ok", report["reason"]
+        assert set(report["figures"]) == {f.key for f in FIGURES}
+        for key, value in report["figures"].items():
+            if value is None:
+                assert report["notes"][key], f"{name}: {key} is n/a without a reason"
+        assert report["figures"]["rows_delivered"] == SHARDS * ROWS
+        assert [e["rows"] for e in report["epochs"]] == [SHARDS * ROWS] * 2
+        assert report["figures"]["exactly_once"] is True
+        assert report["figures"]["epoch1_requests"] > 0
+        assert 0 < report["figures"]["shuffle_quality"] <= 1.05
+    assert by_name["stream"]["ranks"] == 1
+    assert by_name["torch"]["ranks"] == 2
+    assert by_name["stream"]["figures"]["resume_first_batch_s"] > 0
+    assert by_name["torch"]["figures"]["resume_first_batch_s"] is None
+    assert "no position" in by_name["torch"]["notes"]["resume_first_batch_s"]
+    assert by_name["absent"]["status"] == "skipped"
+    assert "pip install ingest-bench-absent" in by_name["absent"]["reason"]
+
+    printed = capsys.readouterr().out
+    assert "ingest.Stream (1 process)" in printed and "torch DataLoader + fsspec" in printed
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unknown_contender_lists_the_valid_ones(capsys):
+    assert main(["--contenders", "stream,nope", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown contender 'nope'" in err and "raystream" in err
+
+
+def test_batch_entropy_and_uniform_reference():
+    assert batch_entropy(np.array([0, 0, 1, 1]), 2) == pytest.approx(math.log(2))
+    assert batch_entropy(np.array([3, 3, 3]), 4) == 0.0
+    # 64 shards of 4 labels, batches of 256: a uniform shuffle is close to ln 4.
+    value = uniform_entropy([s % 4 for s in range(64)], 1024, 256)
+    assert math.log(4) * 0.98 < value < math.log(4)
