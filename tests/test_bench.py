@@ -54,6 +54,8 @@ def test_smoke_run_reports_every_figure(tmp_path, capsys, monkeypatch):
         assert report["figures"]["exactly_once"] is True
         assert report["figures"]["epoch1_requests"] > 0
         assert 0 < report["figures"]["shuffle_quality"] <= 1.05
+        figures = report["figures"]
+        assert 0 <= figures["loader_cpu_s_per_mrows"] < figures["rank_cpu_s_per_mrows"]
     assert by_name["stream"]["ranks"] == 1
     assert by_name["torch"]["ranks"] == 2
     assert by_name["stream"]["figures"]["resume_first_batch_s"] > 0

@@ -60,6 +60,7 @@ class EpochFigures:
     requests: int
     bytes_read: int
     rank_cpu_s: float
+    consumer_cpu_s: float
     run_cpu_s: float
     duplicates: int
     missing: int
@@ -195,6 +196,7 @@ class _Run:
                     requests=used.requests,
                     bytes_read=used.bytes_read,
                     rank_cpu_s=sum(r.cpu_s for r in records),
+                    consumer_cpu_s=sum(r.consumer_cpu_s for r in records),
                     run_cpu_s=now_cpu - cpu,
                     duplicates=duplicates,
                     missing=missing,

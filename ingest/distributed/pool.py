@@ -4,7 +4,8 @@ A :class:`RayStream` starts ``ReaderPool.size(world_size)`` reader actors on CPU
 by ``resources`` / ``label_selector``, apart from the trainers). Each rank's feed
 (:class:`ingest.feed.Feed`, the same engine a single-process :class:`ingest.Stream` runs)
 lives in one reader actor (rank ``r`` on actor ``r % size``) and runs ahead of the rank by a
-bounded number of ready batches, kept in the object store within the pool's byte budget.
+bounded number of ready batches, held within the pool's byte budget until the rank takes
+them (a few per call, in the call's result in the object store).
 With a transform, each batch is decoded by the actors of the pool in turn (``decode``), so
 decoding scales with the pool even for one rank. The training process only fetches ready
 Arrow tables and wraps them as tensors; it changes no process-wide setting.
@@ -98,12 +99,17 @@ class ReaderPool:
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """A ready batch as a rank receives it: the table stays in the object store until got."""
+    """A ready batch as a rank receives it.
+
+    ``batch`` is the Arrow table itself when the feed's own actor made it (it travels in the
+    ``take`` call's result, a few batches per object), or an object ref when another actor
+    of the pool decoded it.
+    """
 
     step: int
     runs: Runs
     cursor: Cursor
-    ref: Any
+    batch: Any
     nbytes: int
 
 
@@ -184,8 +190,8 @@ class _RankFeed:
         reader = self._reader
         nbytes = int(ready.table.nbytes)
         reader.wait_for_budget(nbytes)
-        ref = reader.decode_ref(ready.table)
-        return Item(ready.step, ready.runs, ready.cursor, ref, nbytes)
+        batch = reader.decoded(ready.table)
+        return Item(ready.step, ready.runs, ready.cursor, batch, nbytes)
 
     def take(self, most: int, wait_s: float) -> list[Item | End]:
         deadline = time.monotonic() + wait_s
@@ -221,7 +227,9 @@ class _Reader:
     """A reader actor: hosts rank feeds and decodes batches for the pool's feeds.
 
     Args:
-        coordinator: The stream's coordinator actor.
+        coordinator: The name of the stream's coordinator actor, looked up here (also after a
+            restart). A handle passed in would be a reference the restart depends on; Ray
+            warns about those on every actor made (ray-project/ray#53727).
         spec: The stream.
         transform: The user transform (function or class), built once in this actor.
         pool: The pool settings.
@@ -230,13 +238,13 @@ class _Reader:
 
     def __init__(
         self,
-        coordinator: Any,
+        coordinator: str,
         spec: StreamSpec,
         transform: Transform | None,
         pool: ReaderPool,
         timeout_s: float,
     ) -> None:
-        self.coordinator = coordinator
+        self.coordinator: Any = ray.get_actor(coordinator)
         self.spec = spec
         self.timeout_s = timeout_s
         self.depth = pool.prefetch_batches
@@ -270,15 +278,19 @@ class _Reader:
         assert self._fn is not None
         return apply(self._fn, table)
 
-    def decode_ref(self, table: pa.Table) -> Any:
-        """An object ref to the batch, decoded by the pool's actors in turn."""
+    def decoded(self, table: pa.Table) -> Any:
+        """The batch decoded, by the pool's actors in turn: a table made here, or a ref.
+
+        A table made here is not ``ray.put`` on its own: one put per batch cost a third of a
+        reader's time (measured with py-spy); the batches ride in the ``take`` result.
+        """
         if self._fn is None:
-            return ray.put(table)
+            return table
         if len(self._peers) > 1:
             peer = self._peers[self._turn % len(self._peers)]
             self._turn += 1
             return peer.decode.remote(table)
-        return ray.put(self._transform(table))
+        return self._transform(table)
 
     def _queued(self) -> int:
         return sum(f.queued_bytes for f in list(self._feeds.values()))

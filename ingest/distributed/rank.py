@@ -153,11 +153,13 @@ class RankIterator:
                             )
                         )
                     break
-                try:
-                    table = self._get(item.ref)
-                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
-                    self._recover(epoch)  # the reader that owned the batch died with it
-                    continue
+                table = item.batch
+                if isinstance(table, ray.ObjectRef):  # decoded by another actor of the pool
+                    try:
+                        table = self._get(table)
+                    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                        self._recover(epoch)  # the reader that owned the batch died with it
+                        continue
                 batch = self._to_torch(table)
                 self._pending.append(StepRecord(item.step, item.runs))
                 self._cursor = item.cursor

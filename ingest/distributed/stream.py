@@ -115,7 +115,7 @@ class RayStream:
         size = self.pool.size(world_size)
         self.readers = [
             Reader.options(**self.pool.actor_options()).remote(
-                self.coordinator, self.spec, transform, self.pool, timeout_s
+                self.name, self.spec, transform, self.pool, timeout_s
             )
             for _ in range(size)
         ]
