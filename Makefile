@@ -42,7 +42,9 @@ unit-fast: $(STAMP)
 
 test: lint typecheck unit
 
+# ingest bench: this project against Ray Data, a torch DataLoader and HF datasets (< 10 min).
 bench: $(STAMP)
+	$(VENV)/bin/ingest bench --json bench.json --plot bench.png
 	$(PY) benchmarks/stream_vs_pyarrow.py
 	$(PY) benchmarks/cold_start.py
 	$(PY) benchmarks/shuffle_quality.py
