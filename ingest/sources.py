@@ -317,6 +317,9 @@ class Source:
         """
         found: dict[str, Shard] = {}
         for url in self.urls:
+            # A listing is of the store now: s3fs and gcsfs keep directory listings, and a
+            # shard written since the last listing would be listed but refused by open().
+            self.filesystem(url).invalidate_cache()
             for shard in self._list_one(url, formats):
                 found.setdefault(shard.url, shard)
         return [found[u] for u in sorted(found)]

@@ -9,7 +9,8 @@ same layout as :class:`ingest.RayStream`'s, and loads into either.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
 from ingest._prefetch import Prefetcher
@@ -89,7 +90,13 @@ class Stream:
         self._next_epoch = 0
         self._step = -1
         self._delivered = 0
-        self._active: Iterator[Batch] | None = None
+        # The loop in progress, held weakly: a loop left by `break` drops the generator,
+        # whose `finally` stops its read-ahead threads at once. A strong reference would make a
+        # cycle (the generator's frame holds the stream) that only the cyclic GC frees, and a
+        # stream left without close() would keep its threads until then.
+        self._active: weakref.ref[Generator[Batch, None, None]] | None = None
+        self._running = False
+        """An epoch's loop started and has not finished: the next loop rewinds first."""
 
     @property
     def batch_size(self) -> int:
@@ -114,12 +121,22 @@ class Stream:
         return self._book.scan()
 
     def __iter__(self) -> Iterator[Batch]:
-        if self._active is not None:
+        self._stop_active()
+        if self._running:
             self._rewind()
-        self._active = self._run(self._next_epoch)
-        return self._active
+        loop = self._run(self._next_epoch)
+        self._active = weakref.ref(loop)
+        return loop
 
-    def _run(self, epoch: int) -> Iterator[Batch]:
+    def _stop_active(self) -> None:
+        """Close the loop in progress, if its caller still holds it."""
+        active = self._active() if self._active is not None else None
+        self._active = None
+        if active is not None:
+            active.close()
+
+    def _run(self, epoch: int) -> Generator[Batch, None, None]:
+        self._running = True
         book = self._book
         plan = book.rank_plan(0, epoch)
         if plan.next_step == book.plan(epoch).first_step:
@@ -145,7 +162,7 @@ class Stream:
                     book.fold(item.step - 1)
                 yield batch
             self._next_epoch = epoch + 1
-            self._active = None
+            self._running = False
         finally:
             close = getattr(items, "close", None)
             if close is not None:
@@ -154,10 +171,8 @@ class Stream:
 
     def _rewind(self) -> None:
         """Drop the read-ahead of a loop left early; the next loop starts after its last batch."""
-        active, self._active = self._active, None
-        close = getattr(active, "close", None)
-        if close is not None:
-            close()
+        self._stop_active()
+        self._running = False
         book = self._book
         state = book.snapshot(self._step)
         listing = book.plan(state.progress.epoch).listing if state.started else None
@@ -180,10 +195,8 @@ class Stream:
                 dataset whose shards are gone or changed (new shards join next epoch).
         """
         parsed = StreamState.from_json(state)
-        active, self._active = self._active, None
-        close = getattr(active, "close", None)
-        if close is not None:
-            close()
+        self._stop_active()
+        self._running = False
         self._book.load(parsed)
         self._step = parsed.progress.step - 1
         self._next_epoch = parsed.progress.epoch
@@ -191,7 +204,8 @@ class Stream:
 
     def close(self) -> None:
         """Stop background reading. Iterating again resumes where the stream stopped."""
-        if self._active is not None:
+        self._stop_active()
+        if self._running:
             self._rewind()
 
     def __enter__(self) -> Stream:
