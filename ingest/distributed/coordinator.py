@@ -26,6 +26,11 @@ from ingest.feed import Cursor, FeedPlan
 from ingest.ledger import Run, Runs, StepRecord
 from ingest.state import StreamState
 
+_FOLD_EVERY = 64
+"""Steps every rank acked between two folds of the acks into the epochs' progress. Without
+a fold the acks of a job that never takes a state pile up (and pin their messages in the
+object store); folding below the lowest acked step never changes a later state."""
+
 
 class StaleSessionError(IngestError):
     """A feed or an ack of a session that a newer worker group or state replaced."""
@@ -49,6 +54,7 @@ class _Coordinator:
         self._session = 0
         self._joined: set[int] = set()
         self._touched = False
+        self._folded = -1
 
     def session(self) -> int:
         with self._lock:
@@ -78,6 +84,7 @@ class _Coordinator:
         self._session += 1
         self._joined = set()
         self._touched = False
+        self._folded = -1
         self._lock.notify_all()
 
     def _check(self, session: int) -> None:
@@ -139,8 +146,14 @@ class _Coordinator:
         with self._lock:
             if session != self._session:
                 return  # a rank of a worker group that was replaced
-            self._book.ack(rank, records, cursor)
+            book = self._book
+            book.ack(rank, records, cursor)
             self._touched = True
+            if records and records[-1].step - self._folded >= _FOLD_EVERY:
+                low = min(book.ledger.acked(r) for r in range(book.world_size))
+                if low - self._folded >= _FOLD_EVERY:
+                    book.fold(low)
+                    self._folded = low
             self._lock.notify_all()
 
     def acked(self) -> list[int]:
