@@ -32,6 +32,19 @@ a fold the acks of a job that never takes a state pile up (and pin their message
 object store); folding below the lowest acked step never changes a later state."""
 
 
+class CoordinatorLostError(IngestError):
+    """The stream's coordinator actor died: the acks since then cannot be recorded."""
+
+    def __init__(self, cause: BaseException | str) -> None:
+        super().__init__(
+            f"the stream's coordinator actor died ({str(cause).splitlines()[0]}); the "
+            "batches consumed since the last state are not recorded, so this rank stops. "
+            "Resume from the last state: a new ingest.RayStream(...) with the same source "
+            "and settings, then stream.load_state_dict(last_state) before the ranks iterate "
+            "(under Ray Train, rerun from the latest checkpoint: ingest.train restores it)"
+        )
+
+
 class StaleSessionError(IngestError):
     """A feed or an ack of a session that a newer worker group or state replaced."""
 

@@ -170,7 +170,12 @@ class _RankFeed:
                 ref = coordinator.rank_resume.remote(
                     self.rank, self.epoch, next_step, cursor, self.session
                 )
-            plan = ray.get(ref, timeout=reader.timeout_s)
+            try:
+                plan = ray.get(ref, timeout=reader.timeout_s)
+            except ray.exceptions.RayActorError as e:
+                from ingest.distributed.coordinator import CoordinatorLostError
+
+                raise CoordinatorLostError(e) from None
             feed = Feed(plan, reader.spec.feed_config(), reader.source)
             try:
                 for out in feed:

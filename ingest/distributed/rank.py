@@ -25,6 +25,7 @@ import ray
 import torch
 
 from ingest.convert import Batch, to_torch
+from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.pool import End, Item
 from ingest.errors import IngestError, StreamTimeoutError
 from ingest.feed import Cursor
@@ -71,6 +72,8 @@ class RankIterator:
     _cursor: Cursor | None = None
     _held: deque[Item | End] = field(default_factory=deque)
     _inflight: Any = None
+    _acks: list[Any] = field(default_factory=list)
+    """Ack messages sent and not yet answered, oldest first."""
 
     def _get(self, ref: Any) -> Any:
         try:
@@ -78,15 +81,24 @@ class RankIterator:
         except Exception as e:
             raise unwrap(e) from None
 
+    def _ask(self, ref: Any) -> Any:
+        """The answer of a coordinator call; its death is said as such, with how to resume."""
+        try:
+            return ray.get(ref, timeout=self.options.timeout_s)
+        except ray.exceptions.RayActorError as e:
+            raise CoordinatorLostError(e) from None
+        except Exception as e:
+            raise unwrap(e) from None
+
     def _session(self) -> int:
         if self.session is None:
-            self.session = int(self._get(self.coordinator.session.remote()))
+            self.session = int(self._ask(self.coordinator.session.remote()))
         return self.session
 
     def upcoming_epoch(self) -> int:
         """The epoch the next ``for`` loop over this iterator runs."""
         if self.epoch is None:
-            self.epoch = int(self._get(self.coordinator.first_epoch.remote()))
+            self.epoch = int(self._ask(self.coordinator.first_epoch.remote()))
         return self.epoch
 
     def _fetch(self, epoch: int) -> Any:
@@ -116,11 +128,15 @@ class RankIterator:
 
     def _take(self, ref: Any, epoch: int) -> list[Item | End]:
         try:
-            got: list[Item | End] = self._get(ref)
+            got: list[Item | End] = ray.get(ref, timeout=self.options.timeout_s)
             return got
+        except ray.exceptions.RayTaskError as e:  # raised in the reader, not its death
+            raise unwrap(e) from None
         except ray.exceptions.RayActorError:
             self._recover(epoch)
             return []
+        except Exception as e:
+            raise unwrap(e) from None
 
     def _next(self, epoch: int) -> Item | End:
         deadline = time.monotonic() + self.options.timeout_s
@@ -142,12 +158,13 @@ class RankIterator:
 
     def __iter__(self) -> Iterator[Batch]:
         epoch = self.upcoming_epoch()
+        done = False
         try:
             while True:
                 item = self._next(epoch)
                 if isinstance(item, End):
                     if len(item.leftover) or item.learned:
-                        self._get(
+                        self._ask(
                             self.coordinator.close_epoch.remote(
                                 epoch, item.steps, item.leftover, item.learned, self._session()
                             )
@@ -167,12 +184,16 @@ class RankIterator:
                 if len(self._pending) >= self.options.ack_every:
                     self.flush(wait=False)
                 yield batch
+            self.flush()  # the epoch's last acks; a coordinator lost here is the loop's error
+            done = True
             self.epoch = epoch + 1
             self._cursor = None
         finally:
-            # Left early or done: the acks of every batch handed out reach the coordinator.
-            with contextlib.suppress(Exception):
-                self.flush()
+            # Left early: the acks of every batch handed out reach the coordinator (an error
+            # here would hide the one that left the loop, if any).
+            if not done:
+                with contextlib.suppress(Exception):
+                    self.flush()
 
     def _to_torch(self, table: Any) -> Batch:
         batch = to_torch(table)
@@ -190,13 +211,28 @@ class RankIterator:
         return out
 
     def flush(self, *, wait: bool = True) -> None:
-        """Send the acks held back; ``wait`` until the coordinator has them."""
-        if not self._pending:
+        """Send the acks held back; ``wait`` until the coordinator has every ack sent.
+
+        Without ``wait`` the message goes unanswered for a while, but never more than two
+        do: a coordinator that died stops the loop within a few messages (its error says
+        how to resume), not at the end of the epoch with every ack since lost.
+        """
+        if self._pending:
+            self._acks.append(
+                self.coordinator.ack.remote(self.rank, self._pending, self._session(), self._cursor)
+            )
+            self._pending = []
+        if not self._acks:
             return
-        ref = self.coordinator.ack.remote(self.rank, self._pending, self._session(), self._cursor)
-        self._pending = []
         if wait:
-            self._get(ref)
+            refs, self._acks = self._acks, []
+            self._ask(refs)
+            return
+        ready, self._acks = ray.wait(self._acks, num_returns=len(self._acks), timeout=0)
+        if ready:
+            self._ask(ready)
+        while len(self._acks) > 2:
+            self._ask(self._acks.pop(0))
 
     def state_dict(self) -> dict[str, Any]:
         """Flush, then the stream state after this rank's last batch (same on every rank).
@@ -208,6 +244,8 @@ class RankIterator:
         ref = self.coordinator.state_dict.remote(self.step, self.options.timeout_s)
         try:
             return ray.get(ref, timeout=self.options.timeout_s + 30)  # type: ignore[no-any-return]
+        except ray.exceptions.RayActorError as e:
+            raise CoordinatorLostError(e) from None
         except Exception as e:
             raise unwrap(e) from None
 
