@@ -147,9 +147,7 @@ def _left_behind(threads_before: set[int | None], dashboard: str) -> list[str]:
         time.sleep(0.5)
     gc.collect()
     # A handle to an actor that is dead holds no memory; every other reference is a leak.
-    objects = [
-        o for o in list_objects(dashboard, timeout=30) if o.reference_type != "ACTOR_HANDLE"
-    ]
+    objects = [o for o in list_objects(dashboard, timeout=30) if o.reference_type != "ACTOR_HANDLE"]
     print(
         f"left behind: {len(actors)} actors alive, {len(tasks)} tasks running or pending, "
         f"{len(objects)} objects referenced, {len(threads)} threads "

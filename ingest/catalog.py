@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from ingest.errors import IngestError, redact
+from ingest.errors import IngestError, ShardError, redact
 from ingest.formats import FORMAT_RESOLVER, get_format
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
 from ingest.index import Indexer, IndexStore, local_indexer
@@ -126,11 +126,15 @@ class Catalog:
             cached = self._cache.get(key)
         if cached is not None:
             return cached
-        info = (
-            EMPTY
-            if shard.size == 0
-            else get_format(shard.format).inspect(self.source, shard, self.options)
-        )
+        fmt = get_format(shard.format)
+        if shard.size == 0 and not fmt.empty_is_valid:
+            raise ShardError(
+                shard.url,
+                f"is empty (0 bytes): not a {fmt.name} file, perhaps a write that failed",
+                "remove the file or write it again",
+                byte=0,
+            )
+        info = EMPTY if shard.size == 0 else fmt.inspect(self.source, shard, self.options)
         with self._lock:
             self._cache[key] = info
         return info
@@ -263,6 +267,10 @@ class Catalog:
         if self.index_store is not None and unsaved:
             self.index_store.put_many(unsaved)
         unsaved.clear()
+
+    def shard_schema(self, shard: Shard, info: ShardInfo) -> tuple[pa.Schema | None, str]:
+        """The schema of one shard on its own, and where it came from."""
+        return self._schema([shard], [info])
 
     def _schema(
         self, shards: Sequence[Shard], infos: Sequence[ShardInfo]

@@ -112,10 +112,16 @@ def _index_parser(sub: Any) -> None:
 
 
 def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
+    """Row counts, reading the shards whose footer has none; each with its own schema (a
+    listing may mix formats and schemas; a stream over it could not, a listing can)."""
     rows: list[int | None] = [i.rows for i in listing.infos]
     todo = [n for n, r in enumerate(rows) if r is None]
     for n in tqdm(todo, desc="counting rows", unit="shard", leave=False, disable=not todo):
-        ctx = listing.context(n, catalog.source, catalog.options, None)
+        one = listing.subset([listing.shards[n].url])
+        schema, origin = catalog.shard_schema(one.shards[0], one.infos[0])
+        ctx = Listing(one.shards, one.infos, schema, origin).context(
+            0, catalog.source, catalog.options, None
+        )
         with get_format(ctx.shard.format).open(ctx) as reader:
             rows[n] = sum(b.data.num_rows for b in reader.read(0, None, None))
     return rows

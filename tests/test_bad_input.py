@@ -57,14 +57,13 @@ def test_invalid_json_line_names_url_and_line_through_the_stream(local: Store) -
     assert time.monotonic() - start < QUICK_S
 
 
-def test_zero_byte_and_zero_row_shards_are_fine(store: Store) -> None:
+def test_zero_row_shards_and_empty_line_files_are_fine(store: Store) -> None:
     store.write("d/a.parquet", encode(make_table(0, 100), "parquet"))
     store.write("d/b.parquet", encode(make_table(0, 0), "parquet"))
-    store.write("d/c.parquet", b"")
     store.write("d/d.jsonl", b"")
     store.write("d/e.jsonl", b"\n\n")
     listing = ingest.list_shards(store.url("d"), storage_options=store.storage_options)
-    assert [i.rows for i in listing.infos] == [100, 0, 0, 0, None]
+    assert [i.rows for i in listing.infos] == [100, 0, 0, None]
     stream = ingest.Stream(
         store.url("d"),
         columns=["id"],
@@ -73,6 +72,21 @@ def test_zero_byte_and_zero_row_shards_are_fine(store: Store) -> None:
         batch_size=10,
     )
     assert drain(stream) == 100
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_zero_byte_binary_shard_is_refused(local: Store, fmt: str) -> None:
+    """Issue 8: a zero-byte .parquet was listed as 0 rows without a word."""
+    name = f"c.{fmt}"
+    local.write(f"d/a.{fmt}", encode(make_table(0, 100), fmt))
+    local.write(f"d/{name}", b"")
+    start = time.monotonic()
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"{name.replace('.', r'[.]')} at byte 0: is empty \(0 bytes\).*write it again",
+    ):
+        drain(ingest.Stream(local.url("d"), columns=["id"]))
+    assert time.monotonic() - start < QUICK_S
 
 
 def write_drifted(local: Store) -> None:

@@ -72,3 +72,14 @@ def test_ls_bad_input_exits_2_with_one_line(local: Store) -> None:
     out = run("ls", local.url("d"))
     assert out.returncode == 2
     assert "a.parquet at byte 0: is not a Parquet file" in out.stderr
+
+
+def test_ls_count_on_tar_shards(local: Store) -> None:
+    """Issue 8: `ingest ls --count` on any .tar ended in an AssertionError traceback."""
+    local.write("w/a.tar", encode(make_table(0, 37), "tar"))
+    local.write("w/b.tar", encode(make_table(37, 5), "tar"))
+    out = run("ls", local.url("w"), "--count")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert [line.split()[-1] for line in lines[1:3]] == ["37", "5"]
+    assert lines[-1].startswith("2 shards, 42 rows, ")

@@ -36,6 +36,7 @@ _FIX = "check that the object is a complete Arrow IPC file or stream, or pass fo
 class ArrowFormat(Format):
     name = "arrow"
     extensions = (".arrow", ".feather", ".ipc", ".arrows")
+    empty_is_valid = False
 
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         with source.open(shard) as f:

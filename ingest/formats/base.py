@@ -180,6 +180,9 @@ class Format(ABC):
 
     name: ClassVar[str]
     extensions: ClassVar[tuple[str, ...]]
+    empty_is_valid: ClassVar[bool] = True
+    """Whether a zero-byte file is a shard of no rows (line formats) or a broken file
+    (formats that start with a magic number)."""
 
     @abstractmethod
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:

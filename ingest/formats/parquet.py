@@ -46,6 +46,7 @@ _FIX = "check that the object is a complete Parquet file (re-upload it), or pass
 class ParquetFormat(Format):
     name = "parquet"
     extensions = (".parquet", ".pq")
+    empty_is_valid = False
 
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         # One request for the tail, which holds the footer of all but very wide files;
