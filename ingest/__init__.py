@@ -31,6 +31,7 @@ from ingest.state import STATE_VERSION
 
 if TYPE_CHECKING:
     from ingest import testing, train
+    from ingest.distributed.coordinator import CoordinatorLostError
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.stream import RayStream
@@ -41,6 +42,7 @@ __version__ = "0.1.0"
 __all__ = [
     "STATE_VERSION",
     "ConfigError",
+    "CoordinatorLostError",
     "IOStats",
     "IndexConfig",
     "IndexStore",
@@ -76,6 +78,7 @@ _LAZY = {
     "ReaderPool": "ingest.distributed.pool",
     "RankIterator": "ingest.distributed.rank",
     "RankOptions": "ingest.distributed.rank",
+    "CoordinatorLostError": "ingest.distributed.coordinator",
 }
 
 
