@@ -26,16 +26,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import numpy as np
-
 from ingest.assign import CARRY, MAIN, Assignment, Span, remaining, split
 from ingest.catalog import Catalog, Listing
-from ingest.errors import ConfigError, StateError
+from ingest.errors import ConfigError, StateError, redact
 from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
 from ingest.index import IndexConfig, Indexer, IndexStore
-from ingest.intervals import IntervalSet
+from ingest.intervals import IntervalSet, union_into
 from ingest.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.plan import epoch_units
 from ingest.sources import Source
@@ -117,7 +115,12 @@ class StreamSpec:
 
     def catalog(self, indexer: Indexer | None = None) -> Catalog:
         """A catalog of this stream's source, with its index store and ``indexer``."""
-        source = Source(self.urls, storage_options=self.storage_options, format=self.format)
+        source = Source(
+            self.urls,
+            storage_options=self.storage_options,
+            format=self.format,
+            retry=self.read.retry,
+        )
         store = IndexStore(self.index) if self.index is not None else None
         return Catalog(source, self.read, self.columns, index_store=store, indexer=indexer)
 
@@ -151,6 +154,10 @@ class _PlannedEpoch:
     """The step the ranks' feeds start at in this run of the epoch (fixed at planning)."""
     skip: tuple[dict[int, IntervalSet], dict[int, IntervalSet]]
     cursors: list[Cursor | None] | None
+    dataset: DatasetState | None = None
+    """The listing as the state records it, made once (its JSON is kept with it)."""
+    merged: tuple[int, int, Progress, Progress] | None = None
+    """``(based, step, main, carried)``: the last snapshot's progress, for the fold after."""
 
     @property
     def end_step(self) -> int | None:
@@ -178,6 +185,8 @@ class EpochBook:
         if world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
         self.spec = spec
+        # The sources as saved in every state: credentials and query values never are.
+        self._sources = [redact(u) for u in spec.urls]
         self.world_size = world_size
         self.catalog = catalog if catalog is not None else spec.catalog()
         self.source = self.catalog.source
@@ -375,7 +384,7 @@ class EpochBook:
                 f"{self.ledger.acked(rank)}; flush its acks first"
             )
         e = self.plan(epoch)
-        main, carried = e.main.copy(), e.carried.copy()
+        main, carried = _shallow(e.main), _shallow(e.carried)
         _add_runs(self.ledger.runs(e.based, next_step - 1), carried, main)
         end = e.end_step
         return FeedPlan(
@@ -453,13 +462,21 @@ class EpochBook:
         )
 
     def _state_in(self, e: _PlannedEpoch, step: int) -> StreamState:
-        main, carried = e.main.copy(), e.carried.copy()
+        if step + 1 < e.based:
+            raise StateError(
+                f"step {step} was folded already (acks are kept from step {e.based} on); "
+                "take a state at a later step"
+            )
+        main, carried = _shallow(e.main), _shallow(e.carried)
         _add_runs(self.ledger.runs(e.based, step), carried, main)
-        done = max(step + 1 - e.based, 0)
+        e.merged = (e.based, step, main, carried)
+        done = step + 1 - e.based
         delivered = e.delivered + done * self.spec.batch_size * self.world_size
         restored = e.cursors if step + 1 == e.opened else None
+        if e.dataset is None:
+            e.dataset = DatasetState(self._sources, e.listing.records())
         return StreamState(
-            DatasetState(list(self.spec.urls), e.listing.records()),
+            e.dataset,
             ProgressState(e.epoch, e.first_step, step + 1, delivered, e.dropped, main),
             DistributedState(
                 self.world_size, [(s.shard, s.start, s.stop) for s in e.carry], carried
@@ -480,7 +497,7 @@ class EpochBook:
             if r.rows is None:
                 records[index] = ShardRecord(r.url, r.size, r.version, rows)
         return StreamState(
-            DatasetState(list(self.spec.urls), records),
+            DatasetState(self._sources, records),
             ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, Progress()),
             DistributedState(self.world_size, carry, Progress()),
             self._position(step, None),
@@ -493,7 +510,12 @@ class EpochBook:
             last = step if end is None else min(step, end - 1)
             if last < e.based:
                 continue
-            _add_runs(self.ledger.runs(e.based, last), e.carried, e.main)
+            if e.merged is not None and e.merged[:2] == (e.based, last):
+                # What the snapshot at ``last`` merged (sets are replaced, never changed).
+                e.main, e.carried = _shallow(e.merged[2]), _shallow(e.merged[3])
+            else:
+                _add_runs(self.ledger.runs(e.based, last), e.carried, e.main)
+            e.merged = None
             e.delivered += (last + 1 - e.based) * self.spec.batch_size * self.world_size
             e.based = last + 1
         self.ledger.fold(step)
@@ -518,7 +540,7 @@ class EpochBook:
             )
         if listing is None:
             listing = self.scan()
-        match_listing(state.shards, listing.records())
+        match_listing(state.dataset, listing.records())
         if state.started:
             # The rest of an epoch reads the shards it started with; new ones join next epoch.
             listing = listing.subset([s.url for s in state.shards])
@@ -532,31 +554,25 @@ class EpochBook:
 
 
 def _add_runs(runs: Runs | Sequence[Run], carried: Progress, main: Progress) -> None:
-    """Add acked runs to the progress of their segment, merged first.
+    """Add acked runs to the progress of their segment.
 
-    The runs of shuffled batches are short (often one row each) but together cover whole
-    windows, so merging them in numpy before adding keeps this O(runs log runs) with few
-    interval insertions.
+    The shards of a segment are merged in one numpy pass
+    (:func:`ingest.intervals.union_into`). A shard's interval set is replaced, never changed
+    in place, so a snapshot may share the sets of the book's progress (a shallow copy) and
+    stay as it was.
     """
     arr = as_runs(runs)
-    if not len(arr):
-        return
-    order = np.lexsort((arr[:, 2], arr[:, 1], arr[:, 0]))
-    arr = arr[order]
-    key = arr[:, 0] * (1 << 32) + arr[:, 1]
-    # A run starts a new merged interval when its (segment, shard) changes or it begins
-    # after every earlier run of the same key ended (a running maximum per key).
-    new_key = np.concatenate(([True], key[1:] != key[:-1]))
-    firsts = np.flatnonzero(new_key)
-    ends = arr[:, 3].copy()
-    for g0, g1 in zip(firsts.tolist(), [*firsts[1:].tolist(), len(arr)], strict=True):
-        ends[g0:g1] = np.maximum.accumulate(arr[g0:g1, 3])
-    gap = np.concatenate(([True], (arr[1:, 2] > ends[:-1]) | new_key[1:]))
-    starts = np.flatnonzero(gap)
-    stops = np.concatenate((starts[1:], [len(arr)])) - 1
-    for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
-        segment, shard, start = int(arr[a, 0]), int(arr[a, 1]), int(arr[a, 2])
-        (carried if segment == CARRY else main).of(shard).add(start, int(ends[b]))
+    in_carry = arr[:, 0] == CARRY
+    for progress, mine in ((carried, arr[in_carry]), (main, arr[~in_carry])):
+        if len(mine):
+            progress.consumed.update(
+                union_into(progress.consumed, mine[:, 1], mine[:, 2], mine[:, 3])
+            )
+
+
+def _shallow(progress: Progress) -> Progress:
+    """A copy of ``progress`` that shares its interval sets (:func:`_add_runs` replaces them)."""
+    return Progress(dict(progress.consumed), dict(progress.rows))
 
 
 def _remap(progress: Progress, state: StreamState, by_url: Mapping[str, int]) -> Progress:

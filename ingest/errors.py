@@ -9,12 +9,22 @@ from __future__ import annotations
 
 import re
 
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]+@")
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s'\"]+@")
+# A query string of a URL in free text: ``?`` after ``scheme://...`` and up to the first
+# character that cannot be part of the URL.
+_QUERY = re.compile(r"(?P<head>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?#'\"<>]*\?)(?P<query>[^\s#'\"<>]*)")
+_QUERY_VALUE = re.compile(r"=[^&;]*")
 
 
-def redact(url: str) -> str:
-    """Return ``url`` with any ``user:password@`` part replaced by ``***@``."""
-    return _USERINFO.sub(r"\g<scheme>***@", url)
+def redact(text: str) -> str:
+    """Return ``text`` with the secrets of every URL in it replaced by ``***``.
+
+    A ``user:password@`` part becomes ``***@``, and every query value becomes ``***``
+    (``?token=abc&x=1`` -> ``?token=***&x=***``): pre-signed URLs and tokens travel in the
+    query. Works on a bare URL and on free text (an exception message) alike.
+    """
+    text = _USERINFO.sub(r"\g<scheme>***@", text)
+    return _QUERY.sub(lambda m: m["head"] + _QUERY_VALUE.sub("=***", m["query"]), text)
 
 
 class IngestError(Exception):

@@ -10,13 +10,17 @@ import sources, never the other way round.
 
 from __future__ import annotations
 
+import email.utils
 import posixpath
+import random
 import re
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from glob import has_magic
-from typing import IO, Any, NoReturn, Protocol
+from typing import IO, Any, NoReturn, Protocol, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import fsspec
 from fsspec.core import url_to_fs
@@ -24,13 +28,20 @@ from fsspec.utils import get_protocol
 
 from ingest.errors import ConfigError, ShardError, SourceError, redact
 
-# Timeouts and retries for S3 when the caller gives none: botocore's defaults wait 60 s per
-# attempt on connect, which turns an unreachable endpoint into a minutes-long hang.
-_S3_CONFIG_DEFAULTS: dict[str, Any] = {
-    "connect_timeout": 5,
-    "read_timeout": 60,
-    "retries": {"max_attempts": 3, "mode": "standard"},
-}
+_T = TypeVar("_T")
+# Statuses worth another attempt: throttling (429, 503 SlowDown), server faults, timeouts.
+_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Errors that no retry mends: the object, the bucket or the permission is not there.
+_PERMANENT_ERRORS = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+)
+_LOCAL_PROTOCOLS = frozenset({"file", "local"})
+# A query string at the end of a path (``?token=...``, ``?versionId=...``): not a glob.
+_QUERY_TAIL = re.compile(r"\?[^/?=]+=.*$")
 # Packages whose exceptions mean "the store failed", whatever their class: botocore's
 # EndpointConnectionError and aiohttp's errors are not OSErrors.
 _STORE_ERROR_PACKAGES = frozenset(
@@ -107,24 +118,80 @@ class FormatResolver(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """How a source retries what the store gets wrong: one deadline per request.
+
+    A request (a listing, an open, one read, one batch of range reads) is tried again after
+    a transient fault (503 SlowDown, 500, 429, a dropped connection, a body cut short, a
+    timeout) until it succeeds or ``deadline_s`` has passed since its first attempt. Waits
+    between attempts grow exponentially with jitter, or follow the store's ``Retry-After``.
+    This is the only retry layer: botocore's and s3fs's own retries are turned off, so
+    retries never stack. Each S3 or HTTP attempt waits at most ``connect_timeout_s`` to
+    connect and ``read_timeout_s`` for the next bytes (unless ``storage_options`` set them),
+    so a request that keeps failing, or an endpoint that accepts connections and never
+    answers, fails within ``deadline_s + read_timeout_s``: 30 s with the defaults. Missing
+    objects and refused credentials fail at once; local files are not retried.
+
+    Attributes:
+        deadline_s: No new attempt starts this long after the first.
+        connect_timeout_s: Longest wait for a connection (S3, HTTP).
+        read_timeout_s: Longest wait for the next bytes of a response (S3, HTTP).
+        backoff_s: Wait before the first retry; doubled for each retry after it, and
+            jittered (a uniform draw between half and all of it).
+        max_backoff_s: Longest wait between two attempts, Retry-After aside.
+    """
+
+    deadline_s: float = 20.0
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 10.0
+    backoff_s: float = 0.1
+    max_backoff_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name in ("deadline_s", "connect_timeout_s", "read_timeout_s", "max_backoff_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}={getattr(self, name)} must be > 0 seconds")
+        if not 0 < self.backoff_s <= self.max_backoff_s:
+            raise ConfigError(
+                f"backoff_s={self.backoff_s} must be > 0 and <= max_backoff_s={self.max_backoff_s}"
+            )
+
+    def backoff(self, retry: int) -> float:
+        """Seconds to wait before retry number ``retry`` (0-based), jittered."""
+        cap = min(self.max_backoff_s, self.backoff_s * 2.0 ** min(retry, 30))
+        return random.uniform(cap / 2, cap)
+
+
 @dataclass(slots=True)
 class IOStats:
-    """Counts of what a stream asked of its stores. Thread-safe."""
+    """Counts of what a stream asked of its stores. Thread-safe.
+
+    ``retries`` counts attempts made again after a transient fault (:class:`RetryPolicy`).
+    """
 
     listings: int = 0
     opens: int = 0
     reads: int = 0
     bytes_read: int = 0
+    retries: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(
-        self, *, listings: int = 0, opens: int = 0, reads: int = 0, bytes_read: int = 0
+        self,
+        *,
+        listings: int = 0,
+        opens: int = 0,
+        reads: int = 0,
+        bytes_read: int = 0,
+        retries: int = 0,
     ) -> None:
         with self._lock:
             self.listings += listings
             self.opens += opens
             self.reads += reads
             self.bytes_read += bytes_read
+            self.retries += retries
 
     def as_dict(self) -> dict[str, int]:
         return {
@@ -132,6 +199,7 @@ class IOStats:
             "opens": self.opens,
             "reads": self.reads,
             "bytes_read": self.bytes_read,
+            "retries": self.retries,
         }
 
 
@@ -142,35 +210,171 @@ def is_store_error(error: BaseException) -> bool:
     return type(error).__module__.split(".")[0] in _STORE_ERROR_PACKAGES
 
 
+class _ShortBodyError(OSError):
+    """A response ended before the bytes asked for: never handed on as data."""
+
+
+class _GaveUpError(Exception):
+    """A request still failed at its deadline (or failed for good): what the caller reports."""
+
+    def __init__(self, last: BaseException, retries: int, elapsed: float) -> None:
+        super().__init__(str(last))
+        self.last = last
+        self.retries = retries
+        self.elapsed = elapsed
+
+    def describe(self, scrub: Callable[[str], str]) -> str:
+        """``"after N retries in S s: Error: message"``."""
+        return (
+            f"after {self.retries} retries in {self.elapsed:.1f} s: "
+            f"{type(self.last).__name__}: {scrub(str(self.last))}"
+        )
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and its causes, outermost first."""
+    seen: list[BaseException] = []
+    node: BaseException | None = error
+    while node is not None and all(node is not e for e in seen) and len(seen) < 8:
+        seen.append(node)
+        node = node.__cause__ or node.__context__
+    return seen
+
+
+def _http_status(error: BaseException) -> tuple[int | None, Mapping[str, Any]]:
+    """The HTTP status and headers of a failed response somewhere in ``error``'s chain."""
+    for e in _chain(error):
+        response = getattr(e, "response", None)
+        if isinstance(response, Mapping):  # botocore ClientError
+            meta = response.get("ResponseMetadata", {})
+            if "HTTPStatusCode" in meta:
+                return int(meta["HTTPStatusCode"]), meta.get("HTTPHeaders", {})
+        status = getattr(e, "status", None)  # aiohttp ClientResponseError
+        if isinstance(status, int):
+            return status, getattr(e, "headers", None) or {}
+        code = getattr(response, "status_code", None)  # requests, huggingface_hub
+        if isinstance(code, int):
+            return code, getattr(response, "headers", None) or {}
+    return None, {}
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether another attempt may succeed where ``error`` failed."""
+    if isinstance(error, _PERMANENT_ERRORS) or not is_store_error(error):
+        return False
+    status, _ = _http_status(error)
+    return status is None or status in _TRANSIENT_STATUSES or status >= 500
+
+
+def _retry_after(error: BaseException) -> float | None:
+    """Seconds the store asked to wait (``Retry-After``: seconds or an HTTP date)."""
+    _, headers = _http_status(error)
+    value = next((str(v) for k, v in headers.items() if k.lower() == "retry-after"), None)
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _attempt(call: Callable[[], _T], policy: RetryPolicy | None, stats: IOStats | None) -> _T:
+    """Run ``call`` until it succeeds, retrying transient store faults under one deadline.
+
+    Raises:
+        _GaveUpError: If it failed for good, or still failed when the next attempt would start
+            past the deadline (``policy`` None: no retries).
+        Exception: Whatever ``call`` raised that is not a store error.
+    """
+    start = time.monotonic()
+    retries = 0
+    while True:
+        try:
+            return call()
+        except Exception as e:
+            if not is_store_error(e):
+                raise
+            elapsed = time.monotonic() - start
+            if policy is None or not _transient(e):
+                raise _GaveUpError(e, retries, elapsed) from e
+            wait = _retry_after(e)
+            wait = policy.backoff(retries) if wait is None else wait
+            if elapsed + wait >= policy.deadline_s:
+                raise _GaveUpError(e, retries, elapsed) from e
+            retries += 1
+            if stats is not None:
+                stats.add(retries=1)
+            time.sleep(wait)
+
+
 class _CountingFile:
     """A read-only file wrapper that counts read calls and bytes into :class:`IOStats`.
 
-    A failed read becomes a :class:`ShardError` naming the URL and the byte offset.
+    A read returns every byte asked for (up to the end of the shard) or raises: a body cut
+    short, a dropped connection or a timeout is retried on a reopened file under the
+    source's :class:`RetryPolicy`, and a read that still fails becomes a :class:`ShardError`
+    naming the URL, the byte range and the retries.
     """
 
     def __init__(
-        self, raw: IO[bytes], stats: IOStats | None, size: int, url: str, scrub: Any
+        self,
+        raw: IO[bytes],
+        reopen: Callable[[], IO[bytes]],
+        stats: IOStats | None,
+        size: int,
+        url: str,
+        scrub: Callable[[str], str],
+        policy: RetryPolicy | None,
     ) -> None:
+        self._reopen = reopen
         self._raw = raw
         self._stats = stats
         self._url = url
         self._scrub = scrub
+        self._policy = policy
+        self._pos = 0
+        self._broken = False
         self.size = size
         self.closed = False
 
-    def read(self, n: int = -1) -> bytes:
+    def _read_exactly(self, pos: int, want: int) -> bytes:
+        if self._broken:
+            self._raw.close()
+            self._raw = self._reopen()
+            self._broken = False
         try:
-            data = self._raw.read(n)
-        except Exception as e:
-            if not is_store_error(e):
-                raise
+            if self._raw.tell() != pos:
+                self._raw.seek(pos)
+            data = self._raw.read(want)
+        except Exception:
+            self._broken = True
+            raise
+        if len(data) != want:
+            self._broken = True
+            raise _ShortBodyError(f"the response held {len(data)} of the {want} bytes asked for")
+        return data
+
+    def read(self, n: int | None = -1) -> bytes:
+        pos = self._pos
+        want = self.size - pos if n is None or n < 0 else min(n, self.size - pos)
+        if want <= 0:
+            return b""
+        try:
+            data = _attempt(lambda: self._read_exactly(pos, want), self._policy, self._stats)
+        except _GaveUpError as e:
             raise ShardError(
                 self._url,
-                f"read failed ({type(e).__name__}: {self._scrub(str(e))})",
-                "check the store and the network; "
-                "timeouts and retries are set with storage_options",
-                byte=self._raw.tell(),
+                f"read of bytes [{pos}, {pos + want}) failed {e.describe(self._scrub)}",
+                "check the store and the network; the deadline, timeouts and backoff are "
+                "set with ReadOptions(retry=RetryPolicy(...))",
+                byte=pos,
             ) from None
+        self._pos = pos + len(data)
         if self._stats is not None:
             self._stats.add(reads=1, bytes_read=len(data))
         return data
@@ -181,10 +385,16 @@ class _CountingFile:
         return len(data)
 
     def seek(self, offset: int, whence: int = 0) -> int:
-        return int(self._raw.seek(offset, whence))
+        base = {0: 0, 1: self._pos, 2: self.size}.get(whence)
+        if base is None:
+            raise ValueError(f"whence={whence} is not 0, 1 or 2")
+        if base + offset < 0:
+            raise ValueError(f"cannot seek to {base + offset}, before the start")
+        self._pos = base + offset
+        return self._pos
 
     def tell(self) -> int:
-        return int(self._raw.tell())
+        return self._pos
 
     def readable(self) -> bool:
         return True
@@ -244,6 +454,12 @@ def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
 class Source:
     """One or more fsspec URLs (files, directories or globs) with their storage options.
 
+    Credentials in a URL never leave it: ``s3://KEY:SECRET@bucket/...`` gives its key and
+    secret to the S3 filesystem (unless ``storage_options`` name them) and its shards are
+    listed as ``s3://bucket/...``; an HTTP URL with a user or a query (a token, a signature)
+    is listed with them shown as ``***`` and opened with the URL as given. A query is not
+    a glob: only ``*``, ``?`` and ``[`` before it are.
+
     Args:
         urls: A URL or a list of them, any fsspec protocol (``s3://``, ``gs://``, ``hf://``,
             ``https://``, ``file://`` or a plain path).
@@ -251,6 +467,11 @@ class Source:
         format: A format name to read every shard with, checked and applied by the
             :class:`FormatResolver` at listing; None: the resolver tells it per file from
             the file's name.
+        retry: How listings, opens and reads retry transient store faults, and the
+            timeouts of S3 and HTTP requests (default: :class:`RetryPolicy`'s).
+
+    Raises:
+        ConfigError: If two ``s3://`` URLs carry different credentials.
     """
 
     def __init__(
@@ -259,12 +480,19 @@ class Source:
         *,
         storage_options: Mapping[str, Any] | None = None,
         format: str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
         if not self.urls:
             raise ConfigError("a Source needs at least one URL; got an empty list")
         self.format = format
+        self.retry = retry or RetryPolicy()
         self._options = dict(storage_options or {})
+        self._secrets = _url_secrets(self.urls)
+        self._userinfo = _s3_userinfo(self.urls)
+        # Listed URL (secrets shown as ***) -> the URL to open, for URLs whose secrets are
+        # part of the request (HTTP user or query).
+        self._hidden = {redact(u): u for u in self.urls if redact(u) != u}
         self._filesystems: dict[str, fsspec.AbstractFileSystem] = {}
         self._fs_lock = threading.Lock()
         self.stats = IOStats()
@@ -277,20 +505,50 @@ class Source:
         with self._fs_lock:
             fs = self._filesystems.get(protocol)
             if fs is None:
-                options = dict(self._options)
-                if protocol in ("s3", "s3a"):
-                    config = {**_S3_CONFIG_DEFAULTS, **options.get("config_kwargs", {})}
-                    options["config_kwargs"] = config
+                options = self._fs_options(protocol)
                 try:
-                    fs, _ = url_to_fs(url, **options)
+                    fs, _ = url_to_fs(_strip_userinfo(url), **options)
                 except (ImportError, ValueError) as e:
                     raise SourceError(
                         url,
                         f"no filesystem for protocol {protocol!r}: {self.scrub(str(e))}",
                         "install the fsspec backend it names, or check the URL scheme",
                     ) from None
+                if protocol in ("s3", "s3a"):
+                    fs.retries = 1  # s3fs's own retry loop: this source retries instead
                 self._filesystems[protocol] = fs
             return fs
+
+    def _fs_options(self, protocol: str) -> dict[str, Any]:
+        """Storage options with this source's timeouts, and S3 credentials from the URLs."""
+        options = dict(self._options)
+        policy = self.retry
+        if protocol in ("s3", "s3a"):
+            options["config_kwargs"] = {
+                "connect_timeout": policy.connect_timeout_s,
+                "read_timeout": policy.read_timeout_s,
+                # One attempt per call: retries are this source's, under one deadline.
+                "retries": {"total_max_attempts": 1, "mode": "standard"},
+                **options.get("config_kwargs", {}),
+            }
+            if self._userinfo is not None and "key" not in options:
+                options["key"], options["secret"] = self._userinfo
+        elif protocol in ("http", "https"):
+            import aiohttp
+
+            client = dict(options.get("client_kwargs", {}))
+            client.setdefault(
+                "timeout",
+                aiohttp.ClientTimeout(
+                    sock_connect=policy.connect_timeout_s, sock_read=policy.read_timeout_s
+                ),
+            )
+            options["client_kwargs"] = client
+        return options
+
+    def _policy(self, url: str) -> RetryPolicy | None:
+        """The retry policy for ``url``: none for local files."""
+        return None if get_protocol(url) in _LOCAL_PROTOCOLS else self.retry
 
     def scrub(self, text: str) -> str:
         """Remove secret storage-option values and URL credentials from ``text``."""
@@ -298,12 +556,17 @@ class Source:
             value = self._options.get(name)
             if isinstance(value, str) and len(value) >= 4:
                 text = text.replace(value, "***")
-        return redact(text)
+        text = redact(text)
+        for value in self._secrets:
+            text = text.replace(value, "***")
+        return text
 
     # -- listing -------------------------------------------------------------------------
 
     def list_shards(self, formats: FormatResolver) -> list[Shard]:
         """List every URL once and return the shards, sorted by URL, without duplicates.
+
+        Shard URLs hold no credentials (see the class docstring).
 
         Args:
             formats: Tells which listed files are data and the format of each (the format
@@ -311,7 +574,8 @@ class Source:
 
         Raises:
             SourceError: If a URL matches nothing, its bucket does not exist, the
-                credentials are refused or the store cannot be reached.
+                credentials are refused or the store cannot be reached within the
+                :class:`RetryPolicy` deadline.
             ConfigError: If :attr:`format` names no format, or a file named explicitly has
                 no known format.
         """
@@ -326,7 +590,7 @@ class Source:
 
     def _list_one(self, url: str, formats: FormatResolver) -> list[Shard]:
         fs = self.filesystem(url)
-        path = fs._strip_protocol(url)
+        path = fs._strip_protocol(_strip_userinfo(url))
         infos, explicit = self._file_infos(fs, url, path)
         shards: list[Shard] = []
         for info in infos:
@@ -335,12 +599,16 @@ class Source:
             name = info["name"]
             if not explicit and posixpath.basename(name).startswith((".", "_")):
                 continue  # _SUCCESS, .crc and other writer droppings
-            fmt = formats.format_of(name, chosen=self.format, explicit=explicit)
+            fmt = formats.format_of(_without_query(name), chosen=self.format, explicit=explicit)
             if fmt is None:
                 continue
+            real = fs.unstrip_protocol(name)
+            shown = redact(real)
+            if shown != real:
+                self._hidden[shown] = real
             shards.append(
                 Shard(
-                    url=fs.unstrip_protocol(name),
+                    url=shown,
                     size=int(info.get("size") or 0),
                     version=_version_of(info),
                     format=fmt,
@@ -358,37 +626,40 @@ class Source:
         Raises:
             SourceError: If the path does not exist, access is denied or the store fails.
         """
-        try:
+
+        def infos() -> tuple[list[dict[str, Any]], bool]:
             self.stats.add(listings=1)
-            if has_magic(path):
+            if _is_glob(path):
                 return list(fs.glob(path, detail=True).values()), False
             info = fs.info(path)
             if info.get("type") != "directory":
                 return [info], True
             self.stats.add(listings=1)
             return list(fs.find(path, detail=True, withdirs=False).values()), False
-        except FileNotFoundError as e:
+
+        try:
+            return _attempt(infos, self._policy(url), self.stats)
+        except _GaveUpError as gave_up:
+            e = gave_up.last
+            if isinstance(e, FileNotFoundError):
+                raise SourceError(
+                    url,
+                    f"not found ({self.scrub(str(e)) or 'no such object'})",
+                    "check the bucket and path; for object stores the bucket must "
+                    "exist and be visible with these credentials",
+                ) from None
+            if isinstance(e, PermissionError):
+                raise SourceError(
+                    url,
+                    f"access denied ({self.scrub(str(e))})",
+                    "check the credentials in storage_options or the environment "
+                    "(key/secret/token, or the profile)",
+                ) from None
             raise SourceError(
                 url,
-                f"not found ({self.scrub(str(e)) or 'no such object'})",
-                "check the bucket and path; for object stores the bucket must "
-                "exist and be visible with these credentials",
-            ) from None
-        except PermissionError as e:
-            raise SourceError(
-                url,
-                f"access denied ({self.scrub(str(e))})",
-                "check the credentials in storage_options or the environment "
-                "(key/secret/token, or the profile)",
-            ) from None
-        except Exception as e:
-            if not is_store_error(e):
-                raise
-            raise SourceError(
-                url,
-                f"cannot list ({type(e).__name__}: {self.scrub(str(e))})",
-                "check the endpoint and network; timeouts are set with "
-                "storage_options config_kwargs",
+                f"cannot list: {gave_up.describe(self.scrub)}",
+                "check the endpoint and the network; the deadline and timeouts are set "
+                "with ReadOptions(retry=RetryPolicy(...))",
             ) from None
 
     def _raise_no_match(
@@ -399,12 +670,12 @@ class Source:
         Raises:
             SourceError: Always.
         """
-        if has_magic(path):
+        if _is_glob(path):
             prefix = re.split(r"[*?\[]", path, maxsplit=1)[0].rsplit("/", 1)[0]
             if prefix and not fs.exists(prefix):
                 raise SourceError(
                     url,
-                    f"not found: {fs.unstrip_protocol(prefix)} does not exist",
+                    f"not found: {redact(fs.unstrip_protocol(prefix))} does not exist",
                     "check the bucket and prefix; for object stores the bucket must exist "
                     "and be visible with these credentials",
                 )
@@ -412,77 +683,123 @@ class Source:
 
     # -- opening -------------------------------------------------------------------------
 
+    def _path(self, shard: Shard) -> tuple[fsspec.AbstractFileSystem, str]:
+        real = self._hidden.get(shard.url, shard.url)
+        fs = self.filesystem(real)
+        return fs, fs._strip_protocol(real)
+
     def open(self, shard: Shard, *, block_size: int | None = None) -> _CountingFile:
         """Open ``shard`` for reading; every read call is counted in :attr:`stats`.
 
         ``block_size`` None opens without a read-ahead cache, for readers that ask for exact
         ranges themselves (parquet pre-buffering, Arrow IPC); otherwise reads go through a
-        read-ahead buffer of that many bytes.
+        read-ahead buffer of that many bytes. Reads are retried under :attr:`retry`.
+
+        Raises:
+            SourceError: If the shard is gone.
+            ShardError: If the store still fails at the retry deadline.
         """
-        fs = self.filesystem(shard.url)
-        path = fs._strip_protocol(shard.url)
+        fs, path = self._path(shard)
         kwargs: dict[str, Any] = {"size": shard.size}
         if block_size is None:
             kwargs["cache_type"] = "none"
         else:
             kwargs.update(cache_type="readahead", block_size=block_size)
-        self.stats.add(opens=1)
+
+        def reopen() -> IO[bytes]:
+            self.stats.add(opens=1)
+            return fs.open(path, "rb", **kwargs)  # type: ignore[no-any-return]
+
+        return self._counting(shard, reopen, self.stats)
+
+    def _counting(
+        self, shard: Shard, reopen: Callable[[], IO[bytes]], stats: IOStats | None
+    ) -> _CountingFile:
+        policy = self._policy(shard.url)
         try:
-            raw = fs.open(path, "rb", **kwargs)
-        except FileNotFoundError:
-            raise SourceError(
-                shard.url,
-                "disappeared after it was listed",
-                "the dataset changed under the stream; restart the epoch or restore the object",
-            ) from None
-        except Exception as e:
-            if not is_store_error(e):
-                raise
+            raw = _attempt(reopen, policy, self.stats)
+        except _GaveUpError as gave_up:
+            if isinstance(gave_up.last, FileNotFoundError):
+                raise SourceError(
+                    shard.url,
+                    "disappeared after it was listed",
+                    "the dataset changed under the stream; restart the epoch or restore the object",
+                ) from None
             raise ShardError(
                 shard.url,
-                f"cannot be opened ({type(e).__name__}: {self.scrub(str(e))})",
+                f"cannot be opened {gave_up.describe(self.scrub)}",
                 "check the credentials, the store and the network",
                 byte=0,
             ) from None
-        return _CountingFile(raw, self.stats, shard.size, shard.url, self.scrub)
+        return _CountingFile(raw, reopen, stats, shard.size, shard.url, self.scrub, policy)
 
     def fetches_ranges(self, shard: Shard) -> bool:
         """Whether the shard's store serves many byte ranges concurrently (async fsspec)."""
-        return bool(getattr(self.filesystem(shard.url), "async_impl", False))
+        return bool(getattr(self._path(shard)[0], "async_impl", False))
 
     def fetch_ranges(self, shard: Shard, starts: list[int], ends: list[int]) -> _CountingFile:
         """Fetch byte ranges concurrently and open the shard with exactly those bytes known.
 
         Reads outside the ranges still work (one request each). Uses fsspec's
-        ``cat_ranges`` and its ``parts`` cache.
+        ``cat_ranges`` and its ``parts`` cache. Ranges that fail or come back short are
+        fetched again under :attr:`retry` (one deadline for the whole call).
+
+        Raises:
+            ShardError: If a range still fails at the retry deadline, naming the range.
         """
-        fs = self.filesystem(shard.url)
-        path = fs._strip_protocol(shard.url)
+        fs, path = self._path(shard)
+        ends = [min(e, shard.size) for e in ends]
+        blobs: dict[int, bytes] = {}
+        sent = 0
+
+        def missing() -> list[int]:
+            nonlocal sent
+            todo = [n for n in range(len(starts)) if n not in blobs]
+            sent += len(todo)
+            try:
+                got: list[Any] = fs.cat_ranges(
+                    [path] * len(todo), [starts[n] for n in todo], [ends[n] for n in todo]
+                )
+            except Exception as e:
+                got = [e] * len(todo)
+            failed: BaseException | None = None
+            for n, blob in zip(todo, got, strict=True):
+                if isinstance(blob, BaseException):
+                    failed = _worst(failed, blob)
+                elif len(blob) != ends[n] - starts[n]:
+                    failed = _worst(failed, _ShortBodyError(_short(starts[n], ends[n], len(blob))))
+                else:
+                    blobs[n] = blob
+            if failed is not None:
+                raise failed
+            return todo
+
         try:
-            blobs = fs.cat_ranges([path] * len(starts), starts, ends)
-        except Exception as e:
-            blobs = [e]
-        for start, blob in zip(starts, blobs, strict=False):
-            if isinstance(blob, BaseException):
-                if not is_store_error(blob):
-                    raise blob
-                raise ShardError(
-                    shard.url,
-                    f"range read failed ({type(blob).__name__}: {self.scrub(str(blob))})",
-                    "check the store and the network",
-                    byte=start,
-                ) from None
-        self.stats.add(reads=len(starts), bytes_read=sum(len(b) for b in blobs))
-        parts = {(s, e): b for s, e, b in zip(starts, ends, blobs, strict=True)}
-        raw = fs.open(
-            path,
-            "rb",
-            size=shard.size,
-            cache_type="parts",
-            cache_options={"data": parts, "strict": False},
-        )
+            _attempt(missing, self._policy(shard.url), self.stats)
+        except _GaveUpError as gave_up:
+            n = next(n for n in range(len(starts)) if n not in blobs)
+            raise ShardError(
+                shard.url,
+                f"range read of bytes [{starts[n]}, {ends[n]}) failed "
+                f"{gave_up.describe(self.scrub)}",
+                "check the store and the network; the deadline, timeouts and backoff are "
+                "set with ReadOptions(retry=RetryPolicy(...))",
+                byte=starts[n],
+            ) from None
+        self.stats.add(reads=sent, bytes_read=sum(len(b) for b in blobs.values()))
+        parts = {(starts[n], ends[n]): blobs[n] for n in range(len(starts))}
+
+        def reopen() -> IO[bytes]:
+            return fs.open(  # type: ignore[no-any-return]
+                path,
+                "rb",
+                size=shard.size,
+                cache_type="parts",
+                cache_options={"data": parts, "strict": False},
+            )
+
         # Reads of this file are served from memory: the fetch above is what was sent.
-        return _CountingFile(raw, None, shard.size, shard.url, self.scrub)
+        return self._counting(shard, reopen, None)
 
     def __getstate__(self) -> dict[str, Any]:
         skip = ("_filesystems", "_fs_lock", "stats")
@@ -493,6 +810,73 @@ class Source:
         self.stats = IOStats()
         self._filesystems = {}
         self._fs_lock = threading.Lock()
+
+
+def _short(start: int, end: int, got: int) -> str:
+    return f"the response to bytes [{start}, {end}) held {got} of {end - start} bytes"
+
+
+def _worst(kept: BaseException | None, new: BaseException) -> BaseException:
+    """The error to act on among a call's failures: a permanent one wins."""
+    return new if kept is None or not _transient(new) else kept
+
+
+def _without_query(path: str) -> str:
+    return _QUERY_TAIL.sub("", path)
+
+
+def _is_glob(path: str) -> bool:
+    """Whether ``path`` is a glob; a trailing query (``?token=...``) is not one."""
+    return has_magic(_without_query(path))
+
+
+def _strip_userinfo(url: str) -> str:
+    """``s3://key:secret@bucket/k`` -> ``s3://bucket/k``; other URLs as they are.
+
+    Only S3 URLs: s3fs reads no credentials from a URL, while HTTP clients send the user
+    and password of theirs as basic authentication.
+    """
+    if get_protocol(url) not in ("s3", "s3a"):
+        return url
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _s3_userinfo(urls: Sequence[str]) -> tuple[str, str] | None:
+    """The ``(key, secret)`` that ``s3://`` URLs carry, if any.
+
+    Raises:
+        ConfigError: If the URLs carry different credentials.
+    """
+    found: set[tuple[str, str]] = set()
+    for url in urls:
+        if get_protocol(url) in ("s3", "s3a"):
+            parts = urlsplit(url)
+            if parts.username is not None:
+                found.add((parts.username, parts.password or ""))
+    if len(found) > 1:
+        raise ConfigError(
+            "the s3:// URLs carry different credentials; one source has one set: pass "
+            "key= and secret= in storage_options, or read them as separate streams"
+        )
+    return found.pop() if found else None
+
+
+def _url_secrets(urls: Sequence[str]) -> tuple[str, ...]:
+    """Passwords and query values in ``urls`` (4 characters or longer), to scrub from text."""
+    out: set[str] = set()
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            password = parts.password
+        except ValueError:
+            continue
+        out.update(v for v in (parts.username, password) if v)
+        for item in parts.query.split("&"):
+            out.add(item.partition("=")[2])
+    return tuple(sorted((v for v in out if len(v) >= 4), key=len, reverse=True))
 
 
 def _version_of(info: Mapping[str, Any]) -> str:

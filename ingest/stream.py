@@ -136,9 +136,9 @@ class Stream:
             active.close()
 
     def _run(self, epoch: int) -> Generator[Batch, None, None]:
-        self._running = True
         book = self._book
         plan = book.rank_plan(0, epoch)
+        self._running = True  # planned: a loop left from here on rewinds (a failed plan not)
         if plan.next_step == book.plan(epoch).first_step:
             self._delivered = 0
         feed = Feed(plan, self.spec.feed_config(), book.source, self._transform)

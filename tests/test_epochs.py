@@ -143,6 +143,13 @@ def test_folding_keeps_later_snapshots_exact(spec: StreamSpec) -> None:
     run_epoch(unfolded, 0, stop_after=10)
     assert late.to_json() == unfolded.snapshot(9).to_json()
     assert early.progress.consumed.count() == 4 * 2 * BATCH
+    # The fold after a snapshot keeps the snapshot's merge; the snapshot stays as it was.
+    book.fold(9)
+    assert late.to_json() == unfolded.snapshot(9).to_json()
+    assert book.snapshot(9).to_json() == late.to_json()
+    assert early.progress.consumed.count() == 4 * 2 * BATCH
+    with pytest.raises(StateError, match="step 5 was folded already"):
+        book.snapshot(5)
 
 
 def test_remainder_drop_counts_what_it_drops(local: Store) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import ingest
+import ingest.errors
 import ingest.sources
 from ingest.formats import FORMAT_RESOLVER
 from ingest.sources import Source, parse_storage_options
@@ -117,3 +118,51 @@ def test_source_pickles_without_its_filesystems(s3_store: Store) -> None:
 def test_secrets_are_scrubbed_from_messages() -> None:
     source = Source("s3://b/", storage_options={"key": "AKIA123456", "secret": "s3cr3t-value"})
     assert source.scrub("bad key AKIA123456 with s3cr3t-value") == "bad key *** with ***"
+
+
+def test_redact_hides_url_userinfo_and_query_values_in_free_text() -> None:
+    text = "GET s3://AKIA:pw1234@b/k and https://h/x.parquet?token=abc123&sig=zz failed"
+    assert ingest.errors.redact(text) == (
+        "GET s3://***@b/k and https://h/x.parquet?token=***&sig=*** failed"
+    )
+
+
+def test_a_query_is_not_a_glob_but_a_question_mark_in_a_path_is() -> None:
+    assert not ingest.sources._is_glob("bucket/a.parquet?token=abc")
+    assert not ingest.sources._is_glob("https://h/a.parquet?X-Amz-Signature=a/b")
+    assert ingest.sources._is_glob("bucket/part-?.parquet")
+    assert ingest.sources._is_glob("bucket/*.parquet?token=abc")
+
+
+def test_s3_url_credentials_are_used_and_never_listed(s3_store: Store) -> None:
+    s3_store.write("d/a.jsonl", b'{"id": 1}\n')
+    options = {"client_kwargs": s3_store.storage_options["client_kwargs"]}
+    url = s3_store.url("d").replace("s3://", "s3://testing:an-url-secret@")
+    source = Source(url, storage_options=options)
+    shards = source.list_shards(FORMAT_RESOLVER)
+    assert [s.url for s in shards] == [s3_store.url("d", "a.jsonl")]
+    assert source.scrub(f"denied for an-url-secret at {url}") == (
+        f"denied for *** at {s3_store.url('d').replace('s3://', 's3://***@')}"
+    )
+    with pytest.raises(ingest.ConfigError, match="different credentials"):
+        Source([url, url.replace("an-url-secret", "another")])
+
+
+def test_a_shard_cut_short_after_listing_is_an_error_not_fewer_rows(local: Store) -> None:
+    path = local.write("d/a.jsonl", b"".join(b'{"id": %d}\n' % i for i in range(100)))
+    source = Source(local.url("d"))
+    (shard,) = source.list_shards(FORMAT_RESOLVER)
+    Path(path.removeprefix("file://")).write_bytes(b'{"id": 0}\n')
+    with source.open(shard) as f, pytest.raises(ingest.ShardError, match=r"bytes \[0, \d+\)"):
+        f.read()
+
+
+def test_retry_policy_is_validated_and_retries_are_counted() -> None:
+    with pytest.raises(ingest.ConfigError, match="deadline_s"):
+        ingest.sources.RetryPolicy(deadline_s=0)
+    with pytest.raises(ingest.ConfigError, match="backoff_s"):
+        ingest.sources.RetryPolicy(backoff_s=10, max_backoff_s=1)
+    policy = ingest.sources.RetryPolicy(backoff_s=0.5, max_backoff_s=2)
+    assert all(0.25 <= policy.backoff(0) <= 0.5 for _ in range(20))
+    assert all(1 <= policy.backoff(9) <= 2 for _ in range(20))
+    assert Source("s3://b/").stats.as_dict()["retries"] == 0

@@ -6,12 +6,14 @@ import json
 
 import pytest
 
+from ingest import state as state_module
 from ingest.errors import StateError
 from ingest.intervals import IntervalSet
 from ingest.state import (
     MAX_STATE_BYTES,
     DatasetState,
     DistributedState,
+    PackedFingerprint,
     PositionState,
     Progress,
     ProgressState,
@@ -62,7 +64,7 @@ def test_size_is_linear_in_shards_not_rows() -> None:
     assert len(text) < 60 * 1000
 
 
-@pytest.mark.parametrize("version", [0, 1, 3, None, "2"])
+@pytest.mark.parametrize("version", [0, 1, 4, None, "2", True])
 def test_unknown_version_is_refused(version: object) -> None:
     data = make_state().to_json()
     data["version"] = version
@@ -143,3 +145,131 @@ def test_state_is_parsed_as_json_with_a_size_limit() -> None:
         StreamState.from_json("{not json")
     with pytest.raises(StateError, match="byte limit"):
         StreamState.from_json(" " * (MAX_STATE_BYTES + 1))
+
+
+# -- the packed form (version 3) ----------------------------------------------------------
+
+
+@pytest.fixture
+def pack_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pack listings of 4 shards or more, so that the tests stay small."""
+    monkeypatch.setattr(state_module, "PACK_FROM_SHARDS", 4)
+
+
+def packed_state() -> StreamState:
+    state = make_state()
+    state.progress.consumed.of(5).add_many(range(0, 500, 2), range(1, 501, 2))
+    state.distributed.carry_consumed.of(4).add(400, 410)
+    return state
+
+
+@pytest.mark.usefixtures("pack_small")
+def test_packed_round_trip_is_plain_json() -> None:
+    state = packed_state()
+    data = json.loads(json.dumps(state.to_json()))
+    assert data["version"] == 3
+    assert "shards" not in data["dataset"] and data["dataset"]["packed"]["count"] == 6
+    assert data["dataset"]["packed"]["prefix"] == "s3://b/part-"
+    back = StreamState.from_json(data)
+    assert [(s.url, s.rows) for s in back.shards] == [(s.url, s.rows) for s in SHARDS]
+    assert back.progress.consumed.consumed == {
+        k: v for k, v in state.progress.consumed.consumed.items() if v
+    }
+    assert back.distributed.carry_consumed.of(4) == IntervalSet([(400, 410)])
+    assert back.to_json() == data
+    match_listing(back.dataset, SHARDS)
+
+
+def test_small_listings_stay_version_2() -> None:
+    assert make_state().to_json()["version"] == 2
+    assert StreamState(DatasetState(["s3://b/"], SHARDS * 2000)).to_json()["version"] == 3
+
+
+def test_a_version_2_state_is_read() -> None:
+    text = json.dumps(
+        {
+            "version": 2,
+            "dataset": {"sources": ["s3://b/"], "shards": [["s3://b/a.parquet", 10, "e", 100]]},
+            "progress": {"epoch": 1, "consumed": {"done": [], "partial": {"0": [[0, 30]]}}},
+        }
+    )
+    state = StreamState.from_json(text)
+    assert state.progress.consumed.of(0) == IntervalSet([(0, 30)])
+    assert state.to_json()["version"] == 2
+
+
+@pytest.mark.usefixtures("pack_small")
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("urls", "not base64!", r"dataset\.packed\.urls is not zlib-compressed base64"),
+        ("rows", "eJwDAAAAAAE=", r"dataset\.packed does not match its sha256"),
+        ("size_hashes", 7, r"dataset\.packed\.size_hashes must be a base64 string"),
+        ("count", 1, r"dataset\.packed\.rows holds more than the 8 bytes its 1 shards need"),
+        ("prefix", "s3://c/part-", r"dataset\.packed does not match its sha256.*save it again"),
+        ("sha256", "0" * 64, r"dataset\.packed does not match its sha256"),
+        (None, None, r"dataset\.packed must be an object with the fields"),
+    ],
+)
+def test_an_edited_packed_listing_is_refused(
+    field: str | None, value: object, message: str
+) -> None:
+    data = packed_state().to_json()
+    packed = data["dataset"]["packed"]
+    if field is None:
+        del packed["rows"]
+    else:
+        packed[field] = value
+    with pytest.raises(StateError, match=message):
+        StreamState.from_json(data)
+
+
+@pytest.mark.usefixtures("pack_small")
+def test_an_edited_packed_progress_is_refused() -> None:
+    data = packed_state().to_json()
+    partial = data["progress"]["consumed"]["partial"]["packed"]
+    partial["bits"] = partial["from"]
+    with pytest.raises(StateError, match=r"progress\.consumed\.partial\.packed\.bits holds"):
+        StreamState.from_json(data)
+    data = packed_state().to_json()
+    data["progress"]["consumed"]["partial"]["packed"]["shards"] = "%%%"
+    with pytest.raises(StateError, match=r"partial\.packed\.shards is not zlib-compressed"):
+        StreamState.from_json(data)
+
+
+@pytest.mark.usefixtures("pack_small")
+def test_packed_rows_past_the_end_are_refused() -> None:
+    """The bounds check holds for packed sets too (rows beyond a shard's count)."""
+    state = packed_state()
+    state.progress.consumed.of(5).add(900, 901)
+    with pytest.raises(StateError, match=r"reaches row 901, but the shard has 500 rows"):
+        StreamState.from_json(json.dumps(state.to_json()))
+
+
+@pytest.mark.usefixtures("pack_small")
+def test_a_packed_state_names_what_changed() -> None:
+    saved = StreamState.from_json(packed_state().to_json()).dataset
+    match_listing(saved, [*SHARDS, ShardRecord("s3://b/new.parquet", 1, "n", 1)])
+    resized = list(SHARDS)
+    resized[1] = SHARDS[1]._replace(size=5)
+    with pytest.raises(StateError, match=r"part-1\.parquet \(size now 5, not as saved\)"):
+        match_listing(saved, resized)
+    rewritten = list(SHARDS)
+    rewritten[2] = SHARDS[2]._replace(version="etag-new")
+    with pytest.raises(StateError, match=r"part-2\.parquet \(version now 'etag-new'"):
+        match_listing(saved, rewritten)
+    with pytest.raises(StateError, match=r"1 shard\(s\) gone: s3://b/part-5\.parquet"):
+        match_listing(saved, SHARDS[:5])
+    # A listing without versions is compared by size alone, as in version 2.
+    match_listing(saved, [s._replace(version="") for s in SHARDS])
+
+
+@pytest.mark.usefixtures("pack_small")
+def test_a_change_the_hashes_miss_is_still_refused() -> None:
+    saved = StreamState.from_json(packed_state().to_json()).dataset
+    assert saved.fingerprint is not None
+    saved.fingerprint = PackedFingerprint(
+        "0" * 64, saved.fingerprint.size_hashes, saved.fingerprint.version_hashes
+    )
+    with pytest.raises(StateError, match="rewritten in place"):
+        match_listing(saved, SHARDS)

@@ -253,7 +253,12 @@ class _Reader:
         self.spec = spec
         self.timeout_s = timeout_s
         self.depth = pool.prefetch_batches
-        self.source = Source(spec.urls, storage_options=spec.storage_options, format=spec.format)
+        self.source = Source(
+            spec.urls,
+            storage_options=spec.storage_options,
+            format=spec.format,
+            retry=spec.read.retry,
+        )
         self._fn: Callable[[pa.Table], Any] | None = build_transform(transform)
         self._peers: list[Any] = []
         self._turn = 0

@@ -10,13 +10,13 @@ from __future__ import annotations
 import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import pyarrow as pa
 
 from ingest.errors import ConfigError, ShardError
-from ingest.sources import Shard, Source
+from ingest.sources import RetryPolicy, Shard, Source
 
 Seek = tuple[int, int]
 """A place a format can jump to without reading what comes before: ``(row, cursor)``.
@@ -42,6 +42,8 @@ class ReadOptions:
         schema: Explicit schema for JSONL, CSV and WebDataset. None infers it from the first
             block of the first non-empty shard.
         timeout_s: Longest wait for the next record batch from the reader thread.
+        retry: How the stream's source retries store faults under one deadline per
+            request, and its S3/HTTP timeouts (see :class:`ingest.sources.RetryPolicy`).
     """
 
     block_bytes: int = 8 << 20
@@ -51,6 +53,7 @@ class ReadOptions:
     pre_buffer: bool = True
     schema: pa.Schema | None = None
     timeout_s: float = 300.0
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
         if self.block_bytes < 1024:
@@ -66,6 +69,8 @@ class ReadOptions:
             raise ConfigError(f"prefetch={self.prefetch} must be >= 0 (0 disables it)")
         if self.timeout_s <= 0:
             raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
+        if not isinstance(self.retry, RetryPolicy):
+            raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
         if self.schema is not None and not isinstance(self.schema, pa.Schema):
             raise TypeError(f"schema must be a pyarrow.Schema, got {type(self.schema).__name__}")
 

@@ -1,0 +1,323 @@
+"""Storage that misbehaves: faults injected by a proxy in front of the loopback S3 server.
+
+Every run ends with the per-id counter check: each row exactly once per epoch. Endpoints
+that never answer or refuse connections fail within the retry deadline, naming the URL.
+Everything talks to 127.0.0.1 only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+import pytest
+import ray
+
+import ingest
+from ingest import cli
+from ingest.formats import FORMAT_RESOLVER
+from ingest.sources import RetryPolicy, Source
+from ingest.testing import FaultProxy, Faults, LoopbackS3, write_dataset
+
+SHARDS, ROWS, BATCH = 8, 2_000, 500
+TOTAL = SHARDS * ROWS
+FLAKY = Faults(slow_down=0.10, drop=0.05, seed=7)
+
+
+@pytest.fixture(scope="module")
+def data(s3: LoopbackS3) -> str:
+    """Parquet shards written straight to the S3 server (not through a proxy)."""
+    root = "s3://ingest-test/storage-faults"
+    write_dataset(s3.filesystem(), root, "parquet", SHARDS, ROWS, row_group_rows=250)
+    return root
+
+
+def through(s3: LoopbackS3, proxy: FaultProxy | str, **config: float) -> dict[str, Any]:
+    """Storage options that reach the S3 server through ``proxy`` (or an endpoint URL)."""
+    endpoint = proxy if isinstance(proxy, str) else proxy.endpoint
+    options = s3.storage_options()
+    options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": endpoint}
+    if config:
+        options["config_kwargs"] = dict(config)
+    return options
+
+
+def exactly_once(counts: Counter[int]) -> None:
+    lost = set(range(TOTAL)) - set(counts)
+    repeated = {i: n for i, n in counts.items() if n != 1}
+    assert not lost and not repeated, f"{len(lost)} rows lost, {len(repeated)} repeated"
+
+
+def test_stream_survives_503s_and_dropped_bodies_exactly_once(s3: LoopbackS3, data: str) -> None:
+    with FaultProxy(s3.endpoint, FLAKY) as proxy:
+        stream = ingest.Stream(
+            data, columns=["id"], batch_size=BATCH, storage_options=through(s3, proxy)
+        )
+        try:
+            for _ in range(3):
+                counts: Counter[int] = Counter()
+                for batch in stream:
+                    counts.update(batch["id"].tolist())
+                exactly_once(counts)
+            stats = stream.stats
+        finally:
+            stream.close()
+        injected = proxy.counts()
+    assert injected["slow_down"] > 0 and injected["drop"] > 0, injected
+    assert stats["retries"] >= 1, stats
+
+
+def test_bodies_cut_short_and_500s_are_never_delivered_as_rows(s3: LoopbackS3, data: str) -> None:
+    faults = Faults(short=0.15, server_error=0.10, seed=3)
+    with FaultProxy(s3.endpoint, faults) as proxy:
+        with contextlib.closing(
+            ingest.Stream(
+                data,
+                columns=["id"],
+                batch_size=BATCH,
+                format="parquet",
+                storage_options=through(s3, proxy),
+            )
+        ) as stream:
+            counts: Counter[int] = Counter()
+            for batch in stream:
+                counts.update(batch["id"].tolist())
+        assert proxy.counts()["short"] > 0
+    exactly_once(counts)
+    assert stream.stats["retries"] >= proxy.injected() // 2
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ray_stream_of_two_ranks_survives_503s_and_dropped_bodies(
+    s3: LoopbackS3, data: str
+) -> None:
+    @ray.remote(num_cpus=0)
+    def consume(it: Any, epochs: int) -> list[list[int]]:
+        return [[i for b in it for i in b["id"].tolist()] for _ in range(epochs)]
+
+    with FaultProxy(s3.endpoint, FLAKY) as proxy:
+        with ingest.RayStream(
+            data,
+            world_size=2,
+            columns=["id"],
+            batch_size=BATCH,
+            storage_options=through(s3, proxy),
+        ) as stream:
+            ranks = ray.get([consume.remote(stream.rank_iterator(r), 2) for r in range(2)])
+            stats = stream.stats()
+        injected = proxy.counts()
+    for epoch in range(2):
+        exactly_once(Counter(i for rank in ranks for i in rank[epoch]))
+    assert injected["slow_down"] + injected["drop"] > 0, injected
+    assert stats["retries"] >= 1, stats
+
+
+def test_429_retry_after_is_honoured(s3: LoopbackS3, data: str) -> None:
+    shard = Source(data, storage_options=s3.storage_options()).list_shards(FORMAT_RESOLVER)[0]
+    with FaultProxy(s3.endpoint, Faults(throttle=1.0, retry_after_s=1, limit=2)) as proxy:
+        source = Source(data, storage_options=through(s3, proxy))
+        start = time.monotonic()
+        with source.open(shard) as f:
+            head = f.read(4)
+        elapsed = time.monotonic() - start
+    assert head == b"PAR1"
+    assert proxy.counts()["throttle"] == 2
+    assert source.stats.retries == 2
+    assert elapsed >= 2.0, f"two Retry-After: 1 waits took {elapsed:.2f} s"
+
+
+def test_a_stall_past_the_deadline_fails_naming_shard_range_and_retries(
+    s3: LoopbackS3, data: str
+) -> None:
+    shard = Source(data, storage_options=s3.storage_options()).list_shards(FORMAT_RESOLVER)[0]
+    policy = RetryPolicy(deadline_s=3.0, read_timeout_s=1.0)
+    with FaultProxy(s3.endpoint, Faults(stall=1.0, stall_s=60)) as proxy:
+        source = Source(data, storage_options=through(s3, proxy), retry=policy)
+        start = time.monotonic()
+        with pytest.raises(ingest.ShardError) as err, source.open(shard) as f:
+            f.seek(100)
+            f.read(50)
+        elapsed = time.monotonic() - start
+    message = str(err.value)
+    assert shard.url in message
+    assert "bytes [100, 150)" in message
+    assert "retries in" in message and "after 0 retries" not in message
+    assert elapsed < policy.deadline_s + policy.read_timeout_s + 2
+
+
+def test_a_stream_whose_reads_stall_fails_within_the_deadline(s3: LoopbackS3, data: str) -> None:
+    faults = Faults(stall=1.0, stall_s=120, ranges_only=True)  # listings pass, reads stall
+    with FaultProxy(s3.endpoint, faults) as proxy:
+        start = time.monotonic()
+        # No close(): after a failed first listing it lists again (reported; see stream.py).
+        with pytest.raises(ingest.ShardError) as err:
+            stream = ingest.Stream(
+                data, batch_size=BATCH, storage_options=through(s3, proxy, read_timeout=1)
+            )
+            next(iter(stream))
+        elapsed = time.monotonic() - start
+    assert re.search(r"storage-faults/part-\d+\.parquet.*bytes \[\d+, \d+\)", str(err.value))
+    assert re.search(r"after [1-9]\d* retries in", str(err.value))
+    assert elapsed < RetryPolicy().deadline_s + 5
+
+
+# -- endpoints that never answer, or refuse ------------------------------------------------
+
+
+@contextlib.contextmanager
+def silent_endpoint() -> Iterator[str]:
+    """A server on 127.0.0.1 that accepts connections and never answers."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as server:
+        yield f"http://127.0.0.1:{server.getsockname()[1]}"
+
+
+def refusing_endpoint() -> str:
+    """An address on 127.0.0.1 where nothing listens: connections are refused."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+BOUND_S = RetryPolicy().deadline_s + RetryPolicy().read_timeout_s  # the documented bound
+
+
+@pytest.mark.parametrize("kind", ["silent", "refusing"])
+def test_a_stream_on_a_dead_endpoint_fails_naming_the_url(s3: LoopbackS3, kind: str) -> None:
+    with contextlib.ExitStack() as stack:
+        endpoint = (
+            stack.enter_context(silent_endpoint()) if kind == "silent" else refusing_endpoint()
+        )
+        start = time.monotonic()
+        with pytest.raises(ingest.SourceError, match="s3://ingest-test/nowhere/: cannot list"):
+            stream = ingest.Stream(
+                "s3://ingest-test/nowhere/", storage_options=through(s3, endpoint)
+            )
+            next(iter(stream))
+        elapsed = time.monotonic() - start
+    assert elapsed < BOUND_S + 5, f"{kind}: {elapsed:.1f} s"
+
+
+def test_ingest_ls_on_a_silent_endpoint_exits_2_within_the_bound(
+    s3: LoopbackS3, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with silent_endpoint() as endpoint:
+        start = time.monotonic()
+        code = cli.main(
+            [
+                "ls",
+                "s3://ingest-test/nowhere/",
+                *("-o", f"key={s3.key}", "-o", f"secret={s3.secret}"),
+                *("-o", f"client_kwargs.endpoint_url={endpoint}"),
+            ]
+        )
+        elapsed = time.monotonic() - start
+    assert code == 2
+    assert "s3://ingest-test/nowhere/: cannot list" in capsys.readouterr().err
+    assert elapsed < BOUND_S + 5
+
+
+# -- credentials in URLs -------------------------------------------------------------------
+
+SECRET = "Sup3rS3cretValue"
+
+
+def test_credentials_in_an_s3_url_reach_no_state_error_log_or_listing(
+    s3: LoopbackS3,
+    data: str,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    url = data.replace("s3://", f"s3://{s3.key}:{SECRET}@")
+    options = {"client_kwargs": s3.storage_options()["client_kwargs"]}
+    seen: list[str] = []
+    with contextlib.closing(
+        ingest.Stream(url, columns=["id"], batch_size=BATCH, storage_options=options)
+    ) as stream:
+        counts: Counter[int] = Counter(next(iter(stream))["id"].tolist())
+        seen.append(repr(stream.state_dict()["dataset"]["shards"]))
+        seen += [s.url for s in stream.listing().shards]
+    assert len(counts) == BATCH
+    for bad in (url + "missing/", url.replace("storage-faults", "nothing-here")):
+        with pytest.raises(ingest.IngestError) as err:
+            next(iter(ingest.Stream(bad, storage_options=options)))
+        seen.append(str(err.value))
+    assert cli.main(["ls", url, *("-o", f"client_kwargs.endpoint_url={s3.endpoint}")]) == 0
+    captured = capsys.readouterr()
+    seen += [captured.out, captured.err, caplog.text]
+    assert "s3://ingest-test/storage-faults/part-00000.parquet" in captured.out
+    leaks = [text[:200] for text in seen if SECRET in text]
+    assert not leaks, leaks
+
+
+class _TokenFiles(BaseHTTPRequestHandler):
+    """Serves ``files`` (path -> bytes) with byte ranges, to requests carrying the token."""
+
+    files: ClassVar[dict[str, bytes]] = {}
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Silence the per-request log."""
+
+    def do_HEAD(self) -> None:
+        self._serve(body=False)
+
+    def do_GET(self) -> None:
+        self._serve(body=True)
+
+    def _serve(self, body: bool) -> None:
+        path, _, query = self.path.partition("?")
+        data = self.files.get(path)
+        status = 200 if query == f"token={SECRET}" and data is not None else 404
+        data = data if status == 200 and data is not None else b"no such file"
+        ranged = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        if status == 200 and ranged:
+            start = int(ranged[1])
+            end = int(ranged[2]) + 1 if ranged[2] else len(data)
+            status, data = 206, data[start:end]
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self.wfile.write(data)
+
+
+def test_credentials_in_an_s3_url_are_not_saved_in_the_state(s3: LoopbackS3, data: str) -> None:
+    url = data.replace("s3://", f"s3://{s3.key}:{SECRET}@")
+    options = {"client_kwargs": s3.storage_options()["client_kwargs"]}
+    with contextlib.closing(
+        ingest.Stream(url, columns=["id"], batch_size=BATCH, storage_options=options)
+    ) as stream:
+        next(iter(stream))
+        state = json.dumps(stream.state_dict())
+    assert SECRET not in state
+
+
+def test_a_token_in_a_query_is_no_glob_and_never_shown(s3: LoopbackS3, data: str) -> None:
+    files = {"/d/part-00001.parquet": s3.filesystem().cat(f"{data}/part-00001.parquet")}
+    handler = type("Handler", (_TokenFiles,), {"files": files})
+    with ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        root = f"http://127.0.0.1:{server.server_address[1]}/d"
+        url = f"{root}/part-00001.parquet?token={SECRET}"
+        with contextlib.closing(
+            ingest.Stream(url, columns=["id"], batch_size=BATCH, format="parquet")
+        ) as stream:
+            ids = [i for batch in stream for i in batch["id"].tolist()]
+            state = stream.state_dict()
+            shown = [s.url for s in stream.listing().shards]
+        with pytest.raises(ingest.SourceError) as err:
+            next(iter(ingest.Stream(f"{root}/missing.parquet?token={SECRET}", format="parquet")))
+        server.shutdown()
+    assert sorted(ids) == list(range(ROWS, 2 * ROWS))
+    assert shown == [url.replace(SECRET, "***")]
+    assert "missing.parquet?token=***" in str(err.value)
+    assert SECRET not in json.dumps(state) + str(err.value)
