@@ -18,8 +18,11 @@ Inside ``train_loop_per_worker`` of a ``TorchTrainer``::
 :func:`rank_iterator` restores the stream from ``ray.train.get_checkpoint()`` (the
 coordinator restarts from the checkpoint's state once per worker group), so both automatic
 restarts under ``FailureConfig(max_failures=N)`` and a re-run of the same run resume right
-after the checkpointed step, with any number of workers. :func:`report` puts the model's
-files and the stream state of the same step, consistent across ranks, into one checkpoint.
+after the checkpointed step, with any number of workers. A coordinator whose process or node
+died is restarted by Ray; the ranks fail with :class:`ingest.CoordinatorLostError` at their
+next ack, and the restarted group continues from the latest checkpoint. :func:`report` puts
+the model's files and the stream state of the same step, consistent across ranks, into one
+checkpoint.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 import ray
 import ray.train
 
+from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.distributed.stream import RayStream
 
@@ -64,9 +68,11 @@ def rank_iterator(
     rank, world_size = context.get_world_rank(), context.get_world_size()
     checkpoint = ray.train.get_checkpoint()
     state = load_state(checkpoint)
-    ref = stream.coordinator.join.remote(rank, world_size, state)
+    ref = stream.coordinator.join.remote(rank, world_size, state, stream.loaded_state)
     try:
         session = ray.get(ref, timeout=stream.timeout_s)
+    except ray.exceptions.RayActorError as e:  # killed for good (ray.kill, no restart)
+        raise CoordinatorLostError(e) from None
     except Exception as e:
         raise unwrap(e) from None
     it = RankIterator(

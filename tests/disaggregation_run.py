@@ -65,7 +65,10 @@ def main() -> int:
     ]
     trainer_node = cluster.add_node(num_cpus=4, resources={TRAINER_RESOURCE: 4})
     cluster.wait_for_nodes()
-    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": root}})
+    # RAY_ADDRESS: Ray Train's helper actors call ray.init() and would otherwise join the
+    # newest Ray instance on this machine, which may be another test's.
+    env = {"PYTHONPATH": root, "RAY_ADDRESS": cluster.address}
+    ray.init(address=cluster.address, runtime_env={"env_vars": env})
     try:
         readers = ingest.ReaderPool(
             min_size=2,

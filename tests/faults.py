@@ -10,6 +10,7 @@ import os
 import signal
 import tempfile
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 
@@ -122,3 +123,23 @@ class TagDecodeNode:
 
     def __call__(self, table: pa.Table) -> pa.Table:
         return table.append_column("decode_node", pa.array([_node()] * table.num_rows))
+
+
+def kill_coordinator(handle: Any, how: str) -> None:
+    """Kill a stream's coordinator actor as a crash would: Ray may restart it.
+
+    ``how`` is ``"sigkill"`` (SIGKILL to the actor's process, found in the GCS actor table;
+    same machine only) or ``"ray.kill"`` (``ray.kill(handle, no_restart=False)``).
+    """
+    import ray
+
+    if how == "ray.kill":
+        ray.kill(handle, no_restart=False)
+        return
+    if how != "sigkill":
+        raise ValueError(f"how={how!r}: use 'sigkill' or 'ray.kill'")
+    from ray._private import state
+
+    actor_id = handle._actor_id.hex()  # type: ignore[attr-defined]
+    info = state.actors(actor_id=actor_id)
+    os.kill(int(info["Pid"]), signal.SIGKILL)

@@ -7,10 +7,17 @@ rows. Calls run on a few threads so that a snapshot can wait for the acks it nee
 Sessions: a worker group (a Ray Train attempt) and every ``load_state_dict`` start a new
 session; feeds and acks of an older session are refused, so a replaced worker group can
 neither consume nor ack the new group's rows.
+
+Restarts: the actor is restarted when its process or its node dies (``max_restarts=-1``).
+A restarted coordinator has lost the acks it took, so it refuses every call of a session of
+its former life with :class:`CoordinatorLostError` (a rank never keeps yielding batches
+whose acks cannot be recorded), and its state is the one the next worker group or
+``load_state_dict`` brings: under Ray Train, the latest checkpoint's.
 """
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -32,16 +39,28 @@ a fold the acks of a job that never takes a state pile up (and pin their message
 object store); folding below the lowest acked step never changes a later state."""
 
 
+_SESSION_BITS = 20
+"""Sessions of one life of the actor: ``life << _SESSION_BITS`` onwards."""
+
+
+_LOST = "the stream's coordinator actor died"
+
+
 class CoordinatorLostError(IngestError):
     """The stream's coordinator actor died: the acks since then cannot be recorded."""
 
     def __init__(self, cause: BaseException | str) -> None:
+        if isinstance(cause, str) and cause.startswith(_LOST):  # unpickled: said already
+            super().__init__(cause)
+            return
         super().__init__(
-            f"the stream's coordinator actor died ({str(cause).splitlines()[0]}); the "
+            f"{_LOST} ({str(cause).splitlines()[0]}); the "
             "batches consumed since the last state are not recorded, so this rank stops. "
-            "Resume from the last state: a new ingest.RayStream(...) with the same source "
-            "and settings, then stream.load_state_dict(last_state) before the ranks iterate "
-            "(under Ray Train, rerun from the latest checkpoint: ingest.train restores it)"
+            "Resume from the last state: stream.load_state_dict(last_state) before the ranks "
+            "iterate (on this stream if its coordinator restarted, else on a new "
+            "ingest.RayStream(...) with the same source and settings); under Ray Train with "
+            "FailureConfig(max_failures=N) the run continues from the latest checkpoint "
+            "(ingest.train.rank_iterator restores it)"
         )
 
 
@@ -64,7 +83,10 @@ class _Coordinator:
         self._book = EpochBook(spec, world_size, catalog=spec.catalog(indexer))
         self._lock = threading.Condition()
         self._initial: dict[str, Any] | None = None  # what a session without a state starts at
-        self._session = 0
+        self._life = secrets.randbits(31)
+        self._session = self._life << _SESSION_BITS
+        # Restarted after a death: no state until a worker group or load_state_dict brings one.
+        self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         self._joined: set[int] = set()
         self._touched = False
         self._folded = -1
@@ -73,15 +95,25 @@ class _Coordinator:
         with self._lock:
             return self._session
 
-    def join(self, rank: int, world_size: int, state: dict[str, Any] | None) -> int:
+    def join(
+        self,
+        rank: int,
+        world_size: int,
+        state: dict[str, Any] | None,
+        initial: dict[str, Any] | None = None,
+    ) -> int:
         """A rank of a (new) worker group starts; returns the session its calls must carry.
 
         The first rank to join a new attempt (a rank that already joined the current
         session, another world size, or a checkpoint's state) starts a new session: the book
-        restarts from ``state`` (the checkpoint's), or from the stream's initial state.
+        restarts from ``state`` (the checkpoint's), or from the stream's initial state
+        (``initial``, the state the driver loaded, which a restarted actor has lost).
         """
         with self._lock:
+            if self._initial is None and initial is not None:
+                self._initial = dict(initial)
             fresh = not self._joined and state is None and not self._touched
+            fresh = fresh and not self._restarted
             new = rank in self._joined or world_size != self._book.world_size
             if new or (not self._joined and not fresh):
                 start = state if state is not None else self._initial
@@ -98,9 +130,15 @@ class _Coordinator:
         self._joined = set()
         self._touched = False
         self._folded = -1
+        self._restarted = False
         self._lock.notify_all()
 
     def _check(self, session: int) -> None:
+        if session >> _SESSION_BITS != self._life:
+            raise CoordinatorLostError(
+                f"it restarted and lost the acks of session {session}, which this rank or "
+                "reader belongs to"
+            )
         if session != self._session:
             raise StaleSessionError(
                 f"session {session} was replaced by session {self._session} (a new worker "
@@ -157,8 +195,7 @@ class _Coordinator:
         self, rank: int, records: Sequence[StepRecord], session: int, cursor: Cursor | None = None
     ) -> None:
         with self._lock:
-            if session != self._session:
-                return  # a rank of a worker group that was replaced
+            self._check(session)  # never dropped: a restarted actor or a replaced group
             book = self._book
             book.ack(rank, records, cursor)
             self._touched = True
@@ -173,10 +210,22 @@ class _Coordinator:
         with self._lock:
             return [self._book.ledger.acked(r) for r in range(self._book.world_size)]
 
-    def state_dict(self, step: int | None, timeout_s: float) -> dict[str, Any]:
-        """The state after ``step``; None: after the last step every rank acked."""
+    def state_dict(
+        self, step: int | None, timeout_s: float, session: int | None = None
+    ) -> dict[str, Any]:
+        """The state after ``step``; None: after the last step every rank acked.
+
+        ``session``: the asking rank's (None: the driver's call).
+        """
         deadline = time.monotonic() + timeout_s
         with self._lock:
+            if session is not None:
+                self._check(session)
+            elif self._restarted:
+                raise CoordinatorLostError(
+                    "it restarted and lost what the ranks consumed; its state is unknown "
+                    "until a state is loaded"
+                )
             book = self._book
             if step is None:
                 step = min(book.ledger.acked(r) for r in range(book.world_size))
@@ -204,5 +253,12 @@ class _Coordinator:
 
 
 # The actor class; ray.remote on a class is opaque to type checkers, hence Any.
-_ACTOR_OPTIONS: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 16, "max_restarts": 0}
+# Restarted when its process or node dies; calls are never retried on the new life (it
+# refuses the old sessions' calls, see the module docstring).
+_ACTOR_OPTIONS: dict[str, Any] = {
+    "num_cpus": 0,
+    "max_concurrency": 16,
+    "max_restarts": -1,
+    "max_task_retries": 0,
+}
 Coordinator: Any = ray.remote(**_ACTOR_OPTIONS)(_Coordinator)

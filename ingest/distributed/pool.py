@@ -54,10 +54,15 @@ class ReaderPool:
         num_cpus: CPUs each reader actor reserves.
         resources: Custom resources every reader asks for, e.g. ``{"ingest": 0.001}`` to
             keep them on nodes that declare an ``ingest`` resource (never the trainers').
+            The coordinator asks for a sliver of each (0.001) and the same labels: it runs
+            on the pool's nodes too.
         label_selector: Node labels the readers must match.
         prefetch_batches: Ready batches each rank's feed keeps ahead of the rank.
         object_store_bytes: Most bytes of ready batches the pool holds in the object store
             at once, all ranks together.
+        spread: Place the readers on as many of the allowed nodes as possible (Ray's
+            ``"SPREAD"`` strategy), so that a lost node takes few of them and the rest of
+            the pool keeps reading while Ray restarts those on the remaining nodes.
     """
 
     min_size: int = 1
@@ -67,6 +72,7 @@ class ReaderPool:
     label_selector: dict[str, str] | None = None
     prefetch_batches: int = 4
     object_store_bytes: int = 1 << 30
+    spread: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_size <= self.max_size:
@@ -92,6 +98,19 @@ class ReaderPool:
         options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_concurrency": 64}
         if self.resources:
             options["resources"] = dict(self.resources)
+        if self.label_selector:
+            options["label_selector"] = dict(self.label_selector)
+        if self.spread:
+            options["scheduling_strategy"] = "SPREAD"
+        return options
+
+    def coordinator_options(self) -> dict[str, Any]:
+        """Where the stream's coordinator runs: on the pool's nodes, apart from the trainers
+        (a sliver of each custom resource, no CPU), so that it is restarted on another of
+        them if its node is lost."""
+        options: dict[str, Any] = {}
+        if self.resources:
+            options["resources"] = {k: min(v, 0.001) for k, v in self.resources.items()}
         if self.label_selector:
             options["label_selector"] = dict(self.label_selector)
         return options

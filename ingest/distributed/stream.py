@@ -101,15 +101,18 @@ class RayStream:
         self.transform = transform
         self.timeout_s = timeout_s
         self.name = name or f"ingest-coordinator-{uuid.uuid4().hex[:12]}"
+        self.loaded_state: dict[str, Any] | None = None
+        """The state given to :meth:`load_state_dict`, if any: where a worker group starts
+        when there is no checkpoint yet, also on a coordinator restarted since."""
         if not ray.is_initialized():
             ray.init()
         placement = {
             "resources": self.pool.resources,
             "label_selector": self.pool.label_selector,
         }
-        self.coordinator = Coordinator.options(name=self.name).remote(
-            self.spec, world_size, placement
-        )
+        self.coordinator = Coordinator.options(
+            name=self.name, **self.pool.coordinator_options()
+        ).remote(self.spec, world_size, placement)
         # Start the pool and plan the first epoch now, while the trainers start; the source
         # is listed here while the actors' processes start.
         size = self.pool.size(world_size)
@@ -174,6 +177,7 @@ class RayStream:
         """Continue after ``state``, which may come from another world size, pool size or a
         single-process :class:`ingest.Stream`. Load before any rank iterates."""
         session = self._get(self.coordinator.load_state_dict.remote(dict(state)))
+        self.loaded_state = dict(state)
         first = self._get(self.coordinator.first_epoch.remote())
         for rank in range(self.world_size):
             self._reader(rank).warm.remote(rank, session, first)
