@@ -166,3 +166,34 @@ def test_retry_policy_is_validated_and_retries_are_counted() -> None:
     assert all(0.25 <= policy.backoff(0) <= 0.5 for _ in range(20))
     assert all(1 <= policy.backoff(9) <= 2 for _ in range(20))
     assert Source("s3://b/").stats.as_dict()["retries"] == 0
+
+
+def test_s3fs_does_not_sleep_after_its_only_attempt(
+    s3_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed S3 call raises at once: the backoff is the source's alone (s3fs slept 0.1 s
+    after its last attempt, which was most of what a fault cost)."""
+    import asyncio
+
+    import s3fs.core
+    from botocore.exceptions import ClientError
+
+    Source(s3_store.url("x/"), storage_options=s3_store.storage_options).filesystem(
+        s3_store.url("x/")
+    )
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    monkeypatch.setattr(s3fs.core.asyncio, "sleep", sleep)
+
+    async def slow_down() -> None:
+        raise ClientError({"Error": {"Code": "SlowDown", "Message": "SlowDown"}}, "GetObject")
+
+    with pytest.raises(OSError, match="SlowDown"):  # translated as s3fs does
+        asyncio.run(s3fs.core._error_wrapper(slow_down, retries=1))
+    assert slept == []
+    with pytest.raises(OSError, match="SlowDown"):  # more attempts: s3fs's own loop
+        asyncio.run(s3fs.core._error_wrapper(slow_down, retries=2))
+    assert len(slept) == 2
