@@ -241,9 +241,7 @@ class RankIterator:
         that step (up to ``RankOptions.timeout_s``).
         """
         self.flush()
-        ref = self.coordinator.state_dict.remote(
-            self.step, self.options.timeout_s, self._session()
-        )
+        ref = self.coordinator.state_dict.remote(self.step, self.options.timeout_s, self._session())
         try:
             return ray.get(ref, timeout=self.options.timeout_s + 30)  # type: ignore[no-any-return]
         except ray.exceptions.RayActorError as e:
