@@ -26,7 +26,7 @@ from ingest.errors import (
 from ingest.formats import get_format, register_format, registered_formats
 from ingest.formats.base import ReadOptions, ShardInfo
 from ingest.index import IndexConfig, IndexStore
-from ingest.sources import IOStats, Shard, Source
+from ingest.sources import IOStats, RetryPolicy, Shard, Source
 from ingest.state import STATE_VERSION
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ __all__ = [
     "RayStream",
     "ReadOptions",
     "ReaderPool",
+    "RetryPolicy",
     "SchemaMismatchError",
     "Shard",
     "ShardError",

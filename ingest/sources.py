@@ -231,6 +231,17 @@ class _GaveUpError(Exception):
         )
 
 
+def _vanished(url: str, gave_up: _GaveUpError) -> SourceError | None:
+    """The error for a listed object that is gone, if that is why a request failed."""
+    if not isinstance(gave_up.last, FileNotFoundError):
+        return None
+    return SourceError(
+        url,
+        "disappeared after it was listed",
+        "the dataset changed under the stream; restart the epoch or restore the object",
+    )
+
+
 def _chain(error: BaseException) -> list[BaseException]:
     """``error`` and its causes, outermost first."""
     seen: list[BaseException] = []
@@ -405,11 +416,11 @@ class _CountingFile:
         try:
             data = _attempt(lambda: self._read_exactly(pos, want), self._policy, self._stats)
         except _GaveUpError as e:
-            raise ShardError(
+            raise _vanished(self._url, e) or ShardError(
                 self._url,
                 f"read of bytes [{pos}, {pos + want}) failed {e.describe(self._scrub)}",
                 "check the store and the network; the deadline, timeouts and backoff are "
-                "set with ReadOptions(retry=RetryPolicy(...))",
+                "set with ReadOptions(retry=ingest.RetryPolicy(...))",
                 byte=pos,
             ) from None
         self._pos = pos + len(data)
@@ -698,7 +709,7 @@ class Source:
                 url,
                 f"cannot list: {gave_up.describe(self.scrub)}",
                 "check the endpoint and the network; the deadline and timeouts are set "
-                "with ReadOptions(retry=RetryPolicy(...))",
+                "with ReadOptions(retry=ingest.RetryPolicy(...))",
             ) from None
 
     def _raise_no_match(
@@ -758,13 +769,7 @@ class Source:
         try:
             raw = _attempt(reopen, policy, self.stats)
         except _GaveUpError as gave_up:
-            if isinstance(gave_up.last, FileNotFoundError):
-                raise SourceError(
-                    shard.url,
-                    "disappeared after it was listed",
-                    "the dataset changed under the stream; restart the epoch or restore the object",
-                ) from None
-            raise ShardError(
+            raise _vanished(shard.url, gave_up) or ShardError(
                 shard.url,
                 f"cannot be opened {gave_up.describe(self.scrub)}",
                 "check the credentials, the store and the network",
@@ -817,12 +822,12 @@ class Source:
             _attempt(missing, self._policy(shard.url), self.stats)
         except _GaveUpError as gave_up:
             n = next(n for n in range(len(starts)) if n not in blobs)
-            raise ShardError(
+            raise _vanished(shard.url, gave_up) or ShardError(
                 shard.url,
                 f"range read of bytes [{starts[n]}, {ends[n]}) failed "
                 f"{gave_up.describe(self.scrub)}",
                 "check the store and the network; the deadline, timeouts and backoff are "
-                "set with ReadOptions(retry=RetryPolicy(...))",
+                "set with ReadOptions(retry=ingest.RetryPolicy(...))",
                 byte=starts[n],
             ) from None
         self.stats.add(reads=sent, bytes_read=sum(len(b) for b in blobs.values()))

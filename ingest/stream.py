@@ -9,6 +9,7 @@ same layout as :class:`ingest.RayStream`'s, and loads into either.
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
@@ -17,7 +18,7 @@ from ingest._prefetch import Prefetcher
 from ingest.catalog import Listing
 from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, Remainder, StreamSpec
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, IngestError
 from ingest.feed import Feed, Tail
 from ingest.formats.base import ReadOptions
 from ingest.ledger import StepRecord
@@ -172,11 +173,11 @@ class Stream:
     def _rewind(self) -> None:
         """Drop the read-ahead of a loop left early; the next loop starts after its last batch."""
         self._stop_active()
-        self._running = False
         book = self._book
         state = book.snapshot(self._step)
         listing = book.plan(state.progress.epoch).listing if state.started else None
-        book.load(state, listing)
+        book.load(state, listing)  # fails if a shard is gone: the next loop tries again
+        self._running = False
         self._next_epoch = state.progress.epoch
 
     def state_dict(self) -> dict[str, Any]:
@@ -203,10 +204,15 @@ class Stream:
         self._delivered = parsed.progress.delivered
 
     def close(self) -> None:
-        """Stop background reading. Iterating again resumes where the stream stopped."""
+        """Stop background reading. Iterating again resumes where the stream stopped.
+
+        Never raises for a dataset that changed under the stream (a shard gone): the next
+        loop says so, or resumes if the shard was restored.
+        """
         self._stop_active()
         if self._running:
-            self._rewind()
+            with contextlib.suppress(IngestError):
+                self._rewind()
 
     def __enter__(self) -> Stream:
         return self

@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import gzip
+import io
 import json
+import pickle
+import tarfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 import ingest
 from ingest.testing import LoopbackS3, encode, free_port, make_table
@@ -232,3 +238,283 @@ def test_state_from_another_dataset_or_version(local: Store) -> None:
         ingest.Stream(local.url("b")).load_state_dict(state)
     with pytest.raises(ingest.StateError, match="version 9 is not supported"):
         ingest.Stream(local.url("a")).load_state_dict({**state, "version": 9})
+
+
+# -- line formats: long lines, compression, ragged and non-UTF-8 records ---------------------
+
+
+LONG_LINES = {  # row 70 of a 100-row shard, 4 MB long
+    "jsonl": b'{"id": 70, "score": 0.07, "text": "' + b"x" * (4 << 20) + b'"}',
+    "csv": b"70,0.07," + b"x" * (4 << 20),
+}
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_line_past_the_row_size_limit_is_an_error_not_an_out_of_memory(
+    store: Store, fmt: str
+) -> None:
+    """Issue 8's 50 MB line, scaled down: a 4 MB line under a 64 KiB limit is refused after
+    about the limit is read, naming its line, row and byte."""
+    lines = encode(make_table(0, 100), fmt).split(b"\n")
+    at = 70 + (fmt == "csv")  # the index of row 70's line (CSV: after the header)
+    lines[at] = LONG_LINES[fmt]
+    store.write(f"d/a.{fmt}", b"\n".join(lines))
+    byte = sum(len(x) + 1 for x in lines[:at])
+    limit = 64 << 10
+    stream = ingest.Stream(
+        store.url("d"),
+        batch_size=10,
+        storage_options=store.storage_options,
+        read=ingest.ReadOptions(max_line_bytes=limit, block_bytes=16 << 10),
+    )
+    start = time.monotonic()
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.{fmt} at line {at + 1}, row 70, byte {byte}: a line is longer "
+        rf"than max_line_bytes={limit}.*raise ReadOptions\(max_line_bytes=\.\.\.\)",
+    ):
+        drain(stream)
+    assert time.monotonic() - start < QUICK_S
+    assert stream.stats["bytes_read"] < 2 * limit + (64 << 10), stream.stats
+
+
+def test_the_row_size_limit_is_checked() -> None:
+    assert ingest.ReadOptions().max_line_bytes == 64 << 20
+    with pytest.raises(ingest.ConfigError, match="max_line_bytes=100 is below 1024"):
+        ingest.ReadOptions(max_line_bytes=100)
+
+
+COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
+    "gz": gzip.compress,
+    "zst": lambda data: bytes(zstandard.ZstdCompressor().compress(data)),
+}
+
+
+@pytest.mark.parametrize("codec", ["gz", "zst"])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_truncated_compressed_shard_is_an_error_not_fewer_rows(
+    store: Store, fmt: str, codec: str
+) -> None:
+    """zstandard's stream reader ended a truncated frame as a clean end of file: the rows
+    before the cut were delivered and the rest lost without a word."""
+    data = COMPRESSORS[codec](encode(make_table(0, 20_000), fmt))
+    store.write(f"d/a.{fmt}.{codec}", data[: len(data) * 2 // 3])
+    name = "gzip" if codec == "gz" else "zstd"
+    start = time.monotonic()
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.{fmt}\.{codec} at byte \d+: the {name} stream is truncated: the file "
+        rf"ends at compressed byte {len(data) * 2 // 3} inside a .*re-upload the complete file",
+    ):
+        drain(
+            ingest.Stream(
+                store.url("d"),
+                batch_size=100,
+                storage_options=store.storage_options,
+                read=ingest.ReadOptions(block_bytes=64 << 10),
+            )
+        )
+    assert time.monotonic() - start < QUICK_S
+
+
+def csv_with(rows: dict[int, bytes]) -> bytes:
+    """A 3,000-record CSV shard (``id,score,text``) with records ``rows`` (0-based) replaced."""
+    lines = encode(make_table(0, 3000), "csv").split(b"\n")
+    for row, record in rows.items():
+        lines[row + 1] = record
+    return b"\n".join(lines)
+
+
+@pytest.mark.parametrize(
+    ("row", "record", "why"),
+    [
+        # in the first block, which the column types are inferred from
+        (50, b"50,0.05,row 50,extra", "Expected 3 columns, got 4"),
+        # in a later chunk, read with those types
+        (2500, b"2500,0.5", "Expected 3 columns, got 2"),
+    ],
+)
+def test_a_ragged_csv_row_names_its_line(local: Store, row: int, record: bytes, why: str) -> None:
+    data = csv_with({row: record})
+    local.write("d/a.csv", data)
+    byte = data.index(b"\n" + record + b"\n") + 1
+    start = time.monotonic()
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.csv at line {row + 2}, row {row}, byte {byte}: bad CSV record "
+        rf"\(CSV parse error: {why}.*fix the record",
+    ):
+        drain(ingest.Stream(local.url("d"), read=ingest.ReadOptions(block_bytes=4096)))
+    assert time.monotonic() - start < QUICK_S
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+@pytest.mark.parametrize("row", [40, 2500])
+def test_text_that_is_not_utf8_names_its_line(local: Store, fmt: str, row: int) -> None:
+    """Issue 8: invalid UTF-8 in a JSONL shard gave a bare UnicodeDecodeError (and in a CSV
+    shard's first block, a column of bytes instead of strings)."""
+    if fmt == "csv":
+        bad = b'%d,0.5,"caf\xe9 %d"' % (row, row)
+        data = csv_with({row: bad})
+    else:
+        lines = encode(make_table(0, 3000), fmt).split(b"\n")
+        bad = lines[row] = b'{"id": %d, "score": 0.5, "text": "caf\xe9"}' % row
+        data = b"\n".join(lines)
+    local.write(f"d/a.{fmt}", data)
+    line = row + (2 if fmt == "csv" else 1)
+    byte, at = data.index(bad), bad.index(b"\xe9")
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.{fmt} at line {line}, row {row}, byte {byte}: is not UTF-8 text \(byte 0xe9 "
+        rf"at byte {at} of the line.*re-encode the file",
+    ):
+        drain(
+            ingest.Stream(local.url("d"), batch_size=10, read=ingest.ReadOptions(block_bytes=4096))
+        )
+
+
+# -- WebDataset tars: hostile member names, links, missing and duplicate fields, pickles ----
+
+
+def tar_of(*members: tuple[str, bytes] | tarfile.TarInfo) -> bytes:
+    """A tar of regular files given as ``(name, data)`` and of other members as given."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                tar.addfile(member)
+            else:
+                info = tarfile.TarInfo(member[0])
+                info.size = len(member[1])
+                tar.addfile(info, io.BytesIO(member[1]))
+    return buf.getvalue()
+
+
+def link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+SAMPLE0 = (("s0.jpg", b"jpeg 0"), ("s0.cls", b"0"))  # two members of 1024 bytes each
+
+
+@pytest.mark.parametrize("name", ["../x.jpg", "a/../../x.jpg", "/etc/x.jpg"])
+def test_a_tar_member_that_leaves_the_archive_is_refused(store: Store, name: str) -> None:
+    store.write("d/a.tar", tar_of(*SAMPLE0, (name, b"jpeg"), ("s2.jpg", b"jpeg 2")))
+    start = time.monotonic()
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.tar at byte 2048: member name '{name}' leaves the archive.*"
+        r"tar -C DIR -cf shard\.tar \.",
+    ):
+        drain(ingest.Stream(store.url("d"), batch_size=1, storage_options=store.storage_options))
+    assert time.monotonic() - start < QUICK_S
+
+
+def test_member_names_inside_the_archive_are_keys(local: Store) -> None:
+    local.write("d/a.tar", tar_of(("./s0.jpg", b"a"), ("x/../s1.jpg", b"b"), ("x/s2.jpg", b"c")))
+    (batch,) = ingest.Stream(local.url("d"), batch_size=3)
+    assert batch["__key__"] == ["./s0", "x/../s1", "x/s2"]
+
+
+@pytest.mark.parametrize(
+    ("kind", "word"), [(tarfile.SYMTYPE, "symbolic link"), (tarfile.LNKTYPE, "hard link")]
+)
+def test_a_link_member_is_refused(local: Store, kind: bytes, word: str) -> None:
+    local.write("d/a.tar", tar_of(*SAMPLE0, link("s1.jpg", "../../etc/passwd", kind)))
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.tar at byte 2048: member 's1\.jpg' is a {word} to '\.\./\.\./etc/passwd': "
+        r"a WebDataset field must be a regular file.*--dereference",
+    ):
+        drain(ingest.Stream(local.url("d"), batch_size=1))
+
+
+def test_a_sample_missing_a_field_has_a_null_there(store: Store) -> None:
+    """The columns are the union of the fields; a field a sample lacks is None, as in Hugging
+    Face datasets' WebDataset loader (documented in ingest.formats.webdataset)."""
+    store.write("d/a.tar", tar_of(*SAMPLE0, ("s1.jpg", b"jpeg 1"), ("s2.cls", b"2")))
+    (batch,) = ingest.Stream(store.url("d"), batch_size=3, storage_options=store.storage_options)
+    assert batch == {
+        "__key__": ["s0", "s1", "s2"],
+        "cls": [b"0", None, b"2"],
+        "jpg": [b"jpeg 0", b"jpeg 1", None],
+    }
+
+
+def test_a_duplicate_field_in_one_sample_is_refused(local: Store) -> None:
+    local.write("d/a.tar", tar_of(*SAMPLE0, ("s1.jpg", b"one"), ("s1.jpg", b"two")))
+    with pytest.raises(
+        ingest.ShardError,
+        match=r"a\.tar at byte 3072: sample 's1' has field 'jpg' twice.*one of them would be lost",
+    ):
+        drain(ingest.Stream(local.url("d"), batch_size=1))
+
+
+class RunsCode:
+    """Unpickling this runs code: it creates the file ``marker``."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return exec, (f"import pathlib; pathlib.Path({str(self.marker)!r}).touch()",)
+
+
+def test_a_pickle_member_is_delivered_as_bytes_and_never_loaded(
+    local: Store, tmp_path: Path
+) -> None:
+    marker = tmp_path / "pickle-ran"
+    payload = pickle.dumps(RunsCode(marker))
+    local.write(
+        "d/a.tar",
+        tar_of(*SAMPLE0, ("s1.pyd", payload), ("s1.pickle", payload), ("s1.cls", b"1")),
+    )
+    (batch,) = ingest.Stream(local.url("d"), batch_size=2)
+    assert batch["pyd"] == [None, payload] and batch["pickle"] == [None, payload]
+    assert not marker.exists()
+    pickle.loads(batch["pyd"][1])  # the control: the payload was live
+    assert marker.exists()
+
+
+# -- the store: objects that vanish or change ----------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_listed_object_that_disappears_is_named(store: Store, fmt: str) -> None:
+    for n in range(3):
+        store.write(f"d/p{n}.{fmt}", encode(make_table(n * 1000, 1000), fmt))
+    stream = ingest.Stream(store.url("d"), batch_size=100, storage_options=store.storage_options)
+    stream.state_dict()  # plans the epoch: the listing holds p2
+    store.fs.rm(store.url("d", f"p2.{fmt}"))
+    start = time.monotonic()
+    with pytest.raises(
+        ingest.IngestError,
+        match=rf"p2\.{fmt}.*disappeared after it was listed.*restart the epoch",
+    ):
+        drain(stream)
+    assert time.monotonic() - start < QUICK_S
+    stream.close()  # never raises; the next loop says what is wrong
+    with pytest.raises(ingest.StateError, match=rf"1 shard\(s\) gone: .*p2\.{fmt}"):
+        next(iter(stream))
+
+
+def test_a_shard_rewritten_with_the_same_size_is_refused(s3_store: Store) -> None:
+    for n in range(2):
+        s3_store.write(f"d/p{n}.jsonl", encode(make_table(n * 100, 100), "jsonl"))
+    first = ingest.Stream(
+        s3_store.url("d"), batch_size=10, storage_options=s3_store.storage_options
+    )
+    next(iter(first))
+    state = first.state_dict()
+    first.close()
+    old = s3_store.fs.cat(s3_store.url("d", "p1.jsonl"))
+    s3_store.write("d/p1.jsonl", old.replace(b"row 1", b"row 7"))  # same size, other bytes
+    again = ingest.Stream(
+        s3_store.url("d"), batch_size=10, storage_options=s3_store.storage_options
+    )
+    with pytest.raises(
+        ingest.StateError, match=r"1 shard\(s\) changed: \S+/p1\.jsonl \(version '\w+' -> '\w+'\)"
+    ):
+        again.load_state_dict(state)

@@ -8,9 +8,11 @@ where the format can seek), corrupt input raises a clear error naming the URL.
 from __future__ import annotations
 
 import gzip
+from collections.abc import Callable
 from typing import ClassVar
 
 import pytest
+import zstandard
 
 from ingest.catalog import Catalog, Listing
 from ingest.errors import ShardError
@@ -197,14 +199,75 @@ class TestWebDataset(FormatContract):
         assert batch.column("json")[3].as_py() == b'{"id": 3}'
 
 
-def test_gzip_truncation_names_the_offset(local: Store) -> None:
-    data = gzip.compress(b"".join(b'{"id": %d}\n' % i for i in range(20000)))
-    catalog, listing = open_shard(local, "jsonl.gz", data[: len(data) - 50])
+def zstd(data: bytes) -> bytes:
+    return bytes(zstandard.ZstdCompressor().compress(data))
+
+
+def jsonl_ids(first: int, count: int) -> bytes:
+    return b"".join(b'{"id": %d}\n' % i for i in range(first, first + count))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "data"),
+    [
+        # `cat a.gz b.gz`, and the zero padding some writers leave after the last member
+        ("jsonl.gz", gzip.compress(jsonl_ids(0, 2000)) + gzip.compress(jsonl_ids(2000, 1000))),
+        ("jsonl.gz", gzip.compress(jsonl_ids(0, 3000)) + bytes(1000)),
+        # pzstd and `cat a.zst b.zst` write several frames
+        ("jsonl.zst", zstd(jsonl_ids(0, 1000)) + zstd(jsonl_ids(1000, 2000))),
+    ],
+)
+def test_every_member_or_frame_of_a_compressed_shard_is_read(
+    local: Store, fmt: str, data: bytes
+) -> None:
+    catalog, listing = open_shard(local, fmt, data)
+    assert ids(read(catalog, listing), "id") == list(range(3000))
+    assert ids(read(catalog, listing, 2500), "id") == list(range(2500, 3000))
+
+
+@pytest.mark.parametrize(
+    ("fmt", "compress", "where", "problem"),
+    [
+        # the CRC-32 of the gzip trailer: the data decompresses, and its check fails
+        ("jsonl.gz", gzip.compress, -8, "the gzip stream is corrupt near compressed byte"),
+        ("jsonl.zst", zstd, 0.5, "the zstd stream is corrupt near compressed byte"),
+    ],
+)
+def test_corrupt_compressed_bytes_are_an_error(
+    local: Store, fmt: str, compress: Callable[[bytes], bytes], where: float, problem: str
+) -> None:
+    data = bytearray(compress(encode(make_table(0, ROWS), "jsonl")))
+    at = int(where) if where < 0 else int(len(data) * where)
+    data[at : at + 4] = bytes(b ^ 0xFF for b in data[at : at + 4])
+    with pytest.raises(ShardError, match=rf"shard\.{fmt} at byte \d+: {problem} \d+"):
+        read(*open_shard(local, fmt, bytes(data)))
+
+
+def test_trailing_bytes_after_a_gzip_stream_are_an_error(local: Store) -> None:
+    data = gzip.compress(jsonl_ids(0, 100))
     with pytest.raises(
         ShardError,
-        match=r"shard\.jsonl\.gz at byte \d+: compressed stream is "
-        "corrupt or truncated",
+        match=rf"at byte 1090: is not a gzip stream at compressed byte {len(data)} "
+        r"\(starts with b'trai'",
     ):
+        read(*open_shard(local, "jsonl.gz", data + b"trailing"))
+
+
+@pytest.mark.parametrize("block_bytes", [1024, 64 << 10])  # below and above the limit
+@pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz"])
+def test_the_line_limit_is_exact(local: Store, fmt: str, block_bytes: int) -> None:
+    limit = 4096
+    head = b'{"id": 1, "text": "'
+    line = head + b"x" * (limit - len(head) - 2) + b'"}'  # exactly the limit
+    data = b'{"id": 0, "text": ""}\n' + line + b"\n" + b'{"id": 2, "text": ""}\n'
+    options = ReadOptions(block_bytes=block_bytes, max_line_bytes=limit)
+    encoded = gzip.compress(data) if fmt == "jsonl.gz" else data
+    catalog, listing = open_shard(local, fmt, encoded, options)
+    assert ids(read(catalog, listing), "id") == [0, 1, 2]
+    longer = data.replace(b"xxx", b"xxxx", 1)
+    encoded = gzip.compress(longer) if fmt == "jsonl.gz" else longer
+    catalog, listing = open_shard(local, fmt, encoded, options)
+    with pytest.raises(ShardError, match=r"at line 2, row 1, byte 22: a line is longer than"):
         read(catalog, listing)
 
 

@@ -4,60 +4,49 @@ Shared by JSONL and CSV. Offsets are in the decompressed stream: an uncompressed
 to one directly; a gzip or zstd shard decompresses and discards the bytes before it, within
 that shard only. Written here rather than taken from pyarrow's streaming readers because
 those do not report where a batch starts, and the byte offset is what makes resume a seek.
+
+A line longer than ``ReadOptions.max_line_bytes`` is an error, found while reading it: at
+most that many bytes (plus one read) are held for one line, so a file without newlines, or a
+50 MB line, fails with its offset instead of filling memory.
 """
 
 from __future__ import annotations
 
-import gzip
-import zlib
 from abc import abstractmethod
-from collections.abc import Iterator
-from typing import IO, Any
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pyarrow as pa
 
 from ingest.errors import SchemaMismatchError, ShardError
 from ingest.formats import split_compression
+from ingest.formats._compressed import DecompressedFile
 from ingest.formats.base import RowBatch, Seek, ShardReader, clip
 from ingest.sources import Shard, Source
+
+PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError)
+"""What pyarrow's JSON and CSV parsers raise for input they cannot read."""
+
+
+class LineTooLongError(ShardError):
+    """A line is longer than ``ReadOptions.max_line_bytes`` (the offset is its first byte)."""
 
 
 def open_decompressed(source: Source, shard: Shard, block_bytes: int) -> tuple[Any, bool]:
     """Open ``shard`` and wrap it in a decompressor; returns (file, seekable)."""
     raw = source.open(shard, block_size=block_bytes)
     _, compression = split_compression(shard.url)
-    if compression == "gzip":
-        return gzip.GzipFile(fileobj=raw, mode="rb"), False  # type: ignore[arg-type]
-    if compression == "zstd":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().stream_reader(raw, closefd=True), False  # type: ignore[arg-type]
-    return raw, True
-
-
-def _read(f: IO[bytes], n: int, shard: Shard, offset: int) -> bytes:
+    if compression is None:
+        return raw, True
     try:
-        return f.read(n)
-    except (EOFError, gzip.BadGzipFile, zlib.error) as e:
-        raise ShardError(
-            shard.url,
-            f"compressed stream is corrupt or truncated ({e})",
-            "re-upload the file; a truncated .gz/.zst cannot be read past the damage",
-            byte=offset,
-        ) from None
-    except Exception as e:
-        if type(e).__name__ == "ZstdError":
-            raise ShardError(
-                shard.url,
-                f"zstd stream is corrupt or truncated ({e})",
-                "re-upload the file",
-                byte=offset,
-            ) from None
+        return DecompressedFile(raw, compression, shard.url, block_bytes), False
+    except Exception:
+        raw.close()
         raise
 
 
 def iter_chunks(
-    source: Source, shard: Shard, start: int, block_bytes: int
+    source: Source, shard: Shard, start: int, block_bytes: int, max_line_bytes: int
 ) -> Iterator[tuple[int, bytes]]:
     """Yield ``(offset, chunk)``: whole lines starting at decompressed byte ``offset``.
 
@@ -66,7 +55,15 @@ def iter_chunks(
         shard: The shard.
         start: Decompressed byte offset of a line start to begin at.
         block_bytes: Bytes read per step; a longer line makes a longer chunk.
+        max_line_bytes: Longest line allowed, its newline not counted.
+
+    Raises:
+        LineTooLongError: At the first line longer than ``max_line_bytes``.
+        ShardError: If the shard ends before ``start`` or its compressed stream is damaged.
     """
+    # Lines within one read are shorter than the read, so only lines that span reads need
+    # counting: reads no larger than the limit make that check exact.
+    step = min(block_bytes, max_line_bytes)
     f, seekable = open_decompressed(source, shard, block_bytes)
     with f:
         offset = 0
@@ -76,7 +73,7 @@ def iter_chunks(
                 offset = start
             else:
                 while offset < start:
-                    skipped = _read(f, min(block_bytes, start - offset), shard, offset)
+                    skipped = f.read(min(block_bytes, start - offset))
                     if not skipped:
                         raise ShardError(
                             shard.url,
@@ -85,21 +82,88 @@ def iter_chunks(
                             byte=offset,
                         )
                     offset += len(skipped)
-        tail = b""
+        parts: list[bytes] = []  # the line in progress, read so far
+        pending = 0
         while True:
-            data = _read(f, block_bytes, shard, offset + len(tail))
+            data = f.read(step)
             if not data:
-                if tail:
-                    yield offset, tail
+                if parts:
+                    yield offset, b"".join(parts)
                 return
-            buf = tail + data
-            cut = buf.rfind(b"\n")
+            cut = data.rfind(b"\n")
+            # The line in progress goes on to the first newline of this read, or past it.
+            if pending + (data.find(b"\n") if cut >= 0 else len(data)) > max_line_bytes:
+                raise _too_long(shard, offset, max_line_bytes)
             if cut < 0:
-                tail = buf
+                parts.append(data)
+                pending += len(data)
                 continue
-            yield offset, buf[: cut + 1]
-            offset += cut + 1
-            tail = buf[cut + 1 :]
+            chunk = b"".join([*parts, data[: cut + 1]]) if parts else data[: cut + 1]
+            yield offset, chunk
+            offset += len(chunk)
+            parts = [data[cut + 1 :]] if cut + 1 < len(data) else []
+            pending = len(data) - cut - 1
+
+
+def split_lines(body: bytes) -> list[bytes]:
+    """The lines of ``body``, each with its newline (the last one may have none).
+
+    Only a newline byte ends a line, as for the offsets above (``bytes.splitlines`` also
+    cuts at carriage returns).
+    """
+    lines = [x + b"\n" for x in body.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
+
+
+def first_bad_line(
+    parse: Callable[[bytes], object], lines: list[bytes]
+) -> tuple[int, Exception | None]:
+    """Find the first of ``lines`` that ``parse`` fails on, given that it fails on them all.
+
+    Bisection over whole lines: O(log n) parses.
+
+    Returns:
+        The line's index, and the error of parsing it alone (None if it parses alone: the
+        fault is in how it follows the lines before it).
+    """
+    lo, hi = 0, len(lines)  # invariant: lines[:lo] parse, lines[:hi] do not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            parse(b"".join(lines[:mid]))
+            lo = mid
+        except PARSE_ERRORS:
+            hi = mid
+    bad = hi - 1
+    try:
+        parse(lines[bad])
+    except PARSE_ERRORS as e:
+        return bad, e
+    return bad, None
+
+
+def not_utf8(line: bytes) -> str | None:
+    """What is wrong with ``line`` as UTF-8 text, or None when it is valid."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return (
+            f"is not UTF-8 text (byte {line[e.start]:#04x} at byte {e.start} of the line: "
+            f"{e.reason}): {line[:80]!r}"
+        )
+    return None
+
+
+def _too_long(shard: Shard, offset: int, limit: int) -> LineTooLongError:
+    return LineTooLongError(
+        shard.url,
+        f"a line is longer than max_line_bytes={limit} (no newline within {limit} bytes)",
+        "fix the data (a lost newline joins lines; a file that is not line-delimited needs "
+        "another format=), or raise ReadOptions(max_line_bytes=...) if lines this long are "
+        "meant",
+        byte=offset,
+    )
 
 
 class LineReader(ShardReader):
@@ -125,17 +189,24 @@ class LineReader(ShardReader):
         seek = self.ctx.info.seek_for(start, seek)
         row, offset = seek if seek is not None else (0, 0)
         line: int | None = 1 if offset == 0 else None
-        opts = self.ctx.options
-        batches = self._batches(row, offset, line, opts.block_bytes, opts.batch_rows)
-        yield from clip(batches, start, stop)
+        yield from clip(self._batches(row, offset, line), start, stop)
 
-    def _batches(
-        self, row: int, offset: int, line: int | None, block_bytes: int, batch_rows: int
-    ) -> Iterator[RowBatch]:
+    def _batches(self, row: int, offset: int, line: int | None) -> Iterator[RowBatch]:
+        opts = self.ctx.options
+        chunks = iter_chunks(
+            self.ctx.source, self.ctx.shard, offset, opts.block_bytes, opts.max_line_bytes
+        )
         header = self.header()
-        for chunk_offset, chunk in iter_chunks(
-            self.ctx.source, self.ctx.shard, offset, block_bytes
-        ):
+        while True:
+            try:
+                chunk_offset, chunk = next(chunks)
+            except StopIteration:
+                return
+            except LineTooLongError as e:
+                # The long line starts where the lines read so far end: name its row and line.
+                raise LineTooLongError(
+                    e.url, e.problem, e.fix, row=row, line=line, byte=e.byte
+                ) from None
             body, skip = chunk, 0
             if chunk_offset == 0 and header is not None:
                 skip = len(header)
@@ -145,7 +216,7 @@ class LineReader(ShardReader):
             if body.strip():
                 chunk_seek = (row, chunk_offset)
                 table = self._parse_or_locate(body, row, line, chunk_offset + skip)
-                for batch in table.to_batches(max_chunksize=batch_rows):
+                for batch in table.to_batches(max_chunksize=opts.batch_rows):
                     yield RowBatch(row, batch, chunk_seek)
                     row += batch.num_rows
             if line is not None:
@@ -154,27 +225,13 @@ class LineReader(ShardReader):
     def _parse_or_locate(self, body: bytes, row: int, line: int | None, offset: int) -> pa.Table:
         try:
             return self.parse(body)
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
+        except PARSE_ERRORS as e:
             first_error = e
-        # Find the first bad line by bisection over whole lines: O(log n) parses.
-        lines = body.splitlines(keepends=True)
-        lo, hi = 0, len(lines)  # invariant: lines[:lo] parse, lines[:hi] do not
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            try:
-                self.parse(b"".join(lines[:mid]))
-                lo = mid
-            except (pa.ArrowInvalid, pa.ArrowTypeError):
-                hi = mid
-        bad = hi - 1
+        lines = split_lines(body)
+        bad, error = first_bad_line(self.parse, lines)
         byte = offset + sum(len(x) for x in lines[:bad])
         rows_before = sum(1 for x in lines[:bad] if x.strip())
-        try:
-            self.parse(lines[bad])
-            error: Exception = first_error
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as e:
-            error = e
-        problem, fix, schema = self.describe_error(lines[bad], error)
+        problem, fix, schema = self.describe_error(lines[bad], error or first_error)
         cls = SchemaMismatchError if schema else ShardError
         raise cls(
             self.ctx.shard.url,

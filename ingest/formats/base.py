@@ -32,6 +32,9 @@ class ReadOptions:
     Attributes:
         block_bytes: Line formats: bytes read and parsed per chunk. WebDataset: read-ahead
             buffer size.
+        max_line_bytes: Line formats (JSONL, CSV): longest line allowed, its newline not
+            counted. A longer line is a :class:`~ingest.errors.ShardError` naming its
+            offset, found after reading at most this many bytes of it, not an out-of-memory.
         batch_rows: Most rows per record batch a reader yields (parquet, Arrow, tar samples).
         prefetch: Record batches read ahead in a background thread (0: read on demand).
         coalesce_bytes: Parquet: the row groups of one shard read in one call are fetched
@@ -47,6 +50,7 @@ class ReadOptions:
     """
 
     block_bytes: int = 8 << 20
+    max_line_bytes: int = 64 << 20
     batch_rows: int = 65_536
     prefetch: int = 4
     coalesce_bytes: int = 64 << 20
@@ -60,6 +64,11 @@ class ReadOptions:
             raise ConfigError(
                 f"block_bytes={self.block_bytes} is below 1024; use at least "
                 "1 KiB (the default is 8 MiB)"
+            )
+        if self.max_line_bytes < 1024:
+            raise ConfigError(
+                f"max_line_bytes={self.max_line_bytes} is below 1024; use at least 1 KiB "
+                "(the default is 64 MiB)"
             )
         if self.batch_rows < 1:
             raise ConfigError(f"batch_rows={self.batch_rows} must be >= 1")

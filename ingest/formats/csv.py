@@ -8,17 +8,28 @@ every shard, so a chunk read after a seek gets the same types as one read from t
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from ingest.errors import SchemaMismatchError, ShardError
-from ingest.formats._lines import LineReader, iter_chunks
+from ingest.formats._lines import (
+    PARSE_ERRORS,
+    LineReader,
+    first_bad_line,
+    iter_chunks,
+    not_utf8,
+    split_lines,
+)
 from ingest.formats.base import Format, ReadContext, ReadOptions, ShardInfo, ShardReader
 from ingest.sources import Shard, Source
 
 
 def _first_line(source: Source, shard: Shard, options: ReadOptions) -> bytes:
-    for _, chunk in iter_chunks(source, shard, 0, min(options.block_bytes, 1 << 20)):
+    block_bytes = min(options.block_bytes, 1 << 20)
+    for _, chunk in iter_chunks(source, shard, 0, block_bytes, options.max_line_bytes):
         return chunk[: chunk.find(b"\n") + 1] if b"\n" in chunk else chunk
     return b""
 
@@ -33,15 +44,23 @@ class CsvFormat(Format):
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
-        for _, chunk in iter_chunks(source, shard, 0, options.block_bytes):
+        for _, chunk in iter_chunks(source, shard, 0, options.block_bytes, options.max_line_bytes):
+            end = chunk.find(b"\n") + 1 or len(chunk)
+            header, lines = chunk[:end], split_lines(chunk[end:])
             try:
-                return pcsv.read_csv(pa.BufferReader(chunk)).schema
+                schema = pcsv.read_csv(pa.BufferReader(chunk)).schema
             except pa.ArrowInvalid as e:
-                raise ShardError(
+                raise _locate(shard, header, lines, ()) or ShardError(
                     shard.url,
                     f"is not valid CSV ({e})",
                     "check the file, or pass ReadOptions(schema=...)",
                 ) from None
+            # pyarrow infers binary only for a column with a value that is not UTF-8.
+            text = [f.name for f in schema if pa.types.is_binary(f.type)]
+            error = _locate(shard, header, lines, text) if text else None
+            if error is not None:
+                raise error
+            return schema
         raise ShardError(shard.url, "has no header line", "pass ReadOptions(schema=...)")
 
     def open(self, ctx: ReadContext) -> ShardReader:
@@ -83,10 +102,55 @@ class _CsvReader(LineReader):
         )
 
     def describe_error(self, line: bytes, error: Exception) -> tuple[str, str, bool]:
-        text = str(error).split("\n")[0]
-        return (
-            f"bad CSV record ({text}): {line[:80]!r}",
-            "fix the record; every record needs the header's columns with values of the "
-            "types inferred from the first shard (or pass ReadOptions(schema=...))",
-            False,
-        )
+        return (*_describe(line, error), False)
+
+
+def _describe(line: bytes, error: Exception) -> tuple[str, str]:
+    """(problem, fix) for a CSV record that does not parse."""
+    problem = not_utf8(line)
+    if problem is not None:
+        return problem, "CSV is read as UTF-8: re-encode the file (e.g. iconv -t utf-8)"
+    # pyarrow numbers rows within what it was given, here one line: drop that.
+    text = re.sub(r"^(CSV parse error: )Row #\d+: ", r"\1", str(error).split("\n")[0])
+    return (
+        f"bad CSV record ({text}): {line[:80]!r}",
+        "fix the record; every record needs the header's columns with values of the "
+        "types inferred from the first shard (or pass ReadOptions(schema=...))",
+    )
+
+
+def _locate(
+    shard: Shard, header: bytes, lines: list[bytes], text: Sequence[str]
+) -> ShardError | None:
+    """The error for the first of ``lines`` (after ``header``) that pyarrow cannot read.
+
+    Args:
+        shard: The shard, read from its start.
+        header: The header line.
+        lines: The lines after it.
+        text: Columns to read as strings (pyarrow infers binary for invalid UTF-8).
+
+    Returns:
+        The error, or None if pyarrow reads every line.
+    """
+    convert = pcsv.ConvertOptions(column_types={name: pa.string() for name in text})
+
+    def parse(body: bytes) -> pa.Table:
+        return pcsv.read_csv(pa.BufferReader(header + body), convert_options=convert)
+
+    try:
+        parse(b"".join(lines))
+    except PARSE_ERRORS as e:
+        first_error: Exception = e
+    else:
+        return None
+    bad, error = first_bad_line(parse, lines)
+    problem, fix = _describe(lines[bad], error or first_error)
+    return ShardError(
+        shard.url,
+        problem,
+        fix,
+        row=sum(1 for x in lines[:bad] if x.strip()),
+        line=bad + 2,
+        byte=len(header) + sum(len(x) for x in lines[:bad]),
+    )

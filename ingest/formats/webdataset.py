@@ -4,6 +4,26 @@
 with key ``images/0001``. Fields stay bytes: nothing is decoded here, and pickled fields
 (``.pyd``, ``.pickle``) are never unpickled; decode them in a transform if you trust them.
 Seek points are ``(row, byte offset of the sample's first tar header)``.
+
+What a shard may hold, as WebDataset users expect it:
+
+- The stream's columns are ``__key__`` and the union of the fields of the first samples
+  (see :meth:`WebDatasetFormat.infer_schema`); a sample without one of them has a null
+  there (``None`` in a batch), as in Hugging Face ``datasets``. A field none of those
+  samples had is a :class:`~ingest.errors.SchemaMismatchError`, unless ``columns=[...]``
+  leaves it out.
+- The same field twice in one sample (``0001.jpg`` twice in a row) is an error, as in
+  ``webdataset``'s ``group_by_keys``: one of the two would be lost.
+- Member names are keys, never paths: nothing is extracted or written. A name that would
+  leave the archive if extracted (``../x.jpg``, ``/etc/x.jpg``) is refused all the same,
+  as a sign of a hostile or broken archive and so that no key can climb out of a directory
+  a user's code might write samples to.
+- Symbolic and hard links, devices and FIFOs are refused (a link's target is not in the
+  sample, and following it could read outside the shard); directory entries are skipped,
+  since they hold no data.
+
+Every refusal is a :class:`~ingest.errors.ShardError` naming the shard, the member and the
+byte offset of its tar header.
 """
 
 from __future__ import annotations
@@ -42,7 +62,12 @@ def split_name(name: str) -> tuple[str, str]:
 def _samples(
     source: Source, shard: Shard, offset: int, block_bytes: int
 ) -> Iterator[tuple[int, str, dict[str, bytes]]]:
-    """Yield ``(header offset, key, fields)`` for each sample from byte ``offset``."""
+    """Yield ``(header offset, key, fields)`` for each sample from byte ``offset``.
+
+    Raises:
+        ShardError: If the tar is corrupt or truncated, or a member is refused (see the
+            module docstring).
+    """
     with source.open(shard, block_size=block_bytes) as f:
         f.seek(offset)
         key: str | None = None
@@ -52,13 +77,23 @@ def _samples(
             with tarfile.open(fileobj=f, mode="r|") as tar:  # type: ignore[call-overload]
                 for member in tar:
                     position = offset + member.offset
-                    if not member.isfile():
+                    if member.isdir():
                         continue
+                    _check_member(shard, member, position)
                     k, ext = split_name(member.name)
                     if k != key:
                         if key is not None:
                             yield start, key, fields
                         key, fields, start = k, {}, position
+                    elif ext in fields:
+                        raise ShardError(
+                            shard.url,
+                            f"sample {k!r} has field {ext!r} twice (member {member.name!r} "
+                            "follows another of the same name): one of them would be lost",
+                            "give each member of a sample its own extension, or remove the "
+                            "duplicate and write the tar again",
+                            byte=position,
+                        )
                     extracted = tar.extractfile(member)
                     fields[ext] = extracted.read() if extracted is not None else b""
                 end = offset + tar.offset
@@ -79,6 +114,41 @@ def _samples(
             yield start, key, fields
 
 
+def _check_member(shard: Shard, member: tarfile.TarInfo, position: int) -> None:
+    """Refuse a member that is not a regular file, or whose name leaves the archive."""
+    if not member.isfile():
+        kind = _KINDS.get(member.type, f"member of tar type {member.type!r}")
+        target = f" to {member.linkname!r}" if member.issym() or member.islnk() else ""
+        raise ShardError(
+            shard.url,
+            f"member {member.name!r} is a {kind}{target}: a WebDataset field must be a "
+            "regular file, and links are never followed",
+            "store the file itself in the tar (tar --dereference --hard-dereference), or "
+            "remove the member",
+            byte=position,
+        )
+    name = member.name
+    normal = posixpath.normpath(name)
+    if name.startswith("/") or normal == ".." or normal.startswith("../"):
+        raise ShardError(
+            shard.url,
+            f"member name {name!r} leaves the archive (an absolute path or one that climbs "
+            "out with '..'); sample keys must be relative names inside it",
+            "write the tar again from inside its directory (tar -C DIR -cf shard.tar .), "
+            "or remove the member",
+            byte=position,
+        )
+
+
+_KINDS = {
+    tarfile.SYMTYPE: "symbolic link",
+    tarfile.LNKTYPE: "hard link",
+    tarfile.CHRTYPE: "character device",
+    tarfile.BLKTYPE: "block device",
+    tarfile.FIFOTYPE: "FIFO",
+}
+
+
 class WebDatasetFormat(Format):
     name = "webdataset"
     extensions = (".tar",)
@@ -89,6 +159,8 @@ class WebDatasetFormat(Format):
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
+        """``__key__`` (string), then the union of the fields of the shard's first
+        :data:`_INFER_SAMPLES` samples (binary), sorted by name."""
         extensions: set[str] = set()
         for n, (_, _, fields) in enumerate(_samples(source, shard, 0, options.block_bytes)):
             extensions.update(fields)
