@@ -8,7 +8,8 @@ and dealt round-robin to ``lanes`` lanes; each lane reads its shards front to ba
 the formats (one open per shard, seeks, coalesced ranges). A *window* takes
 ``window // lanes`` rows from every lane that still has rows, so one window holds rows of up
 to ``lanes`` shards of different parts of the epoch plan; with a seed its rows are permuted
-by a key of (seed, epoch, rank, window index). Batches are cut from consecutive windows.
+by a key of (seed, epoch, rank, window index), in one gather of the whole window. Batches
+are cut from consecutive windows (a batch within one shuffled window is a zero-copy slice).
 Memory is about ``window + lanes x ReadOptions.batch_rows x (1 + ReadOptions.prefetch)``
 rows. Without a seed there is one lane and no permutation: listing order.
 
@@ -33,7 +34,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ingest._prefetch import Prefetcher
-from ingest.assign import CARRY, Span
+from ingest.assign import CARRY, MAIN, Span
 from ingest.catalog import Listing
 from ingest.errors import IngestError
 from ingest.formats import get_format
@@ -142,20 +143,87 @@ class _Lane:
         return [k, row, None if seek is None else seek[0], None if seek is None else seek[1]]
 
 
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Where the rows of a window come from: its pieces in ``(segment, shard, row)`` order.
+
+    A window row is known by its *key*, its place in that order, with one key left unused
+    between two pieces whose rows do not follow each other. Consecutive keys are then
+    consecutive rows of one shard, so the rows of a batch become runs with one integer sort
+    of their keys, not a sort by three columns. Piece ``p`` holds keys
+    ``starts[p] : starts[p] + sizes[p]``, and key ``k`` of it is row ``k + offsets[p]``.
+    """
+
+    segments: npt.NDArray[np.int64]
+    shards: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    offsets: npt.NDArray[np.int64]
+    pieces: npt.NDArray[np.int64]
+    """The piece of each key."""
+
+    @staticmethod
+    def of(pieces: Sequence[tuple[Span, RowBatch]]) -> tuple[_Origin, npt.NDArray[np.int64]]:
+        """The origin of ``pieces`` and the key of each of their rows, in reading order."""
+        pieces = [(span, batch) for span, batch in pieces if batch.data.num_rows]
+        sizes = np.array([b.data.num_rows for _, b in pieces], dtype=np.int64)
+        segments = np.array([s.segment for s, _ in pieces], dtype=np.int64)
+        shards = np.array([s.shard for s, _ in pieces], dtype=np.int64)
+        firsts = np.array([b.row for _, b in pieces], dtype=np.int64)
+        by_key = np.lexsort((firsts, shards, segments))
+        segments, shards, firsts = segments[by_key], shards[by_key], firsts[by_key]
+        sizes_k = sizes[by_key]
+        gaps = np.ones(len(pieces), dtype=np.int64)
+        gaps[:1] = 0
+        gaps[1:] -= (
+            (segments[1:] == segments[:-1])
+            & (shards[1:] == shards[:-1])
+            & (firsts[1:] == firsts[:-1] + sizes_k[:-1])
+        )
+        starts_k = np.cumsum(sizes_k + gaps) - sizes_k
+        # A gap's key goes with the piece before it; no row has that key.
+        of_key = np.repeat(np.arange(len(pieces)), np.append(gaps[1:], 0) + sizes_k)
+        starts = np.empty_like(starts_k)
+        starts[by_key] = starts_k
+        keys = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+        keys += np.arange(len(keys), dtype=np.int64)
+        origin = _Origin(segments, shards, starts_k, sizes_k, firsts - starts_k, of_key)
+        return origin, keys
+
+    def locate(
+        self, keys: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Segment, shard and row of each key."""
+        piece = self.pieces[keys]
+        return self.segments[piece], self.shards[piece], self.offsets[piece] + keys
+
+    def runs(self, keys: npt.NDArray[np.int64]) -> Runs:
+        """The runs of the rows of ``keys``, as :func:`ingest.ledger.runs_of` gives them."""
+        if not len(keys):
+            return as_runs(())
+        k = np.sort(keys)
+        heads = np.flatnonzero(k[1:] - k[:-1] != 1) + 1
+        bounds = np.concatenate(([0], heads, [len(k)]))
+        out = np.empty((len(bounds) - 1, 4), dtype=np.int64)
+        out[:, 0], out[:, 1], out[:, 2] = self.locate(k[bounds[:-1]])
+        np.add(out[:, 2], np.diff(bounds), out=out[:, 3])
+        return out
+
+
 @dataclass(slots=True)
 class _Window:
+    """A window's rows in delivery order: the table and each row's key in ``origin``."""
+
     index: int
     start: Cursor
     end: Cursor
     table: pa.Table
-    segments: npt.NDArray[np.int8]
-    shards: npt.NDArray[np.int32]
-    rows: npt.NDArray[np.int64]
-    taken: int = 0
+    keys: npt.NDArray[np.int64]
+    origin: _Origin
 
     @property
     def size(self) -> int:
-        return len(self.rows)
+        return len(self.keys)
 
 
 class Feed:
@@ -314,53 +382,41 @@ class Feed:
         self, index: int, start: Cursor, end: Cursor, pieces: list[tuple[Span, RowBatch]]
     ) -> _Window:
         table = pa.Table.from_batches([b.data.replace_schema_metadata(None) for _, b in pieces])
-        sizes = [b.data.num_rows for _, b in pieces]
-        segments = np.repeat(np.array([s.segment for s, _ in pieces], dtype=np.int8), sizes)
-        shards = np.repeat(np.array([s.shard for s, _ in pieces], dtype=np.int32), sizes)
-        rows = np.concatenate([np.arange(b.row, b.stop, dtype=np.int64) for _, b in pieces])
+        origin, keys = _Origin.of(pieces)
+        take: npt.NDArray[np.int64] | None = None
         if self.config.seed is not None:
-            order = permutation(
-                len(rows), "window", self.config.seed, self.plan.epoch, self.plan.rank, index
+            take = permutation(
+                len(keys), "window", self.config.seed, self.plan.epoch, self.plan.rank, index
             )
-            table, segments, shards, rows = (
-                table.take(order),
-                segments[order],
-                shards[order],
-                rows[order],
-            )
-        keep = self._unconsumed(segments, shards, rows)
-        if keep is not None:
-            table, segments, shards, rows = (
-                table.take(keep),
-                segments[keep],
-                shards[keep],
-                rows[keep],
-            )
-        return _Window(index, start, end, table, segments, shards, rows)
+        seen = self._consumed(origin)
+        if seen is not None:
+            fresh = ~seen[keys]
+            take = np.flatnonzero(fresh) if take is None else take[fresh[take]]
+        if take is not None:
+            # One gather for the whole window; batches are slices of it.
+            table, keys = table.take(take), keys[take]
+        return _Window(index, start, end, table, keys, origin)
 
-    def _unconsumed(
-        self,
-        segments: npt.NDArray[np.int8],
-        shards: npt.NDArray[np.int32],
-        rows: npt.NDArray[np.int64],
-    ) -> npt.NDArray[np.int64] | None:
-        """Indices of the rows not consumed yet, or None when all are to deliver."""
-        skip_carry, skip_main = self.plan.skip
-        if not skip_carry and not skip_main:
-            return None
-        seen = np.zeros(len(rows), dtype=bool)
-        for segment, skip in ((CARRY, skip_carry), (1 - CARRY, skip_main)):
-            if not skip:
-                continue
-            in_segment = segments == segment
-            for shard in np.unique(shards[in_segment]).tolist():
-                done = skip.get(shard)
-                if done:
-                    mask = in_segment & (shards == shard)
-                    seen[mask] = done.contains_many(rows[mask])
-        if not seen.any():
-            return None
-        return np.nonzero(~seen)[0]
+    def _consumed(self, origin: _Origin) -> npt.NDArray[np.bool_] | None:
+        """Per key of ``origin``, whether its row was consumed; None when none was."""
+        skip = dict(zip((CARRY, MAIN), self.plan.skip, strict=True))
+        seen: npt.NDArray[np.bool_] | None = None
+        pieces = zip(
+            origin.segments.tolist(),
+            origin.shards.tolist(),
+            origin.starts.tolist(),
+            origin.sizes.tolist(),
+            origin.offsets.tolist(),
+            strict=True,
+        )
+        for segment, shard, start, size, offset in pieces:
+            done = skip[segment].get(shard)
+            if done:
+                if seen is None:
+                    seen = np.zeros(len(origin.pieces), dtype=bool)
+                rows = np.arange(start + offset, start + offset + size, dtype=np.int64)
+                seen[start : start + size] = done.contains_many(rows)
+        return seen if seen is not None and seen.any() else None
 
     def __iter__(self) -> Iterator[Ready | Tail]:
         size = self.config.batch_size
@@ -391,39 +447,34 @@ class Feed:
             self.close()
 
     def _cut(self, held: list[tuple[_Window, int, int]], size: int, step: int) -> Ready:
-        parts: list[pa.Table] = []
-        runs: list[tuple[npt.NDArray[Any], ...]] = []
+        parts: list[tuple[_Window, int, int]] = []
         need = size
         while need:
             window, lo, hi = held[0]
             n = min(need, hi - lo)
-            parts.append(window.table.slice(lo, n))
-            runs.append(
-                (window.segments[lo : lo + n], window.shards[lo : lo + n], window.rows[lo : lo + n])
-            )
+            parts.append((window, lo, lo + n))
             need -= n
             if lo + n == hi:
                 held.pop(0)
             else:
                 held[0] = (window, lo + n, hi)
         cursor = held[0][0].start if held else window.end
-        table: Any = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        table = table.combine_chunks()
+        tables = [w.table.slice(lo, hi - lo) for w, lo, hi in parts]
+        table: Any = (pa.concat_tables(tables) if len(tables) > 1 else tables[0]).combine_chunks()
         if self.transform is not None:
             table = self.transform(table)
-        seg = np.concatenate([r[0] for r in runs])
-        sh = np.concatenate([r[1] for r in runs])
-        rw = np.concatenate([r[2] for r in runs])
-        return Ready(step, table, runs_of(seg, sh, rw), cursor)
+        return Ready(step, table, self._runs(parts), cursor)
 
     @staticmethod
-    def _runs(held: Sequence[tuple[_Window, int, int]]) -> Runs:
-        if not held:
+    def _runs(parts: Sequence[tuple[_Window, int, int]]) -> Runs:
+        """The runs of rows ``lo:hi`` of each window of ``parts``."""
+        if len(parts) == 1:
+            window, lo, hi = parts[0]
+            return window.origin.runs(window.keys[lo:hi])
+        if not parts:
             return as_runs(())
-        seg = np.concatenate([w.segments[lo:hi] for w, lo, hi in held])
-        sh = np.concatenate([w.shards[lo:hi] for w, lo, hi in held])
-        rw = np.concatenate([w.rows[lo:hi] for w, lo, hi in held])
-        return runs_of(seg, sh, rw)
+        located = [w.origin.locate(w.keys[lo:hi]) for w, lo, hi in parts]
+        return runs_of(*(np.concatenate(column) for column in zip(*located, strict=True)))
 
     def close(self) -> None:
         """Stop the lanes' reader threads."""

@@ -120,14 +120,42 @@ def hash64_many(keys: Sequence[str], *prefix: object) -> npt.NDArray[np.uint64]:
     return np.frombuffer(digests, dtype="<u8").astype(np.uint64)
 
 
-def _sort_keys(bases: npt.NDArray[np.uint64], n: int) -> npt.NDArray[np.int64]:
-    """Per base (last axis added), the order of ``range(n)`` by splitmix64 sort keys."""
+def _splitmix(bases: npt.NDArray[np.uint64], n: int, scratch: npt.NDArray[np.uint64]) -> None:
+    """Fill ``scratch`` (shape ``bases.shape + (n,)``) with the splitmix64 keys of ``range(n)``."""
+    z, t = scratch, np.empty_like(scratch)
     with np.errstate(over="ignore"):
-        z = np.arange(n, dtype=np.uint64) * _GOLDEN + bases[..., None]
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return np.argsort(z, axis=-1, kind="stable").astype(np.int64)
+        np.multiply(np.arange(n, dtype=np.uint64), _GOLDEN, out=z)
+        z += bases[..., None]
+        for shift, factor in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, 0)):
+            np.right_shift(z, np.uint64(shift), out=t)
+            z ^= t
+            if factor:
+                z *= np.uint64(factor)
+
+
+def _sort_keys(bases: npt.NDArray[np.uint64], n: int) -> npt.NDArray[np.int64]:
+    """Per base (last axis added), the order of ``range(n)`` by splitmix64 sort keys.
+
+    The keys of one base are distinct (``i * _GOLDEN + base`` is one-to-one, and so is each
+    splitmix64 step), so every sort gives the same order. Sorting values beats an argsort
+    several times over: each key keeps its high bits and carries its index in the low
+    ``bits``. Where two keys of one base share their high bits (odds about
+    ``n**2 / 2**(65 - bits)``: once in millions of windows), the whole keys are argsorted.
+    """
+    keys = np.empty((*bases.shape, n), dtype=np.uint64)
+    _splitmix(bases, n, keys)
+    bits = max(1, (n - 1).bit_length())
+    low = np.uint64((1 << bits) - 1)
+    keys &= ~low
+    keys |= np.arange(n, dtype=np.uint64)
+    keys.sort(axis=-1)
+    if n > 1:
+        tie = np.bitwise_xor(keys[..., 1:], keys[..., :-1])
+        if (tie <= low).any():
+            _splitmix(bases, n, keys)
+            return np.argsort(keys, axis=-1).astype(np.int64)
+    keys &= low
+    return keys.view(np.int64)
 
 
 def permutation(n: int, *key: object) -> npt.NDArray[np.int64]:
