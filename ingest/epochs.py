@@ -16,34 +16,55 @@ every count must be known so that ranks take equal steps, and unindexed shards a
 
 Restore. With the world size, batch size and shuffle settings of the state, every rank gets
 its original share back with the consumed rows left out and its saved cursor, so the rest of
-the epoch is exactly the uninterrupted run's. Otherwise the rows still to deliver are shared
-out again among the ranks there are now (elastic).
+the epoch is exactly the uninterrupted run's; the cursors are checked against those shares
+when the state is loaded. Otherwise, and for a state saved after an elastic restore in the
+same epoch (its shares were cut from the rest of the epoch, which the state does not keep),
+the rows still to deliver are shared out again among the ranks there are now (elastic).
+
+At scale. A snapshot merges the acked runs rank by rank (each rank's rows sorted on their
+own, then added to the interval sets in one pass per rank), keeps which shards are done
+beside the progress so that the state's JSON is written from the shards touched since the
+last fold, and takes the listing part of the state as made once, when the epoch was planned.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ingest.assign import CARRY, MAIN, Assignment, Span, remaining, split
+import numpy as np
+import numpy.typing as npt
+
+from ingest.assign import (
+    CARRY,
+    MAIN,
+    Assignment,
+    Span,
+    Spans,
+    check_positions,
+    cycle_collection_paused,
+    remaining,
+    split,
+)
 from ingest.catalog import Catalog, Listing
 from ingest.errors import ConfigError, StateError, redact
 from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
 from ingest.index import IndexConfig, Indexer, IndexStore
-from ingest.intervals import IntervalSet, union_into
+from ingest.intervals import IntervalSet, merge_into
 from ingest.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.plan import epoch_units
 from ingest.sources import Source
 from ingest.state import (
     DatasetState,
     DistributedState,
+    Intervals,
     PositionState,
     Progress,
     ProgressState,
-    ShardRecord,
+    ShardTable,
     StreamState,
     match_listing,
 )
@@ -154,7 +175,9 @@ class _PlannedEpoch:
     """The step the ranks' feeds start at in this run of the epoch (fixed at planning)."""
     skip: tuple[dict[int, IntervalSet], dict[int, IntervalSet]]
     cursors: list[Cursor | None] | None
-    dataset: DatasetState | None = None
+    counts: npt.NDArray[np.int64]
+    """Every shard's row count in the listing, -1 where unknown."""
+    dataset: DatasetState
     """The listing as the state records it, made once (its JSON is kept with it)."""
     merged: tuple[int, int, Progress, Progress] | None = None
     """``(based, step, main, carried)``: the last snapshot's progress, for the fold after."""
@@ -196,6 +219,8 @@ class EpochBook:
         self._start_listing: Listing | None = None
         self._start_epoch = 0
         self._start_step = 0
+        self._in_order = False
+        """Whether the loaded state resumes in its original order (:meth:`_same_order`)."""
         self._cursors: dict[int, tuple[int, Cursor]] = {}
         self.ledger = Ledger(world_size, 0)
 
@@ -266,7 +291,7 @@ class EpochBook:
         main = _remap(start.progress.consumed, start, by_url)
         carried = _remap(start.distributed.carry_consumed, start, by_url)
         p = start.progress
-        if self._same_order(start):
+        if self._in_order:
             planned = self._planned(
                 epoch,
                 p.first_step,
@@ -290,8 +315,13 @@ class EpochBook:
         return planned
 
     def _same_order(self, state: StreamState) -> bool:
-        """Whether ``state`` resumes in the original order (else the rest is shared anew)."""
-        pos, spec = state.position, self.spec
+        """Whether ``state`` resumes in the original order (else the rest is shared anew).
+
+        Only a state whose shares are the whole epoch's can: one whose every step since the
+        epoch began consumed a batch on each of the same ranks. After an elastic restore the
+        shares were cut from the rest of the epoch, which the state does not keep apart.
+        """
+        pos, spec, p = state.position, self.spec, state.progress
         return (
             state.distributed.world_size == self.world_size
             and pos.batch_size == spec.batch_size
@@ -299,6 +329,7 @@ class EpochBook:
             and pos.lanes == spec.shuffle_lanes
             and len(pos.ranks) == self.world_size
             and all(c is not None for c in pos.ranks)
+            and state.consumed_rows() == (p.step - p.first_step) * self.world_size * pos.batch_size
         )
 
     def _planned(
@@ -314,15 +345,22 @@ class EpochBook:
         based: int,
         cursors: list[Cursor | None] | None,
     ) -> _PlannedEpoch:
-        rows = [TO_END if i.rows is None else i.rows for i in listing.infos]
+        counts = np.fromiter(
+            (-1 if i.rows is None else i.rows for i in listing.infos), np.int64, len(listing.infos)
+        )
+        counts.setflags(write=False)
+        rows = np.where(counts < 0, TO_END, counts).tolist()
         units = epoch_units(listing.plan_shards(), self.spec.shuffle_seed, epoch)
-        spans = [
+        carried_spans = [
             Span(s.shard, a, b, CARRY)
             for s in carry
             for a, b in carried.consumed.get(s.shard, IntervalSet()).gaps(s.start, s.stop)
         ]
-        spans += remaining(units, rows, main.consumed)
-        if any(s.stop == TO_END for s in spans):
+        # Millions of spans: kept as arrays until the ranks' shares are cut.
+        spans = remaining(units, rows, main.consumed)
+        if carried_spans:
+            spans = Spans.concat([Spans.of(carried_spans), spans])
+        if bool((spans.stop == TO_END).any()):
             if self.world_size > 1:
                 raise StateError(
                     "some shards have no row count; several ranks need them all (index the "
@@ -333,6 +371,11 @@ class EpochBook:
         else:
             assignment = split(spans, self.world_size, self.spec.batch_size)
             steps = assignment.steps + (based - first_step)
+        with cycle_collection_paused():
+            dataset = DatasetState(self._sources, _shard_table(listing, counts))
+            # The listing part of every state of the epoch, made once (a second for a million
+            # shards: here rather than in the first snapshot).
+            dataset.to_json()
         return _PlannedEpoch(
             epoch,
             first_step,
@@ -348,6 +391,8 @@ class EpochBook:
             based,
             ({}, {}),
             cursors,
+            counts,
+            dataset,
         )
 
     def rank_plan(self, rank: int, epoch: int) -> FeedPlan:
@@ -384,8 +429,8 @@ class EpochBook:
                 f"{self.ledger.acked(rank)}; flush its acks first"
             )
         e = self.plan(epoch)
-        main, carried = _shallow(e.main), _shallow(e.carried)
-        _add_runs(self.ledger.runs(e.based, next_step - 1), carried, main)
+        main, carried = e.main.shallow(), e.carried.shallow()
+        _add_runs(self.ledger.runs_by_rank(e.based, next_step - 1), carried, main, e.counts)
         end = e.end_step
         return FeedPlan(
             epoch,
@@ -467,14 +512,13 @@ class EpochBook:
                 f"step {step} was folded already (acks are kept from step {e.based} on); "
                 "take a state at a later step"
             )
-        main, carried = _shallow(e.main), _shallow(e.carried)
-        _add_runs(self.ledger.runs(e.based, step), carried, main)
+        main, carried = e.main.shallow(), e.carried.shallow()
+        with cycle_collection_paused():
+            _add_runs(self.ledger.runs_by_rank(e.based, step), carried, main, e.counts)
         e.merged = (e.based, step, main, carried)
         done = step + 1 - e.based
         delivered = e.delivered + done * self.spec.batch_size * self.world_size
         restored = e.cursors if step + 1 == e.opened else None
-        if e.dataset is None:
-            e.dataset = DatasetState(self._sources, e.listing.records())
         return StreamState(
             e.dataset,
             ProgressState(e.epoch, e.first_step, step + 1, delivered, e.dropped, main),
@@ -491,13 +535,15 @@ class EpochBook:
             dropped += e.assignment.remainder_rows
         else:
             carry = [(s.shard, s.start, s.stop) for s in e.assignment.remainder]
-        records = e.listing.records()
-        for index, rows in e.main.rows.items():
-            r = records[index]
-            if r.rows is None:
-                records[index] = ShardRecord(r.url, r.size, r.version, rows)
+        dataset = e.dataset
+        learnt = {i: n for i, n in e.main.rows.items() if e.counts[i] < 0}
+        if learnt:  # counts learnt by reading: recorded with the listing from now on
+            records = e.listing.records()
+            for index, rows in learnt.items():
+                records[index] = records[index]._replace(rows=rows)
+            dataset = DatasetState(self._sources, records)
         return StreamState(
-            DatasetState(self._sources, records),
+            dataset,
             ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, Progress()),
             DistributedState(self.world_size, carry, Progress()),
             self._position(step, None),
@@ -512,9 +558,11 @@ class EpochBook:
                 continue
             if e.merged is not None and e.merged[:2] == (e.based, last):
                 # What the snapshot at ``last`` merged (sets are replaced, never changed).
-                e.main, e.carried = _shallow(e.merged[2]), _shallow(e.merged[3])
+                e.main, e.carried = e.merged[2].shallow(), e.merged[3].shallow()
             else:
-                _add_runs(self.ledger.runs(e.based, last), e.carried, e.main)
+                with cycle_collection_paused():
+                    runs = self.ledger.runs_by_rank(e.based, last)
+                    _add_runs(runs, e.carried, e.main, e.counts)
             e.merged = None
             e.delivered += (last + 1 - e.based) * self.spec.batch_size * self.world_size
             e.based = last + 1
@@ -544,35 +592,106 @@ class EpochBook:
         if state.started:
             # The rest of an epoch reads the shards it started with; new ones join next epoch.
             listing = listing.subset([s.url for s in state.shards])
-        self._epochs.clear()
-        self._cursors.clear()
+        before = (self._epochs, self._start, self._start_listing, self._start_epoch)
+        before_rest = (self._start_step, self._in_order, self.ledger, self._cursors)
+        self._epochs = {}
+        self._cursors = {}
         self._start = state
         self._start_listing = listing
         self._start_epoch = state.progress.epoch
         self._start_step = state.progress.step
+        self._in_order = self._same_order(state)
         self.ledger = Ledger(self.world_size, state.progress.step)
+        if self._in_order and state.progress.step > state.progress.first_step:
+            try:  # the saved positions resume the plan: they must fit it
+                self._check_positions(self.plan(self._start_epoch))
+            except StateError:
+                self._epochs, self._start, self._start_listing, self._start_epoch = before
+                self._start_step, self._in_order, self.ledger, self._cursors = before_rest
+                raise
+
+    def _check_positions(self, e: _PlannedEpoch) -> None:
+        """Refuse saved positions that do not fit the epoch's shares (see
+        :func:`ingest.assign.check_positions`)."""
+        if not e.cursors or e.opened <= e.first_step:
+            return
+        end = e.end_step
+        check_positions(
+            e.assignment.ranks,
+            [c for c in e.cursors if c is not None],
+            lanes=self.spec.shuffle_lanes if self.spec.shuffle_seed is not None else 1,
+            window=self.spec.shuffle_window,
+            skip=e.skip,
+            rows_left=None if end is None else (end - e.opened) * self.spec.batch_size,
+            urls=[s.url for s in e.listing.shards],
+        )
 
 
-def _add_runs(runs: Runs | Sequence[Run], carried: Progress, main: Progress) -> None:
+def _add_runs(
+    parts: Iterable[Runs | Sequence[Run]],
+    carried: Progress,
+    main: Progress,
+    counts: npt.NDArray[np.int64] | None = None,
+) -> None:
     """Add acked runs to the progress of their segment.
 
-    The shards of a segment are merged in one numpy pass
-    (:func:`ingest.intervals.union_into`). A shard's interval set is replaced, never changed
-    in place, so a snapshot may share the sets of the book's progress (a shallow copy) and
-    stay as it was.
+    ``parts``: the runs, in parts (one per rank: :meth:`ingest.ledger.Ledger.runs_by_rank`).
+    The shards of a part are merged in one numpy pass (:func:`ingest.intervals.union_into`),
+    part after part, so every sort stays as small as one rank's rows. A shard's interval set
+    is replaced, never changed in place, so a snapshot may share the sets of the book's
+    progress (:meth:`ingest.state.Progress.shallow`) and stay as it was. ``counts`` (row
+    counts per shard, -1: unknown) keeps the progress's completion up to date.
     """
-    arr = as_runs(runs)
-    in_carry = arr[:, 0] == CARRY
-    for progress, mine in ((carried, arr[in_carry]), (main, arr[~in_carry])):
-        if len(mine):
-            progress.consumed.update(
-                union_into(progress.consumed, mine[:, 1], mine[:, 2], mine[:, 3])
-            )
+    both = (carried, main)
+    new: tuple[dict[int, IntervalSet], dict[int, IntervalSet]] = ({}, {})
+    made: tuple[list[Intervals], list[Intervals]] = ([], [])
+    for part in parts:
+        arr = as_runs(part)
+        in_carry = arr[:, 0] == CARRY
+        pieces = ((0, arr[in_carry]), (1, arr[~in_carry])) if in_carry.any() else ((1, arr),)
+        for n, mine in pieces:
+            if len(mine):
+                sofar = _Layered(new[n], both[n].consumed)
+                got = merge_into(sofar, mine[:, 1], mine[:, 2], mine[:, 3])
+                new[n].update(got.sets)
+                made[n].append((got.key, got.start, got.stop))
+    for progress, sets, arrays in zip(both, new, made, strict=True):
+        if sets:
+            progress.add_sets(sets, counts, arrays)
 
 
-def _shallow(progress: Progress) -> Progress:
-    """A copy of ``progress`` that shares its interval sets (:func:`_add_runs` replaces them)."""
-    return Progress(dict(progress.consumed), dict(progress.rows))
+def _shard_table(listing: Listing, counts: npt.NDArray[np.int64]) -> ShardTable:
+    """The shards of ``listing`` as the state records them, by column."""
+    shards = listing.shards
+    return ShardTable(
+        [s.url for s in shards],
+        np.fromiter((s.size for s in shards), np.int64, len(shards)),
+        [s.version for s in shards],
+        counts,
+    )
+
+
+class _Layered(Mapping[int, IntervalSet]):
+    """``top`` over ``base``: the sets made so far in a fold over the progress's own."""
+
+    def __init__(self, top: Mapping[int, IntervalSet], base: Mapping[int, IntervalSet]) -> None:
+        self.top, self.base = top, base
+
+    def get(self, key: int, default: Any = None) -> Any:
+        got = self.top.get(key)
+        return got if got is not None else self.base.get(key, default)
+
+    def __getitem__(self, key: int) -> IntervalSet:
+        got = self.get(key)
+        if got is None:
+            raise KeyError(key)
+        return got  # type: ignore[no-any-return]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(set(self.top).union(self.base))
+
+    def __len__(self) -> int:
+        return len(set(self.top).union(self.base))
 
 
 def _remap(progress: Progress, state: StreamState, by_url: Mapping[str, int]) -> Progress:

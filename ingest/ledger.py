@@ -8,7 +8,7 @@ saved at step S resumes at step S + 1 on every rank.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +44,12 @@ class StepRecord:
 class Ledger:
     """Per-rank step records since the last fold.
 
+    The runs of a shuffled batch are about a row each. Each ack message is packed as it
+    arrives, in one numpy pass over its records: every row becomes one integer
+    ``(segment, shard, row)`` (:func:`pack_rows`), so that a fold, which may have to answer a
+    snapshot while the ranks wait, only sorts them. Runs that do not pack (long runs, rows or
+    shards beyond the packed range) are kept as they came.
+
     Args:
         world_size: Number of ranks that ack.
         first_step: The step the ranks start at; steps before it are already folded.
@@ -53,10 +59,10 @@ class Ledger:
         if world_size < 1:
             raise ValueError(f"world_size={world_size} must be >= 1")
         self.world_size = world_size
-        self._records: list[dict[int, Runs]] = [{} for _ in range(world_size)]
+        self._records: list[dict[int, Runs | Rows]] = [{} for _ in range(world_size)]
         self._acked = [first_step - 1] * world_size
-        self._merged: tuple[int, int, Runs] | None = None
-        """The last answer of :meth:`runs` (a snapshot asks, then the fold asks again)."""
+        self._merged: tuple[int, int, tuple[Runs, ...]] | None = None
+        """The last answer of :meth:`runs_by_rank`."""
 
     def ack(self, rank: int, records: Iterable[StepRecord]) -> None:
         """Record steps of ``rank``, each once, in any order (messages may overtake).
@@ -67,15 +73,19 @@ class Ledger:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} is outside world_size {self.world_size}")
         mine = self._records[rank]
-        for record in records:
-            if record.step <= self._acked[rank] or record.step in mine:
+        records = list(records)
+        steps = [record.step for record in records]
+        seen: set[int] = set()
+        for step in steps:
+            if step <= self._acked[rank] or step in mine or step in seen:
                 raise ValueError(
-                    f"rank {rank} acked step {record.step} twice; each step's "
-                    "rows are consumed once"
+                    f"rank {rank} acked step {step} twice; each step's rows are consumed once"
                 )
-            mine[record.step] = as_runs(record.runs)
-            if self._merged is not None and record.step <= self._merged[1]:
-                self._merged = None
+            seen.add(step)
+        for step, entry in zip(steps, pack_rows([r.runs for r in records]), strict=True):
+            mine[step] = entry
+        if self._merged is not None and steps and min(steps) <= self._merged[1]:
+            self._merged = None
         while self._acked[rank] + 1 in mine:
             self._acked[rank] += 1
 
@@ -88,26 +98,40 @@ class Ledger:
         return min(self._acked) >= step
 
     def runs(self, first: int, last: int) -> Runs:
-        """Rows of steps ``first..last`` of every rank that are not folded yet, merged.
+        """Rows of steps ``first..last`` of every rank that are not folded yet.
 
         Returns:
-            The rows as :func:`merge_runs` gives them: sorted, disjoint runs, one per
-            stretch of consecutive rows (the acked runs of a shuffled window are about one
-            row each; merged, the window's rows are a few runs per shard). Read-only: the
-            answer is kept until the next ack or fold, for the same question.
+            :meth:`runs_by_rank` one after the other (read-only).
+        """
+        parts = self.runs_by_rank(first, last)
+        if not parts:
+            return _NO_RUNS
+        merged = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        merged.setflags(write=False)
+        return merged
+
+    def runs_by_rank(self, first: int, last: int) -> tuple[Runs, ...]:
+        """Rows of steps ``first..last`` that are not folded yet, one array per rank that
+        acked any, each merged (:func:`merge_runs`: sorted, disjoint runs, one per stretch
+        of consecutive rows).
+
+        The acked runs of a shuffled window are about one row each; merged, the window's
+        rows are a few runs per shard. Each rank is merged on its own, in arrays that fit
+        in the cache; ranks read distinct rows (shards cut between two shares aside), so
+        the caller adds rank after rank. Read-only: the answer is kept until the next ack or
+        fold, for the same question (a snapshot asks, then the fold asks again).
         """
         if self._merged is not None and self._merged[:2] == (first, last):
             return self._merged[2]
-        parts = [
-            runs
-            for per_rank in self._records
-            for s, runs in per_rank.items()
-            if first <= s <= last and len(runs)
-        ]
-        merged = merge_runs(np.concatenate(parts)) if parts else _NO_RUNS
-        merged.setflags(write=False)
-        self._merged = (first, last, merged)
-        return merged
+        parts = []
+        for per_rank in self._records:
+            mine = [entry for s, entry in per_rank.items() if first <= s <= last and len(entry)]
+            merged = _merge_entries(mine) if mine else _NO_RUNS
+            if len(merged):
+                merged.setflags(write=False)
+                parts.append(merged)
+        self._merged = (first, last, tuple(parts))
+        return self._merged[2]
 
     def fold(self, step: int) -> None:
         """Forget steps ``<= step``: the caller has kept what it needs of them."""
@@ -119,45 +143,147 @@ class Ledger:
         self._merged = None
 
 
+Rows = npt.NDArray[np.int64]
+"""The rows of one step as packed integers (:func:`pack_rows`), one per row, in no order."""
+
+_ROW_BITS = 31
+_ROW_MASK = (1 << _ROW_BITS) - 1
+_SEGMENT_SHIFT = 2 * _ROW_BITS
+"""Packed row: ``segment << 62 | shard << 31 | row``; shards and rows below 2**31 - 1."""
+_PACK_FROM_RUNS = 256
+"""Messages of fewer runs are kept as they came (a few long runs: nothing to gain)."""
+
+
+def pack_rows(steps: Sequence[Runs | Sequence[Run]]) -> list[Runs | Rows]:
+    """Each step's runs as packed rows (a 1-d array), when they pack; else as runs (2-d).
+
+    All steps are packed in one pass over their runs together. They pack when they hold
+    :data:`_PACK_FROM_RUNS` runs or more, of at most two rows each on average (a shuffled
+    batch: about one), their segments are 0 or 1, and shards and rows stay below
+    ``2**31 - 1``; then consecutive rows of one shard are consecutive integers.
+    """
+    arrays = [as_runs(runs) for runs in steps]
+    if sum(len(a) for a in arrays) < _PACK_FROM_RUNS:
+        return list(arrays)
+    arr = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+    columns = np.ascontiguousarray(arr.T)  # segment, shard, start, stop: each contiguous
+    segment, shard, start, stop = columns
+    low, high = columns.min(axis=1).tolist(), columns.max(axis=1).tolist()
+    lengths = stop - start
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    single = shortest == longest == 1
+    total = len(arr) if single else int(lengths.sum())
+    if (
+        total > 2 * len(arr)
+        or min(shortest, low[0], low[1], low[2]) < 0
+        or high[0] > 1
+        or max(high[1], high[3]) >= _ROW_MASK
+    ):
+        return list(arrays)
+    rows = shard << _ROW_BITS
+    if high[0]:
+        rows |= segment << _SEGMENT_SHIFT
+    rows += start
+    ends = np.cumsum([len(a) for a in arrays])[:-1]  # where each step's runs begin
+    if not single:  # runs of more (or no) rows: one value per row
+        firsts = np.cumsum(lengths) - lengths
+        rows = np.repeat(rows - firsts, lengths)
+        rows += np.arange(total, dtype=np.int64)
+        ends = np.append(firsts, total)[ends]
+    return list(np.split(rows, ends))
+
+
+def _merge_entries(entries: Sequence[Runs | Rows]) -> Runs:
+    """The rows of ``entries`` (packed rows and runs) merged as :func:`merge_runs` does."""
+    rows = [e for e in entries if e.ndim == 1]
+    runs = [e for e in entries if e.ndim == 2]
+    parts = []
+    if rows:
+        values = np.concatenate(rows) if len(rows) > 1 else rows[0].copy()
+        values.sort()
+        parts.append(_runs_of_rows(values))
+    if runs:
+        parts.append(merge_runs(np.concatenate(runs) if len(runs) > 1 else runs[0]))
+    return merge_runs(np.concatenate(parts)) if len(parts) > 1 else parts[0]
+
+
+def _runs_of_rows(values: Rows) -> Runs:
+    """Runs of sorted packed rows: one per stretch of consecutive rows of a shard."""
+    if not len(values):
+        return _NO_RUNS
+    # A new run wherever a row does not follow the one before (repeats stay in).
+    heads = np.flatnonzero(values[1:] - values[:-1] > 1) + 1
+    starts = values[np.concatenate(([0], heads))]
+    stops = values[np.concatenate((heads - 1, [len(values) - 1]))]
+    out = np.empty((len(starts), 4), dtype=np.int64)
+    out[:, 0] = starts >> _SEGMENT_SHIFT
+    out[:, 1] = (starts >> _ROW_BITS) & _ROW_MASK
+    out[:, 2] = starts & _ROW_MASK
+    out[:, 3] = (stops & _ROW_MASK) + 1
+    return out
+
+
 def merge_runs(runs: Runs | Iterable[Run]) -> Runs:
     """The rows of ``runs`` as sorted, disjoint, non-touching runs.
 
     Sorted by ``(segment, shard, start)``; overlapping and touching runs of one segment and
     shard become one; empty runs go. With ``(segment, shard, row)`` packed into one int64
     (always, unless rows reach beyond 2**40 or so), this is two value sorts, much faster
-    than sorting the runs themselves.
+    than sorting the runs themselves; one sort of the rows when runs are about a row each
+    (a shuffled batch).
     """
     arr = as_runs(runs)
-    nonempty = arr[:, 3] > arr[:, 2]
-    if not nonempty.all():
-        arr = arr[nonempty]
     if not len(arr):
         return _NO_RUNS
-    segment, shard, start, stop = (arr[:, i] for i in range(4))
+    segment, shard, start, stop = np.ascontiguousarray(arr.T)  # columns, each contiguous
+    lengths = stop - start
+    if int(lengths.min()) <= 0:
+        keep = lengths > 0
+        segment, shard, start, stop, lengths = (
+            c[keep] for c in (segment, shard, start, stop, lengths)
+        )
+        if not len(lengths):
+            return _NO_RUNS
+    low_segment, high_segment = int(segment.min()), int(segment.max())
+    one_segment = low_segment == high_segment
     row_bits = int(stop.max()).bit_length()
     shard_bits = int(shard.max()).bit_length()
-    packable = (
-        int(segment.min()) >= 0
-        and int(shard.min()) >= 0
-        and int(start.min()) >= 0
-        and int(segment.max()).bit_length() + shard_bits + row_bits <= 63
-    )
-    if not packable:
-        return _merge_sorted(arr[np.lexsort((start, shard, segment))])
-    # Two fresh arrays, (segment, shard, start) and (segment, shard, stop) packed, sorted in
-    # place: the fewest passes over runs that may number tens of millions.
+    segment_bits = 0 if one_segment else high_segment.bit_length()
+    if (
+        min(low_segment, int(shard.min()), int(start.min())) < 0
+        or segment_bits + shard_bits + row_bits > 63
+    ):
+        order = np.lexsort((start, shard, segment))
+        return _merge_sorted(np.stack((segment, shard, start, stop), axis=1)[order])
+    # Fresh arrays of (segment, shard, start) and (segment, shard, stop) packed, sorted in
+    # place: the fewest passes over runs that may number tens of millions. Rows stay below
+    # 2**row_bits - 1, so consecutive packed values never span two shards.
     lo = shard << row_bits
-    if int(segment.max()):
+    if not one_segment:
         lo |= segment << (shard_bits + row_bits)
-    hi = lo + stop
-    lo += start
-    starts, stops = union(lo, hi, in_place=True)
+    total = int(lengths.sum())
+    if total <= 2 * len(lengths):
+        # About a row per run (a shuffled batch): every row packed, one sort.
+        lo += start
+        if total > len(lengths):
+            lo = np.repeat(lo - (np.cumsum(lengths) - lengths), lengths)
+            lo += np.arange(total, dtype=np.int64)
+        lo.sort()
+        # A new run wherever a row does not follow the one before (repeats stay in).
+        heads = np.flatnonzero(lo[1:] - lo[:-1] > 1) + 1
+        starts = lo[np.concatenate(([0], heads))]
+        stops = lo[np.concatenate((heads - 1, [len(lo) - 1]))] + 1
+    else:
+        hi = lo + stop
+        lo += start
+        starts, stops = union(lo, hi, in_place=True)
     key = starts >> row_bits
     out = np.empty((len(starts), 4), dtype=np.int64)
-    out[:, 0] = key >> shard_bits
+    out[:, 0] = low_segment if one_segment else key >> shard_bits
     out[:, 1] = key & ((1 << shard_bits) - 1)
-    out[:, 2] = starts - (key << row_bits)
-    out[:, 3] = stops - (key << row_bits)
+    base = key << row_bits
+    out[:, 2] = starts - base
+    out[:, 3] = stops - base
     return out
 
 

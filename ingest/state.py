@@ -1,4 +1,4 @@
-"""Stream state: small, plain, versioned JSON in named parts. Pure; no Ray, no I/O.
+"""Stream state: small, plain, versioned JSON in named parts. Pure; no Ray, opens no file.
 
 Layout, one part per concern, each validated by its own class::
 
@@ -53,6 +53,16 @@ indices (as differences), and for each set its first row, its extent and its row
 
 Shard indices refer to the shards of the state itself, so a dataset that grew (new shards
 only) still resolves every saved index. The size is O(shards + ranks x lanes).
+
+Validation. A state is checked before it is used: JSON text larger than ``max_bytes``
+(:data:`MAX_STATE_BYTES` by default) before it is parsed (:meth:`StreamState.from_json`,
+:meth:`StreamState.read` for a file); then the version, every count and offset (integers
+from 0 to :data:`MAX_OFFSET`), intervals against their shard's row count, a learnt row count
+against the listing's, each saved position's layout, and ``progress.step`` against the rows
+consumed (:meth:`StreamState.check_counts`). Where it is loaded, the listing is checked
+against ``dataset`` (:func:`match_listing`) and the saved positions against the plan they
+resume (:func:`ingest.assign.check_positions`). Each refusal names the field, its value, the
+rule and the fix (:data:`FIX`).
 """
 
 from __future__ import annotations
@@ -60,17 +70,19 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import io
 import json
+import os
 import zlib
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple, overload
 
 import numpy as np
 import numpy.typing as npt
 
 from ingest.errors import StateError
-from ingest.intervals import IntervalSet, stack
+from ingest.intervals import MAX_ROW, IntervalSet, stack
 
 STATE_VERSION = 3
 """The newest version this ingest writes; it reads :data:`READ_VERSIONS`."""
@@ -79,6 +91,9 @@ MAX_STATE_BYTES = 256 << 20
 """States larger than this are refused before parsing (a state is O(shards))."""
 PACK_FROM_SHARDS = 10_000
 """Listings of this many shards or more are written packed (version 3)."""
+MAX_OFFSET = MAX_ROW
+"""The largest count, size or offset a state may hold (row offsets are packed with shard
+indices into 64-bit integers)."""
 
 
 class ShardRecord(NamedTuple):
@@ -97,16 +112,107 @@ class ShardRecord(NamedTuple):
         return [self.url, self.size, self.version, self.rows]
 
 
+class ShardTable(Sequence[ShardRecord]):
+    """Shards by column: what the state records of a listing, without a :class:`ShardRecord`
+    per shard until one is asked for (a million of them take a second to make, and the
+    packed form needs only the columns).
+
+    Args:
+        urls: Every shard's URL.
+        sizes: Every shard's size in bytes.
+        versions: Every shard's version ("" when the store gives none).
+        counts: Every shard's row count, -1 where unknown.
+    """
+
+    __slots__ = ("counts", "sizes", "urls", "versions")
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        sizes: npt.NDArray[np.int64],
+        versions: Sequence[str],
+        counts: npt.NDArray[np.int64],
+    ) -> None:
+        if not len(urls) == len(sizes) == len(versions) == len(counts):
+            raise ValueError(
+                f"{len(urls)} urls, {len(sizes)} sizes, {len(versions)} versions and "
+                f"{len(counts)} counts: need one of each per shard"
+            )
+        self.urls, self.sizes, self.versions, self.counts = urls, sizes, versions, counts
+
+    def __len__(self) -> int:
+        return len(self.urls)
+
+    @overload
+    def __getitem__(self, index: int) -> ShardRecord: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[ShardRecord]: ...
+
+    def __getitem__(self, index: int | slice) -> ShardRecord | list[ShardRecord]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        rows = int(self.counts[index])
+        return ShardRecord(
+            self.urls[index],
+            int(self.sizes[index]),
+            self.versions[index],
+            None if rows < 0 else rows,
+        )
+
+    def __iter__(self) -> Iterator[ShardRecord]:
+        rows = [None if n < 0 else n for n in self.counts.tolist()]
+        return map(ShardRecord, self.urls, self.sizes.tolist(), self.versions, rows)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
 def packed_digest(shards: Sequence[ShardRecord]) -> str:
     """sha256 over every shard's ``(url, size, version)`` (version 3; faster than
     :func:`digest`): the UTF-8 URLs and versions, each column after its lengths, and the
     sizes, as little-endian int64."""
-    h = hashlib.sha256()
-    for column in ([s.url.encode() for s in shards], [s.version.encode() for s in shards]):
-        h.update(np.asarray([len(b) for b in column], dtype="<i8").tobytes())
-        h.update(b"".join(column))
-    h.update(np.asarray([s.size for s in shards], dtype="<i8").tobytes())
-    return h.hexdigest()
+    return _Columns.of(shards).digest()
+
+
+class _Columns(NamedTuple):
+    """A listing by column, for the packed form."""
+
+    urls: Sequence[str]
+    sizes: npt.NDArray[np.int64]
+    versions: Sequence[str]
+
+    @classmethod
+    def of(cls, shards: Sequence[ShardRecord]) -> _Columns:
+        if isinstance(shards, ShardTable):
+            return cls(shards.urls, shards.sizes, shards.versions)
+        if not shards:
+            return cls((), np.zeros(0, dtype=np.int64), ())
+        urls, sizes, versions, _ = zip(*shards, strict=True)
+        return cls(urls, np.fromiter(sizes, np.int64, len(sizes)), versions)
+
+    def digest(self) -> str:
+        """:func:`packed_digest` of these columns."""
+        h = hashlib.sha256()
+        for column in (self.urls, self.versions):
+            text, lengths = _utf8(column)
+            h.update(lengths.astype("<i8").tobytes())
+            h.update(text)
+        h.update(self.sizes.astype("<i8").tobytes())
+        return h.hexdigest()
+
+
+def _utf8(values: Sequence[str]) -> tuple[bytes, npt.NDArray[np.int64]]:
+    """The UTF-8 bytes of ``values`` one after the other, and the length of each in bytes."""
+    joined = "".join(values)
+    if joined.isascii():  # as URLs and etags nearly always are: one encode for all
+        return joined.encode("ascii"), np.fromiter(map(len, values), np.int64, len(values))
+    encoded = [v.encode() for v in values]
+    return b"".join(encoded), np.fromiter(map(len, encoded), np.int64, len(encoded))
 
 
 def digest(shards: Sequence[ShardRecord]) -> str:
@@ -117,6 +223,60 @@ def digest(shards: Sequence[ShardRecord]) -> str:
     return h.hexdigest()
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """Which shards of a :class:`Progress` are done, and which are consumed in part.
+
+    The coordinator keeps one beside its progress and updates it with the shards each fold
+    touches (:meth:`Progress.add_sets`), so that a snapshot's JSON costs what changed since
+    the last one, not a pass over every consumed shard (half a million sets half-way through
+    an epoch of a million shards). It holds for the sets it was made with: sets are replaced,
+    never changed in place.
+    """
+
+    done: npt.NDArray[np.bool_]
+    """One entry per shard: every row consumed (read-only)."""
+    partial: frozenset[int]
+    """Shards with some rows consumed, not all (or all of a shard whose count is unknown)."""
+    sets: int
+    """``len(consumed)`` it was made for (a cheap check that no set was added past it)."""
+
+    @classmethod
+    def of(cls, consumed: Mapping[int, IntervalSet], counts: npt.NDArray[np.int64]) -> Completion:
+        """The completion of every set of ``consumed``; ``counts``: rows per shard (-1: unknown)."""
+        empty = cls(np.zeros(len(counts), dtype=bool), frozenset(), 0)
+        return empty.updated([stack(consumed.items())], counts, len(consumed))
+
+    def updated(
+        self, parts: Iterable[Intervals], counts: npt.NDArray[np.int64], sets: int
+    ) -> Completion:
+        """This completion with new sets in place of the old ones of their shards.
+
+        Args:
+            parts: The new sets' intervals, set after set (:func:`ingest.intervals.stack`),
+                part after part; a shard's set in a later part replaces the one before.
+            counts: Every shard's row count (-1: unknown).
+            sets: ``len(consumed)`` with the new sets in.
+        """
+        done = self.done.copy()
+        partial = set(self.partial)
+        for key, lo, hi in parts:
+            heads, _ = _set_bounds(key)
+            keys = key[heads]
+            rows = counts[keys]
+            # A set covers its shard when its first interval runs from row 0 to the count.
+            whole = (lo[heads] == 0) & (hi[heads] >= rows) & (rows >= 0)
+            done[keys] = whole
+            partial.difference_update(keys[whole].tolist())
+            partial.update(keys[~whole].tolist())
+        done.setflags(write=False)
+        return Completion(done, frozenset(partial), sets)
+
+
+Intervals = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
+"""``(key, start, stop)``: keyed sets' intervals, set after set (:func:`ingest.intervals.stack`)."""
+
+
 @dataclass(slots=True)
 class Progress:
     """What one epoch has consumed: an interval set per shard index."""
@@ -124,6 +284,8 @@ class Progress:
     consumed: dict[int, IntervalSet] = field(default_factory=dict)
     rows: dict[int, int] = field(default_factory=dict)
     """Row counts learnt by reading shards whose listing gave none."""
+    completion: Completion | None = field(default=None, repr=False, compare=False)
+    """Kept by :meth:`add_sets` when the caller gives the row counts; None: found anew."""
 
     def rows_of(self, index: int, shards: Sequence[ShardRecord]) -> int | None:
         known = shards[index].rows
@@ -135,53 +297,98 @@ class Progress:
             got = self.consumed[index] = IntervalSet()
         return got
 
-    def is_done(self, index: int, shards: Sequence[ShardRecord]) -> bool:
-        rows = self.rows_of(index, shards)
-        if rows is None:
-            return False
-        got = self.consumed.get(index)
-        return rows == 0 or (got is not None and got.covers(0, rows))
-
     def count(self) -> int:
-        return sum(s.count for s in self.consumed.values())
+        _, lo, hi = stack(self.consumed.items())
+        return int((hi - lo).sum())
 
     def copy(self) -> Progress:
-        return Progress({k: v.copy() for k, v in self.consumed.items()}, dict(self.rows))
+        return Progress(
+            {k: v.copy() for k, v in self.consumed.items()}, dict(self.rows), self.completion
+        )
+
+    def shallow(self) -> Progress:
+        """A copy that shares the interval sets (for a caller that replaces sets, never
+        changes them: :meth:`add_sets`)."""
+        return Progress(dict(self.consumed), dict(self.rows), self.completion)
+
+    def add_sets(
+        self,
+        new: Mapping[int, IntervalSet],
+        counts: npt.NDArray[np.int64] | None = None,
+        parts: Sequence[Intervals] | None = None,
+    ) -> None:
+        """Put the sets of ``new`` in place of the sets of their shards.
+
+        Args:
+            new: The new sets (each holds the old set's rows and more).
+            counts: Every shard's row count (-1: unknown). Given, the completion is kept up
+                to date with the shards of ``new`` alone (made from all sets the first
+                time); None drops it.
+            parts: The intervals of ``new`` as arrays, if the caller has them
+                (:class:`ingest.intervals.Merged`), in the order the sets were made.
+        """
+        self.consumed.update(new)
+        if counts is None:
+            self.completion = None
+        elif self.completion is None or len(self.completion.done) != len(counts):
+            self.completion = Completion.of(self.consumed, counts)
+        else:
+            got = parts if parts is not None else [stack(new.items())]
+            self.completion = self.completion.updated(got, counts, len(self.consumed))
+
+    def counts(self, listed: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """Every shard's row count (-1: unknown): ``listed``, with the learnt ones filled in."""
+        if not self.rows:
+            return listed
+        out = listed.copy()
+        learnt = np.fromiter(self.rows, np.int64, len(self.rows))
+        values = np.fromiter(self.rows.values(), np.int64, len(self.rows))
+        unknown = out[learnt] < 0
+        out[learnt[unknown]] = values[unknown]
+        return out
+
+    def completed(self, listed: npt.NDArray[np.int64]) -> Completion:
+        """Which shards are done and which partial; ``listed``: the listing's row counts."""
+        got = self.completion
+        if (
+            got is not None
+            and got.sets == len(self.consumed)
+            and not self.rows
+            and len(got.done) == len(listed)
+        ):
+            return got
+        return Completion.of(self.consumed, self.counts(listed))
 
     def to_json(
         self,
         shards: Sequence[ShardRecord],
         *,
         packed: bool = False,
-        empty: Collection[int] | None = None,
+        listed: npt.NDArray[np.int64] | None = None,
     ) -> dict[str, Any]:
         """The JSON form; ``packed`` writes ``done`` and ``partial`` as bitmaps when shorter.
 
         Args:
             shards: The shards the indices refer to.
             packed: Write the version 3 form.
-            empty: The indices of the shards listed with 0 rows (done without a row
-                consumed), if the caller knows them; else they are found in ``shards``.
+            listed: Every shard's row count in the listing (-1: unknown), if the caller
+                keeps it (:attr:`DatasetState.counts`); else read from ``shards``.
         """
-        zero = set(empty) if empty is not None else {i for i, s in enumerate(shards) if s.rows == 0}
-        zero.update(i for i, n in self.rows.items() if n == 0 and shards[i].rows is None)
-        done = IntervalSet()
-        done_starts: list[int] = []
-        partial: dict[int, IntervalSet] = {}
-        # Only shards with consumed rows, or none to consume, can be done or partial.
-        for index in zero.union(k for k, v in self.consumed.items() if v):
-            if self.is_done(index, shards):
-                done_starts.append(index)
-            else:
-                partial[index] = self.consumed[index]
-        done.add_many(done_starts, [i + 1 for i in done_starts])
+        if listed is None:
+            listed = row_counts(shards)
+        completion = self.completed(listed)
+        # Shards with no row to consume are done too (listed, or learnt, with 0 rows).
+        done_mask = completion.done | (self.counts(listed) == 0)
+        done = IntervalSet.of_mask(done_mask)
+        partial = sorted(k for k in completion.partial if not done_mask[k])
+        if packed:
+            sets = stack((k, self.consumed[k]) for k in partial)
+            partial_json: dict[str, Any] = {"packed": _pack_sets(*sets)}
+        else:
+            partial_json = {str(k): self.consumed[k].to_json() for k in partial}
         return {
             "done": done.encode() if packed else done.to_json(),
-            "partial": (
-                {"packed": _pack_sets(partial)}
-                if packed
-                else {str(k): v.to_json() for k, v in sorted(partial.items())}
-            ),
+            "partial": partial_json,
             "rows": {str(k): v for k, v in sorted(self.rows.items())},
         }
 
@@ -189,11 +396,22 @@ class Progress:
     def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> Progress:
         out = cls()
         for k, v in data.get("rows", {}).items():
-            out.rows[_index(k, shards)] = _int(v, f"progress.rows[{k}]")
+            index = _index(k, shards)
+            out.rows[index] = _int(v, f"progress.rows[{k}]")
+            listed = shards[index].rows
+            if listed is not None and listed != v:
+                raise refuse(
+                    f"progress.rows[{k}]",
+                    v,
+                    f"the listing the state records gives {shards[index].url} {listed} rows "
+                    "(a count is learnt only for a shard listed without one)",
+                )
         try:
             done = IntervalSet.from_json(data.get("done", []))
         except ValueError as e:
-            raise StateError(f"progress.done: {e}") from None
+            raise StateError(
+                f"progress.done: {e}; the state was edited or corrupted; {FIX}"
+            ) from None
         for first, stop in done:
             for index in range(_index(first, shards), _index(stop - 1, shards) + 1):
                 rows = out.rows_of(index, shards)
@@ -202,7 +420,7 @@ class Progress:
                         f"progress.done names shard {index} "
                         f"({shards[index].url}) but its row count is unknown"
                     )
-                out.consumed[index] = IntervalSet([(0, rows)])
+                out.consumed[index] = IntervalSet.span(0, rows)
         partial = data.get("partial", {})
         if isinstance(partial, Mapping) and "packed" in partial:
             partial = _unpack_sets(partial["packed"], "progress.consumed.partial.packed")
@@ -211,8 +429,27 @@ class Progress:
                 got = v if isinstance(v, IntervalSet) else IntervalSet.from_json(v)
                 out.of(_index(k, shards)).update(got)
             except ValueError as e:
-                raise StateError(f"progress.partial[{k}]: {e}") from None
+                raise StateError(
+                    f"progress.partial[{k}]: {e}; the state was edited or corrupted; {FIX}"
+                ) from None
         return out
+
+
+def row_counts(shards: Sequence[ShardRecord]) -> npt.NDArray[np.int64]:
+    """Every shard's row count as an array, -1 where it is unknown."""
+    return np.fromiter(
+        (-1 if s.rows is None else s.rows for s in shards), dtype=np.int64, count=len(shards)
+    )
+
+
+def _set_bounds(
+    key: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """First and after-last index of each set in :func:`ingest.intervals.stack`'s arrays."""
+    bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
+    if not len(key):
+        return bounds, bounds
+    return np.concatenate(([0], bounds)), np.concatenate((bounds, [len(key)]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,11 +468,11 @@ class PackedFingerprint:
 
     @classmethod
     def of(cls, shards: Sequence[ShardRecord]) -> PackedFingerprint:
-        return cls(
-            packed_digest(shards),
-            _size_hashes([s.size for s in shards]),
-            _version_hashes([s.version for s in shards]),
-        )
+        return cls.of_columns(_Columns.of(shards))
+
+    @classmethod
+    def of_columns(cls, columns: _Columns) -> PackedFingerprint:
+        return cls(columns.digest(), _size_hashes(columns.sizes), _version_hashes(columns.versions))
 
 
 @dataclass(slots=True)
@@ -249,17 +486,22 @@ class DatasetState:
     """
 
     sources: list[str]
-    shards: list[ShardRecord]
+    shards: Sequence[ShardRecord]
+    """A list, or a :class:`ShardTable` (a listing's columns)."""
     fingerprint: PackedFingerprint | None = None
     _json: dict[str, Any] | None = field(default=None, repr=False, compare=False)
-    _empty: frozenset[int] | None = field(default=None, repr=False, compare=False)
+    _counts: npt.NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
 
     @property
-    def empty(self) -> frozenset[int]:
-        """Indices of the shards listed with 0 rows (kept, like the JSON)."""
-        if self._empty is None:
-            self._empty = frozenset(i for i, s in enumerate(self.shards) if s.rows == 0)
-        return self._empty
+    def counts(self) -> npt.NDArray[np.int64]:
+        """Every shard's row count, -1 where unknown (read-only; kept, like the JSON)."""
+        if self._counts is None and isinstance(self.shards, ShardTable):
+            self._counts = self.shards.counts
+        if self._counts is None:
+            counts = row_counts(self.shards)
+            counts.setflags(write=False)
+            self._counts = counts
+        return self._counts
 
     @property
     def packed(self) -> bool:
@@ -267,21 +509,21 @@ class DatasetState:
         return self.fingerprint is not None or len(self.shards) >= PACK_FROM_SHARDS
 
     def to_json(self) -> dict[str, Any]:
-        if self._json is None:
-            if self.packed:
-                if self.fingerprint is None:
-                    self.fingerprint = PackedFingerprint.of(self.shards)
-                self._json = {
-                    "sources": list(self.sources),
-                    "digest": self.fingerprint.digest,
-                    "packed": _pack(self.shards, self.fingerprint),
-                }
-            else:
-                self._json = {
-                    "sources": list(self.sources),
-                    "digest": digest(self.shards),
-                    "shards": [s.to_json() for s in self.shards],
-                }
+        if self._json is None and self.packed:
+            columns = _Columns.of(self.shards)
+            if self.fingerprint is None:
+                self.fingerprint = PackedFingerprint.of_columns(columns)
+            self._json = {
+                "sources": list(self.sources),
+                "digest": self.fingerprint.digest,
+                "packed": _pack(columns.urls, self.counts, self.fingerprint),
+            }
+        elif self._json is None:
+            self._json = {
+                "sources": list(self.sources),
+                "digest": digest(self.shards),
+                "shards": [s.to_json() for s in self.shards],
+            }
         return dict(self._json)
 
     @classmethod
@@ -332,7 +574,7 @@ class ProgressState:
             "delivered": self.delivered,
             "dropped": self.dropped,
             "consumed": self.consumed.to_json(
-                dataset.shards, packed=dataset.packed, empty=dataset.empty
+                dataset.shards, packed=dataset.packed, listed=dataset.counts
             ),
         }
 
@@ -432,8 +674,8 @@ class PositionState:
         shuffle = data.get("shuffle") or {}
         ranks = _list(data.get("ranks", []), "position.ranks")
         for n, cursor in enumerate(ranks):
-            if cursor is not None and not isinstance(cursor, dict):
-                raise StateError(f"position.ranks[{n}] is {cursor!r}, not an object or null")
+            if cursor is not None:
+                _check_cursor(cursor, f"position.ranks[{n}]")
         return cls(
             seed,
             _int(data.get("batch_size", 0), "position.batch_size"),
@@ -441,6 +683,32 @@ class PositionState:
             _int(shuffle.get("lanes", 0), "position.shuffle.lanes"),
             list(ranks),
         )
+
+
+def _check_cursor(cursor: object, what: str) -> None:
+    """Refuse a cursor that is not ``{"window": w, "lanes": [lane or null, ...]}``, each lane
+    ``[span, row, seek_row, seek_cursor]`` of integers >= 0 (the seek pair may be null).
+
+    Whether it fits the plan it resumes is checked where the plan is made
+    (:meth:`ingest.epochs.EpochBook.load`).
+    """
+    if not isinstance(cursor, dict) or "window" not in cursor or "lanes" not in cursor:
+        raise refuse(what, cursor, 'a position is {"window": w, "lanes": [...]} or null')
+    _int(cursor["window"], f"{what}.window")
+    lanes = cursor["lanes"]
+    if not isinstance(lanes, list):
+        raise refuse(f"{what}.lanes", lanes, "it must be a list with one entry per lane")
+    for n, lane in enumerate(lanes):
+        if lane is None:
+            continue
+        where = f"{what}.lanes[{n}]"
+        if not isinstance(lane, list) or len(lane) != 4:
+            raise refuse(where, lane, "a lane is [span, row, seek_row, seek_cursor] or null")
+        if (lane[2] is None) != (lane[3] is None):
+            raise refuse(where, lane, "its seek_row and seek_cursor are both null or both set")
+        for name, value in zip(("span", "row", "seek_row", "seek_cursor"), lane, strict=True):
+            if value is not None:
+                _int(value, f"{where} {name}")
 
 
 @dataclass(slots=True)
@@ -453,7 +721,7 @@ class StreamState:
     position: PositionState = field(default_factory=PositionState)
 
     @property
-    def shards(self) -> list[ShardRecord]:
+    def shards(self) -> Sequence[ShardRecord]:
         return self.dataset.shards
 
     @property
@@ -481,18 +749,19 @@ class StreamState:
         }
 
     @classmethod
-    def from_json(cls, data: object) -> StreamState:
+    def from_json(cls, data: object, *, max_bytes: int = MAX_STATE_BYTES) -> StreamState:
         """Parse and check a state produced by :meth:`to_json`.
 
+        Args:
+            data: The state: its JSON object, or its JSON text (``str`` or ``bytes``).
+            max_bytes: JSON text larger than this is refused before it is parsed.
+
         Raises:
-            StateError: On an unknown version or a malformed or edited state.
+            StateError: On an unknown version, a state too large, or a malformed, edited or
+                inconsistent one.
         """
         if isinstance(data, (str, bytes)):
-            if len(data) > MAX_STATE_BYTES:
-                raise StateError(
-                    f"the state is {len(data)} bytes, above the {MAX_STATE_BYTES} byte limit; "
-                    "a stream state is O(shards): this is not one"
-                )
+            _check_size(data, max_bytes, "the state")
             try:
                 data = json.loads(data)
             except ValueError as e:
@@ -510,7 +779,7 @@ class StreamState:
             )
         try:
             dataset = DatasetState.from_json(data["dataset"], version)
-            return cls(
+            state = cls(
                 dataset,
                 ProgressState.from_json(data["progress"], dataset.shards),
                 DistributedState.from_json(data.get("distributed") or {}, dataset.shards),
@@ -523,6 +792,76 @@ class StreamState:
                 f"state is malformed ({type(e).__name__}: {e}); pass the dict "
                 "that state_dict() returned, unchanged"
             ) from None
+        state.check_counts()
+        return state
+
+    @classmethod
+    def read(cls, file: BinaryIO, *, max_bytes: int = MAX_STATE_BYTES) -> StreamState:
+        """Read a state saved as JSON from ``file`` (opened for reading bytes by the caller).
+
+        At most ``max_bytes + 1`` bytes are read: a larger file is refused before it is
+        parsed, whatever it holds.
+
+        Raises:
+            StateError: As :meth:`from_json`, naming the file when it is too large.
+        """
+        text = file.read(max_bytes + 1)
+        if len(text) > max_bytes:
+            try:
+                size = str(os.fstat(file.fileno()).st_size)
+            except (AttributeError, OSError, io.UnsupportedOperation):
+                size = f"more than {max_bytes}"
+            raise _too_large(
+                f"the state file {getattr(file, 'name', '')}".rstrip(), size, max_bytes
+            )
+        return cls.from_json(text, max_bytes=max_bytes)
+
+    def check_counts(self) -> None:
+        """Refuse a step count that the rows consumed cannot account for (an edited state).
+
+        Each step since ``progress.first_step`` consumed a batch on every rank (more rows
+        when the epoch was resumed on other ranks since it began), in ``progress.consumed``
+        or ``distributed.carry.consumed``.
+
+        Raises:
+            StateError: Naming ``progress.step``, its value and the rows consumed.
+        """
+        p = self.progress
+        world, batch = self.distributed.world_size, self.position.batch_size
+        steps = (p.step - p.first_step) * world * batch
+        if not steps:
+            return
+        consumed = self.consumed_rows()
+        if consumed < steps:
+            raise refuse(
+                "progress.step",
+                p.step,
+                f"progress.consumed and distributed.carry.consumed hold {consumed} rows, "
+                f"fewer than the {steps} of steps {p.first_step} to {p.step - 1} "
+                f"({world} rank(s) x {batch} rows)",
+            )
+
+    def consumed_rows(self) -> int:
+        """Rows consumed in the epoch (its own and the ones carried in)."""
+        return self.progress.consumed.count() + self.distributed.carry_consumed.count()
+
+
+def _check_size(data: str | bytes, max_bytes: int, what: str) -> None:
+    """Refuse JSON text of more than ``max_bytes`` bytes (UTF-8), before it is parsed."""
+    if len(data) > max_bytes:
+        raise _too_large(
+            what, f"at least {len(data)}" if isinstance(data, str) else str(len(data)), max_bytes
+        )
+    if isinstance(data, str) and not data.isascii() and len(data.encode()) > max_bytes:
+        raise _too_large(what, str(len(data.encode())), max_bytes)
+
+
+def _too_large(what: str, size: str, max_bytes: int) -> StateError:
+    return StateError(
+        f"{what} is {size} bytes, above the {max_bytes} byte limit (max_bytes): a stream "
+        "state is O(shards), a few MB for a million shards. Pass the state that "
+        "state_dict() returned, or raise max_bytes if it is one"
+    )
 
 
 def match_listing(
@@ -625,9 +964,18 @@ def _some_version_unknown(
     return bool(((fingerprint.version_hashes == 0) != now_unknown).any())
 
 
+FIX = "pass the state as state_dict() returned it, unchanged, or start without it"
+"""The fix every refusal of an edited or corrupted state ends with."""
+
+
+def refuse(field: str, value: object, rule: str) -> StateError:
+    """The error for ``field`` holding ``value`` against ``rule``, with the fix."""
+    return StateError(f"{field} is {value!r}, but {rule}: the state was edited or corrupted; {FIX}")
+
+
 def _int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise StateError(f"{what} must be a non-negative integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OFFSET:
+        raise refuse(what, value, f"it must be an integer from 0 to {MAX_OFFSET}")
     return value
 
 
@@ -649,17 +997,21 @@ def _list(value: object, what: str) -> list[Any]:
 
 def _check_bounds(progress: Progress, shards: Sequence[ShardRecord], what: str) -> None:
     """Refuse consumed rows beyond a shard's known row count (an edited state)."""
-    for index, rows in progress.consumed.items():
-        known = progress.rows_of(index, shards)
-        if known is None or not rows:
-            continue
-        last = max(stop for _, stop in rows)
-        if last > known:
-            raise StateError(
-                f"{what} of shard {index} ({shards[index].url}) reaches row {last}, "
-                f"but the shard has {known} rows; the state was edited or belongs to "
-                "other data: save it again"
-            )
+    key, _, hi = stack(progress.consumed.items())
+    heads, tails = _set_bounds(key)
+    if not len(heads):
+        return
+    known = progress.counts(row_counts(shards))[key[heads]]
+    last = hi[tails - 1]
+    beyond = np.flatnonzero((known >= 0) & (last > known))
+    if len(beyond):
+        n = int(beyond[0])
+        index = int(key[heads[n]])
+        raise StateError(
+            f"{what} of shard {index} ({shards[index].url}) reaches row {int(last[n])}, "
+            f"but the shard has {int(known[n])} rows; the state was edited or belongs to "
+            "other data: save it again"
+        )
 
 
 # -- the packed listing (version 3) ----------------------------------------------------------
@@ -669,7 +1021,7 @@ _CHUNK = 1 << 16
 """URLs front-coded per numpy pass (bounds the memory of one pass)."""
 
 
-def _size_hashes(sizes: Sequence[int]) -> npt.NDArray[np.uint8]:
+def _size_hashes(sizes: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
     """8 bits of splitmix64 of each size."""
     with np.errstate(over="ignore"):
         z = np.asarray(sizes, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
@@ -680,10 +1032,11 @@ def _size_hashes(sizes: Sequence[int]) -> npt.NDArray[np.uint8]:
 
 def _version_hashes(versions: Sequence[str]) -> npt.NDArray[np.uint16]:
     """16 bits of the CRC-32 of each version, never 0; 0 where there is no version."""
-    crc = zlib.crc32
-    out = np.asarray([crc(v.encode()) | 1 if v else 0 for v in versions], dtype=np.uint32)
-    hashes = (out >> np.uint32(16)).astype(np.uint16)
-    hashes[(hashes == 0) & (out != 0)] = 1
+    crc = np.fromiter(map(zlib.crc32, map(str.encode, versions)), np.uint32, len(versions))
+    crc |= np.uint32(1)
+    hashes = (crc >> np.uint32(16)).astype(np.uint16)
+    hashes[hashes == 0] = 1
+    hashes[np.fromiter(map(len, versions), np.int64, len(versions)) == 0] = 0
     return hashes
 
 
@@ -700,41 +1053,51 @@ def _unshuffled(raw: bytes, dtype: str, count: int) -> npt.NDArray[Any]:
     return np.ascontiguousarray(planes.T).view(dtype).ravel()
 
 
-def _front_coded(suffixes: list[bytes]) -> bytes:
-    """``shared`` (bytes in common with the previous), ``lengths`` and the rest of each."""
-    shared = np.zeros(len(suffixes), dtype=np.int64)
-    lengths = np.asarray([len(s) for s in suffixes], dtype=np.int64)
-    for a in range(1, len(suffixes), _CHUNK):
-        chunk = suffixes[a - 1 : a + _CHUNK]
-        width = int(lengths[a - 1 : a + _CHUNK].max())
-        if width == 0:
-            continue
-        m = np.frombuffer(b"".join(s.ljust(width, b"\0") for s in chunk), dtype=np.uint8)
-        m = m.reshape(len(chunk), width)
-        same = np.concatenate((m[1:] == m[:-1], np.zeros((len(chunk) - 1, 1), bool)), axis=1)
+def _front_coded(text: bytes, lengths: npt.NDArray[np.int64], skip: int = 0) -> bytes:
+    """Strings front-coded: ``shared`` (bytes in common with the previous string), the
+    ``lengths`` of the rest, and the rest of each.
+
+    Args:
+        text: The strings one after the other (:func:`_utf8`).
+        lengths: The length of each string in bytes.
+        skip: Bytes at the start of every string that are left out (a common prefix).
+    """
+    buf = np.frombuffer(text, dtype=np.uint8)
+    lengths = lengths - skip
+    starts = np.cumsum(lengths + skip) - lengths
+    shared = np.zeros(len(lengths), dtype=np.int64)
+    columns = np.arange(int(lengths.max(initial=0)), dtype=np.int64)
+    for a in range(1, len(lengths), _CHUNK):
         lens = lengths[a - 1 : a + _CHUNK]
-        shared[a : a + len(chunk) - 1] = np.minimum(
+        # Each string of the chunk padded with zeros to the longest: one row per string.
+        inside = columns[: int(lens.max())] < lens[:, None]
+        at = np.where(inside, starts[a - 1 : a + _CHUNK, None] + columns[: inside.shape[1]], 0)
+        m = np.where(inside, buf[at], 0)
+        same = np.concatenate((m[1:] == m[:-1], np.zeros((len(m) - 1, 1), bool)), axis=1)
+        shared[a : a + len(m) - 1] = np.minimum(
             np.argmin(same, axis=1), np.minimum(lens[1:], lens[:-1])
         )
-    rest = b"".join([s[k:] for s, k in zip(suffixes, shared.tolist(), strict=True)])
-    return _shuffled(shared, "<u4") + _shuffled(lengths - shared, "<u4") + rest
+    rest = lengths - shared
+    total = int(rest.sum())
+    at = np.repeat(starts + shared - (np.cumsum(rest) - rest), rest) + np.arange(total)
+    return _shuffled(shared, "<u4") + _shuffled(rest, "<u4") + buf[at].tobytes()
 
 
-def _pack(shards: Sequence[ShardRecord], fingerprint: PackedFingerprint) -> dict[str, Any]:
-    urls = [s.url for s in shards]
+def _pack(
+    urls: Sequence[str], rows: npt.NDArray[np.int64], fingerprint: PackedFingerprint
+) -> dict[str, Any]:
     prefix = _common_prefix(min(urls), max(urls)) if urls else ""
+    text, lengths = _utf8(urls)
     columns = {
-        "urls": _front_coded([u[len(prefix) :].encode() for u in urls]),
-        "rows": _shuffled(
-            np.asarray([-1 if s.rows is None else s.rows for s in shards], dtype=np.int64), "<i8"
-        ),
+        "urls": _front_coded(text, lengths, len(prefix.encode())),
+        "rows": _shuffled(rows, "<i8"),
         "size_hashes": fingerprint.size_hashes.tobytes(),
         "version_hashes": _shuffled(fingerprint.version_hashes, "<u2"),
     }
-    out: dict[str, Any] = {"count": len(shards), "prefix": prefix}
+    out: dict[str, Any] = {"count": len(urls), "prefix": prefix}
     for name, raw in columns.items():
         out[name] = base64.b64encode(zlib.compress(raw, 6)).decode()
-    out["sha256"] = _packed_sha256(len(shards), prefix, columns)
+    out["sha256"] = _packed_sha256(len(urls), prefix, columns)
     return out
 
 
@@ -858,30 +1221,35 @@ def _front_decoded(raw: bytes, count: int, prefix: str) -> list[str]:
 _SET_FIELDS = ("shards", "from", "to", "bits")
 
 
-def _pack_sets(sets: Mapping[int, IntervalSet]) -> dict[str, str]:
+def _pack_sets(
+    key: npt.NDArray[np.int64], lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
+) -> dict[str, str]:
     """Interval sets as one bitmap: each set's rows from its first to its last, byte-aligned.
 
-    The rows of a half-consumed shuffle window take about a bit each; consumed prefixes and
-    untouched stretches are runs of equal bytes that zlib all but removes.
+    ``key``, ``lo``, ``hi``: the sets' intervals, set after set in the order of their keys
+    (:func:`ingest.intervals.stack`). The rows of a half-consumed shuffle window take about
+    a bit each; consumed prefixes and untouched stretches are runs of equal bytes that zlib
+    all but removes.
     """
-    keys = np.asarray(sorted(sets), dtype=np.int64)
-    key, lo, hi = stack((int(k), sets[int(k)]) for k in keys)
-    heads = np.searchsorted(key, keys, side="left")
-    tails = np.searchsorted(key, keys, side="right") - 1
-    first, last = lo[heads], hi[tails]
-    nbytes = (last - first + 7) // 8
-    base = np.concatenate(([0], np.cumsum(nbytes)[:-1])) * 8
-    where = np.searchsorted(keys, key)
-    offset = base[where] - first[where]
-    edges = np.zeros(int(nbytes.sum()) * 8 + 1, dtype=np.int8)
-    # Starts are distinct, and so are stops; a stop may meet the next set's start (then 0).
-    edges[lo + offset] = 1
-    edges[hi + offset] -= 1
-    bits = np.packbits(np.cumsum(edges[:-1]) > 0, bitorder="little").tobytes()
+    heads, tails = _set_bounds(key)
+    keys = key[heads]
+    first, last = lo[heads], hi[tails - 1]
+    extent = last - first
+    # Each set's bits: its intervals (ones) and the gaps between them (zeros), then zeros to
+    # its byte's end; all sets' bits written in one pass.
+    gaps = np.empty(len(lo), dtype=np.int64)
+    gaps[:-1] = lo[1:] - hi[:-1]
+    gaps[tails - 1] = -extent % 8
+    lengths = np.empty(2 * len(lo), dtype=np.int64)
+    lengths[0::2] = hi - lo
+    lengths[1::2] = gaps
+    ones = np.zeros(2 * len(lo), dtype=bool)
+    ones[0::2] = True
+    bits = np.packbits(np.repeat(ones, lengths), bitorder="little").tobytes()
     columns = {
         "shards": _shuffled(np.diff(keys, prepend=0), "<u4"),
         "from": _shuffled(first, "<i8"),
-        "to": _shuffled(last - first, "<i8"),
+        "to": _shuffled(extent, "<i8"),
         "bits": bits,
     }
     return {k: base64.b64encode(zlib.compress(v, 6)).decode() for k, v in columns.items()}

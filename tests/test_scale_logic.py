@@ -6,10 +6,14 @@ Python objects); hypothesis draws small random inputs and the two must agree exa
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import itertools
 import json
 import os
 import subprocess
 import sys
+import zlib
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -17,8 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.assign import CARRY, MAIN, Assignment, Span, Spans, remaining, split
-from ingest.intervals import IntervalSet, union, union_into
+from ingest import ledger as ledger_module
+from ingest.assign import CARRY, MAIN, Assignment, Span, Spans, deal_lanes, remaining, split
+from ingest.feed import Feed, FeedConfig, FeedPlan
+from ingest.formats.base import ReadOptions
+from ingest.intervals import IntervalSet, covered, merge_into, stack, union, union_into
 from ingest.ledger import Ledger, StepRecord, merge_runs
 from ingest.plan import (
     PlanShard,
@@ -30,6 +37,18 @@ from ingest.plan import (
     permutation,
     permutations,
     shard_order,
+)
+from ingest.state import (
+    DatasetState,
+    Progress,
+    ShardRecord,
+    ShardTable,
+    _front_coded,
+    _pack_sets,
+    _shuffled,
+    _unpack_sets,
+    _version_hashes,
+    packed_digest,
 )
 
 # -- the scalar references ------------------------------------------------------------------
@@ -406,3 +425,227 @@ def test_union_into_refuses_bad_ranges() -> None:
         union_into({}, [0, 1], [0, 4], [1, 2])
     with pytest.raises(ValueError, match="need as many"):
         union_into({}, [0], [0, 1], [1, 2])
+
+
+# -- the paths of the coordinator at scale (benchmarks/coordinator_scale.py) ----------------
+
+short_runs = st.lists(
+    st.tuples(
+        st.sampled_from([CARRY, MAIN]),
+        st.integers(0, 6),
+        st.integers(0, 200),
+        st.sampled_from([1, 1, 1, 2, 0]),
+    ).map(lambda r: (r[0], r[1], r[2], r[2] + r[3])),
+    max_size=60,
+)
+
+
+@given(short_runs, st.booleans())
+def test_merge_runs_of_about_a_row_each_equals_interval_sets(runs, one_segment) -> None:
+    """The paths for shuffled batches: one row per run, a few longer (expanded to rows)."""
+    if one_segment:
+        runs = [(MAIN, *r[1:]) for r in runs]
+    merged = merge_runs(runs)
+    got: dict[tuple[int, int], IntervalSet] = {}
+    for segment, shard, start, stop in merged.tolist():
+        got.setdefault((segment, shard), IntervalSet()).add(start, stop)
+    assert got == ref_merged(runs)
+    keys = [tuple(r[:3]) for r in merged.tolist()]
+    assert keys == sorted(keys) and len(merged) == sum(len(v) for v in got.values())
+
+
+@given(st.lists(st.lists(short_runs, min_size=3, max_size=3), max_size=4))
+def test_ledger_runs_by_rank_merge_each_rank_alone(steps) -> None:
+    ledger = Ledger(3, 0)
+    for step, per_rank in enumerate(steps):
+        for rank, runs in enumerate(per_rank):
+            ledger.ack(rank, [StepRecord(step, tuple(runs))])
+    parts = ledger.runs_by_rank(0, len(steps) - 1)
+    mine = [[run for per_rank in steps for run in per_rank[rank]] for rank in range(3)]
+    expected = [ref_merged(runs) for runs in mine if any(r[3] > r[2] for r in runs)]
+    assert [ref_merged(p.tolist()) for p in parts] == expected
+    assert all(merge_runs(p).tolist() == p.tolist() for p in parts)  # each already merged
+
+
+@given(
+    st.dictionaries(st.integers(0, 5), interval_lists, max_size=4),
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 100), st.integers(0, 30)), max_size=20),
+)
+def test_covered_counts_the_rows_of_each_range(before, ranges) -> None:
+    sets = {k: IntervalSet((a, a + n) for a, n in v) for k, v in before.items()}
+    got = covered(
+        sets, [k for k, _, _ in ranges], [a for _, a, _ in ranges], [a + n for _, a, n in ranges]
+    )
+    empty = IntervalSet()
+    expected = [
+        sum(1 for row in range(a, a + n) if row in sets.get(k, empty)) for k, a, n in ranges
+    ]
+    assert got.tolist() == expected
+
+
+@given(st.dictionaries(st.integers(0, 5), interval_lists, max_size=4), keyed_intervals)
+def test_merge_into_gives_the_new_sets_as_arrays(before, added) -> None:
+    sets = {k: IntervalSet((a, a + n) for a, n in v) for k, v in before.items()}
+    got = merge_into(
+        sets, [k for k, _, _ in added], [a for _, a, _ in added], [a + n for _, a, n in added]
+    )
+    key, start, stop = stack(sorted(got.sets.items()))
+    assert (got.key.tolist(), got.start.tolist(), got.stop.tolist()) == (
+        key.tolist(),
+        start.tolist(),
+        stop.tolist(),
+    )
+    for rows in got.sets.values():  # read-only: a set's arrays are shared, never edited
+        assert not rows._starts.flags.writeable and not rows._stops.flags.writeable
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(1, 10**6)), min_size=1, max_size=40))
+def test_union_of_sorted_runs_by_merge_sort_is_the_same(pairs) -> None:
+    half = len(pairs) // 2
+    runs = sorted(pairs[:half]) + sorted(pairs[half:])
+    starts = np.array([a for a, _ in runs], dtype=np.int64)
+    stops = np.array([a + n for a, n in runs], dtype=np.int64)
+    quick, merged = union(starts, stops), union(starts, stops, runs=True)
+    assert quick[0].tolist() == merged[0].tolist() and quick[1].tolist() == merged[1].tolist()
+
+
+# -- the state's columns, against the per-shard code they replaced --------------------------
+
+
+def ref_front_coded(suffixes: list[bytes]) -> bytes:
+    shared = [0] * min(len(suffixes), 1) + [
+        next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        for a, b in itertools.pairwise(suffixes)
+    ]
+    lengths = [len(s) - k for s, k in zip(suffixes, shared, strict=True)]
+    return (
+        _shuffled(np.array(shared), "<u4")
+        + _shuffled(np.array(lengths), "<u4")
+        + b"".join(s[k:] for s, k in zip(suffixes, shared, strict=True))
+    )
+
+
+def ref_packed_digest(shards: Sequence[ShardRecord]) -> str:
+    h = hashlib.sha256()
+    for column in ([s.url.encode() for s in shards], [s.version.encode() for s in shards]):
+        h.update(np.asarray([len(b) for b in column], dtype="<i8").tobytes())
+        h.update(b"".join(column))
+    h.update(np.asarray([s.size for s in shards], dtype="<i8").tobytes())
+    return h.hexdigest()
+
+
+def ref_version_hashes(versions: Sequence[str]) -> list[int]:
+    out = []
+    for v in versions:
+        crc = zlib.crc32(v.encode()) | 1 if v else 0
+        out.append(max(crc >> 16, 1) if crc else 0)
+    return out
+
+
+texts = st.text(alphabet="ab/-.é0", max_size=8)
+listings = st.lists(
+    st.tuples(texts, st.integers(0, 10**12), st.sampled_from(["", "e1", "etag-é", "x" * 32])),
+    max_size=30,
+    unique_by=lambda t: t[0],
+)
+
+
+@given(listings, st.integers(0, 3))
+def test_packed_columns_equal_the_per_shard_code(listing, skip) -> None:
+    shards = [ShardRecord("s3://b/" + url, size, v, None) for url, size, v in listing]
+    assert packed_digest(shards) == ref_packed_digest(shards)
+    versions = [s.version for s in shards]
+    assert _version_hashes(versions).tolist() == ref_version_hashes(versions)
+    text = "".join(s.url for s in shards).encode()
+    lengths = np.array([len(s.url.encode()) for s in shards], dtype=np.int64)
+    skip = min([skip, *(len(s.url.encode()) for s in shards)])
+    expected = ref_front_coded([s.url.encode()[skip:] for s in shards])
+    assert _front_coded(text, lengths, skip) == expected
+
+
+def ref_pack_sets(sets: dict[int, IntervalSet]) -> bytes:
+    """The bits column of :func:`ingest.state._pack_sets`, one set at a time."""
+    bits = []
+    for k in sorted(sets):
+        pairs = list(sets[k])
+        first, last = pairs[0][0], pairs[-1][1]
+        member = [any(a <= row < b for a, b in sets[k]) for row in range(first, last)]
+        bits.append(np.packbits(np.array(member, dtype=bool), bitorder="little").tobytes())
+    return b"".join(bits)
+
+
+@given(st.dictionaries(st.integers(0, 9), interval_lists.filter(lambda v: any(n for _, n in v))))
+def test_pack_sets_writes_each_set_as_its_bitmap(before) -> None:
+    sets = {k: IntervalSet((a, a + n) for a, n in v) for k, v in before.items()}
+    sets = {k: v for k, v in sets.items() if len(v)}
+    packed = _pack_sets(*stack(sorted(sets.items())))
+    assert zlib.decompress(base64.b64decode(packed["bits"])) == ref_pack_sets(sets)
+    back = {int(k): v for k, v in _unpack_sets(packed, "x").items()}
+    assert back == sets
+
+
+@given(
+    st.dictionaries(st.integers(0, 7), interval_lists, max_size=6),
+    st.lists(keyed_intervals, max_size=3),
+    st.lists(st.sampled_from([-1, 0, 20, 40, 95]), min_size=8, max_size=8),
+)
+def test_a_kept_completion_equals_one_found_anew(before, folds, counts) -> None:
+    listed = np.array(counts, dtype=np.int64)
+    shards = [ShardRecord(f"s3://b/{i}", 1, "", None if n < 0 else n) for i, n in enumerate(counts)]
+    progress = Progress({k: IntervalSet((a, a + n) for a, n in v) for k, v in before.items()})
+    progress.add_sets({}, listed)  # made from all sets
+    for added in folds:
+        rows = [(k, a, a + n) for k, a, n in added if k < 8]
+        if rows:
+            keys, starts, stops = (list(c) for c in zip(*rows, strict=True))
+            got = merge_into(progress.consumed, keys, starts, stops)
+            progress.add_sets(got.sets, listed, [(got.key, got.start, got.stop)])
+    kept = progress.to_json(shards, packed=True)
+    progress.completion = None
+    assert progress.to_json(shards, packed=True) == kept
+
+
+def test_a_shard_table_is_the_records_it_holds() -> None:
+    records = [ShardRecord(f"s3://b/{i}", 10 + i, f"e{i}", None if i == 2 else i) for i in range(5)]
+    table = ShardTable(
+        [r.url for r in records],
+        np.array([r.size for r in records]),
+        [r.version for r in records],
+        np.array([-1 if r.rows is None else r.rows for r in records]),
+    )
+    assert list(table) == records and table == records and table[2] == records[2]
+    assert table[1:3] == records[1:3] and len(table) == 5
+    as_list = DatasetState(["s3://b/"], records)
+    assert DatasetState(["s3://b/"], table).to_json() == as_list.to_json()
+    with pytest.raises(ValueError, match="one of each per shard"):
+        ShardTable(["a"], np.array([1, 2]), ["v"], np.array([1]))
+
+
+@given(st.lists(st.integers(0, 3), max_size=20), st.integers(1, 6))
+def test_lanes_are_dealt_as_the_feed_deals_them(shards, lanes) -> None:
+    spans = tuple(Span(shard, n, n + 1) for n, shard in enumerate(shards))
+    plan = FeedPlan(0, 0, 0, None, spans, ({}, {}), None, None)  # type: ignore[arg-type]
+    config = FeedConfig(
+        batch_size=1, seed=0, window=8, lanes=lanes, columns=None, read=ReadOptions()
+    )
+    feed = Feed(plan, config, None)  # type: ignore[arg-type]  # lanes only: nothing is read
+    assert [lane.spans for lane in feed._lanes] == deal_lanes(spans, lanes)
+
+
+@given(st.lists(short_runs, min_size=1, max_size=5), st.lists(runs_lists, max_size=3))
+def test_packed_and_kept_steps_of_one_rank_merge_together(packed, kept) -> None:
+    """A message of short runs is packed into rows as it arrives; one of long runs is kept."""
+    small = ledger_module._PACK_FROM_RUNS
+    ledger_module._PACK_FROM_RUNS = 1  # pack the small messages of this test
+    try:
+        ledger = Ledger(1, 0)
+        ledger.ack(0, [StepRecord(i, tuple(runs)) for i, runs in enumerate(packed)])
+        ledger.ack(0, [StepRecord(len(packed) + i, tuple(runs)) for i, runs in enumerate(kept)])
+    finally:
+        ledger_module._PACK_FROM_RUNS = small
+    steps = packed + kept
+    assert ref_merged(ledger.runs(0, len(steps) - 1).tolist()) == ref_merged(
+        [run for runs in steps for run in runs]
+    )
+    for step, runs in enumerate(steps):  # each step holds its own rows, and no other's
+        assert ref_merged(ledger.runs(step, step).tolist()) == ref_merged(runs)
