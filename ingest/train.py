@@ -39,6 +39,7 @@ import ray.train
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.distributed.stream import RayStream
+from ingest.state import StreamState
 
 STATE_FILE = "ingest_stream_state.json"
 
@@ -51,8 +52,9 @@ def load_state(checkpoint: ray.train.Checkpoint | None) -> dict[str, Any] | None
         path = os.path.join(directory, STATE_FILE)
         if not os.path.exists(path):
             return None
-        with open(path) as f:
-            return json.load(f)  # type: ignore[no-any-return]
+        # Size-limited and validated before use (ingest.state.MAX_STATE_BYTES).
+        with open(path, "rb") as f:
+            return StreamState.read(f).to_json()
 
 
 def rank_iterator(

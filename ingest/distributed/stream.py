@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import ray
 
-from ingest.distributed.coordinator import Coordinator
+from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.indexing import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
@@ -171,12 +172,25 @@ class RayStream:
         left early sends its acks as it returns).
         """
         ref = self.coordinator.state_dict.remote(step, self.timeout_s)
-        return self._get(ref, self.timeout_s + 30)  # type: ignore[no-any-return]
+        try:
+            return ray.get(ref, timeout=self.timeout_s + 30)  # type: ignore[no-any-return]
+        except ray.exceptions.RayActorError as e:  # dead, or restarting: what it held is lost
+            raise CoordinatorLostError(e) from None
+        except Exception as e:
+            raise unwrap(e) from None
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue after ``state``, which may come from another world size, pool size or a
         single-process :class:`ingest.Stream`. Load before any rank iterates."""
-        session = self._get(self.coordinator.load_state_dict.remote(dict(state)))
+        deadline = time.monotonic() + self.timeout_s
+        while True:  # a coordinator that is restarting takes the state once it is back
+            try:
+                session = self._get(self.coordinator.load_state_dict.remote(dict(state)))
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
         self.loaded_state = dict(state)
         first = self._get(self.coordinator.first_epoch.remote())
         for rank in range(self.world_size):
