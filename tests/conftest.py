@@ -68,6 +68,9 @@ def ray_session() -> Iterator[None]:
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ray.init(
+        # Always a new local instance, never a `ray start` cluster found on this machine
+        # (the job-submit tests start one).
+        address="local",
         num_cpus=8,
         include_dashboard=False,
         log_to_driver=False,
