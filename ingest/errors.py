@@ -30,6 +30,23 @@ def redact(text: str) -> str:
 class IngestError(Exception):
     """Base class of every error this package raises on purpose."""
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Errors cross process boundaries (reader threads, Ray actors and tasks). The default
+        # pickling of an exception calls ``cls(*self.args)``, and ``args`` holds only the
+        # formatted message, which the subclasses' ``__init__(url, problem, fix, ...)`` cannot
+        # take: Ray then delivers an UnserializableException in place of the clear error.
+        # Rebuild from the message and the attributes instead, keeping the exact class.
+        return (_rebuild, (type(self), self.args, dict(self.__dict__)))
+
+
+def _rebuild(
+    cls: type[IngestError], args: tuple[object, ...], attrs: dict[str, object]
+) -> IngestError:
+    error = cls.__new__(cls, *args)
+    Exception.__init__(error, *args)
+    error.__dict__.update(attrs)
+    return error
+
 
 class ConfigError(IngestError, ValueError):
     """An option or argument has a value that cannot work."""
@@ -78,20 +95,6 @@ class ShardError(IngestError):
         ]
         at = f" at {', '.join(where)}" if where else ""
         super().__init__(f"{self.url}{at}: {problem}. {fix}")
-
-    def __reduce__(self) -> tuple[object, ...]:
-        # Keyword-only arguments do not survive the default pickling of exceptions, and
-        # errors cross process boundaries (reader threads, Ray tasks).
-        return (
-            _rebuild_shard_error,
-            (self.url, self.problem, self.fix, self.row, self.line, self.byte),
-        )
-
-
-def _rebuild_shard_error(
-    url: str, problem: str, fix: str, row: int | None, line: int | None, byte: int | None
-) -> ShardError:
-    return ShardError(url, problem, fix, row=row, line=line, byte=byte)
 
 
 class SchemaMismatchError(ShardError):

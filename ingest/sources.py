@@ -355,7 +355,9 @@ def _s3fs_no_sleep_after_the_last_attempt() -> None:
                 raise failed
 
             return await original(again, retries=1)
-        raise translate_boto_error(failed) from None
+        # translate_boto_error sets the boto error as the cause: its response carries the
+        # status and Retry-After that _attempt reads, so the chain must stay (no ``from``).
+        raise translate_boto_error(failed)
 
     one_attempt.ingest_one_attempt = True  # type: ignore[attr-defined]
     s3fs.core._error_wrapper = one_attempt

@@ -50,9 +50,6 @@ class CoordinatorLostError(IngestError):
     """The stream's coordinator actor died: the acks since then cannot be recorded."""
 
     def __init__(self, cause: BaseException | str) -> None:
-        if isinstance(cause, str) and cause.startswith(_LOST):  # unpickled: said already
-            super().__init__(cause)
-            return
         super().__init__(
             f"{_LOST} ({str(cause).splitlines()[0]}); the "
             "batches consumed since the last state are not recorded, so this rank stops. "

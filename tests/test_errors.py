@@ -1,0 +1,52 @@
+"""Every error of the package survives pickling whole: it crosses threads, actors and tasks."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+
+import ingest
+from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionError
+from ingest.errors import IngestError, SchemaMismatchError, ShardError, SourceError
+from ingest.formats._lines import LineTooLongError
+from ingest.index import IndexStoreError
+
+URL = "s3://key:secret@bucket/part-00002.parquet"
+
+
+def _subclasses(cls: type[IngestError]) -> set[type[IngestError]]:
+    found = {cls}
+    for sub in cls.__subclasses__():
+        found |= _subclasses(sub)
+    return found
+
+
+EXAMPLES: list[IngestError] = [
+    IngestError("plain"),
+    ingest.ConfigError("batch_size=0 is not positive"),
+    SourceError(URL, "disappeared after it was listed", "restore the object"),
+    ShardError(URL, "truncated", "rewrite the shard", row=7, line=8, byte=9),
+    SchemaMismatchError(URL, "column id is string", "cast it", row=3),
+    LineTooLongError(URL, "line over 64 MiB", "raise max_line_bytes", byte=1 << 20),
+    ingest.StateError("saved for another dataset"),
+    ingest.StreamTimeoutError("no batch in 60 s"),
+    CoordinatorLostError(RuntimeError("actor died\nmore detail")),
+    StaleSessionError("session 3 was replaced"),
+    IndexStoreError("s3://bucket/index", "forbidden", "grant write access"),
+]
+
+
+def test_the_examples_cover_every_error_class() -> None:
+    missing = _subclasses(IngestError) - {type(e) for e in EXAMPLES}
+    assert not missing, f"add an example of {sorted(c.__name__ for c in missing)}"
+
+
+@pytest.mark.parametrize("error", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_an_error_pickles_to_the_same_class_message_and_fields(error: IngestError) -> None:
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error)
+    assert str(back) == str(error)
+    assert back.args == error.args
+    assert vars(back) == vars(error)
+    assert "secret" not in str(back)
