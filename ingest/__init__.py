@@ -21,11 +21,13 @@ from ingest.errors import (
     ShardError,
     SourceError,
     StateError,
+    StoreError,
     StreamTimeoutError,
 )
 from ingest.formats import get_format, register_format, registered_formats
 from ingest.formats.base import ReadOptions, ShardInfo
 from ingest.index import IndexConfig, IndexStore
+from ingest.quarantine import Quarantined
 from ingest.sources import IOStats, RetryPolicy, Shard, Source
 from ingest.state import STATE_VERSION
 
@@ -48,6 +50,7 @@ __all__ = [
     "IndexStore",
     "IngestError",
     "Listing",
+    "Quarantined",
     "RankIterator",
     "RankOptions",
     "RayStream",
@@ -61,6 +64,7 @@ __all__ = [
     "Source",
     "SourceError",
     "StateError",
+    "StoreError",
     "Stream",
     "StreamTimeoutError",
     "__version__",

@@ -48,7 +48,7 @@ from ingest.assign import (
     split,
 )
 from ingest.catalog import Catalog, Listing
-from ingest.errors import ConfigError, StateError, redact
+from ingest.errors import ConfigError, IngestError, StateError, redact
 from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
@@ -56,6 +56,7 @@ from ingest.index import IndexConfig, Indexer, IndexStore
 from ingest.intervals import IntervalSet, merge_into
 from ingest.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.plan import epoch_units
+from ingest.quarantine import Quarantined, merge
 from ingest.sources import Source
 from ingest.state import (
     DatasetState,
@@ -223,6 +224,10 @@ class EpochBook:
         """Whether the loaded state resumes in its original order (:meth:`_same_order`)."""
         self._cursors: dict[int, tuple[int, Cursor]] = {}
         self.ledger = Ledger(world_size, 0)
+        self._quarantined: list[tuple[int, Quarantined]] = []
+        """``(step acked with, record)``; step -1: from the loaded state or an epoch's end."""
+        self._short: dict[int, int] = {}
+        """Rows missing from the batches of each step that held quarantined rows."""
 
     # -- planning --------------------------------------------------------------------------
 
@@ -471,6 +476,41 @@ class EpochBook:
         self.ledger.ack(rank, records)
         if cursor is not None and records:
             self._cursors[rank] = (max(r.step for r in records), cursor)
+        for r in records:
+            if r.rows >= 0:
+                self._short[r.step] = self._short.get(r.step, 0) + self.spec.batch_size - r.rows
+            if r.quarantined:
+                self.note_quarantined(r.quarantined, r.step)
+
+    def note_quarantined(self, records: Iterable[Quarantined], step: int = -1) -> None:
+        """Keep quarantine records (``step``: the step acked with them; -1: none).
+
+        Raises:
+            IngestError: If a rank's quarantines in an epoch pass ``ReadOptions.max_errors``
+                (a feed counts its own; a rank's transform failures are counted here).
+        """
+        known = [q for _, q in self._quarantined]
+        added = merge(known, records)[len(known) :]
+        for q in added:
+            self._quarantined.append((step, q))
+        bound = self.spec.read.max_errors
+        for q in added:
+            mine = [r for _, r in self._quarantined if (r.epoch, r.rank) == (q.epoch, q.rank)]
+            if len(mine) > bound:
+                listed = "; ".join(r.describe() for r in mine[:5])
+                raise IngestError(
+                    f"rank {q.rank} quarantined more than ReadOptions.max_errors={bound} "
+                    f"times in epoch {q.epoch} (first: {listed}); the data is broken beyond "
+                    "a few bad records: fix the shards or the transform, or raise max_errors"
+                )
+
+    def quarantined(self) -> list[Quarantined]:
+        """Every quarantine this book knows of, oldest first (``on_error="skip"``)."""
+        return [q for _, q in sorted(self._quarantined, key=lambda sq: sq[1].epoch)]
+
+    def _missing(self, first: int, last: int) -> int:
+        """Rows the quarantines took out of the batches of steps ``first..last``."""
+        return sum(n for step, n in self._short.items() if first <= step <= last)
 
     def snapshot(self, step: int) -> StreamState:
         """The state after ``step`` (every rank's batches up to and including it).
@@ -518,10 +558,12 @@ class EpochBook:
         e.merged = (e.based, step, main, carried)
         done = step + 1 - e.based
         delivered = e.delivered + done * self.spec.batch_size * self.world_size
+        delivered -= self._missing(e.based, step)
         restored = e.cursors if step + 1 == e.opened else None
+        quarantined = [q for s, q in self._quarantined if q.epoch == e.epoch and s <= step]
         return StreamState(
             e.dataset,
-            ProgressState(e.epoch, e.first_step, step + 1, delivered, e.dropped, main),
+            ProgressState(e.epoch, e.first_step, step + 1, delivered, e.dropped, main, quarantined),
             DistributedState(
                 self.world_size, [(s.shard, s.start, s.stop) for s in e.carry], carried
             ),
@@ -565,8 +607,11 @@ class EpochBook:
                     _add_runs(runs, e.carried, e.main, e.counts)
             e.merged = None
             e.delivered += (last + 1 - e.based) * self.spec.batch_size * self.world_size
+            e.delivered -= self._missing(e.based, last)
             e.based = last + 1
         self.ledger.fold(step)
+        for s in [s for s in self._short if s <= step]:
+            del self._short[s]
 
     # -- restore ---------------------------------------------------------------------------
 
@@ -594,8 +639,11 @@ class EpochBook:
             listing = listing.subset([s.url for s in state.shards])
         before = (self._epochs, self._start, self._start_listing, self._start_epoch)
         before_rest = (self._start_step, self._in_order, self.ledger, self._cursors)
+        before_quarantined = (self._quarantined, self._short)
         self._epochs = {}
         self._cursors = {}
+        self._quarantined = [(-1, q) for q in state.progress.quarantined]
+        self._short = {}
         self._start = state
         self._start_listing = listing
         self._start_epoch = state.progress.epoch
@@ -608,6 +656,7 @@ class EpochBook:
             except StateError:
                 self._epochs, self._start, self._start_listing, self._start_epoch = before
                 self._start_step, self._in_order, self.ledger, self._cursors = before_rest
+                self._quarantined, self._short = before_quarantined
                 raise
 
     def _check_positions(self, e: _PlannedEpoch) -> None:

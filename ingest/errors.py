@@ -97,6 +97,14 @@ class ShardError(IngestError):
         super().__init__(f"{self.url}{at}: {problem}. {fix}")
 
 
+class StoreError(ShardError):
+    """The store did not deliver a shard's bytes within the retry deadline.
+
+    Not the data's fault: ``ReadOptions(on_error="skip")`` never skips rows for it (a restart
+    resumes once the store answers again).
+    """
+
+
 class SchemaMismatchError(ShardError):
     """A shard's schema differs from the schema the stream took from another shard."""
 

@@ -20,6 +20,10 @@ exactly the batches of the uninterrupted run. Exactly-once rests on the consumed
 
 Provenance never travels with the rows: each batch's rows are described by compact runs
 ``(segment, shard, start, stop)`` kept beside the table, for the rank to ack.
+
+Bad data. With ``ReadOptions(on_error="skip")`` the rest of a span that cannot be read
+becomes *holes*: window positions that are acked with their batch but carry no row, so the
+batches are cut at the same steps as without the error (see :mod:`ingest.quarantine`).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from ingest.formats.base import ReadOptions, RowBatch, Seek
 from ingest.intervals import IntervalSet
 from ingest.ledger import Runs, as_runs, runs_of
 from ingest.plan import permutation
+from ingest.quarantine import Quarantine, Quarantined, skippable
 from ingest.sources import Source
 
 TO_END = 1 << 62
@@ -106,6 +111,10 @@ class Ready:
     """The rows as an Arrow table, or whatever the transform returned for them."""
     runs: Runs
     cursor: Cursor
+    quarantined: tuple[Quarantined, ...] = ()
+    """Quarantines recorded since the batch before (``on_error="skip"``)."""
+    rows: int = -1
+    """Rows delivered (fewer than the batch size where it held holes); -1: all of them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +127,7 @@ class Tail:
     steps: int
     leftover: Runs
     learned: dict[int, int]
+    quarantined: tuple[Quarantined, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,14 +137,46 @@ class _SpanEnd:
     rows: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Hole:
+    """Rows ``[row, row + size)`` of a span that are quarantined: positions without data."""
+
+    row: int
+    size: int
+    seek: Seek | None = None
+
+    @property
+    def stop(self) -> int:
+        return self.row + self.size
+
+
+Piece = RowBatch | _Hole
+
+
+def _rows(piece: Piece) -> int:
+    return piece.size if isinstance(piece, _Hole) else int(piece.data.num_rows)
+
+
+def _head(piece: Piece, n: int) -> Piece:
+    if isinstance(piece, _Hole):
+        return _Hole(piece.row, n)
+    return RowBatch(piece.row, piece.data.slice(0, n), piece.seek)
+
+
+def _rest(piece: Piece, n: int) -> Piece:
+    if isinstance(piece, _Hole):
+        return _Hole(piece.row + n, piece.size - n)
+    return RowBatch(piece.row + n, piece.data.slice(n), piece.seek)
+
+
 @dataclass(slots=True)
 class _Lane:
     """A lane: its spans in order, where it stands, and the rows it read but did not give."""
 
     spans: list[int]
-    reader: Iterator[tuple[int, RowBatch] | _SpanEnd] | None = None
+    reader: Iterator[tuple[int, Piece] | _SpanEnd] | None = None
     at: tuple[int, int, Seek | None] | None = None  # (lane span index, row, seek); None: done
-    pending: tuple[int, RowBatch] | None = None
+    pending: tuple[int, Piece] | None = None
 
     def cursor(self) -> list[int | None] | None:
         if self.at is None:
@@ -163,10 +205,10 @@ class _Origin:
     """The piece of each key."""
 
     @staticmethod
-    def of(pieces: Sequence[tuple[Span, RowBatch]]) -> tuple[_Origin, npt.NDArray[np.int64]]:
+    def of(pieces: Sequence[tuple[Span, Piece]]) -> tuple[_Origin, npt.NDArray[np.int64]]:
         """The origin of ``pieces`` and the key of each of their rows, in reading order."""
-        pieces = [(span, batch) for span, batch in pieces if batch.data.num_rows]
-        sizes = np.array([b.data.num_rows for _, b in pieces], dtype=np.int64)
+        pieces = [(span, batch) for span, batch in pieces if _rows(batch)]
+        sizes = np.array([_rows(b) for _, b in pieces], dtype=np.int64)
         segments = np.array([s.segment for s, _ in pieces], dtype=np.int64)
         shards = np.array([s.shard for s, _ in pieces], dtype=np.int64)
         firsts = np.array([b.row for _, b in pieces], dtype=np.int64)
@@ -212,7 +254,12 @@ class _Origin:
 
 @dataclass(slots=True)
 class _Window:
-    """A window's rows in delivery order: the table and each row's key in ``origin``."""
+    """A window's positions in delivery order: each one's key in ``origin``, and the table.
+
+    Without holes position ``i`` is row ``i`` of the table. With holes, ``holes`` marks the
+    positions without data and ``before[i]`` is the table row of position ``i`` (the rows
+    before it that are not holes).
+    """
 
     index: int
     start: Cursor
@@ -220,10 +267,19 @@ class _Window:
     table: pa.Table
     keys: npt.NDArray[np.int64]
     origin: _Origin
+    holes: npt.NDArray[np.bool_] | None = None
+    before: npt.NDArray[np.int64] | None = None
 
     @property
     def size(self) -> int:
         return len(self.keys)
+
+    def rows(self, lo: int, hi: int) -> pa.Table:
+        """The table rows of positions ``lo:hi``."""
+        if self.before is None:
+            return self.table.slice(lo, hi - lo)
+        a, b = int(self.before[lo]), int(self.before[hi])
+        return self.table.slice(a, b - a)
 
 
 class Feed:
@@ -248,6 +304,8 @@ class Feed:
         self.source = source
         self.transform = transform
         self._learned: dict[int, int] = {}
+        self._skip = config.read.on_error == "skip"
+        self.quarantine = Quarantine(config.read.max_errors, plan.epoch, plan.rank)
         self._lanes = self._make_lanes()
 
     def _make_lanes(self) -> list[_Lane]:
@@ -284,7 +342,7 @@ class Feed:
 
     def _read_lane(
         self, lane: list[int], k: int, row: int, seek: Seek | None
-    ) -> Iterator[tuple[int, RowBatch] | _SpanEnd]:
+    ) -> Iterator[tuple[int, Piece] | _SpanEnd]:
         """Batches of the lane's spans from span ``k``, row ``row``; the shard opened once."""
         spans = self.plan.spans
         while k < len(lane):
@@ -306,17 +364,61 @@ class Feed:
                 shard, self.source, self.config.read, self.config.columns
             )
             last = [start for start, _ in ranges]
-            with get_format(ctx.shard.format).open(ctx) as reader:
-                for index, batch in reader.read_spans(ranges, seek):
-                    if batch.data.num_rows:
-                        yield run[index], batch
-                    last[index] = batch.stop
+            at = 0
+            try:
+                with get_format(ctx.shard.format).open(ctx) as reader:
+                    for index, batch in reader.read_spans(ranges, seek):
+                        at = index
+                        if batch.data.num_rows:
+                            yield run[index], batch
+                        last[index] = batch.stop
+            except Exception as e:
+                if not (self._skip and skippable(e)):
+                    raise
+                yield from self._holes(e, ctx.shard.url, shard, run, ranges, last, at)
+                row, seek = 0, None
+                continue
             for index, (_, stop) in enumerate(ranges):
                 if stop is None:
                     yield _SpanEnd(run[index], shard, last[index])
             row, seek = 0, None
 
-    def _open(self, lane: _Lane) -> Iterator[tuple[int, RowBatch] | _SpanEnd]:
+    def _holes(
+        self,
+        error: Exception,
+        url: str,
+        shard: int,
+        run: list[int],
+        ranges: list[tuple[int, int | None]],
+        last: list[int],
+        at: int,
+    ) -> Iterator[tuple[int, Piece] | _SpanEnd]:
+        """Quarantine the rows of ``ranges`` not read when ``error`` stopped the shard: one
+        record per stretch of consecutive rows, one hole per span."""
+        out: list[tuple[int, Piece] | _SpanEnd] = []
+        lost: list[tuple[int, int | None]] = []
+        for index in range(at, len(ranges)):
+            start, stop = last[index], ranges[index][1]
+            if stop is not None and start >= stop:
+                continue  # read whole: the error came after it
+            lost.append((start, stop))
+            if stop is None:  # rows to the end are unknown: the shard ends here for us
+                out.append(_SpanEnd(run[index], shard, start))
+            else:
+                out.append((run[index], _Hole(start, stop - start)))
+        stretches: list[list[int | None]] = []  # the spans are in shuffled block order
+        for start, stop in sorted(lost, key=lambda r: r[0]):
+            if stretches and stretches[-1][1] == start:
+                stretches[-1][1] = stop
+            else:
+                stretches.append([start, stop])
+        for first, end in stretches:
+            assert first is not None
+            rows = None if end is None else end - first
+            self.quarantine.add(error, url=url, start=first, stop=end, rows=rows)
+        yield from out
+
+    def _open(self, lane: _Lane) -> Iterator[tuple[int, Piece] | _SpanEnd]:
         assert lane.at is not None
         k, row, seek = lane.at
         depth = self.config.read.prefetch
@@ -329,9 +431,9 @@ class Feed:
             f"shards of {self.source.urls[0]}",
         )
 
-    def _take(self, lane: _Lane, want: int) -> list[tuple[Span, RowBatch]]:
-        """Up to ``want`` rows from ``lane``, advancing its position."""
-        out: list[tuple[Span, RowBatch]] = []
+    def _take(self, lane: _Lane, want: int) -> list[tuple[Span, Piece]]:
+        """Up to ``want`` rows (holes included) from ``lane``, advancing its position."""
+        out: list[tuple[Span, Piece]] = []
         spans = self.plan.spans
         while want > 0 and lane.at is not None:
             if lane.pending is None:
@@ -346,15 +448,15 @@ class Feed:
                     continue
                 lane.pending = item
             k, batch = lane.pending
-            n = min(want, batch.data.num_rows)
-            head = RowBatch(batch.row, batch.data.slice(0, n), batch.seek)
-            out.append((spans[lane.spans[k]], head))
+            size = _rows(batch)
+            n = min(want, size)
+            out.append((spans[lane.spans[k]], _head(batch, n)))
             want -= n
-            if n == batch.data.num_rows:
+            if n == size:
                 lane.pending = None
                 lane.at = (k, batch.stop, batch.seek)
             else:
-                rest = RowBatch(batch.row + n, batch.data.slice(n), batch.seek)
+                rest = _rest(batch, n)
                 lane.pending = (k, rest)
                 lane.at = (k, rest.row, batch.seek)
         return out
@@ -370,7 +472,7 @@ class Feed:
         per_lane = max(1, config.window // len(self._lanes))
         while any(lane.at is not None for lane in self._lanes):
             start = self._cursor(index)
-            pieces: list[tuple[Span, RowBatch]] = []
+            pieces: list[tuple[Span, Piece]] = []
             for lane in self._lanes:
                 pieces.extend(self._take(lane, per_lane))
             if not pieces:
@@ -379,10 +481,13 @@ class Feed:
             index += 1
 
     def _window(
-        self, index: int, start: Cursor, end: Cursor, pieces: list[tuple[Span, RowBatch]]
+        self, index: int, start: Cursor, end: Cursor, pieces: list[tuple[Span, Piece]]
     ) -> _Window:
-        table = pa.Table.from_batches([b.data.replace_schema_metadata(None) for _, b in pieces])
+        data = [b.data.replace_schema_metadata(None) for _, b in pieces if isinstance(b, RowBatch)]
+        table = pa.Table.from_batches(data) if data else self._empty()
         origin, keys = _Origin.of(pieces)
+        if len(data) < len(pieces):
+            return self._window_with_holes(index, start, end, pieces, table, origin, keys)
         take: npt.NDArray[np.int64] | None = None
         if self.config.seed is not None:
             take = permutation(
@@ -396,6 +501,43 @@ class Feed:
             # One gather for the whole window; batches are slices of it.
             table, keys = table.take(take), keys[take]
         return _Window(index, start, end, table, keys, origin)
+
+    def _window_with_holes(
+        self,
+        index: int,
+        start: Cursor,
+        end: Cursor,
+        pieces: list[tuple[Span, Piece]],
+        table: pa.Table,
+        origin: _Origin,
+        keys: npt.NDArray[np.int64],
+    ) -> _Window:
+        """:meth:`_window` where some positions are holes (quarantined rows): rare."""
+        sizes = [_rows(b) for _, b in pieces if _rows(b)]
+        holes = np.repeat([isinstance(b, _Hole) for _, b in pieces if _rows(b)], sizes)
+        row = np.cumsum(~holes) - 1  # the table row of each position in reading order
+        order = np.arange(len(keys), dtype=np.int64)
+        if self.config.seed is not None:
+            order = permutation(
+                len(keys), "window", self.config.seed, self.plan.epoch, self.plan.rank, index
+            )
+        seen = self._consumed(origin)
+        if seen is not None:
+            order = order[~seen[keys[order]]]
+        holes, keys, row = holes[order], keys[order], row[order]
+        table = table.take(row[~holes])
+        before = np.concatenate(([0], np.cumsum(~holes))).astype(np.int64)
+        return _Window(index, start, end, table, keys, origin, holes, before)
+
+    def _empty(self) -> pa.Table:
+        """A table of no rows with the stream's columns (a window made only of holes)."""
+        schema = self.plan.listing.schema
+        if schema is None:
+            return pa.table({})
+        if self.config.columns is not None:
+            fields = [schema.field(c) for c in self.config.columns if c in schema.names]
+            schema = pa.schema(fields)
+        return schema.empty_table()
 
     def _consumed(self, origin: _Origin) -> npt.NDArray[np.bool_] | None:
         """Per key of ``origin``, whether its row was consumed; None when none was."""
@@ -442,7 +584,7 @@ class Feed:
                     f"planned {self.plan.steps} batches exactly; a shard changed while it was "
                     "read (its row count differs from the listing). Restart the epoch"
                 )
-            yield Tail(steps, leftover, dict(self._learned))
+            yield Tail(steps, leftover, dict(self._learned), self.quarantine.take())
         finally:
             self.close()
 
@@ -459,11 +601,35 @@ class Feed:
             else:
                 held[0] = (window, lo + n, hi)
         cursor = held[0][0].start if held else window.end
-        tables = [w.table.slice(lo, hi - lo) for w, lo, hi in parts]
+        tables = [w.rows(lo, hi) for w, lo, hi in parts]
         table: Any = (pa.concat_tables(tables) if len(tables) > 1 else tables[0]).combine_chunks()
+        rows = int(table.num_rows)
         if self.transform is not None:
-            table = self.transform(table)
-        return Ready(step, table, self._runs(parts), cursor)
+            try:
+                table = self.transform(table)
+            except Exception as e:
+                if not self._skip:
+                    raise
+                self.quarantine.add(e, step=step, rows=rows)
+                table, rows = self._transformed_empty(table), 0
+        return Ready(
+            step,
+            table,
+            self._runs(parts),
+            cursor,
+            self.quarantine.take(),
+            -1 if rows == size else rows,
+        )
+
+    def _transformed_empty(self, table: pa.Table) -> Any:
+        """What the step of a quarantined batch delivers: the transform of no rows, if it
+        takes them, else the empty table."""
+        assert self.transform is not None
+        empty = table.slice(0, 0)
+        try:
+            return self.transform(empty)
+        except Exception:
+            return empty
 
     @staticmethod
     def _runs(parts: Sequence[tuple[_Window, int, int]]) -> Runs:

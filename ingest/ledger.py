@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ingest.intervals import union
+from ingest.quarantine import Quarantined
 
 Run = tuple[int, int, int, int]
 """``(segment, shard, start, stop)``: rows of a shard consumed by one batch; segments are
@@ -35,10 +36,17 @@ def as_runs(runs: Runs | Iterable[Run]) -> Runs:
 
 @dataclass(frozen=True, slots=True)
 class StepRecord:
-    """The rows one rank consumed at one step."""
+    """The rows one rank consumed at one step.
+
+    ``rows`` is the number delivered when the batch held quarantined rows (-1: a full
+    batch), and ``quarantined`` the quarantines recorded since the step before
+    (``ReadOptions(on_error="skip")``).
+    """
 
     step: int
     runs: Runs | tuple[Run, ...]
+    rows: int = -1
+    quarantined: tuple[Quarantined, ...] = ()
 
 
 class Ledger:

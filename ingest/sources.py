@@ -26,7 +26,7 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
-from ingest.errors import ConfigError, ShardError, SourceError, redact
+from ingest.errors import ConfigError, SourceError, StoreError, redact
 
 _T = TypeVar("_T")
 # Statuses worth another attempt: throttling (429, 503 SlowDown), server faults, timeouts.
@@ -368,7 +368,7 @@ class _CountingFile:
 
     A read returns every byte asked for (up to the end of the shard) or raises: a body cut
     short, a dropped connection or a timeout is retried on a reopened file under the
-    source's :class:`RetryPolicy`, and a read that still fails becomes a :class:`ShardError`
+    source's :class:`RetryPolicy`, and a read that still fails becomes a :class:`StoreError`
     naming the URL, the byte range and the retries.
     """
 
@@ -418,7 +418,7 @@ class _CountingFile:
         try:
             data = _attempt(lambda: self._read_exactly(pos, want), self._policy, self._stats)
         except _GaveUpError as e:
-            raise _vanished(self._url, e) or ShardError(
+            raise _vanished(self._url, e) or StoreError(
                 self._url,
                 f"read of bytes [{pos}, {pos + want}) failed {e.describe(self._scrub)}",
                 "check the store and the network; the deadline, timeouts and backoff are "
@@ -749,7 +749,7 @@ class Source:
 
         Raises:
             SourceError: If the shard is gone.
-            ShardError: If the store still fails at the retry deadline.
+            StoreError: If the store still fails at the retry deadline.
         """
         fs, path = self._path(shard)
         kwargs: dict[str, Any] = {"size": shard.size}
@@ -771,7 +771,7 @@ class Source:
         try:
             raw = _attempt(reopen, policy, self.stats)
         except _GaveUpError as gave_up:
-            raise _vanished(shard.url, gave_up) or ShardError(
+            raise _vanished(shard.url, gave_up) or StoreError(
                 shard.url,
                 f"cannot be opened {gave_up.describe(self.scrub)}",
                 "check the credentials, the store and the network",
@@ -791,7 +791,7 @@ class Source:
         fetched again under :attr:`retry` (one deadline for the whole call).
 
         Raises:
-            ShardError: If a range still fails at the retry deadline, naming the range.
+            StoreError: If a range still fails at the retry deadline, naming the range.
         """
         fs, path = self._path(shard)
         ends = [min(e, shard.size) for e in ends]
@@ -824,7 +824,7 @@ class Source:
             _attempt(missing, self._policy(shard.url), self.stats)
         except _GaveUpError as gave_up:
             n = next(n for n in range(len(starts)) if n not in blobs)
-            raise _vanished(shard.url, gave_up) or ShardError(
+            raise _vanished(shard.url, gave_up) or StoreError(
                 shard.url,
                 f"range read of bytes [{starts[n]}, {ends[n]}) failed "
                 f"{gave_up.describe(self.scrub)}",

@@ -9,7 +9,9 @@ Layout, one part per concern, each validated by its own class::
                   "delivered": 123456, "dropped": 0,
                   "consumed": {"done": [[0, 40]],                     # shards fully consumed
                                "partial": {"41": [[0, 512], ...]},    # rows of the others
-                               "rows": {"41": 9000}}},                # counts learnt by reading
+                               "rows": {"41": 9000}},                 # counts learnt by reading
+                  "quarantined": [{"url": ..., "start": 500,          # on_error="skip" only:
+                                   "stop": 1000, "reason": ...}]},    # rows skipped, consumed
      "distributed": {"world_size": 4,                                 # DistributedState
                      "carry": {"spans": [[3, 0, 17]], "consumed": {}}},
      "position": {"seed": 0, "batch_size": 1024,                      # PositionState
@@ -83,6 +85,7 @@ import numpy.typing as npt
 
 from ingest.errors import StateError
 from ingest.intervals import MAX_ROW, IntervalSet, stack
+from ingest.quarantine import Quarantined
 
 STATE_VERSION = 3
 """The newest version this ingest writes; it reads :data:`READ_VERSIONS`."""
@@ -565,9 +568,11 @@ class ProgressState:
     delivered: int = 0
     dropped: int = 0
     consumed: Progress = field(default_factory=Progress)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    """Rows skipped in this epoch under ``on_error="skip"`` (they are in ``consumed``)."""
 
     def to_json(self, dataset: DatasetState) -> dict[str, Any]:
-        return {
+        out = {
             "epoch": self.epoch,
             "first_step": self.first_step,
             "step": self.step,
@@ -577,6 +582,9 @@ class ProgressState:
                 dataset.shards, packed=dataset.packed, listed=dataset.counts
             ),
         }
+        if self.quarantined:
+            out["quarantined"] = [q.to_json() for q in self.quarantined]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> ProgressState:
@@ -587,6 +595,7 @@ class ProgressState:
             delivered=_int(data.get("delivered", 0), "progress.delivered"),
             dropped=_int(data.get("dropped", 0), "progress.dropped"),
             consumed=Progress.from_json(data.get("consumed", {}), shards),
+            quarantined=_quarantined(data.get("quarantined", [])),
         )
         if out.first_step > out.step:
             raise StateError(
@@ -595,6 +604,12 @@ class ProgressState:
             )
         _check_bounds(out.consumed, shards, "progress.consumed")
         return out
+
+
+def _quarantined(data: Any) -> list[Quarantined]:
+    if not isinstance(data, list):
+        raise StateError("progress.quarantined is not a list; the state was edited")
+    return [Quarantined.from_json(q, f"progress.quarantined[{i}]") for i, q in enumerate(data)]
 
 
 @dataclass(slots=True)

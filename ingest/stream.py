@@ -10,6 +10,7 @@ same layout as :class:`ingest.RayStream`'s, and loads into either.
 from __future__ import annotations
 
 import contextlib
+import logging
 import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
@@ -22,10 +23,12 @@ from ingest.errors import ConfigError, IngestError
 from ingest.feed import Feed, Tail
 from ingest.formats.base import ReadOptions
 from ingest.ledger import StepRecord
+from ingest.quarantine import Quarantined, summary
 from ingest.state import StreamState
 from ingest.transform import Transform, build_transform
 
 _FOLD_EVERY = 256
+_log = logging.getLogger(__name__)
 
 
 class Stream:
@@ -50,7 +53,10 @@ class Stream:
             the next epoch, or ``"drop"`` them; counted in the state either way.
         storage_options: fsspec options for the store (endpoint, credentials). Never saved
             in the state and never logged.
-        read: How shards are read (block sizes, prefetch, explicit schema).
+        read: How shards are read (block sizes, prefetch, explicit schema), and what bad
+            data does: ``ReadOptions(on_error="skip")`` quarantines what cannot be read
+            (see :mod:`ingest.quarantine`, :attr:`quarantined`); a batch that lost rows to
+            it is short, and one that lost all is left out.
         transform: Run on each batch (as an Arrow table) before conversion to torch: a
             function, or a class built once. It must keep one output row per input row.
         progress: Show a progress bar while footers are read at listing time.
@@ -114,8 +120,19 @@ class Stream:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Requests sent to the store, and rows delivered in the current epoch."""
-        return {**self._book.source.stats.as_dict(), "rows_delivered": self._delivered}
+        """Requests sent to the store, rows delivered in the current epoch, and the
+        quarantines (``quarantined``, ``rows_skipped``) since the stream was made or loaded."""
+        return {
+            **self._book.source.stats.as_dict(),
+            "rows_delivered": self._delivered,
+            **summary(self._book.quarantined()),
+        }
+
+    @property
+    def quarantined(self) -> list[Quarantined]:
+        """What ``ReadOptions(on_error="skip")`` skipped since the stream was made or its
+        state loaded: shard URL, rows and reason, oldest first (also in the state)."""
+        return self._book.quarantined()
 
     def listing(self) -> Listing:
         """List the source now (one listing; footers read once per shard)."""
@@ -153,15 +170,21 @@ class Stream:
             for item in items:
                 if isinstance(item, Tail):
                     book.close(epoch, item.steps, item.leftover, item.learned)
+                    self._note(item.quarantined)
                     break
                 batch = to_torch(item.table)
                 # Acked only once it converted: a batch that failed is read again.
-                book.ack(0, [StepRecord(item.step, item.runs)], item.cursor)
+                record = StepRecord(item.step, item.runs, item.rows, item.quarantined)
+                book.ack(0, [record], item.cursor)
+                self._log(item.quarantined)
                 self._step = item.step
-                self._delivered += self.spec.batch_size
+                self._delivered += self.spec.batch_size if item.rows < 0 else item.rows
                 if item.step % _FOLD_EVERY == 0:
                     book.fold(item.step - 1)
+                if item.rows == 0:
+                    continue  # every row quarantined: one process need not keep steps equal
                 yield batch
+            self._report(epoch)
             self._next_epoch = epoch + 1
             self._running = False
         finally:
@@ -170,13 +193,38 @@ class Stream:
                 close()
             feed.close()
 
+    def _note(self, records: Sequence[Quarantined]) -> None:
+        self._book.note_quarantined(records)
+        self._log(records)
+
+    @staticmethod
+    def _log(records: Sequence[Quarantined]) -> None:
+        for q in records:
+            _log.warning("quarantined (on_error='skip') %s", q.describe())
+
+    def _report(self, epoch: int) -> None:
+        """The list of what was skipped in ``epoch``, at its end."""
+        records = [q for q in self._book.quarantined() if q.epoch == epoch]
+        if records:
+            told = summary(records)
+            _log.warning(
+                "epoch %d skipped %d rows in %d quarantine(s) (on_error='skip'):\n  %s",
+                epoch,
+                told["rows_skipped"],
+                told["quarantined"],
+                "\n  ".join(q.describe() for q in records),
+            )
+
     def _rewind(self) -> None:
         """Drop the read-ahead of a loop left early; the next loop starts after its last batch."""
         self._stop_active()
         book = self._book
         state = book.snapshot(self._step)
         listing = book.plan(state.progress.epoch).listing if state.started else None
+        told = book.quarantined()
         book.load(state, listing)  # fails if a shard is gone: the next loop tries again
+        # The state keeps its epoch's quarantines; those of earlier epochs stay listed.
+        book.note_quarantined(q for q in told if q.epoch != state.progress.epoch)
         self._running = False
         self._next_epoch = state.progress.epoch
 

@@ -8,7 +8,7 @@ import pytest
 
 import ingest
 from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionError
-from ingest.errors import IngestError, SchemaMismatchError, ShardError, SourceError
+from ingest.errors import IngestError, SchemaMismatchError, ShardError, SourceError, StoreError
 from ingest.formats._lines import LineTooLongError
 from ingest.index import IndexStoreError
 
@@ -28,6 +28,7 @@ EXAMPLES: list[IngestError] = [
     SourceError(URL, "disappeared after it was listed", "restore the object"),
     ShardError(URL, "truncated", "rewrite the shard", row=7, line=8, byte=9),
     SchemaMismatchError(URL, "column id is string", "cast it", row=3),
+    StoreError(URL, "read of bytes [0, 9) failed after 5 retries", "check the store", byte=0),
     LineTooLongError(URL, "line over 64 MiB", "raise max_line_bytes", byte=1 << 20),
     ingest.StateError("saved for another dataset"),
     ingest.StreamTimeoutError("no batch in 60 s"),

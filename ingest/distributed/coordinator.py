@@ -31,6 +31,7 @@ from ingest.epochs import EpochBook, StreamSpec
 from ingest.errors import IngestError, StateError
 from ingest.feed import Cursor, FeedPlan
 from ingest.ledger import Run, Runs, StepRecord
+from ingest.quarantine import Quarantined
 from ingest.state import StreamState
 
 _FOLD_EVERY = 64
@@ -183,10 +184,17 @@ class _Coordinator:
         leftover: Runs | Sequence[Run],
         learned: Mapping[int, int],
         session: int,
+        quarantined: Sequence[Quarantined] = (),
     ) -> None:
         with self._lock:
             self._check(session)
             self._book.close(epoch, steps, leftover, learned)
+            self._book.note_quarantined(quarantined)
+
+    def quarantined(self) -> list[Quarantined]:
+        """What ``on_error="skip"`` skipped, oldest first (see :mod:`ingest.quarantine`)."""
+        with self._lock:
+            return self._book.quarantined()
 
     def ack(
         self, rank: int, records: Sequence[StepRecord], session: int, cursor: Cursor | None = None

@@ -23,6 +23,7 @@ the plan. Ray's actor restarts and the coordinator's state keep exactly-once whe
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections import deque
@@ -37,6 +38,7 @@ from ingest.epochs import StreamSpec
 from ingest.errors import ConfigError, IngestError
 from ingest.feed import Cursor, Feed, Ready, Tail
 from ingest.ledger import Runs
+from ingest.quarantine import Quarantined, reason_of
 from ingest.sources import Source
 from ingest.transform import Transform, apply, build_transform
 
@@ -130,6 +132,9 @@ class Item:
     cursor: Cursor
     batch: Any
     nbytes: int
+    rows: int = -1
+    quarantined: tuple[Quarantined, ...] = ()
+    """See :class:`ingest.feed.Ready`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +145,17 @@ class End:
     steps: int
     leftover: Runs
     learned: dict[int, int]
+    quarantined: tuple[Quarantined, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TransformFailed:
+    """What a batch decodes to when its transform raised under ``on_error="skip"``: the
+    rank quarantines the batch's rows and delivers ``empty`` at its step."""
+
+    reason: str
+    rows: int
+    empty: Any
 
 
 class _RankFeed:
@@ -201,7 +217,8 @@ class _RankFeed:
                     if self._stop:
                         return
                     if isinstance(out, Tail):
-                        self._put(End(self.epoch, out.steps, out.leftover, out.learned))
+                        end = End(self.epoch, out.steps, out.leftover, out.learned, out.quarantined)
+                        self._put(end)
                         return
                     if not self._put(self._item(out)):
                         return
@@ -215,7 +232,9 @@ class _RankFeed:
         nbytes = int(ready.table.nbytes)
         reader.wait_for_budget(nbytes)
         batch = reader.decoded(ready.table)
-        return Item(ready.step, ready.runs, ready.cursor, batch, nbytes)
+        return Item(
+            ready.step, ready.runs, ready.cursor, batch, nbytes, ready.rows, ready.quarantined
+        )
 
     def take(self, most: int, wait_s: float) -> list[Item | End]:
         deadline = time.monotonic() + wait_s
@@ -303,9 +322,17 @@ class _Reader:
         assert self._fn is not None
         return self._transform(table)
 
-    def _transform(self, table: pa.Table) -> pa.Table:
+    def _transform(self, table: pa.Table) -> Any:
         assert self._fn is not None
-        return apply(self._fn, table)
+        if self.spec.read.on_error != "skip":
+            return apply(self._fn, table)
+        try:
+            return apply(self._fn, table)
+        except Exception as e:  # quarantined by the rank, which knows the step
+            empty = table.slice(0, 0)
+            with contextlib.suppress(Exception):
+                empty = apply(self._fn, empty)
+            return TransformFailed(reason_of(e), int(table.num_rows), empty)
 
     def decoded(self, table: pa.Table) -> Any:
         """The batch decoded, by the pool's actors in turn: a table made here, or a ref.

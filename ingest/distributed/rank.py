@@ -26,10 +26,11 @@ import torch
 
 from ingest.convert import Batch, to_torch
 from ingest.distributed.coordinator import CoordinatorLostError
-from ingest.distributed.pool import End, Item
+from ingest.distributed.pool import End, Item, TransformFailed
 from ingest.errors import IngestError, StreamTimeoutError
 from ingest.feed import Cursor
 from ingest.ledger import StepRecord
+from ingest.quarantine import Quarantined
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,10 +164,15 @@ class RankIterator:
             while True:
                 item = self._next(epoch)
                 if isinstance(item, End):
-                    if len(item.leftover) or item.learned:
+                    if len(item.leftover) or item.learned or item.quarantined:
                         self._ask(
                             self.coordinator.close_epoch.remote(
-                                epoch, item.steps, item.leftover, item.learned, self._session()
+                                epoch,
+                                item.steps,
+                                item.leftover,
+                                item.learned,
+                                self._session(),
+                                item.quarantined,
                             )
                         )
                     break
@@ -177,8 +183,14 @@ class RankIterator:
                     except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
                         self._recover(epoch)  # the reader that owned the batch died with it
                         continue
+                rows, quarantined = item.rows, item.quarantined
+                if isinstance(table, TransformFailed):  # on_error="skip": the step is empty
+                    failed = Quarantined(
+                        table.reason, epoch, self.rank, step=item.step, rows=table.rows
+                    )
+                    rows, quarantined, table = 0, (*quarantined, failed), table.empty
                 batch = self._to_torch(table)
-                self._pending.append(StepRecord(item.step, item.runs))
+                self._pending.append(StepRecord(item.step, item.runs, rows, quarantined))
                 self._cursor = item.cursor
                 self.step = item.step
                 if len(self._pending) >= self.options.ack_every:

@@ -17,6 +17,7 @@ from ingest.epochs import Remainder, StreamSpec
 from ingest.errors import ConfigError
 from ingest.formats.base import ReadOptions
 from ingest.index import IndexConfig
+from ingest.quarantine import Quarantined, summary
 from ingest.transform import Transform
 
 
@@ -44,7 +45,10 @@ class RayStream:
         world_size: Number of ranks.
         readers: The reader pool: its size, CPUs, placement and object-store budget.
         storage_options: fsspec options for the store; never saved in the state.
-        read: How shards are read.
+        read: How shards are read, and what bad data does: with
+            ``ReadOptions(on_error="skip")`` what cannot be read is quarantined (see
+            :mod:`ingest.quarantine`, :meth:`quarantined`); every rank still takes the same
+            steps, and a batch that lost rows to it is short (or empty).
         transform: Run on every batch in the reader pool: a function over an Arrow table,
             or a class constructed once per reader actor. It must keep one row per input row.
         index: Where the persistent shard index lives (default: the user's cache directory;
@@ -197,12 +201,19 @@ class RayStream:
             self._reader(rank).warm.remote(rank, session, first)
 
     def stats(self) -> dict[str, int]:
-        """Requests and bytes the pool sent to the store, summed over its readers."""
+        """Requests and bytes the pool sent to the store, summed over its readers, and the
+        quarantines (``quarantined``, ``rows_skipped``) the ranks acked."""
         out: dict[str, int] = {}
         for part in self._get([r.stats.remote() for r in self.readers]):
             for key, value in part.items():
                 out[key] = out.get(key, 0) + int(value)
-        return out
+        return {**out, **summary(self.quarantined())}
+
+    def quarantined(self) -> list[Quarantined]:
+        """What ``ReadOptions(on_error="skip")`` skipped and the ranks acked: shard URL, rows
+        and reason, oldest first (also in the state; see :mod:`ingest.quarantine`)."""
+        got: list[Quarantined] = self._get(self.coordinator.quarantined.remote())
+        return got
 
     def shutdown(self) -> None:
         """Stop the reader pool and the coordinator actor."""

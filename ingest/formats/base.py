@@ -47,6 +47,14 @@ class ReadOptions:
         timeout_s: Longest wait for the next record batch from the reader thread.
         retry: How the stream's source retries store faults under one deadline per
             request, and its S3/HTTP timeouts (see :class:`ingest.sources.RetryPolicy`).
+        on_error: What a shard that cannot be read (corrupt, truncated, a bad line, gone
+            since the listing) or a transform that raises does to the run. ``"raise"``
+            (default): the run fails with the error. ``"skip"``: the rows are quarantined:
+            counted as consumed so no resume reads them again, not delivered, recorded with
+            the shard URL, the rows and the reason (:mod:`ingest.quarantine`). A store that
+            does not answer (:class:`~ingest.errors.StoreError`) is never skipped.
+        max_errors: With ``on_error="skip"``, quarantines allowed per rank and epoch; the
+            next one fails the run with the list of what was skipped.
     """
 
     block_bytes: int = 8 << 20
@@ -58,8 +66,14 @@ class ReadOptions:
     schema: pa.Schema | None = None
     timeout_s: float = 300.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    on_error: str = "raise"
+    max_errors: int = 100
 
     def __post_init__(self) -> None:
+        if self.on_error not in ("raise", "skip"):
+            raise ConfigError(f'on_error={self.on_error!r} must be "raise" or "skip"')
+        if self.max_errors < 0:
+            raise ConfigError(f"max_errors={self.max_errors} must be >= 0")
         if self.block_bytes < 1024:
             raise ConfigError(
                 f"block_bytes={self.block_bytes} is below 1024; use at least "

@@ -1,0 +1,203 @@
+"""Quarantine: the rows skipped under ``ReadOptions(on_error="skip")``, and why.
+
+A shard span that cannot be read from some row on (a corrupt or truncated row group, a line
+that is not JSON, a tar member that breaks a rule, a shard gone since the listing) is
+quarantined from the first row not yet read to the end of the span. The formats read in
+blocks (a row group, a block of lines), so the rows after the bad one in the same span are
+not tried again: the granularity is the rest of the span, and the record says exactly which
+rows that was.
+
+Quarantined rows become *holes*: positions in the shuffle window that are consumed (acked
+with their batch, so no resume reads them again, and counted in the state's consumed sets)
+but not delivered. Holes keep their place, so every rank cuts its batches at the same steps
+as a run without errors: a batch that holds holes is short, and a rank never takes fewer
+steps than the others. A batch whose transform raises is quarantined whole: its step
+delivers an empty batch (one-process :class:`ingest.Stream` leaves empty batches out).
+
+A store that does not answer within the retry deadline (:class:`~ingest.errors.StoreError`)
+is never skipped: that is not the data's fault, and a restart resumes where it stopped.
+Each quarantine counts against ``ReadOptions.max_errors`` per rank and epoch; the one over
+the bound fails the run with the list of what was skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ingest.errors import IngestError, ShardError, SourceError, StateError, StoreError, redact
+
+_REASON_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """Rows skipped under ``on_error="skip"``.
+
+    Attributes:
+        reason: The error, as it would have been raised (first line, redacted).
+        epoch: The epoch it happened in.
+        rank: The rank whose share held the rows.
+        url: The shard; None for a batch whose transform raised.
+        start: First row skipped in the shard.
+        stop: The row after the last one skipped; None: to the end of a shard whose row
+            count is unknown.
+        step: The batch whose transform raised (``url`` None).
+        rows: Rows skipped, when known.
+    """
+
+    reason: str
+    epoch: int
+    rank: int
+    url: str | None = None
+    start: int = 0
+    stop: int | None = None
+    step: int | None = None
+    rows: int | None = None
+
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What makes two records the same quarantine (a resumed rank records it again)."""
+        return (self.epoch, self.url, self.start, self.step)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"reason": self.reason, "epoch": self.epoch, "rank": self.rank}
+        for name in ("url", "start", "stop", "step", "rows"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str) -> Quarantined:
+        def number(name: str, default: int | None) -> int | None:
+            value = data.get(name, default)
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise StateError(
+                    f"{where}.{name} is {value!r}, not a row or step number; the state was "
+                    "edited: save it again"
+                )
+            return value
+
+        if not isinstance(data, Mapping) or not isinstance(data.get("reason"), str):
+            raise StateError(f"{where} is not a quarantine record; the state was edited")
+        url = data.get("url")
+        if url is not None and not isinstance(url, str):
+            raise StateError(f"{where}.url is {url!r}, not a URL; the state was edited")
+        out = cls(
+            reason=data["reason"],
+            epoch=number("epoch", 0) or 0,
+            rank=number("rank", 0) or 0,
+            url=url,
+            start=number("start", 0) or 0,
+            stop=number("stop", None),
+            step=number("step", None),
+            rows=number("rows", None),
+        )
+        if out.stop is not None and out.stop < out.start:
+            raise StateError(f"{where} ends (row {out.stop}) before it starts ({out.start})")
+        return out
+
+    def describe(self) -> str:
+        if self.url is None:
+            return f"step {self.step} ({self.rows} rows): {self.reason}"
+        stop = "end" if self.stop is None else self.stop
+        reason = self.reason.removeprefix(f"{self.url} ").removeprefix(f"{self.url}: ")
+        return f"{self.url} rows [{self.start}, {stop}): {reason}"
+
+
+def skippable(error: BaseException) -> bool:
+    """Whether ``on_error="skip"`` may quarantine the rows that ``error`` stopped."""
+    return isinstance(error, (ShardError, SourceError)) and not isinstance(error, StoreError)
+
+
+def reason_of(error: BaseException) -> str:
+    """The one-line, redacted reason recorded for ``error``."""
+    text = str(error).splitlines()[0] if str(error) else type(error).__name__
+    if not isinstance(error, IngestError):
+        text = f"{type(error).__name__}: {text}"
+    text = redact(text)
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."
+
+
+class Quarantine:
+    """One feed's quarantines: recorded from reader threads, handed out with the batches.
+
+    Args:
+        max_errors: Quarantines allowed; the next one raises.
+        epoch: The feed's epoch.
+        rank: The feed's rank.
+    """
+
+    def __init__(self, max_errors: int, epoch: int, rank: int) -> None:
+        self.max_errors = max_errors
+        self.epoch = epoch
+        self.rank = rank
+        self._all: list[Quarantined] = []
+        self._new: list[Quarantined] = []
+        self._lock = threading.Lock()
+
+    def add(self, error: BaseException, **where: Any) -> Quarantined:
+        """Record the rows ``error`` stopped (``where``: the :class:`Quarantined` fields).
+
+        Raises:
+            IngestError: If this is one more than ``max_errors``, listing what was skipped.
+        """
+        record = Quarantined(reason_of(error), self.epoch, self.rank, **where)
+        with self._lock:
+            if len(self._all) >= self.max_errors:
+                listed = "; ".join(r.describe() for r in [*self._all, record][:5])
+                raise IngestError(
+                    f"rank {self.rank} quarantined more than ReadOptions.max_errors="
+                    f"{self.max_errors} times in epoch {self.epoch} (first: {listed}); the "
+                    "data is broken beyond a few bad records: fix the shards, or raise "
+                    "max_errors"
+                ) from error
+            self._all.append(record)
+            self._new.append(record)
+        return record
+
+    def take(self) -> tuple[Quarantined, ...]:
+        """The records made since the last call."""
+        with self._lock:
+            out, self._new = tuple(self._new), []
+        return out
+
+
+def merge(known: Sequence[Quarantined], new: Iterable[Quarantined]) -> list[Quarantined]:
+    """``known`` and the records of ``new`` not in it yet (a resumed rank records again)."""
+    out = list(known)
+    for record in new:
+        if not any(_covers(old, record) for old in out):
+            out.append(record)
+    return out
+
+
+def _covers(old: Quarantined, new: Quarantined) -> bool:
+    """Whether ``old`` already says what ``new`` says (a resumed rank met the same error
+    again, maybe from a later row of the same span)."""
+    if old.key == new.key:
+        return True
+    if old.epoch != new.epoch or old.url is None or old.url != new.url:
+        return False
+    if old.stop is None:
+        return old.start <= new.start
+    return old.start <= new.start and new.stop is not None and new.stop <= old.stop
+
+
+def summary(records: Sequence[Quarantined]) -> dict[str, int]:
+    """``{"quarantined": records, "rows_skipped": rows known to be skipped}``."""
+    return {
+        "quarantined": len(records),
+        "rows_skipped": sum(
+            r.rows if r.rows is not None else (r.stop - r.start if r.stop is not None else 0)
+            for r in records
+        ),
+    }
+
+
+__all__ = ["Quarantine", "Quarantined", "merge", "reason_of", "skippable", "summary"]

@@ -1,0 +1,335 @@
+"""``ReadOptions(on_error="skip")``: bad data is quarantined, counted, recorded and bounded.
+
+Each test ends with the exactly-once check on what is left: every row that was not
+quarantined arrives once, and every quarantined row is named by a record (URL, rows, reason).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import ingest
+from ingest.quarantine import Quarantined, merge
+from ingest.testing import encode, make_table
+
+ROWS = 1000
+GROUP = 250
+SKIP = ingest.ReadOptions(on_error="skip")
+
+
+def write_parquet(root: Path, shards: int = 4) -> list[str]:
+    root.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(shards):
+        path = root / f"part-{i}.parquet"
+        pq.write_table(make_table(i * ROWS, ROWS), path, row_group_size=GROUP)
+        paths.append(str(path))
+    return paths
+
+
+def corrupt_row_group(path: str, group: int) -> None:
+    """Overwrite the pages of ``group``'s ``id`` column: the footer stays readable."""
+    column = pq.ParquetFile(path).metadata.row_group(group).column(0)
+    data = bytearray(Path(path).read_bytes())
+    start = column.data_page_offset + 20
+    data[start : column.data_page_offset + column.total_compressed_size - 4] = b"\xff" * (
+        column.total_compressed_size - 24
+    )
+    Path(path).write_bytes(bytes(data))
+
+
+def ids_of(batches: list[dict[str, Any]]) -> Counter[int]:
+    return Counter(int(i) for b in batches for i in b["id"].tolist())
+
+
+def quarantined_ids(records: list[Quarantined], rows_per_shard: int = ROWS) -> set[int]:
+    out: set[int] = set()
+    for q in records:
+        assert q.url is not None
+        shard = int(q.url.rsplit("-", 1)[1].split(".")[0])
+        stop = rows_per_shard if q.stop is None else q.stop
+        out |= set(range(shard * rows_per_shard + q.start, shard * rows_per_shard + stop))
+    return out
+
+
+def exactly_once_but_quarantined(
+    seen: Counter[int], records: list[Quarantined], total: int, rows_per_shard: int = ROWS
+) -> None:
+    repeated = {i: n for i, n in seen.items() if n > 1}
+    assert not repeated, f"{len(repeated)} rows repeated"
+    skipped = quarantined_ids(records, rows_per_shard)
+    assert not skipped & set(seen), "a quarantined row was delivered"
+    missing = set(range(total)) - set(seen) - skipped
+    assert not missing, f"{len(missing)} rows lost without a quarantine record"
+
+
+def test_a_corrupt_row_group_raises_by_default(tmp_path: Path) -> None:
+    paths = write_parquet(tmp_path)
+    corrupt_row_group(paths[2], 2)
+    with pytest.raises(ingest.ShardError, match=r"part-2\.parquet at row 500: row group 2"):
+        list(ingest.Stream(str(tmp_path), columns=["id"], batch_size=50))
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_a_corrupt_row_group_is_quarantined_and_the_rest_arrives_once(
+    tmp_path: Path, seed: int | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    paths = write_parquet(tmp_path)
+    corrupt_row_group(paths[2], 2)
+    stream = ingest.Stream(
+        str(tmp_path), columns=["id"], batch_size=50, shuffle_seed=seed, read=SKIP
+    )
+    with caplog.at_level(logging.WARNING, logger="ingest.stream"):
+        batches = list(stream)
+    # From the bad row group on, the shard's row groups not read yet are quarantined: in
+    # listing order rows 500-999; shuffled, the bad one and those after it in block order.
+    records = stream.quarantined
+    assert {q.url for q in records} == {f"file://{paths[2]}"}
+    assert {q.epoch for q in records} == {0}
+    assert any(q.start <= 500 and (q.stop or ROWS) >= 750 for q in records)
+    assert all("at row 500: row group 2 cannot be read" in q.reason for q in records)
+    if seed is None:
+        assert [(q.start, q.stop, q.rows) for q in records] == [(500, 1000, 500)]
+    exactly_once_but_quarantined(ids_of(batches), records, 4 * ROWS)
+    skipped = sum(q.rows or 0 for q in records)
+    assert stream.stats["quarantined"] == len(records)
+    assert stream.stats["rows_skipped"] == skipped
+    assert stream.stats["rows_delivered"] == 4 * ROWS - skipped
+    # Holes keep their place: the steps are those of the run without the error. A batch
+    # that lost rows is short; one that lost all is left out (one process).
+    sizes = [len(b["id"]) for b in batches]
+    if seed is None:  # rows 500-999 of shard 2 are ten whole batches in listing order
+        assert sizes == [50] * 70
+    else:  # shuffled in one window: the holes are spread over the 80 steps
+        assert len(sizes) == 80 and max(sizes) <= 50 and min(sizes) < 50
+    # Listed at the end of the epoch, with the URL, the rows and the reason.
+    told = f"epoch 0 skipped {skipped} rows in {len(records)} quarantine"
+    assert any(told in r.message and str(paths[2]) in r.message for r in caplog.records)
+    # Next epoch, left after one batch and continued: the same bad rows are quarantined
+    # again, the rest arrives once again, and epoch 0's records are still listed.
+    for batch in stream:
+        again = [batch]
+        break
+    again += list(stream)
+    assert {q.epoch for q in stream.quarantined} == {0, 1}
+    in_1 = [q for q in stream.quarantined if q.epoch == 1]
+    exactly_once_but_quarantined(ids_of(again), in_1, 4 * ROWS)
+
+
+def test_the_state_records_the_quarantine_and_a_resume_never_reads_it_again(
+    tmp_path: Path,
+) -> None:
+    paths = write_parquet(tmp_path)
+    corrupt_row_group(paths[1], 1)
+    options: dict[str, Any] = {"columns": ["id"], "batch_size": 40, "shuffle_seed": 1}
+    stream = ingest.Stream(str(tmp_path), read=SKIP, **options)
+    first: list[dict[str, Any]] = []
+    for batch in stream:
+        first.append(batch)
+        if len(first) == 70:  # past the quarantine: most of the epoch is read
+            break
+    state = json.loads(json.dumps(stream.state_dict()))
+    stream.close()
+    saved = state["progress"]["quarantined"]
+    assert saved and {q["url"] for q in saved} == {f"file://{paths[1]}"}
+    assert state["progress"]["delivered"] == sum(len(b["id"]) for b in first)
+
+    resumed = ingest.Stream(str(tmp_path), read=SKIP, **options)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    assert len(resumed.quarantined) == len(saved), "the resume recorded a quarantine twice"
+    exactly_once_but_quarantined(ids_of(first + rest), resumed.quarantined, 4 * ROWS)
+    assert resumed.stats["rows_delivered"] == 4 * ROWS - resumed.stats["rows_skipped"]
+
+
+def test_a_bad_json_line_quarantines_the_rest_of_its_shard(tmp_path: Path) -> None:
+    rows = 400
+    for i in range(3):
+        lines = encode(make_table(i * rows, rows), "jsonl").split(b"\n")
+        if i == 1:
+            lines[123] = b"{not json"
+        (tmp_path / f"part-{i}.jsonl").write_bytes(b"\n".join(lines))
+    stream = ingest.Stream(
+        str(tmp_path),
+        columns=["id"],
+        batch_size=1,
+        shuffle_seed=0,
+        read=ingest.ReadOptions(on_error="skip", block_bytes=2048),
+    )
+    seen = ids_of(list(stream))
+    [q] = stream.quarantined
+    assert q.url is not None and q.url.endswith("part-1.jsonl")
+    assert q.stop is None and q.start <= 123, q  # row count unknown: to the end of the shard
+    assert "line 124" in q.reason and "invalid JSON" in q.reason
+    assert all(400 + r in seen for r in range(q.start))  # the rows before the block arrived
+    exactly_once_but_quarantined(seen, stream.quarantined, 3 * rows, rows_per_shard=rows)
+
+
+def test_a_shard_that_vanished_after_the_listing_is_quarantined(tmp_path: Path) -> None:
+    paths = write_parquet(tmp_path)
+    stream = ingest.Stream(
+        str(tmp_path),
+        columns=["id"],
+        batch_size=50,
+        shuffle_seed=0,
+        shuffle_window=100,
+        shuffle_lanes=1,
+        read=ingest.ReadOptions(on_error="skip", prefetch=0),
+    )
+    loop = iter(stream)
+    batches = [next(loop)]  # one shard is open, the others wait for the lane
+    reading = int(batches[0]["id"][0]) // ROWS
+    gone = 3 if reading != 3 else 0
+    Path(paths[gone]).unlink()
+    batches.extend(loop)
+    [q] = stream.quarantined
+    assert (q.url, q.start, q.stop) == (f"file://{paths[gone]}", 0, ROWS)
+    assert "disappeared after it was listed" in q.reason
+    exactly_once_but_quarantined(ids_of(batches), stream.quarantined, 4 * ROWS)
+
+
+def test_max_errors_turns_a_flood_of_bad_data_into_the_clear_error(tmp_path: Path) -> None:
+    paths = write_parquet(tmp_path)
+    for path in paths[:3]:
+        corrupt_row_group(path, 0)
+    read = ingest.ReadOptions(on_error="skip", max_errors=2)
+    with pytest.raises(ingest.IngestError, match=r"more than ReadOptions.max_errors=2") as err:
+        list(ingest.Stream(str(tmp_path), columns=["id"], batch_size=50, read=read))
+    message = str(err.value)
+    assert all(f"part-{i}.parquet rows [0, 1000)" in message for i in range(3)), message
+    assert "raise max_errors" in message
+
+
+def test_a_store_that_does_not_answer_is_never_skipped() -> None:
+    from ingest.errors import StoreError
+    from ingest.quarantine import skippable
+
+    assert not skippable(StoreError("s3://b/k", "read failed", "check the store"))
+    assert skippable(ingest.ShardError("s3://b/k", "bad", "fix"))
+    assert skippable(ingest.SourceError("s3://b/k", "disappeared after it was listed", "fix"))
+    assert not skippable(ValueError("a bug of ours"))
+
+
+def test_a_transform_that_raises_quarantines_its_batch(tmp_path: Path) -> None:
+    write_parquet(tmp_path, shards=2)
+    calls = {"n": 0}
+
+    def flaky(table: pa.Table) -> pa.Table:
+        if table.num_rows:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("bad record in the tokenizer")
+        return table
+
+    raising = ingest.Stream(str(tmp_path), columns=["id"], batch_size=100, transform=flaky)
+    with pytest.raises(RuntimeError, match="tokenizer"):
+        list(raising)
+    calls["n"] = 0
+    stream = ingest.Stream(
+        str(tmp_path), columns=["id"], batch_size=100, transform=flaky, read=SKIP
+    )
+    seen = ids_of(list(stream))
+    [q] = stream.quarantined
+    assert (q.url, q.step, q.rows) == (None, 2, 100)
+    assert q.reason == "RuntimeError: bad record in the tokenizer"
+    assert sorted(seen) == [i for i in range(2 * ROWS) if not 200 <= i < 300]
+    assert max(seen.values()) == 1
+    state = stream.state_dict()
+    assert state["progress"]["epoch"] == 1  # the epoch ended; its records went with it
+
+
+def test_records_of_the_same_quarantine_merge() -> None:
+    first = Quarantined("bad", 0, 0, "s3://b/a", 500, 1000, rows=500)
+    again = Quarantined("bad", 0, 1, "s3://b/a", 750, 1000, rows=250)  # resumed later on
+    other = Quarantined("bad", 1, 0, "s3://b/a", 500, 1000, rows=500)  # next epoch
+    assert merge([first], [again, other]) == [first, other]
+    assert Quarantined.from_json(first.to_json(), "q") == first
+
+
+def test_an_edited_quarantine_record_is_refused(tmp_path: Path) -> None:
+    write_parquet(tmp_path, shards=1)
+    stream = ingest.Stream(str(tmp_path), columns=["id"], batch_size=100)
+    next(iter(stream))
+    state = stream.state_dict()
+    state["progress"]["quarantined"] = [{"reason": "x", "url": "u", "start": 9, "stop": 3}]
+    with pytest.raises(ingest.StateError, match=r"progress.quarantined\[0\] ends"):
+        ingest.Stream(str(tmp_path), columns=["id"], batch_size=100).load_state_dict(state)
+    state["progress"]["quarantined"] = [{"reason": "x", "start": -1}]
+    with pytest.raises(ingest.StateError, match=r"progress.quarantined\[0\].start"):
+        ingest.Stream(str(tmp_path), columns=["id"], batch_size=100).load_state_dict(state)
+
+
+def test_on_error_is_checked() -> None:
+    with pytest.raises(ingest.ConfigError, match=r'on_error=.ignore. must be "raise" or "skip"'):
+        ingest.ReadOptions(on_error="ignore")
+    with pytest.raises(ingest.ConfigError, match="max_errors=-1 must be >= 0"):
+        ingest.ReadOptions(max_errors=-1)
+
+
+# -- on Ray: every rank keeps its steps ------------------------------------------------------
+
+
+def _drain_rank(it: Any) -> list[list[int]]:
+    return [[int(v) for v in batch["id"].tolist()] for batch in it]
+
+
+def _raise_on_id_1234(table: pa.Table) -> pa.Table:
+    if 1234 in table.column("id").to_pylist():
+        raise ValueError("id 1234 cannot be tokenized")
+    return table
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ray_ranks_keep_equal_steps_around_a_quarantine(tmp_path: Path) -> None:
+    import ray
+
+    drain = ray.remote(num_cpus=0)(_drain_rank)
+    paths = write_parquet(tmp_path)
+    corrupt_row_group(paths[2], 2)
+    with ingest.RayStream(
+        str(tmp_path), columns=["id"], batch_size=50, shuffle_seed=5, world_size=2, read=SKIP
+    ) as stream:
+        ranks = ray.get([drain.remote(stream.rank_iterator(r)) for r in range(2)], timeout=240)
+        records = stream.quarantined()
+        stats = stream.stats()
+        state = stream.state_dict()
+    assert [len(r) for r in ranks] == [40, 40], "the ranks took different numbers of steps"
+    assert {q.url for q in records} == {f"file://{paths[2]}"}
+    assert any(q.start <= 500 and (q.stop or ROWS) >= 750 for q in records)
+    seen = Counter(i for r in ranks for b in r for i in b)
+    exactly_once_but_quarantined(seen, records, 4 * ROWS)
+    assert stats["rows_skipped"] == sum(q.rows or 0 for q in records) == 4 * ROWS - len(seen)
+    assert state["progress"]["epoch"] == 1  # the epoch ended: its quarantines with it
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ray_transform_that_raises_gives_an_empty_step_and_a_record(tmp_path: Path) -> None:
+    import ray
+
+    drain = ray.remote(num_cpus=0)(_drain_rank)
+    write_parquet(tmp_path, shards=2)
+    with ingest.RayStream(
+        str(tmp_path),
+        columns=["id"],
+        batch_size=100,
+        world_size=2,
+        transform=_raise_on_id_1234,
+        read=SKIP,
+    ) as stream:
+        ranks = ray.get([drain.remote(stream.rank_iterator(r)) for r in range(2)], timeout=240)
+        records = stream.quarantined()
+    assert [len(r) for r in ranks] == [10, 10]
+    assert sorted(len(b) for r in ranks for b in r)[:2] == [0, 100]  # one empty step
+    [q] = records
+    assert (q.url, q.rows) == (None, 100) and q.step is not None
+    assert q.reason == "ValueError: id 1234 cannot be tokenized"
+    seen = Counter(i for r in ranks for b in r for i in b)
+    assert max(seen.values()) == 1 and 1234 not in seen and len(seen) == 2 * ROWS - 100
