@@ -137,8 +137,10 @@ class RetryPolicy:
         deadline_s: No new attempt starts this long after the first.
         connect_timeout_s: Longest wait for a connection (S3, HTTP).
         read_timeout_s: Longest wait for the next bytes of a response (S3, HTTP).
-        backoff_s: Wait before the first retry; doubled for each retry after it, and
-            jittered (a uniform draw between half and all of it).
+        backoff_s: The most to wait before the first retry; doubled for each retry after
+            it. The wait is a uniform draw between 0 and that ("full jitter", as the AWS
+            SDKs do: clients that failed together do not retry together, and a lone fault
+            costs half the bound on average).
         max_backoff_s: Longest wait between two attempts, Retry-After aside.
     """
 
@@ -160,7 +162,7 @@ class RetryPolicy:
     def backoff(self, retry: int) -> float:
         """Seconds to wait before retry number ``retry`` (0-based), jittered."""
         cap = min(self.max_backoff_s, self.backoff_s * 2.0 ** min(retry, 30))
-        return random.uniform(cap / 2, cap)
+        return random.uniform(0.0, cap)
 
 
 @dataclass(slots=True)

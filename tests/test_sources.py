@@ -163,8 +163,11 @@ def test_retry_policy_is_validated_and_retries_are_counted() -> None:
     with pytest.raises(ingest.ConfigError, match="backoff_s"):
         ingest.sources.RetryPolicy(backoff_s=10, max_backoff_s=1)
     policy = ingest.sources.RetryPolicy(backoff_s=0.5, max_backoff_s=2)
-    assert all(0.25 <= policy.backoff(0) <= 0.5 for _ in range(20))
-    assert all(1 <= policy.backoff(9) <= 2 for _ in range(20))
+    # Full jitter: uniform in [0, bound], the bound doubling per retry up to max_backoff_s.
+    first = [policy.backoff(0) for _ in range(200)]
+    late = [policy.backoff(9) for _ in range(200)]
+    assert all(0 <= w <= 0.5 for w in first) and max(first) > 0.25 > min(first)
+    assert all(0 <= w <= 2 for w in late) and max(late) > 1.0 > min(late)
     assert Source("s3://b/").stats.as_dict()["retries"] == 0
 
 
