@@ -18,8 +18,10 @@ window that still had rows not yet cut into batches. A feed started from that cu
 that window, leaves out the rows already consumed (the ``skip`` sets) and continues with
 exactly the batches of the uninterrupted run. Exactly-once rests on the consumed rows alone.
 
-Provenance never travels with the rows: each batch's rows are described by compact runs
-``(segment, shard, start, stop)`` kept beside the table, for the rank to ack.
+Provenance never travels with the rows: each batch's rows are described beside the table,
+for the rank to ack, as packed rows (one int64 per row, ``segment << 62 | shard << 31 |
+row``: a gather and an add per row from the window's keys, no sort; the fold sorts once), or
+as runs ``(segment, shard, start, stop)`` where they do not pack (shards or rows past 2**31).
 
 Bad data. With ``ReadOptions(on_error="skip")`` the rest of a span that cannot be read
 becomes *holes*: window positions that are acked with their batch but carry no row, so the
@@ -44,7 +46,7 @@ from ingest.errors import IngestError
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions, RowBatch, Seek
 from ingest.intervals import IntervalSet
-from ingest.ledger import Runs, as_runs, runs_of
+from ingest.ledger import Rows, Runs, as_runs, pack_base, runs_of
 from ingest.plan import permutation
 from ingest.quarantine import Quarantine, Quarantined, skippable
 from ingest.sources import Source
@@ -109,7 +111,9 @@ class Ready:
     step: int
     table: Any
     """The rows as an Arrow table, or whatever the transform returned for them."""
-    runs: Runs
+    runs: Runs | Rows
+    """Where the rows came from: packed rows (1-d, :func:`ingest.ledger.pack_rows`), or
+    runs ``(segment, shard, start, stop)`` where they do not pack."""
     cursor: Cursor
     quarantined: tuple[Quarantined, ...] = ()
     """Quarantines recorded since the batch before (``on_error="skip"``)."""
@@ -203,6 +207,9 @@ class _Origin:
     offsets: npt.NDArray[np.int64]
     pieces: npt.NDArray[np.int64]
     """The piece of each key."""
+    base: Rows | None
+    """Per piece, the packed row of key 0 (:func:`ingest.ledger.pack_base`); None if the
+    rows do not pack."""
 
     @staticmethod
     def of(pieces: Sequence[tuple[Span, Piece]]) -> tuple[_Origin, npt.NDArray[np.int64]]:
@@ -229,7 +236,10 @@ class _Origin:
         starts[by_key] = starts_k
         keys = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
         keys += np.arange(len(keys), dtype=np.int64)
-        origin = _Origin(segments, shards, starts_k, sizes_k, firsts - starts_k, of_key)
+        offsets = firsts - starts_k
+        last = int((firsts + sizes_k).max()) - 1 if pieces else 0
+        base = pack_base(segments, shards, offsets, last)
+        origin = _Origin(segments, shards, starts_k, sizes_k, offsets, of_key, base)
         return origin, keys
 
     def locate(
@@ -238,6 +248,12 @@ class _Origin:
         """Segment, shard and row of each key."""
         piece = self.pieces[keys]
         return self.segments[piece], self.shards[piece], self.offsets[piece] + keys
+
+    def packed(self, keys: npt.NDArray[np.int64]) -> Rows | None:
+        """The packed rows of ``keys`` (:func:`ingest.ledger.pack_rows`), or None."""
+        if self.base is None:
+            return None
+        return self.base[self.pieces[keys]] + keys
 
     def runs(self, keys: npt.NDArray[np.int64]) -> Runs:
         """The runs of the rows of ``keys``, as :func:`ingest.ledger.runs_of` gives them."""
@@ -615,7 +631,7 @@ class Feed:
         return Ready(
             step,
             table,
-            self._runs(parts),
+            self._acked(parts),
             cursor,
             self.quarantine.take(),
             -1 if rows == size else rows,
@@ -630,6 +646,17 @@ class Feed:
             return self.transform(empty)
         except Exception:
             return empty
+
+    @staticmethod
+    def _acked(parts: Sequence[tuple[_Window, int, int]]) -> Runs | Rows:
+        """The rows of ``parts`` as the rank acks them: packed rows when they pack (a gather
+        and an add per row; no sort here, the fold sorts once), else runs."""
+        packed = [w.origin.packed(w.keys[lo:hi]) for w, lo, hi in parts]
+        if len(packed) == 1 and packed[0] is not None:
+            return packed[0]
+        if all(p is not None for p in packed):
+            return np.concatenate([p for p in packed if p is not None])
+        return Feed._runs(parts)
 
     @staticmethod
     def _runs(parts: Sequence[tuple[_Window, int, int]]) -> Runs:

@@ -44,7 +44,8 @@ class StepRecord:
     """
 
     step: int
-    runs: Runs | tuple[Run, ...]
+    runs: Runs | Rows | tuple[Run, ...]
+    """The rows as runs, or as packed rows (1-d; see :func:`pack_rows`)."""
     rows: int = -1
     quarantined: tuple[Quarantined, ...] = ()
 
@@ -162,14 +163,54 @@ _PACK_FROM_RUNS = 256
 """Messages of fewer runs are kept as they came (a few long runs: nothing to gain)."""
 
 
-def pack_rows(steps: Sequence[Runs | Sequence[Run]]) -> list[Runs | Rows]:
+def pack_base(
+    segments: npt.NDArray[np.int64],
+    shards: npt.NDArray[np.int64],
+    offsets: npt.NDArray[np.int64],
+    last_row: int,
+) -> Rows | None:
+    """Per piece of rows, what its row's *key* adds to for the packed row, if they pack.
+
+    A piece is rows ``key + offsets[p]`` of ``(segments[p], shards[p])`` (the feed's window
+    keys); its packed rows are ``base[p] + key``: one gather and one add per row, instead of
+    a sort into runs that :func:`pack_rows` expands again. None when a segment is not 0 or
+    1, or a shard or a row (``last_row``: the largest) reaches ``2**31 - 1``.
+    """
+    if not len(shards):
+        return np.zeros(0, dtype=np.int64)
+    if (
+        int(segments.min()) < 0
+        or int(segments.max()) > 1
+        or int(shards.min()) < 0
+        or int(shards.max()) >= _ROW_MASK
+        or last_row >= _ROW_MASK
+    ):
+        return None
+    return (segments << _SEGMENT_SHIFT) + (shards << _ROW_BITS) + offsets
+
+
+def runs_of_entry(entry: Runs | Rows | Sequence[Run]) -> Runs:
+    """The rows of a step's entry (runs, or packed rows) as merged runs."""
+    if isinstance(entry, np.ndarray) and entry.ndim == 1:
+        return _runs_of_rows(np.sort(entry))
+    return merge_runs(as_runs(entry))
+
+
+def pack_rows(steps: Sequence[Runs | Rows | Sequence[Run]]) -> list[Runs | Rows]:
     """Each step's runs as packed rows (a 1-d array), when they pack; else as runs (2-d).
 
     All steps are packed in one pass over their runs together. They pack when they hold
     :data:`_PACK_FROM_RUNS` runs or more, of at most two rows each on average (a shuffled
     batch: about one), their segments are 0 or 1, and shards and rows stay below
-    ``2**31 - 1``; then consecutive rows of one shard are consecutive integers.
+    ``2**31 - 1``; then consecutive rows of one shard are consecutive integers. A step given
+    as packed rows already (1-d, from the feed: :func:`pack_base`) is kept as it is.
     """
+    given = [s for s in steps if isinstance(s, np.ndarray) and s.ndim == 1]
+    if given:
+        packed = iter(
+            pack_rows([s for s in steps if not (isinstance(s, np.ndarray) and s.ndim == 1)])
+        )
+        return [s if isinstance(s, np.ndarray) and s.ndim == 1 else next(packed) for s in steps]
     arrays = [as_runs(runs) for runs in steps]
     if sum(len(a) for a in arrays) < _PACK_FROM_RUNS:
         return list(arrays)

@@ -28,6 +28,10 @@ from ingest.state import StreamState
 from ingest.transform import Transform, build_transform
 
 _FOLD_EVERY = 256
+_ACK_EVERY = 16
+"""Batches whose acks are sent to the book together: one pass packs them all (one call per
+batch cost a third of the loop's own time on a shuffled stream). A state, a rewind and the
+end of the epoch send what is held first, so a state still covers every batch handed out."""
 _log = logging.getLogger(__name__)
 
 
@@ -96,6 +100,9 @@ class Stream:
         self._book = EpochBook(self.spec, 1, progress=progress)
         self._next_epoch = 0
         self._step = -1
+        self._pending: list[StepRecord] = []
+        """Acks of batches handed out, not yet sent to the book (see :data:`_ACK_EVERY`)."""
+        self._pending_cursor: Any = None
         self._delivered = 0
         # The loop in progress, held weakly: a loop left by `break` drops the generator,
         # whose `finally` stops its read-ahead threads at once. A strong reference would make a
@@ -122,6 +129,7 @@ class Stream:
     def stats(self) -> dict[str, int]:
         """Requests sent to the store, rows delivered in the current epoch, and the
         quarantines (``quarantined``, ``rows_skipped``) since the stream was made or loaded."""
+        self._flush()
         return {
             **self._book.source.stats.as_dict(),
             "rows_delivered": self._delivered,
@@ -132,6 +140,7 @@ class Stream:
     def quarantined(self) -> list[Quarantined]:
         """What ``ReadOptions(on_error="skip")`` skipped since the stream was made or its
         state loaded: shard URL, rows and reason, oldest first (also in the state)."""
+        self._flush()
         return self._book.quarantined()
 
     def listing(self) -> Listing:
@@ -169,17 +178,21 @@ class Stream:
         try:
             for item in items:
                 if isinstance(item, Tail):
+                    self._flush()
                     book.close(epoch, item.steps, item.leftover, item.learned)
                     self._note(item.quarantined)
                     break
                 batch = to_torch(item.table)
                 # Acked only once it converted: a batch that failed is read again.
-                record = StepRecord(item.step, item.runs, item.rows, item.quarantined)
-                book.ack(0, [record], item.cursor)
+                self._pending.append(StepRecord(item.step, item.runs, item.rows, item.quarantined))
+                self._pending_cursor = item.cursor
                 self._log(item.quarantined)
                 self._step = item.step
                 self._delivered += self.spec.batch_size if item.rows < 0 else item.rows
+                if len(self._pending) >= _ACK_EVERY:
+                    self._flush()
                 if item.step % _FOLD_EVERY == 0:
+                    self._flush()
                     book.fold(item.step - 1)
                 if item.rows == 0:
                     continue  # every row quarantined: one process need not keep steps equal
@@ -192,6 +205,12 @@ class Stream:
             if close is not None:
                 close()
             feed.close()
+
+    def _flush(self) -> None:
+        """Send the held acks to the book."""
+        if self._pending:
+            records, self._pending = self._pending, []
+            self._book.ack(0, records, self._pending_cursor)
 
     def _note(self, records: Sequence[Quarantined]) -> None:
         self._book.note_quarantined(records)
@@ -218,6 +237,7 @@ class Stream:
     def _rewind(self) -> None:
         """Drop the read-ahead of a loop left early; the next loop starts after its last batch."""
         self._stop_active()
+        self._flush()
         book = self._book
         state = book.snapshot(self._step)
         listing = book.plan(state.progress.epoch).listing if state.started else None
@@ -230,6 +250,7 @@ class Stream:
 
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out: plain JSON, see :mod:`ingest.state`."""
+        self._flush()
         state = self._book.snapshot(self._step).to_json()
         self._book.fold(self._step)
         return state
@@ -245,6 +266,7 @@ class Stream:
         """
         parsed = StreamState.from_json(state)
         self._stop_active()
+        self._pending = []  # acks of the position left behind
         self._running = False
         self._book.load(parsed)
         self._step = parsed.progress.step - 1

@@ -11,7 +11,7 @@ from ingest.assign import CARRY, MAIN, Span, split
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.errors import StateError
 from ingest.feed import Feed, FeedPlan, Tail
-from ingest.ledger import Ledger, StepRecord
+from ingest.ledger import Ledger, StepRecord, runs_of_entry
 from ingest.state import StreamState
 from ingest.testing import write_dataset
 from tests.conftest import Store
@@ -248,7 +248,7 @@ def feed_epoch(book: EpochBook, epoch: int, steps: int | None = None) -> list[in
                 if len(pending) == 16:
                     book.ack(rank, pending, cursor)
                     pending = []
-                delivered += ids(urls, item.runs.tolist())
+                delivered += ids(urls, runs_of_entry(item.runs).tolist())
         finally:
             feed.close()
         if pending:

@@ -12,7 +12,7 @@ from ingest.assign import CARRY, MAIN, Span
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.feed import Feed, Ready, Tail, _Origin
 from ingest.formats.base import ReadOptions, RowBatch
-from ingest.ledger import StepRecord, runs_of
+from ingest.ledger import StepRecord, runs_of, runs_of_entry
 from ingest.plan import _GOLDEN, hash64, permutation, permutations
 from ingest.state import StreamState
 from ingest.testing import write_dataset
@@ -80,7 +80,7 @@ def test_runs_describe_exactly_the_rows_of_each_batch(
             assert isinstance(item, Ready)
             ids = item.table.column("id").to_pylist()
             assert len(ids) == batch
-            assert item.runs.tolist() == merged_runs(rows_of(book, 0, ids))
+            assert runs_of_entry(item.runs).tolist() == merged_runs(rows_of(book, 0, ids))
             delivered += ids
         tail = items[-1]
         assert isinstance(tail, Tail)
@@ -110,7 +110,7 @@ def test_resume_inside_a_window_continues_with_the_same_batches(
     assert [i.step for i in rest] == [i.step for i in full[stop_after:]]
     for got, want in zip(rest, full[stop_after:], strict=True):
         assert got.table.column("id").to_pylist() == want.table.column("id").to_pylist()
-        assert got.runs.tolist() == want.runs.tolist()
+        assert runs_of_entry(got.runs).tolist() == runs_of_entry(want.runs).tolist()
 
 
 def test_runs_of_carried_and_adjacent_pieces() -> None:

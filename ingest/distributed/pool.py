@@ -37,7 +37,7 @@ import ray
 from ingest.epochs import StreamSpec
 from ingest.errors import ConfigError, IngestError
 from ingest.feed import Cursor, Feed, Ready, Tail
-from ingest.ledger import Runs
+from ingest.ledger import Rows, Runs
 from ingest.quarantine import Quarantined, reason_of
 from ingest.sources import Source
 from ingest.transform import Transform, apply, build_transform
@@ -128,7 +128,7 @@ class Item:
     """
 
     step: int
-    runs: Runs
+    runs: Runs | Rows
     cursor: Cursor
     batch: Any
     nbytes: int
