@@ -6,8 +6,8 @@ A synthetic listing of ``--shards`` parquet-like shards (row counts known from t
 would deliver is simulated from the rank's plan exactly as :class:`ingest.feed.Feed` orders
 it (spans dealt to ``lanes`` lanes by :func:`ingest.assign.deal_lanes`, windows of
 ``window`` rows permuted by the same keyed permutation, batches cut from consecutive
-windows), so every ack carries the runs a real batch carries: about one run per row of a
-shuffled batch.
+windows), so every ack carries what a real batch carries: one packed row per row of a
+shuffled batch, as :class:`ingest.feed.Feed` sends them.
 
 Figures (issue 7, goals in brackets):
 
@@ -59,7 +59,7 @@ from ingest.assign import Span, deal_lanes
 from ingest.catalog import Listing
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.formats.base import ShardInfo
-from ingest.ledger import Runs, StepRecord, as_runs, runs_of
+from ingest.ledger import Rows, Runs, StepRecord, as_runs, pack_base
 from ingest.plan import permutation
 from ingest.sources import Shard
 from ingest.state import StreamState
@@ -212,21 +212,23 @@ class RankFeed:
         a, b = w * self.per_lane, (w + 1) * self.per_lane
         return np.concatenate([lane.pieces(a, b) for lane in self.lanes])
 
-    def batches(self, w: int) -> list[Runs]:
-        """The runs of each batch cut from window ``w`` (a full window)."""
+    def batches(self, w: int) -> list[Rows]:
+        """What each batch cut from window ``w`` (a full window) acks, as the feed sends it:
+        its packed rows (:func:`ingest.ledger.pack_base`), in the window's shuffled order."""
         pieces = self.window_runs(w)
         sizes = pieces[:, 3] - pieces[:, 2]
-        segments = np.repeat(pieces[:, 0].astype(np.int8), sizes)
-        shards = np.repeat(pieces[:, 1].astype(np.int32), sizes)
-        starts = np.repeat(pieces[:, 2] - np.cumsum(sizes) + sizes, sizes)
-        rows = starts + np.arange(int(sizes.sum()), dtype=np.int64)
-        order = permutation(len(rows), "window", self.config.seed, self.epoch, self.rank, w)
-        segments, shards, rows = segments[order], shards[order], rows[order]
+        first_key = np.cumsum(sizes) - sizes
+        base = pack_base(
+            pieces[:, 0], pieces[:, 1], pieces[:, 2] - first_key, int(pieces[:, 3].max()) - 1
+        )
+        if base is None:
+            raise ValueError("rows or shards beyond 2**31 do not pack")
+        keys = np.arange(int(sizes.sum()), dtype=np.int64)
+        packed = base[np.repeat(np.arange(len(pieces)), sizes)] + keys
+        order = permutation(len(keys), "window", self.config.seed, self.epoch, self.rank, w)
+        packed = packed[order]
         size = self.config.batch_size
-        return [
-            runs_of(segments[k : k + size], shards[k : k + size], rows[k : k + size])
-            for k in range(0, len(rows), size)
-        ]
+        return [packed[k : k + size] for k in range(0, len(packed), size)]
 
 
 # -- the measurement ------------------------------------------------------------------------
@@ -304,7 +306,7 @@ def measure(config: Config) -> dict[str, Any]:
     state_s = sum(c["state_s"] for c in cps)
     out.update(
         acks=acks,
-        runs_per_ack=float(np.mean([c["runs_per_ack"] for c in cps])),
+        rows_per_ack=float(np.mean([c["rows_per_ack"] for c in cps])),
         acks_per_s=acks / ack_s,
         acks_absorbed_per_s=acks / (ack_s + fold_s),
         acks_absorbed_cpu_per_s=acks / sum(c["ack_cpu_s"] + c["fold_cpu_s"] for c in cps),
@@ -356,7 +358,7 @@ def checkpoints(
                 made[r] += 1
         sent = [mine[:need] for mine in pending]
         pending = [mine[need:] for mine in pending]
-        runs_per_ack = float(np.mean([len(b) for mine in sent for b in mine]))
+        rows_per_ack = float(np.mean([len(b) for mine in sent for b in mine]))
         gc.collect()
         ack_s = ack_cpu_s = 0.0
         for k in range(0, need, config.ack_every):
@@ -388,7 +390,7 @@ def checkpoints(
             {
                 "step": mark,
                 "acks": need * len(feeds),
-                "runs_per_ack": runs_per_ack,
+                "rows_per_ack": rows_per_ack,
                 "ack_s": ack_s,
                 "ack_cpu_s": ack_cpu_s,
                 "fold_s": fold_s,
@@ -464,8 +466,8 @@ def table(out: dict[str, Any]) -> str:
         f"snapshot {out['snapshot_cpu_s']:.2f}; acks absorbed per CPU s "
         f"{out['acks_absorbed_cpu_per_s']:,.0f}",
         f"plan: book.plan {out['plan_book_s']:.2f} s; {out['spans']:,} spans over the ranks",
-        f"acks: {out['acks']:,} shuffled batches of {out['runs_per_ack']:.0f} runs each, in "
-        f"messages of {c['ack_every']}",
+        f"acks: {out['acks']:,} shuffled batches of {out['rows_per_ack']:.0f} packed rows "
+        f"each, in messages of {c['ack_every']}",
     ]
     for n, cp in enumerate(out["checkpoints"], 1):
         parts = ", ".join(f"{k} {v:.2f} s" for k, v in cp["state_parts_s"].items())
