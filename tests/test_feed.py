@@ -12,10 +12,10 @@ from ingest.assign import CARRY, MAIN, Span
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.feed import Feed, Ready, Tail, _Origin
 from ingest.formats.base import ReadOptions, RowBatch
-from ingest.ledger import StepRecord, runs_of, runs_of_entry
+from ingest.ledger import StepRecord, pack_base, runs_of, runs_of_entry
 from ingest.plan import _GOLDEN, hash64, permutation, permutations
 from ingest.state import StreamState
-from ingest.testing import write_dataset
+from ingest.testing import make_table, write_dataset
 from tests.conftest import Store
 
 SHARDS, ROWS = 6, 700
@@ -142,6 +142,19 @@ def test_runs_of_carried_and_adjacent_pieces() -> None:
             want = runs_of(segments.astype(np.int8), shards.astype(np.int32), rows)
             assert origin.runs(keys[pick]).tolist() == want.tolist()
             assert want.tolist() == merged_runs([triples[i] for i in pick])
+            packed = origin.packed(keys[pick])
+            assert packed is not None and runs_of_entry(packed).tolist() == want.tolist()
+
+
+def test_rows_beyond_the_packed_range_are_acked_as_runs() -> None:
+    """Shards or rows past 2**31 - 1 do not pack: the batch's provenance stays runs."""
+    data = make_table(0, 10).to_batches()[0]
+    big = (1 << 31) - 1
+    for span, row in [(Span(big, 0, big + 20, MAIN), 0), (Span(2, big, big + 20, MAIN), big)]:
+        origin, keys = _Origin.of([(span, RowBatch(row, data))])
+        assert origin.packed(keys) is None
+        assert origin.runs(keys).tolist() == [[MAIN, span.shard, row, row + 10]]
+    assert pack_base(*(np.array([v]) for v in (2, 0, 0)), 5) is None  # segment 2
 
 
 def splitmix_keys(n: int, base: int) -> np.ndarray:
