@@ -154,7 +154,8 @@ def test_rows_beyond_the_packed_range_are_acked_as_runs() -> None:
         origin, keys = _Origin.of([(span, RowBatch(row, data))])
         assert origin.packed(keys) is None
         assert origin.runs(keys).tolist() == [[MAIN, span.shard, row, row + 10]]
-    assert pack_base(*(np.array([v]) for v in (2, 0, 0)), 5) is None  # segment 2
+    one = np.array([0], dtype=np.int64)
+    assert pack_base(one + 2, one, one, 5) is None  # a segment that is not 0 or 1
 
 
 def splitmix_keys(n: int, base: int) -> np.ndarray:
