@@ -48,7 +48,7 @@ from ingest.assign import (
     split,
 )
 from ingest.catalog import Catalog, Listing
-from ingest.errors import ConfigError, IngestError, StateError, redact
+from ingest.errors import ConfigError, StateError, redact
 from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
@@ -56,7 +56,7 @@ from ingest.index import IndexConfig, Indexer, IndexStore
 from ingest.intervals import IntervalSet, merge_into
 from ingest.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.plan import epoch_units
-from ingest.quarantine import Quarantined, merge
+from ingest.quarantine import Quarantined, check_bound, merge
 from ingest.sources import Source
 from ingest.state import (
     DatasetState,
@@ -493,16 +493,9 @@ class EpochBook:
         added = merge(known, records)[len(known) :]
         for q in added:
             self._quarantined.append((step, q))
-        bound = self.spec.read.max_errors
-        for q in added:
-            mine = [r for _, r in self._quarantined if (r.epoch, r.rank) == (q.epoch, q.rank)]
-            if len(mine) > bound:
-                listed = "; ".join(r.describe() for r in mine[:5])
-                raise IngestError(
-                    f"rank {q.rank} quarantined more than ReadOptions.max_errors={bound} "
-                    f"times in epoch {q.epoch} (first: {listed}); the data is broken beyond "
-                    "a few bad records: fix the shards or the transform, or raise max_errors"
-                )
+        for epoch, rank in {(q.epoch, q.rank) for q in added}:
+            mine = [r for _, r in self._quarantined if (r.epoch, r.rank) == (epoch, rank)]
+            check_bound(mine, self.spec.read.max_errors)
 
     def quarantined(self) -> list[Quarantined]:
         """Every quarantine this book knows of, oldest first (``on_error="skip"``)."""

@@ -50,6 +50,7 @@ from ingest.ledger import Rows, Runs, as_runs, pack_base, runs_of
 from ingest.plan import permutation
 from ingest.quarantine import Quarantine, Quarantined, skippable
 from ingest.sources import Source
+from ingest.transform import output_of_no_rows
 
 TO_END = 1 << 62
 """``Span.stop`` of a span that runs to the end of a shard whose row count is unknown."""
@@ -502,8 +503,6 @@ class Feed:
         data = [b.data.replace_schema_metadata(None) for _, b in pieces if isinstance(b, RowBatch)]
         table = pa.Table.from_batches(data) if data else self._empty()
         origin, keys = _Origin.of(pieces)
-        if len(data) < len(pieces):
-            return self._window_with_holes(index, start, end, pieces, table, origin, keys)
         take: npt.NDArray[np.int64] | None = None
         if self.config.seed is not None:
             take = permutation(
@@ -513,13 +512,15 @@ class Feed:
         if seen is not None:
             fresh = ~seen[keys]
             take = np.flatnonzero(fresh) if take is None else take[fresh[take]]
+        if len(data) < len(pieces):  # holes (quarantined rows): rare
+            return self._with_holes(index, start, end, pieces, table, origin, keys, take)
         if take is not None:
             # One gather for the whole window; batches are slices of it.
             table, keys = table.take(take), keys[take]
         return _Window(index, start, end, table, keys, origin)
 
-    def _window_with_holes(
-        self,
+    @staticmethod
+    def _with_holes(
         index: int,
         start: Cursor,
         end: Cursor,
@@ -527,20 +528,15 @@ class Feed:
         table: pa.Table,
         origin: _Origin,
         keys: npt.NDArray[np.int64],
+        take: npt.NDArray[np.int64] | None,
     ) -> _Window:
-        """:meth:`_window` where some positions are holes (quarantined rows): rare."""
+        """The window of :meth:`_window` in delivery order ``take`` (None: reading order)
+        where some positions are holes: the table holds only the rows that are not."""
         sizes = [_rows(b) for _, b in pieces if _rows(b)]
         holes = np.repeat([isinstance(b, _Hole) for _, b in pieces if _rows(b)], sizes)
         row = np.cumsum(~holes) - 1  # the table row of each position in reading order
-        order = np.arange(len(keys), dtype=np.int64)
-        if self.config.seed is not None:
-            order = permutation(
-                len(keys), "window", self.config.seed, self.plan.epoch, self.plan.rank, index
-            )
-        seen = self._consumed(origin)
-        if seen is not None:
-            order = order[~seen[keys[order]]]
-        holes, keys, row = holes[order], keys[order], row[order]
+        if take is not None:
+            holes, keys, row = holes[take], keys[take], row[take]
         table = table.take(row[~holes])
         before = np.concatenate(([0], np.cumsum(~holes))).astype(np.int64)
         return _Window(index, start, end, table, keys, origin, holes, before)
@@ -627,7 +623,7 @@ class Feed:
                 if not self._skip:
                     raise
                 self.quarantine.add(e, step=step, rows=rows)
-                table, rows = self._transformed_empty(table), 0
+                table, rows = output_of_no_rows(self.transform, table), 0
         return Ready(
             step,
             table,
@@ -636,16 +632,6 @@ class Feed:
             self.quarantine.take(),
             -1 if rows == size else rows,
         )
-
-    def _transformed_empty(self, table: pa.Table) -> Any:
-        """What the step of a quarantined batch delivers: the transform of no rows, if it
-        takes them, else the empty table."""
-        assert self.transform is not None
-        empty = table.slice(0, 0)
-        try:
-            return self.transform(empty)
-        except Exception:
-            return empty
 
     @staticmethod
     def _acked(parts: Sequence[tuple[_Window, int, int]]) -> Runs | Rows:

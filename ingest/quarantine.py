@@ -149,14 +149,7 @@ class Quarantine:
         """
         record = Quarantined(reason_of(error), self.epoch, self.rank, **where)
         with self._lock:
-            if len(self._all) >= self.max_errors:
-                listed = "; ".join(r.describe() for r in [*self._all, record][:5])
-                raise IngestError(
-                    f"rank {self.rank} quarantined more than ReadOptions.max_errors="
-                    f"{self.max_errors} times in epoch {self.epoch} (first: {listed}); the "
-                    "data is broken beyond a few bad records: fix the shards, or raise "
-                    "max_errors"
-                ) from error
+            check_bound([*self._all, record], self.max_errors, error)
             self._all.append(record)
             self._new.append(record)
         return record
@@ -166,6 +159,25 @@ class Quarantine:
         with self._lock:
             out, self._new = tuple(self._new), []
         return out
+
+
+def check_bound(
+    records: Sequence[Quarantined], bound: int, cause: BaseException | None = None
+) -> None:
+    """Raise the clear error when ``records``, one rank's in one epoch, are over ``bound``.
+
+    Raises:
+        IngestError: Naming the rank, the epoch, the bound and the first records.
+    """
+    if len(records) <= bound:
+        return
+    first = records[0]
+    listed = "; ".join(r.describe() for r in records[:5])
+    raise IngestError(
+        f"rank {first.rank} quarantined more than ReadOptions.max_errors={bound} times in "
+        f"epoch {first.epoch} (first: {listed}); the data is broken beyond a few bad "
+        "records: fix the shards or the transform, or raise max_errors"
+    ) from cause
 
 
 def merge(known: Sequence[Quarantined], new: Iterable[Quarantined]) -> list[Quarantined]:
@@ -200,4 +212,12 @@ def summary(records: Sequence[Quarantined]) -> dict[str, int]:
     }
 
 
-__all__ = ["Quarantine", "Quarantined", "merge", "reason_of", "skippable", "summary"]
+__all__ = [
+    "Quarantine",
+    "Quarantined",
+    "check_bound",
+    "merge",
+    "reason_of",
+    "skippable",
+    "summary",
+]

@@ -79,4 +79,14 @@ def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
     return out
 
 
-__all__ = ["Transform", "apply", "as_table", "build_transform"]
+def output_of_no_rows(fn: Callable[[pa.Table], Any], table: pa.Table) -> Any:
+    """What the step of a batch whose transform raised delivers (``on_error="skip"``):
+    ``fn`` over none of ``table``'s rows if it takes them, else those no rows."""
+    empty = table.slice(0, 0)
+    try:
+        return fn(empty)
+    except Exception:
+        return empty
+
+
+__all__ = ["Transform", "apply", "as_table", "build_transform", "output_of_no_rows"]

@@ -23,7 +23,6 @@ the plan. Ray's actor restarts and the coordinator's state keep exactly-once whe
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import deque
@@ -40,7 +39,7 @@ from ingest.feed import Cursor, Feed, Ready, Tail
 from ingest.ledger import Rows, Runs
 from ingest.quarantine import Quarantined, reason_of
 from ingest.sources import Source
-from ingest.transform import Transform, apply, build_transform
+from ingest.transform import Transform, apply, build_transform, output_of_no_rows
 
 _WAIT_S = 5.0
 
@@ -323,15 +322,14 @@ class _Reader:
         return self._transform(table)
 
     def _transform(self, table: pa.Table) -> Any:
-        assert self._fn is not None
-        if self.spec.read.on_error != "skip":
-            return apply(self._fn, table)
+        fn = self._fn
+        assert fn is not None
         try:
-            return apply(self._fn, table)
+            return apply(fn, table)
         except Exception as e:  # quarantined by the rank, which knows the step
-            empty = table.slice(0, 0)
-            with contextlib.suppress(Exception):
-                empty = apply(self._fn, empty)
+            if self.spec.read.on_error != "skip":
+                raise
+            empty = output_of_no_rows(lambda t: apply(fn, t), table)
             return TransformFailed(reason_of(e), int(table.num_rows), empty)
 
     def decoded(self, table: pa.Table) -> Any:
