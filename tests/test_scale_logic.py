@@ -276,8 +276,8 @@ runs_lists = st.lists(
 )
 
 
-@given(runs_lists)
-def test_merge_runs_equals_interval_sets_per_shard(runs) -> None:
+def check_merged(runs: list[tuple[int, int, int, int]]) -> None:
+    """``merge_runs(runs)`` holds the rows of ``runs``, sorted, one run per interval."""
     merged = merge_runs(runs)
     got: dict[tuple[int, int], IntervalSet] = {}
     for segment, shard, start, stop in merged.tolist():
@@ -287,6 +287,11 @@ def test_merge_runs_equals_interval_sets_per_shard(runs) -> None:
     keys = [tuple(r[:3]) for r in merged.tolist()]
     assert keys == sorted(keys)
     assert len(merged) == sum(len(v) for v in got.values())
+
+
+@given(runs_lists)
+def test_merge_runs_equals_interval_sets_per_shard(runs) -> None:
+    check_merged(runs)
 
 
 def test_merge_runs_beyond_the_packed_range_still_merges() -> None:
@@ -445,13 +450,7 @@ def test_merge_runs_of_about_a_row_each_equals_interval_sets(runs, one_segment) 
     """The paths for shuffled batches: one row per run, a few longer (expanded to rows)."""
     if one_segment:
         runs = [(MAIN, *r[1:]) for r in runs]
-    merged = merge_runs(runs)
-    got: dict[tuple[int, int], IntervalSet] = {}
-    for segment, shard, start, stop in merged.tolist():
-        got.setdefault((segment, shard), IntervalSet()).add(start, stop)
-    assert got == ref_merged(runs)
-    keys = [tuple(r[:3]) for r in merged.tolist()]
-    assert keys == sorted(keys) and len(merged) == sum(len(v) for v in got.values())
+    check_merged(runs)
 
 
 @given(st.lists(st.lists(short_runs, min_size=3, max_size=3), max_size=4))
