@@ -33,8 +33,9 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
+# When pytest ends without its summary (a dead local Ray takes the driver with it), say why.
 unit: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q || { $(PY) scripts/why_tests_died.py; exit 1; }
 
 # Everything but the system tests (job submit, multi-node cluster, notebook, Ray Train).
 unit-fast: $(STAMP)

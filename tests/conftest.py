@@ -21,6 +21,12 @@ _names = itertools.count()
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ingest-test-cache-")
 
 
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    """The running test, for scripts/why_tests_died.py when Ray takes the run down with it."""
+    with open(os.path.join(tempfile.gettempdir(), "ingest-test-current"), "w") as f:
+        f.write(nodeid + "\n")
+
+
 @pytest.fixture(scope="session")
 def s3() -> Iterator[LoopbackS3]:
     """A real S3-protocol server (moto_server) on 127.0.0.1 for the whole session."""

@@ -73,15 +73,26 @@ def loop(config: dict[str, Any]) -> None:
                 note("batch", epoch=it.upcoming_epoch(), step=it.step)
                 delta = torch.zeros(TOTAL, dtype=torch.int64)
                 delta.index_add_(0, batch["id"], torch.ones(len(batch["id"]), dtype=torch.int64))
-                dist.all_reduce(delta)
+                try:
+                    dist.all_reduce(delta)
+                except RuntimeError as e:
+                    # A peer rank failed first (its own error is noted): torch says so here.
+                    note("peer_lost", type=type(e).__name__, message=str(e)[:500])
+                    raise PeerLostError from e
                 counts += delta
                 if it.step % CHECKPOINT_EVERY == CHECKPOINT_EVERY - 1:
                     ingest.train.report(it, {"step": it.step}, save=save)
                 time.sleep(0.1)  # a training step: the removal lands mid-epoch
         ingest.train.report(it, {"step": it.step}, save=save)
+    except PeerLostError:
+        raise
     except Exception as e:
         note("error", type=type(e).__name__, message=str(e)[:500])
         raise
+
+
+class PeerLostError(RuntimeError):
+    """This rank's collective failed because a peer rank failed first."""
 
 
 def actor_node(handle: Any) -> str:

@@ -51,3 +51,21 @@ def test_an_error_pickles_to_the_same_class_message_and_fields(error: IngestErro
     assert back.args == error.args
     assert vars(back) == vars(error)
     assert "secret" not in str(back)
+
+
+@pytest.mark.parametrize("error", EXAMPLES, ids=lambda e: type(e).__name__)
+def test_an_error_raised_in_a_ray_worker_reaches_the_rank_as_its_own_class(
+    error: IngestError,
+) -> None:
+    # Ray rethrows a remote error as a class that derives from both RayTaskError and the
+    # error's class ("RayTaskError(CoordinatorLostError)"); the rank raises the error itself.
+    from ray.exceptions import RayTaskError
+
+    from ingest.distributed.rank import unwrap
+
+    wrapped = RayTaskError("read", "Traceback ...", error).as_instanceof_cause()
+    assert isinstance(wrapped, type(error)) and type(wrapped) is not type(error)
+    got = unwrap(wrapped)
+    assert type(got) is type(error) and str(got) == str(error)
+    outer = RayTaskError("next_batch", "Traceback ...", wrapped)
+    assert type(unwrap(outer)) is type(error)

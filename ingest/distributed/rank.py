@@ -275,7 +275,9 @@ def unwrap(error: BaseException) -> BaseException:
         if id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, IngestError):
+        # Ray rethrows a remote IngestError as a class deriving from both RayError and the
+        # error's class ("RayTaskError(CoordinatorLostError)"): the original is its cause.
+        if isinstance(e, IngestError) and not isinstance(e, ray.exceptions.RayError):
             return e
         for nxt in (getattr(e, "cause", None), e.__cause__, e.__context__):
             if isinstance(nxt, BaseException):
