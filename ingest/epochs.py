@@ -142,6 +142,7 @@ class StreamSpec:
             storage_options=self.storage_options,
             format=self.format,
             retry=self.read.retry,
+            cache=self.read.cache,
         )
         store = IndexStore(self.index) if self.index is not None else None
         return Catalog(source, self.read, self.columns, index_store=store, indexer=indexer)
@@ -245,6 +246,17 @@ class EpochBook:
     @property
     def first_epoch(self) -> int:
         return self._start_epoch
+
+    def upcoming_epoch(self, rank: int) -> int:
+        """The epoch a new iterator of ``rank`` runs: the first one whose steps the rank
+        has not all acked (a loop left early goes on in the epoch it left)."""
+        acked = self.ledger.acked(rank)
+        epoch = self._start_epoch
+        while True:
+            e = self._epochs.get(epoch)
+            if e is None or e.end_step is None or acked < e.end_step - 1:
+                return epoch
+            epoch += 1
 
     def plan(self, epoch: int) -> _PlannedEpoch:
         """The plan of ``epoch`` (made on first use; lists the source once per epoch)."""

@@ -233,3 +233,17 @@ def test_a_rank_that_stops_early_loses_no_acks(s3_data: Store) -> None:
     delivered = [i for r in head for i in r] + flat(rest, 0)
     assert len(delivered) == len(set(delivered)), "no row twice"
     assert TOTAL - len(delivered) < 2 * 61  # only the carried remainder is missing
+
+
+def test_a_new_iterator_after_a_finished_epoch_runs_the_next_one(s3_data: Store) -> None:
+    # A notebook or a second fit() takes new rank iterators for each epoch: each starts at
+    # the first epoch its rank has not finished (it used to ask for epoch 0 again, and wait).
+    with make(s3_data, "parquet", 2, timeout_s=60) as stream:
+        epochs = [flat(run(stream), 0) for _ in range(3)]
+        state = stream.state_dict()
+    assert len(epochs[0]) == len(set(epochs[0])) and TOTAL - len(epochs[0]) < 2 * BATCH
+    # Three epochs: every row three times, but the last remainder (carried to epoch 3).
+    counts = Counter(epochs[0] + epochs[1] + epochs[2])
+    assert set(counts) == set(range(TOTAL)) and set(counts.values()) <= {2, 3}
+    assert sum(1 for n in counts.values() if n == 2) < 2 * BATCH
+    assert state["progress"]["epoch"] == 3

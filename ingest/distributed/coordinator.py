@@ -147,6 +147,11 @@ class _Coordinator:
         with self._lock:
             return self._book.first_epoch
 
+    def upcoming_epoch(self, rank: int) -> int:
+        """The epoch a new iterator of ``rank`` starts with (see EpochBook.upcoming_epoch)."""
+        with self._lock:
+            return self._book.upcoming_epoch(rank)
+
     def ping(self) -> bool:
         return True
 

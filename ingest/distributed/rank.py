@@ -99,7 +99,7 @@ class RankIterator:
     def upcoming_epoch(self) -> int:
         """The epoch the next ``for`` loop over this iterator runs."""
         if self.epoch is None:
-            self.epoch = int(self._ask(self.coordinator.first_epoch.remote()))
+            self.epoch = int(self._ask(self.coordinator.upcoming_epoch.remote(self.rank)))
         return self.epoch
 
     def _fetch(self, epoch: int) -> Any:
