@@ -49,6 +49,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/stream_vs_pyarrow.py
 	$(PY) benchmarks/cold_start.py
 	$(PY) benchmarks/shuffle_quality.py
+	$(PY) benchmarks/shard_cache.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

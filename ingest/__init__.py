@@ -13,6 +13,7 @@ Public API::
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ingest.cache import CacheOptions
 from ingest.catalog import Listing
 from ingest.errors import (
     ConfigError,
@@ -43,6 +44,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "STATE_VERSION",
+    "CacheOptions",
     "ConfigError",
     "CoordinatorLostError",
     "IOStats",

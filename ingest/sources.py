@@ -11,13 +11,14 @@ import sources, never the other way round.
 from __future__ import annotations
 
 import email.utils
+import os
 import posixpath
 import random
 import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from glob import has_magic
 from typing import IO, Any, NoReturn, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -26,6 +27,7 @@ import fsspec
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
+from ingest.cache import CacheEvent, CacheOptions, ShardCache
 from ingest.errors import ConfigError, SourceError, StoreError, redact
 
 _T = TypeVar("_T")
@@ -167,9 +169,14 @@ class RetryPolicy:
 
 @dataclass(slots=True)
 class IOStats:
-    """Counts of what a stream asked of its stores. Thread-safe.
+    """Counts of what a stream asked of its stores, and of its node-local cache. Thread-safe.
 
     ``retries`` counts attempts made again after a transient fault (:class:`RetryPolicy`).
+    ``cache_*`` count shard opens served from the node's shard cache (``cache_hits``, the
+    bytes they held in ``cache_hit_bytes``), opens that fetched the shard into it
+    (``cache_misses``, ``cache_fetched_bytes``), copies evicted to make room
+    (``cache_evicted_bytes``) and opens that read from the store because the shard could not
+    be cached (``cache_bypassed``): see :mod:`ingest.cache`.
     """
 
     listings: int = 0
@@ -177,32 +184,25 @@ class IOStats:
     reads: int = 0
     bytes_read: int = 0
     retries: int = 0
+    cache_hits: int = 0
+    cache_hit_bytes: int = 0
+    cache_misses: int = 0
+    cache_fetched_bytes: int = 0
+    cache_evicted_bytes: int = 0
+    cache_bypassed: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(
-        self,
-        *,
-        listings: int = 0,
-        opens: int = 0,
-        reads: int = 0,
-        bytes_read: int = 0,
-        retries: int = 0,
-    ) -> None:
+    def add(self, **counts: int) -> None:
+        """Add to the named counts (``listings=1``, ``bytes_read=n``, ...)."""
         with self._lock:
-            self.listings += listings
-            self.opens += opens
-            self.reads += reads
-            self.bytes_read += bytes_read
-            self.retries += retries
+            for name, n in counts.items():
+                if name.startswith("_") or not hasattr(self, name):
+                    raise TypeError(f"IOStats has no count {name!r}")
+                setattr(self, name, getattr(self, name) + n)
 
     def as_dict(self) -> dict[str, int]:
-        return {
-            "listings": self.listings,
-            "opens": self.opens,
-            "reads": self.reads,
-            "bytes_read": self.bytes_read,
-            "retries": self.retries,
-        }
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self) if f.name[0] != "_"}
 
 
 def is_store_error(error: BaseException) -> bool:
@@ -522,6 +522,8 @@ class Source:
             the file's name.
         retry: How listings, opens and reads retry transient store faults, and the
             timeouts of S3 and HTTP requests (default: :class:`RetryPolicy`'s).
+        cache: Keep whole shards of remote stores in a node-local directory under a byte
+            bound (:mod:`ingest.cache`); None reads every time from the store.
 
     Raises:
         ConfigError: If two ``s3://`` URLs carry different credentials.
@@ -534,12 +536,15 @@ class Source:
         storage_options: Mapping[str, Any] | None = None,
         format: str | None = None,
         retry: RetryPolicy | None = None,
+        cache: CacheOptions | None = None,
     ) -> None:
         self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
         if not self.urls:
             raise ConfigError("a Source needs at least one URL; got an empty list")
         self.format = format
         self.retry = retry or RetryPolicy()
+        self.cache = cache
+        self._shard_cache: ShardCache | None = None
         self._options = dict(storage_options or {})
         self._secrets = _url_secrets(self.urls)
         self._userinfo = _s3_userinfo(self.urls)
@@ -685,6 +690,12 @@ class Source:
             self.stats.add(listings=1)
             if _is_glob(path):
                 return list(fs.glob(path, detail=True).values()), False
+            if url.endswith("/"):
+                # A directory by its name: one listing, not a HEAD and a listing to tell
+                # (object stores) first. Nothing under it: the checks below say why.
+                found = fs.find(path, detail=True, withdirs=False)
+                if found:
+                    return list(found.values()), False
             info = fs.info(path)
             if info.get("type") != "directory":
                 return [info], True
@@ -742,17 +753,26 @@ class Source:
         fs = self.filesystem(real)
         return fs, fs._strip_protocol(real)
 
-    def open(self, shard: Shard, *, block_size: int | None = None) -> _CountingFile:
+    def open(
+        self, shard: Shard, *, block_size: int | None = None, part: bool = False
+    ) -> _CountingFile:
         """Open ``shard`` for reading; every read call is counted in :attr:`stats`.
 
         ``block_size`` None opens without a read-ahead cache, for readers that ask for exact
         ranges themselves (parquet pre-buffering, Arrow IPC); otherwise reads go through a
         read-ahead buffer of that many bytes. Reads are retried under :attr:`retry`.
 
+        With a shard cache (``cache``), the shard is read from the node's copy, fetched
+        whole first on a miss; ``part=True`` (a footer read at listing) reads the copy if
+        there is one and never fetches the whole shard for it.
+
         Raises:
             SourceError: If the shard is gone.
             StoreError: If the store still fails at the retry deadline.
         """
+        cached = self._open_cached(shard, fetch=not part)
+        if cached is not None:
+            return cached
         fs, path = self._path(shard)
         kwargs: dict[str, Any] = {"size": shard.size}
         if block_size is None:
@@ -782,8 +802,80 @@ class Source:
         return _CountingFile(raw, reopen, stats, shard.size, shard.url, self.scrub, policy)
 
     def fetches_ranges(self, shard: Shard) -> bool:
-        """Whether the shard's store serves many byte ranges concurrently (async fsspec)."""
+        """Whether the shard's store serves many byte ranges concurrently (async fsspec),
+        and the shard is not one for the node's cache (whose copy :meth:`open` reads)."""
+        if self._caches(shard):
+            return False
         return bool(getattr(self._path(shard)[0], "async_impl", False))
+
+    # -- the node-local shard cache --------------------------------------------------------
+
+    def _caches(self, shard: Shard) -> bool:
+        if self.cache is None or shard.size > self.cache.max_bytes:
+            return False
+        return get_protocol(self._hidden.get(shard.url, shard.url)) not in ("file", "local")
+
+    def _open_cached(self, shard: Shard, *, fetch: bool) -> _CountingFile | None:
+        """The shard from the node's cache (fetched whole into it on a miss if ``fetch``),
+        or None."""
+        if not self._caches(shard):
+            return None
+        assert self.cache is not None
+        with self._fs_lock:
+            if self._shard_cache is None:
+                self._shard_cache = ShardCache(self.cache)
+            cache = self._shard_cache
+
+        def held() -> IO[bytes] | None:
+            event = CacheEvent()
+            f = cache.open(
+                shard.url,
+                shard.size,
+                shard.version,
+                (lambda to: self._fetch(shard, to)) if fetch else None,
+                event,
+            )
+            if f is None:
+                self.stats.add(cache_bypassed=int(fetch))
+                return None
+            if event.hit:
+                self.stats.add(cache_hits=1, cache_hit_bytes=shard.size)
+            else:
+                self.stats.add(cache_misses=1, cache_fetched_bytes=event.fetched_bytes)
+            self.stats.add(cache_evicted_bytes=event.evicted_bytes)
+            return f
+
+        first = held()
+        if first is None:
+            return None
+
+        def reopen() -> IO[bytes]:
+            again = held()
+            if again is None:
+                raise OSError(f"the cached copy of {self.scrub(shard.url)} went away")
+            return again
+
+        # Reads of the copy are local: what the fetch sent is what was counted.
+        return _CountingFile(first, reopen, None, shard.size, shard.url, self.scrub, None)
+
+    def _fetch(self, shard: Shard, to: str) -> None:
+        """The whole shard into the local file ``to``: one request, retried as a whole."""
+        fs, path = self._path(shard)
+
+        def get() -> None:
+            self.stats.add(opens=1, reads=1)
+            fs.get_file(path, to)
+
+        try:
+            _attempt(get, self._policy(shard.url), self.stats)
+        except _GaveUpError as gave_up:
+            raise _vanished(shard.url, gave_up) or StoreError(
+                shard.url,
+                f"cannot be fetched into the shard cache {gave_up.describe(self.scrub)}",
+                "check the store and the network",
+                byte=0,
+            ) from None
+        self.stats.add(bytes_read=os.path.getsize(to))
 
     def fetch_ranges(self, shard: Shard, starts: list[int], ends: list[int]) -> _CountingFile:
         """Fetch byte ranges concurrently and open the shard with exactly those bytes known.
@@ -850,7 +942,7 @@ class Source:
         return self._counting(shard, reopen, None)
 
     def __getstate__(self) -> dict[str, Any]:
-        skip = ("_filesystems", "_fs_lock", "stats")
+        skip = ("_filesystems", "_fs_lock", "stats", "_shard_cache")
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -858,6 +950,7 @@ class Source:
         self.stats = IOStats()
         self._filesystems = {}
         self._fs_lock = threading.Lock()
+        self._shard_cache = None
 
 
 def _short(start: int, end: int, got: int) -> str:

@@ -183,6 +183,8 @@ class Faults:
         methods: HTTP methods that get faults; others are forwarded as they are.
         ranges_only: Only requests for a byte range (``Range:`` header: data reads) get
             faults; listings and whole-object requests pass.
+        latency_s: Every request, of any method, waits this long before it is forwarded:
+            a store far away (a cross-region bucket, the Hub over the internet).
     """
 
     slow_down: float = 0.0
@@ -197,6 +199,7 @@ class Faults:
     limit: int | None = None
     methods: tuple[str, ...] = ("GET", "HEAD")
     ranges_only: bool = False
+    latency_s: float = 0.0
 
     def __post_init__(self) -> None:
         shares = [getattr(self, k) for k in FAULT_KINDS]
@@ -205,8 +208,8 @@ class Faults:
                 f"fault shares {dict(zip(FAULT_KINDS, shares, strict=True))} must each be in "
                 "[0, 1] and sum to at most 1"
             )
-        if self.retry_after_s < 0 or self.stall_s < 0:
-            raise ValueError("retry_after_s and stall_s must be >= 0")
+        if self.retry_after_s < 0 or self.stall_s < 0 or self.latency_s < 0:
+            raise ValueError("retry_after_s, stall_s and latency_s must be >= 0")
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"limit={self.limit} must be >= 0 or None")
 
@@ -299,6 +302,9 @@ class _FaultHandler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = self.rfile.read(length) if length else None
         fault = server.draw(self.command, "Range" in self.headers)
+        if server.faults.latency_s and server.stopping.wait(server.faults.latency_s):
+            self.close_connection = True
+            return
         if fault in _ERRORS:
             status, code, message = _ERRORS[fault]
             xml = f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode()

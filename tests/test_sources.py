@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -200,3 +201,22 @@ def test_s3fs_does_not_sleep_after_its_only_attempt(
     with pytest.raises(OSError, match="SlowDown"):  # more attempts: s3fs's own loop
         asyncio.run(s3fs.core._error_wrapper(slow_down, retries=2))
     assert len(slept) == 2
+
+
+def test_a_directory_named_with_a_slash_is_listed_in_one_request(s3: Any) -> None:
+    from ingest.testing import FaultProxy, write_dataset
+
+    root = s3.create_bucket("one-listing") + "/d"
+    write_dataset(s3.filesystem(), root, "jsonl", 3, 10)
+    with FaultProxy(s3.endpoint) as proxy:
+        options = s3.storage_options()
+        options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
+        sent = []
+        for url in (root + "/", root):
+            before = proxy.counts()["requests"]
+            shards = Source(url, storage_options=options).list_shards(FORMAT_RESOLVER)
+            sent.append(proxy.counts()["requests"] - before)
+            assert len(shards) == 3
+        with pytest.raises(ingest.SourceError, match="not found"):
+            Source(root + "-missing/", storage_options=options).list_shards(FORMAT_RESOLVER)
+    assert sent[0] == 1 and sent[1] > 1, sent

@@ -295,6 +295,7 @@ class _Reader:
             storage_options=spec.storage_options,
             format=spec.format,
             retry=spec.read.retry,
+            cache=spec.read.cache,
         )
         self._fn: Callable[[pa.Table], Any] | None = build_transform(transform)
         self._peers: list[Any] = []

@@ -39,7 +39,7 @@ class ArrowFormat(Format):
     empty_is_valid = False
 
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
-        with source.open(shard) as f:
+        with source.open(shard, part=True) as f:
             head = f.read(len(_MAGIC))
             try:
                 if head == _MAGIC:

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
+from ingest.cache import CacheOptions
 from ingest.errors import ConfigError, ShardError
 from ingest.sources import RetryPolicy, Shard, Source
 
@@ -55,6 +56,9 @@ class ReadOptions:
             does not answer (:class:`~ingest.errors.StoreError`) is never skipped.
         max_errors: With ``on_error="skip"``, quarantines allowed per rank and epoch; the
             next one fails the run with the list of what was skipped.
+        cache: A node-local shard cache (:class:`ingest.CacheOptions`: a directory and a
+            byte bound): remote shards are fetched whole on first read and read from local
+            disk after, by every process of the node and after a restart. None: off.
     """
 
     block_bytes: int = 8 << 20
@@ -68,6 +72,7 @@ class ReadOptions:
     retry: RetryPolicy = field(default_factory=RetryPolicy)
     on_error: str = "raise"
     max_errors: int = 100
+    cache: CacheOptions | None = None
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -94,6 +99,10 @@ class ReadOptions:
             raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
+        if self.cache is not None and not isinstance(self.cache, CacheOptions):
+            raise TypeError(
+                f"cache must be an ingest.CacheOptions, got {type(self.cache).__name__}"
+            )
         if self.schema is not None and not isinstance(self.schema, pa.Schema):
             raise TypeError(f"schema must be a pyarrow.Schema, got {type(self.schema).__name__}")
 

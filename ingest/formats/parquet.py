@@ -52,7 +52,7 @@ class ParquetFormat(Format):
         # One request for the tail, which holds the footer of all but very wide files;
         # pyarrow's read_metadata on the file would make three (magic, length, footer).
         size = shard.size
-        with source.open(shard) as f:
+        with source.open(shard, part=True) as f:
             n = min(size, _TAIL_BYTES)
             f.seek(size - n)
             tail = f.read(n)

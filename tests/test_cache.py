@@ -1,0 +1,308 @@
+"""The node-local shard cache (issue 9, part 1): bound, LRU, open copies, crashes, several
+processes, changed shards; then a Stream and a RayStream reading S3 through it."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import ingest
+from ingest.cache import CacheEvent, CacheOptions, ShardCache
+from ingest.errors import SourceError
+from ingest.testing import write_dataset
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def blob(n: int, size: int) -> bytes:
+    return bytes((n * 7 + i) % 251 for i in range(size))
+
+
+class Store:
+    """A fake remote store: shards by name, and the fetches it served."""
+
+    def __init__(self) -> None:
+        self.shards: dict[str, bytes] = {}
+        self.fetches: list[str] = []
+
+    def fetcher(self, url: str) -> Any:
+        def fetch(to: str) -> None:
+            self.fetches.append(url)
+            Path(to).write_bytes(self.shards[url])
+
+        return fetch
+
+    def open(self, cache: ShardCache, url: str, version: str = "v1") -> tuple[Any, CacheEvent]:
+        event = CacheEvent()
+        data = self.shards[url]
+        return cache.open(url, len(data), version, self.fetcher(url), event), event
+
+
+def read_all(f: Any) -> bytes:
+    with f:
+        return f.read()  # type: ignore[no-any-return]
+
+
+def test_a_miss_fetches_once_and_later_opens_hit_even_after_a_restart(tmp_path: Path) -> None:
+    store = Store()
+    store.shards["s3://b/a"] = blob(1, 1000)
+    options = CacheOptions(str(tmp_path / "c"), max_bytes=10_000)
+    f, event = store.open(ShardCache(options), "s3://b/a")
+    assert not event.hit and event.fetched_bytes == 1000
+    assert read_all(f) == store.shards["s3://b/a"]
+    for cache in (ShardCache(options), ShardCache(options)):  # a new process, a restart
+        f, event = store.open(cache, "s3://b/a")
+        assert event.hit and read_all(f) == store.shards["s3://b/a"]
+    assert store.fetches == ["s3://b/a"]
+
+
+def test_a_changed_shard_is_fetched_again(tmp_path: Path) -> None:
+    store = Store()
+    cache = ShardCache(CacheOptions(str(tmp_path), max_bytes=10_000))
+    store.shards["s3://b/a"] = blob(1, 1000)
+    read_all(store.open(cache, "s3://b/a", "etag-1")[0])
+    store.shards["s3://b/a"] = blob(2, 1000)  # same size, new version
+    f, event = store.open(cache, "s3://b/a", "etag-2")
+    assert not event.hit and read_all(f) == blob(2, 1000)
+    store.shards["s3://b/a"] = blob(3, 900)  # new size
+    f, event = store.open(cache, "s3://b/a", "etag-2")
+    assert not event.hit and read_all(f) == blob(3, 900)
+    assert len(store.fetches) == 3
+
+
+def test_the_bound_holds_and_the_least_recently_used_goes_first(tmp_path: Path) -> None:
+    store = Store()
+    for n in range(6):
+        store.shards[f"s3://b/{n}"] = blob(n, 1000)
+    cache = ShardCache(CacheOptions(str(tmp_path), max_bytes=3_500))  # three shards fit
+    evicted = 0
+    for url in ["s3://b/0", "s3://b/1", "s3://b/2", "s3://b/0", "s3://b/3"]:
+        f, event = store.open(cache, url)
+        evicted += event.evicted_bytes
+        assert read_all(f) == store.shards[url]
+        assert cache.usage() <= 3_500
+    # 1 was used least recently when 3 needed room; 0 was touched again.
+    assert evicted == 1000
+    assert store.open(cache, "s3://b/0")[1].hit and store.open(cache, "s3://b/2")[1].hit
+    assert not store.open(cache, "s3://b/1")[1].hit
+    for n in range(6):
+        for f in [store.open(cache, f"s3://b/{n}")[0]]:
+            read_all(f)
+        assert cache.usage() <= 3_500
+
+
+def test_a_copy_a_reader_has_open_is_never_evicted(tmp_path: Path) -> None:
+    store = Store()
+    for n in range(4):
+        store.shards[f"s3://b/{n}"] = blob(n, 1000)
+    cache = ShardCache(CacheOptions(str(tmp_path), max_bytes=2_000))
+    held = [store.open(cache, "s3://b/0")[0], store.open(cache, "s3://b/1")[0]]
+    # No room: both copies are open. The shard is read from the store (None), the bound kept.
+    f, event = store.open(cache, "s3://b/2")
+    assert f is None and event.evicted_bytes == 0
+    assert [read_all(h) for h in held] == [blob(0, 1000), blob(1, 1000)]
+    f, event = store.open(cache, "s3://b/3")  # closed now: room is made
+    assert f is not None and event.evicted_bytes == 1000
+    assert read_all(f) == blob(3, 1000) and cache.usage() <= 2_000
+
+
+def test_a_shard_larger_than_the_bound_is_not_cached(tmp_path: Path) -> None:
+    store = Store()
+    store.shards["s3://b/big"] = blob(1, 5000)
+    cache = ShardCache(CacheOptions(str(tmp_path), max_bytes=4_000))
+    assert store.open(cache, "s3://b/big")[0] is None and store.fetches == []
+
+
+def test_a_fetch_of_the_wrong_size_is_the_clear_error_and_leaves_nothing(tmp_path: Path) -> None:
+    cache = ShardCache(CacheOptions(str(tmp_path), max_bytes=10_000))
+
+    def fetch(to: str) -> None:
+        Path(to).write_bytes(b"x" * 700)
+
+    with pytest.raises(SourceError, match=r"s3://b/a: has 700 bytes, not the 1000"):
+        cache.open("s3://b/a", 1000, "v1", fetch, CacheEvent())
+    assert cache.usage() == 0 and not list((tmp_path / "data").iterdir())
+    assert not list((tmp_path / "tmp").iterdir())
+
+
+CRASHING_FETCH = """
+import sys, time
+from pathlib import Path
+from ingest.cache import CacheEvent, CacheOptions, ShardCache
+
+def fetch(to):
+    Path(to).write_bytes(b"half" * 100)
+    print("writing", flush=True)
+    time.sleep(60)
+
+ShardCache(CacheOptions(sys.argv[1], max_bytes=10_000)).open(
+    "s3://b/a", 1000, "v1", fetch, CacheEvent())
+"""
+
+
+def test_a_process_killed_mid_fetch_leaves_no_half_file(tmp_path: Path) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_FETCH, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "writing"
+        cache = ShardCache(CacheOptions(str(tmp_path), max_bytes=1_500))
+        assert cache.usage() == 1000, "the fetch under way is counted against the bound"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    store = Store()
+    store.shards["s3://b/a"] = blob(1, 1000)
+    f, event = store.open(cache, "s3://b/a")
+    assert not event.hit and read_all(f) == blob(1, 1000), "the half file is never served"
+    store.shards["s3://b/c"] = blob(2, 400)
+    read_all(store.open(cache, "s3://b/c")[0])  # its reservation made the dead part go
+    assert not list((tmp_path / "tmp").iterdir()) and cache.usage() == 1400
+
+
+READER = """
+import json, random, sys, time
+from pathlib import Path
+from ingest.cache import CacheEvent, CacheOptions, ShardCache
+
+root, log, seed, bound = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+cache = ShardCache(CacheOptions(root, max_bytes=bound))
+rng = random.Random(seed)
+
+def blob(n, size):
+    return bytes((n * 7 + i) % 251 for i in range(size))
+
+over = 0
+for _ in range(40):
+    n = rng.randrange(8)
+    def fetch(to, n=n):
+        with open(log, "a") as f:
+            f.write(f"{n}\\n")
+        data = blob(n, 1000)
+        with open(to, "wb") as f:
+            f.write(data[:500]); f.flush(); time.sleep(0.002); f.write(data[500:])
+    f = cache.open(f"s3://b/{n}", 1000, "v1", fetch, CacheEvent())
+    if f is not None:
+        with f:
+            assert f.read() == blob(n, 1000), n
+    over = max(over, cache.usage())
+print(json.dumps({"max_usage": over}))
+"""
+
+
+@pytest.mark.parametrize("bound", [100_000, 3_000])
+def test_several_processes_share_one_cache(tmp_path: Path, bound: int) -> None:
+    log = tmp_path / "fetches.log"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", READER, str(tmp_path / "c"), str(log), str(seed), str(bound)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+        for seed in range(4)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-2000:] for _, err in outs]
+    import json
+
+    usage = [json.loads(out.strip().splitlines()[-1])["max_usage"] for out, _ in outs]
+    assert max(usage) <= bound, usage
+    fetched = log.read_text().split()
+    if bound == 100_000:  # everything fits: each shard is fetched once on the node
+        assert sorted(fetched) == sorted(set(fetched)), fetched
+
+
+def test_options_are_checked() -> None:
+    with pytest.raises(ingest.ConfigError, match="max_bytes"):
+        CacheOptions("/tmp/x", max_bytes=0)
+    with pytest.raises(ingest.ConfigError, match="local directory"):
+        CacheOptions("s3://bucket/cache", max_bytes=10)
+    with pytest.raises(TypeError, match="CacheOptions"):
+        ingest.ReadOptions(cache="/tmp/x")  # type: ignore[arg-type]
+
+
+# -- a stream through the cache ----------------------------------------------------------
+
+
+def epoch_ids(stream: Any) -> list[int]:
+    return [int(v) for batch in stream for v in batch["id"].tolist()]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_streams_second_epoch_reads_the_cache_and_sends_no_read(
+    s3_store: Any, tmp_path: Path, fmt: str
+) -> None:
+    write_dataset(s3_store.fs, s3_store.url("d"), fmt, 6, 200, row_group_rows=50)
+    options = ingest.ReadOptions(cache=CacheOptions(str(tmp_path / "cache"), max_bytes=1 << 30))
+    stream = ingest.Stream(
+        s3_store.url("d"),
+        storage_options=s3_store.storage_options,
+        batch_size=40,
+        shuffle_seed=1,
+        read=options,
+    )
+    if fmt == "parquet":
+        stream.listing()
+        assert stream.stats["cache_misses"] == 0, "a footer read fetches no whole shard"
+    first = epoch_ids(stream)
+    after_one = stream.stats
+    second = epoch_ids(stream)
+    after_two = stream.stats
+    assert sorted(first) == sorted(second) == list(range(1200))
+    assert after_one["cache_misses"] == 6 and after_one["cache_fetched_bytes"] > 0
+    assert after_one["cache_bypassed"] == 0
+    sent = {k: after_two[k] - after_one[k] for k in ("opens", "reads", "bytes_read")}
+    assert sent == {"opens": 0, "reads": 0, "bytes_read": 0}, (after_one, after_two)
+    assert after_two["cache_hits"] - after_one["cache_hits"] >= 6
+    assert after_two["cache_misses"] == 6 and after_two["cache_evicted_bytes"] == 0
+
+
+def test_a_stream_keeps_reading_when_the_cache_cannot_hold_every_shard(
+    s3_store: Any, tmp_path: Path
+) -> None:
+    paths = write_dataset(s3_store.fs, s3_store.url("d"), "parquet", 4, 200, row_group_rows=50)
+    biggest = max(s3_store.fs.size(p) for p in paths)
+    options = ingest.ReadOptions(cache=CacheOptions(str(tmp_path / "c"), max_bytes=biggest))
+    stream = ingest.Stream(
+        s3_store.url("d"), storage_options=s3_store.storage_options, batch_size=40, read=options
+    )
+    for _ in range(2):
+        assert sorted(epoch_ids(stream)) == list(range(800))
+    assert stream.stats["cache_evicted_bytes"] > 0
+    assert options.cache is not None and ShardCache(options.cache).usage() <= biggest
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ray_readers_and_the_driver_on_one_node_share_the_cache(
+    s3_store: Any, tmp_path: Path
+) -> None:
+    from tests.test_distributed import run
+
+    write_dataset(s3_store.fs, s3_store.url("d"), "parquet", 6, 200, row_group_rows=50)
+    options = ingest.ReadOptions(cache=CacheOptions(str(tmp_path / "c"), max_bytes=1 << 30))
+    with ingest.RayStream(
+        s3_store.url("d"),
+        storage_options=s3_store.storage_options,
+        batch_size=30,
+        world_size=2,
+        read=options,
+    ) as stream:
+        results = run(stream, epochs=2)
+        readers = stream.stats()
+    for epoch in range(2):
+        ids = [i for r in results for b in r["epochs"][epoch] for i in b]
+        assert sorted(ids) == list(range(1200))
+    # Footers are read at listing without fetching whole shards; the readers of the node
+    # fetched each shard once (one request each) and hit the copies after.
+    assert readers["cache_misses"] == 6 and readers["reads"] == 6, readers
+    assert readers["cache_hits"] >= 6, readers
