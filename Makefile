@@ -50,6 +50,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/cold_start.py
 	$(PY) benchmarks/shuffle_quality.py
 	$(PY) benchmarks/shard_cache.py
+	$(PY) benchmarks/dataloader.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.stream import RayStream
+    from ingest.loader import DataLoader
     from ingest.stream import Stream
 
 __version__ = "0.1.0"
@@ -47,6 +48,7 @@ __all__ = [
     "CacheOptions",
     "ConfigError",
     "CoordinatorLostError",
+    "DataLoader",
     "IOStats",
     "IndexConfig",
     "IndexStore",
@@ -81,6 +83,7 @@ __all__ = [
 
 _LAZY = {
     "Stream": "ingest.stream",
+    "DataLoader": "ingest.loader",
     "RayStream": "ingest.distributed.stream",
     "ReaderPool": "ingest.distributed.pool",
     "RankIterator": "ingest.distributed.rank",

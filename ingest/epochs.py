@@ -30,7 +30,7 @@ last fold, and takes the listing part of the state as made once, when the epoch 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
@@ -538,6 +538,43 @@ class EpochBook:
             if nxt == end:
                 return self._state_after(e, step)
         raise StateError(f"step {step} is outside every planned epoch")
+
+    def snapshot_acked(self) -> StreamState:
+        """The state after every batch any rank acked, when ranks acked unequal steps.
+
+        A torch ``DataLoader`` hands out its workers' batches one after another, so at any
+        moment some workers (ranks) are a step ahead. This is :meth:`snapshot` at the last
+        step every rank acked, with the rows of the steps acked beyond it also counted as
+        consumed (and delivered). Such a state has no cursors: a resume shares the rest of
+        the epoch anew, leaving out every consumed row, as after a world-size change.
+
+        Raises:
+            StateError: If ranks acked steps of different epochs.
+        """
+        step = min(self.ledger.acked(r) for r in range(self.world_size))
+        top = max(self.ledger.acked(r) for r in range(self.world_size))
+        state = self.snapshot(step)
+        if top == step:
+            return state
+        if state.progress.step != step + 1 or not state.started:
+            raise StateError(
+                f"ranks acked up to steps {step} and {top}, across an epoch's end; take the "
+                "state within one epoch"
+            )
+        main = state.progress.consumed.shallow()
+        carried = state.distributed.carry_consumed.shallow()
+        e = self.plan(state.progress.epoch)
+        with cycle_collection_paused():
+            _add_runs(self.ledger.runs_by_rank(step + 1, top), carried, main, e.counts)
+        ahead = sum(self.ledger.acked(r) - step for r in range(self.world_size))
+        delivered = state.progress.delivered + ahead * self.spec.batch_size
+        delivered -= self._missing(step + 1, top)
+        return replace(
+            state,
+            progress=replace(state.progress, consumed=main, delivered=delivered),
+            distributed=replace(state.distributed, carry_consumed=carried),
+            position=replace(state.position, ranks=[None] * self.world_size),
+        )
 
     def _position(self, step: int, restored: list[Cursor | None] | None) -> PositionState:
         spec = self.spec

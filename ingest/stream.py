@@ -147,6 +147,13 @@ class Stream:
         """List the source now (one listing; footers read once per shard)."""
         return self._book.scan()
 
+    def __len__(self) -> int:
+        raise TypeError(
+            "an ingest.Stream has no length and is not a map-style dataset: for worker "
+            "processes use ingest.DataLoader(stream, num_workers=N), a torch DataLoader whose "
+            "workers read disjoint shares and whose state_dict() covers them all"
+        )
+
     def __iter__(self) -> Iterator[Batch]:
         self._stop_active()
         if self._running:
@@ -264,11 +271,14 @@ class Stream:
             StateError: If the state is malformed, of another version, another seed, or a
                 dataset whose shards are gone or changed (new shards join next epoch).
         """
-        parsed = StreamState.from_json(state)
+        self._restore(StreamState.from_json(state))
+
+    def _restore(self, parsed: StreamState, listing: Listing | None = None) -> None:
+        """Load ``parsed``; ``listing``: the source as listed already (none made here)."""
         self._stop_active()
         self._pending = []  # acks of the position left behind
         self._running = False
-        self._book.load(parsed)
+        self._book.load(parsed, listing)
         self._step = parsed.progress.step - 1
         self._next_epoch = parsed.progress.epoch
         self._delivered = parsed.progress.delivered

@@ -1,0 +1,128 @@
+"""ingest.DataLoader: a Stream read by torch DataLoader worker processes (issue 10, part 1).
+
+Every check is exactly once: per epoch every row once (the rows that cannot fill a step on
+every worker are carried into the next epoch), and across a stop, a state and a resume with
+another worker count, every row once in all.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+import torch
+
+import ingest
+from ingest.testing import write_dataset
+
+SHARDS, ROWS, BATCH = 6, 500, 25
+TOTAL = SHARDS * ROWS
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: Any) -> str:
+    import fsspec
+
+    root = f"file://{tmp_path_factory.mktemp('loader')}/d"
+    write_dataset(fsspec.filesystem("file"), root, "parquet", SHARDS, ROWS, row_group_rows=100)
+    return root
+
+
+def stream_of(url: str, **kwargs: Any) -> ingest.Stream:
+    return ingest.Stream(url, columns=["id"], batch_size=BATCH, shuffle_seed=3, **kwargs)
+
+
+def ids(batches: Any) -> list[int]:
+    return [int(i) for b in batches for i in b["id"].tolist()]
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_plain_dataloader_gets_the_clear_error_with_the_fix(data: str) -> None:
+    dataset: Any = stream_of(data)
+    loader: Any = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2)
+    with pytest.raises(TypeError, match=r"ingest.DataLoader\(stream, num_workers=N\)"):
+        next(iter(loader))
+
+
+@pytest.mark.parametrize("workers", [0, 1, 2, 3])
+def test_workers_read_disjoint_shares_every_row_once_per_epoch(data: str, workers: int) -> None:
+    loader = ingest.DataLoader(stream_of(data), num_workers=workers)
+    first = ids(loader)
+    ranks = max(1, workers)
+    assert len(first) == len(set(first)) and TOTAL - len(first) < ranks * BATCH
+    second = ids(loader)
+    both = Counter(first + second)
+    # Rows carried from epoch 0 come first in epoch 1; none is lost or given three times.
+    assert set(both) == set(range(TOTAL)) and set(both.values()) <= {1, 2}
+    assert sum(1 for n in both.values() if n == 1) < ranks * BATCH
+    assert all(len(b["id"]) == BATCH for b in loader)
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1), (2, 0)])
+def test_a_state_taken_mid_epoch_resumes_with_another_worker_count(
+    data: str, before: int, after: int
+) -> None:
+    loader = ingest.DataLoader(stream_of(data), num_workers=before)
+    seen: list[int] = []
+    for k, batch in enumerate(loader):
+        seen += batch["id"].tolist()
+        if k == 22:  # not a multiple of the workers: one worker is a step ahead
+            state = loader.state_dict()
+            break
+    assert state["progress"]["delivered"] == len(seen)
+    # A new process: a new stream and loader from the state alone.
+    resumed = ingest.DataLoader(stream_of(data), num_workers=after)
+    resumed.load_state_dict(state)
+    rest = ids(resumed)
+    counts = Counter(seen + rest)
+    assert max(counts.values()) == 1, "no row twice"
+    assert TOTAL - len(counts) < max(before, after, 1) * BATCH
+
+
+def test_a_loop_left_early_goes_on_after_its_last_batch(data: str) -> None:
+    loader = ingest.DataLoader(stream_of(data), num_workers=2)
+    head = []
+    for k, batch in enumerate(loader):
+        head += batch["id"].tolist()
+        if k == 6:
+            break
+    rest = ids(loader)
+    both = head + rest
+    assert len(both) == len(set(both)) and TOTAL - len(both) < 2 * BATCH
+    state = ingest.DataLoader(stream_of(data)).state_dict()
+    assert state["progress"]["epoch"] == 0
+
+
+def test_the_state_loads_into_a_stream(data: str) -> None:
+    loader = ingest.DataLoader(stream_of(data), num_workers=2)
+    it = iter(loader)
+    seen = ids(next(it) for _ in range(5))
+    state = loader.state_dict()
+    stream = stream_of(data)
+    stream.load_state_dict(state)
+    rest = ids(stream)
+    assert not set(seen) & set(rest) and TOTAL - len(seen) - len(rest) < 2 * BATCH
+
+
+def test_options_that_belong_to_the_stream_are_refused(data: str) -> None:
+    with pytest.raises(ingest.ConfigError, match="batch_size"):
+        ingest.DataLoader(stream_of(data), batch_size=4)
+    with pytest.raises(ingest.ConfigError, match="persistent_workers"):
+        ingest.DataLoader(stream_of(data), num_workers=2, persistent_workers=True)
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_workers_read_s3_after_fork_or_spawn(s3_store: Any, context: str) -> None:
+    write_dataset(s3_store.fs, s3_store.url("d"), "jsonl", 4, 300)
+    stream = ingest.Stream(
+        s3_store.url("d"),
+        columns=["id"],
+        batch_size=BATCH,
+        shuffle_seed=1,
+        storage_options=s3_store.storage_options,
+    )
+    stream.listing()  # the main process used its S3 filesystem before the workers start
+    loader = ingest.DataLoader(stream, num_workers=2, multiprocessing_context=context, timeout=120)
+    got = ids(loader)
+    assert len(got) == len(set(got)) and 1200 - len(got) < 2 * BATCH
