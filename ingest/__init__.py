@@ -95,7 +95,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     # torch and ray take seconds to import; Ray read tasks import this package and need
     # neither, so the pieces that use them load on first use.
-    if name in ("train", "testing"):
+    if name in ("train", "testing", "hf"):
         import importlib
 
         return importlib.import_module(f"ingest.{name}")
