@@ -58,11 +58,13 @@ class CacheOptions:
             included. Shards larger than this are read from the store directly.
         lock_timeout_s: Longest wait for another process's fetch of the same shard, or for
             the directory's lock; past it the read goes to the store instead.
+        progress: Show a progress bar (bytes) while a shard is fetched into the cache.
     """
 
     directory: str
     max_bytes: int
     lock_timeout_s: float = 300.0
+    progress: bool = False
 
     def __post_init__(self) -> None:
         if not self.directory:
@@ -98,6 +100,7 @@ class ShardCache:
         self._data = os.path.join(self.root, "data")
         self._tmp = os.path.join(self.root, "tmp")
         self._locks = os.path.join(self.root, "locks")
+        self._lock_path = os.path.join(self.root, "cache.lock")
         for d in (self._data, self._tmp, self._locks):
             os.makedirs(d, exist_ok=True)
 
@@ -161,15 +164,27 @@ class ShardCache:
                     )
                 with open(part, "rb+") as f:
                     os.fsync(f.fileno())  # a crash of the node leaves no half file either
-                os.rename(part, path)  # the reservation becomes the copy
+                # The reservation becomes the copy, under the lock that sums the bytes: a
+                # sum taken during the rename would see neither and let the bound pass.
+                with self._flock(self._lock_path) as locked:
+                    if not locked:
+                        return False
+                    os.rename(part, path)
                 event.fetched_bytes = size
         return True
 
     def usage(self) -> int:
-        """Bytes the directory holds now: copies and the reservations of fetches."""
-        return sum(size for _, size, _ in self._copies()) + sum(
-            size for _, size in self._parts(remove_dead=False)
-        )
+        """Bytes the directory holds now: copies and the reservations of fetches.
+
+        Raises:
+            TimeoutError: If the directory's lock is not had in ``lock_timeout_s``.
+        """
+        with self._flock(self._lock_path) as locked:
+            if not locked:
+                raise TimeoutError(f"the shard cache {self.root} stayed locked")
+            return sum(size for _, size, _ in self._copies()) + sum(
+                size for _, size in self._parts(remove_dead=False)
+            )
 
     # -- internals ---------------------------------------------------------------------
 
@@ -202,7 +217,7 @@ class ShardCache:
     @contextlib.contextmanager
     def _reserved(self, key: str, size: int, event: CacheEvent) -> Iterator[str | None]:
         """A part file counted at ``size`` against the bound, room made by eviction."""
-        with self._flock(os.path.join(self.root, "cache.lock")) as locked:
+        with self._flock(self._lock_path) as locked:
             if not locked:
                 yield None
                 return

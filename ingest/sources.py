@@ -24,6 +24,7 @@ from typing import IO, Any, NoReturn, Protocol, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import fsspec
+from fsspec.callbacks import TqdmCallback
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
@@ -861,10 +862,14 @@ class Source:
     def _fetch(self, shard: Shard, to: str) -> None:
         """The whole shard into the local file ``to``: one request, retried as a whole."""
         fs, path = self._path(shard)
+        kwargs: dict[str, Any] = {}
+        if self.cache is not None and self.cache.progress:
+            bar = {"desc": f"caching {posixpath.basename(path)}", "unit": "B", "leave": False}
+            kwargs["callback"] = TqdmCallback(tqdm_kwargs={**bar, "unit_scale": True})
 
         def get() -> None:
             self.stats.add(opens=1, reads=1)
-            fs.get_file(path, to)
+            fs.get_file(path, to, **kwargs)
 
         try:
             _attempt(get, self._policy(shard.url), self.stats)

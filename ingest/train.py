@@ -83,6 +83,7 @@ def rank_iterator(
         rank,
         options or RankOptions(timeout_s=stream.timeout_s),
         session=session,
+        stream=stream.name,
     )
     return it, checkpoint
 

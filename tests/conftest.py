@@ -81,6 +81,8 @@ def ray_session() -> Iterator[None]:
         include_dashboard=False,
         log_to_driver=False,
         runtime_env={"env_vars": {"PYTHONPATH": root}},
+        # Metrics reach the node's Prometheus endpoint within a second (test_metrics.py).
+        _system_config={"metrics_report_interval_ms": 1000},
     )
     yield
     ray.shutdown()

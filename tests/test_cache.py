@@ -306,3 +306,19 @@ def test_ray_readers_and_the_driver_on_one_node_share_the_cache(
     # fetched each shard once (one request each) and hit the copies after.
     assert readers["cache_misses"] == 6 and readers["reads"] == 6, readers
     assert readers["cache_hits"] >= 6, readers
+
+
+def test_a_fetch_into_the_cache_shows_its_progress(
+    s3_store: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_dataset(s3_store.fs, s3_store.url("d"), "jsonl", 2, 300)
+    cache = CacheOptions(str(tmp_path / "c"), max_bytes=1 << 30, progress=True)
+    stream = ingest.Stream(
+        s3_store.url("d"),
+        storage_options=s3_store.storage_options,
+        batch_size=50,
+        read=ingest.ReadOptions(cache=cache),
+    )
+    assert sorted(epoch_ids(stream)) == list(range(600))
+    err = capsys.readouterr().err
+    assert "caching part-00000.jsonl" in err and "caching part-00001.jsonl" in err, err[-500:]

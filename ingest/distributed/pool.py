@@ -37,6 +37,7 @@ from ingest.epochs import StreamSpec
 from ingest.errors import ConfigError, IngestError
 from ingest.feed import Cursor, Feed, Ready, Tail
 from ingest.ledger import Rows, Runs
+from ingest.metrics import StoreMeter
 from ingest.quarantine import Quarantined, reason_of
 from ingest.sources import Source
 from ingest.transform import Transform, apply, build_transform, output_of_no_rows
@@ -257,6 +258,11 @@ class _RankFeed:
             self._cond.notify_all()
             return out
 
+    @property
+    def depth(self) -> int:
+        """Ready batches held for the rank now."""
+        return sum(isinstance(item, Item) for item in self._queue)
+
     def stop(self) -> None:
         with self._cond:
             self._stop = True
@@ -298,6 +304,7 @@ class _Reader:
             cache=spec.read.cache,
         )
         self._fn: Callable[[pa.Table], Any] | None = build_transform(transform)
+        self._meter = StoreMeter(coordinator)
         self._peers: list[Any] = []
         self._turn = 0
         self._budget = pool.object_store_bytes
@@ -396,7 +403,10 @@ class _Reader:
         self, rank: int, session: int, epoch: int, most: int, wait_s: float
     ) -> list[Item | End]:
         """Up to ``most`` ready items of ``rank``; an empty list if none came in ``wait_s``."""
-        return self._feed(rank, session, epoch).take(most, wait_s)
+        feed = self._feed(rank, session, epoch)
+        out = feed.take(most, wait_s)
+        self._meter.report(self.source.stats.as_dict(), {rank: feed.depth})
+        return out
 
     def stats(self) -> dict[str, int]:
         """Requests and bytes sent to the store; ready bytes held now and at most."""

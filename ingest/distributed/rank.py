@@ -30,6 +30,7 @@ from ingest.distributed.pool import End, Item, TransformFailed
 from ingest.errors import IngestError, StreamTimeoutError
 from ingest.feed import Cursor
 from ingest.ledger import StepRecord
+from ingest.metrics import RankMeter
 from ingest.quarantine import Quarantined
 
 
@@ -75,6 +76,9 @@ class RankIterator:
     _inflight: Any = None
     _acks: list[Any] = field(default_factory=list)
     """Ack messages sent and not yet answered, oldest first."""
+    stream: str = ""
+    """The stream's name (its coordinator's), the ``stream`` tag of its metrics."""
+    _meter: RankMeter | None = None
 
     def _get(self, ref: Any) -> Any:
         try:
@@ -160,9 +164,14 @@ class RankIterator:
     def __iter__(self) -> Iterator[Batch]:
         epoch = self.upcoming_epoch()
         done = False
+        if self._meter is None:
+            self._meter = RankMeter(self.stream, self.rank)
+        meter = self._meter
         try:
             while True:
+                asked = time.monotonic()
                 item = self._next(epoch)
+                waited = time.monotonic() - asked
                 if isinstance(item, End):
                     if len(item.leftover) or item.learned or item.quarantined:
                         self._ask(
@@ -195,8 +204,10 @@ class RankIterator:
                 self.step = item.step
                 if len(self._pending) >= self.options.ack_every:
                     self.flush(wait=False)
+                meter.batch(len(next(iter(batch.values()), ())), waited)
                 yield batch
             self.flush()  # the epoch's last acks; a coordinator lost here is the loop's error
+            meter.report()
             done = True
             self.epoch = epoch + 1
             self._cursor = None

@@ -55,8 +55,10 @@ class RayStream:
             an fsspec URL shares it across a cluster; None: in memory only). With several
             ranks, shards without footer row counts are indexed once, by Ray tasks on the
             pool's nodes, and later jobs read none of them to plan.
-        name: Name of the coordinator actor (default: a fresh unique name).
+        name: Name of the coordinator actor (default: a fresh unique name); the ``stream``
+            tag of its metrics (:mod:`ingest.metrics`).
         timeout_s: Longest wait for the coordinator and the pool.
+        progress: Show progress bars while footers are read and shards indexed at start.
     """
 
     def __init__(
@@ -78,6 +80,7 @@ class RayStream:
         index: IndexConfig | None = IndexConfig(),  # noqa: B008 - frozen, compared by value
         name: str | None = None,
         timeout_s: float = 300.0,
+        progress: bool = False,
     ) -> None:
         if isinstance(world_size, bool) or world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
@@ -139,7 +142,7 @@ class RayStream:
             resources=self.pool.resources, label_selector=self.pool.label_selector
         )
         try:
-            listing = self.spec.catalog(indexer).scan(index=world_size > 1)
+            listing = self.spec.catalog(indexer).scan(progress=progress, index=world_size > 1)
         except BaseException:
             self.shutdown()  # no actor outlives a stream that could not start
             raise
@@ -163,6 +166,7 @@ class RayStream:
             self._reader(rank),
             rank,
             options or RankOptions(timeout_s=self.timeout_s),
+            stream=self.name,
         )
 
     def reader_for(self, rank: int) -> Any:

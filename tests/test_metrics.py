@@ -1,0 +1,77 @@
+"""Metrics of a running RayStream on the node's Prometheus endpoint (issue 10, part 2)."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from typing import Any
+
+import pytest
+import ray
+
+import ingest
+from ingest.testing import write_dataset
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+@ray.remote(num_cpus=0)
+def train(it: Any) -> int:
+    rows = 0
+    for batch in it:
+        rows += len(batch["id"])
+        time.sleep(0.2)  # a training step: the run lasts a few seconds
+    return rows
+
+
+def scrape(stream: str) -> dict[str, dict[str, float]]:
+    """``name -> {rank or "": value}`` of this stream's ingest metrics, summed over workers."""
+    port = ray.nodes()[0]["MetricsExportPort"]
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    out: dict[str, dict[str, float]] = {}
+    for line in body.splitlines():
+        m = re.match(r"ray_(ingest_\w+)\{(.*)\} (\S+)$", line)
+        if m and f'stream="{stream}"' in m.group(2):
+            rank = re.search(r'rank="(\d+)"', m.group(2))
+            key = rank.group(1) if rank else ""
+            values = out.setdefault(m.group(1), {})
+            values[key] = values.get(key, 0.0) + float(m.group(3))
+    return out
+
+
+def test_a_running_stream_exports_its_metrics(s3_store: Any) -> None:
+    write_dataset(s3_store.fs, s3_store.url("d"), "parquet", 4, 300, row_group_rows=100)
+    gauges: dict[str, list[float]] = {"ingest_data_wait_share": [], "ingest_queue_depth": []}
+    with ingest.RayStream(
+        s3_store.url("d"),
+        columns=["id"],
+        batch_size=30,
+        world_size=2,
+        storage_options=s3_store.storage_options,
+    ) as stream:
+        refs = [train.remote(stream.rank_iterator(r)) for r in range(2)]
+        # Gauges are what the ranks and readers see now: read them while the run goes on.
+        while ray.wait(refs, num_returns=2, timeout=0.5)[1]:
+            for name, values in scrape(stream.name).items():
+                if name in gauges:
+                    gauges[name] += values.values()
+        rows = ray.get(refs, timeout=120)
+        io = stream.stats()
+        deadline = time.monotonic() + 30
+        found = scrape(stream.name)
+        while time.monotonic() < deadline and (
+            sum(found.get("ingest_rows_total", {}).values()) < sum(rows)
+            or "ingest_requests_total" not in found
+        ):
+            time.sleep(1)
+            found = scrape(stream.name)
+    assert sum(rows) == 1200
+    assert found["ingest_rows_total"] == {"0": rows[0], "1": rows[1]}, found
+    assert found["ingest_batches_total"] == {"0": rows[0] / 30, "1": rows[1] / 30}
+    assert gauges["ingest_data_wait_share"], "the ranks' wait share was seen while they ran"
+    assert all(0 <= v <= 1 for v in gauges["ingest_data_wait_share"])
+    assert gauges["ingest_queue_depth"] and all(v >= 0 for v in gauges["ingest_queue_depth"])
+    # The readers' store counts grow as their stats do (the last second may not be out yet).
+    assert 0 < found["ingest_bytes_read_total"][""] <= io["bytes_read"]
+    assert 0 < found["ingest_requests_total"][""] <= io["opens"] + io["reads"] + io["listings"]
