@@ -316,3 +316,43 @@ def test_an_edited_position_of_one_rank_is_refused(shuffled: StreamSpec) -> None
     resumed = EpochBook(shuffled, 3)
     with pytest.raises(StateError, match=r"position\.ranks\[2\]\.window is \d+, but its lanes"):
         resumed.load(StreamState.from_json(data))
+
+
+def test_a_rank_s_upcoming_epoch_is_the_first_it_has_not_finished(spec: StreamSpec) -> None:
+    book = EpochBook(spec, 2)
+    assert [book.upcoming_epoch(r) for r in range(2)] == [0, 0]
+    plan = book.rank_plan(0, 0)
+    records = batches_of(plan, BATCH)
+    book.ack(0, records[:3])
+    assert book.upcoming_epoch(0) == 0, "a loop left early goes on in its epoch"
+    book.ack(0, records[3:])
+    assert [book.upcoming_epoch(r) for r in range(2)] == [1, 0]
+
+
+@pytest.mark.parametrize(("before", "after"), [(3, 2), (2, 1), (2, 4)])
+def test_a_snapshot_of_unequal_acks_counts_every_acked_batch(
+    spec: StreamSpec, before: int, after: int
+) -> None:
+    # DataLoader workers (ranks) hand out batches one after another: some are a step ahead.
+    book = EpochBook(spec, before)
+    acked: list[int] = []
+    for rank in range(before):
+        plan = book.rank_plan(rank, 0)
+        take = 4 if rank == 0 else 3
+        records = batches_of(plan, BATCH)[:take]
+        book.ack(rank, records)
+        acked += ids([s.url for s in plan.listing.shards], [x for r in records for x in r.runs])
+    state = book.snapshot_acked()
+    assert state.progress.step == plan.next_step + 3 and state.progress.delivered == len(acked)
+    assert state.position.ranks == [None] * before, "the rest is shared anew"
+    resumed = EpochBook(spec, after)
+    resumed.load(StreamState.from_json(json.loads(json.dumps(state.to_json()))))
+    rest = run_epoch(resumed, 0)
+    remainder = resumed.plan(0).assignment.remainder_rows
+    assert not set(acked) & set(rest) and len(rest) == len(set(rest))
+    assert len(acked) + len(rest) + remainder == TOTAL
+    # Equal acks: the same state as a snapshot at that step.
+    even = EpochBook(spec, 2)
+    for rank in range(2):
+        even.ack(rank, batches_of(even.rank_plan(rank, 0), BATCH)[:2])
+    assert even.snapshot_acked().to_json() == even.snapshot(1).to_json()
