@@ -26,7 +26,7 @@ from ingest._prefetch import Prefetcher
 from ingest.catalog import Listing
 from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, StreamSpec
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, IngestError
 from ingest.feed import Cursor, Feed, Ready, Tail
 from ingest.ledger import Rows, Runs, StepRecord
 from ingest.quarantine import Quarantined
@@ -49,6 +49,15 @@ class _Came:
     quarantined: tuple[Quarantined, ...]
     arrays: tuple[str, ...] = ()
     """Tensors sent as numpy arrays (see :meth:`_Shares.__iter__`), made tensors again."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A worker's read failed with this error, sent as it is: torch would re-raise it in the
+    main process as a RuntimeError of its message (it rebuilds errors from a message alone),
+    so ``except ingest.ShardError`` would not catch it."""
+
+    error: IngestError
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +100,10 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
             else iter(feed)
         )
         try:
-            for item in items:
+            for item in _failing_as_item(items):
+                if isinstance(item, _Failed):
+                    yield {KEY: item}
+                    return
                 if isinstance(item, Tail):
                     end = _Ended(rank, item.steps, item.leftover, item.learned, item.quarantined)
                     yield {KEY: end}
@@ -199,6 +211,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         pin = self.pin_memory and torch.cuda.is_available()
         for item in super().__iter__():
             came = item.pop(KEY)
+            if isinstance(came, _Failed):
+                raise came.error
             if isinstance(came, _Ended):
                 self._flush()
                 if ranks == 1:
@@ -262,6 +276,14 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
 
 def _as_is(batch: Any) -> Any:
     return batch
+
+
+def _failing_as_item(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, then a :class:`_Failed` if they end with an :class:`IngestError`."""
+    try:
+        yield from items
+    except IngestError as e:
+        yield _Failed(e)
 
 
 __all__ = ["DataLoader"]

@@ -126,3 +126,20 @@ def test_workers_read_s3_after_fork_or_spawn(s3_store: Any, context: str) -> Non
     loader = ingest.DataLoader(stream, num_workers=2, multiprocessing_context=context, timeout=120)
     got = ids(loader)
     assert len(got) == len(set(got)) and 1200 - len(got) < 2 * BATCH
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_bad_shard_in_a_worker_reaches_the_loop_as_the_clear_error(
+    tmp_path: Any, workers: int
+) -> None:
+    from ingest.testing import encode, make_table
+
+    for n in range(4):
+        data = bytearray(encode(make_table(n * 500, 500), "parquet", row_group_rows=100))
+        if n == 3:
+            data[200:4000] = b"\x00" * 3800  # corrupt pages, footer intact: found by a worker
+        (tmp_path / f"part-{n}.parquet").write_bytes(bytes(data))
+    stream = ingest.Stream(f"file://{tmp_path}", columns=["id"], batch_size=BATCH)
+    loader = ingest.DataLoader(stream, num_workers=workers)
+    with pytest.raises(ingest.ShardError, match=r"part-3\.parquet"):
+        ids(loader)
