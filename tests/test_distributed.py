@@ -247,3 +247,34 @@ def test_a_new_iterator_after_a_finished_epoch_runs_the_next_one(s3_data: Store)
     assert set(counts) == set(range(TOTAL)) and set(counts.values()) <= {2, 3}
     assert sum(1 for n in counts.values() if n == 2) < 2 * BATCH
     assert state["progress"]["epoch"] == 3
+
+
+def test_a_take_that_reaches_a_restarted_reader_never_starts_the_feed_over(
+    s3_data: Store,
+) -> None:
+    # A take sent while a reader restarts is run by its new process, which has no feed for
+    # the rank. It used to make one from the epoch's start: the rank got steps 0, 1, 2 again
+    # (seen in a full-suite run of test_node_faults). It must say so; the rank resumes.
+    from ray._private.state import actors
+
+    from ingest.distributed.pool import FeedLostError
+
+    pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
+    with make(s3_data, "parquet", 1, readers=pool) as stream:
+        it = stream.rank_iterator(0)
+        loop = iter(it)
+        head = [int(i) for _ in range(3) for i in next(loop)["id"].tolist()]
+        reader = stream.readers[0]
+        ray.kill(reader, no_restart=False)
+        deadline = time.monotonic() + 60
+        # The GCS's actor table (the state API needs the dashboard, off in these tests).
+        while (info := actors(reader._actor_id.hex())).get("NumRestarts", 0) < 1 or info.get(
+            "State"
+        ) != "ALIVE":
+            assert time.monotonic() < deadline, info
+            time.sleep(0.2)
+        with pytest.raises(FeedLostError):
+            ray.get(reader.take.remote(0, it.session, 0, 4, 5.0), timeout=120)
+        rest = [int(i) for b in loop for i in b["id"].tolist()]
+    delivered = head + rest
+    assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < BATCH

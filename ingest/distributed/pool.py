@@ -158,6 +158,11 @@ class TransformFailed:
     empty: Any
 
 
+class FeedLostError(Exception):
+    """This reader holds no feed for the rank's session and epoch: a restarted reader's new
+    process, or an epoch the rank has not started here. The rank resumes or starts it."""
+
+
 class _RankFeed:
     """One rank's feed in a reader actor: a thread filling a bounded queue of items."""
 
@@ -396,14 +401,24 @@ class _Reader:
         """Start ``rank``'s feed before the rank asks (the first batch comes sooner)."""
         self._feed(rank, session, epoch)
 
-    # Never retried on a restarted actor: a new process has no feed for the rank, and making
-    # one from the epoch's start would deliver again; the rank resumes it (RankIterator).
+    # Never retried on a restarted actor, and never making a feed: a new process has none for
+    # the rank, and one made from the epoch's start would deliver again (a take sent while
+    # the actor restarted reaches the new process: it did, and a rank got steps 0-2 again).
+    # The rank resumes the feed after its last batch, or starts the epoch (RankIterator).
     @ray.method(max_task_retries=0)  # type: ignore[misc]
     def take(
         self, rank: int, session: int, epoch: int, most: int, wait_s: float
     ) -> list[Item | End]:
-        """Up to ``most`` ready items of ``rank``; an empty list if none came in ``wait_s``."""
-        feed = self._feed(rank, session, epoch)
+        """Up to ``most`` ready items of ``rank``; an empty list if none came in ``wait_s``.
+
+        Raises:
+            FeedLostError: If this reader holds no feed of ``rank`` for ``session`` and
+                ``epoch`` (see :meth:`warm`, :meth:`resume`).
+        """
+        with self._lock:
+            feed = self._feeds.get(rank)
+        if feed is None or (feed.session, feed.epoch) != (session, epoch):
+            raise FeedLostError(f"no feed of rank {rank} for session {session}, epoch {epoch}")
         out = feed.take(most, wait_s)
         self._meter.report(self.source.stats.as_dict(), {rank: feed.depth})
         return out
@@ -422,4 +437,4 @@ class _Reader:
 # feed lived there resumes it after its last acked batch (RankIterator).
 Reader: Any = ray.remote(max_restarts=-1, max_task_retries=-1)(_Reader)
 
-__all__ = ["End", "Item", "Reader", "ReaderPool"]
+__all__ = ["End", "FeedLostError", "Item", "Reader", "ReaderPool"]

@@ -26,7 +26,7 @@ import torch
 
 from ingest.convert import Batch, to_torch
 from ingest.distributed.coordinator import CoordinatorLostError
-from ingest.distributed.pool import End, Item, TransformFailed
+from ingest.distributed.pool import End, FeedLostError, Item, TransformFailed
 from ingest.errors import IngestError, StreamTimeoutError
 from ingest.feed import Cursor
 from ingest.ledger import StepRecord
@@ -135,6 +135,9 @@ class RankIterator:
         try:
             got: list[Item | End] = ray.get(ref, timeout=self.options.timeout_s)
             return got
+        except FeedLostError:  # a restarted reader, or an epoch not started there
+            self._recover(epoch)
+            return []
         except ray.exceptions.RayTaskError as e:  # raised in the reader, not its death
             raise unwrap(e) from None
         except ray.exceptions.RayActorError:
@@ -185,6 +188,14 @@ class RankIterator:
                             )
                         )
                     break
+                if self._cursor is not None and item.step != self.step + 1:
+                    # Never seen since take stopped making feeds; kept so that a feed that
+                    # starts over fails loudly instead of delivering rows again.
+                    raise IngestError(
+                        f"rank {self.rank} got step {item.step} after step {self.step} in "
+                        f"epoch {epoch}: its reader's feed did not continue where it was. "
+                        "Resume from the last checkpoint"
+                    )
                 table = item.batch
                 if isinstance(table, ray.ObjectRef):  # decoded by another actor of the pool
                     try:
