@@ -112,11 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     cache=cache if label == "on" else None,
                 )
                 with FaultProxy(s3.endpoint, faults) as proxy:
-                    options = s3.storage_options()
-                    options["client_kwargs"] = {
-                        **options["client_kwargs"],
-                        "endpoint_url": proxy.endpoint,
-                    }
+                    options = s3.storage_options(endpoint=proxy.endpoint)
                     # The trailing slash names a directory: one listing request per epoch.
                     epochs = run(url + "/", options, read, ranks, proxy)
                 for n, (counts, seconds, requests, stats) in enumerate(epochs):

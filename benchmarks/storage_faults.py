@@ -29,9 +29,7 @@ Result = tuple[list[Counter[int]], dict[str, int]]
 
 
 def options(s3: LoopbackS3, proxy: FaultProxy) -> dict[str, Any]:
-    out = s3.storage_options()
-    out["client_kwargs"] = {**out["client_kwargs"], "endpoint_url": proxy.endpoint}
-    return out
+    return s3.storage_options(endpoint=proxy.endpoint)
 
 
 def run_stream(url: str, storage_options: dict[str, Any], epochs: int, read: Any) -> Result:

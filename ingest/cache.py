@@ -241,7 +241,7 @@ class ShardCache:
         for path, bytes_, _ in copies:
             if used + size <= self.options.max_bytes:
                 break
-            if _evict(path):
+            if _unlink_unheld(path):
                 used -= bytes_
                 event.evicted_bytes += bytes_
                 event.evictions += 1
@@ -265,7 +265,7 @@ class ShardCache:
                 fields = entry.name.split(".")
                 if len(fields) != 4 or fields[3] != "part" or not fields[1].isdigit():
                     continue
-                if remove_dead and _dead_part(entry.path):
+                if remove_dead and _unlink_unheld(entry.path):  # its writer is gone
                     continue
                 out.append((entry.path, int(fields[1])))
         return out
@@ -298,8 +298,9 @@ def _try_flock(fd: int, how: int) -> bool:
     return True
 
 
-def _evict(path: str) -> bool:
-    """Delete the copy at ``path`` unless a reader holds it open. True if deleted."""
+def _unlink_unheld(path: str) -> bool:
+    """Delete ``path`` unless a process holds a lock on it: a copy a reader has open, or
+    the part file of a fetch whose writer is alive. True if it is gone."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
@@ -307,25 +308,9 @@ def _evict(path: str) -> bool:
     try:
         if not _try_flock(fd, fcntl.LOCK_EX):
             return False
-        if os.fstat(fd).st_nlink == 0:
-            return True  # another process evicted it first
-        os.unlink(path)
-        return True
-    finally:
-        os.close(fd)
-
-
-def _dead_part(path: str) -> bool:
-    """Remove a part file whose writer is gone (its lock can be taken). True if removed."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return True
-    try:
-        if not _try_flock(fd, fcntl.LOCK_EX):
-            return False
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        if os.fstat(fd).st_nlink > 0:  # else another process deleted it first
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
         return True
     finally:
         os.close(fd)

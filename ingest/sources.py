@@ -794,13 +794,22 @@ class Source:
         try:
             raw = _attempt(reopen, policy, self.stats)
         except _GaveUpError as gave_up:
-            raise _vanished(shard.url, gave_up) or StoreError(
-                shard.url,
-                f"cannot be opened {gave_up.describe(self.scrub)}",
+            raise self._gave_up(
+                shard,
+                gave_up,
+                "cannot be opened",
                 "check the credentials, the store and the network",
-                byte=0,
             ) from None
         return _CountingFile(raw, reopen, stats, shard.size, shard.url, self.scrub, policy)
+
+    def _gave_up(
+        self, shard: Shard, gave_up: _GaveUpError, what: str, fix: str, byte: int = 0
+    ) -> SourceError | StoreError:
+        """The error of a shard read that still failed at the retry deadline: the shard is
+        gone (:class:`SourceError`), or the store did not answer (:class:`StoreError`)."""
+        return _vanished(shard.url, gave_up) or StoreError(
+            shard.url, f"{what} {gave_up.describe(self.scrub)}", fix, byte=byte
+        )
 
     def fetches_ranges(self, shard: Shard) -> bool:
         """Whether the shard's store serves many byte ranges concurrently (async fsspec),
@@ -874,11 +883,11 @@ class Source:
         try:
             _attempt(get, self._policy(shard.url), self.stats)
         except _GaveUpError as gave_up:
-            raise _vanished(shard.url, gave_up) or StoreError(
-                shard.url,
-                f"cannot be fetched into the shard cache {gave_up.describe(self.scrub)}",
+            raise self._gave_up(
+                shard,
+                gave_up,
+                "cannot be fetched into the shard cache",
                 "check the store and the network",
-                byte=0,
             ) from None
         self.stats.add(bytes_read=os.path.getsize(to))
 
@@ -923,10 +932,10 @@ class Source:
             _attempt(missing, self._policy(shard.url), self.stats)
         except _GaveUpError as gave_up:
             n = next(n for n in range(len(starts)) if n not in blobs)
-            raise _vanished(shard.url, gave_up) or StoreError(
-                shard.url,
-                f"range read of bytes [{starts[n]}, {ends[n]}) failed "
-                f"{gave_up.describe(self.scrub)}",
+            raise self._gave_up(
+                shard,
+                gave_up,
+                f"range read of bytes [{starts[n]}, {ends[n]}) failed",
                 "check the store and the network; the deadline, timeouts and backoff are "
                 "set with ReadOptions(retry=ingest.RetryPolicy(...))",
                 byte=starts[n],

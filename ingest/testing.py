@@ -119,12 +119,18 @@ class LoopbackS3:
     ) -> None:
         self.stop()
 
-    def storage_options(self, key: str | None = None, secret: str | None = None) -> dict[str, Any]:
-        """s3fs options that reach this server."""
+    def storage_options(
+        self, key: str | None = None, secret: str | None = None, *, endpoint: str | None = None
+    ) -> dict[str, Any]:
+        """s3fs options that reach this server, or reach it through a proxy at ``endpoint``
+        (a :class:`FaultProxy`'s)."""
         return {
             "key": key or self.key,
             "secret": secret or self.secret,
-            "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"},
+            "client_kwargs": {
+                "endpoint_url": endpoint or self.endpoint,
+                "region_name": "us-east-1",
+            },
             "skip_instance_cache": True,
         }
 
@@ -360,8 +366,9 @@ class FaultProxy:
     Example::
 
         with LoopbackS3() as s3, FaultProxy(s3.endpoint, Faults(slow_down=0.1, drop=0.05)) as p:
-            stream = ingest.Stream("s3://bucket/data/", storage_options={
-                **s3.storage_options(), "client_kwargs": {"endpoint_url": p.endpoint}})
+            stream = ingest.Stream(
+                "s3://bucket/data/", storage_options=s3.storage_options(endpoint=p.endpoint)
+            )
 
     Args:
         upstream: The store's endpoint, ``http://127.0.0.1:PORT``.

@@ -209,8 +209,7 @@ def test_a_directory_named_with_a_slash_is_listed_in_one_request(s3: Any) -> Non
     root = s3.create_bucket("one-listing") + "/d"
     write_dataset(s3.filesystem(), root, "jsonl", 3, 10)
     with FaultProxy(s3.endpoint) as proxy:
-        options = s3.storage_options()
-        options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": proxy.endpoint}
+        options = s3.storage_options(endpoint=proxy.endpoint)
         sent = []
         for url in (root + "/", root):
             before = proxy.counts()["requests"]

@@ -44,8 +44,7 @@ def data(s3: LoopbackS3) -> str:
 def through(s3: LoopbackS3, proxy: FaultProxy | str, **config: float) -> dict[str, Any]:
     """Storage options that reach the S3 server through ``proxy`` (or an endpoint URL)."""
     endpoint = proxy if isinstance(proxy, str) else proxy.endpoint
-    options = s3.storage_options()
-    options["client_kwargs"] = {**options["client_kwargs"], "endpoint_url": endpoint}
+    options = s3.storage_options(endpoint=endpoint)
     if config:
         options["config_kwargs"] = dict(config)
     return options
