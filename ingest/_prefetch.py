@@ -8,11 +8,12 @@ consumer; closing the consumer stops the thread.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import queue
 import threading
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from ingest.errors import StreamTimeoutError
 
@@ -124,3 +125,28 @@ class Prefetcher(Generic[T]):
             self._thread.join(timeout=_POLL_S)
             deadline -= _POLL_S
         _LIVE.discard(self)  # type: ignore[arg-type]
+
+
+T_co = TypeVar("T_co", covariant=True)
+
+
+class _Feed(Protocol[T_co]):
+    def __iter__(self) -> Iterator[T_co]: ...
+
+    def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def read_ahead(feed: _Feed[T], depth: int, timeout_s: float, name: str) -> Iterator[Iterator[T]]:
+    """``feed``'s items, read ``depth`` ahead in a background thread (0: on demand); on
+    leaving, the thread is stopped and the feed closed."""
+    items: Iterator[T] = (
+        Prefetcher(lambda: iter(feed), depth, timeout_s, name) if depth else iter(feed)
+    )
+    try:
+        yield items
+    finally:
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()
+        feed.close()

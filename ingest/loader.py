@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.utils.data
 
-from ingest._prefetch import Prefetcher
+from ingest._prefetch import read_ahead
 from ingest.catalog import Listing
 from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, StreamSpec
@@ -94,12 +94,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
             book.rank_plan(rank, epoch), self.spec.feed_config(), book.source, self.transform
         )
         read = self.spec.read
-        items: Iterator[Any] = (
-            Prefetcher(lambda: iter(feed), read.prefetch, read.timeout_s, self.spec.urls[0])
-            if read.prefetch
-            else iter(feed)
-        )
-        try:
+        with read_ahead(feed, read.prefetch, read.timeout_s, self.spec.urls[0]) as items:
             for item in _failing_as_item(items):
                 if isinstance(item, _Failed):
                     yield {KEY: item}
@@ -122,11 +117,6 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                     rank, item.step, item.runs, item.rows, item.cursor, item.quarantined, arrays
                 )
                 yield {**batch, KEY: came}
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-            feed.close()
 
 
 class DataLoader(torch.utils.data.DataLoader[Batch]):

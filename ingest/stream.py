@@ -15,7 +15,7 @@ import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
-from ingest._prefetch import Prefetcher
+from ingest._prefetch import read_ahead
 from ingest.catalog import Listing
 from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, Remainder, StreamSpec
@@ -177,12 +177,7 @@ class Stream:
             self._delivered = 0
         feed = Feed(plan, self.spec.feed_config(), book.source, self._transform)
         read = self.spec.read
-        items: Iterator[Any] = (
-            Prefetcher(lambda: iter(feed), read.prefetch, read.timeout_s, f"{self.spec.urls[0]}")
-            if read.prefetch
-            else iter(feed)
-        )
-        try:
+        with read_ahead(feed, read.prefetch, read.timeout_s, self.spec.urls[0]) as items:
             for item in items:
                 if isinstance(item, Tail):
                     self._flush()
@@ -207,11 +202,6 @@ class Stream:
             self._report(epoch)
             self._next_epoch = epoch + 1
             self._running = False
-        finally:
-            close = getattr(items, "close", None)
-            if close is not None:
-                close()
-            feed.close()
 
     def _flush(self) -> None:
         """Send the held acks to the book."""
