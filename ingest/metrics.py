@@ -123,13 +123,14 @@ class StoreMeter:
         self._last: dict[str, int] = {}
         self._since = 0.0
 
+    def due(self) -> bool:
+        """Whether a report is due (every :data:`REPORT_EVERY_S`, under Ray): the caller
+        gathers the counts only then, not on every call of its hot path."""
+        return time.monotonic() - self._since >= REPORT_EVERY_S and _exporting()
+
     def report(self, stats: Mapping[str, int], depths: Mapping[int, int]) -> None:
-        """Export what grew since the last report, and the ready batches held per rank;
-        at most every :data:`REPORT_EVERY_S`."""
-        now = time.monotonic()
-        if now - self._since < REPORT_EVERY_S or not _exporting():
-            return
-        self._since = now
+        """Export what grew since the last report, and the ready batches held per rank."""
+        self._since = time.monotonic()
         for name, keys in self._FROM.items():
             total = sum(int(stats.get(k, 0)) for k in keys)
             grew = total - self._last.get(name, 0)

@@ -420,7 +420,8 @@ class _Reader:
         if feed is None or (feed.session, feed.epoch) != (session, epoch):
             raise FeedLostError(f"no feed of rank {rank} for session {session}, epoch {epoch}")
         out = feed.take(most, wait_s)
-        self._meter.report(self.source.stats.as_dict(), {rank: feed.depth})
+        if self._meter.due():
+            self._meter.report(self.source.stats.as_dict(), {rank: feed.depth})
         return out
 
     def stats(self) -> dict[str, int]:
