@@ -131,8 +131,13 @@ class RayIndexer:
                     ctx.source.stats.add(**got.io)
                     yield replace(ctx.info, rows=got.rows, blocks=got.blocks, seeks=got.seeks)
         finally:
-            for _, ref in running:
-                ray.cancel(ref)
+            # The tasks still running are left to finish (at most max_tasks_in_flight groups)
+            # and their results dropped, never ray.cancel()ed: a cancel racing the task's end
+            # aborts the calling process in Ray 2.60 ("Check failed: it !=
+            # submissible_tasks_.end() Tried to complete task that was not pending",
+            # ray-project/ray#54846). It killed the test run's driver, without a word, when a
+            # bad shard failed one group while another finished.
+            running.clear()
 
     def _get(self, group: list[ReadContext], ref: Any) -> tuple[str, list[_Indexed]]:
         try:
