@@ -483,8 +483,23 @@ class EpochBook:
 
     # -- acks and snapshots ----------------------------------------------------------------
 
-    def ack(self, rank: int, records: Sequence[StepRecord], cursor: Cursor | None = None) -> None:
-        """Record ``rank``'s consumed steps; ``cursor`` is its position after the last."""
+    def ack(
+        self,
+        rank: int,
+        records: Sequence[StepRecord],
+        cursor: Cursor | None = None,
+        *,
+        again: bool = False,
+    ) -> None:
+        """Record ``rank``'s consumed steps; ``cursor`` is its position after the last.
+
+        ``again``: the message is a resend of one whose answer was lost (the coordinator was
+        unreachable for a moment, so it may or may not have run it). Its steps already
+        recorded are left out, with their rows and quarantines, instead of refused as a
+        replay: a resend counts nothing twice.
+        """
+        if again:
+            records = [r for r in records if not self.ledger.has(rank, r.step)]
         self.ledger.ack(rank, records)
         if cursor is not None and records:
             self._cursors[rank] = (max(r.step for r in records), cursor)

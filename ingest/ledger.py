@@ -98,6 +98,10 @@ class Ledger:
         while self._acked[rank] + 1 in mine:
             self._acked[rank] += 1
 
+    def has(self, rank: int, step: int) -> bool:
+        """Whether ``rank`` acked ``step`` (folded steps included)."""
+        return step <= self._acked[rank] or step in self._records[rank]
+
     def acked(self, rank: int) -> int:
         """The last step up to which ``rank`` acked every step (``first_step - 1`` before)."""
         return self._acked[rank]

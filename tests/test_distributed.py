@@ -7,6 +7,7 @@ rows, which the next epoch delivers first.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections import Counter
 from typing import Any
@@ -285,3 +286,64 @@ def test_a_take_that_reaches_a_restarted_reader_never_starts_the_feed_over(
         rest = [int(i) for b in loop for i in b["id"].tolist()]
     delivered = head + rest
     assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < BATCH
+
+
+@ray.remote(num_cpus=0)
+def _unreachable() -> None:
+    # What Ray raises when an actor's connection resets (a node left the cluster).
+    raise ray.exceptions.ActorUnavailableError("connection reset by peer", None)
+
+
+class _Unreachable:
+    """An actor handle whose calls ``fail[method]`` (call numbers, from 0) fail with
+    ``ActorUnavailableError``; with ``ran``, each of those calls first runs on the actor
+    (its answer is what was lost), the worst case Ray's message allows."""
+
+    def __init__(self, handle: Any, fail: dict[str, set[int]], *, ran: bool) -> None:
+        self.handle, self.fail, self.ran = handle, fail, ran
+        self.calls: Counter[str] = Counter()
+        self.failed = 0
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.handle, name)
+        outer = self
+
+        class _Method:
+            def remote(self, *args: Any, **kwargs: Any) -> Any:
+                n = outer.calls[name]
+                outer.calls[name] += 1
+                if n not in outer.fail.get(name, set()):
+                    return method.remote(*args, **kwargs)
+                outer.failed += 1
+                if outer.ran:  # its answer, or its error, is what gets lost
+                    with contextlib.suppress(ray.exceptions.RayError):
+                        ray.get(method.remote(*args, **kwargs), timeout=60)
+                return _unreachable.remote()
+
+        return _Method()
+
+
+@pytest.mark.parametrize("ran", [True, False], ids=["answer-lost", "never-ran"])
+def test_an_actor_unreachable_for_a_moment_is_asked_again_with_every_row_once(
+    s3_data: Store, ran: bool
+) -> None:
+    # A rank's coordinator call failed with ActorUnavailableError (a connection reset when
+    # another node was removed) and was taken for the coordinator's death: the group
+    # restarted from its checkpoint. The call may or may not have run: an ack resent must
+    # count nothing twice, and a take whose answer was lost must not lose its batches.
+    with make(s3_data, "parquet", 1) as stream:
+        it = stream.rank_iterator(0, options=ingest.RankOptions(ack_every=2, timeout_s=60))
+        it.coordinator = coordinator = _Unreachable(
+            it.coordinator, {"session": {0}, "ack": {0, 3, 4}, "state_dict": {0}}, ran=ran
+        )
+        it.reader = reader = _Unreachable(it.reader, {"take": {0, 5}}, ran=ran)
+        delivered = []
+        for n, batch in enumerate(it):
+            delivered += [int(i) for i in batch["id"].tolist()]
+            if n == 10:
+                state = it.state_dict()
+                assert state["progress"]["step"] == 11
+        assert coordinator.failed == 5 and reader.failed == 2, (coordinator.calls, reader.calls)
+        assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < BATCH
+        final = stream.state_dict()
+    assert final["progress"]["epoch"] == 1

@@ -356,3 +356,27 @@ def test_a_snapshot_of_unequal_acks_counts_every_acked_batch(
     for rank in range(2):
         even.ack(rank, batches_of(even.rank_plan(rank, 0), BATCH)[:2])
     assert even.snapshot_acked().to_json() == even.snapshot(1).to_json()
+
+
+def test_a_resent_ack_counts_nothing_twice(spec: StreamSpec) -> None:
+    # A coordinator unreachable for a moment may or may not have run an ack: the rank sends
+    # it again with again=True. Without it the same steps are a replay, and refused.
+    book = EpochBook(spec, 1)
+    plan = book.rank_plan(0, 0)
+    records = batches_of(plan, BATCH)
+    book.ack(0, records[:3])
+    with pytest.raises(ValueError, match="acked step 1 twice"):
+        book.ack(0, records[1:4])
+    book.ack(0, records[1:4], again=True)  # steps 1-2 ran before, 3 did not
+    book.ack(0, records[1:4], again=True)  # nothing new
+    book.fold(3)
+    book.ack(0, records[:4], again=True)  # folded steps are known too
+    state = book.snapshot(3)
+    assert state.progress.delivered == 4 * BATCH
+    resumed = EpochBook(spec, 1)
+    resumed.load(StreamState.from_json(json.loads(json.dumps(state.to_json()))))
+    rest = run_epoch(resumed, 0)
+    done = ids([s.url for s in plan.listing.shards], [x for r in records[:4] for x in r.runs])
+    remainder = resumed.plan(0).assignment.remainder_rows
+    assert len(done + rest) == len(set(done + rest))
+    assert len(done + rest) + remainder == SHARDS * ROWS

@@ -202,12 +202,19 @@ class _Coordinator:
             return self._book.quarantined()
 
     def ack(
-        self, rank: int, records: Sequence[StepRecord], session: int, cursor: Cursor | None = None
+        self,
+        rank: int,
+        records: Sequence[StepRecord],
+        session: int,
+        cursor: Cursor | None = None,
+        *,
+        again: bool = False,
     ) -> None:
+        """Record a rank's steps; ``again``: a resend (see :meth:`EpochBook.ack`)."""
         with self._lock:
             self._check(session)  # never dropped: a restarted actor or a replaced group
             book = self._book
-            book.ack(rank, records, cursor)
+            book.ack(rank, records, cursor, again=again)
             self._touched = True
             if records and records[-1].step - self._folded >= _FOLD_EVERY:
                 low = min(book.ledger.acked(r) for r in range(book.world_size))

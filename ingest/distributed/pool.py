@@ -397,8 +397,17 @@ class _Reader:
                 old.stop()
             self._feeds[rank] = _RankFeed(self, rank, session, epoch, (next_step, cursor))
 
-    def warm(self, rank: int, session: int, epoch: int) -> None:
-        """Start ``rank``'s feed before the rank asks (the first batch comes sooner)."""
+    def warm(self, rank: int, session: int, epoch: int, fresh: bool = False) -> None:
+        """Start ``rank``'s feed before the rank asks (the first batch comes sooner).
+
+        ``fresh``: start it over even if it exists (a rank that consumed none of it, whose
+        take may have taken items whose answer was lost).
+        """
+        if fresh:
+            with self._lock:
+                old = self._feeds.pop(rank, None)
+            if old is not None:
+                old.stop()
         self._feed(rank, session, epoch)
 
     # Never retried on a restarted actor, and never making a feed: a new process has none for

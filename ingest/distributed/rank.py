@@ -74,8 +74,8 @@ class RankIterator:
     _cursor: Cursor | None = None
     _held: deque[Item | End] = field(default_factory=deque)
     _inflight: Any = None
-    _acks: list[Any] = field(default_factory=list)
-    """Ack messages sent and not yet answered, oldest first."""
+    _acks: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
+    """Ack messages sent and not yet answered, oldest first, with their arguments."""
     stream: str = ""
     """The stream's name (its coordinator's), the ``stream`` tag of its metrics."""
     _meter: RankMeter | None = None
@@ -86,24 +86,57 @@ class RankIterator:
         except Exception as e:
             raise unwrap(e) from None
 
-    def _ask(self, ref: Any) -> Any:
-        """The answer of a coordinator call; its death is said as such, with how to resume."""
-        try:
-            return ray.get(ref, timeout=self.options.timeout_s)
-        except ray.exceptions.RayActorError as e:
-            raise CoordinatorLostError(e) from None
-        except Exception as e:
-            raise unwrap(e) from None
+    def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """Call the coordinator's ``method`` and wait for its answer (see :meth:`_answer`)."""
+        ref = getattr(self.coordinator, method).remote(*args)
+        return self._answer(ref, method, args, timeout_s=timeout_s)
+
+    def _answer(
+        self,
+        ref: Any,
+        method: str,
+        args: tuple[Any, ...],
+        *,
+        actor: Any = None,
+        timeout_s: float | None = None,
+        **resend: Any,
+    ) -> Any:
+        """The answer of a call to the coordinator (or ``actor``); the coordinator's death
+        is said as such, with how to resume.
+
+        An actor unreachable for a moment (``ActorUnavailableError``: a connection reset
+        when a node left the cluster) is asked again, with backoff, until the call's
+        timeout: the call may or may not have run, and every coordinator call and every
+        reader call but ``take`` is safe to send twice (an ack is resent with ``resend``:
+        ``again=True``).
+        """
+        of_coordinator = actor is None
+        actor = self.coordinator if actor is None else actor
+        deadline = time.monotonic() + (self.options.timeout_s if timeout_s is None else timeout_s)
+        delay = 0.2
+        while True:
+            try:
+                return ray.get(ref, timeout=max(deadline - time.monotonic(), 0.0))
+            except ray.exceptions.ActorUnavailableError as e:
+                if time.monotonic() + delay >= deadline:
+                    raise CoordinatorLostError(e) if of_coordinator else unwrap(e) from None
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+                ref = getattr(actor, method).remote(*args, **resend)
+            except ray.exceptions.RayActorError as e:
+                raise CoordinatorLostError(e) if of_coordinator else unwrap(e) from None
+            except Exception as e:
+                raise unwrap(e) from None
 
     def _session(self) -> int:
         if self.session is None:
-            self.session = int(self._ask(self.coordinator.session.remote()))
+            self.session = int(self._call("session"))
         return self.session
 
     def upcoming_epoch(self) -> int:
         """The epoch the next ``for`` loop over this iterator runs."""
         if self.epoch is None:
-            self.epoch = int(self._ask(self.coordinator.upcoming_epoch.remote(self.rank)))
+            self.epoch = int(self._call("upcoming_epoch", self.rank))
         return self.epoch
 
     def _fetch(self, epoch: int) -> Any:
@@ -112,24 +145,24 @@ class RankIterator:
             self.rank, self._session(), epoch, self.options.fetch_batches, wait_s
         )
 
-    def _recover(self, epoch: int) -> None:
+    def _recover(self, epoch: int, *, lost: bool = False) -> None:
         """The reader that held this rank's feed died: resume the feed after the last batch.
 
         Batches it had made but this rank had not consumed died with it; the restarted
         reader reads them again, from the rank's cursor, leaving out every acked row.
+        ``lost``: the reader lives, but a take's answer (batches it handed out) was lost.
         """
         self._held.clear()
         self._inflight = None
         self.flush()
         plan_step = self.step + 1 if self._cursor is not None else None
-        if plan_step is None:
-            self._get(self.reader.warm.remote(self.rank, self._session(), epoch))
+        reader = self.reader
+        if plan_step is None:  # nothing consumed: the epoch's share (from its start if lost)
+            args: tuple[Any, ...] = (self.rank, self._session(), epoch, lost)
+            self._answer(reader.warm.remote(*args), "warm", args, actor=reader)
         else:
-            self._get(
-                self.reader.resume.remote(
-                    self.rank, self._session(), epoch, plan_step, self._cursor
-                )
-            )
+            args = (self.rank, self._session(), epoch, plan_step, self._cursor)
+            self._answer(reader.resume.remote(*args), "resume", args, actor=reader)
 
     def _take(self, ref: Any, epoch: int) -> list[Item | End]:
         try:
@@ -137,6 +170,9 @@ class RankIterator:
             return got
         except FeedLostError:  # a restarted reader, or an epoch not started there
             self._recover(epoch)
+            return []
+        except ray.exceptions.ActorUnavailableError:  # its answer (batches) may be lost
+            self._recover(epoch, lost=True)
             return []
         except ray.exceptions.RayTaskError as e:  # raised in the reader, not its death
             raise unwrap(e) from None
@@ -177,15 +213,14 @@ class RankIterator:
                 waited = time.monotonic() - asked
                 if isinstance(item, End):
                     if len(item.leftover) or item.learned or item.quarantined:
-                        self._ask(
-                            self.coordinator.close_epoch.remote(
-                                epoch,
-                                item.steps,
-                                item.leftover,
-                                item.learned,
-                                self._session(),
-                                item.quarantined,
-                            )
+                        self._call(
+                            "close_epoch",
+                            epoch,
+                            item.steps,
+                            item.leftover,
+                            item.learned,
+                            self._session(),
+                            item.quarantined,
                         )
                     break
                 if self._cursor is not None and item.step != self.step + 1:
@@ -252,21 +287,24 @@ class RankIterator:
         how to resume), not at the end of the epoch with every ack since lost.
         """
         if self._pending:
-            self._acks.append(
-                self.coordinator.ack.remote(self.rank, self._pending, self._session(), self._cursor)
-            )
+            args = (self.rank, self._pending, self._session(), self._cursor)
+            self._acks.append((self.coordinator.ack.remote(*args), args))
             self._pending = []
         if not self._acks:
             return
         if wait:
-            refs, self._acks = self._acks, []
-            self._ask(refs)
+            sent, self._acks = self._acks, []
+            for ref, args in sent:
+                self._answer(ref, "ack", args, again=True)
             return
-        ready, self._acks = ray.wait(self._acks, num_returns=len(self._acks), timeout=0)
-        if ready:
-            self._ask(ready)
+        ready, _ = ray.wait([ref for ref, _ in self._acks], num_returns=len(self._acks), timeout=0)
+        done = set(ready)
+        for ref, args in [a for a in self._acks if a[0] in done]:
+            self._answer(ref, "ack", args, again=True)
+        self._acks = [a for a in self._acks if a[0] not in done]
         while len(self._acks) > 2:
-            self._ask(self._acks.pop(0))
+            ref, args = self._acks.pop(0)
+            self._answer(ref, "ack", args, again=True)
 
     def state_dict(self) -> dict[str, Any]:
         """Flush, then the stream state after this rank's last batch (same on every rank).
@@ -275,13 +313,13 @@ class RankIterator:
         that step (up to ``RankOptions.timeout_s``).
         """
         self.flush()
-        ref = self.coordinator.state_dict.remote(self.step, self.options.timeout_s, self._session())
-        try:
-            return ray.get(ref, timeout=self.options.timeout_s + 30)  # type: ignore[no-any-return]
-        except ray.exceptions.RayActorError as e:
-            raise CoordinatorLostError(e) from None
-        except Exception as e:
-            raise unwrap(e) from None
+        return self._call(  # type: ignore[no-any-return]
+            "state_dict",
+            self.step,
+            self.options.timeout_s,
+            self._session(),
+            timeout_s=self.options.timeout_s + 30,
+        )
 
 
 def unwrap(error: BaseException) -> BaseException:
