@@ -100,8 +100,12 @@ class RankMeter:
         now = time.monotonic() if now is None else now
         span = now - self._since
         if _exporting() and (self._batches or span > 0):
-            _metric("ingest_rows_total").inc(self._rows, tags=self.tags)
-            _metric("ingest_batches_total").inc(self._batches, tags=self.tags)
+            # Ray's Counter.inc refuses 0: an epoch with no batch (a followed dataset's empty
+            # round), or only empty ones (quarantined), raised in the rank's loop.
+            if self._rows:
+                _metric("ingest_rows_total").inc(self._rows, tags=self.tags)
+            if self._batches:
+                _metric("ingest_batches_total").inc(self._batches, tags=self.tags)
             share = min(1.0, self._waited / span) if span > 0 else 0.0
             _metric("ingest_data_wait_share").set(share, tags=self.tags)
         self._rows, self._batches, self._waited, self._since = 0, 0, 0.0, now

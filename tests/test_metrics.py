@@ -75,3 +75,18 @@ def test_a_running_stream_exports_its_metrics(s3_store: Any) -> None:
     # The readers' store counts grow as their stats do (the last second may not be out yet).
     assert 0 < found["ingest_bytes_read_total"][""] <= io["bytes_read"]
     assert 0 < found["ingest_requests_total"][""] <= io["opens"] + io["reads"] + io["listings"]
+
+
+@ray.remote(num_cpus=0)
+def _report_nothing() -> None:
+    from ingest.metrics import RankMeter
+
+    meter = RankMeter("empty", 0)
+    meter.report()  # an epoch with no batch (a followed dataset's empty round)
+    meter.batch(0, 0.01)  # a batch that lost all its rows to quarantine
+    meter.report()
+
+
+def test_a_rank_with_no_rows_to_report_reports_without_error() -> None:
+    # Ray's Counter.inc(0) raises: it did, in the rank's loop, at the end of an empty epoch.
+    ray.get(_report_nothing.remote(), timeout=60)
