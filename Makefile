@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	# Keep a torch that is already installed; otherwise take the CPU build before anything
 	# else can pull the CUDA wheels in through the unpinned `torch>=` requirement.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,bench,hf]"
+	$(PY) -m pip install -q -e ".[dev,bench,hf,media]"
 	touch $(STAMP)
 
 demo: $(STAMP)

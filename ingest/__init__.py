@@ -25,6 +25,7 @@ from ingest.errors import (
     StoreError,
     StreamTimeoutError,
 )
+from ingest.follow import Follow
 from ingest.formats import get_format, register_format, registered_formats
 from ingest.formats.base import ReadOptions, ShardInfo
 from ingest.index import IndexConfig, IndexStore
@@ -33,7 +34,7 @@ from ingest.sources import IOStats, RetryPolicy, Shard, Source
 from ingest.state import STATE_VERSION
 
 if TYPE_CHECKING:
-    from ingest import testing, train
+    from ingest import decode, testing, train
     from ingest.distributed.coordinator import CoordinatorLostError
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
@@ -49,6 +50,7 @@ __all__ = [
     "ConfigError",
     "CoordinatorLostError",
     "DataLoader",
+    "Follow",
     "IOStats",
     "IndexConfig",
     "IndexStore",
@@ -72,6 +74,7 @@ __all__ = [
     "Stream",
     "StreamTimeoutError",
     "__version__",
+    "decode",
     "get_format",
     "list_shards",
     "register_format",
@@ -95,7 +98,7 @@ _LAZY = {
 def __getattr__(name: str) -> Any:
     # torch and ray take seconds to import; Ray read tasks import this package and need
     # neither, so the pieces that use them load on first use.
-    if name in ("train", "testing", "hf"):
+    if name in ("train", "testing", "hf", "decode"):
         import importlib
 
         return importlib.import_module(f"ingest.{name}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 import pyarrow as pa
 from tqdm.auto import tqdm
 
+from ingest import folders
 from ingest.errors import IngestError, ShardError, redact
 from ingest.formats import FORMAT_RESOLVER, get_format
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
@@ -42,6 +43,8 @@ class Listing:
     infos: tuple[ShardInfo, ...]
     schema: pa.Schema | None
     schema_origin: str
+    classes: tuple[str, ...] = ()
+    """Folder datasets: the sorted class names, the ``label`` indices' meaning."""
 
     def records(self) -> list[ShardRecord]:
         return [
@@ -69,6 +72,7 @@ class Listing:
             tuple(self.infos[n] for n in picked),
             self.schema,
             self.schema_origin,
+            self.classes,
         )
 
     def context(
@@ -165,7 +169,9 @@ class Catalog:
                 schemas disagree.
             IndexStoreError: If the index store cannot be read or written.
         """
-        shards = self.source.list_shards(FORMAT_RESOLVER)
+        shards, classes = folders.group(
+            self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store)
+        )
         infos: list[ShardInfo]
         todo = sum(1 for s in shards if (s.url, s.size, s.version) not in self._cache)
         with tqdm(
@@ -187,13 +193,13 @@ class Catalog:
             else:
                 infos = [one(s) for s in shards]
         if not schema:
-            return Listing(tuple(shards), tuple(infos), None, "")
+            return Listing(tuple(shards), tuple(infos), None, "", classes)
         stream_schema, origin = self._schema(shards, infos)
         if stream_schema is not None:
             for shard, info in zip(shards, infos, strict=True):
                 if info.schema is not None and info.rows:
                     check_schema(shard.url, info.schema, stream_schema, origin, self.columns)
-        listing = Listing(tuple(shards), tuple(infos), stream_schema, origin)
+        listing = Listing(tuple(shards), tuple(infos), stream_schema, origin, classes)
         return self._index(listing, progress) if index else listing
 
     def _index(self, listing: Listing, progress: bool) -> Listing:
@@ -218,7 +224,9 @@ class Catalog:
             todo = [n for n in todo if infos[n].rows is None]
         if todo:
             self._build(listing, todo, infos, progress)
-        return Listing(listing.shards, tuple(infos), listing.schema, listing.schema_origin)
+        return Listing(
+            listing.shards, tuple(infos), listing.schema, listing.schema_origin, listing.classes
+        )
 
     def _build(
         self, listing: Listing, todo: list[int], infos: list[ShardInfo], progress: bool

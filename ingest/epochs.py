@@ -29,7 +29,8 @@ last fold, and takes the listing part of the state as made once, when the epoch 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -50,6 +51,7 @@ from ingest.assign import (
 from ingest.catalog import Catalog, Listing
 from ingest.errors import ConfigError, StateError, redact
 from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
+from ingest.follow import Follow, NothingNewError, consumed_before, read_manifest
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
 from ingest.index import IndexConfig, Indexer, IndexStore
@@ -94,6 +96,9 @@ class StreamSpec:
         index: Where the persistent shard index lives (row counts and seek points of shards
             whose footer has none, keyed by url, size and version, reused by later jobs);
             None keeps indexes in memory only.
+        follow: Read a dataset that grows while the stream runs: each epoch is a round over
+            the shards that appeared since the last (:mod:`ingest.follow`). None: every
+            epoch reads the whole listing.
     """
 
     urls: tuple[str, ...]
@@ -107,6 +112,7 @@ class StreamSpec:
     read: ReadOptions = field(default_factory=ReadOptions)
     remainder: Remainder = "carry"
     index: IndexConfig | None = field(default_factory=IndexConfig)
+    follow: Follow | None = None
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -216,6 +222,9 @@ class EpochBook:
         self.catalog = catalog if catalog is not None else spec.catalog()
         self.source = self.catalog.source
         self._progress = progress
+        self.wait: Callable[[float], None] = time.sleep
+        """How a round of a followed dataset waits between listings (the coordinator
+        waits on its condition, so that acks go on meanwhile)."""
         self._epochs: dict[int, _PlannedEpoch] = {}
         self._start: StreamState | None = None
         self._start_listing: Listing | None = None
@@ -240,8 +249,18 @@ class EpochBook:
             self._start_listing = listing
 
     def scan(self) -> Listing:
-        """One listing of the source; with several ranks every shard gets a row count."""
-        return self.catalog.scan(progress=self._progress, index=self.world_size > 1)
+        """One listing of the source; with several ranks every shard gets a row count.
+
+        Following a manifest, only the shards it names (read first) are in the listing.
+        """
+        follow = self.spec.follow
+        finished = None
+        if follow is not None and follow.manifest is not None:
+            finished = read_manifest(self.catalog.source, follow.manifest)
+        listing = self.catalog.scan(progress=self._progress, index=self.world_size > 1)
+        if finished is not None:
+            listing = listing.subset([s.url for s in listing.shards if s.url in finished])
+        return listing
 
     @property
     def first_epoch(self) -> int:
@@ -267,10 +286,28 @@ class EpochBook:
             )
         got = self._epochs.get(epoch)
         if got is None:
-            got = self._epochs[epoch] = self._make(epoch)
+            got = self._make_when_ready(epoch)
         return got
 
-    def _make(self, epoch: int) -> _PlannedEpoch:
+    def _make_when_ready(self, epoch: int) -> _PlannedEpoch:
+        """Plan ``epoch``; a round of a followed dataset waits for a full step of new rows
+        (listing every ``poll_s``) up to ``idle_timeout_s`` (see :mod:`ingest.follow`)."""
+        follow = self.spec.follow
+        deadline = time.monotonic() + (follow.idle_timeout_s if follow else 0.0)
+        while True:
+            try:
+                made = self._make(epoch, force=time.monotonic() >= deadline)
+            except NothingNewError:
+                assert follow is not None
+                self.wait(min(follow.poll_s, max(deadline - time.monotonic(), 0.0)))
+                got = self._epochs.get(epoch)  # planned by another caller meanwhile
+                if got is not None:
+                    return got
+                continue
+            self._epochs[epoch] = made
+            return made
+
+    def _make(self, epoch: int, *, force: bool = True) -> _PlannedEpoch:
         if epoch == self._start_epoch:
             return self._make_first(epoch)
         prev = self.plan(epoch - 1)
@@ -286,13 +323,33 @@ class EpochBook:
             dropped += prev.assignment.remainder_rows
         else:
             by_url = {s.url: n for n, s in enumerate(listing.shards)}
+            missing = [
+                prev.listing.shards[s.shard].url
+                for s in prev.assignment.remainder
+                if prev.listing.shards[s.shard].url not in by_url
+            ]
+            if missing:
+                consumed_before(prev.listing.shards, listing.shards)  # says what vanished
             carry = tuple(
                 Span(by_url[prev.listing.shards[s.shard].url], s.start, s.stop, CARRY)
                 for s in prev.assignment.remainder
             )
+        main = Progress()
+        if self.spec.follow is not None:
+            # A round: the shards the rounds before read are consumed (they only grow).
+            learnt = {prev.listing.shards[i].url: n for i, n in prev.main.rows.items()}
+            done = consumed_before(prev.listing.shards, listing.shards)
+            main = _all_of(listing, done, learnt)
+            fresh = sum(
+                TO_END if i.rows is None else i.rows
+                for n, i in enumerate(listing.infos)
+                if n not in main.consumed
+            ) + sum(s.stop - s.start for s in carry)
+            if not force and fresh < self.world_size * self.spec.batch_size:
+                raise NothingNewError
         first = prev.first_step + prev.steps
         return self._planned(
-            epoch, first, listing, carry, Progress(), Progress(), 0, dropped, first, None
+            epoch, first, listing, carry, main, Progress(), 0, dropped, first, None
         )
 
     def _make_first(self, epoch: int) -> _PlannedEpoch:
@@ -389,7 +446,9 @@ class EpochBook:
             assignment = split(spans, self.world_size, self.spec.batch_size)
             steps = assignment.steps + (based - first_step)
         with cycle_collection_paused():
-            dataset = DatasetState(self._sources, _shard_table(listing, counts))
+            dataset = DatasetState(
+                self._sources, _shard_table(listing, counts), classes=listing.classes
+            )
             # The listing part of every state of the epoch, made once (a second for a million
             # shards: here rather than in the first snapshot).
             dataset.to_json()
@@ -640,10 +699,17 @@ class EpochBook:
             records = e.listing.records()
             for index, rows in learnt.items():
                 records[index] = records[index]._replace(rows=rows)
-            dataset = DatasetState(self._sources, records)
+            dataset = DatasetState(self._sources, records, classes=e.listing.classes)
+        following = Progress()
+        if self.spec.follow is not None:  # the next round reads none of these shards again
+            following = _all_of(
+                e.listing,
+                range(len(e.listing.shards)),
+                {e.listing.shards[i].url: n for i, n in e.main.rows.items()},
+            )
         return StreamState(
             dataset,
-            ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, Progress()),
+            ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, following),
             DistributedState(self.world_size, carry, Progress()),
             self._position(step, None),
         )
@@ -690,7 +756,7 @@ class EpochBook:
             )
         if listing is None:
             listing = self.scan()
-        match_listing(state.dataset, listing.records())
+        match_listing(state.dataset, listing.records(), listing.classes)
         if state.started:
             # The rest of an epoch reads the shards it started with; new ones join next epoch.
             listing = listing.subset([s.url for s in state.shards])
@@ -764,6 +830,30 @@ def _add_runs(
     for progress, sets, arrays in zip(both, new, made, strict=True):
         if sets:
             progress.add_sets(sets, counts, arrays)
+
+
+def _all_of(listing: Listing, indices: Iterable[int], learnt: Mapping[str, int]) -> Progress:
+    """Progress with every row of the shards ``indices`` of ``listing`` consumed.
+
+    Raises:
+        StateError: If one has no row count (neither listed nor learnt by reading).
+    """
+    out = Progress()
+    for n in indices:
+        rows = listing.infos[n].rows
+        if rows is None:
+            rows = learnt.get(listing.shards[n].url)
+        if rows is None:
+            raise StateError(
+                f"{redact(listing.shards[n].url)} has no row count: following a dataset "
+                "needs one per shard (parquet and Arrow files have one; index the others: "
+                "`ingest index URL`)"
+            )
+        if rows:
+            out.consumed[n] = IntervalSet.span(0, rows)
+        if listing.infos[n].rows is None:
+            out.rows[n] = rows
+    return out
 
 
 def _shard_table(listing: Listing, counts: npt.NDArray[np.int64]) -> ShardTable:

@@ -359,6 +359,75 @@ class IndexStore:
                     raise self._store_error(e, "write") from None
         self._count(written=len(blobs))
 
+    # -- listings ----------------------------------------------------------------------------
+
+    def get_listing(self, key: str) -> list[tuple[str, int, str]] | None:
+        """The files ``(name, size, version)`` of the listing stored under ``key``, or None.
+
+        Only listings that never change are stored (an ``hf://`` glob at a commit; see
+        :meth:`ingest.Source.list_shards`); a corrupt entry is a miss, with a warning.
+
+        Raises:
+            IndexStoreError: If the location cannot be read.
+        """
+        name = _listing_name(key)
+        if self._local is not None:
+            try:
+                blob: bytes | None = (self._local / name).read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                blob = None
+            except OSError as e:
+                raise self._store_error(e, "read") from None
+        else:
+            try:
+                blob = bytes(self._fs.cat_file(f"{self._root}/{name}"))
+            except FileNotFoundError:
+                blob = None
+            except Exception as e:
+                raise self._store_error(e, "read") from None
+        if blob is None:
+            self._count(misses=1)
+            return None
+        try:
+            entry = json.loads(blob)
+            if entry.get("key") != key or entry.get("version") != INDEX_VERSION:
+                raise ValueError("it belongs to another listing")
+            files = [(str(n), int(size), str(v)) for n, size, v in entry["files"]]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            self._count(corrupt=1)
+            warnings.warn(
+                f"stored listing {name} is ignored ({e}); the source is listed again",
+                IndexEntryWarning,
+                stacklevel=2,
+            )
+            return None
+        self._count(hits=1)
+        return files
+
+    def put_listing(self, key: str, files: Sequence[tuple[str, int, str]]) -> None:
+        """Store the files of a listing that never changes under ``key``.
+
+        Raises:
+            IndexStoreError: If the location cannot be written.
+        """
+        name = _listing_name(key)
+        blob = json.dumps(
+            {"key": key, "version": INDEX_VERSION, "files": [list(f) for f in files]}
+        ).encode()
+        if self._local is not None:
+            _write_local(self._local, [(name, blob)])
+        else:
+            try:
+                self._fs.pipe_file(f"{self._root}/{name}", blob)
+            except Exception as e:
+                raise self._store_error(e, "write") from None
+        self._count(written=1)
+
+
+def _listing_name(key: str) -> str:
+    h = hashlib.sha256(f"listing\0{key}\0{INDEX_VERSION}".encode()).hexdigest()
+    return f"listings/{h[:2]}/{h}.json"
+
 
 def _write_local(root: Path, blobs: Sequence[tuple[str, bytes]]) -> None:
     try:

@@ -28,6 +28,7 @@ from fsspec.callbacks import TqdmCallback
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
+from ingest import hub
 from ingest.cache import CacheEvent, CacheOptions, ShardCache
 from ingest.errors import ConfigError, SourceError, StoreError, redact
 
@@ -85,12 +86,18 @@ class Shard:
             changed object from the one a state was saved against. Empty if the store gives
             neither.
         format: Registry name of the format that reads it.
+        members: The files of a work unit of a folder dataset (:mod:`ingest.folders`),
+            each one row; empty for a file. A unit's size is theirs added up, its version a
+            hash of theirs, and its URL its first member's with ``+N`` (the N after it).
+        labels: The class index of each member (folder datasets).
     """
 
     url: str
     size: int
     version: str
     format: str
+    members: tuple[Shard, ...] = ()
+    labels: tuple[int, ...] = ()
 
 
 class FormatResolver(Protocol):
@@ -118,6 +125,19 @@ class FormatResolver(Protocol):
 
     def describe(self) -> str:
         """Which files it takes as data, for the fix of a listing that matched none."""
+        ...
+
+
+class ListingStore(Protocol):
+    """Keeps listings that never change (an ``hf://`` glob at a commit) across jobs; the
+    shard index implements it (:class:`ingest.IndexStore`)."""
+
+    def get_listing(self, key: str) -> list[tuple[str, int, str]] | None:
+        """The files ``(name, size, version)`` stored under ``key``, or None."""
+        ...
+
+    def put_listing(self, key: str, files: Sequence[tuple[str, int, str]]) -> None:
+        """Store the files of the listing ``key``."""
         ...
 
 
@@ -623,14 +643,19 @@ class Source:
 
     # -- listing -------------------------------------------------------------------------
 
-    def list_shards(self, formats: FormatResolver) -> list[Shard]:
+    def list_shards(
+        self, formats: FormatResolver, listings: ListingStore | None = None
+    ) -> list[Shard]:
         """List every URL once and return the shards, sorted by URL, without duplicates.
 
-        Shard URLs hold no credentials (see the class docstring).
+        Shard URLs hold no credentials (see the class docstring). An ``hf://`` URL is
+        pinned to the commit its revision names now (:mod:`ingest.hub`).
 
         Args:
             formats: Tells which listed files are data and the format of each (the format
                 registry: :data:`ingest.formats.FORMAT_RESOLVER`).
+            listings: Where listings at a commit are kept across jobs (the shard index);
+                one found there is not listed again.
 
         Raises:
             SourceError: If a URL matches nothing, its bucket does not exist, the
@@ -644,14 +669,37 @@ class Source:
             # A listing is of the store now: s3fs and gcsfs keep directory listings, and a
             # shard written since the last listing would be listed but refused by open().
             self.filesystem(url).invalidate_cache()
-            for shard in self._list_one(url, formats):
+            for shard in self._list_one(url, formats, listings):
                 found.setdefault(shard.url, shard)
         return [found[u] for u in sorted(found)]
 
-    def _list_one(self, url: str, formats: FormatResolver) -> list[Shard]:
+    def _list_one(
+        self, url: str, formats: FormatResolver, listings: ListingStore | None
+    ) -> list[Shard]:
         fs = self.filesystem(url)
+        key = None
+        if get_protocol(url) == "hf":
+            url = self._pin(url)
+            key = f"{hub.endpoint_of(self._options)} {url} {self.format}"
         path = fs._strip_protocol(_strip_userinfo(url))
-        infos, explicit = self._file_infos(fs, url, path)
+        stored = listings.get_listing(key) if listings is not None and key else None
+        if stored is not None:
+            infos: list[dict[str, Any]] = [
+                {"name": name, "size": size, "ETag": version, "type": "file"}
+                for name, size, version in stored
+            ]
+            explicit = len(infos) == 1 and infos[0]["name"] == path
+        else:
+            infos, explicit = self._file_infos(fs, url, path)
+            if listings is not None and key:
+                listings.put_listing(
+                    key,
+                    [
+                        (str(i["name"]), int(i.get("size") or 0), _version_of(i))
+                        for i in infos
+                        if i.get("type", "file") == "file"
+                    ],
+                )
         shards: list[Shard] = []
         for info in infos:
             if info.get("type", "file") != "file":
@@ -677,6 +725,29 @@ class Source:
         if not shards:
             self._raise_no_match(fs, url, path, formats)
         return shards
+
+    def _pin(self, url: str) -> str:
+        """``url`` (``hf://``) at the commit its revision names now: one request."""
+        where = hub.parse(url)
+        token = hub.token_of(self._options)
+        if token and token not in self._secrets:
+            self._secrets = (*self._secrets, token)
+
+        def resolve() -> str:
+            self.stats.add(listings=1)
+            return hub.resolve_revision(where, self._options)
+
+        try:
+            sha = _attempt(resolve, self._policy(url), self.stats)
+        except _GaveUpError as gave_up:
+            raise SourceError(
+                url,
+                f"cannot resolve revision {where.revision or 'main'!r} of "
+                f"{where.repo_id}: {gave_up.describe(self.scrub)}",
+                "check the repository, the revision and the token (HF_TOKEN, or "
+                "storage_options={'token': ...}); a private or gated repository needs one",
+            ) from None
+        return where.at(sha)
 
     def _file_infos(
         self, fs: fsspec.AbstractFileSystem, url: str, path: str
@@ -751,8 +822,27 @@ class Source:
 
     def _path(self, shard: Shard) -> tuple[fsspec.AbstractFileSystem, str]:
         real = self._hidden.get(shard.url, shard.url)
+        if get_protocol(real) == "hf":  # plain range requests at the commit (ingest.hub)
+            return self._hub_http(), hub.parse(real).resolve_url(hub.endpoint_of(self._options))
         fs = self.filesystem(real)
         return fs, fs._strip_protocol(real)
+
+    def _hub_http(self) -> fsspec.AbstractFileSystem:
+        """The HTTP filesystem that reads Hub files, the token in its headers."""
+        with self._fs_lock:
+            fs = self._filesystems.get("hf-http")
+        if fs is not None:
+            return fs
+        token = hub.token_of(self._options)
+        if token and token not in self._secrets:
+            self._secrets = (*self._secrets, token)
+        options = self._fs_options("http")
+        options.pop("token", None)
+        options.pop("endpoint", None)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        fs = fsspec.filesystem("http", headers=headers, skip_instance_cache=True, **options)
+        with self._fs_lock:
+            return self._filesystems.setdefault("hf-http", fs)
 
     def open(
         self, shard: Shard, *, block_size: int | None = None, part: bool = False

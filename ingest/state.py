@@ -492,6 +492,9 @@ class DatasetState:
     shards: Sequence[ShardRecord]
     """A list, or a :class:`ShardTable` (a listing's columns)."""
     fingerprint: PackedFingerprint | None = None
+    classes: tuple[str, ...] = ()
+    """Folder datasets: the class names the ``label`` indices stand for (``"classes"`` in
+    the JSON, absent when empty)."""
     _json: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _counts: npt.NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
 
@@ -521,20 +524,25 @@ class DatasetState:
                 "digest": self.fingerprint.digest,
                 "packed": _pack(columns.urls, self.counts, self.fingerprint),
             }
+            if self.classes:
+                self._json["classes"] = list(self.classes)
         elif self._json is None:
             self._json = {
                 "sources": list(self.sources),
                 "digest": digest(self.shards),
                 "shards": [s.to_json() for s in self.shards],
             }
+            if self.classes:
+                self._json["classes"] = list(self.classes)
         return dict(self._json)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], version: int = STATE_VERSION) -> DatasetState:
         sources = [str(s) for s in _list(data.get("sources", []), "dataset.sources")]
+        classes = tuple(_classes(data.get("classes", [])))
         if version >= 3 and "packed" in data:
             shards, fingerprint = _unpack(data["packed"], data.get("digest"))
-            return cls(sources, shards, fingerprint)
+            return cls(sources, shards, fingerprint, classes)
         shards = []
         for n, entry in enumerate(_list(data["shards"], "dataset.shards")):
             if not isinstance(entry, list) or len(entry) != 4:
@@ -555,7 +563,7 @@ class DatasetState:
                 "dataset.digest does not match dataset.shards: the state was "
                 "edited or corrupted; save it again"
             )
-        return cls(sources, shards)
+        return cls(sources, shards, None, classes)
 
 
 @dataclass(slots=True)
@@ -745,12 +753,17 @@ class StreamState:
 
     @property
     def started(self) -> bool:
-        """Whether any row of this epoch was consumed (else the epoch may re-list)."""
+        """Whether any row of this epoch was consumed (else the epoch may re-list).
+
+        Rows in ``progress.consumed`` with no step, delivery or quarantine since the epoch
+        began are not the epoch's own: a followed dataset's rounds start with the shards of
+        the rounds before consumed (:mod:`ingest.follow`), and the round lists again.
+        """
         p = self.progress
         return bool(
             p.step > p.first_step
             or p.delivered
-            or p.consumed.count()
+            or p.quarantined
             or self.distributed.carry_consumed.count()
         )
 
@@ -879,17 +892,40 @@ def _too_large(what: str, size: str, max_bytes: int) -> StateError:
     )
 
 
+def _classes(value: Any) -> list[str]:
+    names = _list(value, "dataset.classes")
+    if not all(isinstance(n, str) for n in names) or names != sorted(set(names)):
+        raise StateError(
+            f"dataset.classes is {names[:5]!r}...: not a sorted list of distinct class names; "
+            f"the state was edited or corrupted; {FIX}"
+        )
+    return names
+
+
 def match_listing(
-    saved: DatasetState | Sequence[ShardRecord], listed: Sequence[ShardRecord]
+    saved: DatasetState | Sequence[ShardRecord],
+    listed: Sequence[ShardRecord],
+    classes: Sequence[str] = (),
 ) -> None:
     """Check that every saved shard is in ``listed``, unchanged. New shards are fine.
 
     Sizes are compared, and versions where both sides have one. A packed state (its sizes
-    and versions kept as a digest and hashes) is checked against the digest first.
+    and versions kept as a digest and hashes) is checked against the digest first. A folder
+    dataset's class list (``classes``, the listing's) must be the state's.
 
     Raises:
-        StateError: Naming the shards that are missing or changed, and what changed.
+        StateError: Naming the shards that are missing or changed, and what changed, or the
+            classes added or gone.
     """
+    if isinstance(saved, DatasetState) and tuple(saved.classes) != tuple(classes):
+        gone = sorted(set(saved.classes) - set(classes))
+        added = sorted(set(classes) - set(saved.classes))
+        raise StateError(
+            f"the folder dataset's classes changed since the state was saved (gone: "
+            f"{gone[:5]}, added: {added[:5]}; {len(saved.classes)} -> {len(classes)}): its "
+            "label indices would name other classes. Restore the class directories, or "
+            "start without the state"
+        )
     fingerprint = saved.fingerprint if isinstance(saved, DatasetState) else None
     shards = saved.shards if isinstance(saved, DatasetState) else saved
     by_url = {s.url: s for s in listed}

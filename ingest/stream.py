@@ -21,6 +21,7 @@ from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, Remainder, StreamSpec
 from ingest.errors import ConfigError, IngestError
 from ingest.feed import Feed, Tail
+from ingest.follow import Follow
 from ingest.formats.base import ReadOptions
 from ingest.ledger import StepRecord
 from ingest.quarantine import Quarantined, summary
@@ -64,6 +65,9 @@ class Stream:
         transform: Run on each batch (as an Arrow table) before conversion to torch: a
             function, or a class built once. It must keep one output row per input row.
         progress: Show a progress bar while footers are read at listing time.
+        follow: Read a dataset written while the stream runs: each epoch is a round over
+            the shards that appeared since the last one, which waits for new shards
+            (``ingest.Follow(poll_s, idle_timeout_s, manifest)``, see :mod:`ingest.follow`).
     """
 
     def __init__(
@@ -81,6 +85,7 @@ class Stream:
         read: ReadOptions | None = None,
         transform: Transform | None = None,
         progress: bool = False,
+        follow: Follow | None = None,
     ) -> None:
         if columns is not None and (isinstance(columns, str) or not columns):
             raise ConfigError(f"columns={columns!r} must be a non-empty list of names, or None")
@@ -95,6 +100,7 @@ class Stream:
             shuffle_lanes=shuffle_lanes,
             read=read or ReadOptions(),
             remainder=remainder,
+            follow=follow,
         )
         self._transform = build_transform(transform)
         self._book = EpochBook(self.spec, 1, progress=progress)

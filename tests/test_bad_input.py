@@ -225,7 +225,8 @@ def test_credentials_in_a_url_never_reach_a_message(local: Store) -> None:
 def test_unknown_format_lists_the_known_ones(local: Store) -> None:
     with pytest.raises(
         ingest.ConfigError,
-        match="unknown format 'avro'; known formats: arrow, csv, jsonl, parquet, webdataset",
+        match="unknown format 'avro'; known formats: arrow, audiofolder, csv, imagefolder, jsonl, "
+        "parquet, webdataset",
     ):
         ingest.Stream(local.url("d"), format="avro")
 

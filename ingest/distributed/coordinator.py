@@ -79,6 +79,7 @@ class _Coordinator:
             resources=placement.get("resources"), label_selector=placement.get("label_selector")
         )
         self._book = EpochBook(spec, world_size, catalog=spec.catalog(indexer))
+        self._book.wait = self._wait
         self._lock = threading.Condition()
         self._initial: dict[str, Any] | None = None  # what a session without a state starts at
         self._life = secrets.randbits(31)
@@ -119,10 +120,15 @@ class _Coordinator:
             self._joined.add(rank)
             return self._session
 
+    def _wait(self, seconds: float) -> None:
+        """A followed round's wait for new shards: the lock is free meanwhile (acks go on)."""
+        self._lock.wait(timeout=seconds)
+
     def _reset(self, world_size: int, state: Mapping[str, Any] | None) -> None:
         book = EpochBook(self._book.spec, world_size, catalog=self._book.catalog)
         if state is not None:
             book.load(StreamState.from_json(state))
+        book.wait = self._wait
         self._book = book
         self._session += 1
         self._joined = set()

@@ -15,6 +15,7 @@ from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.epochs import Remainder, StreamSpec
 from ingest.errors import ConfigError
+from ingest.follow import Follow
 from ingest.formats.base import ReadOptions
 from ingest.index import IndexConfig
 from ingest.quarantine import Quarantined, summary
@@ -58,6 +59,9 @@ class RayStream:
         name: Name of the coordinator actor (default: a fresh unique name); the ``stream``
             tag of its metrics (:mod:`ingest.metrics`).
         timeout_s: Longest wait for the coordinator and the pool.
+        follow: Read a dataset written while the stream runs, in rounds of new shards
+            (:mod:`ingest.follow`); ``timeout_s`` must exceed its ``idle_timeout_s`` (a rank
+            waits for the round's first batch while the round waits for new shards).
         progress: Show progress bars while footers are read and shards indexed at start.
     """
 
@@ -81,6 +85,7 @@ class RayStream:
         name: str | None = None,
         timeout_s: float = 300.0,
         progress: bool = False,
+        follow: Follow | None = None,
     ) -> None:
         if isinstance(world_size, bool) or world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
@@ -103,7 +108,14 @@ class RayStream:
             read=read or ReadOptions(),
             remainder=remainder,
             index=index,
+            follow=follow,
         )
+        if follow is not None and timeout_s <= follow.idle_timeout_s + follow.poll_s:
+            raise ConfigError(
+                f"timeout_s={timeout_s} must exceed Follow(idle_timeout_s="
+                f"{follow.idle_timeout_s}) + poll_s ({follow.poll_s}): a rank waits for a "
+                "round's first batch while the round waits for new shards"
+            )
         self.world_size = world_size
         self.pool = readers or ReaderPool()
         self.transform = transform

@@ -121,6 +121,8 @@ class Job:
         step: ``(model, optimizer, batch) -> loss`` for one batch.
         columns: Columns the job reads.
         transform: Decode-pool transform (a class built once per actor), or None.
+        format: The format to read ``data.url`` with (``"imagefolder"``), or None to tell
+            it from the files' extensions.
     """
 
     name: str
@@ -128,6 +130,7 @@ class Job:
     step: Callable[[torch.nn.Module, torch.optim.Optimizer, dict[str, Any]], torch.Tensor]
     columns: list[str]
     transform: Any = None
+    format: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -365,11 +368,12 @@ def run(job: Job, config: Config) -> dict[str, Any]:
     _init_ray(config)
     data, train_cfg = config["data"], config["train"]
     listing = ingest.list_shards(
-        data["url"], storage_options=data.get("storage_options"), progress=False
+        data["url"], storage_options=data.get("storage_options"), format=job.format
     )
     total = listing.rows if listing.rows is not None else int(data["rows"])
     with ingest.RayStream(
         data["url"],
+        format=job.format,
         columns=job.columns,
         batch_size=int(train_cfg["batch_size"]),
         shuffle_seed=train_cfg.get("seed", 0),

@@ -1,18 +1,20 @@
-"""A small image classifier over WebDataset shards, decoded in the Ray Data pool.
+"""A small image classifier over an ImageFolder tree, decoded in the Ray Data pool.
 
     python -m ingest.examples.image [--config PATH] [KEY=VALUE ...]
 
-Each sample of a tar shard is ``<key>.png`` (the image) and ``<key>.cls`` (the label). The
-PNGs are decoded by :class:`DecodeImages` on the CPU decode pool, never on the training
-ranks, which receive ready float tensors. With ``data.generate`` set and no shards at
-``data.url``, synthetic shards are written first (each class a different colour pattern).
+``data.url`` is an ImageFolder layout, ``<root>/<class>/<id>.png`` (on disk, ``s3://`` or
+``hf://``), read with ``format="imagefolder"``: each file is a row with its label (the index
+of its directory's name). The PNGs are decoded by :class:`DecodeImages` on the CPU decode
+pool, never on the training ranks, which receive ready float tensors. With ``data.generate``
+set and no images at ``data.url``, synthetic ones are written first (each class a different
+colour pattern).
 """
 
 from __future__ import annotations
 
 import io
+import posixpath
 import sys
-import tarfile
 from typing import Any
 
 import fsspec
@@ -21,34 +23,26 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+import ingest
 from ingest.examples.common import Config, Job, default_config, main
 
 SIZE = 32
 
 
 class DecodeImages:
-    """Decode-pool transform: PNG bytes -> (n, 3, 32, 32) float32, label, id."""
+    """Decode-pool transform: PNG bytes -> (n, 3, 32, 32) float32, label, and the row ``id``
+    (the file's name, ``<id>.png``, which the job's exactly-once witness counts)."""
 
     def __init__(self) -> None:
-        from PIL import Image  # imported once per pool actor
-
-        self._image = Image
+        self._decode = ingest.decode.Images((SIZE, SIZE), keep=("label",))
 
     def __call__(self, table: pa.Table) -> dict[str, Any]:
-        """Decode one block: ``id`` from the key, ``image`` from the PNG, ``label``."""
-        keys = table.column("__key__").to_pylist()
-        images = np.stack(
-            [
-                np.asarray(
-                    self._image.open(io.BytesIO(png)).convert("RGB"), dtype=np.float32
-                ).transpose(2, 0, 1)
-                / 255.0
-                for png in table.column("png").to_pylist()
-            ]
+        out = self._decode(table)
+        names = table.column("path").to_pylist()
+        out["id"] = np.array(
+            [int(posixpath.splitext(posixpath.basename(p))[0]) for p in names], dtype=np.int64
         )
-        labels = np.array([int(c) for c in table.column("cls").to_pylist()], dtype=np.int64)
-        ids = np.array([int(k.rsplit("-", 1)[1]) for k in keys], dtype=np.int64)
-        return {"id": ids, "image": images, "label": labels}
+        return out
 
 
 def build(config: Config) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -76,49 +70,47 @@ def step(model: nn.Module, optimizer: torch.optim.Optimizer, batch: dict[str, An
     return loss.detach()
 
 
-def write_image_shards(
-    url: str, storage_options: dict[str, Any], shards: int, rows: int, classes: int, seed: int = 0
+def write_image_folder(
+    url: str, storage_options: dict[str, Any], rows: int, classes: int, seed: int = 0
 ) -> None:
-    """Write synthetic WebDataset shards of 32x32 PNGs with a class label each.
+    """Write a synthetic ImageFolder tree of 32x32 PNGs: ``<url>/class-<c>/<id>.png``.
 
     Args:
-        url: Directory URL to write ``images-NNNNN.tar`` files to.
+        url: Root directory URL.
         storage_options: fsspec options for that URL's store.
-        shards: Number of files.
-        rows: Samples per file (keys run on across files).
+        rows: Images in all; ids run from 0.
         classes: Labels are in ``range(classes)``; each has its own colour pattern.
         seed: Seed of the generator.
     """
     from PIL import Image
 
     fs, root = fsspec.core.url_to_fs(url, **storage_options)
-    fs.makedirs(root, exist_ok=True)
     rng = np.random.default_rng(seed)
-    for n in range(shards):
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-            for i in range(n * rows, (n + 1) * rows):
-                label = int(rng.integers(0, classes))
-                pixels = rng.integers(0, 60, (SIZE, SIZE, 3), dtype=np.uint8)
-                pixels[:, :, label % 3] += np.uint8(120 + 40 * (label // 3))
-                png = io.BytesIO()
-                Image.fromarray(pixels).save(png, format="PNG")
-                for ext, payload in (("png", png.getvalue()), ("cls", str(label).encode())):
-                    info = tarfile.TarInfo(f"sample-{i:08d}.{ext}")
-                    info.size = len(payload)
-                    tar.addfile(info, io.BytesIO(payload))
-        with fs.open(f"{root.rstrip('/')}/images-{n:05d}.tar", "wb") as f:
-            f.write(buf.getvalue())
+    for c in range(classes):
+        fs.makedirs(f"{root.rstrip('/')}/class-{c}", exist_ok=True)
+    for i in range(rows):
+        label = int(rng.integers(0, classes))
+        pixels = rng.integers(0, 60, (SIZE, SIZE, 3), dtype=np.uint8)
+        pixels[:, :, label % 3] += np.uint8(120 + 40 * (label // 3))
+        png = io.BytesIO()
+        Image.fromarray(pixels).save(png, format="PNG")
+        with fs.open(f"{root.rstrip('/')}/class-{label}/{i:08d}.png", "wb") as f:
+            f.write(png.getvalue())
 
 
-JOB = Job("image", build, step, columns=["__key__", "png", "cls"], transform=DecodeImages)
+JOB = Job(
+    "image",
+    build,
+    step,
+    columns=["path", "image", "label"],
+    transform=DecodeImages,
+    format="imagefolder",
+)
 
 
 def _generate(url: str, storage_options: dict[str, Any], gen: dict[str, Any]) -> None:
-    write_image_shards(
-        url, storage_options, int(gen["shards"]), int(gen["rows"]), int(gen["classes"])
-    )
+    write_image_folder(url, storage_options, int(gen["rows"]), int(gen["classes"]))
 
 
 if __name__ == "__main__":
-    sys.exit(main(JOB, default_config("image"), "*.tar", _generate))
+    sys.exit(main(JOB, default_config("image"), "*/*.png", _generate))

@@ -45,6 +45,8 @@ _REGISTRY: dict[str, str] = {
     "csv": "ingest.formats.csv:CsvFormat",
     "arrow": "ingest.formats.arrow:ArrowFormat",
     "webdataset": "ingest.formats.webdataset:WebDatasetFormat",
+    "imagefolder": "ingest.formats.folder:ImageFolderFormat",
+    "audiofolder": "ingest.formats.folder:AudioFolderFormat",
 }
 _EXTENSIONS: dict[str, str] = {
     ".parquet": "parquet",
@@ -173,7 +175,14 @@ class _RegistryResolver:
                 unknown.
         """
         if chosen is not None:
-            get_format(chosen)  # unknown name -> error listing the known ones
+            fmt = get_format(chosen)  # unknown name -> error listing the known ones
+            if fmt.selective and not path.lower().endswith(fmt.extensions):
+                if explicit:
+                    raise ConfigError(
+                        f"{path} is not a {chosen} file (extensions: "
+                        f"{', '.join(fmt.extensions)}); name a directory of them"
+                    )
+                return None  # a folder dataset's README, labels file, ...
             return chosen
         return format_for_path(path, strict=explicit)
 

@@ -59,6 +59,8 @@ class ReadOptions:
         cache: A node-local shard cache (:class:`ingest.CacheOptions`: a directory and a
             byte bound): remote shards are fetched whole on first read and read from local
             disk after, by every process of the node and after a restart. None: off.
+        file_concurrency: Folder datasets (``imagefolder``, ``audiofolder``): files of a
+            work unit fetched at once by one reader.
     """
 
     block_bytes: int = 8 << 20
@@ -73,6 +75,7 @@ class ReadOptions:
     on_error: str = "raise"
     max_errors: int = 100
     cache: CacheOptions | None = None
+    file_concurrency: int = 16
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
@@ -93,6 +96,8 @@ class ReadOptions:
             raise ConfigError(f"batch_rows={self.batch_rows} must be >= 1")
         if self.coalesce_bytes < 1:
             raise ConfigError(f"coalesce_bytes={self.coalesce_bytes} must be >= 1")
+        if self.file_concurrency < 1:
+            raise ConfigError(f"file_concurrency={self.file_concurrency} must be >= 1")
         if self.prefetch < 0:
             raise ConfigError(f"prefetch={self.prefetch} must be >= 0 (0 disables it)")
         if self.timeout_s <= 0:
@@ -217,6 +222,9 @@ class Format(ABC):
 
     name: ClassVar[str]
     extensions: ClassVar[tuple[str, ...]]
+    selective: ClassVar[bool] = False
+    """Whether a listing with ``format=`` this one takes only the files with its extensions
+    (a folder dataset holds other files: a README, a labels file)."""
     empty_is_valid: ClassVar[bool] = True
     """Whether a zero-byte file is a shard of no rows (line formats) or a broken file
     (formats that start with a magic number)."""

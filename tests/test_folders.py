@@ -1,0 +1,290 @@
+"""Folder datasets (ImageFolder / AudioFolder) on the loopback S3 server: work units, labels,
+the class list in the state, resume by seeking to a file, decoding in the reader pool."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import fsspec
+import pytest
+import ray
+
+import ingest
+from ingest.folders import class_of, group
+from ingest.formats.base import ReadOptions
+from ingest.formats.folder import ImageFolderFormat
+from ingest.sources import Shard, Source
+from ingest.testing import write_audio_folder, write_image_folder
+from tests.conftest import Store
+
+CLASSES = ("cat", "dog", "eel")
+PER_CLASS = 45  # 135 files: 3 work units of 64, 64 and 7 (FILES_PER_UNIT)
+
+
+def files(n: int, fmt: str = "imagefolder", size: int = 10) -> list[Shard]:
+    return [
+        Shard(f"s3://b/pets/{'cat' if i % 2 else 'dog'}/{i:04d}.png", size, f"v{i}", fmt)
+        for i in range(n)
+    ]
+
+
+def test_files_are_grouped_into_units_with_their_labels() -> None:
+    listed = [*files(150), Shard("s3://b/x.parquet", 5, "", "parquet")]
+    units, classes = group(sorted(listed, key=lambda s: s.url), files_per_unit=64)
+    assert classes == ("cat", "dog")
+    folder = [u for u in units if u.members]
+    assert [len(u.members) for u in folder] == [64, 64, 22]
+    assert Shard("s3://b/x.parquet", 5, "", "parquet") in units, "other formats pass unchanged"
+    members = [m for u in folder for m in u.members]
+    assert members == sorted(members, key=lambda s: s.url) and len(set(members)) == 150
+    for u in folder:
+        assert u.url == f"{u.members[0].url}+{len(u.members) - 1}"
+        assert u.size == sum(m.size for m in u.members)
+        assert [classes[i] for i in u.labels] == [class_of(m.url) for m in u.members]
+
+
+def test_a_unit_is_cut_at_its_byte_bound_and_changes_with_any_file() -> None:
+    units, _ = group(files(10, size=40), files_per_unit=64, unit_bytes=100)
+    assert [len(u.members) for u in units] == [2, 2, 2, 2, 2]
+    changed = files(10, size=40)
+    changed[3] = Shard(changed[3].url, 40, "v-new", "imagefolder")
+    again, _ = group(changed, files_per_unit=64, unit_bytes=100)
+    assert [u.version != v.version for u, v in zip(units, again, strict=True)] == [
+        False,
+        True,
+        False,
+        False,
+        False,
+    ]
+    with pytest.raises(ValueError, match="files_per_unit"):
+        group(files(2), files_per_unit=0)
+
+
+@pytest.fixture(scope="module")
+def pets(s3: Any) -> tuple[Store, dict[str, str]]:
+    store = Store("s3", s3.filesystem(), "s3://ingest-test/folders/pets", s3.storage_options())
+    written = write_image_folder(store.fs, store.root, CLASSES, PER_CLASS)
+    return store, {"s3://" + store.fs._strip_protocol(u): c for u, c in written.items()}
+
+
+def stream(store: Store, **kwargs: Any) -> ingest.Stream:
+    options: dict[str, Any] = {"batch_size": 8, "shuffle_seed": 3, **kwargs}
+    return ingest.Stream(
+        store.root + "/",
+        format="imagefolder",
+        storage_options=store.storage_options,
+        **options,
+    )
+
+
+def rows(batches: Any) -> list[tuple[str, int, str]]:
+    out: list[tuple[str, int, str]] = []
+    for b in batches:
+        out += zip(b["path"], b["label"].tolist(), b["label_name"], strict=True)
+    return out
+
+
+def test_every_file_once_per_epoch_with_its_label(pets: tuple[Store, dict[str, str]]) -> None:
+    store, written = pets
+    s = stream(store)
+    got = rows(s)
+    assert len(s.state_dict()["dataset"]["shards"]) == 3, "135 files: 3 work units"
+    paths = [p for p, _, _ in got]
+    assert len(paths) == len(set(paths)) and set(paths) <= set(written)
+    assert len(written) - len(paths) < 8, "only the remainder (< a batch) is carried"
+    for path, label, name in got:
+        assert name == written[path] and CLASSES[label] == name
+    assert "README.txt" not in " ".join(paths)
+    assert s.stats["opens"] >= len(paths), "each file is fetched on its own"
+
+
+def test_a_resume_seeks_to_the_file_and_keeps_the_class_list(
+    pets: tuple[Store, dict[str, str]],
+) -> None:
+    store, written = pets
+    # A resume rebuilds the shuffle window it stopped in (the rows of the uninterrupted run's
+    # next batches), so a small window bounds the files fetched again.
+    first = stream(store, shuffle_window=16, shuffle_lanes=2)
+    loop = iter(first)
+    head = rows(next(loop) for _ in range(6))
+    state = first.state_dict()
+    assert state["dataset"]["classes"] == list(CLASSES)
+    second = stream(store, shuffle_window=16, shuffle_lanes=2)
+    second.load_state_dict(state)
+    rest = rows(second)
+    paths = [p for p, _, _ in head + rest]
+    assert len(paths) == len(set(paths)) and len(written) - len(paths) < 8
+    # A seek, not a replay: the files delivered, and at most one window's again.
+    assert second.stats["opens"] <= len(rest) + 16
+
+
+def test_a_class_added_since_the_state_was_saved_is_refused(s3_store: Store) -> None:
+    write_image_folder(s3_store.fs, s3_store.root, ("a", "b"), 3)
+    first = stream(s3_store, batch_size=2)
+    next(iter(first))
+    state = first.state_dict()
+    write_image_folder(s3_store.fs, s3_store.root, ("c",), 1)
+    second = stream(s3_store, batch_size=2)
+    with pytest.raises(ingest.StateError, match=r"classes changed.*added: \['c'\]"):
+        second.load_state_dict(state)
+
+
+def test_a_file_that_is_not_an_image_fails_with_its_url(s3_store: Store) -> None:
+    write_image_folder(s3_store.fs, s3_store.root, ("a",), 2)
+    s3_store.write("a/broken.png", b"not a png")
+    s = stream(s3_store, batch_size=3, transform=ingest.decode.Images((16, 16)))
+    with pytest.raises(ingest.ShardError, match=r"a/broken\.png.*cannot be decoded as an image"):
+        list(s)
+
+
+def test_a_single_file_named_with_a_folder_format_is_refused(
+    pets: tuple[Store, dict[str, str]],
+) -> None:
+    store, _ = pets
+    with pytest.raises(ingest.ConfigError, match="not a imagefolder file"):
+        list(
+            ingest.Stream(
+                store.url("README.txt"), format="imagefolder", storage_options=store.storage_options
+            )
+        )
+
+
+def test_images_decode_to_fixed_shape_tensors(pets: tuple[Store, dict[str, str]]) -> None:
+    store, written = pets
+    s = stream(store, transform=ingest.decode.Images((16, 16), keep=("label",)))
+    seen: Counter[int] = Counter()
+    for batch in s:
+        image, label = batch["image"], batch["label"]
+        assert image.shape[1:] == (3, 16, 16) and str(image.dtype) == "torch.float32"
+        # Red says the class (write_image_folder), so the label went with its image.
+        assert ((image[:, 0, 0, 0] * 255).round().long() == 40 * label).all()
+        seen.update(label.tolist())
+    assert sum(seen.values()) > len(written) - 8
+
+
+def test_audio_decodes_to_mono_clips_with_their_lengths(s3_store: Store) -> None:
+    written = write_audio_folder(s3_store.fs, s3_store.root, ("yes", "no"), 3)
+    s = ingest.Stream(
+        s3_store.root + "/",
+        format="audiofolder",
+        storage_options=s3_store.storage_options,
+        batch_size=6,
+        transform=ingest.decode.Audio(sample_rate=8000, seconds=0.25),
+    )
+    (batch,) = list(s)
+    assert batch["audio"].shape == (6, 2000)
+    names = ("no", "yes")  # the class list is sorted: "no" is label 0
+    for clip, frames, label in zip(batch["audio"], batch["frames"], batch["label"], strict=True):
+        # write_audio_folder: class c of ("yes", "no") is a signal of (c + 1) / 10.
+        level = (("yes", "no").index(names[int(label)]) + 1) / 10
+        assert abs(float(clip[0]) - level) < 1e-6, "the signal went with its label"
+        assert 1990 <= int(frames) < 2000 and float(clip[int(frames) :].abs().sum()) == 0.0
+    assert len(written) == 6
+
+
+def test_a_unit_s_files_are_fetched_with_bounded_concurrency(tmp_path: Any) -> None:
+    fs = fsspec.filesystem("file")
+    write_image_folder(fs, f"file://{tmp_path}/p", ("a",), 12)
+    units, _ = group(
+        Source(f"file://{tmp_path}/p/", format="imagefolder").list_shards(
+            ingest.formats.FORMAT_RESOLVER
+        )
+    )
+    (unit,) = units
+    in_flight, most, lock = 0, 0, threading.Lock()
+
+    class Slow(Source):
+        def open(self, shard: Shard, **kwargs: Any) -> Any:
+            nonlocal in_flight, most
+            with lock:
+                in_flight += 1
+                most = max(most, in_flight)
+            time.sleep(0.05)
+            with lock:
+                in_flight -= 1
+            return super().open(shard, **kwargs)
+
+    fmt = ImageFolderFormat()
+    source = Slow(f"file://{tmp_path}/p/")
+    info = fmt.inspect(source, unit, ReadOptions())
+    ctx = ingest.formats.ReadContext(
+        source, unit, info, ReadOptions(file_concurrency=3), fmt.schema(), "", None
+    )
+    with fmt.open(ctx) as reader:
+        got = [
+            b for batch in reader.read(2, 11, None) for b in batch.data.column("path").to_pylist()
+        ]
+    assert got == [m.url for m in unit.members[2:11]], "in order, rows 2..10"
+    assert most == 3
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_ray_stream_decodes_in_the_pool_with_every_file_once(
+    pets: tuple[Store, dict[str, str]],
+) -> None:
+    store, written = pets
+    with ingest.RayStream(
+        store.root + "/",
+        format="imagefolder",
+        storage_options=store.storage_options,
+        world_size=2,
+        batch_size=8,
+        shuffle_seed=1,
+        columns=["path", "image", "label"],
+        transform=ingest.decode.Images((16, 16), keep=("label",)),
+    ) as rs:
+        refs = [_ids.remote(rs.rank_iterator(r)) for r in range(2)]
+        got = ray.get(refs, timeout=240)
+    assert len(got[0]) == len(got[1]), "equal steps"
+    ids = got[0] + got[1]
+    assert len(ids) == len(set(ids)) and len(written) - len(ids) < 16
+
+
+@ray.remote(num_cpus=0)
+def _ids(it: Any) -> list[tuple[int, int]]:
+    # (class, file number) from the decoded pixels: red and pixel (0, 0)'s green and blue.
+    out = []
+    for batch in it:
+        image = (batch["image"] * 255).round().long()
+        out += [
+            (int(r) // 40, 256 * int(g) + int(b))
+            for r, g, b in zip(image[:, 0, 0, 0], image[:, 1, 0, 0], image[:, 2, 0, 0], strict=True)
+        ]
+    return out
+
+
+@pytest.mark.system
+@pytest.mark.timeout(600)
+def test_the_image_example_job_trains_on_an_image_folder_exactly_once(tmp_path: Any) -> None:
+    # The shipped image job: an ImageFolder tree, decoded in the pool, under TorchTrainer with
+    # an injected worker death (rank 1 exits once at step 5; Ray Train restarts the group).
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ingest.examples.image",
+            f"data.url={tmp_path}/pets/",
+            f"run.storage_path={tmp_path}/runs",
+            f"fault.marker={tmp_path}/died",
+            "fault.die_at_step=5",
+            "train.epochs=1",
+            "data.generate.rows=384",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=560,
+        env=env,
+    )
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out[-4000:]
+    assert "exactly once: 384 of 384 rows seen 1x" in out, out[-4000:]
+    assert (tmp_path / "died").exists(), "the injected death happened"

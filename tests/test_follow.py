@@ -1,0 +1,213 @@
+"""Follow mode (ingest.follow): a dataset written while the stream reads it, in rounds of new
+shards with equal steps per rank, every row once, across restores and world sizes."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+import ray
+
+import ingest
+from ingest.epochs import EpochBook, StreamSpec
+from ingest.errors import SourceError
+from ingest.state import StreamState
+from ingest.testing import encode, make_table
+from tests.conftest import Store
+from tests.test_epochs import batches_of, ids
+
+ROWS, BATCH = 1000, 64
+FOLLOW = ingest.Follow(poll_s=0.02, idle_timeout_s=0.3)
+
+
+def write(store: Store, n: int, rows: int = ROWS, where: str = "d") -> None:
+    # Row ids of shard n are n*ROWS.. (tests.test_epochs.ids reads n from the name).
+    store.write(f"{where}/part-{n:05d}.parquet", encode(make_table(n * ROWS, rows), "parquet"))
+
+
+def spec(store: Store, follow: ingest.Follow = FOLLOW) -> StreamSpec:
+    return StreamSpec(urls=(store.url("d") + "/",), batch_size=BATCH, shuffle_seed=3, follow=follow)
+
+
+def run_round(book: EpochBook, epoch: int) -> tuple[list[int], list[int]]:
+    """Every rank consumes its share of the round; its ids, and the steps per rank."""
+    delivered, steps = [], []
+    for rank in range(book.world_size):
+        plan = book.rank_plan(rank, epoch)
+        records = batches_of(plan, BATCH)
+        book.ack(rank, records)
+        steps.append(len(records))
+        delivered += ids([s.url for s in plan.listing.shards], [x for r in records for x in r.runs])
+    return delivered, steps
+
+
+def test_each_round_reads_the_new_shards_with_equal_steps(local: Store) -> None:
+    write(local, 0)
+    write(local, 1)
+    book = EpochBook(spec(local), 3)
+    first, steps = run_round(book, 0)
+    assert len(set(steps)) == 1 and len(first) == len(set(first))
+    assert set(first) <= set(range(2 * ROWS))
+    write(local, 2)
+    write(local, 3, rows=500)
+    second, steps = run_round(book, 1)
+    assert len(set(steps)) == 1, "equal steps per rank in every round"
+    assert not set(first) & set(second), "a round reads no row of the rounds before"
+    left = book.plan(1).assignment.remainder_rows
+    assert len(first) + len(second) + left == 3 * ROWS + 500
+    assert set(second) <= set(range(3 * ROWS + 500)) and len(second) == len(set(second))
+
+
+def test_a_round_waits_for_a_full_step_then_holds_what_there_is(local: Store) -> None:
+    write(local, 0)
+    book = EpochBook(spec(local), 2)
+    run_round(book, 0)
+    listed = []
+    scan = book.scan
+
+    def counting() -> Any:
+        listed.append(time.monotonic())
+        return scan()
+
+    book.scan = counting  # type: ignore[method-assign]
+    start = time.monotonic()
+    plan = book.plan(1)
+    waited = time.monotonic() - start
+    assert 0.3 <= waited < 5 and len(listed) >= 5, "listed every poll_s until the idle timeout"
+    assert plan.steps == 0, "nothing new: the round holds no step (the loop over it ends)"
+
+
+def test_a_restore_at_a_round_s_end_reads_only_newer_shards(local: Store) -> None:
+    write(local, 0)
+    write(local, 1)
+    book = EpochBook(spec(local), 2)
+    first, _ = run_round(book, 0)
+    state = book.snapshot(book.plan(0).end_step - 1)  # type: ignore[operator]
+    write(local, 2)
+    resumed = EpochBook(spec(local), 3)  # another world size
+    resumed.load(StreamState.from_json(json.loads(json.dumps(state.to_json()))))
+    second, steps = run_round(resumed, 1)
+    assert len(set(steps)) == 1 and not set(first) & set(second)
+    left = resumed.plan(1).assignment.remainder_rows
+    assert len(first) + len(second) + left == 3 * ROWS
+
+
+def test_a_restore_mid_round_reads_each_row_once(local: Store) -> None:
+    write(local, 0)
+    book = EpochBook(spec(local), 2)
+    first, _ = run_round(book, 0)
+    write(local, 1)
+    write(local, 2)
+    partial = []
+    for rank in range(2):
+        plan = book.rank_plan(rank, 1)
+        records = batches_of(plan, BATCH)[:4]
+        book.ack(rank, records)
+        partial += ids([s.url for s in plan.listing.shards], [x for r in records for x in r.runs])
+    state = book.snapshot(book.plan(1).first_step + 3)
+    write(local, 3)  # appears after the state: the next round reads it
+    resumed = EpochBook(spec(local), 1)
+    resumed.load(StreamState.from_json(json.loads(json.dumps(state.to_json()))))
+    rest, _ = run_round(resumed, 1)
+    third, _ = run_round(resumed, 2)
+    got = first + partial + rest + third
+    assert len(got) == len(set(got))
+    assert len(got) + resumed.plan(2).assignment.remainder_rows == 4 * ROWS
+
+
+def test_a_shard_a_round_read_that_changed_or_vanished_is_refused(local: Store) -> None:
+    write(local, 0)
+    write(local, 1)
+    book = EpochBook(spec(local), 1)
+    run_round(book, 0)
+    write(local, 1, rows=900)  # rewritten in place
+    write(local, 2)
+    with pytest.raises(SourceError, match=r"part-00001\.parquet.*changed since a round read it"):
+        book.plan(1)
+    local.fs.rm(local.url("d/part-00001.parquet"))
+    with pytest.raises(SourceError, match=r"part-00001\.parquet.*vanished"):
+        book.plan(1)
+
+
+def test_a_manifest_names_the_only_shards_a_round_reads(local: Store) -> None:
+    manifest = local.url("d/_MANIFEST")
+    follow = ingest.Follow(poll_s=0.02, idle_timeout_s=0.2, manifest=manifest)
+    write(local, 0)
+    write(local, 1)  # written, not yet in the manifest (half written, say)
+    local.write("d/_MANIFEST", b"part-00000.parquet\n")
+    book = EpochBook(spec(local, follow), 1)
+    first, _ = run_round(book, 0)
+    assert set(first) <= set(range(ROWS))
+    local.write("d/_MANIFEST", b"part-00000.parquet\npart-00001.parquet\n")
+    second, _ = run_round(book, 1)
+    assert set(second) <= set(range(2 * ROWS)) and not set(first) & set(second)
+    assert len(first) + len(second) + book.plan(1).assignment.remainder_rows == 2 * ROWS
+
+
+def test_a_stream_follows_shards_written_while_it_reads(s3_store: Store) -> None:
+    write(s3_store, 0)
+    follow = ingest.Follow(poll_s=0.05, idle_timeout_s=3.0)
+    stream = ingest.Stream(
+        s3_store.url("d") + "/",
+        batch_size=BATCH,
+        shuffle_seed=1,
+        follow=follow,
+        storage_options=s3_store.storage_options,
+    )
+
+    def write_more() -> None:
+        for n in range(1, 6):
+            write(s3_store, n)
+
+    writer = threading.Thread(target=write_more)
+    got: list[int] = []
+    rounds = 0
+    writer.start()
+    while True:
+        before = len(got)
+        got += [int(i) for b in stream for i in b["id"].tolist()]
+        rounds += 1
+        if len(got) == before:  # a round with nothing new: the writer is done
+            break
+    writer.join()
+    assert rounds >= 2 and len(got) == len(set(got))
+    assert 6 * ROWS - len(got) < BATCH, "every row once, but the last round's remainder"
+
+
+@ray.remote(num_cpus=0)
+def _round(it: Any) -> list[int]:
+    return [int(i) for b in it for i in b["id"].tolist()]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ranks_follow_shards_written_while_they_read(s3_store: Store) -> None:
+    write(s3_store, 0)
+    follow = ingest.Follow(poll_s=0.1, idle_timeout_s=4.0)
+    with ingest.RayStream(
+        s3_store.url("d") + "/",
+        world_size=2,
+        batch_size=BATCH,
+        shuffle_seed=2,
+        follow=follow,
+        storage_options=s3_store.storage_options,
+        timeout_s=60,
+    ) as rs:
+        its = [rs.rank_iterator(r) for r in range(2)]
+        got: list[int] = []
+        written = 1
+        for _ in range(8):
+            if written < 5:
+                write(s3_store, written)  # between and during rounds
+                written += 1
+            per_rank = ray.get([_round.remote(it) for it in its], timeout=120)
+            assert len(per_rank[0]) == len(per_rank[1]), "equal steps per rank"
+            got += per_rank[0] + per_rank[1]
+            if written == 5 and not per_rank[0]:
+                break
+            its = [rs.rank_iterator(r) for r in range(2)]  # the next round
+        state = rs.state_dict()
+    assert len(got) == len(set(got)) and 5 * ROWS - len(got) < 2 * BATCH
+    assert state["progress"]["epoch"] >= 2

@@ -1,0 +1,241 @@
+"""``hf://`` sources against the loopback Hub (tests/hub_stub.py): one listing pinned to a
+commit, kept with the shard index, plain range reads, request counts that do not grow with
+ranks or readers, 429s retried as the Hub asks, the token never shown."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+import ingest
+from ingest.hub import parse
+from ingest.testing import encode, make_table
+from tests.hub_stub import HubStub
+from tests.test_hub_stub import hf_env  # noqa: F401 - the fixture, used below
+
+TOKEN = "hf_stub_secret_token_0123456789"
+REPO = "org/name"
+SHARDS, ROWS = 6, 200
+META = ("revision", "tree", "paths-info", "commits", "refs", "other")
+
+pytestmark = pytest.mark.usefixtures("hf_env")
+
+
+def files(first: int = 0, shards: int = SHARDS) -> dict[str, bytes]:
+    out = {
+        f"data/train-{n:03d}.parquet": encode(
+            make_table((first + n) * ROWS, ROWS), "parquet", row_group_rows=50
+        )
+        for n in range(shards)
+    }
+    out["README.md"] = b"# a dataset\n"
+    return out
+
+
+@pytest.fixture
+def hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[HubStub]:
+    # A fresh shard index per test: a listing kept by another test is not listed again.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    with HubStub(page_size=4, token=TOKEN) as stub:
+        stub.add_dataset(REPO, files())
+        stub.add_dataset(
+            REPO,
+            {
+                f"default/train/{n:04d}.parquet": encode(make_table(n * 10, 10), "parquet")
+                for n in range(3)
+            },
+            revision="refs/convert/parquet",
+        )
+        yield stub
+
+
+def options(stub: HubStub) -> dict[str, Any]:
+    return {"endpoint": stub.endpoint, "token": TOKEN}
+
+
+def counts(stub: HubStub) -> Counter[str]:
+    return Counter(kind for kind, _, _ in stub.requests)
+
+
+def ids(batches: Any) -> list[int]:
+    return [int(i) for b in batches for i in b["id"].tolist()]
+
+
+def test_parse_takes_an_hf_url_apart() -> None:
+    p = parse("hf://datasets/org/name@refs%2Fconvert%2Fparquet/default/train/*.parquet")
+    assert (p.repo_type, p.repo_id, p.revision, p.path) == (
+        "dataset",
+        "org/name",
+        "refs/convert/parquet",
+        "default/train/*.parquet",
+    )
+    assert parse("hf://datasets/org/name@refs/convert/parquet/a.parquet").revision == (
+        "refs/convert/parquet"
+    )
+    model = parse("hf://org/model/weights/w.bin")
+    assert (model.repo_type, model.repo_id, model.revision, model.path) == (
+        "model",
+        "org/model",
+        None,
+        "weights/w.bin",
+    )
+    with pytest.raises(ingest.ConfigError, match="names no repository"):
+        parse("hf://datasets/org")
+
+
+def test_a_stream_lists_once_at_a_commit_and_reads_with_range_requests(hub: HubStub) -> None:
+    s = ingest.Stream(
+        f"hf://datasets/{REPO}/data/*.parquet", batch_size=50, storage_options=options(hub)
+    )
+    listing = s.listing()
+    sha = hub.commit_of(REPO)
+    assert [sh.url for sh in listing.shards][:1] == [
+        f"hf://datasets/{REPO}@{sha}/data/train-000.parquet"
+    ]
+    hub.reset_counts()
+    assert sorted(ids(s)) == list(range(SHARDS * ROWS))
+    c = counts(hub)
+    # Listing: one revision lookup; the glob's pages at the commit were kept (shard index).
+    assert c["revision"] == 1 and c["tree"] == 0 and c["paths-info"] == 0, c
+    assert c["other"] == 0 and set(c) <= {"revision", "resolve"}, c
+    assert all(
+        r.method == "GET" and "/resolve/" + sha in r.path
+        for r in hub.records
+        if r.kind == "resolve"
+    )
+    assert TOKEN in hub.tokens_seen
+
+
+def test_a_restarted_job_does_not_list_again(hub: HubStub) -> None:
+    url = f"hf://datasets/{REPO}/data/*.parquet"
+    first = ingest.Stream(url, batch_size=50, storage_options=options(hub))
+    loop = iter(first)
+    head = ids(next(loop) for _ in range(5))
+    state = first.state_dict()
+    tree_pages = counts(hub)["tree"]
+    assert tree_pages >= 2, "the glob was listed, page by page (page_size=4)"
+    hub.reset_counts()
+    second = ingest.Stream(url, batch_size=50, storage_options=options(hub))
+    second.load_state_dict(state)
+    rest = ids(second)
+    assert sorted(head + rest) == list(range(SHARDS * ROWS))
+    c = counts(hub)
+    assert c["tree"] == 0 and c["paths-info"] == 0 and c["revision"] == 1, c
+
+
+def test_the_parquet_export_revision_is_read(hub: HubStub) -> None:
+    s = ingest.Stream(
+        f"hf://datasets/{REPO}@refs%2Fconvert%2Fparquet/default/train/*.parquet",
+        batch_size=10,
+        storage_options=options(hub),
+    )
+    assert sorted(ids(s)) == list(range(30))
+    assert all(
+        f"@{hub.commit_of(REPO, 'refs/convert/parquet')}/" in sh.url for sh in s.listing().shards
+    )
+
+
+def test_a_branch_that_moves_mid_run_changes_no_shard_under_it(hub: HubStub) -> None:
+    url = f"hf://datasets/{REPO}/data/*.parquet"
+    s = ingest.Stream(url, batch_size=50, storage_options=options(hub))
+    loop = iter(s)
+    head = ids(next(loop) for _ in range(3))
+    hub.add_dataset(REPO, files(first=100, shards=2))  # main now holds other files
+    rest = ids(loop)
+    assert sorted(head + rest) == list(range(SHARDS * ROWS)), "the epoch reads its commit"
+    assert sorted(ids(s)) == list(range(100 * ROWS, 102 * ROWS)), "the next epoch, the new one"
+
+
+def test_429s_are_retried_as_the_hub_asks(hub: HubStub) -> None:
+    hub.throttle(1, retry_after=1, kinds=("revision",))
+    hub.throttle(2, retry_after=1, kinds=("resolve",))
+    s = ingest.Stream(
+        f"hf://datasets/{REPO}/data/*.parquet", batch_size=50, storage_options=options(hub)
+    )
+    assert sorted(ids(s)) == list(range(SHARDS * ROWS))
+    assert hub.throttled == 3 and s.stats["retries"] >= 3
+
+
+def test_the_token_never_shows(hub: HubStub) -> None:
+    with pytest.raises(ingest.SourceError) as raised:
+        ingest.Stream("hf://datasets/org/missing/*.parquet", storage_options=options(hub)).listing()
+    assert "org/missing" in str(raised.value) and TOKEN not in str(raised.value)
+    wrong = {"endpoint": hub.endpoint, "token": "hf_wrong_token_abcdefghij"}
+    with pytest.raises(ingest.SourceError) as raised:
+        ingest.Stream(f"hf://datasets/{REPO}/data/*.parquet", storage_options=wrong).listing()
+    assert "hf_wrong_token_abcdefghij" not in str(raised.value)
+
+
+@ray.remote(num_cpus=0)
+def _consume(it: Any) -> list[int]:
+    return ids(it)
+
+
+def _ray_counts(hub: HubStub, world_size: int, readers: int, index: Path) -> Counter[str]:
+    hub.reset_counts()
+    pool = ingest.ReaderPool(min_size=readers, max_size=readers, num_cpus=0.25)
+    with ingest.RayStream(
+        f"hf://datasets/{REPO}/data/*.parquet",
+        world_size=world_size,
+        batch_size=25,
+        storage_options=options(hub),
+        readers=pool,
+        index=ingest.IndexConfig(location=str(index)),  # a new one: the glob is listed
+    ) as rs:
+        got = ray.get(
+            [_consume.remote(rs.rank_iterator(r)) for r in range(world_size)], timeout=240
+        )
+    delivered = [i for g in got for i in g]
+    assert sorted(delivered) == list(range(SHARDS * ROWS))
+    return counts(hub)
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_hub_requests_do_not_grow_with_ranks_or_readers(hub: HubStub, tmp_path: Path) -> None:
+    one = _ray_counts(hub, 2, 1, tmp_path / "one")
+    eight = _ray_counts(hub, 2, 8, tmp_path / "eight")
+    four_ranks = _ray_counts(hub, 4, 8, tmp_path / "four")
+    print(
+        f"hub requests: 1 reader {dict(one)}; 8 readers {dict(eight)}; 4 ranks {dict(four_ranks)}"
+    )
+    listing = [sum(c[k] for k in META) for c in (one, eight, four_ranks)]
+    assert listing[0] > 1 and listing == [listing[0]] * 3, (
+        "one listing, by the coordinator",
+        listing,
+    )
+    assert one["other"] == 0 and eight["resolve"] == one["resolve"], (one, eight)
+    assert four_ranks["resolve"] <= one["resolve"] + 2 * SHARDS
+
+
+def test_an_image_folder_on_the_hub(hub: HubStub) -> None:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    def png(red: int) -> bytes:
+        out = io.BytesIO()
+        Image.fromarray(np.full((4, 4, 3), (red, 0, 0), np.uint8)).save(out, format="PNG")
+        return out.getvalue()
+
+    tree = {
+        f"pets/{c}/{n}.png": png(40 * i) for i, c in enumerate(("cat", "dog")) for n in range(5)
+    }
+    hub.add_dataset("org/pets", {**tree, "pets/README.md": b"#"})
+    s = ingest.Stream(
+        "hf://datasets/org/pets/pets/",
+        format="imagefolder",
+        batch_size=5,
+        storage_options=options(hub),
+        transform=ingest.decode.Images((4, 4)),
+    )
+    seen = 0
+    for batch in s:
+        assert ((batch["image"][:, 0, 0, 0] * 255).round().long() == 40 * batch["label"]).all()
+        seen += len(batch["label"])
+    assert seen == 10 and s.state_dict()["dataset"]["classes"] == ["cat", "dog"]
