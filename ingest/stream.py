@@ -10,6 +10,7 @@ same layout as :class:`ingest.RayStream`'s, and loads into either.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -26,7 +27,7 @@ from ingest.formats.base import ReadOptions
 from ingest.ledger import StepRecord
 from ingest.quarantine import Quarantined, summary
 from ingest.state import StreamState
-from ingest.transform import Transform, build_transform
+from ingest.transform import Transform, apply, build_transform
 
 _FOLD_EVERY = 256
 _ACK_EVERY = 16
@@ -102,7 +103,9 @@ class Stream:
             remainder=remainder,
             follow=follow,
         )
-        self._transform = build_transform(transform)
+        fn = build_transform(transform)
+        # Checked as in the reader pool: one row per input row, a table-like result.
+        self._transform = None if fn is None else functools.partial(apply, fn)
         self._book = EpochBook(self.spec, 1, progress=progress)
         self._next_epoch = 0
         self._step = -1

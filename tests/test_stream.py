@@ -223,6 +223,14 @@ def test_transform_runs_on_each_batch(local: Store) -> None:
     assert next(iter(stream))["twice"].tolist() == list(range(0, 20, 2))
 
 
+def test_a_transform_that_changes_the_row_count_is_refused(local: Store) -> None:
+    # As in the reader pool (ingest.transform.apply): rows and acks must stay one to one.
+    write(local, "parquet")
+    stream = make(local, transform=lambda table: table.slice(0, 1), batch_size=10)
+    with pytest.raises(ingest.ConfigError, match="returned 1 rows for 10; transforms must keep"):
+        next(iter(stream))
+
+
 def test_one_listing_per_epoch_and_footers_read_once(local: Store) -> None:
     write(local, "parquet")
     stream = make(local, read=ingest.ReadOptions(prefetch=0))
