@@ -44,7 +44,7 @@ from ingest.assign import CARRY, MAIN, Span
 from ingest.catalog import Listing
 from ingest.errors import IngestError
 from ingest.formats import get_format
-from ingest.formats.base import ReadOptions, RowBatch, Seek
+from ingest.formats.base import BadRows, ReadOptions, RowBatch, Seek
 from ingest.intervals import IntervalSet
 from ingest.ledger import Rows, Runs, as_runs, pack_base, runs_of
 from ingest.plan import permutation
@@ -386,7 +386,17 @@ class Feed:
                 with get_format(ctx.shard.format).open(ctx) as reader:
                     for index, batch in reader.read_spans(ranges, seek):
                         at = index
-                        if batch.data.num_rows:
+                        if isinstance(batch, BadRows):  # on_error="skip": just these rows
+                            n = int(batch.data.num_rows)
+                            self.quarantine.add(
+                                batch.error or ValueError("unreadable rows"),
+                                url=ctx.shard.url,
+                                start=batch.row,
+                                stop=batch.stop,
+                                rows=n,
+                            )
+                            yield run[index], _Hole(batch.row, n)
+                        elif batch.data.num_rows:
                             yield run[index], batch
                         last[index] = batch.stop
             except Exception as e:

@@ -1,11 +1,12 @@
 """Quarantine: the rows skipped under ``ReadOptions(on_error="skip")``, and why.
 
-A shard span that cannot be read from some row on (a corrupt or truncated row group, a line
-that is not JSON, a tar member that breaks a rule, a shard gone since the listing) is
-quarantined from the first row not yet read to the end of the span. The formats read in
-blocks (a row group, a block of lines), so the rows after the bad one in the same span are
-not tried again: the granularity is the rest of the span, and the record says exactly which
-rows that was.
+A line of a line format (JSONL, CSV) that does not parse is quarantined alone: the reader
+finds it by bisection and goes on with the next line (:class:`ingest.formats.base.BadRows`).
+A shard span that cannot be read from some row on (a corrupt or truncated row group, a
+truncated compressed stream, a tar member that breaks a rule, a shard gone since the
+listing) is quarantined from the first row not yet read to the end of the span: those
+formats read in blocks, so the rows after the bad one in the same span are not tried again.
+Either way the record says exactly which rows were skipped.
 
 Quarantined rows become *holes*: positions in the shuffle window that are consumed (acked
 with their batch, so no resume reads them again, and counted in the state's consumed sets)

@@ -150,12 +150,14 @@ def test_the_state_records_the_quarantine_and_a_resume_never_reads_it_again(
     assert resumed.stats["rows_delivered"] == 4 * ROWS - resumed.stats["rows_skipped"]
 
 
-def test_a_bad_json_line_quarantines_the_rest_of_its_shard(tmp_path: Path) -> None:
+def test_a_bad_json_line_quarantines_just_that_line(tmp_path: Path) -> None:
+    # It used to quarantine the rest of its shard (277 rows for one bad line).
     rows = 400
     for i in range(3):
         lines = encode(make_table(i * rows, rows), "jsonl").split(b"\n")
         if i == 1:
             lines[123] = b"{not json"
+            lines[300] = b'{"id": "not an int"}'
         (tmp_path / f"part-{i}.jsonl").write_bytes(b"\n".join(lines))
     stream = ingest.Stream(
         str(tmp_path),
@@ -165,12 +167,32 @@ def test_a_bad_json_line_quarantines_the_rest_of_its_shard(tmp_path: Path) -> No
         read=ingest.ReadOptions(on_error="skip", block_bytes=2048),
     )
     seen = ids_of(list(stream))
-    [q] = stream.quarantined
-    assert q.url is not None and q.url.endswith("part-1.jsonl")
-    assert q.stop is None and q.start <= 123, q  # row count unknown: to the end of the shard
-    assert "line 124" in q.reason and "invalid JSON" in q.reason
-    assert all(400 + r in seen for r in range(q.start))  # the rows before the block arrived
+    first, second = sorted(stream.quarantined, key=lambda q: q.start)
+    assert first.url is not None and first.url.endswith("part-1.jsonl")
+    assert (first.start, first.stop, first.rows) == (123, 124, 1), first
+    assert "line 124" in first.reason and "invalid JSON" in first.reason
+    assert (second.start, second.stop) == (300, 301) and "schema" in second.reason, second
+    assert len(seen) == 3 * rows - 2, "every other line arrived"
     exactly_once_but_quarantined(seen, stream.quarantined, 3 * rows, rows_per_shard=rows)
+
+
+def test_a_ragged_csv_row_quarantines_just_that_row(tmp_path: Path) -> None:
+    rows = 300
+    for i in range(2):
+        lines = encode(make_table(i * rows, rows), "csv").split(b"\n")
+        if i == 1:
+            lines[251] = lines[251] + b",extra,fields"  # row 250 (line 1 is the header)
+        (tmp_path / f"part-{i}.csv").write_bytes(b"\n".join(lines))
+    stream = ingest.Stream(
+        str(tmp_path),
+        columns=["id"],
+        batch_size=1,
+        read=ingest.ReadOptions(on_error="skip", block_bytes=1024),
+    )
+    seen = ids_of(list(stream))
+    [q] = stream.quarantined
+    assert q.url is not None and q.url.endswith("part-1.csv") and (q.start, q.stop) == (250, 251)
+    exactly_once_but_quarantined(seen, stream.quarantined, 2 * rows, rows_per_shard=rows)
 
 
 def test_a_shard_that_vanished_after_the_listing_is_quarantined(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +22,7 @@ import pyarrow as pa
 from ingest.errors import SchemaMismatchError, ShardError
 from ingest.formats import split_compression
 from ingest.formats._compressed import DecompressedFile
-from ingest.formats.base import RowBatch, Seek, ShardReader, clip
+from ingest.formats.base import BadRows, RowBatch, Seek, ShardReader, clip
 from ingest.sources import Shard, Source
 
 PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError)
@@ -214,26 +215,77 @@ class LineReader(ShardReader):
                 if line is not None:
                     line += 1
             if body.strip():
-                chunk_seek = (row, chunk_offset)
-                table = self._parse_or_locate(body, row, line, chunk_offset + skip)
-                for batch in table.to_batches(max_chunksize=opts.batch_rows):
-                    yield RowBatch(row, batch, chunk_seek)
-                    row += batch.num_rows
+                for batch in self._chunk(body, row, line, chunk_offset, skip):
+                    yield batch
+                    row = batch.stop
             if line is not None:
                 line += body.count(b"\n")
 
-    def _parse_or_locate(self, body: bytes, row: int, line: int | None, offset: int) -> pa.Table:
-        try:
-            return self.parse(body)
-        except PARSE_ERRORS as e:
-            first_error = e
-        lines = split_lines(body)
+    def _chunk(
+        self, body: bytes, row: int, line: int | None, chunk_offset: int, skip: int
+    ) -> Iterator[RowBatch]:
+        """The batches of one chunk's lines (``body``, ``skip`` header bytes after
+        ``chunk_offset``), from ``row``; under ``on_error="skip"`` a line that does not parse
+        is a :class:`BadRows` instead of the error."""
+        opts = self.ctx.options
+        seek = (row, chunk_offset)
+        offset = chunk_offset + skip
+        if opts.on_error != "skip":
+            pieces: Iterator[pa.Table | BadRows] = iter(
+                [self._parse_or_locate(body, row, line, offset)]
+            )
+        else:
+            pieces = self._parse_skipping(body, row, line, offset)
+        for piece in pieces:
+            if isinstance(piece, BadRows):
+                yield replace(piece, seek=seek)
+                row = piece.stop
+                continue
+            for batch in piece.to_batches(max_chunksize=opts.batch_rows):
+                yield RowBatch(row, batch, seek)
+                row += batch.num_rows
+
+    def _parse_skipping(
+        self, body: bytes, row: int, line: int | None, offset: int
+    ) -> Iterator[pa.Table | BadRows]:
+        """``on_error="skip"``: the chunk's tables, with each line that does not parse as a
+        :class:`BadRows` of one row in its place (found by bisection: O(log n) parses per
+        bad line), so only that line is quarantined and the lines after it are read."""
+        while body.strip():
+            try:
+                yield self.parse(body)
+                return
+            except PARSE_ERRORS as e:
+                lines = split_lines(body)
+                bad, error = self._locate(lines, row, line, offset, e)
+            good = b"".join(lines[:bad])
+            if good.strip():
+                table = self.parse(good)
+                yield table
+                row += table.num_rows
+            yield BadRows(row, pa.record_batch([pa.nulls(1)], names=["bad"]), error=error)
+            row += 1
+            offset += len(good) + len(lines[bad])
+            if line is not None:
+                line += bad + 1
+            body = b"".join(lines[bad + 1 :])
+
+    def _locate(
+        self,
+        lines: list[bytes],
+        row: int,
+        line: int | None,
+        offset: int,
+        first_error: Exception,
+    ) -> tuple[int, ShardError]:
+        """The first of ``lines`` (which fail to parse together) that fails, and the error
+        that names it: the shard, its row, line and byte, what is wrong and the fix."""
         bad, error = first_bad_line(self.parse, lines)
         byte = offset + sum(len(x) for x in lines[:bad])
         rows_before = sum(1 for x in lines[:bad] if x.strip())
         problem, fix, schema = self.describe_error(lines[bad], error or first_error)
         cls = SchemaMismatchError if schema else ShardError
-        raise cls(
+        return bad, cls(
             self.ctx.shard.url,
             problem,
             fix,
@@ -241,3 +293,11 @@ class LineReader(ShardReader):
             line=None if line is None else line + bad,
             byte=byte,
         )
+
+    def _parse_or_locate(self, body: bytes, row: int, line: int | None, offset: int) -> pa.Table:
+        try:
+            return self.parse(body)
+        except PARSE_ERRORS as e:
+            first_error = e
+        _, error = self._locate(split_lines(body), row, line, offset, first_error)
+        raise error

@@ -156,6 +156,15 @@ class RowBatch:
 
 
 @dataclass(frozen=True, slots=True)
+class BadRows(RowBatch):
+    """Rows ``[row, row + len(data))`` that could not be parsed (``data``: nulls, one per
+    row), yielded instead of raising under ``ReadOptions(on_error="skip")`` by formats that
+    can go on after them (a bad line of a line format): the feed quarantines just them."""
+
+    error: Exception | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReadContext:
     """Everything a shard reader needs, passed as one value.
 
@@ -275,7 +284,7 @@ def clip(batches: Iterator[RowBatch], start: int, stop: int | None) -> Iterator[
         if lo == 0 and hi == b.data.num_rows:
             yield b
         else:
-            yield RowBatch(b.row + lo, b.data.slice(lo, hi - lo), b.seek)
+            yield replace(b, row=b.row + lo, data=b.data.slice(lo, hi - lo))
         if stop is not None and b.stop >= stop:
             return
 
