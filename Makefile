@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/shuffle_quality.py
 	$(PY) benchmarks/shard_cache.py
 	$(PY) benchmarks/dataloader.py
+	$(PY) benchmarks/bad_input.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
