@@ -337,9 +337,8 @@ class EpochBook:
         main = Progress()
         if self.spec.follow is not None:
             # A round: the shards the rounds before read are consumed (they only grow).
-            learnt = {prev.listing.shards[i].url: n for i, n in prev.main.rows.items()}
             done = consumed_before(prev.listing.shards, listing.shards)
-            main = _all_of(listing, done, learnt)
+            main = _all_of(listing, done, _learnt(prev))
             fresh = sum(
                 TO_END if i.rows is None else i.rows
                 for n, i in enumerate(listing.infos)
@@ -702,11 +701,7 @@ class EpochBook:
             dataset = DatasetState(self._sources, records, classes=e.listing.classes)
         following = Progress()
         if self.spec.follow is not None:  # the next round reads none of these shards again
-            following = _all_of(
-                e.listing,
-                range(len(e.listing.shards)),
-                {e.listing.shards[i].url: n for i, n in e.main.rows.items()},
-            )
+            following = _all_of(e.listing, range(len(e.listing.shards)), _learnt(e))
         return StreamState(
             dataset,
             ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, following),
@@ -830,6 +825,11 @@ def _add_runs(
     for progress, sets, arrays in zip(both, new, made, strict=True):
         if sets:
             progress.add_sets(sets, counts, arrays)
+
+
+def _learnt(e: _PlannedEpoch) -> dict[str, int]:
+    """Row counts learnt by reading ``e``'s shards, by URL (indices differ across listings)."""
+    return {e.listing.shards[i].url: n for i, n in e.main.rows.items()}
 
 
 def _all_of(listing: Listing, indices: Iterable[int], learnt: Mapping[str, int]) -> Progress:

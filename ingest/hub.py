@@ -55,19 +55,21 @@ class HubPath:
         """Whether the revision is a commit (a listing at it never changes)."""
         return self.revision is not None and bool(_SHA.match(self.revision))
 
+    @property
+    def repo(self) -> str:
+        """``datasets/org/name``, ``spaces/org/name`` or (a model) ``org/name``."""
+        prefix = "" if self.repo_type == "model" else f"{self.repo_type}s/"
+        return f"{prefix}{self.repo_id}"
+
     def at(self, sha: str) -> str:
         """This URL at commit ``sha``."""
-        prefix = "" if self.repo_type == "model" else f"{self.repo_type}s/"
         tail = f"/{self.path}" if self.path else ""
-        return f"hf://{prefix}{self.repo_id}@{sha}{tail}"
+        return f"hf://{self.repo}@{sha}{tail}"
 
     def resolve_url(self, endpoint: str) -> str:
         """The file's download URL at this path's revision (a commit, for reads)."""
-        prefix = "" if self.repo_type == "model" else f"{self.repo_type}s/"
         revision = quote(self.revision or "main", safe="")
-        return (
-            f"{endpoint.rstrip('/')}/{prefix}{self.repo_id}/resolve/{revision}/{quote(self.path)}"
-        )
+        return f"{endpoint.rstrip('/')}/{self.repo}/resolve/{revision}/{quote(self.path)}"
 
 
 def parse(url: str) -> HubPath:

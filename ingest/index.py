@@ -281,10 +281,7 @@ class IndexStore:
         Raises:
             IndexStoreError: If the location cannot be read (permissions, network).
         """
-        if self._local is not None:
-            blobs = _read_local(self._local, shards)
-        else:
-            blobs = self._read_remote(shards)
+        blobs = self._get_blobs([_name(s) for s in shards])
         out: list[ShardInfo | None] = []
         for shard, blob in zip(shards, blobs, strict=True):
             info = None if blob is None else self._decode(shard, blob)
@@ -306,11 +303,16 @@ class IndexStore:
             )
             return None
 
-    def _read_remote(self, shards: Sequence[Shard]) -> list[bytes | None]:
+    def _get_blobs(self, names: Sequence[str]) -> list[bytes | None]:
+        """The entries stored under ``names`` (paths below the location), None where none."""
+        if self._local is not None:
+            return _read_local(self._local, names)
+        return self._read_remote(names)
+
+    def _read_remote(self, names: Sequence[str]) -> list[bytes | None]:
         out: list[bytes | None] = []
-        for start in range(0, len(shards), _REMOTE_BATCH):
-            batch = shards[start : start + _REMOTE_BATCH]
-            paths = [f"{self._root}/{_name(s)}" for s in batch]
+        for start in range(0, len(names), _REMOTE_BATCH):
+            paths = [f"{self._root}/{n}" for n in names[start : start + _REMOTE_BATCH]]
             try:
                 got = self._fs.cat(paths, on_error="return")
             except FileNotFoundError:
@@ -347,7 +349,14 @@ class IndexStore:
         """
         if not items:
             return
-        blobs = [(_name(shard), _encode_entry(shard, info)) for shard, info in items]
+        self._put_blobs([(_name(shard), _encode_entry(shard, info)) for shard, info in items])
+
+    def _put_blobs(self, blobs: Sequence[tuple[str, bytes]]) -> None:
+        """Store each ``(name, bytes)``, replacing any entry atomically; counted as written.
+
+        Raises:
+            IndexStoreError: If the location cannot be written.
+        """
         if self._local is not None:
             _write_local(self._local, blobs)
         else:
@@ -371,20 +380,7 @@ class IndexStore:
             IndexStoreError: If the location cannot be read.
         """
         name = _listing_name(key)
-        if self._local is not None:
-            try:
-                blob: bytes | None = (self._local / name).read_bytes()
-            except (FileNotFoundError, NotADirectoryError):
-                blob = None
-            except OSError as e:
-                raise self._store_error(e, "read") from None
-        else:
-            try:
-                blob = bytes(self._fs.cat_file(f"{self._root}/{name}"))
-            except FileNotFoundError:
-                blob = None
-            except Exception as e:
-                raise self._store_error(e, "read") from None
+        [blob] = self._get_blobs([name])
         if blob is None:
             self._count(misses=1)
             return None
@@ -410,18 +406,10 @@ class IndexStore:
         Raises:
             IndexStoreError: If the location cannot be written.
         """
-        name = _listing_name(key)
         blob = json.dumps(
             {"key": key, "version": INDEX_VERSION, "files": [list(f) for f in files]}
         ).encode()
-        if self._local is not None:
-            _write_local(self._local, [(name, blob)])
-        else:
-            try:
-                self._fs.pipe_file(f"{self._root}/{name}", blob)
-            except Exception as e:
-                raise self._store_error(e, "write") from None
-        self._count(written=1)
+        self._put_blobs([(_listing_name(key), blob)])
 
 
 def _listing_name(key: str) -> str:
@@ -451,9 +439,9 @@ def _write_local(root: Path, blobs: Sequence[tuple[str, bytes]]) -> None:
         ) from None
 
 
-def _read_local(root: Path, shards: Sequence[Shard]) -> list[bytes | None]:
-    def one(shard: Shard) -> bytes | None:
-        path = root / _name(shard)
+def _read_local(root: Path, names: Sequence[str]) -> list[bytes | None]:
+    def one(name: str) -> bytes | None:
+        path = root / name
         try:
             return path.read_bytes()
         except (FileNotFoundError, NotADirectoryError):
@@ -465,10 +453,10 @@ def _read_local(root: Path, shards: Sequence[Shard]) -> list[bytes | None]:
                 "fix the directory's permissions, or choose another index location",
             ) from None
 
-    if len(shards) <= 1:
-        return [one(s) for s in shards]
-    with ThreadPoolExecutor(min(_IO_THREADS, len(shards))) as pool:
-        return list(pool.map(one, shards))
+    if len(names) <= 1:
+        return [one(n) for n in names]
+    with ThreadPoolExecutor(min(_IO_THREADS, len(names))) as pool:
+        return list(pool.map(one, names))
 
 
 def _make_private_dirs(path: Path) -> None:

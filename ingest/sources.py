@@ -729,9 +729,7 @@ class Source:
     def _pin(self, url: str) -> str:
         """``url`` (``hf://``) at the commit its revision names now: one request."""
         where = hub.parse(url)
-        token = hub.token_of(self._options)
-        if token and token not in self._secrets:
-            self._secrets = (*self._secrets, token)
+        self._hub_token()  # scrubbed from the errors below
 
         def resolve() -> str:
             self.stats.add(listings=1)
@@ -827,15 +825,21 @@ class Source:
         fs = self.filesystem(real)
         return fs, fs._strip_protocol(real)
 
+    def _hub_token(self) -> str | None:
+        """The Hub token (:func:`ingest.hub.token_of`), kept among the secrets scrubbed from
+        every message (it may come from the environment, not the storage options)."""
+        token = hub.token_of(self._options)
+        if token and token not in self._secrets:
+            self._secrets = (*self._secrets, token)
+        return token
+
     def _hub_http(self) -> fsspec.AbstractFileSystem:
         """The HTTP filesystem that reads Hub files, the token in its headers."""
         with self._fs_lock:
             fs = self._filesystems.get("hf-http")
         if fs is not None:
             return fs
-        token = hub.token_of(self._options)
-        if token and token not in self._secrets:
-            self._secrets = (*self._secrets, token)
+        token = self._hub_token()
         options = self._fs_options("http")
         options.pop("token", None)
         options.pop("endpoint", None)

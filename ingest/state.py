@@ -515,23 +515,22 @@ class DatasetState:
         return self.fingerprint is not None or len(self.shards) >= PACK_FROM_SHARDS
 
     def to_json(self) -> dict[str, Any]:
-        if self._json is None and self.packed:
-            columns = _Columns.of(self.shards)
-            if self.fingerprint is None:
-                self.fingerprint = PackedFingerprint.of_columns(columns)
-            self._json = {
-                "sources": list(self.sources),
-                "digest": self.fingerprint.digest,
-                "packed": _pack(columns.urls, self.counts, self.fingerprint),
-            }
-            if self.classes:
-                self._json["classes"] = list(self.classes)
-        elif self._json is None:
-            self._json = {
-                "sources": list(self.sources),
-                "digest": digest(self.shards),
-                "shards": [s.to_json() for s in self.shards],
-            }
+        if self._json is None:
+            made: dict[str, Any]
+            if self.packed:
+                columns = _Columns.of(self.shards)
+                if self.fingerprint is None:
+                    self.fingerprint = PackedFingerprint.of_columns(columns)
+                made = {
+                    "digest": self.fingerprint.digest,
+                    "packed": _pack(columns.urls, self.counts, self.fingerprint),
+                }
+            else:
+                made = {
+                    "digest": digest(self.shards),
+                    "shards": [s.to_json() for s in self.shards],
+                }
+            self._json = {"sources": list(self.sources), **made}
             if self.classes:
                 self._json["classes"] = list(self.classes)
         return dict(self._json)

@@ -8,8 +8,8 @@ CPU pool of a :class:`ingest.RayStream`: :class:`ingest.decode.Images`,
 :class:`ingest.decode.Audio`.
 
 A unit's files are fetched :attr:`ReadOptions.file_concurrency` at a time, each whole in
-one request (through the shard cache when one is set), in order; a file whose size is not
-the listed one is a :class:`~ingest.errors.ShardError` naming it and its row.
+one request (through the shard cache when one is set), in order, by
+:meth:`ingest.Source.open`: a file gone or cut short since the listing is its error.
 """
 
 from __future__ import annotations
@@ -109,19 +109,9 @@ class _FolderReader(ShardReader):
             row = end
 
     def _fetch(self, row: int) -> bytes:
-        unit = self.ctx.shard
-        member = unit.members[row]
-        with self.ctx.source.open(member) as f:
-            data = f.read()
-        if len(data) != member.size:
-            raise ShardError(
-                member.url,
-                f"has {len(data)} bytes, not the {member.size} listed (row {row} of work "
-                f"unit {unit.url}): it changed since the listing",
-                "restart the stream so that it lists the dataset again",
-                row=row,
-            )
-        return bytes(data)
+        # read() returns the listed size or raises (Source.open): nothing to check here.
+        with self.ctx.source.open(self.ctx.shard.members[row]) as f:
+            return f.read()
 
     def close(self) -> None:
         if self._pool is not None:
