@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import io
 import itertools
 import json
 import os
@@ -47,7 +46,17 @@ import pyarrow.parquet as pq
 
 import ingest
 from ingest.state import MAX_STATE_BYTES
-from ingest.testing import FaultProxy, Faults, LoopbackS3, encode, make_table, write_dataset
+from ingest.testing import (
+    FaultProxy,
+    Faults,
+    LoopbackS3,
+    Store,
+    encode,
+    make_table,
+    tar_link,
+    tar_of,
+    write_dataset,
+)
 
 GOAL_S = 30.0  # the tests' QUICK_S: "within seconds", far below any hang
 HANG_S = 60.0  # a case still running after this is reported as hung and left behind
@@ -56,24 +65,6 @@ SHORT_RETRY = {"deadline_s": 3.0, "read_timeout_s": 1.0}  # as the stall test's 
 
 Thunk = Callable[[], object]
 """The timed part of a case: creates the stream and makes it fail (or returns a result)."""
-
-
-@dataclass
-class Store:
-    """Where a case writes shards: a filesystem, a root URL and the options to read it."""
-
-    fs: fsspec.AbstractFileSystem
-    root: str
-    storage_options: dict[str, Any]
-
-    def url(self, *parts: str) -> str:
-        return "/".join([self.root, *parts])
-
-    def write(self, relpath: str, data: bytes) -> str:
-        url = self.url(relpath)
-        self.fs.makedirs(url.rsplit("/", 1)[0], exist_ok=True)
-        self.fs.pipe(url, data)
-        return url
 
 
 @dataclass
@@ -92,10 +83,11 @@ class Context:
     def local(self) -> Store:
         root = os.path.join(self.tmp, f"c{next(self._names)}")
         os.makedirs(root)
-        return Store(fsspec.filesystem("file"), f"file://{root}", {})
+        return Store("local", fsspec.filesystem("file"), f"file://{root}", {})
 
     def s3_store(self) -> Store:
         return Store(
+            "s3",
             self.s3.filesystem(),
             f"s3://ingest-test/c{next(self._names)}",
             self.s3.storage_options(),
@@ -347,26 +339,6 @@ def ragged_later(ctx: Context) -> Thunk:
 # -- WebDataset tars ---------------------------------------------------------------------
 
 
-def tar_of(*members: tuple[str, bytes] | tarfile.TarInfo) -> bytes:
-    """A tar of regular files given as ``(name, data)`` and of other members as given."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for member in members:
-            if isinstance(member, tarfile.TarInfo):
-                tar.addfile(member)
-            else:
-                info = tarfile.TarInfo(member[0])
-                info.size = len(member[1])
-                tar.addfile(info, io.BytesIO(member[1]))
-    return buf.getvalue()
-
-
-def link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = kind, target
-    return info
-
-
 SAMPLE0 = (("s0.jpg", b"jpeg 0"), ("s0.cls", b"0"))  # two members of 1024 bytes each
 
 
@@ -407,7 +379,9 @@ def tar_absolute(ctx: Context) -> Thunk:
 )
 def tar_symlink(ctx: Context) -> Thunk:
     store = ctx.local()
-    store.write("d/a.tar", tar_of(*SAMPLE0, link("s1.jpg", "../../etc/passwd", tarfile.SYMTYPE)))
+    store.write(
+        "d/a.tar", tar_of(*SAMPLE0, tar_link("s1.jpg", "../../etc/passwd", tarfile.SYMTYPE))
+    )
     return tar_stream(store)
 
 
@@ -418,7 +392,9 @@ def tar_symlink(ctx: Context) -> Thunk:
 )
 def tar_hardlink(ctx: Context) -> Thunk:
     store = ctx.local()
-    store.write("d/a.tar", tar_of(*SAMPLE0, link("s1.jpg", "../../etc/passwd", tarfile.LNKTYPE)))
+    store.write(
+        "d/a.tar", tar_of(*SAMPLE0, tar_link("s1.jpg", "../../etc/passwd", tarfile.LNKTYPE))
+    )
     return tar_stream(store)
 
 

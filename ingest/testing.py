@@ -436,6 +436,47 @@ class FaultProxy:
 # -- generated data ------------------------------------------------------------------------
 
 
+@dataclass
+class Store:
+    """Where a test or a benchmark writes shards: a filesystem, a root URL and the options
+    to read it (``name``: ``"local"``, ``"s3"``...)."""
+
+    name: str
+    fs: fsspec.AbstractFileSystem
+    root: str
+    storage_options: dict[str, Any]
+
+    def url(self, *parts: str) -> str:
+        return "/".join([self.root, *parts])
+
+    def write(self, relpath: str, data: bytes) -> str:
+        url = self.url(relpath)
+        self.fs.makedirs(url.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.pipe(url, data)
+        return url
+
+
+def tar_of(*members: tuple[str, bytes] | tarfile.TarInfo) -> bytes:
+    """A tar of regular files given as ``(name, data)`` and of other members as given."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
+        for member in members:
+            if isinstance(member, tarfile.TarInfo):
+                tar.addfile(member)
+            else:
+                info = tarfile.TarInfo(member[0])
+                info.size = len(member[1])
+                tar.addfile(info, io.BytesIO(member[1]))
+    return buf.getvalue()
+
+
+def tar_link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
+    """A tar member ``name`` that links to ``target`` (``kind``: tarfile.SYMTYPE, LNKTYPE)."""
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
 def make_table(first_id: int, rows: int) -> pa.Table:
     """Rows with a unique ``id``, a fixed-size ``tokens`` list, a float and a string."""
     ids = np.arange(first_id, first_id + rows, dtype=np.int64)

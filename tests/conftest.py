@@ -6,13 +6,12 @@ import itertools
 import os
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import fsspec
 import pytest
 
-from ingest.testing import LoopbackS3
+from ingest.testing import LoopbackS3, Store
 
 _names = itertools.count()
 
@@ -33,25 +32,6 @@ def s3() -> Iterator[LoopbackS3]:
     with LoopbackS3() as server:
         server.create_bucket("ingest-test")
         yield server
-
-
-@dataclass
-class Store:
-    """Where a test writes shards: a filesystem, a root URL and the options to read it."""
-
-    name: str
-    fs: fsspec.AbstractFileSystem
-    root: str
-    storage_options: dict[str, Any]
-
-    def url(self, *parts: str) -> str:
-        return "/".join([self.root, *parts])
-
-    def write(self, relpath: str, data: bytes) -> str:
-        url = self.url(relpath)
-        self.fs.makedirs(url.rsplit("/", 1)[0], exist_ok=True)
-        self.fs.pipe(url, data)
-        return url
 
 
 @pytest.fixture(params=["local", "s3"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import pickle
 import tarfile
@@ -18,8 +17,7 @@ import pytest
 import zstandard
 
 import ingest
-from ingest.testing import LoopbackS3, encode, free_port, make_table
-from tests.conftest import Store
+from ingest.testing import LoopbackS3, Store, encode, free_port, make_table, tar_link, tar_of
 
 QUICK_S = 30  # "within seconds": generous for a loaded CI machine, far below any hang
 
@@ -377,26 +375,6 @@ def test_text_that_is_not_utf8_names_its_line(local: Store, fmt: str, row: int) 
 # -- WebDataset tars: hostile member names, links, missing and duplicate fields, pickles ----
 
 
-def tar_of(*members: tuple[str, bytes] | tarfile.TarInfo) -> bytes:
-    """A tar of regular files given as ``(name, data)`` and of other members as given."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.GNU_FORMAT) as tar:
-        for member in members:
-            if isinstance(member, tarfile.TarInfo):
-                tar.addfile(member)
-            else:
-                info = tarfile.TarInfo(member[0])
-                info.size = len(member[1])
-                tar.addfile(info, io.BytesIO(member[1]))
-    return buf.getvalue()
-
-
-def link(name: str, target: str, kind: bytes) -> tarfile.TarInfo:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = kind, target
-    return info
-
-
 SAMPLE0 = (("s0.jpg", b"jpeg 0"), ("s0.cls", b"0"))  # two members of 1024 bytes each
 
 
@@ -423,7 +401,7 @@ def test_member_names_inside_the_archive_are_keys(local: Store) -> None:
     ("kind", "word"), [(tarfile.SYMTYPE, "symbolic link"), (tarfile.LNKTYPE, "hard link")]
 )
 def test_a_link_member_is_refused(local: Store, kind: bytes, word: str) -> None:
-    local.write("d/a.tar", tar_of(*SAMPLE0, link("s1.jpg", "../../etc/passwd", kind)))
+    local.write("d/a.tar", tar_of(*SAMPLE0, tar_link("s1.jpg", "../../etc/passwd", kind)))
     with pytest.raises(
         ingest.ShardError,
         match=rf"a\.tar at byte 2048: member 's1\.jpg' is a {word} to '\.\./\.\./etc/passwd': "

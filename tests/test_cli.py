@@ -5,8 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from ingest.testing import LoopbackS3, encode, make_table
-from tests.conftest import Store
+from ingest.testing import LoopbackS3, Store, encode, make_table
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:

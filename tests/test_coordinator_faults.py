@@ -17,8 +17,7 @@ import pytest
 import ray
 
 import ingest
-from ingest.testing import write_dataset
-from tests.conftest import Store
+from ingest.testing import Store, write_dataset
 from tests.faults import fire_once, kill_coordinator
 
 SHARDS, ROWS, BATCH = 4, 1024, 32

@@ -16,8 +16,7 @@ import pytest
 import ray
 
 import ingest
-from ingest.testing import encode, make_table, write_dataset
-from tests.conftest import Store
+from ingest.testing import Store, encode, make_table, write_dataset
 
 SHARDS, ROWS, BATCH = 5, 600, 32
 TOTAL = SHARDS * ROWS
@@ -66,7 +65,7 @@ def make(store: Store, fmt: str, world_size: int, **kwargs: Any) -> ingest.RaySt
 
 @pytest.fixture(scope="module")
 def s3_data(s3: Any) -> Store:
-    from tests.conftest import Store
+    from ingest.testing import Store
 
     store = Store("s3", s3.filesystem(), "s3://ingest-test/distributed", s3.storage_options())
     for fmt in ("parquet", "jsonl"):

@@ -13,8 +13,7 @@ from ingest.errors import StateError
 from ingest.feed import Feed, FeedPlan, Tail
 from ingest.ledger import Ledger, StepRecord, runs_of_entry
 from ingest.state import StreamState
-from ingest.testing import write_dataset
-from tests.conftest import Store
+from ingest.testing import Store, write_dataset
 
 SHARDS, ROWS, BATCH = 5, 1000, 64
 TOTAL = SHARDS * ROWS

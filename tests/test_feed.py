@@ -15,8 +15,7 @@ from ingest.formats.base import ReadOptions, RowBatch
 from ingest.ledger import StepRecord, pack_base, runs_of, runs_of_entry
 from ingest.plan import _GOLDEN, hash64, permutation, permutations
 from ingest.state import StreamState
-from ingest.testing import make_table, write_dataset
-from tests.conftest import Store
+from ingest.testing import Store, make_table, write_dataset
 
 SHARDS, ROWS = 6, 700
 

@@ -17,8 +17,7 @@ from ingest.folders import class_of, group
 from ingest.formats.base import ReadOptions
 from ingest.formats.folder import ImageFolderFormat
 from ingest.sources import Shard, Source
-from ingest.testing import write_audio_folder, write_image_folder
-from tests.conftest import Store
+from ingest.testing import Store, write_audio_folder, write_image_folder
 
 CLASSES = ("cat", "dog", "eel")
 PER_CLASS = 45  # 135 files: 3 work units of 64, 64 and 7 (FILES_PER_UNIT)

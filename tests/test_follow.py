@@ -15,8 +15,7 @@ import ingest
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.errors import SourceError
 from ingest.state import StreamState
-from ingest.testing import encode, make_table
-from tests.conftest import Store
+from ingest.testing import Store, encode, make_table
 from tests.test_epochs import batches_of, ids
 
 ROWS, BATCH = 1000, 64

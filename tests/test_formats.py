@@ -19,8 +19,7 @@ from ingest.errors import ShardError
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions, RowBatch
 from ingest.sources import Source
-from ingest.testing import encode, make_table
-from tests.conftest import Store
+from ingest.testing import Store, encode, make_table
 
 ROWS = 3000
 OPTIONS = ReadOptions(block_bytes=4096, batch_rows=256)

@@ -30,8 +30,7 @@ from ingest.index import (
     local_indexer,
 )
 from ingest.sources import Shard, Source
-from ingest.testing import LoopbackS3, encode, free_port, make_table, write_dataset
-from tests.conftest import Store
+from ingest.testing import LoopbackS3, Store, encode, free_port, make_table, write_dataset
 
 ROWS = 2000
 SHARDS = 4

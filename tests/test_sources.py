@@ -14,8 +14,7 @@ import ingest.errors
 import ingest.sources
 from ingest.formats import FORMAT_RESOLVER
 from ingest.sources import Source, parse_storage_options
-from ingest.testing import encode, make_table
-from tests.conftest import Store
+from ingest.testing import Store, encode, make_table
 
 
 def test_listing_gives_sizes_versions_formats_and_footer_rows(store: Store) -> None:

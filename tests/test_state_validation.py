@@ -21,8 +21,7 @@ import pytest
 import ingest
 from ingest.errors import StateError
 from ingest.state import StreamState
-from ingest.testing import write_dataset
-from tests.conftest import Store
+from ingest.testing import Store, write_dataset
 
 SHARDS, ROWS, BATCH = 8, 5000, 100
 FIX = "state_dict"  # every message says to pass the state as state_dict() returned it

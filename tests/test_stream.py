@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import ingest
-from ingest.testing import encode, make_table, write_dataset
-from tests.conftest import Store
+from ingest.testing import Store, encode, make_table, write_dataset
 
 SHARDS, ROWS = 4, 1500
 TOTAL = SHARDS * ROWS

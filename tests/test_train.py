@@ -17,8 +17,7 @@ import pytest
 import torch
 
 import ingest
-from ingest.testing import write_dataset
-from tests.conftest import Store
+from ingest.testing import Store, write_dataset
 
 SHARDS, ROWS, BATCH, EPOCHS = 6, 200, 50, 2
 TOTAL = SHARDS * ROWS  # divisible by 2 and 3 ranks x BATCH: no remainder to carry
