@@ -14,13 +14,16 @@ Figures (issue 7, goals in brackets):
 1. plan: ``book.plan(0)`` and the plan of every rank (``book.rank_plan``); the plan also
    makes the listing part of the epoch's states [<= 10 s].
 2. acks absorbed per second: one ack is one :class:`ingest.ledger.StepRecord` of one rank
-   (one shuffled batch), sent in messages of ``ack_every`` records, round-robin over the
-   ranks. An ack is absorbed when its rows are merged into the progress: the ``book.ack``
-   calls (which pack each message's rows into sortable integers) plus the fold that merges
-   them, as the coordinator folds [>= 100,000/s]. Shown beside it: the ``book.ack`` calls
-   alone, and the rate with the state of every checkpoint written too (a checkpoint every
-   window: far more often than a job of a thousand ranks checkpoints, so this one is not
-   held to the goal).
+   (one shuffled batch, with the window it finishes: :class:`ingest.ledger.Closed`), sent
+   in messages of ``ack_every`` records, round-robin over the ranks. An ack is absorbed
+   when its rows are merged into the progress: the ``book.ack`` calls plus the folds the
+   coordinator makes between checkpoints (every ``_FOLD_EVERY`` steps, on a window's
+   edge, so from the windows' runs, with no sort), over ``--steady-windows`` windows
+   [>= 100,000/s]. Shown beside it: the ``book.ack`` calls alone; the acks of the
+   checkpoint phase with the fold each checkpoint makes (half-way through a window, so
+   half a window of packed rows sorted per rank); and with the state of every checkpoint
+   written too (a checkpoint every window: far more often than a job of a thousand ranks
+   checkpoints, so these two are not held to the goal).
 3. state size: the JSON of a mid-epoch snapshot, taken half-way through a shuffle window
    (its rows half consumed, as at a checkpoint that falls inside a window) [<= 10 MB].
 4. snapshot: what the coordinator does when a state is asked for at a step: merge the acks
@@ -35,7 +38,8 @@ rows, so the same progress at every window boundary); only the acks of the measu
 carry shuffled batches.
 
     .venv/bin/python benchmarks/coordinator_scale.py [--shards 1000000] [--ranks 1024]
-        [--batch-size 1024] [--rows-per-shard 1000] [--checkpoints 2] [--json PATH]
+        [--batch-size 1024] [--rows-per-shard 1000] [--steady-windows 8] [--checkpoints 2]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -57,9 +61,10 @@ from tqdm.auto import tqdm
 
 from ingest.assign import Span, deal_lanes
 from ingest.catalog import Listing
+from ingest.distributed.coordinator import _FOLD_EVERY
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.formats.base import ShardInfo
-from ingest.ledger import Rows, Runs, StepRecord, as_runs, pack_base
+from ingest.ledger import Closed, Rows, Runs, StepRecord, as_runs, pack_base
 from ingest.plan import permutation
 from ingest.sources import Shard
 from ingest.state import StreamState
@@ -71,6 +76,7 @@ GOALS = {
     "snapshot_s": ("<=", 2.0),
 }
 SOURCE = "s3://bench-bucket/train"
+NO_RUNS = as_runs(())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +93,8 @@ class Config:
         lanes: Shards read side by side into each window.
         seed: Shuffle seed.
         ack_every: Records per ack message (``RankOptions.ack_every``).
+        steady_windows: Windows of shuffled batches acked and folded as the coordinator
+            does between checkpoints (the acks-absorbed figure).
         checkpoints: Snapshots (each followed by a fold), one window apart, each half-way
             through a window; the first comes after a window and a half of shuffled batches.
     """
@@ -100,6 +108,7 @@ class Config:
     lanes: int = 16
     seed: int = 0
     ack_every: int = 16
+    steady_windows: int = 8
     checkpoints: int = 2
 
     def __post_init__(self) -> None:
@@ -109,6 +118,7 @@ class Config:
             "batch_size",
             "rows_per_shard",
             "row_groups",
+            "steady_windows",
             "checkpoints",
         ):
             if getattr(self, name) < 1:
@@ -212,9 +222,10 @@ class RankFeed:
         a, b = w * self.per_lane, (w + 1) * self.per_lane
         return np.concatenate([lane.pieces(a, b) for lane in self.lanes])
 
-    def batches(self, w: int) -> list[Rows]:
+    def batches(self, w: int) -> list[tuple[Rows, Closed]]:
         """What each batch cut from window ``w`` (a full window) acks, as the feed sends it:
-        its packed rows (:func:`ingest.ledger.pack_base`), in the window's shuffled order."""
+        its packed rows (:func:`ingest.ledger.pack_base`), in the window's shuffled order,
+        and the window it finishes (:class:`ingest.ledger.Closed`): the last batch's."""
         pieces = self.window_runs(w)
         sizes = pieces[:, 3] - pieces[:, 2]
         first_key = np.cumsum(sizes) - sizes
@@ -228,7 +239,9 @@ class RankFeed:
         order = permutation(len(keys), "window", self.config.seed, self.epoch, self.rank, w)
         packed = packed[order]
         size = self.config.batch_size
-        return [packed[k : k + size] for k in range(0, len(packed), size)]
+        out = [(packed[k : k + size], Closed(NO_RUNS, size)) for k in range(0, len(packed), size)]
+        out[-1] = (out[-1][0], Closed(pieces, 0))
+        return out
 
 
 # -- the measurement ------------------------------------------------------------------------
@@ -288,7 +301,7 @@ def measure(config: Config) -> dict[str, Any]:
     feeds = [RankFeed(p.spans, config, 0, r) for r, p in enumerate(plans)]
     per_window = feeds[0].batches_per_window
     full = min(f.full_windows() for f in feeds)
-    windows = config.checkpoints + 1
+    windows = config.steady_windows + config.checkpoints + 1
     w0 = min(steps // 2 // per_window, full - windows)
     if w0 < 0 or any(f.batches_per_window != per_window for f in feeds):
         raise ValueError(
@@ -296,20 +309,24 @@ def measure(config: Config) -> dict[str, Any]:
             "raise --rows-per-shard or --shards"
         )
     out["fast_forward"] = fast_forward(book, feeds, w0, per_window)
+    out["steady"] = s = steady(book, feeds, w0, config)
     # Checkpoints half-way through a window: its rows are half consumed, scattered.
-    marks = [(w0 + k + 1) * per_window + per_window // 2 - 1 for k in range(config.checkpoints)]
-    out["checkpoints"] = checkpoints(book, feeds, w0, marks, config)
+    w1 = w0 + config.steady_windows
+    marks = [(w1 + k + 1) * per_window + per_window // 2 - 1 for k in range(config.checkpoints)]
+    out["checkpoints"] = checkpoints(book, feeds, w1, marks, config)
     cps = out["checkpoints"]
     acks = sum(c["acks"] for c in cps)
     ack_s = sum(c["ack_s"] for c in cps)
     fold_s = sum(c["fold_s"] for c in cps)
     state_s = sum(c["state_s"] for c in cps)
     out.update(
-        acks=acks,
-        rows_per_ack=float(np.mean([c["rows_per_ack"] for c in cps])),
-        acks_per_s=acks / ack_s,
-        acks_absorbed_per_s=acks / (ack_s + fold_s),
-        acks_absorbed_cpu_per_s=acks / sum(c["ack_cpu_s"] + c["fold_cpu_s"] for c in cps),
+        acks=s["acks"],
+        rows_per_ack=s["rows_per_ack"],
+        acks_per_s=s["acks"] / s["ack_s"],
+        acks_absorbed_per_s=s["acks"] / (s["ack_s"] + s["fold_s"]),
+        acks_absorbed_cpu_per_s=s["acks"] / (s["ack_cpu_s"] + s["fold_cpu_s"]),
+        checkpoint_acks=acks,
+        acks_folded_at_checkpoints_per_s=acks / (ack_s + fold_s),
         acks_with_checkpoints_per_s=acks / (ack_s + fold_s + state_s),
         snapshot_s=max(c["snapshot_s"] for c in cps),
         snapshot_cpu_s=max(c["snapshot_cpu_s"] for c in cps),
@@ -339,6 +356,62 @@ def fast_forward(
     return {"windows": windows, "acks": acks, "seconds": seconds}
 
 
+def steady(book: EpochBook, feeds: list[RankFeed], w0: int, config: Config) -> dict[str, Any]:
+    """Ack ``config.steady_windows`` windows of shuffled batches from window ``w0`` on, as
+    the coordinator takes them: messages of ``ack_every`` records round-robin over the
+    ranks, each followed by the coordinator's check for a fold (``Ledger.due`` every
+    ``_FOLD_EVERY`` steps, on a window's edge). Timed: the ``book.ack`` calls and the folds;
+    not timed: making the batches."""
+    per_window = feeds[0].batches_per_window
+    folded = w0 * per_window - 1  # the fast-forward folded up to here
+    acks = rows = folds = 0
+    ack_s = ack_cpu_s = fold_s = fold_cpu_s = 0.0
+    for w in tqdm(
+        range(w0, w0 + config.steady_windows), desc="steady acks (windows)", file=sys.stderr
+    ):
+        made = [f.batches(w) for f in feeds]
+        first = w * per_window
+        for k in range(0, per_window, config.ack_every):
+            chunk = [
+                [
+                    StepRecord(first + j, packed, closed=closed)
+                    for j, (packed, closed) in enumerate(mine[k : k + config.ack_every], k)
+                ]
+                for mine in made
+            ]
+            gc.collect()
+            for rank, records in enumerate(chunk):
+                clock = Clock()
+                book.ack(rank, records)
+                wall, cpu = clock.lap()
+                ack_s, ack_cpu_s = ack_s + wall, ack_cpu_s + cpu
+                if records[-1].step - folded >= _FOLD_EVERY:  # as the coordinator checks
+                    clock = Clock()
+                    at = book.ledger.due(folded, _FOLD_EVERY)
+                    if at is not None:
+                        book.fold(at)
+                        folded, folds = at, folds + 1
+                    wall, cpu = clock.lap()
+                    fold_s, fold_cpu_s = fold_s + wall, fold_cpu_s + cpu
+                acks += len(records)
+                rows += sum(len(r.runs) for r in records)
+        del made
+    tqdm.write(
+        f"steady: {acks:,} acks in {ack_s:.2f} s, {folds} folds in {fold_s:.2f} s "
+        f"(every {_FOLD_EVERY} steps, on a window's edge)"
+    )
+    return {
+        "windows": config.steady_windows,
+        "acks": acks,
+        "rows_per_ack": rows / acks,
+        "ack_s": ack_s,
+        "ack_cpu_s": ack_cpu_s,
+        "folds": folds,
+        "fold_s": fold_s,
+        "fold_cpu_s": fold_cpu_s,
+    }
+
+
 def checkpoints(
     book: EpochBook, feeds: list[RankFeed], w0: int, marks: list[int], config: Config
 ) -> list[dict[str, Any]]:
@@ -354,7 +427,7 @@ def checkpoints(
             tqdm(feeds, desc=f"checkpoint {n}: shuffled batches", unit="rank", file=sys.stderr)
         ):
             while len(pending[r]) < need:
-                pending[r].extend(f.batches(made[r]))
+                pending[r].extend(packed for packed, _ in f.batches(made[r]))
                 made[r] += 1
         sent = [mine[:need] for mine in pending]
         pending = [mine[need:] for mine in pending]
@@ -451,7 +524,7 @@ def table(out: dict[str, Any]) -> str:
         f"{'figure':<44} {'value':>12}  goal",
         row("plan one epoch, every rank's share (s)", "plan_s", f"{out['plan_s']:.2f}"),
         row(
-            "acks absorbed per s (ack calls + fold)",
+            "acks absorbed per s (ack calls + folds)",
             "acks_absorbed_per_s",
             f"{out['acks_absorbed_per_s']:,.0f}",
         ),
@@ -459,15 +532,16 @@ def table(out: dict[str, Any]) -> str:
         row("snapshot: merge, state, to_json, dumps (s)", "snapshot_s", f"{out['snapshot_s']:.2f}"),
         f"{'peak RSS (MB)':<44} {out['peak_rss_mb']:>12,.0f}",
         "",
-        f"acks per s: ack calls alone {out['acks_per_s']:,.0f} (rows packed, merged by the fold); "
-        f"with the state of every checkpoint written too (one a window) "
-        f"{out['acks_with_checkpoints_per_s']:,.0f}",
+        f"acks per s: ack calls alone {out['acks_per_s']:,.0f}; with a checkpoint's fold "
+        f"every window (half a window sorted) {out['acks_folded_at_checkpoints_per_s']:,.0f}, "
+        f"and its state written too {out['acks_with_checkpoints_per_s']:,.0f}",
         f"CPU seconds (this machine is shared): plan {out['plan_cpu_s']:.2f}, slowest "
         f"snapshot {out['snapshot_cpu_s']:.2f}; acks absorbed per CPU s "
         f"{out['acks_absorbed_cpu_per_s']:,.0f}",
         f"plan: book.plan {out['plan_book_s']:.2f} s; {out['spans']:,} spans over the ranks",
         f"acks: {out['acks']:,} shuffled batches of {out['rows_per_ack']:.0f} packed rows "
-        f"each, in messages of {c['ack_every']}",
+        f"each, in messages of {c['ack_every']}; {out['steady']['folds']} folds in "
+        f"{out['steady']['fold_s']:.2f} s over {c['steady_windows']} windows",
     ]
     for n, cp in enumerate(out["checkpoints"], 1):
         parts = ", ".join(f"{k} {v:.2f} s" for k, v in cp["state_parts_s"].items())
@@ -487,6 +561,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=default.batch_size)
     parser.add_argument("--rows-per-shard", type=int, default=default.rows_per_shard)
     parser.add_argument("--row-groups", type=int, default=default.row_groups)
+    parser.add_argument("--steady-windows", type=int, default=default.steady_windows)
     parser.add_argument("--checkpoints", type=int, default=default.checkpoints)
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -496,6 +571,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         batch_size=args.batch_size,
         rows_per_shard=args.rows_per_shard,
         row_groups=args.row_groups,
+        steady_windows=args.steady_windows,
         checkpoints=args.checkpoints,
     )
     out = measure(config)

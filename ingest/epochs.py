@@ -803,8 +803,10 @@ def _add_runs(
     """Add acked runs to the progress of their segment.
 
     ``parts``: the runs, in parts (one per rank: :meth:`ingest.ledger.Ledger.runs_by_rank`).
-    The shards of a part are merged in one numpy pass (:func:`ingest.intervals.union_into`),
-    part after part, so every sort stays as small as one rank's rows. A shard's interval set
+    Parts are merged a group at a time, in one numpy pass each
+    (:func:`ingest.intervals.merge_into`): parts joined up to :data:`_GROUP_RUNS` runs, so
+    every sort stays small while a thousand ranks' few runs each (a fold on a window's
+    edge) are not a thousand passes. A shard's interval set
     is replaced, never changed in place, so a snapshot may share the sets of the book's
     progress (:meth:`ingest.state.Progress.shallow`) and stay as it was. ``counts`` (row
     counts per shard, -1: unknown) keeps the progress's completion up to date.
@@ -812,8 +814,7 @@ def _add_runs(
     both = (carried, main)
     new: tuple[dict[int, IntervalSet], dict[int, IntervalSet]] = ({}, {})
     made: tuple[list[Intervals], list[Intervals]] = ([], [])
-    for part in parts:
-        arr = as_runs(part)
+    for arr in _grouped(parts):
         in_carry = arr[:, 0] == CARRY
         pieces = ((0, arr[in_carry]), (1, arr[~in_carry])) if in_carry.any() else ((1, arr),)
         for n, mine in pieces:
@@ -825,6 +826,26 @@ def _add_runs(
     for progress, sets, arrays in zip(both, new, made, strict=True):
         if sets:
             progress.add_sets(sets, counts, arrays)
+
+
+_GROUP_RUNS = 1 << 12
+"""Runs merged in one pass by :func:`_add_runs` (parts joined up to this many)."""
+
+
+def _grouped(parts: Iterable[Runs | Sequence[Run]]) -> Iterator[Runs]:
+    """``parts`` as runs, consecutive parts joined while they hold fewer than
+    :data:`_GROUP_RUNS` runs together."""
+    held: list[Runs] = []
+    count = 0
+    for part in parts:
+        arr = as_runs(part)
+        if held and count + len(arr) > _GROUP_RUNS:
+            yield held[0] if len(held) == 1 else np.concatenate(held)
+            held, count = [], 0
+        held.append(arr)
+        count += len(arr)
+    if held:
+        yield held[0] if len(held) == 1 else np.concatenate(held)
 
 
 def _learnt(e: _PlannedEpoch) -> dict[str, int]:

@@ -46,7 +46,7 @@ from ingest.errors import IngestError
 from ingest.formats import get_format
 from ingest.formats.base import BadRows, ReadOptions, RowBatch, Seek
 from ingest.intervals import IntervalSet
-from ingest.ledger import Rows, Runs, as_runs, pack_base, runs_of
+from ingest.ledger import Closed, Rows, Runs, as_runs, pack_base, runs_of
 from ingest.plan import permutation
 from ingest.quarantine import Quarantine, Quarantined, skippable
 from ingest.sources import Source
@@ -120,6 +120,8 @@ class Ready:
     """Quarantines recorded since the batch before (``on_error="skip"``)."""
     rows: int = -1
     """Rows delivered (fewer than the batch size where it held holes); -1: all of them."""
+    closed: Closed | None = None
+    """The windows this batch finished, when ``runs`` are packed rows (for the fold)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,6 +257,14 @@ class _Origin:
         if self.base is None:
             return None
         return self.base[self.pieces[keys]] + keys
+
+    def all_runs(self) -> Runs:
+        """Every row of the window (holes and rows consumed before included), as runs."""
+        out = np.empty((len(self.sizes), 4), dtype=np.int64)
+        out[:, 0], out[:, 1] = self.segments, self.shards
+        np.add(self.starts, self.offsets, out=out[:, 2])
+        np.add(out[:, 2], self.sizes, out=out[:, 3])
+        return out
 
     def runs(self, keys: npt.NDArray[np.int64]) -> Runs:
         """The runs of the rows of ``keys``, as :func:`ingest.ledger.runs_of` gives them."""
@@ -634,13 +644,23 @@ class Feed:
                     raise
                 self.quarantine.add(e, step=step, rows=rows)
                 table, rows = output_of_no_rows(self.transform, table), 0
+        acked = self._acked(parts)
+        closed = None
+        if acked.ndim == 1:
+            done = [w.origin.all_runs() for w, _, hi in parts if hi == w.size]
+            window, lo, hi = parts[-1]
+            closed = Closed(
+                np.concatenate(done) if len(done) > 1 else done[0] if done else as_runs(()),
+                0 if hi == window.size else hi - lo,
+            )
         return Ready(
             step,
             table,
-            self._acked(parts),
+            acked,
             cursor,
             self.quarantine.take(),
             -1 if rows == size else rows,
+            closed,
         )
 
     @staticmethod

@@ -35,6 +35,29 @@ def as_runs(runs: Runs | Iterable[Run]) -> Runs:
 
 
 @dataclass(frozen=True, slots=True)
+class Closed:
+    """The shuffle windows one step finished, for a fold that need not sort their rows.
+
+    A feed cuts batches from consecutive windows. Once a step has taken a window's last
+    position, the rows of the steps up to it that came from that window are exactly the
+    window's rows, a few runs (one per piece the lanes read), so a fold up to such a step
+    adds those runs instead of sorting a packed integer per row. Only the rows of a window
+    still open at the fold's step are sorted: at most a window per rank, none when the fold
+    falls on a window's edge (:meth:`Ledger.edge`).
+
+    A window's runs may include rows consumed before the window was read (a resume leaves
+    them out of the window's positions): they are in the progress already, and adding
+    them again changes nothing.
+    """
+
+    runs: Runs
+    """Every row of the windows whose last position this step took (none: empty)."""
+    open: int
+    """The step's last ``open`` packed rows are of a window still open after it; the rows
+    before them are all in ``runs`` (or in windows an earlier step finished)."""
+
+
+@dataclass(frozen=True, slots=True)
 class StepRecord:
     """The rows one rank consumed at one step.
 
@@ -48,6 +71,9 @@ class StepRecord:
     """The rows as runs, or as packed rows (1-d; see :func:`pack_rows`)."""
     rows: int = -1
     quarantined: tuple[Quarantined, ...] = ()
+    closed: Closed | None = None
+    """The windows the step finished, when ``runs`` are packed rows (None: not known, and
+    a fold sorts the step's rows)."""
 
 
 class Ledger:
@@ -69,6 +95,8 @@ class Ledger:
             raise ValueError(f"world_size={world_size} must be >= 1")
         self.world_size = world_size
         self._records: list[dict[int, Runs | Rows]] = [{} for _ in range(world_size)]
+        self._closed: list[dict[int, Closed]] = [{} for _ in range(world_size)]
+        """Per rank, the :class:`Closed` of the steps that carry one."""
         self._acked = [first_step - 1] * world_size
         self._merged: tuple[int, int, tuple[Runs, ...]] | None = None
         """The last answer of :meth:`runs_by_rank`."""
@@ -91,8 +119,11 @@ class Ledger:
                     f"rank {rank} acked step {step} twice; each step's rows are consumed once"
                 )
             seen.add(step)
-        for step, entry in zip(steps, pack_rows([r.runs for r in records]), strict=True):
-            mine[step] = entry
+        closed = self._closed[rank]
+        for record, entry in zip(records, pack_rows([r.runs for r in records]), strict=True):
+            mine[record.step] = entry
+            if record.closed is not None and entry.ndim == 1:
+                closed[record.step] = record.closed
         if self._merged is not None and steps and min(steps) <= self._merged[1]:
             self._merged = None
         while self._acked[rank] + 1 in mine:
@@ -137,22 +168,44 @@ class Ledger:
         if self._merged is not None and self._merged[:2] == (first, last):
             return self._merged[2]
         parts = []
-        for per_rank in self._records:
-            mine = [entry for s, entry in per_rank.items() if first <= s <= last and len(entry)]
-            merged = _merge_entries(mine) if mine else _NO_RUNS
+        for per_rank, closed in zip(self._records, self._closed, strict=True):
+            merged = _merge_entries(_entries(per_rank, closed, first, last))
             if len(merged):
                 merged.setflags(write=False)
                 parts.append(merged)
         self._merged = (first, last, tuple(parts))
         return self._merged[2]
 
+    def edge(self, first: int, last: int) -> int:
+        """The last step of ``first..last`` that finished a window of every rank with no
+        row of an open window (:class:`Closed`), or ``last`` when there is none.
+
+        A fold up to such a step merges every rank's rows as window runs, with no sort: the
+        steady fold of a stream whose windows are whole batches, as every rank's are.
+        """
+        common: set[int] | None = None
+        for closed in self._closed:
+            edges = {s for s, c in closed.items() if first <= s <= last and not c.open}
+            common = edges if common is None else common & edges
+            if not common:
+                return last
+        return max(common) if common else last
+
+    def due(self, folded: int, every: int) -> int | None:
+        """The step to fold up to next, once every rank acked ``every`` steps past
+        ``folded`` (the last step folded): the last window edge (:meth:`edge`) of those
+        steps, or the last of them when none is one. None: not yet."""
+        low = min(self._acked)
+        return None if low - folded < every else self.edge(folded + 1, low)
+
     def fold(self, step: int) -> None:
         """Forget steps ``<= step``: the caller has kept what it needs of them."""
         if not self.ready(step):
             raise ValueError(f"cannot fold step {step}: not every rank acked it")
-        for per_rank in self._records:
+        for per_rank, closed in zip(self._records, self._closed, strict=True):
             for s in [s for s in per_rank if s <= step]:
                 del per_rank[s]
+                closed.pop(s, None)
         self._merged = None
 
 
@@ -246,8 +299,32 @@ def pack_rows(steps: Sequence[Runs | Rows | Sequence[Run]]) -> list[Runs | Rows]
     return list(np.split(rows, ends))
 
 
+def _entries(
+    records: dict[int, Runs | Rows], closed: dict[int, Closed], first: int, last: int
+) -> list[Runs | Rows]:
+    """The rows of one rank's steps ``first..last``, as few as cover them: the runs of the
+    windows they finished, then the packed rows of the window still open (see
+    :class:`Closed`). Every step's own rows when a step in the range carries no
+    :class:`Closed`."""
+    steps = sorted(s for s in records if first <= s <= last)
+    if not steps or any(s not in closed for s in steps):
+        return [records[s] for s in steps if len(records[s])]
+    edges = [s for s in steps if len(closed[s].runs)]
+    if not edges:
+        return [records[s] for s in steps if len(records[s])]
+    edge = edges[-1]
+    out: list[Runs | Rows] = [closed[s].runs for s in edges]
+    still = closed[edge].open
+    if still:
+        out.append(records[edge][len(records[edge]) - still :])
+    out.extend(records[s] for s in steps if s > edge and len(records[s]))
+    return out
+
+
 def _merge_entries(entries: Sequence[Runs | Rows]) -> Runs:
     """The rows of ``entries`` (packed rows and runs) merged as :func:`merge_runs` does."""
+    if not entries:
+        return _NO_RUNS
     rows = [e for e in entries if e.ndim == 1]
     runs = [e for e in entries if e.ndim == 2]
     parts = []

@@ -28,7 +28,7 @@ from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.errors import ConfigError, IngestError
 from ingest.feed import Cursor, Feed, Ready, Tail
-from ingest.ledger import Rows, Runs, StepRecord
+from ingest.ledger import Closed, Rows, Runs, StepRecord
 from ingest.quarantine import Quarantined
 from ingest.state import StreamState
 from ingest.stream import _ACK_EVERY, Stream
@@ -49,6 +49,7 @@ class _Came:
     quarantined: tuple[Quarantined, ...]
     arrays: tuple[str, ...] = ()
     """Tensors sent as numpy arrays (see :meth:`_Shares.__iter__`), made tensors again."""
+    closed: Closed | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,14 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                     arrays = tuple(k for k, v in batch.items() if isinstance(v, torch.Tensor))
                     batch = {k: v.numpy() if k in arrays else v for k, v in batch.items()}
                 came = _Came(
-                    rank, item.step, item.runs, item.rows, item.cursor, item.quarantined, arrays
+                    rank,
+                    item.step,
+                    item.runs,
+                    item.rows,
+                    item.cursor,
+                    item.quarantined,
+                    arrays,
+                    item.closed,
                 )
                 yield {**batch, KEY: came}
 
@@ -211,7 +219,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                 ended += 1
                 continue
             self._pending.setdefault(came.rank, []).append(
-                StepRecord(came.step, came.runs, came.rows, came.quarantined)
+                StepRecord(came.step, came.runs, came.rows, came.quarantined, came.closed)
             )
             self._cursors[came.rank] = came.cursor
             if len(self._pending[came.rank]) >= _ACK_EVERY:

@@ -195,7 +195,9 @@ class Stream:
                     break
                 batch = to_torch(item.table)
                 # Acked only once it converted: a batch that failed is read again.
-                self._pending.append(StepRecord(item.step, item.runs, item.rows, item.quarantined))
+                self._pending.append(
+                    StepRecord(item.step, item.runs, item.rows, item.quarantined, item.closed)
+                )
                 self._pending_cursor = item.cursor
                 self._log(item.quarantined)
                 self._step = item.step
@@ -204,7 +206,8 @@ class Stream:
                     self._flush()
                 if item.step % _FOLD_EVERY == 0:
                     self._flush()
-                    book.fold(item.step - 1)
+                    # On a window's edge where there is one: nothing to sort (Closed).
+                    book.fold(book.ledger.edge(item.step - _FOLD_EVERY, item.step - 1))
                 if item.rows == 0:
                     continue  # every row quarantined: one process need not keep steps equal
                 yield batch

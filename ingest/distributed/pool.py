@@ -36,7 +36,7 @@ import ray
 from ingest.epochs import StreamSpec
 from ingest.errors import ConfigError, IngestError
 from ingest.feed import Cursor, Feed, Ready, Tail
-from ingest.ledger import Rows, Runs
+from ingest.ledger import Closed, Rows, Runs
 from ingest.metrics import StoreMeter
 from ingest.quarantine import Quarantined, reason_of
 from ingest.sources import Source
@@ -135,6 +135,7 @@ class Item:
     rows: int = -1
     quarantined: tuple[Quarantined, ...] = ()
     """See :class:`ingest.feed.Ready`."""
+    closed: Closed | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,7 +239,14 @@ class _RankFeed:
         reader.wait_for_budget(nbytes)
         batch = reader.decoded(ready.table)
         return Item(
-            ready.step, ready.runs, ready.cursor, batch, nbytes, ready.rows, ready.quarantined
+            ready.step,
+            ready.runs,
+            ready.cursor,
+            batch,
+            nbytes,
+            ready.rows,
+            ready.quarantined,
+            ready.closed,
         )
 
     def take(self, most: int, wait_s: float) -> list[Item | End]:

@@ -245,7 +245,9 @@ class RankIterator:
                     )
                     rows, quarantined, table = 0, (*quarantined, failed), table.empty
                 batch = self._to_torch(table)
-                self._pending.append(StepRecord(item.step, item.runs, rows, quarantined))
+                self._pending.append(
+                    StepRecord(item.step, item.runs, rows, quarantined, item.closed)
+                )
                 self._cursor = item.cursor
                 self.step = item.step
                 if len(self._pending) >= self.options.ack_every:
