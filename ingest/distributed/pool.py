@@ -405,12 +405,19 @@ class _Reader:
                 old.stop()
             self._feeds[rank] = _RankFeed(self, rank, session, epoch, (next_step, cursor))
 
-    def warm(self, rank: int, session: int, epoch: int, fresh: bool = False) -> None:
+    def warm(self, rank: int, session: int | None, epoch: int, fresh: bool = False) -> None:
         """Start ``rank``'s feed before the rank asks (the first batch comes sooner).
 
+        ``session``: the rank's; None: the coordinator's session now (a stream just made,
+        whose ranks have not asked yet: a fresh stream's first ranks keep that session).
         ``fresh``: start it over even if it exists (a rank that consumed none of it, whose
         take may have taken items whose answer was lost).
         """
+        if session is None:
+            try:
+                session = int(ray.get(self.coordinator.session.remote(), timeout=self.timeout_s))
+            except Exception:  # the rank starts its feed when it asks
+                return
         if fresh:
             with self._lock:
                 old = self._feeds.pop(rank, None)

@@ -15,16 +15,17 @@ loop received, and a new loop over the same iterator continues right after them.
 from __future__ import annotations
 
 import contextlib
+import importlib
+import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
-import torch
 
-from ingest.convert import Batch, to_torch
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.pool import End, FeedLostError, Item, TransformFailed
 from ingest.errors import IngestError, StreamTimeoutError
@@ -32,6 +33,22 @@ from ingest.feed import Cursor
 from ingest.ledger import StepRecord
 from ingest.metrics import RankMeter
 from ingest.quarantine import Quarantined
+
+if TYPE_CHECKING:
+    from ingest.convert import Batch
+
+
+def _import_torch_meanwhile() -> None:
+    """Import torch (1-2 s) on a thread while the rank joins and its first batch comes.
+
+    torch is imported where batches become tensors, not with this module: a driver that
+    makes a :class:`ingest.RayStream` never needs it, and a fresh rank process overlaps it
+    with its first calls to the coordinator and the reader.
+    """
+    if "torch" not in sys.modules:
+        threading.Thread(
+            target=importlib.import_module, args=("ingest.convert",), daemon=True
+        ).start()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,6 +218,7 @@ class RankIterator:
         return item
 
     def __iter__(self) -> Iterator[Batch]:
+        _import_torch_meanwhile()
         epoch = self.upcoming_epoch()
         done = False
         if self._meter is None:
@@ -267,6 +285,10 @@ class RankIterator:
                     self.flush()
 
     def _to_torch(self, table: Any) -> Batch:
+        import torch
+
+        from ingest.convert import to_torch
+
         batch = to_torch(table)
         if not (self.options.pin_memory or self.options.device):
             return batch

@@ -145,8 +145,8 @@ class RayStream:
         budget = max(self.pool.object_store_bytes // size, 1)
         for reader in self.readers:
             reader.connect.remote(self.readers, budget)
-        for rank in range(world_size):
-            self._reader(rank).warm.remote(rank, 0, 0)
+        for rank in range(world_size):  # in the coordinator's first session
+            self._reader(rank).warm.remote(rank, None, 0)
         # The source is listed here while the actors' processes start; a bad URL fails here.
         # Shards without row counts are indexed by Ray tasks on the pool's nodes (once: the
         # index persists, see StreamSpec.index).
