@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/shard_cache.py
 	$(PY) benchmarks/dataloader.py
 	$(PY) benchmarks/bad_input.py
+	$(PY) benchmarks/index_start.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
