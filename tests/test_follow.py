@@ -176,6 +176,30 @@ def test_a_stream_follows_shards_written_while_it_reads(s3_store: Store) -> None
     assert 6 * ROWS - len(got) < BATCH, "every row once, but the last round's remainder"
 
 
+def test_a_dataloader_follows_shards_written_while_it_reads(local: Store) -> None:
+    # The DataLoader's workers are the ranks of one followed stream: each epoch of the
+    # loader is a round, every worker takes the round's equal steps, every row once.
+    write(local, 0)
+    stream = ingest.Stream(
+        local.url("d") + "/",
+        batch_size=BATCH,
+        shuffle_seed=1,
+        follow=ingest.Follow(poll_s=0.05, idle_timeout_s=3.0),
+    )
+    loader = ingest.DataLoader(stream, num_workers=2)
+    got: list[int] = []
+    rounds = 0
+    for n in range(1, 4):
+        got += [int(i) for b in loader for i in b["id"].tolist()]
+        rounds += 1
+        write(local, n)
+    got += [int(i) for b in loader for i in b["id"].tolist()]
+    assert len(got) == len(set(got))
+    assert 4 * ROWS - len(got) < 2 * BATCH, "every row once, but the last round's remainder"
+    state = StreamState.from_json(json.loads(json.dumps(stream.state_dict())))
+    assert state.progress.epoch == rounds + 1
+
+
 @ray.remote(num_cpus=0)
 def _round(it: Any) -> list[int]:
     return [int(i) for b in it for i in b["id"].tolist()]
