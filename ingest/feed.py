@@ -20,8 +20,10 @@ exactly the batches of the uninterrupted run. Exactly-once rests on the consumed
 
 Provenance never travels with the rows: each batch's rows are described beside the table,
 for the rank to ack, as packed rows (one int64 per row, ``segment << 62 | shard << 31 |
-row``: a gather and an add per row from the window's keys, no sort; the fold sorts once), or
-as runs ``(segment, shard, start, stop)`` where they do not pack (shards or rows past 2**31).
+row``: a gather and an add per row from the window's keys, no sort), or as runs ``(segment,
+shard, start, stop)`` where they do not pack (shards or rows past 2**31). A batch that takes
+a window's last position also carries the window's rows as a few runs
+(:class:`ingest.ledger.Closed`): a fold up to it adds those runs and sorts no packed row.
 
 Bad data. With ``ReadOptions(on_error="skip")`` the rest of a span that cannot be read
 becomes *holes*: window positions that are acked with their batch but carry no row, so the

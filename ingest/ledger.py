@@ -4,6 +4,13 @@ Ranks report the rows of each batch they handed to the training loop, tagged wit
 global step of that batch, a few batches per message. A snapshot for step S holds exactly
 the rows of steps <= S of every rank, whatever ranks consumed beyond S, so a checkpoint
 saved at step S resumes at step S + 1 on every rank.
+
+A shuffled batch's rows are scattered (about one run per row), so merging them means
+sorting an integer per row: 20,000 acks of 1,024 rows a second on one core. Batches are cut
+from shuffle windows in order, and the batch that finishes a window says so with the
+window's rows as a few runs (:class:`Closed`); a fold then merges whole windows from those
+runs and sorts only the rows of a window still open at its step, none on a window's edge
+(:meth:`Ledger.edge`, where the coordinator folds).
 """
 
 from __future__ import annotations
