@@ -18,6 +18,7 @@ from ingest.catalog import Listing
 from ingest.errors import (
     ConfigError,
     IngestError,
+    NoShardsError,
     SchemaMismatchError,
     ShardError,
     SourceError,
@@ -56,6 +57,7 @@ __all__ = [
     "IndexStore",
     "IngestError",
     "Listing",
+    "NoShardsError",
     "Quarantined",
     "RankIterator",
     "RankOptions",

@@ -49,7 +49,7 @@ from ingest.assign import (
     split,
 )
 from ingest.catalog import Catalog, Listing
-from ingest.errors import ConfigError, StateError, redact
+from ingest.errors import ConfigError, NoShardsError, StateError, redact
 from ingest.feed import TO_END, Cursor, FeedConfig, FeedPlan
 from ingest.follow import Follow, NothingNewError, consumed_before, read_manifest
 from ingest.formats import get_format
@@ -297,6 +297,18 @@ class EpochBook:
         while True:
             try:
                 made = self._make(epoch, force=time.monotonic() >= deadline)
+            except NoShardsError as e:  # followed: the first round waits for a first shard
+                if follow is None or epoch != self._start_epoch:
+                    raise
+                if time.monotonic() >= deadline:
+                    raise NoShardsError(
+                        e.url,
+                        f"no data files after waiting {follow.idle_timeout_s:g} s for the "
+                        f"first shard ({e.problem})",
+                        f"{e.fix}; or raise Follow.idle_timeout_s",
+                    ) from None
+                self.wait(min(follow.poll_s, max(deadline - time.monotonic(), 0.0)))
+                continue
             except NothingNewError:
                 assert follow is not None
                 self.wait(min(follow.poll_s, max(deadline - time.monotonic(), 0.0)))

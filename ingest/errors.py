@@ -62,6 +62,12 @@ class SourceError(IngestError):
         super().__init__(f"{self.url}: {problem}. {fix}")
 
 
+class NoShardsError(SourceError):
+    """The source lists no data files: its path does not exist, or holds no data. A
+    followed source (:class:`ingest.Follow`) waits for its first shard instead, up to
+    ``idle_timeout_s``."""
+
+
 class ShardError(IngestError):
     """One shard cannot be read: corrupt, truncated, wrong format, bad record.
 

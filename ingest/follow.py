@@ -7,7 +7,10 @@ that could not fill a step on every rank). The epoch boundary is explicit: a rou
 are shared out evenly when it is planned, so every rank gets the same number of steps, and
 a round is planned only when it holds at least one full step (``world_size x batch_size``
 rows) or when nothing new came for ``idle_timeout_s``; then the round holds what there is
-(maybe no step: the loop over it ends at once, and the next round waits again).
+(maybe no step: the loop over it ends at once, and the next round waits again). A source
+that lists nothing yet (a job started before its data) is waited for the same way: the
+first round starts with the first shards, or fails with :class:`ingest.NoShardsError`
+once ``idle_timeout_s`` passed without any.
 
 The state stays exact: a round's listing is the whole dataset, and the shards read by the
 rounds before are in its progress as consumed, so a restore (any world size) reads each row

@@ -30,7 +30,7 @@ from fsspec.utils import get_protocol
 
 from ingest import hub
 from ingest.cache import CacheEvent, CacheOptions, ShardCache
-from ingest.errors import ConfigError, SourceError, StoreError, redact
+from ingest.errors import ConfigError, NoShardsError, SourceError, StoreError, redact
 
 _T = TypeVar("_T")
 # Statuses worth another attempt: throttling (429, 503 SlowDown), server faults, timeouts.
@@ -777,7 +777,7 @@ class Source:
         except _GaveUpError as gave_up:
             e = gave_up.last
             if isinstance(e, FileNotFoundError):
-                raise SourceError(
+                raise NoShardsError(
                     url,
                     f"not found ({self.scrub(str(e)) or 'no such object'})",
                     "check the bucket and path; for object stores the bucket must "
@@ -808,13 +808,13 @@ class Source:
         if _is_glob(path):
             prefix = re.split(r"[*?\[]", path, maxsplit=1)[0].rsplit("/", 1)[0]
             if prefix and not fs.exists(prefix):
-                raise SourceError(
+                raise NoShardsError(
                     url,
                     f"not found: {redact(fs.unstrip_protocol(prefix))} does not exist",
                     "check the bucket and prefix; for object stores the bucket must exist "
                     "and be visible with these credentials",
                 )
-        raise SourceError(url, "matches no data files", f"check the glob; {formats.describe()}")
+        raise NoShardsError(url, "matches no data files", f"check the glob; {formats.describe()}")
 
     # -- opening -------------------------------------------------------------------------
 

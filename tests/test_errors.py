@@ -26,6 +26,7 @@ EXAMPLES: list[IngestError] = [
     IngestError("plain"),
     ingest.ConfigError("batch_size=0 is not positive"),
     SourceError(URL, "disappeared after it was listed", "restore the object"),
+    ingest.NoShardsError(URL, "matches no data files", "check the glob"),
     ShardError(URL, "truncated", "rewrite the shard", row=7, line=8, byte=9),
     SchemaMismatchError(URL, "column id is string", "cast it", row=3),
     StoreError(URL, "read of bytes [0, 9) failed after 5 retries", "check the store", byte=0),

@@ -200,6 +200,35 @@ def test_a_dataloader_follows_shards_written_while_it_reads(local: Store) -> Non
     assert state.progress.epoch == rounds + 1
 
 
+def test_a_stream_waits_for_the_first_shard_of_an_empty_source(local: Store) -> None:
+    # A followed source that lists nothing yet (a trainer started before the data) failed at
+    # once with "matches no data files": the first round waits for a shard, as a later
+    # round waits for new ones, up to idle_timeout_s.
+    stream = ingest.Stream(
+        local.url("later") + "/",
+        batch_size=BATCH,
+        shuffle_seed=1,
+        follow=ingest.Follow(poll_s=0.05, idle_timeout_s=10.0),
+    )
+    timer = threading.Timer(0.5, lambda: write(local, 0, where="later"))
+    timer.start()
+    got = [int(i) for b in stream for i in b["id"].tolist()]
+    timer.join()
+    assert len(got) == len(set(got)) and ROWS - len(got) < BATCH
+
+
+def test_a_source_still_empty_at_the_idle_timeout_is_a_clear_error(local: Store) -> None:
+    stream = ingest.Stream(
+        local.url("never") + "/",
+        batch_size=BATCH,
+        follow=ingest.Follow(poll_s=0.05, idle_timeout_s=0.3),
+    )
+    started = time.monotonic()
+    with pytest.raises(ingest.NoShardsError, match=r"no data files after waiting 0\.3 s for"):
+        next(iter(stream))
+    assert 0.3 <= time.monotonic() - started < 10
+
+
 @ray.remote(num_cpus=0)
 def _round(it: Any) -> list[int]:
     return [int(i) for b in it for i in b["id"].tolist()]
@@ -234,3 +263,23 @@ def test_ranks_follow_shards_written_while_they_read(s3_store: Store) -> None:
         state = rs.state_dict()
     assert len(got) == len(set(got)) and 5 * ROWS - len(got) < 2 * BATCH
     assert state["progress"]["epoch"] >= 2
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ranks_wait_for_the_first_shard_of_an_empty_source(s3_store: Store) -> None:
+    follow = ingest.Follow(poll_s=0.05, idle_timeout_s=20.0)
+    with ingest.RayStream(
+        s3_store.url("ranks-later") + "/",
+        batch_size=BATCH,
+        shuffle_seed=2,
+        world_size=2,
+        follow=follow,
+        timeout_s=60,
+        storage_options=s3_store.storage_options,
+    ) as stream:
+        refs = [_round.remote(stream.rank_iterator(r)) for r in range(2)]
+        time.sleep(1.0)
+        for n in range(2):
+            write(s3_store, n, where="ranks-later")
+        got = [i for r in ray.get(refs, timeout=120) for i in r]
+    assert len(got) == len(set(got)) and 2 * ROWS - len(got) < 2 * BATCH

@@ -14,7 +14,7 @@ from ingest.distributed.indexing import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.epochs import Remainder, StreamSpec
-from ingest.errors import ConfigError
+from ingest.errors import ConfigError, NoShardsError
 from ingest.follow import Follow
 from ingest.formats.base import ReadOptions
 from ingest.index import IndexConfig
@@ -155,8 +155,13 @@ class RayStream:
         )
         try:
             listing = self.spec.catalog(indexer).scan(progress=progress, index=world_size > 1)
+        except NoShardsError:
+            if follow is None:
+                self.shutdown()  # no actor outlives a stream that could not start
+                raise
+            return  # followed: the coordinator's first round waits for a first shard
         except BaseException:
-            self.shutdown()  # no actor outlives a stream that could not start
+            self.shutdown()
             raise
         self.coordinator.prepare.remote(listing)
 
