@@ -27,7 +27,8 @@ Figures (issue 7, goals in brackets):
 3. state size: the JSON of a mid-epoch snapshot, taken half-way through a shuffle window
    (its rows half consumed, as at a checkpoint that falls inside a window) [<= 10 MB].
 4. snapshot: what the coordinator does when a state is asked for at a step: merge the acks
-   not folded yet (since the checkpoint before: a window and a half, then a window), then
+   not folded yet (since the checkpoint before: a window and a half, then a window; the
+   finished windows from their runs, the open half window's packed rows sorted), then
    ``book.snapshot(step)`` + ``to_json()`` + ``json.dumps``; the slowest of
    ``--checkpoints``, one window apart. Timed as the fold, then the state of the folded
    book (the same work as the coordinator's snapshot-then-fold, in two parts) [<= 2 s].
@@ -417,7 +418,7 @@ def checkpoints(
 ) -> list[dict[str, Any]]:
     """Ack shuffled batches from window ``w0`` on; snapshot and fold at each step of ``marks``."""
     per_window = feeds[0].batches_per_window
-    pending: list[list[Runs]] = [[] for _ in feeds]
+    pending: list[list[tuple[Rows, Closed]]] = [[] for _ in feeds]
     made = [w0] * len(feeds)
     step = w0 * per_window
     out = []
@@ -427,16 +428,19 @@ def checkpoints(
             tqdm(feeds, desc=f"checkpoint {n}: shuffled batches", unit="rank", file=sys.stderr)
         ):
             while len(pending[r]) < need:
-                pending[r].extend(packed for packed, _ in f.batches(made[r]))
+                pending[r].extend(f.batches(made[r]))
                 made[r] += 1
         sent = [mine[:need] for mine in pending]
         pending = [mine[need:] for mine in pending]
-        rows_per_ack = float(np.mean([len(b) for mine in sent for b in mine]))
+        rows_per_ack = float(np.mean([len(b) for mine in sent for b, _ in mine]))
         gc.collect()
         ack_s = ack_cpu_s = 0.0
         for k in range(0, need, config.ack_every):
             chunk = [
-                [StepRecord(step + j, mine[j]) for j in range(k, min(k + config.ack_every, need))]
+                [
+                    StepRecord(step + j, mine[j][0], closed=mine[j][1])
+                    for j in range(k, min(k + config.ack_every, need))
+                ]
                 for mine in sent
             ]
             clock = Clock()
