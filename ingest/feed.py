@@ -650,10 +650,9 @@ class Feed:
         closed = None
         if acked.ndim == 1:
             done = [w.origin.all_runs() for w, _, hi in parts if hi == w.size]
-            window, lo, hi = parts[-1]
+            last, lo, hi = parts[-1]
             closed = Closed(
-                np.concatenate(done) if len(done) > 1 else done[0] if done else as_runs(()),
-                0 if hi == window.size else hi - lo,
+                np.concatenate(done) if done else as_runs(()), 0 if hi == last.size else hi - lo
             )
         return Ready(
             step,

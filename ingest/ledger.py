@@ -314,9 +314,8 @@ def _entries(
     :class:`Closed`). Every step's own rows when a step in the range carries no
     :class:`Closed`."""
     steps = sorted(s for s in records if first <= s <= last)
-    if not steps or any(s not in closed for s in steps):
-        return [records[s] for s in steps if len(records[s])]
-    edges = [s for s in steps if len(closed[s].runs)]
+    known = all(s in closed for s in steps)
+    edges = [s for s in steps if len(closed[s].runs)] if known else []
     if not edges:
         return [records[s] for s in steps if len(records[s])]
     edge = edges[-1]

@@ -155,13 +155,10 @@ class RayStream:
         )
         try:
             listing = self.spec.catalog(indexer).scan(progress=progress, index=world_size > 1)
-        except NoShardsError:
-            if follow is None:
-                self.shutdown()  # no actor outlives a stream that could not start
-                raise
-            return  # followed: the coordinator's first round waits for a first shard
-        except BaseException:
-            self.shutdown()
+        except BaseException as e:
+            if follow is not None and isinstance(e, NoShardsError):
+                return  # followed: the coordinator's first round waits for a first shard
+            self.shutdown()  # no actor outlives a stream that could not start
             raise
         self.coordinator.prepare.remote(listing)
 
