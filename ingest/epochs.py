@@ -71,6 +71,7 @@ from ingest.state import (
     StreamState,
     match_listing,
 )
+from ingest.validate import COUNT, check_numbers
 
 Remainder = Literal["carry", "drop"]
 
@@ -117,8 +118,13 @@ class StreamSpec:
     def __post_init__(self) -> None:
         if not self.urls:
             raise ConfigError("a stream needs at least one source URL")
-        if isinstance(self.batch_size, bool) or self.batch_size < 1:
-            raise ConfigError(f"batch_size={self.batch_size} must be >= 1")
+        check_numbers(
+            self,
+            "",
+            batch_size=COUNT,
+            shuffle_window=COUNT,
+            shuffle_lanes=COUNT,
+        )
         if self.columns is not None and not self.columns:
             raise ConfigError("columns=[] selects nothing; pass None for all columns")
         if self.shuffle_seed is not None and (
@@ -129,10 +135,6 @@ class StreamSpec:
             raise ConfigError(
                 f"shuffle_seed={self.shuffle_seed!r} must be a non-negative int or None"
             )
-        if self.shuffle_window < 1:
-            raise ConfigError(f"shuffle_window={self.shuffle_window} must be >= 1 row")
-        if self.shuffle_lanes < 1:
-            raise ConfigError(f"shuffle_lanes={self.shuffle_lanes} must be >= 1")
         if self.remainder not in ("carry", "drop"):
             raise ConfigError(
                 f"remainder={self.remainder!r} is not an option; use 'carry' (default: "

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from ingest.errors import ConfigError, SourceError
 from ingest.sources import Shard, Source
+from ingest.validate import SECONDS, Number, check_numbers
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,10 +51,15 @@ class Follow:
     manifest: str | None = None
 
     def __post_init__(self) -> None:
-        if self.poll_s <= 0:
-            raise ConfigError(f"Follow(poll_s={self.poll_s}) must be > 0")
-        if self.idle_timeout_s < 0:
-            raise ConfigError(f"Follow(idle_timeout_s={self.idle_timeout_s}) must be >= 0")
+        check_numbers(self, "Follow", poll_s=SECONDS, idle_timeout_s=Number(0, unit="seconds"))
+        if self.manifest is not None and (
+            not isinstance(self.manifest, str) or not self.manifest.strip()
+        ):
+            raise ConfigError(
+                f"Follow(manifest={self.manifest!r}) names no file: pass the URL or path of "
+                "the text file that lists the finished shards, or manifest=None to read every "
+                "listed shard"
+            )
 
 
 class NothingNewError(Exception):

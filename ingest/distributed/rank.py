@@ -33,6 +33,7 @@ from ingest.feed import Cursor
 from ingest.ledger import StepRecord
 from ingest.metrics import RankMeter
 from ingest.quarantine import Quarantined
+from ingest.validate import COUNT, SECONDS, check_numbers
 
 if TYPE_CHECKING:
     from ingest.convert import Batch
@@ -69,6 +70,11 @@ class RankOptions:
     pin_memory: bool = False
     device: str | None = None
     timeout_s: float = 300.0
+
+    def __post_init__(self) -> None:
+        check_numbers(
+            self, "RankOptions", fetch_batches=COUNT, ack_every=COUNT, timeout_s=SECONDS
+        )
 
 
 @dataclass(slots=True)

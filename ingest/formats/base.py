@@ -18,6 +18,7 @@ import pyarrow as pa
 from ingest.cache import CacheOptions
 from ingest.errors import ConfigError, ShardError
 from ingest.sources import RetryPolicy, Shard, Source
+from ingest.validate import COUNT, SECONDS, Number, check_numbers
 
 Seek = tuple[int, int]
 """A place a format can jump to without reading what comes before: ``(row, cursor)``.
@@ -80,8 +81,18 @@ class ReadOptions:
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f'on_error={self.on_error!r} must be "raise" or "skip"')
-        if self.max_errors < 0:
-            raise ConfigError(f"max_errors={self.max_errors} must be >= 0")
+        check_numbers(
+            self,
+            "",
+            block_bytes=Number(1, whole=True, unit="bytes"),
+            max_line_bytes=Number(1, whole=True, unit="bytes"),
+            batch_rows=COUNT,
+            prefetch=Number(0, whole=True),
+            coalesce_bytes=Number(1, whole=True, unit="bytes"),
+            timeout_s=SECONDS,
+            max_errors=Number(0, whole=True),
+            file_concurrency=COUNT,
+        )
         if self.block_bytes < 1024:
             raise ConfigError(
                 f"block_bytes={self.block_bytes} is below 1024; use at least "
@@ -92,16 +103,6 @@ class ReadOptions:
                 f"max_line_bytes={self.max_line_bytes} is below 1024; use at least 1 KiB "
                 "(the default is 64 MiB)"
             )
-        if self.batch_rows < 1:
-            raise ConfigError(f"batch_rows={self.batch_rows} must be >= 1")
-        if self.coalesce_bytes < 1:
-            raise ConfigError(f"coalesce_bytes={self.coalesce_bytes} must be >= 1")
-        if self.file_concurrency < 1:
-            raise ConfigError(f"file_concurrency={self.file_concurrency} must be >= 1")
-        if self.prefetch < 0:
-            raise ConfigError(f"prefetch={self.prefetch} must be >= 0 (0 disables it)")
-        if self.timeout_s <= 0:
-            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0")
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
         if self.cache is not None and not isinstance(self.cache, CacheOptions):

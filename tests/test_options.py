@@ -1,0 +1,92 @@
+"""Options are checked when they are made (issue 17, "Exactly once at the edges").
+
+A value that cannot work is a ConfigError naming the option, the value, the rule and the
+fix, raised by the config's constructor: not a wait of ``timeout_s`` blamed on CPUs or the
+store (``fetch_batches=0``), a bare ``GetTimeoutError`` (``timeout_s=-1``), a bare
+``TypeError`` from a reader (``batch_size=2.5``) or ``ValueError`` from ``time.sleep``
+(``poll_s=nan``), or a value accepted that hangs (``idle_timeout_s=inf``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ingest
+from ingest.epochs import StreamSpec
+from ingest.testing import Store, write_dataset
+
+NAN, INF = math.nan, math.inf
+
+CASES: list[tuple[Any, dict[str, Any], str]] = [
+    # RankOptions: the rank iterator's knobs
+    (ingest.RankOptions, {"fetch_batches": 0}, r"RankOptions\(fetch_batches=0\) must be >= 1"),
+    (ingest.RankOptions, {"fetch_batches": 2.0}, r"fetch_batches=2\.0\) .*whole number"),
+    (ingest.RankOptions, {"ack_every": 0}, r"RankOptions\(ack_every=0\) must be >= 1"),
+    (ingest.RankOptions, {"timeout_s": -1}, r"RankOptions\(timeout_s=-1\) must be > 0 seconds"),
+    (ingest.RankOptions, {"timeout_s": NAN}, r"RankOptions\(timeout_s=nan\) .*not finite"),
+    (ingest.RankOptions, {"timeout_s": INF}, r"RankOptions\(timeout_s=inf\) .*not finite"),
+    (ingest.RankOptions, {"timeout_s": "300"}, r"RankOptions\(timeout_s='300'\) .*got str"),
+    # Follow
+    (ingest.Follow, {"poll_s": NAN}, r"Follow\(poll_s=nan\) must be > 0 seconds, a finite"),
+    (ingest.Follow, {"poll_s": 0}, r"Follow\(poll_s=0\) must be > 0 seconds"),
+    (ingest.Follow, {"idle_timeout_s": INF}, r"Follow\(idle_timeout_s=inf\) must be >= 0 sec"),
+    (ingest.Follow, {"idle_timeout_s": -1.0}, r"Follow\(idle_timeout_s=-1\.0\) must be >= 0"),
+    (ingest.Follow, {"idle_timeout_s": True}, r"Follow\(idle_timeout_s=True\) .*got a bool"),
+    (ingest.Follow, {"manifest": ""}, r"Follow\(manifest=''\) names no file"),
+    (ingest.Follow, {"manifest": "  "}, r"Follow\(manifest='  '\) names no file"),
+    (ingest.Follow, {"manifest": 7}, r"Follow\(manifest=7\) names no file"),
+    # ReadOptions
+    (ingest.ReadOptions, {"timeout_s": NAN}, r"timeout_s=nan must be > 0 seconds"),
+    (ingest.ReadOptions, {"timeout_s": 0}, r"timeout_s=0 must be > 0 seconds"),
+    (ingest.ReadOptions, {"prefetch": True}, r"prefetch=True must be >= 0.*got a bool"),
+    (ingest.ReadOptions, {"batch_rows": 10.5}, r"batch_rows=10\.5 must be >= 1, a whole"),
+    (ingest.ReadOptions, {"max_errors": -1}, r"max_errors=-1 must be >= 0"),
+    (ingest.ReadOptions, {"block_bytes": "8M"}, r"block_bytes='8M' must be .*got str"),
+    (ingest.ReadOptions, {"max_line_bytes": 100}, r"max_line_bytes=100 is below 1024"),
+    (ingest.ReadOptions, {"file_concurrency": 0}, r"file_concurrency=0 must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("config", "kwargs", "pattern"), CASES)
+def test_a_bad_option_is_refused_when_made(
+    config: Any, kwargs: dict[str, Any], pattern: str
+) -> None:
+    with pytest.raises(ingest.ConfigError, match=pattern) as info:
+        config(**kwargs)
+    name = next(iter(kwargs))
+    if name != "manifest":
+        assert "the default" in str(info.value), "the message names the fix"
+
+
+SPEC_CASES: list[tuple[dict[str, Any], str]] = [
+    ({"batch_size": 2.5}, r"^batch_size=2\.5 must be >= 1, a whole number \(got float\)"),
+    ({"batch_size": 0}, r"^batch_size=0 must be >= 1"),
+    ({"batch_size": True}, r"^batch_size=True must be >= 1.*got a bool"),
+    ({"shuffle_window": NAN}, r"^shuffle_window=nan must be >= 1, a whole number"),
+    ({"shuffle_lanes": 0}, r"^shuffle_lanes=0 must be >= 1"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "pattern"), SPEC_CASES)
+def test_a_bad_stream_option_is_refused_before_anything_is_read(
+    local: Store, kwargs: dict[str, Any], pattern: str
+) -> None:
+    url = local.url("d")
+    write_dataset(local.fs, url, "parquet", 1, 100)
+    with pytest.raises(ingest.ConfigError, match=pattern):
+        ingest.Stream(url, **kwargs)
+    with pytest.raises(ingest.ConfigError, match=pattern):
+        StreamSpec(urls=(url,), **kwargs)
+
+
+def test_good_values_of_every_numeric_kind_are_taken() -> None:
+    two: Any = np.int64(2)  # numpy scalars, as read from a config file or computed
+    half: Any = np.float32(0.5)
+    assert ingest.RankOptions(fetch_batches=two, timeout_s=half).timeout_s == 0.5
+    assert ingest.Follow(poll_s=1, idle_timeout_s=0, manifest="s3://b/_MANIFEST").poll_s == 1
+    assert ingest.ReadOptions(prefetch=0, timeout_s=5).prefetch == 0
+    assert StreamSpec(urls=("s3://b/d/",), batch_size=two).batch_size == 2
