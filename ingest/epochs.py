@@ -635,22 +635,22 @@ class EpochBook:
         consumed (and delivered). Such a state has no cursors: a resume shares the rest of
         the epoch anew, leaving out every consumed row, as after a world-size change.
 
+        The ranks ahead may have started an epoch the others have not (the first batches
+        of every epoch, and an epoch's end that the workers straddle): the state is then in
+        that epoch, at its first step, with the rows of its steps acked counted.
+
         Raises:
-            StateError: If ranks acked steps of different epochs.
+            StateError: If the steps acked beyond the common one span an epoch's end (some
+                rank two epochs ahead), which one ``DataLoader`` epoch never does.
         """
         step = min(self.ledger.acked(r) for r in range(self.world_size))
         top = max(self.ledger.acked(r) for r in range(self.world_size))
-        state = self.snapshot(step)
         if top == step:
-            return state
-        if state.progress.step != step + 1 or not state.started:
-            raise StateError(
-                f"ranks acked up to steps {step} and {top}, across an epoch's end; take the "
-                "state within one epoch"
-            )
+            return self.snapshot(step)
+        e = self._epoch_holding(step + 1, top)
+        state = self._state_in(e, step)
         main = state.progress.consumed.shallow()
         carried = state.distributed.carry_consumed.shallow()
-        e = self.plan(state.progress.epoch)
         with cycle_collection_paused():
             _add_runs(self.ledger.runs_by_rank(step + 1, top), carried, main, e.counts)
         ahead = sum(self.ledger.acked(r) - step for r in range(self.world_size))
@@ -661,6 +661,21 @@ class EpochBook:
             progress=replace(state.progress, consumed=main, delivered=delivered),
             distributed=replace(state.distributed, carry_consumed=carried),
             position=replace(state.position, ranks=[None] * self.world_size),
+        )
+
+    def _epoch_holding(self, first: int, last: int) -> _PlannedEpoch:
+        """The planned epoch whose steps include ``first..last``.
+
+        Raises:
+            StateError: If no one epoch holds them all.
+        """
+        for e in self._epochs.values():
+            end = e.end_step
+            if e.first_step <= first and (end is None or last < end):
+                return e
+        raise StateError(
+            f"ranks acked up to steps {first - 1} and {last}, more than an epoch apart; take "
+            "the state when every rank is within one epoch (one DataLoader loop)"
         )
 
     def _position(self, step: int, restored: list[Cursor | None] | None) -> PositionState:

@@ -143,3 +143,44 @@ def test_a_bad_shard_in_a_worker_reaches_the_loop_as_the_clear_error(
     loader = ingest.DataLoader(stream, num_workers=workers)
     with pytest.raises(ingest.ShardError, match=r"part-3\.parquet"):
         ids(loader)
+
+
+@pytest.mark.parametrize("epoch", [0, 1])
+@pytest.mark.parametrize(("workers", "k"), [(2, 0), (3, 0), (3, 1), (2, 2)])
+def test_a_state_at_an_epochs_first_batches_resumes_exactly(
+    data: str, epoch: int, workers: int, k: int
+) -> None:
+    """A state taken after batch ``k`` of an epoch, while some workers have not handed out
+    a batch of it yet (the ranks acked steps on both sides of the epoch's start)."""
+    loader = ingest.DataLoader(stream_of(data), num_workers=workers)
+    done = ids(loader) if epoch == 1 else []
+    head: list[int] = []
+    for n, batch in enumerate(loader):
+        head += batch["id"].tolist()
+        if n == k:
+            state = loader.state_dict()
+            break
+    assert state["progress"]["epoch"] == epoch
+    assert state["progress"]["delivered"] == len(head)
+    resumed = ingest.DataLoader(stream_of(data), num_workers=1)
+    resumed.load_state_dict(state)
+    rest = ids(resumed)
+    this = Counter(head + rest)
+    assert max(this.values()) == 1, "no row twice in the epoch"
+    both = Counter(done + head + rest)
+    assert TOTAL - len(both) < workers * BATCH and set(both.values()) <= {1, 2}
+    if epoch == 1:
+        assert set(both) == set(range(TOTAL)), "epoch 0's carried rows come in epoch 1"
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_a_loop_left_at_an_epochs_first_batches_goes_on(data: str, k: int) -> None:
+    loader = ingest.DataLoader(stream_of(data), num_workers=2)
+    head: list[int] = []
+    for n, batch in enumerate(loader):
+        head += batch["id"].tolist()
+        if n == k:
+            break
+    rest = ids(loader)
+    both = head + rest
+    assert len(both) == len(set(both)) and TOTAL - len(both) < 2 * BATCH
