@@ -253,7 +253,8 @@ class EpochBook:
     def scan(self) -> Listing:
         """One listing of the source; with several ranks every shard gets a row count.
 
-        Following a manifest, only the shards it names (read first) are in the listing.
+        Following a manifest, only the shards it names (read first) are in the listing; a
+        line that names no listed shard is an error (:meth:`ingest.follow.Manifest.select`).
         """
         follow = self.spec.follow
         finished = None
@@ -261,7 +262,8 @@ class EpochBook:
             finished = read_manifest(self.catalog.source, follow.manifest)
         listing = self.catalog.scan(progress=self._progress, index=self.world_size > 1)
         if finished is not None:
-            listing = listing.subset([s.url for s in listing.shards if s.url in finished])
+            source = self.catalog.source
+            listing = listing.subset(finished.select(source, [s.url for s in listing.shards]))
         return listing
 
     @property

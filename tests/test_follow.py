@@ -4,6 +4,7 @@ shards with equal steps per rank, every row once, across restores and world size
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from typing import Any
@@ -144,6 +145,69 @@ def test_a_manifest_names_the_only_shards_a_round_reads(local: Store) -> None:
     second, _ = run_round(book, 1)
     assert set(second) <= set(range(2 * ROWS)) and not set(first) & set(second)
     assert len(first) + len(second) + book.plan(1).assignment.remainder_rows == 2 * ROWS
+
+
+MANIFEST_LINES = [
+    "part-00000.parquet",  # relative to the manifest's directory
+    "./part-00001.parquet",
+    "sub/../part-00002.parquet",
+    "{root}/part-00003.parquet",  # absolute: a path on the manifest's store
+    "file://{root}/part-00004.parquet",  # a URL
+]
+
+
+@pytest.mark.parametrize("as_url", [False, True])
+def test_a_manifest_names_shards_by_url_absolute_or_relative_path(
+    local: Store, as_url: bool
+) -> None:
+    """Issue 17: a manifest given as a plain path read 0 rows every round, with no error;
+    lines like ``./p0.parquet`` were skipped silently."""
+    root = local.url("d").removeprefix("file://")
+    for n in range(6):
+        write(local, n)  # part-00005 is not in the manifest
+    local.write("d/_MANIFEST", "\n".join(MANIFEST_LINES).format(root=root).encode() + b"\n")
+    manifest = local.url("d/_MANIFEST") if as_url else f"{root}/_MANIFEST"
+    follow = ingest.Follow(poll_s=0.02, idle_timeout_s=0.2, manifest=manifest)
+    book = EpochBook(spec(local, follow), 1)
+    first, _ = run_round(book, 0)
+    assert len(book.plan(0).listing.shards) == 5
+    assert len(first) + book.plan(0).assignment.remainder_rows == 5 * ROWS
+    assert set(first) <= set(range(5 * ROWS)) and len(first) == len(set(first))
+
+
+def test_a_manifest_on_s3_names_shards_the_same_ways(s3_store: Store) -> None:
+    bucket_path = s3_store.url("d").removeprefix("s3:/")  # /bucket/prefix/d
+    for n in range(4):
+        write(s3_store, n)
+    lines = ["./part-00000.parquet", f"{bucket_path}/part-00001.parquet", "x/../part-00002.parquet"]
+    s3_store.write("d/_MANIFEST", "\n".join(lines).encode())
+    follow = ingest.Follow(poll_s=0.02, idle_timeout_s=0.2, manifest=s3_store.url("d/_MANIFEST"))
+    spec_ = StreamSpec(
+        urls=(s3_store.url("d") + "/",),
+        batch_size=BATCH,
+        follow=follow,
+        storage_options=s3_store.storage_options,
+    )
+    book = EpochBook(spec_, 1)
+    assert [s.url.rsplit("/", 1)[1] for s in book.plan(0).listing.shards] == [
+        f"part-0000{n}.parquet" for n in range(3)
+    ]
+
+
+def test_a_manifest_line_that_names_no_listed_shard_is_an_error(local: Store) -> None:
+    for n in range(2):
+        write(local, n)
+    write(local, 2, where="elsewhere")  # exists, but the source does not list it
+    manifest = local.url("d/_MANIFEST")
+    follow = ingest.Follow(poll_s=0.02, idle_timeout_s=0.2, manifest=manifest)
+    for line in ["part-00007.parquet", "../elsewhere/part-00002.parquet"]:
+        local.write("d/_MANIFEST", f"# finished shards\npart-00000.parquet\n{line}\n".encode())
+        named = rf"_MANIFEST: line 3 \({re.escape(repr(line))}\) names .*{re.escape(line[-18:])}"
+        with pytest.raises(SourceError, match=rf"{named}, a shard the source .* does not list"):
+            EpochBook(spec(local, follow), 1).plan(0)
+    local.write("d/_MANIFEST", b"part-00000.parquet\npart-00001.parquet\n")  # fixed
+    first, _ = run_round(EpochBook(spec(local, follow), 1), 0)
+    assert len(first) > ROWS
 
 
 def test_a_stream_follows_shards_written_while_it_reads(s3_store: Store) -> None:
