@@ -58,7 +58,8 @@ only) still resolves every saved index. The size is O(shards + ranks x lanes).
 
 Validation. A state is checked before it is used: JSON text larger than ``max_bytes``
 (:data:`MAX_STATE_BYTES` by default) before it is parsed (:meth:`StreamState.from_json`,
-:meth:`StreamState.read` for a file); then the version, every count and offset (integers
+:meth:`StreamState.read` for a file), and JSON nested deeper than Python's recursion limit
+(a state nests a few levels); then the version, every count and offset (integers
 from 0 to :data:`MAX_OFFSET`), intervals against their shard's row count, a learnt row count
 against the listing's, each saved position's layout, and ``progress.step`` against the rows
 consumed (:meth:`StreamState.check_counts`). Where it is loaded, the listing is checked
@@ -75,6 +76,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -784,9 +786,21 @@ class StreamState:
             max_bytes: JSON text larger than this is refused before it is parsed.
 
         Raises:
-            StateError: On an unknown version, a state too large, or a malformed, edited or
-                inconsistent one.
+            StateError: On an unknown version, a state too large or nested too deep, or a
+                malformed, edited or inconsistent one.
         """
+        try:
+            return cls._parse(data, max_bytes)
+        except RecursionError:
+            # JSON nested thousands of levels deep (json.loads, or a repr of a value while
+            # a message is written): a stream state nests a few levels, never that many.
+            raise StateError(
+                f"the state is nested too deep to be a stream state (more than "
+                f"{sys.getrecursionlimit()} levels; a state nests fewer than 10); {FIX}"
+            ) from None
+
+    @classmethod
+    def _parse(cls, data: object, max_bytes: int) -> StreamState:
         if isinstance(data, (str, bytes)):
             _check_size(data, max_bytes, "the state")
             try:

@@ -147,6 +147,36 @@ def test_state_is_parsed_as_json_with_a_size_limit() -> None:
         StreamState.from_json(" " * (MAX_STATE_BYTES + 1))
 
 
+def nested(depth: int) -> list[object]:
+    out: list[object] = []
+    for _ in range(depth):
+        out = [out]
+    return out
+
+
+@pytest.mark.parametrize(
+    "where", ["text", "dataset.sources", "progress.quarantined", "position.ranks", "carry"]
+)
+def test_a_deeply_nested_state_is_refused_not_a_recursion_error(where: str) -> None:
+    """Issue 17: JSON nested 100,000 levels was a bare RecursionError."""
+    data = make_state().to_json()
+    deep = nested(100_000)
+    if where == "text":
+        given: object = '{"version": 2, "dataset": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    else:
+        if where == "dataset.sources":
+            data["dataset"]["sources"] = [deep]
+        elif where == "progress.quarantined":
+            data["progress"]["quarantined"] = [{"reason": "x", "url": deep}]
+        elif where == "position.ranks":
+            data["position"]["ranks"][0] = {"window": 3, "lanes": deep}
+        else:
+            data["distributed"]["carry"]["spans"] = deep
+        given = data
+    with pytest.raises(StateError, match=r"nested too deep.*state_dict\(\) returned"):
+        StreamState.from_json(given)
+
+
 # -- the packed form (version 3) ----------------------------------------------------------
 
 
