@@ -1,8 +1,10 @@
-"""Run an iterator in a background thread, a bounded number of items ahead.
+"""Run an iterator in a background thread, a bounded number of items and bytes ahead.
 
 Reading and decoding release the GIL (network waits, pyarrow), so one thread overlaps them
 with the consumer. Every wait has a timeout; an exception in the thread is raised in the
-consumer; closing the consumer stops the thread.
+consumer; closing the consumer stops the thread. Items of 1 MiB rows or more make a bound
+in items alone a bound of gigabytes: the thread also waits while the items it holds reach
+``max_bytes`` (one item is always let through, however large).
 """
 
 from __future__ import annotations
@@ -44,19 +46,40 @@ class _Failed:
 
 
 class Prefetcher(Generic[T]):
-    """Iterate ``make()`` in a daemon thread, up to ``depth`` items ahead.
+    """Iterate ``make()`` in a daemon thread, up to ``depth`` items and ``max_bytes`` ahead.
 
     Args:
         make: Builds the iterator; called in the thread.
         depth: Items buffered ahead (>= 1).
         timeout_s: Longest wait for one item before :class:`StreamTimeoutError`.
         what: Names the producer in the timeout message.
+        max_bytes: Most bytes of items buffered ahead, as ``size`` counts them; one item is
+            buffered whatever its size. None: items only.
+        size: The bytes of one item (needed with ``max_bytes``).
     """
 
     def __init__(
-        self, make: Callable[[], Iterator[T]], depth: int, timeout_s: float, what: str
+        self,
+        make: Callable[[], Iterator[T]],
+        depth: int,
+        timeout_s: float,
+        what: str,
+        *,
+        max_bytes: int | None = None,
+        size: Callable[[T], int] | None = None,
     ) -> None:
-        self._queue: queue.Queue[T | _Done | _Failed] = queue.Queue(maxsize=max(depth, 1))
+        if max_bytes is not None and size is None:
+            raise TypeError("Prefetcher(max_bytes=...) needs size=, the bytes of one item")
+        self._queue: queue.Queue[tuple[T | _Done | _Failed, int]] = queue.Queue(
+            maxsize=max(depth, 1)
+        )
+        self._max_bytes = max_bytes
+        self._size = size
+        self._room = threading.Condition()
+        self.held_bytes = 0
+        """Bytes of the items buffered now (0 without ``max_bytes``)."""
+        self.peak_bytes = 0
+        """The most bytes buffered at once."""
         self._stop = threading.Event()
         self._timeout_s = timeout_s
         self._what = what
@@ -69,9 +92,20 @@ class Prefetcher(Generic[T]):
         atexit.register(_stop_all)
 
     def _put(self, item: T | _Done | _Failed) -> bool:
+        size = 0
+        if self._max_bytes is not None and not isinstance(item, (_Done, _Failed)):
+            assert self._size is not None
+            size = self._size(item)
+            with self._room:
+                while self.held_bytes and self.held_bytes + size > self._max_bytes:
+                    if self._stop.is_set():
+                        return False
+                    self._room.wait(_POLL_S)
+                self.held_bytes += size  # taken before the item can be: never below zero
+                self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=_POLL_S)
+                self._queue.put((item, size), timeout=_POLL_S)
                 return True
             except queue.Full:
                 continue
@@ -97,7 +131,7 @@ class Prefetcher(Generic[T]):
 
     def __next__(self) -> T:
         try:
-            item = self._queue.get(timeout=self._timeout_s)
+            item, size = self._queue.get(timeout=self._timeout_s)
         except queue.Empty:
             self.close()
             raise StreamTimeoutError(
@@ -110,6 +144,10 @@ class Prefetcher(Generic[T]):
         if isinstance(item, _Failed):
             self.close()
             raise item.error
+        if size:
+            with self._room:
+                self.held_bytes -= size
+                self._room.notify()
         return item
 
     def close(self) -> None:
@@ -124,6 +162,8 @@ class Prefetcher(Generic[T]):
                 pass
             self._thread.join(timeout=_POLL_S)
             deadline -= _POLL_S
+        with self._room:
+            self.held_bytes = 0  # what was buffered is dropped
         _LIVE.discard(self)  # type: ignore[arg-type]
 
 
@@ -137,11 +177,21 @@ class _Feed(Protocol[T_co]):
 
 
 @contextlib.contextmanager
-def read_ahead(feed: _Feed[T], depth: int, timeout_s: float, name: str) -> Iterator[Iterator[T]]:
-    """``feed``'s items, read ``depth`` ahead in a background thread (0: on demand); on
-    leaving, the thread is stopped and the feed closed."""
+def read_ahead(
+    feed: _Feed[T],
+    depth: int,
+    timeout_s: float,
+    name: str,
+    *,
+    max_bytes: int | None = None,
+    size: Callable[[T], int] | None = None,
+) -> Iterator[Iterator[T]]:
+    """``feed``'s items, read ``depth`` and at most ``max_bytes`` ahead in a background
+    thread (0: on demand); on leaving, the thread is stopped and the feed closed."""
     items: Iterator[T] = (
-        Prefetcher(lambda: iter(feed), depth, timeout_s, name) if depth else iter(feed)
+        Prefetcher(lambda: iter(feed), depth, timeout_s, name, max_bytes=max_bytes, size=size)
+        if depth
+        else iter(feed)
     )
     try:
         yield items

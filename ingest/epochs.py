@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 
+from ingest import budget
 from ingest.assign import (
     CARRY,
     MAIN,
@@ -87,7 +88,12 @@ class StreamSpec:
         columns: Columns to read, or None for all.
         batch_size: Rows per batch on every rank.
         shuffle_seed: Seed for shard, block and row order; None keeps listing order.
-        shuffle_window: Rows per shuffle window (the memory of the shuffle, in rows).
+        shuffle_window: Rows per shuffle window, at most (the memory of the shuffle, in rows).
+        shuffle_bytes: Bytes per shuffle window, about: each epoch's window holds
+            ``min(shuffle_window, shuffle_bytes // bytes per row)`` rows, one at least, with
+            the bytes per row estimated from the listing when the epoch is planned
+            (:mod:`ingest.budget`), so that the order stays a pure function of the plan.
+            None: rows only.
         shuffle_lanes: Shards read side by side into each window, so a batch mixes rows of
             up to this many shards even when every shard is sorted.
         read: How shards are read.
@@ -109,6 +115,7 @@ class StreamSpec:
     batch_size: int = 1024
     shuffle_seed: int | None = None
     shuffle_window: int = 16_384
+    shuffle_bytes: int | None = 256 << 20
     shuffle_lanes: int = 16
     read: ReadOptions = field(default_factory=ReadOptions)
     remainder: Remainder = "carry"
@@ -134,6 +141,15 @@ class StreamSpec:
         ):
             raise ConfigError(
                 f"shuffle_seed={self.shuffle_seed!r} must be a non-negative int or None"
+            )
+        if self.shuffle_bytes is not None and (
+            isinstance(self.shuffle_bytes, bool)
+            or not isinstance(self.shuffle_bytes, int)
+            or self.shuffle_bytes < 1
+        ):
+            raise ConfigError(
+                f"shuffle_bytes={self.shuffle_bytes!r} must be a whole number of bytes >= 1 "
+                "(default 256 MiB), or None to bound the shuffle window in rows only"
             )
         if self.remainder not in ("carry", "drop"):
             raise ConfigError(
@@ -163,7 +179,14 @@ class StreamSpec:
             lanes=self.shuffle_lanes,
             columns=self.columns,
             read=self.read,
+            window_bytes=self.shuffle_bytes,
         )
+
+    def window_rows(self, listing: Listing) -> int:
+        """Rows per shuffle window in an epoch of ``listing``: ``shuffle_window`` within
+        ``shuffle_bytes`` (a pure function of the listing; see :mod:`ingest.budget`)."""
+        per_row = budget.row_bytes(listing, self.columns) if self.shuffle_bytes else None
+        return budget.window_rows(self.shuffle_window, self.shuffle_bytes, per_row)
 
 
 @dataclass(slots=True)
@@ -189,6 +212,8 @@ class _PlannedEpoch:
     """Every shard's row count in the listing, -1 where unknown."""
     dataset: DatasetState
     """The listing as the state records it, made once (its JSON is kept with it)."""
+    window: int = 0
+    """Rows per shuffle window in this epoch (:meth:`StreamSpec.window_rows` of its listing)."""
     merged: tuple[int, int, Progress, Progress] | None = None
     """``(based, step, main, carried)``: the last snapshot's progress, for the fold after."""
 
@@ -403,7 +428,7 @@ class EpochBook:
         )
         return planned
 
-    def _same_order(self, state: StreamState) -> bool:
+    def _same_order(self, state: StreamState, listing: Listing) -> bool:
         """Whether ``state`` resumes in the original order (else the rest is shared anew).
 
         Only a state whose shares are the whole epoch's can: one whose every step since the
@@ -414,7 +439,7 @@ class EpochBook:
         return (
             state.distributed.world_size == self.world_size
             and pos.batch_size == spec.batch_size
-            and pos.window == spec.shuffle_window
+            and pos.window == spec.window_rows(listing)
             and pos.lanes == spec.shuffle_lanes
             and len(pos.ranks) == self.world_size
             and all(c is not None for c in pos.ranks)
@@ -484,6 +509,7 @@ class EpochBook:
             cursors,
             counts,
             dataset,
+            self.spec.window_rows(listing),
         )
 
     def rank_plan(self, rank: int, epoch: int) -> FeedPlan:
@@ -502,6 +528,7 @@ class EpochBook:
             e.skip,
             cursor,
             e.listing,
+            e.window,
         )
 
     def rank_resume(self, rank: int, epoch: int, next_step: int, cursor: Cursor | None) -> FeedPlan:
@@ -532,6 +559,7 @@ class EpochBook:
             (dict(carried.consumed), dict(main.consumed)),
             cursor,
             e.listing,
+            e.window,
         )
 
     def close(
@@ -680,7 +708,9 @@ class EpochBook:
             "the state when every rank is within one epoch (one DataLoader loop)"
         )
 
-    def _position(self, step: int, restored: list[Cursor | None] | None) -> PositionState:
+    def _position(
+        self, step: int, restored: list[Cursor | None] | None, window: int
+    ) -> PositionState:
         spec = self.spec
         ranks: list[Cursor | None] = []
         for rank in range(self.world_size):
@@ -688,9 +718,7 @@ class EpochBook:
             ranks.append(got[1] if got is not None and got[0] == step else None)
         if restored is not None and all(c is None for c in ranks):
             ranks = list(restored)
-        return PositionState(
-            spec.shuffle_seed, spec.batch_size, spec.shuffle_window, spec.shuffle_lanes, ranks
-        )
+        return PositionState(spec.shuffle_seed, spec.batch_size, window, spec.shuffle_lanes, ranks)
 
     def _state_in(self, e: _PlannedEpoch, step: int) -> StreamState:
         if step + 1 < e.based:
@@ -713,7 +741,7 @@ class EpochBook:
             DistributedState(
                 self.world_size, [(s.shard, s.start, s.stop) for s in e.carry], carried
             ),
-            self._position(step, restored),
+            self._position(step, restored, e.window),
         )
 
     def _state_after(self, e: _PlannedEpoch, step: int) -> StreamState:
@@ -737,7 +765,7 @@ class EpochBook:
             dataset,
             ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, following),
             DistributedState(self.world_size, carry, Progress()),
-            self._position(step, None),
+            self._position(step, None, e.window),
         )
 
     def fold(self, step: int) -> None:
@@ -797,7 +825,7 @@ class EpochBook:
         self._start_listing = listing
         self._start_epoch = state.progress.epoch
         self._start_step = state.progress.step
-        self._in_order = self._same_order(state)
+        self._in_order = self._same_order(state, listing)
         self.ledger = Ledger(self.world_size, state.progress.step)
         if self._in_order and state.progress.step > state.progress.first_step:
             try:  # the saved positions resume the plan: they must fit it
@@ -818,7 +846,7 @@ class EpochBook:
             e.assignment.ranks,
             [c for c in e.cursors if c is not None],
             lanes=self.spec.shuffle_lanes if self.spec.shuffle_seed is not None else 1,
-            window=self.spec.shuffle_window,
+            window=e.window,
             skip=e.skip,
             rows_left=None if end is None else (end - e.opened) * self.spec.batch_size,
             urls=[s.url for s in e.listing.shards],

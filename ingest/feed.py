@@ -10,8 +10,21 @@ the formats (one open per shard, seeks, coalesced ranges). A *window* takes
 to ``lanes`` shards of different parts of the epoch plan; with a seed its rows are permuted
 by a key of (seed, epoch, rank, window index), in one gather of the whole window. Batches
 are cut from consecutive windows (a batch within one shuffled window is a zero-copy slice).
-Memory is about ``window + lanes x ReadOptions.batch_rows x (1 + ReadOptions.prefetch)``
-rows. Without a seed there is one lane and no permutation: listing order.
+Without a seed there is one lane and no permutation: listing order.
+
+Memory, in bytes as well as rows (:mod:`ingest.budget`). A window holds ``FeedPlan.window``
+rows: ``shuffle_window``, or fewer where ``shuffle_bytes`` says so for the epoch's listing
+(fixed when the epoch is planned, so the order and the cursors are those of a window of
+that many rows). A window of more than :data:`_GATHER_BYTES` (or a quarter of
+``shuffle_bytes``) is not permuted in one gather, which would hold a second copy of it for a
+moment: each batch gathers its rows from the window's record batches instead. Before the
+next window is read, the rows of the last one not yet cut (less than a batch) are copied
+out, so that its table is let go. The lanes hold their read-ahead within their share of
+``ReadOptions.prefetch_bytes``, beyond the record batch each holds in any case (a Parquet
+row group at most: a smaller record batch would keep the reader's row group open longer,
+which holds more). A feed holds about ``shuffle_bytes + prefetch_bytes`` and a batch
+(:attr:`Feed.held_bytes`), beside one record batch per lane and what its open shard holds
+in its reader.
 
 Resume. Every batch carries a *cursor*: where each lane stood at the start of the oldest
 window that still had rows not yet cut into batches. A feed started from that cursor rebuilds
@@ -33,6 +46,7 @@ batches are cut at the same steps as without the error (see :mod:`ingest.quarant
 from __future__ import annotations
 
 import contextlib
+import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +74,12 @@ TO_END = 1 << 62
 Cursor = dict[str, Any]
 """``{"window": w, "lanes": [[span, row, seek_row, seek_cursor] or null per lane]}``."""
 
+_GATHER_BYTES = 32 << 20
+"""Windows of more bytes are gathered batch by batch, not in one take. One take of the whole
+window is the fastest for small rows (40x fewer calls than a take per record batch per batch
+for 100-byte rows), but holds the window twice for a moment; above this size a window is
+of large rows, for which the take per batch is about as fast (measured 0.6-1.6x)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FeedPlan:
@@ -74,6 +94,9 @@ class FeedPlan:
         skip: Rows already consumed, per segment (``CARRY``, ``MAIN``) and shard: left out.
         cursor: Where to start (from a state), or None for the beginning of the share.
         listing: The epoch's listing (``Span.shard`` indexes it).
+        window: Rows per shuffle window in this epoch: ``FeedConfig.window`` within the
+            stream's ``shuffle_bytes``, fixed when the epoch was planned
+            (:meth:`ingest.epochs.StreamSpec.window_rows`); None: ``FeedConfig.window``.
     """
 
     epoch: int
@@ -84,6 +107,7 @@ class FeedPlan:
     skip: tuple[Mapping[int, IntervalSet], Mapping[int, IntervalSet]]
     cursor: Cursor | None
     listing: Listing
+    window: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,10 +117,12 @@ class FeedConfig:
     Attributes:
         batch_size: Rows per batch.
         seed: Shuffle seed; None reads in listing order with one lane.
-        window: Rows per shuffle window.
+        window: Rows per shuffle window, at most (the plan says how many: ``FeedPlan.window``).
         lanes: Shards read side by side to fill a window.
         columns: Columns to read, or None.
         read: Read options.
+        window_bytes: The stream's ``shuffle_bytes``: a window of more than a quarter of it
+            is gathered batch by batch (see the module's docstring). None: no byte bound.
     """
 
     batch_size: int
@@ -105,6 +131,7 @@ class FeedConfig:
     lanes: int
     columns: tuple[str, ...] | None
     read: ReadOptions
+    window_bytes: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +152,11 @@ class Ready:
     closed: Closed | None = None
     """The windows this batch finished, when ``runs`` are packed rows (for the fold)."""
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the batch (0 when the transform made something other than a table)."""
+        return int(getattr(self.table, "nbytes", 0) or 0)
+
 
 @dataclass(frozen=True, slots=True)
 class Tail:
@@ -137,6 +169,11 @@ class Tail:
     leftover: Runs
     learned: dict[int, int]
     quarantined: tuple[Quarantined, ...] = ()
+
+
+def item_bytes(item: Ready | Tail) -> int:
+    """Bytes of a feed's item, as a read-ahead of them counts them (a :class:`Tail`: 0)."""
+    return item.nbytes if isinstance(item, Ready) else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,6 +215,13 @@ def _rest(piece: Piece, n: int) -> Piece:
     return RowBatch(piece.row + n, piece.data.slice(n), piece.seek)
 
 
+def _read_bytes(item: tuple[int, Piece] | _SpanEnd) -> int:
+    """Bytes of what a lane's reader yields."""
+    if isinstance(item, _SpanEnd) or isinstance(item[1], _Hole):
+        return 0
+    return int(item[1].data.nbytes)
+
+
 @dataclass(slots=True)
 class _Lane:
     """A lane: its spans in order, where it stands, and the rows it read but did not give."""
@@ -192,6 +236,12 @@ class _Lane:
             return None
         k, row, seek = self.at
         return [k, row, None if seek is None else seek[0], None if seek is None else seek[1]]
+
+    def held_bytes(self) -> int:
+        """Bytes of the rows read and not given yet: the pending piece and the read-ahead."""
+        pending = self.pending
+        held = 0 if pending is None else _read_bytes(pending)
+        return held + int(getattr(self.reader, "held_bytes", 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,13 +331,43 @@ class _Origin:
         return out
 
 
+class _Chunks:
+    """A table's record batches, to gather rows from them without joining them first (a take
+    on a table of many chunks joins them all, each call)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.batches = table.to_batches()
+        sizes = np.fromiter((b.num_rows for b in self.batches), np.int64, len(self.batches))
+        self.starts = np.cumsum(sizes) - sizes
+
+    def take(self, rows: npt.NDArray[np.int64]) -> pa.Table:
+        """Rows ``rows`` of the table, in that order: one take per record batch they hit,
+        then one to put them in order."""
+        chunk = np.searchsorted(self.starts, rows, side="right") - 1
+        by_chunk = np.argsort(chunk, kind="stable")
+        chunk = chunk[by_chunk]
+        local = rows[by_chunk] - self.starts[chunk]
+        cuts = np.flatnonzero(chunk[1:] != chunk[:-1]) + 1
+        bounds = np.concatenate(([0], cuts, [len(chunk)])).tolist()
+        parts = [
+            self.batches[int(chunk[a])].take(pa.array(local[a:b]))
+            for a, b in itertools.pairwise(bounds)
+        ]
+        grouped = pa.Table.from_batches(parts, schema=self.batches[0].schema)
+        order = np.empty_like(by_chunk)
+        order[by_chunk] = np.arange(len(by_chunk))
+        return grouped.take(order)
+
+
 @dataclass(slots=True)
 class _Window:
     """A window's positions in delivery order: each one's key in ``origin``, and the table.
 
     Without holes position ``i`` is row ``i`` of the table. With holes, ``holes`` marks the
     positions without data and ``before[i]`` is the table row of position ``i`` (the rows
-    before it that are not holes).
+    before it that are not holes). A window gathered batch by batch keeps its table in
+    reading order, and ``order[i]`` is the table row of position ``i``. Once compacted
+    (:meth:`compact`) the table holds only the rows of positions ``first`` on.
     """
 
     index: int
@@ -298,17 +378,37 @@ class _Window:
     origin: _Origin
     holes: npt.NDArray[np.bool_] | None = None
     before: npt.NDArray[np.int64] | None = None
+    order: npt.NDArray[np.int64] | None = None
+    chunks: _Chunks | None = None
+    first: int = 0
+    nbytes: int = 0
+    """Bytes of ``table``."""
 
     @property
     def size(self) -> int:
         return len(self.keys)
 
     def rows(self, lo: int, hi: int) -> pa.Table:
-        """The table rows of positions ``lo:hi``."""
+        """The table rows of positions ``lo:hi`` (``lo >= first``)."""
+        if self.order is not None:
+            if self.chunks is None:
+                self.chunks = _Chunks(self.table)
+            return self.chunks.take(self.order[lo:hi])
         if self.before is None:
-            return self.table.slice(lo, hi - lo)
-        a, b = int(self.before[lo]), int(self.before[hi])
+            return self.table.slice(lo - self.first, hi - lo)
+        base = int(self.before[self.first])
+        a, b = int(self.before[lo]) - base, int(self.before[hi]) - base
         return self.table.slice(a, b - a)
+
+    def compact(self, lo: int) -> None:
+        """Keep only the rows of positions ``lo`` on, copied: the window's table goes."""
+        if lo <= self.first or lo >= self.size:
+            return
+        rest = self.rows(lo, self.size)
+        if self.order is None:  # a slice, which holds the whole table: copy it
+            rest = rest.take(np.arange(rest.num_rows))
+        self.table, self.order, self.chunks, self.first = rest, None, None, lo
+        self.nbytes = int(rest.nbytes)
 
 
 class Feed:
@@ -335,7 +435,19 @@ class Feed:
         self._learned: dict[int, int] = {}
         self._skip = config.read.on_error == "skip"
         self.quarantine = Quarantine(config.read.max_errors, plan.epoch, plan.rank)
+        self._window_rows = config.window if plan.window is None else plan.window
         self._lanes = self._make_lanes()
+        read_bytes = config.read.prefetch_bytes
+        self._lane_bytes = None if read_bytes is None else max(1, read_bytes // len(self._lanes))
+        """Each lane's share of ``ReadOptions.prefetch_bytes``."""
+        gather = _GATHER_BYTES
+        if config.window_bytes is not None:
+            gather = min(gather, config.window_bytes // 4)
+        self._gather_bytes = gather
+        self._held: list[tuple[_Window, int, int]] = []
+        """Windows with rows not yet cut into batches: ``(window, start, stop)``."""
+        self.peak_bytes = 0
+        """The most bytes this feed held at once, seen as each window was made."""
 
     def _make_lanes(self) -> list[_Lane]:
         spans = self.plan.spans
@@ -468,6 +580,8 @@ class Feed:
             depth,
             self.config.read.timeout_s,
             f"shards of {self.source.urls[0]}",
+            max_bytes=self._lane_bytes,
+            size=_read_bytes,
         )
 
     def _take(self, lane: _Lane, want: int) -> list[tuple[Span, Piece]]:
@@ -506,9 +620,8 @@ class Feed:
         return {"window": window, "lanes": [lane.cursor() for lane in self._lanes]}
 
     def _windows(self) -> Iterator[_Window]:
-        config = self.config
         index = int(self.plan.cursor["window"]) if self.plan.cursor else 0
-        per_lane = max(1, config.window // len(self._lanes))
+        per_lane = max(1, self._window_rows // len(self._lanes))
         while any(lane.at is not None for lane in self._lanes):
             start = self._cursor(index)
             pieces: list[tuple[Span, Piece]] = []
@@ -536,10 +649,14 @@ class Feed:
             take = np.flatnonzero(fresh) if take is None else take[fresh[take]]
         if len(data) < len(pieces):  # holes (quarantined rows): rare
             return self._with_holes(index, start, end, pieces, table, origin, keys, take)
+        nbytes = int(table.nbytes)
+        if take is not None and nbytes > self._gather_bytes:
+            # Large rows: each batch gathers its own (see _GATHER_BYTES).
+            return _Window(index, start, end, table, keys[take], origin, order=take, nbytes=nbytes)
         if take is not None:
             # One gather for the whole window; batches are slices of it.
             table, keys = table.take(take), keys[take]
-        return _Window(index, start, end, table, keys, origin)
+        return _Window(index, start, end, table, keys, origin, nbytes=nbytes)
 
     @staticmethod
     def _with_holes(
@@ -561,7 +678,7 @@ class Feed:
             holes, keys, row = holes[take], keys[take], row[take]
         table = table.take(row[~holes])
         before = np.concatenate(([0], np.cumsum(~holes))).astype(np.int64)
-        return _Window(index, start, end, table, keys, origin, holes, before)
+        return _Window(index, start, end, table, keys, origin, holes, before, nbytes=table.nbytes)
 
     def _empty(self) -> pa.Table:
         """A table of no rows with the stream's columns (a window made only of holes)."""
@@ -594,20 +711,31 @@ class Feed:
                 seen[start : start + size] = done.contains_many(rows)
         return seen if seen is not None and seen.any() else None
 
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of rows this feed holds now: windows not yet cut into batches, and the
+        lanes' rows read and not given (their read-ahead included)."""
+        windows = sum(w.nbytes for w, _, _ in list(self._held))
+        return windows + sum(lane.held_bytes() for lane in self._lanes)
+
     def __iter__(self) -> Iterator[Ready | Tail]:
         size = self.config.batch_size
         step = self.plan.next_step
-        held: list[tuple[_Window, int, int]] = []  # (window, start, stop) of rows not yet cut
+        held = self._held  # (window, start, stop) of rows not yet cut
         held_rows = 0
         try:
             for window in self._windows():
                 if window.size:
                     held.append((window, 0, window.size))
                     held_rows += window.size
+                self.peak_bytes = max(self.peak_bytes, self.held_bytes)
                 while held_rows >= size:
                     yield self._cut(held, size, step)
                     held_rows -= size
                     step += 1
+                for w, lo, _ in held:  # less than a batch: copied, so the tables go
+                    w.compact(lo)
+                del window
             leftover = self._runs(held)
             steps = step - self.plan.next_step
             if self.plan.steps is not None and (steps != self.plan.steps or len(leftover)):
@@ -687,7 +815,8 @@ class Feed:
         return runs_of(*(np.concatenate(column) for column in zip(*located, strict=True)))
 
     def close(self) -> None:
-        """Stop the lanes' reader threads."""
+        """Stop the lanes' reader threads and let go of the rows held."""
+        self._held.clear()
         for lane in self._lanes:
             if lane.reader is not None:
                 with contextlib.suppress(Exception):
@@ -695,6 +824,7 @@ class Feed:
                     if close is not None:
                         close()
                 lane.reader = None
+            lane.pending = None
 
 
-__all__ = ["TO_END", "Cursor", "Feed", "FeedConfig", "FeedPlan", "Ready", "Tail"]
+__all__ = ["TO_END", "Cursor", "Feed", "FeedConfig", "FeedPlan", "Ready", "Tail", "item_bytes"]

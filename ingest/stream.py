@@ -21,7 +21,7 @@ from ingest.catalog import Listing
 from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, Remainder, StreamSpec
 from ingest.errors import ConfigError, IngestError
-from ingest.feed import Feed, Tail
+from ingest.feed import Feed, Tail, item_bytes
 from ingest.follow import Follow
 from ingest.formats.base import ReadOptions
 from ingest.ledger import StepRecord
@@ -51,10 +51,13 @@ class Stream:
         batch_size: Rows per batch. Every batch is full: the rows of an epoch that do not
             fill one are carried into the next epoch (or dropped, see ``remainder``).
         shuffle_seed: Seed for shard, block and row order; None reads in listing order.
-        shuffle_window: Rows per shuffle window: rows are permuted within a window.
+        shuffle_window: Rows per shuffle window, at most: rows are permuted within a window.
+        shuffle_bytes: Bytes per shuffle window, about (default 256 MiB): large rows make
+            windows of fewer rows, fixed for each epoch from the listing's bytes per row
+            (and saved in the state). None: ``shuffle_window`` rows whatever their size.
         shuffle_lanes: Shards read side by side into each window, so that a window mixes
-            rows of up to this many shards. Memory: about ``shuffle_window + shuffle_lanes x
-            read.batch_rows`` rows.
+            rows of up to this many shards. Memory: about ``shuffle_bytes`` +
+            ``read.prefetch_bytes`` (see ``stats["peak_bytes_held"]``).
         remainder: ``"carry"`` the rows that cannot fill a batch at the end of an epoch into
             the next epoch, or ``"drop"`` them; counted in the state either way.
         storage_options: fsspec options for the store (endpoint, credentials). Never saved
@@ -80,6 +83,7 @@ class Stream:
         batch_size: int = 1024,
         shuffle_seed: int | None = None,
         shuffle_window: int = 16_384,
+        shuffle_bytes: int | None = 256 << 20,
         shuffle_lanes: int = 16,
         remainder: Remainder = "carry",
         storage_options: Mapping[str, Any] | None = None,
@@ -98,6 +102,7 @@ class Stream:
             batch_size=batch_size,
             shuffle_seed=shuffle_seed,
             shuffle_window=shuffle_window,
+            shuffle_bytes=shuffle_bytes,
             shuffle_lanes=shuffle_lanes,
             read=read or ReadOptions(),
             remainder=remainder,
@@ -113,6 +118,9 @@ class Stream:
         """Acks of batches handed out, not yet sent to the book (see :data:`_ACK_EVERY`)."""
         self._pending_cursor: Any = None
         self._delivered = 0
+        self._reading: tuple[Feed, Any] | None = None
+        """The last loop's feed and its read-ahead, for the bytes they hold (:attr:`stats`)."""
+        self._peak_held = 0
         # The loop in progress, held weakly: a loop left by `break` drops the generator,
         # whose `finally` stops its read-ahead threads at once. A strong reference would make a
         # cycle (the generator's frame holds the stream) that only the cyclic GC frees, and a
@@ -136,14 +144,26 @@ class Stream:
 
     @property
     def stats(self) -> dict[str, int]:
-        """Requests sent to the store, rows delivered in the current epoch, and the
-        quarantines (``quarantined``, ``rows_skipped``) since the stream was made or loaded."""
+        """Requests sent to the store, rows delivered in the current epoch, the quarantines
+        (``quarantined``, ``rows_skipped``) since the stream was made or loaded, and the
+        bytes of rows held by the reading (``bytes_held``: shuffle window, lanes' read-ahead
+        and ready batches now; ``peak_bytes_held``: the most, at most, since it was made)."""
         self._flush()
         return {
             **self._book.source.stats.as_dict(),
             "rows_delivered": self._delivered,
             **summary(self._book.quarantined()),
+            **self._held(),
         }
+
+    def _held(self) -> dict[str, int]:
+        if self._reading is None:
+            return {"bytes_held": 0, "peak_bytes_held": self._peak_held}
+        feed, ahead = self._reading
+        now = feed.held_bytes + int(getattr(ahead, "held_bytes", 0))
+        peak = feed.peak_bytes + int(getattr(ahead, "peak_bytes", 0))
+        self._peak_held = max(self._peak_held, peak, now)
+        return {"bytes_held": now, "peak_bytes_held": self._peak_held}
 
     @property
     def quarantined(self) -> list[Quarantined]:
@@ -186,7 +206,16 @@ class Stream:
             self._delivered = 0
         feed = Feed(plan, self.spec.feed_config(), book.source, self._transform)
         read = self.spec.read
-        with read_ahead(feed, read.prefetch, read.timeout_s, self.spec.urls[0]) as items:
+        self._held()  # the last loop's peak is kept
+        with read_ahead(
+            feed,
+            read.prefetch,
+            read.timeout_s,
+            self.spec.urls[0],
+            max_bytes=read.prefetch_bytes,
+            size=item_bytes,
+        ) as items:
+            self._reading = (feed, items)
             for item in items:
                 if isinstance(item, Tail):
                     self._flush()

@@ -113,6 +113,33 @@ def test_resume_inside_a_window_continues_with_the_same_batches(
         assert runs_of_entry(got.runs).tolist() == runs_of_entry(want.runs).tolist()
 
 
+@pytest.mark.parametrize("seed", [None, 5])
+@pytest.mark.parametrize(
+    ("window_bytes", "prefetch_bytes"),
+    [(4, None), (None, 1), (4, 1)],
+    ids=["gathered-per-batch", "read-ahead-of-one-item", "both"],
+)
+def test_byte_bounds_that_do_not_change_the_order_keep_every_batch(
+    url: str, seed: int | None, window_bytes: int | None, prefetch_bytes: int | None
+) -> None:
+    """Gathering each batch from the window's record batches (windows of large rows) and a
+    read-ahead bounded in bytes (``prefetch_bytes``: one record batch ahead here) give the
+    very batches, runs and cursors of one gather per window and a read-ahead in batches."""
+    spec = make_spec(url, seed, 300, 3, 128)
+    book = EpochBook(spec, 1)
+    want = run(book, spec, 0)
+    read = dataclasses.replace(spec.read, prefetch=2, prefetch_bytes=prefetch_bytes)
+    config = dataclasses.replace(spec.feed_config(), window_bytes=window_bytes, read=read)
+    got = list(Feed(book.rank_plan(0, 0), config, book.source))
+    assert len(got) == len(want)
+    for a, b in zip(got[:-1], want[:-1], strict=True):
+        assert isinstance(a, Ready) and isinstance(b, Ready)
+        assert a.table.equals(b.table)
+        assert np.array_equal(a.runs, b.runs)
+        assert a.cursor == b.cursor
+        assert (a.closed is None) == (b.closed is None)
+
+
 def row_set(parts: tuple[np.ndarray, ...]) -> set[tuple[int, int, int]]:
     return {(s, h, r) for p in parts for s, h, a, b in p.tolist() for r in range(a, b)}
 

@@ -39,7 +39,9 @@ class RayStream:
         columns: Columns to read; None reads all.
         batch_size: Rows per batch on every rank.
         shuffle_seed: Seed for shard, block and row order; None keeps listing order.
-        shuffle_window: Rows per shuffle window on each rank.
+        shuffle_window: Rows per shuffle window on each rank, at most.
+        shuffle_bytes: Bytes per shuffle window on each rank, about (default 256 MiB; see
+            :class:`ingest.Stream`). None: ``shuffle_window`` rows whatever their size.
         shuffle_lanes: Shards each rank reads side by side into a window.
         remainder: ``"carry"`` the rows that cannot fill a step on every rank into the next
             epoch, or ``"drop"`` them; counted either way.
@@ -74,6 +76,7 @@ class RayStream:
         batch_size: int = 1024,
         shuffle_seed: int | None = None,
         shuffle_window: int = 16_384,
+        shuffle_bytes: int | None = 256 << 20,
         shuffle_lanes: int = 16,
         remainder: Remainder = "carry",
         world_size: int = 1,
@@ -104,6 +107,7 @@ class RayStream:
             batch_size=batch_size,
             shuffle_seed=shuffle_seed,
             shuffle_window=shuffle_window,
+            shuffle_bytes=shuffle_bytes,
             shuffle_lanes=shuffle_lanes,
             read=read or ReadOptions(),
             remainder=remainder,

@@ -39,6 +39,10 @@ class ReadOptions:
             offset, found after reading at most this many bytes of it, not an out-of-memory.
         batch_rows: Most rows per record batch a reader yields (parquet, Arrow, tar samples).
         prefetch: Record batches read ahead in a background thread (0: read on demand).
+        prefetch_bytes: Bytes read ahead, about, per feed (one rank's reading): the lanes'
+            threads share it, and the ready batches ahead of the loop are held within it
+            too; one item is always read ahead, however large (a record batch: a Parquet row
+            group at most). None: ``prefetch`` items only.
         coalesce_bytes: Parquet: the row groups of one shard read in one call are fetched
             together, up to this many (uncompressed) bytes at a time, as merged concurrent
             range requests (object stores).
@@ -68,6 +72,7 @@ class ReadOptions:
     max_line_bytes: int = 64 << 20
     batch_rows: int = 65_536
     prefetch: int = 4
+    prefetch_bytes: int | None = 64 << 20
     coalesce_bytes: int = 64 << 20
     pre_buffer: bool = True
     schema: pa.Schema | None = None
@@ -102,6 +107,15 @@ class ReadOptions:
             raise ConfigError(
                 f"max_line_bytes={self.max_line_bytes} is below 1024; use at least 1 KiB "
                 "(the default is 64 MiB)"
+            )
+        if self.prefetch_bytes is not None and (
+            isinstance(self.prefetch_bytes, bool)
+            or not isinstance(self.prefetch_bytes, int)
+            or self.prefetch_bytes < 1
+        ):
+            raise ConfigError(
+                f"prefetch_bytes={self.prefetch_bytes!r} must be a whole number of bytes >= 1 "
+                "(default 64 MiB), or None to bound the read-ahead in batches only"
             )
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
