@@ -111,6 +111,77 @@ class Quarantined:
         return f"{self.url} rows [{self.start}, {stop}): {reason}"
 
 
+def check_saved(
+    records: Sequence[Quarantined],
+    where: str,
+    *,
+    epoch: int,
+    steps: range,
+    batch_size: int,
+    rows_of: Mapping[str, int | None],
+) -> None:
+    """Refuse saved records that disagree with the state holding them (an edited state),
+    so that the rows reported skipped are the rows that were.
+
+    A state holds the records of its own epoch. A shard's record names a shard of the
+    state's dataset, rows within its row count, and as ``rows`` exactly the rows from
+    ``start`` to ``stop`` (none known when it runs to the end of a shard of unknown length).
+    A transform's record names a step of the epoch so far and at most a batch of rows.
+    Whether a record's rows are in the consumed sets is not checked: a record is acked with
+    the batch cut after the read that met the error, and its rows, spread over the shuffle
+    window as holes, with the batches after.
+
+    Args:
+        records: The records, as parsed.
+        where: Their field in the state (``progress.quarantined``).
+        epoch: The state's epoch.
+        steps: The steps of the epoch the state covers.
+        batch_size: Rows per batch (0: unknown).
+        rows_of: Row count (None: unknown) of each shard URL of the dataset.
+
+    Raises:
+        StateError: Naming the record, the field and what it disagrees with.
+    """
+    for i, q in enumerate(records):
+        at = f"{where}[{i}]"
+        if q.epoch != epoch:
+            _refuse(f"{at}.epoch is {q.epoch}, but the state is in epoch {epoch}")
+        if q.url is None:
+            if q.start or q.stop is not None:
+                _refuse(f"{at} names rows from {q.start} but no shard")
+            if q.step not in steps:
+                _refuse(
+                    f"{at}.step is {q.step}, not a step of the epoch so far ({steps.start} "
+                    f"to {steps.stop - 1})"
+                )
+            if q.rows is None or (batch_size and q.rows > batch_size):
+                _refuse(f"{at}.rows is {q.rows}, more than a batch (batch_size {batch_size})")
+            continue
+        if q.step is not None:
+            _refuse(f"{at} names both a shard and a step ({q.step})")
+        if q.url not in rows_of:
+            _refuse(f"{at}.url {redact(q.url)} names no shard of the state's dataset")
+        count = rows_of[q.url]
+        end = q.start if q.stop is None else q.stop
+        if count is not None and end > count:
+            _refuse(f"{at} ends at row {end}, past the end of {redact(q.url)} ({count} rows)")
+        expected = None if q.stop is None else q.stop - q.start
+        if q.rows != expected:
+            stop = "end" if q.stop is None else q.stop
+            _refuse(
+                f"{at}.rows is {q.rows}, but the record skips rows [{q.start}, {stop}) "
+                f"({'an unknown number' if expected is None else expected})"
+            )
+
+
+def _refuse(problem: str) -> None:
+    raise StateError(
+        f"{problem}: the quarantine record disagrees with the state that holds it, so it "
+        "would misreport the rows skipped; the state was edited: save it again, or start "
+        "without it"
+    )
+
+
 def skippable(error: BaseException) -> bool:
     """Whether ``on_error="skip"`` may quarantine the rows that ``error`` stopped."""
     return isinstance(error, (ShardError, SourceError)) and not isinstance(error, StoreError)
@@ -217,6 +288,7 @@ __all__ = [
     "Quarantine",
     "Quarantined",
     "check_bound",
+    "check_saved",
     "merge",
     "reason_of",
     "skippable",

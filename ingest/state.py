@@ -87,7 +87,7 @@ import numpy.typing as npt
 
 from ingest.errors import StateError
 from ingest.intervals import MAX_ROW, IntervalSet, stack
-from ingest.quarantine import Quarantined
+from ingest.quarantine import Quarantined, check_saved
 
 STATE_VERSION = 3
 """The newest version this ingest writes; it reads :data:`READ_VERSIONS`."""
@@ -834,6 +834,7 @@ class StreamState:
                 "that state_dict() returned, unchanged"
             ) from None
         state.check_counts()
+        state.check_quarantined()
         return state
 
     @classmethod
@@ -881,6 +882,29 @@ class StreamState:
                 f"fewer than the {steps} of steps {p.first_step} to {p.step - 1} "
                 f"({world} rank(s) x {batch} rows)",
             )
+
+    def check_quarantined(self) -> None:
+        """Refuse quarantine records that disagree with the rest of the state
+        (:func:`ingest.quarantine.check_saved`).
+
+        Raises:
+            StateError: Naming the record and what it disagrees with.
+        """
+        p = self.progress
+        if not p.quarantined:
+            return
+        urls = {q.url for q in p.quarantined}
+        shards = self.shards
+        check_saved(
+            p.quarantined,
+            "progress.quarantined",
+            epoch=p.epoch,
+            steps=range(p.first_step, p.step),
+            batch_size=self.position.batch_size,
+            rows_of={
+                s.url: p.consumed.rows_of(i, shards) for i, s in enumerate(shards) if s.url in urls
+            },
+        )
 
     def consumed_rows(self) -> int:
         """Rows consumed in the epoch (its own and the ones carried in)."""

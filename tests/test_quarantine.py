@@ -289,6 +289,60 @@ def test_an_edited_quarantine_record_is_refused(tmp_path: Path) -> None:
         ingest.Stream(str(tmp_path), columns=["id"], batch_size=100).load_state_dict(state)
 
 
+def _saved_with_a_quarantine(tmp_path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A state mid-epoch holding a record of rows [0, 1000) of part-1 (its row group 1 is
+    corrupt; shuffled, the lane's spans from the first one left are quarantined)."""
+    paths = write_parquet(tmp_path)
+    corrupt_row_group(paths[1], 1)
+    stream = ingest.Stream(str(tmp_path), read=SKIP, **STATE_OPTIONS)
+    for n, _ in enumerate(stream, 1):
+        if n == 30:
+            break
+    state = json.loads(json.dumps(stream.state_dict()))
+    stream.close()
+    record = state["progress"]["quarantined"][0]  # one, or two when a lane read ahead
+    assert record["rows"] == record["stop"] - record["start"] > 0
+    return state, record
+
+
+STATE_OPTIONS: dict[str, Any] = {"columns": ["id"], "batch_size": 40, "shuffle_seed": 1}
+
+EDITS: list[tuple[dict[str, Any], str]] = [
+    ({"rows": 10}, r"progress\.quarantined\[0\]\.rows is 10, but the record skips rows \["),
+    ({"stop": 5000, "rows": None}, r"\[0\] ends at row 5000, past the end of .*part-1"),
+    ({"url": "file:///elsewhere/part-9.parquet"}, r"\[0\]\.url .*part-9.* no shard of"),
+    ({"epoch": 7}, r"\[0\]\.epoch is 7, but the state is in epoch 0"),
+    ({"step": 3}, r"\[0\] names both a shard and a step"),
+    ({"stop": None}, r"\[0\]\.rows is \d+, but the record skips rows \[\d+, end\)"),
+]
+
+
+@pytest.mark.parametrize(("edit", "pattern"), EDITS)
+def test_an_edited_quarantine_record_that_disagrees_with_the_state_is_refused(
+    tmp_path: Path, edit: dict[str, Any], pattern: str
+) -> None:
+    """Issue 17: an edited record was accepted and misreported the rows skipped."""
+    state, record = _saved_with_a_quarantine(tmp_path)
+    ingest.Stream(str(tmp_path), read=SKIP, **STATE_OPTIONS).load_state_dict(state)  # as saved
+    record.update(edit)
+    with pytest.raises(ingest.StateError, match=pattern):
+        ingest.Stream(str(tmp_path), read=SKIP, **STATE_OPTIONS).load_state_dict(state)
+
+
+def test_an_edited_transform_record_is_refused(tmp_path: Path) -> None:
+    state, _ = _saved_with_a_quarantine(tmp_path)
+    step = state["progress"]["step"]
+    for edit, pattern in [
+        ({"step": step}, rf"\[1\]\.step is {step}, not a step of the epoch so far \(0 to "),
+        ({"step": 2, "rows": 41}, r"\[1\]\.rows is 41, more than a batch \(batch_size 40\)"),
+        ({"step": 2, "start": 5}, r"\[1\] names rows from 5 but no shard"),
+    ]:
+        record = {"reason": "ValueError: bad", "epoch": 0, "rank": 0, "rows": 40, **edit}
+        state["progress"]["quarantined"][1:] = [record]  # after the shard's record
+        with pytest.raises(ingest.StateError, match=pattern):
+            ingest.Stream(str(tmp_path), read=SKIP, **STATE_OPTIONS).load_state_dict(state)
+
+
 def test_on_error_is_checked() -> None:
     with pytest.raises(ingest.ConfigError, match=r'on_error=.ignore. must be "raise" or "skip"'):
         ingest.ReadOptions(on_error="ignore")
