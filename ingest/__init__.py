@@ -25,6 +25,7 @@ from ingest.errors import (
     StateError,
     StoreError,
     StreamTimeoutError,
+    SupersededError,
 )
 from ingest.follow import Follow
 from ingest.formats import get_format, register_format, registered_formats
@@ -75,6 +76,7 @@ __all__ = [
     "StoreError",
     "Stream",
     "StreamTimeoutError",
+    "SupersededError",
     "__version__",
     "decode",
     "get_format",

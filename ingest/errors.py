@@ -121,3 +121,18 @@ class StateError(IngestError, ValueError):
 
 class StreamTimeoutError(IngestError, TimeoutError):
     """A wait inside the stream ran past its timeout."""
+
+
+class SupersededError(IngestError):
+    """A newer loop took over what this one read: one loop (one iterator per rank) at a
+    time delivers batches, so that no batch is handed out twice."""
+
+    @classmethod
+    def of_rank(cls, rank: int) -> SupersededError:
+        return cls(
+            f"another iterator of rank {rank} took the rank over (its loop started after this "
+            "one's) and reads on from the last batch this one acked; one iterator per rank "
+            "delivers at a time: end or leave a loop (its acks are sent as it ends) before "
+            "the next one starts, e.g. pass the iterator to the next task once the last task "
+            "is done"
+        )

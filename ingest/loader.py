@@ -215,6 +215,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                 self._flush()
                 if ranks == 1:
                     book.close(epoch, came.steps, came.leftover, came.learned)
+                book.ended(came.rank, epoch)
                 book.note_quarantined(came.quarantined)
                 ended += 1
                 continue

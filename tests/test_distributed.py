@@ -393,3 +393,72 @@ def test_an_actor_unreachable_for_a_moment_is_asked_again_with_every_row_once(
         assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < BATCH
         final = stream.state_dict()
     assert final["progress"]["epoch"] == 1
+
+
+def test_one_iterator_passed_to_a_task_per_ten_steps_delivers_every_row_once(
+    s3_data: Store,
+) -> None:
+    # Issue 17 item 2: a rank loop split into Ray tasks, the same driver iterator passed to
+    # each. Each task's copy fetched batches ahead that it never handed out, and the next
+    # copy took on after them: 200 of 1,200 rows were lost, the state stayed at step 10
+    # and the rank's next loop waited 300 s for steps that never came.
+    with make(s3_data, "parquet", 2, timeout_s=60) as stream:
+        its = [stream.rank_iterator(r) for r in range(2)]
+        delivered: list[int] = []
+        for _ in range(5):  # 46 steps per rank: the fifth task per rank ends the epoch
+            got = ray.get([take_and_leave.remote(it, 10) for it in its], timeout=240)
+            delivered += [i for part in got for i in part]
+        state = stream.state_dict()
+        assert state["progress"]["epoch"] == 1 and state["progress"]["step"] == 46
+        # The driver's iterators go on in the next epoch, after what the tasks consumed.
+        nxt = ray.get([take_and_leave.remote(it, 100) for it in its], timeout=240)
+    assert len(delivered) == len(set(delivered)), "no row twice"
+    assert TOTAL - len(delivered) < 2 * BATCH
+    both = Counter(delivered + [i for part in nxt for i in part])
+    assert set(both) == set(range(TOTAL)) and set(both.values()) <= {1, 2}
+
+
+def test_a_second_iterator_of_a_rank_goes_on_after_the_first_ones_last_batch(
+    s3_data: Store,
+) -> None:
+    # Issue 17 item 2: a second iterator made after next() on the first lost the batches
+    # the first had fetched (20-40 rows). It goes on right after the first's last batch, and
+    # the first, still in its loop, stops with the clear error.
+    with make(s3_data, "parquet", 1, timeout_s=60) as stream:
+        first = iter(stream.rank_iterator(0))
+        head = [int(i) for _ in range(3) for i in next(first)["id"].tolist()]
+        rest = [int(i) for b in stream.rank_iterator(0) for i in b["id"].tolist()]
+        with pytest.raises(ingest.SupersededError, match="another iterator of rank 0"):
+            next(first)
+        state = stream.state_dict()
+    delivered = head + rest
+    assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < BATCH
+    assert state["progress"]["epoch"] == 1
+
+
+@ray.remote(num_cpus=0)
+def _loop_of_a_fresh_iterator(stream: ingest.RayStream, rank: int) -> tuple[int, int]:
+    it = stream.rank_iterator(rank)
+    epoch = it.upcoming_epoch()
+    return epoch, sum(1 for _ in it)
+
+
+def test_ranks_stay_in_one_epoch_when_an_epoch_has_no_step(local: Store) -> None:
+    # Issue 17 item 3: fewer rows than world_size x batch_size, a new rank iterator per loop.
+    # A rank that asked for its epoch once an epoch with no step was planned skipped it, one
+    # that asked before ran it: ranks ended in different epochs ([(2,0),(2,0),(2,0),(3,1)]),
+    # and a collective would hang. Rank 0 runs first here, so the others always ask after.
+    write_dataset(local.fs, local.url("parquet"), "parquet", 1, 60)
+    with make(local, "parquet", 4, batch_size=32, timeout_s=60) as stream:
+        loops = []
+        for _ in range(4):
+            first = ray.get(_loop_of_a_fresh_iterator.remote(stream, 0), timeout=120)
+            others = ray.get(
+                [_loop_of_a_fresh_iterator.remote(stream, r) for r in range(1, 4)], timeout=120
+            )
+            loops.append([first, *others])
+        state = stream.state_dict()
+    # 60 rows an epoch, 128 a step: epochs 0 and 1 have no step (all carried), epoch 2 has
+    # 180 rows (one step, 52 carried), epoch 3 112 (none).
+    assert loops == [[(e, n)] * 4 for e, n in [(0, 0), (1, 0), (2, 1), (3, 0)]], loops
+    assert state["progress"]["epoch"] == 4

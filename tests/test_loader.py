@@ -184,3 +184,34 @@ def test_a_loop_left_at_an_epochs_first_batches_goes_on(data: str, k: int) -> No
     rest = ids(loader)
     both = head + rest
     assert len(both) == len(set(both)) and TOTAL - len(both) < 2 * BATCH
+
+
+def test_a_dataloader_round_with_nothing_new_waits_for_the_next_shard(local: Any) -> None:
+    # Issue 17 item 6: every loader epoch plans from the stream's state as a first epoch, and
+    # a first epoch never waited for new rows: a round with nothing new returned at once
+    # (0 rows), so the README's `if n == 0: break` loop ended and missed the shard written a
+    # second later. It waits up to idle_timeout_s, as a Stream's round does.
+    import threading
+
+    from ingest.testing import encode, make_table
+
+    def write(n: int) -> None:
+        local.write(f"f/part-{n:05d}.parquet", encode(make_table(n * 100, 100), "parquet"))
+
+    write(0)
+    stream = ingest.Stream(
+        local.url("f") + "/",
+        columns=["id"],
+        batch_size=BATCH,
+        shuffle_seed=1,
+        follow=ingest.Follow(poll_s=0.05, idle_timeout_s=20.0),
+    )
+    loader = ingest.DataLoader(stream, num_workers=2)
+    first = ids(loader)
+    timer = threading.Timer(1.0, write, args=(1,))
+    timer.start()
+    second = ids(loader)
+    timer.join()
+    assert second, "the round waited for the shard written after it started"
+    got = first + second
+    assert len(got) == len(set(got)) and 200 - len(got) < 2 * BATCH

@@ -21,6 +21,7 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -28,7 +29,7 @@ import ray
 from ingest.catalog import Listing
 from ingest.distributed.indexing import ray_indexer
 from ingest.epochs import EpochBook, StreamSpec
-from ingest.errors import IngestError, StateError
+from ingest.errors import IngestError, StateError, SupersededError
 from ingest.feed import Cursor, FeedPlan
 from ingest.ledger import Run, Runs, StepRecord
 from ingest.quarantine import Quarantined
@@ -66,6 +67,24 @@ class StaleSessionError(IngestError):
     """A feed or an ack of a session that a newer worker group or state replaced."""
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a rank iterator that starts a loop gets from the coordinator (see
+    :meth:`_Coordinator.claim`)."""
+
+    lease: int
+    """The iterator's lease of the rank: calls with an older one are refused."""
+    step: int
+    """The rank's last step with every batch up to it acked."""
+    epoch: int
+    next_step: int | None
+    """The rank's next step, or None: its share from the epoch's start (this run's)."""
+    cursor: Cursor | None
+    kept: bool
+    """The asking iterator holds the rank already and is where the coordinator has it: it
+    goes on with the batches it holds."""
+
+
 class _Coordinator:
     """See the module docstring. Created by :class:`ingest.RayStream`."""
 
@@ -89,6 +108,7 @@ class _Coordinator:
         self._joined: set[int] = set()
         self._touched = False
         self._folded = -1
+        self._leases: dict[int, int] = {}
 
     def session(self) -> int:
         with self._lock:
@@ -134,6 +154,7 @@ class _Coordinator:
         self._joined = set()
         self._touched = False
         self._folded = -1
+        self._leases = {}
         self._restarted = False
         self._lock.notify_all()
 
@@ -157,6 +178,37 @@ class _Coordinator:
         """The epoch a new iterator of ``rank`` starts with (see EpochBook.upcoming_epoch)."""
         with self._lock:
             return self._book.upcoming_epoch(rank)
+
+    def claim(self, rank: int, session: int, lease: int, step: int) -> Claim:
+        """An iterator of ``rank`` starts a loop: where the rank is, and its lease.
+
+        Args:
+            rank: The rank.
+            session: The iterator's session.
+            lease: The lease the iterator holds (0: none yet, a new or copied iterator).
+            step: The iterator's last step, with every batch up to it acked.
+
+        The iterator that holds the rank's newest lease and is at the rank's last acked step
+        keeps its lease and its batches. Any other (a second iterator of the rank, a copy
+        sent to another task) gets a new lease and the rank's position: its reader's feed is
+        moved there (:meth:`ingest.distributed.pool._Reader.adopt`), so the batches an older
+        iterator fetched and never handed out are read again, and the older one's calls are
+        refused (:class:`SupersededError`).
+        """
+        with self._lock:
+            self._check(session)
+            book = self._book
+            epoch, next_step, cursor = book.position(rank)
+            acked = book.ledger.acked(rank)
+            current = self._leases.get(rank, 0)
+            kept = bool(lease) and lease == current and step == acked
+            if not kept:
+                self._leases[rank] = current = current + 1
+            return Claim(current, acked, epoch, next_step, cursor, kept)
+
+    def _check_lease(self, rank: int, lease: int | None) -> None:
+        if lease is not None and lease < self._leases.get(rank, 0):
+            raise SupersededError.of_rank(rank)
 
     def ping(self) -> bool:
         return True
@@ -196,11 +248,16 @@ class _Coordinator:
         learned: Mapping[int, int],
         session: int,
         quarantined: Sequence[Quarantined] = (),
+        rank: int | None = None,
     ) -> None:
+        """``rank``'s loop reached the end of ``epoch`` (its feed's :class:`End`)."""
         with self._lock:
             self._check(session)
             self._book.close(epoch, steps, leftover, learned)
             self._book.note_quarantined(quarantined)
+            if rank is not None:
+                self._book.ended(rank, epoch)
+            self._lock.notify_all()
 
     def quarantined(self) -> list[Quarantined]:
         """What ``on_error="skip"`` skipped, oldest first (see :mod:`ingest.quarantine`)."""
@@ -213,12 +270,19 @@ class _Coordinator:
         records: Sequence[StepRecord],
         session: int,
         cursor: Cursor | None = None,
+        lease: int | None = None,
         *,
         again: bool = False,
     ) -> None:
-        """Record a rank's steps; ``again``: a resend (see :meth:`EpochBook.ack`)."""
+        """Record a rank's steps; ``again``: a resend (see :meth:`EpochBook.ack`).
+
+        Raises:
+            SupersededError: If another iterator took the rank over (``lease`` is older): the
+                batches acked here were read again for the new one.
+        """
         with self._lock:
             self._check(session)  # never dropped: a restarted actor or a replaced group
+            self._check_lease(rank, lease)
             book = self._book
             book.ack(rank, records, cursor, again=again)
             self._touched = True
@@ -285,3 +349,5 @@ _ACTOR_OPTIONS: dict[str, Any] = {
     "max_task_retries": 0,
 }
 Coordinator: Any = ray.remote(**_ACTOR_OPTIONS)(_Coordinator)
+
+__all__ = ["Claim", "Coordinator", "CoordinatorLostError"]

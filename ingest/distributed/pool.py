@@ -34,7 +34,7 @@ import pyarrow as pa
 import ray
 
 from ingest.epochs import StreamSpec
-from ingest.errors import ConfigError, IngestError
+from ingest.errors import ConfigError, IngestError, SupersededError
 from ingest.feed import Cursor, Feed, Ready, Tail
 from ingest.ledger import Closed, Rows, Runs
 from ingest.metrics import StoreMeter
@@ -43,6 +43,8 @@ from ingest.sources import Source
 from ingest.transform import Transform, apply, build_transform, output_of_no_rows
 
 _WAIT_S = 5.0
+_ENDED = -2
+"""``_RankFeed.at`` once the feed handed out its :class:`End`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -177,6 +179,10 @@ class _RankFeed:
     ) -> None:
         self.rank, self.session, self.epoch = rank, session, epoch
         self._resume = resume
+        self.lease = 0
+        """The lease of the rank's iterator this feed serves (:meth:`_Reader.adopt`)."""
+        self.at: int | None = None if resume is None else resume[0]
+        """The step of the next batch to hand out; None: the share's first (none handed)."""
         self._reader = reader
         self._queue: deque[Item | End | BaseException] = deque()
         self._cond = threading.Condition()
@@ -267,6 +273,9 @@ class _RankFeed:
                     raise item
                 if isinstance(item, Item):
                     self.queued_bytes -= item.nbytes
+                    self.at = item.step + 1
+                else:
+                    self.at = _ENDED
                 out.append(item)
             self._cond.notify_all()
             return out
@@ -395,35 +404,52 @@ class _Reader:
                 feed = self._feeds[rank] = _RankFeed(self, rank, session, epoch)
             return feed
 
-    def resume(
-        self, rank: int, session: int, epoch: int, next_step: int, cursor: Cursor | None
-    ) -> None:
-        """Restart ``rank``'s feed at ``next_step`` (after this actor was restarted)."""
-        with self._lock:
-            old = self._feeds.get(rank)
-            if old is not None:
-                old.stop()
-            self._feeds[rank] = _RankFeed(self, rank, session, epoch, (next_step, cursor))
-
-    def warm(self, rank: int, session: int | None, epoch: int, fresh: bool = False) -> None:
-        """Start ``rank``'s feed before the rank asks (the first batch comes sooner).
+    def warm(self, rank: int, session: int | None, epoch: int) -> None:
+        """Start ``rank``'s feed before the rank asks (the first batch comes sooner); the
+        rank's iterator adopts it (:meth:`adopt`).
 
         ``session``: the rank's; None: the coordinator's session now (a stream just made,
         whose ranks have not asked yet: a fresh stream's first ranks keep that session).
-        ``fresh``: start it over even if it exists (a rank that consumed none of it, whose
-        take may have taken items whose answer was lost).
         """
         if session is None:
             try:
                 session = int(ray.get(self.coordinator.session.remote(), timeout=self.timeout_s))
             except Exception:  # the rank starts its feed when it asks
                 return
-        if fresh:
-            with self._lock:
-                old = self._feeds.pop(rank, None)
-            if old is not None:
-                old.stop()
         self._feed(rank, session, epoch)
+
+    def adopt(
+        self,
+        rank: int,
+        session: int,
+        epoch: int,
+        lease: int,
+        next_step: int | None,
+        cursor: Cursor | None,
+    ) -> None:
+        """Serve ``rank``'s iterator of ``lease`` from ``next_step`` (None: the share's
+        start) of ``epoch``, with ``cursor`` the rank's position before it.
+
+        The feed there is kept when it is where the iterator is (nothing handed out since):
+        a feed warmed before the rank asked, or one whose iterator continues. Otherwise (a
+        new iterator of the rank, while an older one had taken batches it never handed out;
+        a take whose answer was lost; this actor restarted) the feed starts over from
+        ``next_step`` and ``cursor``, leaving out every acked row.
+        """
+        with self._lock:
+            feed = self._feeds.get(rank)
+            keep = (
+                feed is not None
+                and (feed.session, feed.epoch) == (session, epoch)
+                and feed.at == next_step
+            )
+            if not keep:
+                if feed is not None:
+                    feed.stop()
+                resume = None if next_step is None else (next_step, cursor)
+                feed = self._feeds[rank] = _RankFeed(self, rank, session, epoch, resume)
+            assert feed is not None
+            feed.lease = lease
 
     # Never retried on a restarted actor, and never making a feed: a new process has none for
     # the rank, and one made from the epoch's start would deliver again (a take sent while
@@ -431,18 +457,23 @@ class _Reader:
     # The rank resumes the feed after its last batch, or starts the epoch (RankIterator).
     @ray.method(max_task_retries=0)  # type: ignore[misc]
     def take(
-        self, rank: int, session: int, epoch: int, most: int, wait_s: float
+        self, rank: int, session: int, epoch: int, most: int, wait_s: float, lease: int = 0
     ) -> list[Item | End]:
         """Up to ``most`` ready items of ``rank``; an empty list if none came in ``wait_s``.
 
         Raises:
-            FeedLostError: If this reader holds no feed of ``rank`` for ``session`` and
-                ``epoch`` (see :meth:`warm`, :meth:`resume`).
+            FeedLostError: If this reader holds no feed of ``rank`` for ``session``,
+                ``epoch`` and ``lease`` (see :meth:`adopt`).
+            SupersededError: If a newer iterator of the rank adopted the feed.
         """
         with self._lock:
             feed = self._feeds.get(rank)
         if feed is None or (feed.session, feed.epoch) != (session, epoch):
             raise FeedLostError(f"no feed of rank {rank} for session {session}, epoch {epoch}")
+        if lease != feed.lease:
+            if lease < feed.lease:
+                raise SupersededError.of_rank(rank)
+            raise FeedLostError(f"the feed of rank {rank} serves lease {feed.lease}, not {lease}")
         out = feed.take(most, wait_s)
         if self._meter.due():
             self._meter.report(self.source.stats.as_dict(), {rank: feed.depth})

@@ -19,6 +19,7 @@ import importlib
 import sys
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -28,7 +29,7 @@ import ray
 
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.pool import End, FeedLostError, Item, TransformFailed
-from ingest.errors import IngestError, StreamTimeoutError
+from ingest.errors import IngestError, StreamTimeoutError, SupersededError
 from ingest.feed import Cursor
 from ingest.ledger import StepRecord
 from ingest.metrics import RankMeter
@@ -102,6 +103,18 @@ class RankIterator:
     stream: str = ""
     """The stream's name (its coordinator's), the ``stream`` tag of its metrics."""
     _meter: RankMeter | None = None
+    lease: int = 0
+    """This iterator's lease of the rank (0: none yet; see :meth:`_take_over`)."""
+    _superseded: bool = False
+    """A newer iterator of the rank in this process took it over while this one's loop ran."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy is a new iterator of the rank: the batches, acks and lease held here stay
+        # with this one (a copy that carried them would hand out batches this one holds).
+        return (
+            _new_iterator,
+            (self.coordinator, self.reader, self.rank, self.options, self.session, self.stream),
+        )
 
     def _get(self, ref: Any) -> Any:
         try:
@@ -165,27 +178,48 @@ class RankIterator:
     def _fetch(self, epoch: int) -> Any:
         wait_s = min(self.options.timeout_s, 5.0)
         return self.reader.take.remote(
-            self.rank, self._session(), epoch, self.options.fetch_batches, wait_s
+            self.rank, self._session(), epoch, self.options.fetch_batches, wait_s, self.lease
         )
 
-    def _recover(self, epoch: int, *, lost: bool = False) -> None:
-        """The reader that held this rank's feed died: resume the feed after the last batch.
+    def _take_over(self) -> int:
+        """Take the rank over for a loop (see the class docstring); returns its epoch."""
+        key = (self.stream or str(id(self.coordinator)), self.rank)
+        with _LIVE_LOCK:
+            got = _LIVE.get(key)
+            other = got() if got is not None else None
+            _LIVE[key] = weakref.ref(self)
+        if other is not None and other is not self:
+            with contextlib.suppress(IngestError):
+                other.flush()  # its loop's acks: this loop goes on after its last batch
+            other._superseded = True
+        self.flush()
+        claim = self._call("claim", self.rank, self._session(), self.lease, self.step)
+        self.lease, self.epoch, self._superseded = claim.lease, claim.epoch, False
+        if not claim.kept:
+            self._held.clear()
+            self._inflight = None
+            self.step, self._cursor = claim.step, claim.cursor
+            self._adopt(claim.epoch)
+        return int(claim.epoch)
 
-        Batches it had made but this rank had not consumed died with it; the restarted
-        reader reads them again, from the rank's cursor, leaving out every acked row.
-        ``lost``: the reader lives, but a take's answer (batches it handed out) was lost.
+    def _adopt(self, epoch: int) -> None:
+        """Have the reader serve this iterator from its next step (see
+        :meth:`ingest.distributed.pool._Reader.adopt`)."""
+        next_step = self.step + 1 if self._cursor is not None else None
+        args = (self.rank, self._session(), epoch, self.lease, next_step, self._cursor)
+        self._answer(self.reader.adopt.remote(*args), "adopt", args, actor=self.reader)
+
+    def _recover(self, epoch: int) -> None:
+        """The reader that held this rank's feed died, or a take's answer (batches it handed
+        out) was lost: the feed goes on after the last batch this loop handed out.
+
+        Batches it had made but this rank had not consumed are read again, from the rank's
+        cursor, leaving out every acked row.
         """
         self._held.clear()
         self._inflight = None
         self.flush()
-        plan_step = self.step + 1 if self._cursor is not None else None
-        reader = self.reader
-        if plan_step is None:  # nothing consumed: the epoch's share (from its start if lost)
-            args: tuple[Any, ...] = (self.rank, self._session(), epoch, lost)
-            self._answer(reader.warm.remote(*args), "warm", args, actor=reader)
-        else:
-            args = (self.rank, self._session(), epoch, plan_step, self._cursor)
-            self._answer(reader.resume.remote(*args), "resume", args, actor=reader)
+        self._adopt(epoch)
 
     def _take(self, ref: Any, epoch: int) -> list[Item | End]:
         try:
@@ -195,7 +229,7 @@ class RankIterator:
             self._recover(epoch)
             return []
         except ray.exceptions.ActorUnavailableError:  # its answer (batches) may be lost
-            self._recover(epoch, lost=True)
+            self._recover(epoch)
             return []
         except ray.exceptions.RayTaskError as e:  # raised in the reader, not its death
             raise unwrap(e) from None
@@ -225,7 +259,7 @@ class RankIterator:
 
     def __iter__(self) -> Iterator[Batch]:
         _import_torch_meanwhile()
-        epoch = self.upcoming_epoch()
+        epoch = self._take_over()
         done = False
         if self._meter is None:
             self._meter = RankMeter(self.stream, self.rank)
@@ -236,16 +270,19 @@ class RankIterator:
                 item = self._next(epoch)
                 waited = time.monotonic() - asked
                 if isinstance(item, End):
-                    if len(item.leftover) or item.learned or item.quarantined:
-                        self._call(
-                            "close_epoch",
-                            epoch,
-                            item.steps,
-                            item.leftover,
-                            item.learned,
-                            self._session(),
-                            item.quarantined,
-                        )
+                    self.flush()
+                    # Reached: a new iterator of the rank runs the next epoch, even after an
+                    # epoch with no step (EpochBook.upcoming_epoch).
+                    self._call(
+                        "close_epoch",
+                        epoch,
+                        item.steps,
+                        item.leftover,
+                        item.learned,
+                        self._session(),
+                        item.quarantined,
+                        self.rank,
+                    )
                     break
                 if self._cursor is not None and item.step != self.step + 1:
                     # Never seen since take stopped making feeds; kept so that a feed that
@@ -269,6 +306,8 @@ class RankIterator:
                     )
                     rows, quarantined, table = 0, (*quarantined, failed), table.empty
                 batch = self._to_torch(table)
+                if self._superseded:
+                    raise SupersededError.of_rank(self.rank)
                 self._pending.append(
                     StepRecord(item.step, item.runs, rows, quarantined, item.closed)
                 )
@@ -317,7 +356,7 @@ class RankIterator:
         how to resume), not at the end of the epoch with every ack since lost.
         """
         if self._pending:
-            args = (self.rank, self._pending, self._session(), self._cursor)
+            args = (self.rank, self._pending, self._session(), self._cursor, self.lease)
             self._acks.append((self.coordinator.ack.remote(*args), args))
             self._pending = []
         if not self._acks:
@@ -350,6 +389,22 @@ class RankIterator:
             self._session(),
             timeout_s=self.options.timeout_s + 30,
         )
+
+
+_LIVE: dict[tuple[str, int], weakref.ref[RankIterator]] = {}
+"""The iterator of each (stream, rank) that last took the rank over in this process."""
+_LIVE_LOCK = threading.Lock()
+
+
+def _new_iterator(
+    coordinator: Any,
+    reader: Any,
+    rank: int,
+    options: RankOptions,
+    session: int | None,
+    stream: str,
+) -> RankIterator:
+    return RankIterator(coordinator, reader, rank, options, session, stream=stream)
 
 
 def unwrap(error: BaseException) -> BaseException:
