@@ -347,6 +347,43 @@ def test_a_ragged_csv_row_names_its_line(local: Store, row: int, record: bytes, 
     assert time.monotonic() - start < QUICK_S
 
 
+def plain_csv(rows: int, replaced: dict[int, bytes]) -> bytes:
+    """``id,text`` records without quotes, with records ``replaced`` (0-based) replaced."""
+    records = [replaced.get(i, b"%d,text %d" % (i, i)) for i in range(rows)]
+    return b"id,text\n" + b"".join(r + b"\n" for r in records)
+
+
+@pytest.mark.parametrize("row", [40, 2990])  # in the first block, in the last one
+def test_a_csv_quote_that_never_closes_is_an_error_not_a_value_that_runs_on(
+    local: Store, row: int
+) -> None:
+    """Issue 17: a stray quote opened a value that took in every record after it (pyarrow
+    reads the rest of the file as that value): fewer rows, without a word."""
+    stray = b'%d,"a stray quote' % row
+    data = plain_csv(3000, {row: stray})
+    local.write("d/a.csv", data)
+    record = data.index(stray)
+    quote = record + stray.index(b'"')
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.csv at byte {record}: ends inside a record: the quoted value opened at "
+        rf"byte {quote} never closes.*close the quote, or double each quote meant as text",
+    ):
+        drain(ingest.Stream(local.url("d"), read=ingest.ReadOptions(block_bytes=4096)))
+    # Past max_line_bytes, the record is too long, and the open quote is named as the cause.
+    local.write("e/a.csv", plain_csv(3000, {row: stray, 2999: b"x" * 2000}))
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.csv at .*byte {record}: a line is longer than max_line_bytes=1024 \(the "
+        rf"quoted value opened at byte {quote} never closes\).*an unbalanced quote",
+    ):
+        drain(
+            ingest.Stream(
+                local.url("e"), read=ingest.ReadOptions(block_bytes=4096, max_line_bytes=1024)
+            )
+        )
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "csv"])
 @pytest.mark.parametrize("row", [40, 2500])
 def test_text_that_is_not_utf8_names_its_line(local: Store, fmt: str, row: int) -> None:

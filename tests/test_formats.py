@@ -9,10 +9,15 @@ from __future__ import annotations
 
 import gzip
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
+import fsspec
+import pyarrow as pa
+import pyarrow.csv as pcsv
 import pytest
 import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ingest.catalog import Catalog, Listing
 from ingest.errors import ShardError
@@ -285,3 +290,87 @@ def test_index_gives_rows_and_seek_points(local: Store, fmt: str) -> None:
     assert ids(read(catalog, indexed, 2500, 2600), key) == list(range(2500, 2600))
     if fmt != "jsonl.gz":  # compressed: decompress-skip; the others seek with the index
         assert stats.bytes_read - before < ctx.shard.size / 2
+
+
+# -- CSV records with newlines inside quoted values (issue 17, item 5) ---------------------
+
+
+def read_all_as_pyarrow(data: bytes, schema: pa.Schema | None = None) -> list[dict[str, Any]]:
+    """What pyarrow reads from the whole file in one call: the reference for the reader."""
+    rows: list[dict[str, Any]] = pcsv.read_csv(
+        pa.BufferReader(data),
+        parse_options=pcsv.ParseOptions(newlines_in_values=True),
+        convert_options=pcsv.ConvertOptions(column_types=schema),
+    ).to_pylist()
+    return rows
+
+
+def rows_of(batches: list[RowBatch]) -> list[dict[str, Any]]:
+    return [row for b in batches for row in b.data.to_pylist()]
+
+
+def indexed(catalog: Catalog, listing: Listing) -> Listing:
+    ctx = listing.context(0, catalog.source, catalog.options, None)
+    info = get_format(ctx.shard.format).index(ctx)
+    return Listing(listing.shards, (info,), listing.schema, listing.schema_origin)
+
+
+def test_csv_with_newlines_in_quoted_values_reads_like_pyarrow(local: Store) -> None:
+    """The issue's file: 100,000 records whose second value holds a newline, read in 1 MiB
+    blocks. A block cut inside a quoted value cut a record in two, silently: ``('k53539',
+    'first53539\\n')``, then a phantom ``('k53539x', 'second53539"')``."""
+    data = b"k,v\n" + b"".join(
+        b'k%d,"first%d\nk%dx,second%d"\n' % (i, i, i, i) for i in range(100_000)
+    )
+    catalog, listing = open_shard(local, "csv", data, ReadOptions(block_bytes=1 << 20))
+    expected = read_all_as_pyarrow(data)
+    assert rows_of(read(catalog, listing)) == expected
+    # Every seek point of the index is a record start: resuming there gives the tail.
+    listing = indexed(catalog, listing)
+    seeks = listing.infos[0].seeks
+    assert listing.infos[0].rows == 100_000 and len(seeks) > 1
+    for row, _ in seeks:
+        assert rows_of(read(catalog, listing, row, row + 3)) == expected[row : row + 3]
+
+
+_PLAIN = st.text(alphabet="ab ;\"'é", min_size=0, max_size=6).filter(
+    lambda s: not s.startswith('"')
+)  # unquoted: no delimiter or line break; a quote inside is a literal one
+_QUOTED = st.text(alphabet='ab,\n\r"é ', min_size=0, max_size=12).map(
+    lambda s: '"' + s.replace('"', '""') + '"'
+)
+# A quoted value may go on with text after its closing quote (pyarrow reads '"ab"c"d' as
+# 'abc"d').
+_VALUE = st.one_of(_PLAIN, _QUOTED, st.tuples(_QUOTED, _PLAIN).map("".join))
+_RECORD = st.tuples(_VALUE, _VALUE).map(",".join)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    records=st.lists(_RECORD, min_size=1, max_size=100),
+    endings=st.lists(st.sampled_from(["\n", "\r\n", "\n\n"]), min_size=1, max_size=300),
+    block_bytes=st.integers(1024, 4096),
+)
+def test_csv_records_and_seek_points_match_pyarrow_at_any_block_size(
+    tmp_path_factory: pytest.TempPathFactory,
+    records: list[str],
+    endings: list[str],
+    block_bytes: int,
+) -> None:
+    """Property: for records of quoted values (newlines, CRLF, commas, doubled quotes) and
+    unquoted ones (literal quotes inside), every block size reads what pyarrow reads from the
+    whole file, and a read from any row, at the index's seek point before it, is the tail."""
+    body = "".join(r + endings[i % len(endings)] for i, r in enumerate(records)).encode()
+    data = b"a,b\n" + body * (3 * block_bytes // len(body) + 1)  # several blocks
+    root = tmp_path_factory.mktemp("csv")
+    store = Store("local", fsspec.filesystem("file"), f"file://{root}", {})
+    schema = pa.schema([("a", pa.string()), ("b", pa.string())])
+    options = ReadOptions(block_bytes=block_bytes, batch_rows=64, schema=schema)
+    catalog, listing = open_shard(store, "csv", data, options)
+    expected = read_all_as_pyarrow(data, schema)
+    assert rows_of(read(catalog, listing)) == expected
+    listing = indexed(catalog, listing)
+    assert listing.infos[0].rows == len(expected)
+    for k in sorted({0, len(expected) // 3, len(expected) // 2, len(expected) - 1}):
+        seek = listing.infos[0].seek_for(k, None)
+        assert rows_of(read(catalog, listing, k, None, seek)) == expected[k:]

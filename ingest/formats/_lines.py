@@ -8,6 +8,9 @@ those do not report where a batch starts, and the byte offset is what makes resu
 A line longer than ``ReadOptions.max_line_bytes`` is an error, found while reading it: at
 most that many bytes (plus one read) are held for one line, so a file without newlines, or a
 50 MB line, fails with its offset instead of filling memory.
+
+A format says where its records end (:class:`RecordEnds`): at every newline (JSONL), or at
+the newlines outside quoted values (CSV). Chunks, and so seek points, start at record starts.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from abc import abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 
@@ -33,6 +36,31 @@ class LineTooLongError(ShardError):
     """A line is longer than ``ReadOptions.max_line_bytes`` (the offset is its first byte)."""
 
 
+class RecordEnds(Protocol):
+    """Where records end in the successive reads of one shard, from its first record on.
+
+    One instance follows one pass over a shard: :meth:`scan` gets every read, in order.
+    """
+
+    def scan(self, data: bytes, at: int) -> tuple[int, int]:
+        """The first and the last newline of ``data`` that end a record (indices in
+        ``data``; -1 when none does). ``at``: the decompressed offset of ``data[0]``."""
+
+    def open_record(self) -> str | None:
+        """Why the bytes read since the last record end cannot end the shard (a quoted
+        value still open), or None."""
+
+
+class Newlines:
+    """Every newline ends a record (JSON Lines)."""
+
+    def scan(self, data: bytes, at: int) -> tuple[int, int]:
+        return data.find(b"\n"), data.rfind(b"\n")
+
+    def open_record(self) -> str | None:
+        return None
+
+
 def open_decompressed(source: Source, shard: Shard, block_bytes: int) -> tuple[Any, bool]:
     """Open ``shard`` and wrap it in a decompressor; returns (file, seekable)."""
     raw = source.open(shard, block_size=block_bytes)
@@ -47,20 +75,27 @@ def open_decompressed(source: Source, shard: Shard, block_bytes: int) -> tuple[A
 
 
 def iter_chunks(
-    source: Source, shard: Shard, start: int, block_bytes: int, max_line_bytes: int
+    source: Source,
+    shard: Shard,
+    start: int,
+    block_bytes: int,
+    max_line_bytes: int,
+    records: Callable[[], RecordEnds] = Newlines,
 ) -> Iterator[tuple[int, bytes]]:
-    """Yield ``(offset, chunk)``: whole lines starting at decompressed byte ``offset``.
+    """Yield ``(offset, chunk)``: whole records starting at decompressed byte ``offset``.
 
     Args:
         source: Opens the shard.
         shard: The shard.
-        start: Decompressed byte offset of a line start to begin at.
-        block_bytes: Bytes read per step; a longer line makes a longer chunk.
-        max_line_bytes: Longest line allowed, its newline not counted.
+        start: Decompressed byte offset of a record start to begin at.
+        block_bytes: Bytes read per step; a longer record makes a longer chunk.
+        max_line_bytes: Longest record allowed, its last newline not counted.
+        records: Makes what tells where records end (default: at every newline).
 
     Raises:
-        LineTooLongError: At the first line longer than ``max_line_bytes``.
-        ShardError: If the shard ends before ``start`` or its compressed stream is damaged.
+        LineTooLongError: At the first record longer than ``max_line_bytes``.
+        ShardError: If the shard ends before ``start`` or inside a record that cannot end
+            there (an open quote), or its compressed stream is damaged.
     """
     # Lines within one read are shorter than the read, so only lines that span reads need
     # counting: reads no larger than the limit make that check exact.
@@ -83,18 +118,28 @@ def iter_chunks(
                             byte=offset,
                         )
                     offset += len(skipped)
-        parts: list[bytes] = []  # the line in progress, read so far
+        ends = records()
+        parts: list[bytes] = []  # the record in progress, read so far
         pending = 0
         while True:
             data = f.read(step)
             if not data:
                 if parts:
+                    problem = ends.open_record()
+                    if problem is not None:
+                        raise ShardError(
+                            shard.url,
+                            f"ends inside a record: {problem}",
+                            'close the quote, or double each quote meant as text (""); a '
+                            "truncated file needs writing again",
+                            byte=offset,
+                        )
                     yield offset, b"".join(parts)
                 return
-            cut = data.rfind(b"\n")
-            # The line in progress goes on to the first newline of this read, or past it.
-            if pending + (data.find(b"\n") if cut >= 0 else len(data)) > max_line_bytes:
-                raise _too_long(shard, offset, max_line_bytes)
+            first, cut = ends.scan(data, offset + pending)
+            # The record in progress goes on to the first record end of this read, or past it.
+            if pending + (first if cut >= 0 else len(data)) > max_line_bytes:
+                raise _too_long(shard, offset, max_line_bytes, ends.open_record())
             if cut < 0:
                 parts.append(data)
                 pending += len(data)
@@ -156,13 +201,14 @@ def not_utf8(line: bytes) -> str | None:
     return None
 
 
-def _too_long(shard: Shard, offset: int, limit: int) -> LineTooLongError:
+def _too_long(shard: Shard, offset: int, limit: int, open_record: str | None) -> LineTooLongError:
+    why = f"no newline within {limit} bytes" if open_record is None else open_record
     return LineTooLongError(
         shard.url,
-        f"a line is longer than max_line_bytes={limit} (no newline within {limit} bytes)",
-        "fix the data (a lost newline joins lines; a file that is not line-delimited needs "
-        "another format=), or raise ReadOptions(max_line_bytes=...) if lines this long are "
-        "meant",
+        f"a line is longer than max_line_bytes={limit} ({why})",
+        "fix the data (a lost newline joins lines, an unbalanced quote makes the rest of a "
+        "CSV file one value; a file that is not line-delimited needs another format=), or "
+        "raise ReadOptions(max_line_bytes=...) if lines this long are meant",
         byte=offset,
     )
 
@@ -174,9 +220,18 @@ class LineReader(ShardReader):
     when reading started at the top of the shard; after a seek, errors give the row and byte.
     """
 
+    def record_ends(self) -> RecordEnds:
+        """Where the format's records end, for one pass (CSV: at newlines outside quoted
+        values)."""
+        return Newlines()
+
     def header(self) -> bytes | None:
         """Bytes of a header line to drop from the first chunk (CSV), or None."""
         return None
+
+    def split(self, body: bytes) -> list[bytes]:
+        """``body``'s records, each with its newline (the last one may have none)."""
+        return split_lines(body)
 
     @abstractmethod
     def parse(self, chunk: bytes) -> pa.Table:
@@ -195,7 +250,12 @@ class LineReader(ShardReader):
     def _batches(self, row: int, offset: int, line: int | None) -> Iterator[RowBatch]:
         opts = self.ctx.options
         chunks = iter_chunks(
-            self.ctx.source, self.ctx.shard, offset, opts.block_bytes, opts.max_line_bytes
+            self.ctx.source,
+            self.ctx.shard,
+            offset,
+            opts.block_bytes,
+            opts.max_line_bytes,
+            self.record_ends,
         )
         header = self.header()
         while True:
@@ -256,7 +316,7 @@ class LineReader(ShardReader):
                 yield self.parse(body)
                 return
             except PARSE_ERRORS as e:
-                lines = split_lines(body)
+                lines = self.split(body)
                 bad, error = self._locate(lines, row, line, offset, e)
             good = b"".join(lines[:bad])
             if good.strip():
@@ -267,7 +327,7 @@ class LineReader(ShardReader):
             row += 1
             offset += len(good) + len(lines[bad])
             if line is not None:
-                line += bad + 1
+                line += _newlines(lines[: bad + 1])
             body = b"".join(lines[bad + 1 :])
 
     def _locate(
@@ -290,7 +350,7 @@ class LineReader(ShardReader):
             problem,
             fix,
             row=row + rows_before,
-            line=None if line is None else line + bad,
+            line=None if line is None else line + _newlines(lines[:bad]),
             byte=byte,
         )
 
@@ -299,5 +359,10 @@ class LineReader(ShardReader):
             return self.parse(body)
         except PARSE_ERRORS as e:
             first_error = e
-        _, error = self._locate(split_lines(body), row, line, offset, first_error)
+        _, error = self._locate(self.split(body), row, line, offset, first_error)
         raise error
+
+
+def _newlines(records: list[bytes]) -> int:
+    """Lines that ``records`` take up (a CSV record may hold newlines in quoted values)."""
+    return sum(x.count(b"\n") for x in records)

@@ -1,9 +1,11 @@
-"""CSV (plain, .gz, .zst) with a header line, parsed by pyarrow in chunks of whole lines.
+"""CSV (plain, .gz, .zst) with a header line, parsed by pyarrow in chunks of whole records.
 
-Row k is the k-th record after the header. Resume seeks by byte offset, which needs records
-without newlines inside quoted values (pyarrow's default ``newlines_in_values=False``).
-Column types are inferred from the first block of the first non-empty shard and fixed for
-every shard, so a chunk read after a seek gets the same types as one read from the top.
+Row k is the k-th record after the header. A quoted value may hold newlines: chunks are cut,
+and resume seeks by byte offset, only at record ends (:class:`CsvRecords`), never inside a
+quoted value. A quoted value still open at the end of the shard is an error, not a value
+that swallows the rest of the file. Column types are inferred from the first block of the
+first non-empty shard and fixed for every shard, so a chunk read after a seek gets the same
+types as one read from the top.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
@@ -18,19 +22,137 @@ from ingest.errors import SchemaMismatchError, ShardError
 from ingest.formats._lines import (
     PARSE_ERRORS,
     LineReader,
+    RecordEnds,
     first_bad_line,
     iter_chunks,
     not_utf8,
-    split_lines,
 )
 from ingest.formats.base import Format, ReadContext, ReadOptions, ShardInfo, ShardReader
 from ingest.sources import Shard, Source
 
+_PARSE = pcsv.ParseOptions(newlines_in_values=True)
+"""pyarrow's defaults (``,``, ``"``, doubled quotes), and records that hold newlines in
+quoted values: without it pyarrow's own blocks (1 MiB) would cut such records too."""
 
-def _first_line(source: Source, shard: Shard, options: ReadOptions) -> bytes:
+_QUOTE, _COMMA, _CR, _LF = b'"'[0], b","[0], b"\r"[0], b"\n"[0]
+_OTHER = 0
+"""``CsvRecords._before`` for a byte after which a quote is text (not a value's start)."""
+
+
+class CsvRecords:
+    """Where CSV records end, as pyarrow's parser (the options of :data:`_PARSE`) reads them.
+
+    A newline ends a record unless it is inside a quoted value. A quote opens a quoted value
+    only at the start of a value (after ``,``, a line break or at the record's start); one
+    elsewhere (``6" tall``) is text. Inside, ``""`` is a quote and a lone quote closes the
+    value. Written here because pyarrow does not tell where its records start, and resume
+    needs that offset. Vectorised: the quotes of a read are taken as alternately opening and
+    closing, which is exact when each opening one starts a value (checked); otherwise a loop
+    over the read's quotes follows the parser's rules one by one.
+    """
+
+    def __init__(self) -> None:
+        self._inside = False
+        """Whether the bytes read so far end inside a quoted value."""
+        self._before = _LF
+        """The last byte read (a record starts as after a line break); a quote that closed a
+        value is ``_QUOTE``, a quote that is text ``_OTHER``."""
+        self._opened = 0
+        """Offset of the quote that opened the value still open."""
+
+    def scan(self, data: bytes, at: int) -> tuple[int, int]:
+        if not self._inside and b'"' not in data:
+            self._before = data[-1]
+            return data.find(b"\n"), data.rfind(b"\n")
+        quotes, inside = self._read(data, at)
+        # A newline inside a quoted value steps over the value: about one step per read.
+        first = data.find(b"\n")
+        while first >= 0:
+            k = int(np.searchsorted(quotes, first))  # quotes before it
+            if (k + inside) % 2 == 0:
+                break
+            first = data.find(b"\n", int(quotes[k]) + 1) if k < len(quotes) else -1
+        last = data.rfind(b"\n") if first >= 0 else -1
+        while last > first:
+            k = int(np.searchsorted(quotes, last))
+            if (k + inside) % 2 == 0:
+                break
+            last = data.rfind(b"\n", 0, int(quotes[k - 1]))
+        return first, last
+
+    def ends(self, data: bytes, at: int) -> npt.NDArray[np.intp]:
+        """The indices of the newlines of ``data`` that end a record, in order."""
+        quotes, inside = self._read(data, at)
+        lf = np.flatnonzero(np.frombuffer(data, np.uint8) == _LF)
+        # A newline is outside quoted values where an even number of quotes came before it.
+        found: npt.NDArray[np.intp] = lf[(np.searchsorted(quotes, lf) + inside) % 2 == 0]
+        return found
+
+    def _read(self, data: bytes, at: int) -> tuple[npt.NDArray[np.intp], bool]:
+        """The quotes of ``data`` that open or close a value, and whether it starts inside
+        one; the state moves on to the end of ``data``."""
+        a = np.frombuffer(data, np.uint8)
+        quotes, inside = self._quotes(a), self._inside
+        if len(quotes):
+            last = int(quotes[-1])
+            closes = (len(quotes) - 1 + inside) % 2 == 1
+            if not closes:
+                self._opened = at + last
+            self._inside = not closes
+        end = data[-1]
+        if end == _QUOTE:  # a quote that closed a value, or one that is text
+            end = _QUOTE if len(quotes) and quotes[-1] == len(a) - 1 else _OTHER
+        self._before = end
+        return quotes, inside
+
+    def _quotes(self, a: npt.NDArray[np.uint8]) -> npt.NDArray[np.intp]:
+        """The positions of the quotes that open or close a quoted value."""
+        quotes = np.flatnonzero(a == _QUOTE)
+        opening = quotes[1 if self._inside else 0 :: 2]
+        before = a[np.maximum(opening - 1, 0)]
+        if len(opening) and opening[0] == 0:
+            before[0] = self._before
+        # A quote before an opening one is the one that closed a value: ``""`` inside it.
+        starts = (before == _COMMA) | (before == _LF) | (before == _QUOTE) | (before == _CR)
+        if starts.all():
+            return quotes
+        return self._quotes_one_by_one(a, quotes)
+
+    def _quotes_one_by_one(
+        self, a: npt.NDArray[np.uint8], quotes: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.intp]:
+        """:meth:`_quotes` where some quote is text: the parser's rules, quote by quote."""
+        kept: list[int] = []
+        inside, closed = self._inside, -2
+        for p in quotes.tolist():
+            if inside:
+                kept.append(p)
+                inside, closed = False, p
+                continue
+            before = int(a[p - 1]) if p else self._before
+            if before in (_COMMA, _CR, _LF) or (before == _QUOTE and (p == 0 or closed == p - 1)):
+                kept.append(p)
+                inside = True
+        return np.array(kept, np.intp)
+
+    def open_record(self) -> str | None:
+        if not self._inside:
+            return None
+        return f"the quoted value opened at byte {self._opened} never closes"
+
+
+def split_records(body: bytes) -> list[bytes]:
+    """The CSV records of ``body``, each with its newline (the last one may have none)."""
+    cuts = [int(x) + 1 for x in CsvRecords().ends(body, 0)] if body else []
+    if not cuts or cuts[-1] != len(body):
+        cuts.append(len(body))
+    return [body[lo:hi] for lo, hi in zip([0, *cuts[:-1]], cuts, strict=True)]
+
+
+def _first_record(source: Source, shard: Shard, options: ReadOptions) -> bytes:
     block_bytes = min(options.block_bytes, 1 << 20)
-    for _, chunk in iter_chunks(source, shard, 0, block_bytes, options.max_line_bytes):
-        return chunk[: chunk.find(b"\n") + 1] if b"\n" in chunk else chunk
+    for _, chunk in iter_chunks(source, shard, 0, block_bytes, options.max_line_bytes, CsvRecords):
+        return split_records(chunk)[0]
     return b""
 
 
@@ -44,11 +166,13 @@ class CsvFormat(Format):
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
-        for _, chunk in iter_chunks(source, shard, 0, options.block_bytes, options.max_line_bytes):
-            end = chunk.find(b"\n") + 1 or len(chunk)
-            header, lines = chunk[:end], split_lines(chunk[end:])
+        for _, chunk in iter_chunks(
+            source, shard, 0, options.block_bytes, options.max_line_bytes, CsvRecords
+        ):
+            records = split_records(chunk)
+            header, lines = records[0], records[1:]
             try:
-                schema = pcsv.read_csv(pa.BufferReader(chunk)).schema
+                schema = pcsv.read_csv(pa.BufferReader(chunk), parse_options=_PARSE).schema
             except pa.ArrowInvalid as e:
                 raise _locate(shard, header, lines, ()) or ShardError(
                     shard.url,
@@ -72,8 +196,12 @@ class _CsvReader(LineReader):
         super().__init__(ctx)
         schema = ctx.schema
         assert schema is not None  # the stream always resolves a schema for CSV
-        self._header = _first_line(ctx.source, ctx.shard, ctx.options)
-        names = pcsv.read_csv(pa.BufferReader(self._header)).column_names if self._header else []
+        self._header = _first_record(ctx.source, ctx.shard, ctx.options)
+        names = (
+            pcsv.read_csv(pa.BufferReader(self._header), parse_options=_PARSE).column_names
+            if self._header
+            else []
+        )
         if names != schema.names:
             raise SchemaMismatchError(
                 ctx.shard.url,
@@ -88,8 +216,14 @@ class _CsvReader(LineReader):
             include_columns=list(ctx.columns) if ctx.columns is not None else None,
         )
 
+    def record_ends(self) -> RecordEnds:
+        return CsvRecords()
+
     def header(self) -> bytes | None:
         return self._header
+
+    def split(self, body: bytes) -> list[bytes]:
+        return split_records(body)
 
     def parse(self, chunk: bytes) -> pa.Table:
         options = pcsv.ReadOptions(
@@ -98,7 +232,10 @@ class _CsvReader(LineReader):
             block_size=len(chunk) + 1,
         )
         return pcsv.read_csv(
-            pa.BufferReader(chunk), read_options=options, convert_options=self._convert
+            pa.BufferReader(chunk),
+            read_options=options,
+            parse_options=_PARSE,
+            convert_options=self._convert,
         )
 
     def describe_error(self, line: bytes, error: Exception) -> tuple[str, str, bool]:
@@ -136,7 +273,9 @@ def _locate(
     convert = pcsv.ConvertOptions(column_types={name: pa.string() for name in text})
 
     def parse(body: bytes) -> pa.Table:
-        return pcsv.read_csv(pa.BufferReader(header + body), convert_options=convert)
+        return pcsv.read_csv(
+            pa.BufferReader(header + body), parse_options=_PARSE, convert_options=convert
+        )
 
     try:
         parse(b"".join(lines))
@@ -151,6 +290,6 @@ def _locate(
         problem,
         fix,
         row=sum(1 for x in lines[:bad] if x.strip()),
-        line=bad + 2,
+        line=1 + sum(x.count(b"\n") for x in [header, *lines[:bad]]),
         byte=len(header) + sum(len(x) for x in lines[:bad]),
     )
