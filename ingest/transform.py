@@ -25,11 +25,24 @@ _FOLD_EVERY = 256
 
 
 def build_transform(transform: Transform | None) -> Callable[[pa.Table], Any] | None:
-    """The callable of a transform: the function itself, or an instance of the class."""
+    """The callable of a transform: the function itself, or an instance of the class.
+
+    Raises:
+        ConfigError: If ``transform`` is not callable, or building the class raised (the
+            error it raised is chained, and quoted: the message alone crosses processes).
+    """
     if transform is None:
         return None
     if isinstance(transform, type):
-        return transform()  # type: ignore[no-any-return]
+        name = transform.__qualname__
+        try:
+            return transform()  # type: ignore[no-any-return]
+        except Exception as e:
+            raise ConfigError(
+                f"transform={name}: building it ({name}()) raised {type(e).__name__}: {e}; "
+                "fix the class's __init__ (it runs once per Stream and once in each reader "
+                "actor of a RayStream, where the files it loads must be found too)"
+            ) from e
     if not callable(transform):
         raise ConfigError(
             f"transform={transform!r} is neither a function nor a class; pass a function "

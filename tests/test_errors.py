@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import pickle
+import time
+from pathlib import Path
+from typing import Any
 
+import fsspec
 import pytest
 
 import ingest
@@ -11,6 +15,7 @@ from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionErr
 from ingest.errors import IngestError, SchemaMismatchError, ShardError, SourceError, StoreError
 from ingest.formats._lines import LineTooLongError
 from ingest.index import IndexStoreError
+from ingest.testing import write_dataset
 
 URL = "s3://key:secret@bucket/part-00002.parquet"
 
@@ -70,3 +75,41 @@ def test_an_error_raised_in_a_ray_worker_reaches_the_rank_as_its_own_class(
     assert type(got) is type(error) and str(got) == str(error)
     outer = RayTaskError("next_batch", "Traceback ...", wrapped)
     assert type(unwrap(outer)) is type(error)
+
+
+class _NeedsAVocabulary:
+    """A class transform whose constructor fails (a tokenizer whose files are missing)."""
+
+    def __init__(self) -> None:
+        raise OSError("vocab.json not found")
+
+    def __call__(self, table: Any) -> Any:
+        return table
+
+
+INIT_RAISED = (
+    r"transform=_NeedsAVocabulary: building it \(_NeedsAVocabulary\(\)\) raised "
+    r"OSError: vocab\.json not found; "
+)
+
+
+def test_a_class_transform_whose_init_raises_is_a_config_error_naming_it(tmp_path: Path) -> None:
+    url = str(tmp_path)
+    write_dataset(fsspec.filesystem("file"), url, "parquet", 1, 100)
+    with pytest.raises(ingest.ConfigError, match=INIT_RAISED) as info:
+        ingest.Stream(url, batch_size=10, transform=_NeedsAVocabulary)
+    assert isinstance(info.value.__cause__, OSError), "the original error is chained"
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_class_transform_whose_init_raises_in_the_pool_reaches_the_rank_clearly(
+    tmp_path: Path,
+) -> None:
+    """Issue 17: the rank saw a bare ActorDiedError."""
+    url = str(tmp_path)
+    write_dataset(fsspec.filesystem("file"), url, "parquet", 2, 100)
+    with ingest.RayStream(url, batch_size=10, transform=_NeedsAVocabulary, timeout_s=60) as rs:
+        started = time.monotonic()
+        with pytest.raises(ingest.ConfigError, match=INIT_RAISED + "fix the class"):
+            next(iter(rs.rank_iterator(0)))
+        assert time.monotonic() - started < 30, "at once, not after a timeout"

@@ -325,7 +325,14 @@ class _Reader:
             retry=spec.read.retry,
             cache=spec.read.cache,
         )
-        self._fn: Callable[[pa.Table], Any] | None = build_transform(transform)
+        self._fn: Callable[[pa.Table], Any] | None = None
+        self._unbuilt: ConfigError | None = None
+        try:
+            self._fn = build_transform(transform)
+        except ConfigError as e:
+            # Raised where a batch needs the transform, so that it reaches the rank as
+            # itself: raised here, it killed the actor and the rank saw an ActorDiedError.
+            self._unbuilt = e
         self._meter = StoreMeter(coordinator)
         self._peers: list[Any] = []
         self._turn = 0
@@ -367,7 +374,12 @@ class _Reader:
 
         A table made here is not ``ray.put`` on its own: one put per batch cost a third of a
         reader's time (measured with py-spy); the batches ride in the ``take`` result.
+
+        Raises:
+            ConfigError: If the transform's class could not be built in this actor.
         """
+        if self._unbuilt is not None:
+            raise self._unbuilt
         if self._fn is None:
             return table
         if len(self._peers) > 1:
