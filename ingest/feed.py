@@ -58,9 +58,9 @@ import pyarrow as pa
 from ingest._prefetch import Prefetcher
 from ingest.assign import CARRY, MAIN, Span
 from ingest.catalog import Listing
-from ingest.errors import IngestError
+from ingest.errors import IngestError, ShardError, StoreError
 from ingest.formats import get_format
-from ingest.formats.base import BadRows, ReadOptions, RowBatch, Seek
+from ingest.formats.base import BadRows, ReadContext, ReadOptions, RowBatch, Seek
 from ingest.intervals import IntervalSet
 from ingest.ledger import Closed, Rows, Runs, as_runs, pack_base, runs_of
 from ingest.plan import permutation
@@ -197,6 +197,11 @@ class _Hole:
 
 
 Piece = RowBatch | _Hole
+
+
+def _read_whole(span: tuple[int, int | None], last: int) -> bool:
+    """Whether a range ``[start, stop)`` has been read up to its stop (``last``)."""
+    return span[1] is not None and last >= span[1]
 
 
 def _rows(piece: Piece) -> int:
@@ -507,22 +512,21 @@ class Feed:
             last = [start for start, _ in ranges]
             at = 0
             try:
-                with get_format(ctx.shard.format).open(ctx) as reader:
-                    for index, batch in reader.read_spans(ranges, seek):
-                        at = index
-                        if isinstance(batch, BadRows):  # on_error="skip": just these rows
-                            n = int(batch.data.num_rows)
-                            self.quarantine.add(
-                                batch.error or ValueError("unreadable rows"),
-                                url=ctx.shard.url,
-                                start=batch.row,
-                                stop=batch.stop,
-                                rows=n,
-                            )
-                            yield run[index], _Hole(batch.row, n)
-                        elif batch.data.num_rows:
-                            yield run[index], batch
-                        last[index] = batch.stop
+                for index, batch in self._read_run(ctx, ranges, seek, last):
+                    at = index
+                    if isinstance(batch, BadRows):  # on_error="skip": just these rows
+                        n = int(batch.data.num_rows)
+                        self.quarantine.add(
+                            batch.error or ValueError("unreadable rows"),
+                            url=ctx.shard.url,
+                            start=batch.row,
+                            stop=batch.stop,
+                            rows=n,
+                        )
+                        yield run[index], _Hole(batch.row, n)
+                    elif batch.data.num_rows:
+                        yield run[index], batch
+                    last[index] = batch.stop
             except Exception as e:
                 if not (self._skip and skippable(e)):
                     raise
@@ -533,6 +537,41 @@ class Feed:
                 if stop is None:
                     yield _SpanEnd(run[index], shard, last[index])
             row, seek = 0, None
+
+    def _read_run(
+        self,
+        ctx: ReadContext,
+        ranges: list[tuple[int, int | None]],
+        seek: Seek | None,
+        last: list[int],
+    ) -> Iterator[tuple[int, RowBatch]]:
+        """``(index in ranges, batch)`` of one shard's ranges, read in order.
+
+        A node's cached copy of the shard that fails to read (a :class:`ShardError`, or bad
+        rows under ``on_error="skip"``) may be damaged rather than the shard: the copy is
+        dropped and the ranges are read again once from a fresh fetch, from where ``last``
+        (kept by the caller) says each one got to; a second failure is the shard's.
+        """
+        again = False
+        at = 0
+        todo = list(range(len(ranges)))
+        while True:
+            with get_format(ctx.shard.format).open(ctx) as reader:
+                spans = [(last[i], ranges[i][1]) for i in todo]
+                try:
+                    for j, batch in reader.read_spans(spans, seek):
+                        at = todo[j]
+                        damaged = isinstance(batch, BadRows)
+                        if damaged and not again and self.source.drop_cached(ctx.shard):
+                            break
+                        yield at, batch
+                    else:
+                        return
+                except ShardError as e:
+                    if again or isinstance(e, StoreError) or not self.source.drop_cached(ctx.shard):
+                        raise
+            again, seek = True, None
+            todo = [i for i in range(at, len(ranges)) if not _read_whole(ranges[i], last[i])]
 
     def _holes(
         self,

@@ -11,6 +11,7 @@ import sources, never the other way round.
 from __future__ import annotations
 
 import email.utils
+import errno
 import os
 import posixpath
 import random
@@ -44,6 +45,8 @@ _PERMANENT_ERRORS = (
     FileExistsError,
 )
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
+# A local disk that cannot take a fetch into the shard cache: no retry mends it.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # A query string at the end of a path (``?token=...``, ``?versionId=...``): not a glob.
 _QUERY_TAIL = re.compile(r"\?[^/?=]+=.*$")
 # Packages whose exceptions mean "the store failed", whatever their class: botocore's
@@ -296,6 +299,8 @@ def _transient(error: BaseException) -> bool:
     """Whether another attempt may succeed where ``error`` failed."""
     if isinstance(error, _PERMANENT_ERRORS) or not is_store_error(error):
         return False
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        return False  # the shard cache's disk: it reads from the store instead
     status, _ = _http_status(error)
     return status is None or status in _TRANSIENT_STATUSES or status >= 500
 
@@ -919,16 +924,24 @@ class Source:
             return False
         return get_protocol(self._hidden.get(shard.url, shard.url)) not in ("file", "local")
 
+    def _node_cache(self) -> ShardCache:
+        assert self.cache is not None
+        with self._fs_lock:
+            if self._shard_cache is None:
+                self._shard_cache = ShardCache(self.cache)
+            return self._shard_cache
+
+    def drop_cached(self, shard: Shard) -> bool:
+        """Delete the node's cached copy of ``shard``, one that failed to read, so that the
+        next :meth:`open` fetches it again (see :mod:`ingest.cache`). Whether there was one."""
+        return self._caches(shard) and self._node_cache().drop(shard.url, shard.size, shard.version)
+
     def _open_cached(self, shard: Shard, *, fetch: bool) -> _CountingFile | None:
         """The shard from the node's cache (fetched whole into it on a miss if ``fetch``),
         or None."""
         if not self._caches(shard):
             return None
-        assert self.cache is not None
-        with self._fs_lock:
-            if self._shard_cache is None:
-                self._shard_cache = ShardCache(self.cache)
-            cache = self._shard_cache
+        cache = self._node_cache()
 
         def held() -> IO[bytes] | None:
             event = CacheEvent()
@@ -977,6 +990,9 @@ class Source:
         try:
             _attempt(get, self._policy(shard.url), self.stats)
         except _GaveUpError as gave_up:
+            last = gave_up.last
+            if isinstance(last, OSError) and last.errno in _DISK_FULL:
+                raise last from None  # the cache's disk, not the store: it reads from the store
             raise self._gave_up(
                 shard,
                 gave_up,

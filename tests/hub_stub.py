@@ -276,6 +276,7 @@ class HubStub:
         self._repos: dict[str, _Repo] = {}
         self._snapshots: dict[str, _Snapshot] = {}
         self._rules: list[_ThrottleRule] = []
+        self._corrupt = 0
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._server: ThreadingHTTPServer | None = None
@@ -368,6 +369,19 @@ class HubStub:
         )
         repo.refs[revision] = sha
         return sha
+
+    def corrupt(self, n: int) -> None:
+        """Flip the middle byte of the next `n` whole-file downloads (`resolve` GETs without
+        a `Range`; the length stays): bytes damaged on their way, as a faulty proxy does."""
+        with self._lock:
+            self._corrupt += n
+
+    def _take_corrupt(self) -> bool:
+        with self._lock:
+            if self._corrupt <= 0:
+                return False
+            self._corrupt -= 1
+            return True
 
     def commit_of(self, repo_id: str, revision: str = "main") -> str:
         """The commit sha `revision` of `repo_id` points to now (KeyError if none)."""
@@ -845,6 +859,10 @@ class _HubHandler(BaseHTTPRequestHandler):
         }
         range_header = self.headers.get("Range")
         if range_header is None:
+            if request.method == "GET" and size and self.hub._take_corrupt():
+                middle = size // 2
+                flipped = bytes([content[middle] ^ 0xFF])
+                content = content[:middle] + flipped + content[middle + 1 :]
             return _Response(200, content, headers)
         match = re.fullmatch(r"\s*bytes\s*=\s*(\d*)\s*-\s*(\d*)\s*", range_header)
         if match is None or match.group(1) == match.group(2) == "":

@@ -239,3 +239,52 @@ def test_an_image_folder_on_the_hub(hub: HubStub) -> None:
         assert ((batch["image"][:, 0, 0, 0] * 255).round().long() == 40 * batch["label"]).all()
         seen += len(batch["label"])
     assert seen == 10 and s.state_dict()["dataset"]["classes"] == ["cat", "dog"]
+
+
+def damaged_once(hub: HubStub, tmp_path: Path, downloads: int, on_error: str) -> Any:
+    """A JSONL dataset read through the shard cache; the first ``downloads`` whole-file
+    downloads arrive with a byte flipped (right size, so the copy is kept and sealed)."""
+    hub.add_dataset(
+        "org/flip", {f"d/{n}.jsonl": encode(make_table(n * ROWS, ROWS), "jsonl") for n in range(2)}
+    )
+    cache = ingest.CacheOptions(str(tmp_path / "c"), max_bytes=1 << 30)
+    s = ingest.Stream(
+        "hf://datasets/org/flip/d/*.jsonl",
+        batch_size=50,
+        shuffle_seed=None,
+        storage_options=options(hub),
+        read=ingest.ReadOptions(on_error=on_error, cache=cache, prefetch=0),
+    )
+    s.listing()
+    hub.corrupt(downloads)
+    return s
+
+
+def test_a_cached_copy_that_fails_to_read_is_fetched_again_once(
+    hub: HubStub, tmp_path: Path
+) -> None:
+    s = damaged_once(hub, tmp_path, downloads=1, on_error="raise")
+    assert sorted(ids(s)) == list(range(2 * ROWS))
+    assert s.stats["cache_misses"] == 3, s.stats  # shard 0 twice: damaged, then whole
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_shard_that_fails_to_read_from_two_fresh_copies_is_blamed(
+    hub: HubStub, tmp_path: Path, on_error: str
+) -> None:
+    s = damaged_once(hub, tmp_path, downloads=2, on_error=on_error)
+    if on_error == "raise":
+        with pytest.raises(ingest.ShardError, match=r"/d/[01]\.jsonl at line \d+") as raised:
+            ids(s)
+        url = raised.value.url
+    else:
+        got = sorted(ids(s))
+        [record] = s.quarantined  # the damaged line of the second copy, no more
+        url = record.url
+        first = int(url[-len("0.jsonl")]) * ROWS + record.start
+        assert record.rows == 1 and got == [i for i in range(2 * ROWS) if i != first]
+    path = url.split("@", 1)[1].split("/", 1)[1]
+    downloads = [
+        r for r in hub.records if r.kind == "resolve" and r.path.endswith(path) and not r.range
+    ]
+    assert len(downloads) == 2, "fetched again once, then blamed"
