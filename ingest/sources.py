@@ -45,6 +45,8 @@ _PERMANENT_ERRORS = (
     FileExistsError,
 )
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
+# HTTP answers for an object that is not there (any more).
+_GONE_STATUSES = frozenset({404, 410})
 # A local disk that cannot take a fetch into the shard cache: no retry mends it.
 _DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # A query string at the end of a path (``?token=...``, ``?versionId=...``): not a glob.
@@ -258,8 +260,9 @@ class _GaveUpError(Exception):
 
 
 def _vanished(url: str, gave_up: _GaveUpError) -> SourceError | None:
-    """The error for a listed object that is gone, if that is why a request failed."""
-    if not isinstance(gave_up.last, FileNotFoundError):
+    """The error for a listed object that is gone, if that is why a request failed: a
+    ``FileNotFoundError`` (S3's NoSuchKey), or an HTTP 404 or 410 (an HTTP server, the Hub)."""
+    if not _not_found(gave_up.last):
         return None
     return SourceError(
         url,
@@ -293,6 +296,11 @@ def _http_status(error: BaseException) -> tuple[int | None, Mapping[str, Any]]:
         if isinstance(code, int):
             return code, getattr(response, "headers", None) or {}
     return None, {}
+
+
+def _not_found(error: BaseException) -> bool:
+    """Whether ``error`` says the object is not there (any more)."""
+    return isinstance(error, FileNotFoundError) or _http_status(error)[0] in _GONE_STATUSES
 
 
 def _transient(error: BaseException) -> bool:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import dataclasses
 import datetime as dt
 import fnmatch
 import hashlib
@@ -369,6 +370,17 @@ class HubStub:
         )
         repo.refs[revision] = sha
         return sha
+
+    def purge(self, repo_id: str, path: str) -> None:
+        """Remove `path` from every commit of `repo_id`, as a rewritten (squashed) history or
+        a deleted repo does: its `resolve` URL answers 404 `EntryNotFound` at every commit."""
+        with self._lock:
+            repo = self._repos[repo_id]
+            for sha, commit in list(repo.commits.items()):
+                if path in commit.files:
+                    files = {p: c for p, c in commit.files.items() if p != path}
+                    repo.commits[sha] = dataclasses.replace(commit, files=files)
+                    self._snapshots.pop(sha, None)
 
     def corrupt(self, n: int) -> None:
         """Flip the middle byte of the next `n` whole-file downloads (`resolve` GETs without

@@ -241,6 +241,30 @@ def test_an_image_folder_on_the_hub(hub: HubStub) -> None:
     assert seen == 10 and s.state_dict()["dataset"]["classes"] == ["cat", "dog"]
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_file_gone_from_the_hub_after_the_listing_is_quarantined_under_skip(
+    hub: HubStub, tmp_path: Path, cached: bool, fmt: str
+) -> None:
+    hub.add_dataset(
+        "org/gone", {f"d/{n}.{fmt}": encode(make_table(n * ROWS, ROWS), fmt) for n in range(3)}
+    )
+    cache = ingest.CacheOptions(str(tmp_path / "c"), max_bytes=1 << 30) if cached else None
+    s = ingest.Stream(
+        f"hf://datasets/org/gone/d/*.{fmt}",
+        batch_size=50,
+        storage_options=options(hub),
+        read=ingest.ReadOptions(on_error="skip", cache=cache),
+    )
+    gone = s.listing().shards[1].url
+    hub.purge("org/gone", f"d/1.{fmt}")  # 404 at its resolve URL, at every commit
+    assert sorted(ids(s)) == [*range(ROWS), *range(2 * ROWS, 3 * ROWS)]
+    [record] = s.quarantined
+    # A JSONL shard's rows are not counted before it is read: to its end.
+    assert record.url == gone and record.rows == (ROWS if fmt == "parquet" else None), record
+    assert "disappeared after it was listed" in record.reason, record.reason
+
+
 def damaged_once(hub: HubStub, tmp_path: Path, downloads: int, on_error: str) -> Any:
     """A JSONL dataset read through the shard cache; the first ``downloads`` whole-file
     downloads arrive with a byte flipped (right size, so the copy is kept and sealed)."""
