@@ -151,15 +151,18 @@ class RetryPolicy:
     """How a source retries what the store gets wrong: one deadline per request.
 
     A request (a listing, an open, one read, one batch of range reads) is tried again after
-    a transient fault (503 SlowDown, 500, 429, a dropped connection, a body cut short, a
-    timeout) until it succeeds or ``deadline_s`` has passed since its first attempt. Waits
-    between attempts grow exponentially with jitter, or follow the store's ``Retry-After``.
+    a transient fault (503 SlowDown, 500, 429, a dropped or refused connection, a body cut
+    short, a timeout) until it succeeds or ``deadline_s`` has passed since its first
+    attempt. Waits between attempts grow exponentially with jitter, or follow the store's
+    ``Retry-After``.
     This is the only retry layer: botocore's and s3fs's own retries are turned off, so
     retries never stack. Each S3 or HTTP attempt waits at most ``connect_timeout_s`` to
     connect and ``read_timeout_s`` for the next bytes (unless ``storage_options`` set them),
     so a request that keeps failing, or an endpoint that accepts connections and never
-    answers, fails within ``deadline_s + read_timeout_s``: 30 s with the defaults. Missing
-    objects and refused credentials fail at once; local files are not retried.
+    answers, fails within ``deadline_s + read_timeout_s``: 30 s with the defaults; a refused
+    connection is reported as one, naming the endpoint. Missing objects (S3's NoSuchKey, an
+    HTTP 404 or 410), refused credentials and a full local disk (the shard cache's) fail at
+    once; local files are not retried.
 
     Attributes:
         deadline_s: No new attempt starts this long after the first.
@@ -271,6 +274,33 @@ def _vanished(url: str, gave_up: _GaveUpError) -> SourceError | None:
     )
 
 
+_REFUSED_FIX = (
+    "check that the store runs at that address and port, and the endpoint in storage_options "
+    "(client_kwargs.endpoint_url for S3, endpoint for the Hub) or in the URL"
+)
+
+
+def _store_error(
+    url: str,
+    what: str,
+    gave_up: _GaveUpError,
+    fix: str,
+    *,
+    endpoint: str,
+    scrub: Callable[[str], str],
+    byte: int = 0,
+) -> SourceError | StoreError:
+    """The error of a shard request that still failed at the retry deadline: the shard is
+    gone (:class:`SourceError`), or the store did not answer (:class:`StoreError`), saying so
+    when the endpoint refused the connection."""
+    gone = _vanished(url, gave_up)
+    if gone is not None:
+        return gone
+    if _refused(gave_up.last) is not None:
+        what, fix = f"{what}: the endpoint {endpoint} refused the connection", _REFUSED_FIX
+    return StoreError(url, f"{what} {gave_up.describe(scrub)}", fix, byte=byte)
+
+
 def _chain(error: BaseException) -> list[BaseException]:
     """``error`` and its causes, outermost first."""
     seen: list[BaseException] = []
@@ -299,16 +329,32 @@ def _http_status(error: BaseException) -> tuple[int | None, Mapping[str, Any]]:
 
 
 def _not_found(error: BaseException) -> bool:
-    """Whether ``error`` says the object is not there (any more)."""
+    """Whether ``error`` says the object is not there; not a connection that failed, which
+    fsspec's HTTP filesystem reports as a ``FileNotFoundError`` too."""
+    if _refused(error) is not None:
+        return False
     return isinstance(error, FileNotFoundError) or _http_status(error)[0] in _GONE_STATUSES
 
 
+def _refused(error: BaseException) -> BaseException | None:
+    """The refused connection somewhere in ``error``'s chain (nothing listens at the
+    endpoint's port), or None. aiohttp keeps it as ``os_error``, urllib3 as the cause."""
+    for e in _chain(error):
+        for candidate in (e, getattr(e, "os_error", None)):
+            if isinstance(candidate, ConnectionRefusedError):
+                return e
+    return None
+
+
 def _transient(error: BaseException) -> bool:
-    """Whether another attempt may succeed where ``error`` failed."""
+    """Whether another attempt may succeed where ``error`` failed: a refused connection may
+    (a store restarting), a missing object or a full local disk may not."""
+    if _refused(error) is not None:
+        return True
     if isinstance(error, _PERMANENT_ERRORS) or not is_store_error(error):
         return False
     if isinstance(error, OSError) and error.errno in _DISK_FULL:
-        return False  # the shard cache's disk: it reads from the store instead
+        return False
     status, _ = _http_status(error)
     return status is None or status in _TRANSIENT_STATUSES or status >= 500
 
@@ -417,8 +463,10 @@ class _CountingFile:
         url: str,
         scrub: Callable[[str], str],
         policy: RetryPolicy | None,
+        endpoint: str = "",
     ) -> None:
         self._reopen = reopen
+        self._endpoint = endpoint
         self._raw = raw
         self._stats = stats
         self._url = url
@@ -454,11 +502,14 @@ class _CountingFile:
         try:
             data = _attempt(lambda: self._read_exactly(pos, want), self._policy, self._stats)
         except _GaveUpError as e:
-            raise _vanished(self._url, e) or StoreError(
+            raise _store_error(
                 self._url,
-                f"read of bytes [{pos}, {pos + want}) failed {e.describe(self._scrub)}",
+                f"read of bytes [{pos}, {pos + want}) failed",
+                e,
                 "check the store and the network; the deadline, timeouts and backoff are "
                 "set with ReadOptions(retry=ingest.RetryPolicy(...))",
+                endpoint=self._endpoint,
+                scrub=self._scrub,
                 byte=pos,
             ) from None
         self._pos = pos + len(data)
@@ -751,11 +802,19 @@ class Source:
         try:
             sha = _attempt(resolve, self._policy(url), self.stats)
         except _GaveUpError as gave_up:
+            refused = _refused(gave_up.last) is not None
             raise SourceError(
                 url,
-                f"cannot resolve revision {where.revision or 'main'!r} of "
-                f"{where.repo_id}: {gave_up.describe(self.scrub)}",
-                "check the repository, the revision and the token (HF_TOKEN, or "
+                f"cannot resolve revision {where.revision or 'main'!r} of {where.repo_id}"
+                + (
+                    f": the endpoint {self._endpoint(url)} refused the connection"
+                    if refused
+                    else ""
+                )
+                + f": {gave_up.describe(self.scrub)}",
+                _REFUSED_FIX
+                if refused
+                else "check the repository, the revision and the token (HF_TOKEN, or "
                 "storage_options={'token': ...}); a private or gated repository needs one",
             ) from None
         return where.at(sha)
@@ -789,6 +848,13 @@ class Source:
             return _attempt(infos, self._policy(url), self.stats)
         except _GaveUpError as gave_up:
             e = gave_up.last
+            if _refused(e) is not None:
+                raise SourceError(
+                    url,
+                    f"cannot list: the endpoint {self._endpoint(url)} refused the connection "
+                    f"{gave_up.describe(self.scrub)}",
+                    _REFUSED_FIX,
+                ) from None
             if isinstance(e, FileNotFoundError):
                 raise NoShardsError(
                     url,
@@ -907,16 +973,40 @@ class Source:
                 "cannot be opened",
                 "check the credentials, the store and the network",
             ) from None
-        return _CountingFile(raw, reopen, stats, shard.size, shard.url, self.scrub, policy)
+        return _CountingFile(
+            raw, reopen, stats, shard.size, shard.url, self.scrub, policy, self._endpoint(shard)
+        )
 
     def _gave_up(
         self, shard: Shard, gave_up: _GaveUpError, what: str, fix: str, byte: int = 0
     ) -> SourceError | StoreError:
-        """The error of a shard read that still failed at the retry deadline: the shard is
-        gone (:class:`SourceError`), or the store did not answer (:class:`StoreError`)."""
-        return _vanished(shard.url, gave_up) or StoreError(
-            shard.url, f"{what} {gave_up.describe(self.scrub)}", fix, byte=byte
+        """The error of a shard read that still failed at the retry deadline (see
+        :func:`_store_error`)."""
+        return _store_error(
+            shard.url,
+            what,
+            gave_up,
+            fix,
+            endpoint=self._endpoint(shard),
+            scrub=self.scrub,
+            byte=byte,
         )
+
+    def _endpoint(self, shard: Shard | str) -> str:
+        """Where the requests for a shard (or a URL) go, for messages: credentials hidden."""
+        url = shard.url if isinstance(shard, Shard) else shard
+        real = self._hidden.get(url, url)
+        protocol = get_protocol(real)
+        client = self._options.get("client_kwargs")
+        configured = client.get("endpoint_url") if isinstance(client, Mapping) else None
+        if protocol == "hf":
+            where = hub.endpoint_of(self._options)
+        elif protocol in ("http", "https"):
+            parts = urlsplit(real)
+            where = f"{parts.scheme}://{parts.netloc}"
+        else:
+            where = configured or self._options.get("endpoint_url") or f"{protocol}:// (default)"
+        return self.scrub(str(where))
 
     def fetches_ranges(self, shard: Shard) -> bool:
         """Whether the shard's store serves many byte ranges concurrently (async fsspec),

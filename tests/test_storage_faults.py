@@ -320,3 +320,51 @@ def test_a_token_in_a_query_is_no_glob_and_never_shown(s3: LoopbackS3, data: str
     assert shown == [url.replace(SECRET, "***")]
     assert "missing.parquet?token=***" in str(err.value)
     assert SECRET not in json.dumps(state) + str(err.value)
+
+
+# -- refused connections and missing objects (issue 17) -------------------------------------
+
+SHORT = RetryPolicy(deadline_s=1.0, backoff_s=0.1)
+
+
+def test_a_refused_connection_says_so_naming_the_endpoint_without_credentials() -> None:
+    endpoint = refusing_endpoint()
+    url = endpoint.replace("http://", "http://reader:Pa55word@") + "/data/x.parquet"
+    with pytest.raises(ingest.SourceError, match="refused the connection") as raised:
+        Source(url, retry=SHORT).list_shards(FORMAT_RESOLVER)
+    message = str(raised.value)
+    assert not isinstance(raised.value, ingest.NoShardsError), "a follow would wait it out"
+    assert f"the endpoint http://***@{endpoint.removeprefix('http://')} refused" in message
+    assert "Pa55word" not in message and "not found" not in message, message
+
+
+def test_reads_and_listings_on_a_refusing_s3_endpoint_name_it(s3: LoopbackS3, data: str) -> None:
+    shard = Source(data, storage_options=s3.storage_options()).list_shards(FORMAT_RESOLVER)[0]
+    endpoint = refusing_endpoint()
+    source = Source(data, storage_options=through(s3, endpoint), retry=SHORT)
+    refused = f"the endpoint {endpoint} refused the connection"
+    with pytest.raises(ingest.StoreError, match=refused), source.open(shard) as f:
+        f.read(4)
+    with pytest.raises(ingest.SourceError, match=f"cannot list: the endpoint {endpoint} refused"):
+        source.list_shards(FORMAT_RESOLVER)
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_a_missing_object_fails_at_once_without_retries(
+    s3: LoopbackS3, tmp_path: Any, cached: bool
+) -> None:
+    root = f"s3://ingest-test/missing-{cached}"
+    write_dataset(s3.filesystem(), root, "jsonl", 2, 10)
+    cache = ingest.CacheOptions(str(tmp_path / "c"), max_bytes=1 << 30) if cached else None
+    source = Source(root, storage_options=s3.storage_options(), cache=cache)
+    shard = source.list_shards(FORMAT_RESOLVER)[0]
+    s3.filesystem().rm(shard.url)  # deleted after the listing
+    start = time.monotonic()
+    gone = "disappeared after it was listed"
+    with pytest.raises(ingest.SourceError, match=gone), source.open(shard) as f:
+        f.read(4)
+    with pytest.raises(ingest.SourceError, match=r"missing\.jsonl: not found"):
+        Source(f"{root}/missing.jsonl", storage_options=s3.storage_options()).list_shards(
+            FORMAT_RESOLVER
+        )
+    assert time.monotonic() - start < 5 and source.stats.retries == 0
