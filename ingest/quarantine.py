@@ -60,8 +60,15 @@ class Quarantined:
 
     @property
     def key(self) -> tuple[Any, ...]:
-        """What makes two records the same quarantine (a resumed rank records it again)."""
-        return (self.epoch, self.url, self.start, self.step)
+        """What makes two records the same quarantine (a resumed rank records it again).
+
+        A shard's rows are one rank's in an epoch, so the rows name it whatever the rank (a
+        resume at another world size may meet them on another rank). A step is every
+        rank's: ranks 0 and 1 failing their transforms at step 3 are two batches skipped.
+        """
+        if self.url is None:
+            return (self.epoch, self.rank, self.step)
+        return (self.epoch, self.url, self.start)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"reason": self.reason, "epoch": self.epoch, "rank": self.rank}

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import ingest
-from ingest.quarantine import Quarantined, merge
+from ingest.quarantine import Quarantined, check_saved, merge, summary
 from ingest.testing import encode, make_table
 
 ROWS = 1000
@@ -274,6 +274,24 @@ def test_records_of_the_same_quarantine_merge() -> None:
     other = Quarantined("bad", 1, 0, "s3://b/a", 500, 1000, rows=500)  # next epoch
     assert merge([first], [again, other]) == [first, other]
     assert Quarantined.from_json(first.to_json(), "q") == first
+
+
+def test_two_ranks_transform_failures_at_the_same_step_are_two_quarantines() -> None:
+    # Under on_error="skip", ranks 0 and 1 both fail their transform at step 3: two
+    # batches, 200 rows skipped. A step is a rank's, so the rank tells them apart.
+    rank_0 = Quarantined("RuntimeError: bad", 0, 0, step=3, rows=100)
+    rank_1 = Quarantined("RuntimeError: bad", 0, 1, step=3, rows=100)
+    merged = merge([rank_0], [rank_1])
+    assert merged == [rank_0, rank_1]
+    assert summary(merged) == {"quarantined": 2, "rows_skipped": 200}
+    # The state's JSON keeps both, and a resumed rank 1 that fails again adds nothing.
+    saved = json.loads(json.dumps([q.to_json() for q in merged]))
+    restored = [Quarantined.from_json(q, f"q[{i}]") for i, q in enumerate(saved)]
+    assert restored == merged
+    where = "progress.quarantined"
+    check_saved(restored, where, epoch=0, steps=range(4), batch_size=100, rows_of={})
+    assert merge(restored, [rank_1]) == merged
+    assert summary(merge(restored, [rank_1]))["rows_skipped"] == 200
 
 
 def test_an_edited_quarantine_record_is_refused(tmp_path: Path) -> None:
