@@ -5,6 +5,9 @@ from __future__ import annotations
 import gzip
 import json
 import pickle
+import re
+import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Callable, Iterator
@@ -407,6 +410,83 @@ def test_text_that_is_not_utf8_names_its_line(local: Store, fmt: str, row: int) 
         drain(
             ingest.Stream(local.url("d"), batch_size=10, read=ingest.ReadOptions(block_bytes=4096))
         )
+
+
+DEEP = b'{"id": 60, "score": 0.5, "text": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+"""Issue 17: one JSON line of 20 KB that nests 10,001 levels deep (an object, its arrays)."""
+
+DEEP_STREAM = """
+import sys
+import ingest
+
+try:
+    for _ in ingest.Stream(sys.argv[1], batch_size=10):
+        pass
+except ingest.ShardError as e:
+    print(e)
+"""
+
+
+def jsonl_with(rows: int, replaced: dict[int, bytes]) -> bytes:
+    lines = encode(make_table(0, rows), "jsonl").split(b"\n")
+    for row, line in replaced.items():
+        lines[row] = line
+    return b"\n".join(lines)
+
+
+def test_a_json_line_nested_too_deep_is_an_error_not_a_crash(local: Store) -> None:
+    """Issue 17: in the shard the schema is inferred from, the line crashed the process
+    (segmentation fault in pyarrow's validation), so the stream runs in a child process."""
+    data = jsonl_with(100, {60: DEEP})
+    local.write("d/a.jsonl", data)
+    child = subprocess.run(
+        [sys.executable, "-c", DEEP_STREAM, local.url("d")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    byte = data.index(DEEP)
+    assert re.search(
+        rf"a\.jsonl at line 61, row 60, byte {byte}: a JSON value nests 10001 levels deep, more "
+        r"than max_json_depth=128.*flatten",
+        child.stdout,
+    ), child.stdout
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_a_json_line_nested_too_deep_in_a_later_shard_is_named_or_quarantined(
+    local: Store, on_error: str
+) -> None:
+    """Issue 17: with the schema from another shard, the line was a bare RecursionError, even
+    with on_error="skip"."""
+    local.write("d/a.jsonl", encode(make_table(0, 100), "jsonl"))
+    data = jsonl_with(100, {60: DEEP})
+    local.write("d/b.jsonl", data)
+    stream = ingest.Stream(local.url("d"), batch_size=1, read=ingest.ReadOptions(on_error=on_error))
+    problem = rf"b\.jsonl at line 61, row 60, byte {data.index(DEEP)}: a JSON value nests "
+    if on_error == "raise":
+        with pytest.raises(ingest.ShardError, match=problem + "10001 levels deep"):
+            drain(stream)
+        return
+    assert drain(stream) == 199  # every other line
+    [record] = stream.quarantined
+    assert (record.start, record.stop) == (60, 61)
+    assert re.search(problem, record.reason), record.reason
+
+
+def test_nesting_within_max_json_depth_is_read(local: Store) -> None:
+    nested = b'{"id": 7, "x": ' + b"[" * 50 + b"1" + b"]" * 50 + b"}\n"
+    local.write("d/a.jsonl", nested)
+    stream = ingest.Stream(local.url("d"), batch_size=1, read=ingest.ReadOptions(max_json_depth=51))
+    assert [b["id"].tolist() for b in stream] == [[7]]
+    # Brackets inside strings are text, not nesting.
+    local.write("e/a.jsonl", b'{"id": 8, "x": "' + b"[{" * 500 + b'"}\n')
+    stream = ingest.Stream(local.url("e"), batch_size=1, read=ingest.ReadOptions(max_json_depth=2))
+    assert [b["id"].tolist() for b in stream] == [[8]]
+    with pytest.raises(ingest.ConfigError, match=r"max_json_depth=2000 .*at most 1000"):
+        ingest.ReadOptions(max_json_depth=2000)
 
 
 # -- WebDataset tars: hostile member names, links, missing and duplicate fields, pickles ----

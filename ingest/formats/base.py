@@ -27,6 +27,11 @@ Seek = tuple[int, int]
 index (Arrow IPC file). Formats that seek by row alone (parquet) never hand one out."""
 
 
+MAX_JSON_DEPTH = 1000
+"""The most ``ReadOptions.max_json_depth`` allows: pyarrow's validation of a line 10,000
+levels deep overflows an 8 MiB thread stack (a segmentation fault); 5,000 did not here."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ReadOptions:
     """How shards are read. One instance serves every format.
@@ -37,6 +42,11 @@ class ReadOptions:
         max_line_bytes: Line formats (JSONL, CSV): longest line allowed, its newline not
             counted. A longer line is a :class:`~ingest.errors.ShardError` naming its
             offset, found after reading at most this many bytes of it, not an out-of-memory.
+        max_json_depth: JSONL: deepest nesting of arrays and objects a line may hold
+            (``[[1]]`` is 2). A deeper line is a :class:`~ingest.errors.ShardError` naming
+            its offset (quarantined alone under ``on_error="skip"``), found before pyarrow
+            parses it: pyarrow recurses once per level and crashes the process on lines
+            thousands of levels deep. At most :data:`MAX_JSON_DEPTH`.
         batch_rows: Most rows per record batch a reader yields (parquet, Arrow, tar samples).
         prefetch: Record batches read ahead in a background thread (0: read on demand).
         prefetch_bytes: Bytes read ahead, about, per feed (one rank's reading): the lanes'
@@ -70,6 +80,7 @@ class ReadOptions:
 
     block_bytes: int = 8 << 20
     max_line_bytes: int = 64 << 20
+    max_json_depth: int = 128
     batch_rows: int = 65_536
     prefetch: int = 4
     prefetch_bytes: int | None = 64 << 20
@@ -91,6 +102,7 @@ class ReadOptions:
             "",
             block_bytes=Number(1, whole=True, unit="bytes"),
             max_line_bytes=Number(1, whole=True, unit="bytes"),
+            max_json_depth=COUNT,
             batch_rows=COUNT,
             prefetch=Number(0, whole=True),
             coalesce_bytes=Number(1, whole=True, unit="bytes"),
@@ -107,6 +119,12 @@ class ReadOptions:
             raise ConfigError(
                 f"max_line_bytes={self.max_line_bytes} is below 1024; use at least 1 KiB "
                 "(the default is 64 MiB)"
+            )
+        if self.max_json_depth > MAX_JSON_DEPTH:
+            raise ConfigError(
+                f"max_json_depth={self.max_json_depth} is above {MAX_JSON_DEPTH}; use at most "
+                f"{MAX_JSON_DEPTH} (the default is 128): pyarrow recurses once per level, and "
+                "lines thousands of levels deep crash the process"
             )
         if self.prefetch_bytes is not None and (
             isinstance(self.prefetch_bytes, bool)

@@ -3,18 +3,29 @@
 Row k is the k-th non-blank line. Uncompressed shards resume by byte offset; compressed ones
 decompress and skip within the shard. The schema is inferred from the first block of the
 first non-empty shard unless ``ReadOptions.schema`` gives it, and every shard must match it.
+A line that nests deeper than ``ReadOptions.max_json_depth`` is refused before pyarrow sees
+it (:func:`too_deep`): pyarrow's recursion over 10,000 levels crashes the process.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
 from ingest.errors import ShardError
 from ingest.formats._lines import LineReader, iter_chunks, not_utf8
-from ingest.formats.base import Format, ReadContext, ReadOptions, ShardInfo, ShardReader
+from ingest.formats.base import (
+    MAX_JSON_DEPTH,
+    Format,
+    ReadContext,
+    ReadOptions,
+    ShardInfo,
+    ShardReader,
+)
 from ingest.sources import Shard, Source
 
 
@@ -31,7 +42,7 @@ class JsonlFormat(Format):
         for _, chunk in iter_chunks(source, shard, 0, options.block_bytes, options.max_line_bytes):
             if chunk.strip():
                 try:
-                    return _parse(chunk, None, None).schema
+                    return _parse(chunk, None, None, options.max_json_depth).schema
                 except pa.ArrowInvalid:
                     # Let the reader find and name the bad line.
                     reader = _JsonlReader(
@@ -47,7 +58,59 @@ class JsonlFormat(Format):
         return _JsonlReader(ctx)
 
 
-def _parse(chunk: bytes, schema: pa.Schema | None, columns: list[str] | None) -> pa.Table:
+class TooDeepError(pa.ArrowInvalid):  # type: ignore[misc]  # pyarrow has no stubs
+    """A line nests deeper than ``ReadOptions.max_json_depth`` (raised before pyarrow parses
+    it; a parse error, so the line reader locates the line as it does any other)."""
+
+    def __init__(self, depth: int, limit: int) -> None:
+        super().__init__(f"a JSON value nests {depth} levels deep, more than {limit}")
+        self.depth = depth
+        self.limit = limit
+
+
+_STRING = re.compile(rb'"(?:[^"\\\n]|\\.)*"')
+_OPENS = b"[{"
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def too_deep(chunk: bytes, limit: int) -> int | None:
+    """The nesting depth of the first line of ``chunk`` deeper than ``limit``, or None.
+
+    A line deeper than ``limit`` opens more than ``limit`` arrays or objects: counting the
+    brackets of each line (vectorised) rules out nearly every line, and only lines with that
+    many are measured, strings left out. Written here because neither pyarrow nor the json
+    module stops at a depth: pyarrow crashes, json raises RecursionError.
+    """
+    if chunk.count(b"[") + chunk.count(b"{") <= limit:
+        return None
+    a = np.frombuffer(chunk, np.uint8)
+    opens = np.flatnonzero((a == _OPENS[0]) | (a == _OPENS[1]))
+    line_ends = np.flatnonzero(a == ord("\n"))
+    starts = np.concatenate([[0], line_ends + 1])
+    counts = np.diff(np.searchsorted(opens, starts), append=len(opens))  # opens per line
+    for line in np.flatnonzero(counts > limit).tolist():
+        end = int(line_ends[line]) if line < len(line_ends) else len(chunk)
+        depth = _depth(chunk[int(starts[line]) : end])
+        if depth > limit:
+            return depth
+    return None
+
+
+def _depth(line: bytes) -> int:
+    """The deepest nesting of arrays and objects in ``line``, brackets in strings left out."""
+    brackets = np.frombuffer(_STRING.sub(b"", line).translate(None, _NOT_BRACKETS), np.uint8)
+    if not len(brackets):
+        return 0
+    steps = np.where((brackets == _OPENS[0]) | (brackets == _OPENS[1]), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
+def _parse(
+    chunk: bytes, schema: pa.Schema | None, columns: list[str] | None, max_depth: int
+) -> pa.Table:
+    depth = too_deep(chunk, max_depth)
+    if depth is not None:
+        raise TooDeepError(depth, max_depth)
     parse_options = pj.ParseOptions(
         explicit_schema=schema,
         unexpected_field_behavior="infer"
@@ -75,7 +138,7 @@ class _JsonlReader(LineReader):
         self._schema = schema
 
     def parse(self, chunk: bytes) -> pa.Table:
-        table = _parse(chunk, self._schema, self._columns)
+        table = _parse(chunk, self._schema, self._columns, self.ctx.options.max_json_depth)
         if self._columns is not None:
             missing = [c for c in self._columns if c not in table.column_names]
             if missing:
@@ -86,6 +149,14 @@ class _JsonlReader(LineReader):
         return table
 
     def describe_error(self, line: bytes, error: Exception) -> tuple[str, str, bool]:
+        if isinstance(error, TooDeepError):
+            return (
+                f"a JSON value nests {error.depth} levels deep, more than "
+                f"max_json_depth={error.limit}: {line[:80]!r}",
+                "flatten the data (store deep structures as a JSON string), or raise "
+                f"ReadOptions(max_json_depth=...) up to {MAX_JSON_DEPTH}",
+                False,
+            )
         problem = not_utf8(line)
         if problem is not None and _is_json(line.decode("latin-1")):
             return (
@@ -96,6 +167,12 @@ class _JsonlReader(LineReader):
             )
         try:
             json.loads(line)
+        except RecursionError:
+            return (
+                f"a JSON value nests too deep for Python's json module: {line[:80]!r}",
+                "flatten the data, or lower ReadOptions(max_json_depth=...)",
+                False,
+            )
         except ValueError as e:
             return (
                 f"invalid JSON ({e}): {line[:80]!r}",
@@ -119,6 +196,6 @@ def _is_json(text: str) -> bool:
     """
     try:
         json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return False
     return True
