@@ -527,6 +527,22 @@ def test_a_link_member_is_refused(local: Store, kind: bytes, word: str) -> None:
         drain(ingest.Stream(local.url("d"), batch_size=1))
 
 
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        # Issue 17: KeyError: 'Column __key__ does not exist in schema'
+        ("s1.__key__", r"member 's1\.__key__' is field '__key__', the column of sample keys"),
+        # Issue 17: a column named ''
+        ("s1", r"member 's1' has no extension: nothing names its field"),
+        ("d.x/s1", r"member 'd\.x/s1' has no extension: nothing names its field"),
+    ],
+)
+def test_a_tar_member_that_names_no_field_is_refused(local: Store, name: str, problem: str) -> None:
+    local.write("d/a.tar", tar_of(*SAMPLE0, ("s1.jpg", b"jpeg 1"), (name, b"x")))
+    with pytest.raises(ingest.ShardError, match=rf"a\.tar at byte 3072: {problem}.*rename"):
+        drain(ingest.Stream(local.url("d"), batch_size=1))
+
+
 def test_a_sample_missing_a_field_has_a_null_there(store: Store) -> None:
     """The columns are the union of the fields; a field a sample lacks is None, as in Hugging
     Face datasets' WebDataset loader (documented in ingest.formats.webdataset)."""

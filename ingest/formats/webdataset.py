@@ -14,6 +14,9 @@ What a shard may hold, as WebDataset users expect it:
   leaves it out.
 - The same field twice in one sample (``0001.jpg`` twice in a row) is an error, as in
   ``webdataset``'s ``group_by_keys``: one of the two would be lost.
+- A member with no extension (``0001``, ``dir.v2/0001``) names no field, and one whose
+  extension is ``__key__`` would overwrite the sample's key: both are errors (``webdataset``
+  drops the first silently).
 - Member names are keys, never paths: nothing is extracted or written. A name that would
   leave the archive if extracted (``../x.jpg``, ``/etc/x.jpg``) is refused all the same,
   as a sign of a hostile or broken archive and so that no key can climb out of a directory
@@ -81,6 +84,7 @@ def _samples(
                         continue
                     _check_member(shard, member, position)
                     k, ext = split_name(member.name)
+                    _check_field(shard, member.name, ext, position)
                     if k != key:
                         if key is not None:
                             yield start, key, fields
@@ -138,6 +142,25 @@ def _check_member(shard: Shard, member: tarfile.TarInfo, position: int) -> None:
             "or remove the member",
             byte=position,
         )
+
+
+def _check_field(shard: Shard, name: str, ext: str, position: int) -> None:
+    """Refuse a member whose name gives no field, or the key column's name."""
+    if ext and ext != KEY:
+        return
+    problem = (
+        f"member {name!r} has no extension: nothing names its field (a field is what follows "
+        "the first dot of the file name: 0001.jpg is field jpg of sample 0001)"
+        if not ext
+        else f"member {name!r} is field {KEY!r}, the column of sample keys: it would "
+        "replace the sample's key"
+    )
+    raise ShardError(
+        shard.url,
+        problem,
+        "rename the member with the extension of its field (0001.txt), or remove it",
+        byte=position,
+    )
 
 
 _KINDS = {
