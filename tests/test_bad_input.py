@@ -96,6 +96,21 @@ def test_a_zero_byte_binary_shard_is_refused(local: Store, fmt: str) -> None:
     assert time.monotonic() - start < QUICK_S
 
 
+def test_a_parquet_shard_without_columns_is_refused(local: Store) -> None:
+    """Issue 17: a Parquet file with no columns was a shard of 0 rows, silently (pyarrow
+    writes a table whose columns were all dropped with num_rows=0: its rows are gone)."""
+    local.write("d/a.parquet", encode(make_table(0, 100), "parquet"))
+    sink = pa.BufferOutputStream()
+    pq.write_table(make_table(0, 3).drop_columns(["id", "tokens", "score", "text"]), sink)
+    local.write("d/b.parquet", sink.getvalue().to_pybytes())
+    with pytest.raises(
+        ingest.ShardError,
+        match=r"b\.parquet at byte \d+: has no columns \(its footer lists 0 rows and not one "
+        r"column\): there is nothing in it to read.*write the file again with its columns",
+    ):
+        drain(ingest.Stream(local.url("d"), batch_size=10))
+
+
 def write_drifted(local: Store) -> None:
     """Two parquet shards whose ``id`` columns differ in type (int64, then string)."""
     local.write("d/a.parquet", encode(make_table(0, 10), "parquet"))

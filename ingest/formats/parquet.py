@@ -90,6 +90,15 @@ class ParquetFormat(Format):
                 raise ShardError(
                     shard.url, f"has no readable Parquet footer ({e})", _FIX, byte=size - need
                 ) from None
+        if meta.num_columns == 0:
+            # A table whose columns were all dropped is written so, its rows lost (num_rows=0).
+            raise ShardError(
+                shard.url,
+                f"has no columns (its footer lists {meta.num_rows} rows and not one column): "
+                "there is nothing in it to read",
+                "write the file again with its columns, or remove it from the dataset",
+                byte=size - need,
+            )
         starts: list[int] = []
         offset = 0
         for i in range(meta.num_row_groups):
