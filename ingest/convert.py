@@ -5,6 +5,15 @@ Arrow buffers (read-only memory: copy before writing into them in place). Variab
 lists of numbers become lists of tensors that are views into one flat buffer. Strings and
 binaries become lists of ``str``/``bytes``. Fixed-shape tensor columns (n-d arrays returned
 by a transform) become one ``(n, *shape)`` tensor. Booleans and nullable floats are copied.
+
+Dates and times become integers (torch has no such dtypes), in the units of their Arrow
+type, which the stream's schema states: a timestamp, int64 counts of its unit (s, ms, us or
+ns) since 1970-01-01T00:00:00 UTC. Arrow holds a timestamp with a time zone as that UTC
+instant, so the same instant gives the same number in any zone, and the zone itself (display
+metadata) is dropped: a transform that needs local wall-clock time computes it before the
+conversion (``pyarrow.compute.local_timestamp``). A date32 becomes int32 days since
+1970-01-01, a date64 int64 milliseconds; a time, its unit since midnight (int32 for time32,
+int64 for time64); a duration, int64 counts of its unit.
 """
 
 from __future__ import annotations
@@ -58,8 +67,9 @@ def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
         if pa.types.is_unsigned_integer(t) and t.bit_width > 8 and t.bit_width < 64:
             arr = arr.cast(pa.int64())  # torch has no uint16/uint32 arithmetic worth using
         return _numeric(arr, name)
-    if pa.types.is_timestamp(t) or pa.types.is_date64(t) or pa.types.is_duration(t):
-        return _numeric(arr.cast(pa.int64()), name)
+    if pa.types.is_temporal(t) and not pa.types.is_interval(t):
+        # Dates, times, timestamps (as UTC instants), durations: see the module docstring.
+        return _numeric(arr.cast(pa.int64() if t.bit_width == 64 else pa.int32()), name)
     if _is_number_list(t):
         return _number_lists(arr, name)
     return arr.to_pylist()  # strings, binary and nested values stay Python objects

@@ -14,11 +14,13 @@ from typing import Any, ClassVar
 import fsspec
 import pyarrow as pa
 import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
 import pytest
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import ingest
 from ingest.catalog import Catalog, Listing
 from ingest.errors import ShardError
 from ingest.formats import get_format
@@ -374,3 +376,41 @@ def test_csv_records_and_seek_points_match_pyarrow_at_any_block_size(
     for k in sorted({0, len(expected) // 3, len(expected) // 2, len(expected) - 1}):
         seek = listing.infos[0].seek_for(k, None)
         assert rows_of(read(catalog, listing, k, None, seek)) == expected[k:]
+
+
+# -- dates and times, as the training loop receives them (issue 17) -------------------------
+
+
+def test_timestamps_with_a_zone_dates_and_times_arrive_as_integers_since_the_epoch(
+    local: Store,
+) -> None:
+    """A zoned timestamp is an instant: it arrives as int64 counts of its unit since the
+    epoch in UTC, the same for the same instant in any zone (the zone is dropped, as the
+    ingest.convert docstring says). Dates and times arrive as integers too (date32 came as
+    Python date objects, time64 as time objects)."""
+    import datetime as dt
+
+    import torch
+
+    paris = dt.timezone(dt.timedelta(hours=1))
+    instant = dt.datetime(2024, 1, 1, tzinfo=paris)  # 2023-12-31T23:00:00Z
+    table = pa.table(
+        {
+            "paris": pa.array([instant], pa.timestamp("ms", tz="Europe/Paris")),
+            "utc": pa.array([instant], pa.timestamp("ms", tz="UTC")),
+            "naive_us": pa.array([dt.datetime(2024, 1, 1)], pa.timestamp("us")),
+            "day": pa.array([dt.date(2024, 1, 1)], pa.date32()),
+            "at": pa.array([dt.time(1, 2, 3)], pa.time64("us")),
+            "took": pa.array([dt.timedelta(seconds=2)], pa.duration("ms")),
+        }
+    )
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    local.write("d/a.parquet", sink.getvalue().to_pybytes())
+    (batch,) = ingest.Stream(local.url("d"), batch_size=1)
+    assert batch["paris"].dtype == torch.int64
+    assert batch["paris"].tolist() == batch["utc"].tolist() == [1_704_063_600_000]
+    assert batch["naive_us"].tolist() == [1_704_067_200_000_000]
+    assert batch["day"].dtype == torch.int32 and batch["day"].tolist() == [19_723]
+    assert batch["at"].tolist() == [3_723_000_000]
+    assert batch["took"].tolist() == [2000]
