@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -80,3 +81,60 @@ def test_a_dataloader_workers_read_ahead_holds_prefetch_bytes(
     assert ahead <= 3, f"the worker made {ahead} batches ahead of the loop, over 1 MiB"
     seen = Counter(int(i) for b in [first, *loop] for i in b["id"].tolist())
     assert seen == Counter(range(SHARDS * ROWS))
+
+
+# -- the reader pool's object_store_bytes ----------------------------------------------------
+
+
+def _decode_slowly(table: pa.Table) -> pa.Table:
+    """A transform that takes a while, as decoding does: a feed holds its batch meanwhile."""
+    time.sleep(0.3)
+    return table
+
+
+def _drain_rank(it: Any) -> list[int]:
+    return [int(v) for batch in it for v in batch["id"].tolist()]
+
+
+def held_once_settled(stream: ingest.RayStream, most_s: float = 60.0) -> dict[str, int]:
+    """The pool's stats once its feeds have read ahead as far as they may."""
+    deadline = time.monotonic() + most_s
+    while stream.stats()["peak_queued_bytes"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2.0)
+    return stream.stats()
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize(("budget", "held"), [(MIB, 1), (9 * MIB, 2)])
+def test_two_ranks_on_one_reader_hold_their_batches_within_the_budget(
+    large_rows: str, budget: int, held: int
+) -> None:
+    """The issue's case: object_store_bytes=1 MiB, 4 MiB batches, 2 ranks' feeds in one
+    reader. A batch over the budget goes alone: the reader holds one, never one per feed;
+    9 MiB holds two of the four batches, never three."""
+    import ray
+
+    drain = ray.remote(num_cpus=0)(_drain_rank)
+    pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5, object_store_bytes=budget)
+    batch = 16
+    with ingest.RayStream(
+        large_rows,
+        batch_size=batch,
+        world_size=2,
+        readers=pool,
+        transform=_decode_slowly,
+        timeout_s=60,
+    ) as stream:
+        settled = held_once_settled(stream)
+        ranks = ray.get([drain.remote(stream.rank_iterator(r)) for r in range(2)], timeout=240)
+        after = stream.stats()
+    one_batch = batch * ROW_BYTES
+    peak = settled["peak_queued_bytes"]
+    assert held * one_batch <= peak < held * (one_batch + (64 << 10)), (
+        f"the reader held {peak} bytes of 4 MiB batches within a budget of {budget}"
+    )
+    assert after["peak_queued_bytes"] == peak
+    assert after["queued_bytes"] == 0, "bytes of batches taken are still counted"
+    assert Counter(i for r in ranks for i in r) == Counter(range(SHARDS * ROWS))
+    assert [len(r) for r in ranks] == [SHARDS * ROWS // 2] * 2

@@ -63,7 +63,11 @@ class ReaderPool:
         label_selector: Node labels the readers must match.
         prefetch_batches: Ready batches each rank's feed keeps ahead of the rank.
         object_store_bytes: Most bytes of ready batches the pool holds in the object store
-            at once, all ranks together.
+            at once, all ranks together (a batch's bytes count from when its feed starts
+            decoding it until its rank takes it). Each reader holds its ranks' batches
+            within an equal share (``object_store_bytes`` // readers); a batch larger than a
+            share is held alone in its reader, so with batches that large the pool holds up
+            to one batch per reader (``stats()["peak_queued_bytes"]`` says how much).
         spread: Place the readers on as many of the allowed nodes as possible (Ray's
             ``"SPREAD"`` strategy), so that a lost node takes few of them and the rest of
             the pool keeps reading while Ray restarts those on the remaining nodes.
@@ -188,10 +192,33 @@ class _RankFeed:
         self._cond = threading.Condition()
         self._stop = False
         self.queued_bytes = 0
+        """Bytes of this feed's batches held within the reader's budget: queued, and the one
+        being decoded (reserved by :meth:`_reserve`, released by :meth:`take` and
+        :meth:`stop`)."""
         self._thread = threading.Thread(
             target=self._run, daemon=True, name=f"ingest-feed-rank{rank}"
         )
         self._thread.start()
+
+    def _room(self) -> bool:
+        """Wait until the queue has room for one more item; False: the feed stopped."""
+        with self._cond:
+            while not self._stop and len(self._queue) >= self._reader.depth:
+                self._cond.wait(_WAIT_S)
+            return not self._stop
+
+    def _reserve(self, nbytes: int) -> bool:
+        """Take ``nbytes`` of the reader's budget for a batch about to be decoded and queued
+        (waiting for room first, so that a full queue holds no budget it cannot use);
+        False: the feed stopped, and nothing is held."""
+        if not self._room() or not self._reader.wait_for_budget(nbytes, lambda: self._stop):
+            return False
+        with self._cond:  # stop() releases what the feed holds, under the same lock
+            if self._stop:
+                self._reader.release(nbytes)
+                return False
+            self.queued_bytes += nbytes
+            return True
 
     def _put(self, item: Item | End | BaseException) -> bool:
         with self._cond:
@@ -200,9 +227,6 @@ class _RankFeed:
             if self._stop:
                 return False
             self._queue.append(item)
-            if isinstance(item, Item):
-                self.queued_bytes += item.nbytes
-                self._reader.note_queued()
             self._cond.notify_all()
             return True
 
@@ -232,18 +256,29 @@ class _RankFeed:
                         end = End(self.epoch, out.steps, out.leftover, out.learned, out.quarantined)
                         self._put(end)
                         return
-                    if not self._put(self._item(out)):
+                    nbytes = int(out.table.nbytes)
+                    if not self._reserve(nbytes):
+                        return
+                    try:
+                        item = self._item(out, nbytes)
+                    except BaseException:
+                        self._unreserve(nbytes)
+                        raise
+                    if not self._put(item):
                         return
             finally:
                 feed.close()
         except BaseException as e:  # forwarded to the rank, which re-raises it
             self._put(e)
 
-    def _item(self, ready: Ready) -> Item:
-        reader = self._reader
-        nbytes = int(ready.table.nbytes)
-        reader.wait_for_budget(nbytes)
-        batch = reader.decoded(ready.table)
+    def _unreserve(self, nbytes: int) -> None:
+        with self._cond:
+            if not self._stop:  # else stop() released it
+                self.queued_bytes -= nbytes
+                self._reader.release(nbytes)
+
+    def _item(self, ready: Ready, nbytes: int) -> Item:
+        batch = self._reader.decoded(ready.table)
         return Item(
             ready.step,
             ready.runs,
@@ -264,6 +299,7 @@ class _RankFeed:
                     return []
                 self._cond.wait(min(left, _WAIT_S))
             out: list[Item | End] = []
+            taken = 0
             while self._queue and len(out) < most:
                 item = self._queue.popleft()
                 if isinstance(item, BaseException):
@@ -272,11 +308,13 @@ class _RankFeed:
                         break
                     raise item
                 if isinstance(item, Item):
-                    self.queued_bytes -= item.nbytes
+                    taken += item.nbytes
                     self.at = item.step + 1
                 else:
                     self.at = _ENDED
                 out.append(item)
+            self.queued_bytes -= taken
+            self._reader.release(taken)
             self._cond.notify_all()
             return out
 
@@ -289,6 +327,7 @@ class _RankFeed:
         with self._cond:
             self._stop = True
             self._queue.clear()
+            self._reader.release(self.queued_bytes)
             self.queued_bytes = 0
             self._cond.notify_all()
 
@@ -339,6 +378,10 @@ class _Reader:
         self._budget = pool.object_store_bytes
         self._feeds: dict[int, _RankFeed] = {}
         self._lock = threading.Lock()
+        # The budget is reserved and released under one lock: a feed that checked the
+        # bytes held and added its batch's later let two feeds each see room for one.
+        self._budget_cond = threading.Condition()
+        self._held_bytes = 0
         self._peak_bytes = 0
 
     def connect(self, peers: list[Any], budget: int) -> None:
@@ -388,24 +431,41 @@ class _Reader:
             return peer.decode.remote(table)
         return self._transform(table)
 
-    def _queued(self) -> int:
-        return sum(f.queued_bytes for f in list(self._feeds.values()))
+    def wait_for_budget(self, nbytes: int, stopped: Callable[[], bool]) -> bool:
+        """Wait until ``nbytes`` more fit in this actor's share of the budget, then hold
+        them (:meth:`release` gives them back). A batch larger than the whole share goes
+        alone: when nothing else is held.
 
-    def note_queued(self) -> None:
-        self._peak_bytes = max(self._peak_bytes, self._queued())
+        Returns:
+            True holding the bytes; False holding nothing if ``stopped()`` (the feed that
+            asks stopped) turned true while it waited.
 
-    def wait_for_budget(self, nbytes: int) -> None:
-        """Wait until ``nbytes`` more fit in this actor's share of the budget (a batch larger
-        than the whole share goes alone)."""
+        Raises:
+            IngestError: If the share stayed full for ``timeout_s``.
+        """
         deadline = time.monotonic() + self.timeout_s
-        while (queued := self._queued()) and queued + nbytes > self._budget:
-            if time.monotonic() > deadline:
-                raise IngestError(
-                    f"the reader pool's object-store budget ({self._budget} bytes per reader) "
-                    f"stayed full for {self.timeout_s:.0f} s: the ranks stopped taking "
-                    "batches; raise ReaderPool.object_store_bytes or check the ranks"
-                )
-            time.sleep(0.01)
+        with self._budget_cond:
+            while self._held_bytes and self._held_bytes + nbytes > self._budget:
+                if stopped():
+                    return False
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise IngestError(
+                        f"the reader pool's object-store budget ({self._budget} bytes per "
+                        f"reader) stayed full for {self.timeout_s:.0f} s: the ranks stopped "
+                        "taking batches; raise ReaderPool.object_store_bytes or check the ranks"
+                    )
+                self._budget_cond.wait(min(left, _WAIT_S))
+            self._held_bytes += nbytes
+            self._peak_bytes = max(self._peak_bytes, self._held_bytes)
+            return True
+
+    def release(self, nbytes: int) -> None:
+        """Give back ``nbytes`` held by :meth:`wait_for_budget` (a batch taken or dropped);
+        also wakes the feeds waiting for the budget to see whether they stopped."""
+        with self._budget_cond:
+            self._held_bytes -= nbytes
+            self._budget_cond.notify_all()
 
     def _feed(self, rank: int, session: int, epoch: int) -> _RankFeed:
         with self._lock:
@@ -492,10 +552,13 @@ class _Reader:
         return out
 
     def stats(self) -> dict[str, int]:
-        """Requests and bytes sent to the store; ready bytes held now and at most."""
+        """Requests and bytes sent to the store; bytes of batches held within this reader's
+        budget (being decoded, or ready) now and at most, and its share of the budget."""
+        with self._budget_cond:
+            held = self._held_bytes
         return {
             **self.source.stats.as_dict(),
-            "queued_bytes": self._queued(),
+            "queued_bytes": held,
             "peak_queued_bytes": self._peak_bytes,
             "budget_bytes": self._budget,
         }
