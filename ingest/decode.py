@@ -5,7 +5,9 @@ reader pool, so training ranks receive ready float tensors and never decode. Ins
 configured once (``Images(size=(64, 64))``) and built into each pool actor by pickling.
 Pillow is a core dependency; :class:`Audio` needs ``soundfile`` (``pip install
 'ingest[media]'``). A file that does not decode is a :class:`~ingest.errors.ShardError`
-naming its URL (``path``), which ``ReadOptions(on_error="skip")`` quarantines with its batch.
+naming its URL (``path``), which ``ReadOptions(on_error="skip")`` quarantines alone: the
+feed splits the batch to find the files that fail and delivers the others
+(:func:`ingest.transform.split_failures`).
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ from ingest.ledger import Closed, Rows, Runs, as_runs, pack_base, runs_of
 from ingest.plan import permutation
 from ingest.quarantine import Quarantine, Quarantined, skippable
 from ingest.sources import Source
-from ingest.transform import output_of_no_rows
+from ingest.transform import output_of_no_rows, split_failures
 
 TO_END = 1 << 62
 """``Span.stop`` of a span that runs to the end of a shard whose row count is unknown."""
@@ -811,8 +811,15 @@ class Feed:
             except Exception as e:
                 if not self._skip:
                     raise
-                self.quarantine.add(e, step=step, rows=rows)
-                table, rows = output_of_no_rows(self.transform, table), 0
+                if skippable(e):  # a data error (a file that does not decode): its rows alone
+                    table, bad = split_failures(self.transform, table)
+                    for index, error in bad:
+                        url, row = self._origin_of(parts, index)
+                        self.quarantine.add(error, url=url, start=row, stop=row + 1, rows=1)
+                    rows -= len(bad)
+                else:
+                    self.quarantine.add(e, step=step, rows=rows)
+                    table, rows = output_of_no_rows(self.transform, table), 0
         acked = self._acked(parts)
         closed = None
         if acked.ndim == 1:
@@ -830,6 +837,16 @@ class Feed:
             -1 if rows == size else rows,
             closed,
         )
+
+    def _origin_of(self, parts: Sequence[tuple[_Window, int, int]], index: int) -> tuple[str, int]:
+        """The shard URL and row of row ``index`` of the batch cut from ``parts``."""
+        for w, lo, hi in parts:
+            keys = w.keys[lo:hi] if w.holes is None else w.keys[lo:hi][~w.holes[lo:hi]]
+            if index < len(keys):
+                _, shard, row = w.origin.locate(keys[index : index + 1])
+                return self.plan.listing.shards[int(shard[0])].url, int(row[0])
+            index -= len(keys)
+        raise IndexError(f"row {index} is past the batch")  # pragma: no cover
 
     @staticmethod
     def _acked(parts: Sequence[tuple[_Window, int, int]]) -> Runs | Rows:

@@ -12,8 +12,11 @@ Quarantined rows become *holes*: positions in the shuffle window that are consum
 with their batch, so no resume reads them again, and counted in the state's consumed sets)
 but not delivered. Holes keep their place, so every rank cuts its batches at the same steps
 as a run without errors: a batch that holds holes is short, and a rank never takes fewer
-steps than the others. A batch whose transform raises is quarantined whole: its step
-delivers an empty batch (one-process :class:`ingest.Stream` leaves empty batches out).
+steps than the others. A batch whose transform raises a data error (a
+:class:`~ingest.errors.ShardError`: :mod:`ingest.decode`'s file that does not decode) is
+split to find the rows it fails on, and those alone are quarantined, by shard and row; the
+others are delivered. A batch whose transform raises anything else is quarantined whole: its
+step delivers an empty batch (one-process :class:`ingest.Stream` leaves empty batches out).
 
 A store that does not answer within the retry deadline (:class:`~ingest.errors.StoreError`)
 is never skipped: that is not the data's fault, and a restart resumes where it stopped.

@@ -102,4 +102,45 @@ def output_of_no_rows(fn: Callable[[pa.Table], Any], table: pa.Table) -> Any:
         return empty
 
 
-__all__ = ["Transform", "apply", "as_table", "build_transform", "output_of_no_rows"]
+def split_failures(
+    fn: Callable[[pa.Table], Any], table: pa.Table
+) -> tuple[Any, list[tuple[int, Exception]]]:
+    """``fn`` over the rows of ``table`` it does not fail on, and the rows it fails on.
+
+    For ``on_error="skip"`` when a transform raised a data error (a file that does not
+    decode): only the rows it fails on alone are quarantined, as a bad line is. Found by
+    bisection, O(failures x log n) calls, then one call over the other rows.
+
+    Returns:
+        What ``fn`` returns for the rows it does not fail on (:func:`output_of_no_rows` if
+        none), and ``(row, error)`` for each row it fails on, in order.
+    """
+    bad: list[tuple[int, Exception]] = []
+    todo = [(0, table.num_rows)]
+    while todo:
+        lo, hi = todo.pop()
+        try:
+            fn(table.slice(lo, hi - lo))
+            continue
+        except Exception as e:
+            if hi - lo == 1:
+                bad.append((lo, e))
+                continue
+        mid = (lo + hi) // 2
+        todo += [(mid, hi), (lo, mid)]
+    bad.sort(key=lambda item: item[0])
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[[row for row, _ in bad]] = False
+    if not keep.any():
+        return output_of_no_rows(fn, table), bad
+    return fn(table.filter(pa.array(keep))), bad
+
+
+__all__ = [
+    "Transform",
+    "apply",
+    "as_table",
+    "build_transform",
+    "output_of_no_rows",
+    "split_failures",
+]

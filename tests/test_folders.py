@@ -139,6 +139,30 @@ def test_a_file_that_is_not_an_image_fails_with_its_url(s3_store: Store) -> None
         list(s)
 
 
+def test_with_on_error_skip_an_image_that_does_not_decode_is_quarantined_alone(
+    s3_store: Store,
+) -> None:
+    """Issue 17: the one image that did not decode quarantined its whole batch (7 good
+    files of 8 lost with it); now it is quarantined alone, as a bad JSONL line is."""
+    write_image_folder(s3_store.fs, s3_store.root, ("a",), 7)
+    s3_store.write("a/broken.png", b"not a png")
+    s = stream(
+        s3_store,
+        batch_size=8,
+        transform=ingest.decode.Images((16, 16), keep=("label",)),
+        read=ReadOptions(on_error="skip"),
+    )
+    (batch,) = list(s)
+    assert batch["image"].shape == (7, 3, 16, 16) and batch["label"].tolist() == [0] * 7
+    [record] = s.quarantined
+    broken = sorted(s3_store.fs.ls(s3_store.root + "/a")).index(
+        s3_store.fs._strip_protocol(s3_store.url("a/broken.png"))
+    )
+    assert record.url is not None and record.url.endswith("+7"), record  # the work unit
+    assert (record.start, record.stop, record.rows) == (broken, broken + 1, 1), record
+    assert "a/broken.png" in record.reason and "cannot be decoded as an image" in record.reason
+
+
 def test_a_single_file_named_with_a_folder_format_is_refused(
     pets: tuple[Store, dict[str, str]],
 ) -> None:
