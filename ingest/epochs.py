@@ -255,6 +255,8 @@ class EpochBook:
         self._epochs: dict[int, _PlannedEpoch] = {}
         self._start: StreamState | None = None
         self._start_listing: Listing | None = None
+        self._handed = False
+        """The start listing was made by the caller (see :meth:`_make_first`)."""
         self._start_epoch = 0
         self._start_step = 0
         self._in_order = False
@@ -265,6 +267,8 @@ class EpochBook:
         """``(step acked with, record)``; step -1: from the loaded state or an epoch's end."""
         self._short: dict[int, int] = {}
         """Rows missing from the batches of each step that held quarantined rows."""
+        self._ended: dict[int, int] = {}
+        """The last epoch whose end each rank's loop reached (:meth:`ended`)."""
 
     # -- planning --------------------------------------------------------------------------
 
@@ -296,15 +300,55 @@ class EpochBook:
         return self._start_epoch
 
     def upcoming_epoch(self, rank: int) -> int:
-        """The epoch a new iterator of ``rank`` runs: the first one whose steps the rank
-        has not all acked (a loop left early goes on in the epoch it left)."""
+        """The epoch a new iterator of ``rank`` runs: the first one the rank has not
+        finished (a loop left early goes on in the epoch it left).
+
+        A rank finished an epoch when it acked every step of it, or when it reached the
+        epoch's end (:meth:`ended`). An epoch with no step (fewer rows than one step on every
+        rank) is finished only by reaching its end: whether it was planned yet when a rank
+        asks must not decide which epoch the rank runs, or ranks would part ways.
+        """
         acked = self.ledger.acked(rank)
         epoch = self._start_epoch
         while True:
             e = self._epochs.get(epoch)
-            if e is None or e.end_step is None or acked < e.end_step - 1:
+            if e is None or e.end_step is None:
+                return epoch
+            reached = epoch <= self._ended.get(rank, -1)
+            if not reached and (e.end_step == e.first_step or acked < e.end_step - 1):
                 return epoch
             epoch += 1
+
+    def ended(self, rank: int, epoch: int) -> None:
+        """``rank``'s loop reached the end of ``epoch`` (see :meth:`upcoming_epoch`)."""
+        if not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
+        self._ended[rank] = max(self._ended.get(rank, -1), epoch)
+
+    def position(self, rank: int) -> tuple[int, int | None, Cursor | None]:
+        """Where ``rank``'s next batch comes from: ``(epoch, next_step, cursor)``.
+
+        ``next_step`` and ``cursor`` are None when the rank consumed nothing of the epoch in
+        this run (its feed starts at the share's start: :meth:`rank_plan`); otherwise the
+        rank's feed resumes at ``next_step`` from ``cursor`` (:meth:`rank_resume`).
+
+        Raises:
+            StateError: If the rank's acks are still arriving (the last one's cursor is for
+                a later step than every step acked): flush them first.
+        """
+        epoch = self.upcoming_epoch(rank)
+        e = self._epochs.get(epoch)
+        acked = self.ledger.acked(rank)
+        if e is None or acked < e.opened:
+            return epoch, None, None
+        got = self._cursors.get(rank)
+        if got is None or got[0] != acked:
+            raise StateError(
+                f"rank {rank} acked every step up to {acked}, but its last position is for "
+                f"step {None if got is None else got[0]}: acks of the rank are still on their "
+                "way; flush its iterator before another one takes the rank over"
+            )
+        return epoch, acked + 1, got[1]
 
     def plan(self, epoch: int) -> _PlannedEpoch:
         """The plan of ``epoch`` (made on first use; lists the source once per epoch)."""
@@ -350,7 +394,7 @@ class EpochBook:
 
     def _make(self, epoch: int, *, force: bool = True) -> _PlannedEpoch:
         if epoch == self._start_epoch:
-            return self._make_first(epoch)
+            return self._make_first(epoch, force=force)
         prev = self.plan(epoch - 1)
         if prev.steps is None:
             raise StateError(
@@ -380,21 +424,30 @@ class EpochBook:
             # A round: the shards the rounds before read are consumed (they only grow).
             done = consumed_before(prev.listing.shards, listing.shards)
             main = _all_of(listing, done, _learnt(prev))
-            fresh = sum(
-                TO_END if i.rows is None else i.rows
-                for n, i in enumerate(listing.infos)
-                if n not in main.consumed
-            ) + sum(s.stop - s.start for s in carry)
-            if not force and fresh < self.world_size * self.spec.batch_size:
+            if not force and not self._has_a_step(listing, main, carry):
                 raise NothingNewError
         first = prev.first_step + prev.steps
         return self._planned(
             epoch, first, listing, carry, main, Progress(), 0, dropped, first, None
         )
 
-    def _make_first(self, epoch: int) -> _PlannedEpoch:
+    def _has_a_step(self, listing: Listing, main: Progress, carry: Sequence[Span]) -> bool:
+        """Whether a round of a followed dataset has a full step of rows to read: rows of
+        shards not consumed yet (unknown counts: as many as it takes) and carried rows."""
+        fresh = sum(
+            TO_END if i.rows is None else i.rows
+            for n, i in enumerate(listing.infos)
+            if n not in main.consumed
+        ) + sum(s.stop - s.start for s in carry)
+        return fresh >= self.world_size * self.spec.batch_size
+
+    def _make_first(self, epoch: int, *, force: bool = True) -> _PlannedEpoch:
         start = self._start
-        listing = self._start_listing or self.scan()
+        listing = self._start_listing
+        if listing is None:
+            listing = self.scan()
+            if start is not None:  # listed again while a round waits: the state must fit it
+                match_listing(start.dataset, listing.records(), listing.classes)
         step = self._start_step
         if start is None:
             return self._planned(epoch, step, listing, (), Progress(), Progress(), 0, 0, step, None)
@@ -404,6 +457,13 @@ class EpochBook:
         )
         main = _remap(start.progress.consumed, start, by_url)
         carried = _remap(start.distributed.carry_consumed, start, by_url)
+        # A followed round loaded at its start (a DataLoader's every epoch, a stream resumed
+        # between rounds) waits for new rows like a round planned after another; not when the
+        # caller handed the listing (a DataLoader worker plans what its main process did).
+        waits = self.spec.follow is not None and not start.started and not self._handed
+        if waits and not force and not self._has_a_step(listing, main, carry):
+            self._start_listing = None  # list again on the next try
+            raise NothingNewError
         p = start.progress
         if self._in_order:
             planned = self._planned(
@@ -653,8 +713,19 @@ class EpochBook:
             if e.first_step <= nxt and (end is None or nxt < end):
                 return self._state_in(e, step)
             if nxt == end:
+                # An epoch with no step is over when every rank reached its end (steps do
+                # not tell), and so are those with no step right after it.
+                if end == e.first_step and not self._all_ended(e.epoch):
+                    return self._state_in(e, step)
+                while (f := self._epochs.get(e.epoch + 1)) is not None and (
+                    f.first_step == f.end_step == nxt and self._all_ended(f.epoch)
+                ):
+                    e = f
                 return self._state_after(e, step)
         raise StateError(f"step {step} is outside every planned epoch")
+
+    def _all_ended(self, epoch: int) -> bool:
+        return all(self._ended.get(r, -1) >= epoch for r in range(self.world_size))
 
     def snapshot_acked(self) -> StreamState:
         """The state after every batch any rank acked, when ranks acked unequal steps.
@@ -808,6 +879,7 @@ class EpochBook:
                 f"has shuffle_seed={self.spec.shuffle_seed}; create the stream with the "
                 "same seed to resume it"
             )
+        handed = listing is not None
         if listing is None:
             listing = self.scan()
         match_listing(state.dataset, listing.records(), listing.classes)
@@ -821,8 +893,10 @@ class EpochBook:
         self._cursors = {}
         self._quarantined = [(-1, q) for q in state.progress.quarantined]
         self._short = {}
+        self._ended = {}
         self._start = state
         self._start_listing = listing
+        self._handed = handed
         self._start_epoch = state.progress.epoch
         self._start_step = state.progress.step
         self._in_order = self._same_order(state, listing)

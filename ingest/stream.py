@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import threading
 import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ from ingest._prefetch import read_ahead
 from ingest.catalog import Listing
 from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, Remainder, StreamSpec
-from ingest.errors import ConfigError, IngestError
+from ingest.errors import ConfigError, IngestError, SupersededError
 from ingest.feed import Feed, Tail, item_bytes
 from ingest.follow import Follow
 from ingest.formats.base import ReadOptions
@@ -125,7 +126,7 @@ class Stream:
         # whose `finally` stops its read-ahead threads at once. A strong reference would make a
         # cycle (the generator's frame holds the stream) that only the cyclic GC frees, and a
         # stream left without close() would keep its threads until then.
-        self._active: weakref.ref[Generator[Batch, None, None]] | None = None
+        self._active: weakref.ref[_Loop] | None = None
         self._running = False
         """An epoch's loop started and has not finished: the next loop rewinds first."""
 
@@ -184,19 +185,22 @@ class Stream:
         )
 
     def __iter__(self) -> Iterator[Batch]:
-        self._stop_active()
+        """One epoch, or the rest of the one a loop left; a loop still held stops (see
+        :class:`_Loop`)."""
+        self._stop_active(superseded=True)
         if self._running:
             self._rewind()
-        loop = self._run(self._next_epoch)
+        loop = _Loop(self._run(self._next_epoch))
         self._active = weakref.ref(loop)
         return loop
 
-    def _stop_active(self) -> None:
-        """Close the loop in progress, if its caller still holds it."""
+    def _stop_active(self, *, superseded: bool = False) -> None:
+        """Close the loop in progress, if its caller still holds it; ``superseded``: a newer
+        loop takes over, and the old one says so if it is asked for another batch."""
         active = self._active() if self._active is not None else None
-        self._active = None
         if active is not None:
-            active.close()
+            active.stop(superseded=superseded)
+        self._active = None
 
     def _run(self, epoch: int) -> Generator[Batch, None, None]:
         book = self._book
@@ -220,6 +224,7 @@ class Stream:
                 if isinstance(item, Tail):
                     self._flush()
                     book.close(epoch, item.steps, item.leftover, item.learned)
+                    book.ended(0, epoch)
                     self._note(item.quarantined)
                     break
                 batch = to_torch(item.table)
@@ -306,7 +311,7 @@ class Stream:
 
     def _restore(self, parsed: StreamState, listing: Listing | None = None) -> None:
         """Load ``parsed``; ``listing``: the source as listed already (none made here)."""
-        self._stop_active()
+        self._stop_active(superseded=True)
         self._pending = []  # acks of the position left behind
         self._running = False
         self._book.load(parsed, listing)
@@ -330,6 +335,58 @@ class Stream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _Loop(Iterator[Batch]):
+    """One loop over a :class:`Stream`: its batches, for one consumer at a time.
+
+    A stream delivers through one loop at a time, so that a state covers every batch handed
+    out: a newer ``iter()`` or a loaded state stops the loop, which then raises
+    :class:`ingest.SupersededError` if asked for another batch (it ended silently, as if the
+    epoch were over). Two threads that ask one loop at once, or a new loop while another
+    thread is inside this one, get a :class:`ingest.ConfigError` (a generator raised
+    ``ValueError: generator already executing``).
+    """
+
+    def __init__(self, batches: Generator[Batch, None, None]) -> None:
+        self._batches = batches
+        self._busy = threading.Lock()
+        self._superseded = False
+
+    def __next__(self) -> Batch:
+        if self._superseded:
+            raise SupersededError(
+                "a newer loop over this ingest.Stream (iter(stream) again, or "
+                "load_state_dict) took over from this one, after its last batch; iterate the "
+                "newest loop only"
+            )
+        if not self._busy.acquire(blocking=False):
+            raise _two_threads()
+        try:
+            return next(self._batches)
+        finally:
+            self._busy.release()
+
+    def stop(self, *, superseded: bool) -> None:
+        """End the loop (its read-ahead stops); ``superseded``: say so when next asked."""
+        if not self._busy.acquire(blocking=False):
+            raise _two_threads()
+        try:
+            self._superseded = superseded
+            self._batches.close()
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        self.stop(superseded=False)
+
+
+def _two_threads() -> ConfigError:
+    return ConfigError(
+        "another thread is inside a loop over this ingest.Stream: a stream hands out its "
+        "batches through one loop in one thread at a time; for several consumers use "
+        "ingest.DataLoader(stream, num_workers=N) or an ingest.RayStream's rank iterators"
+    )
 
 
 __all__ = ["Stream"]

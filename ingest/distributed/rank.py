@@ -73,16 +73,22 @@ class RankOptions:
     timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
-        check_numbers(
-            self, "RankOptions", fetch_batches=COUNT, ack_every=COUNT, timeout_s=SECONDS
-        )
+        check_numbers(self, "RankOptions", fetch_batches=COUNT, ack_every=COUNT, timeout_s=SECONDS)
 
 
-@dataclass(slots=True)
+@dataclass  # not slotted: the process's live iterators are held weakly (_take_over)
 class RankIterator:
     """Batches of one rank, epoch after epoch; picklable, iterate it in any Ray worker.
 
     Created by :meth:`ingest.RayStream.rank_iterator` or :func:`ingest.train.rank_iterator`.
+
+    One iterator of a rank delivers at a time. Each ``for`` loop starts by taking the rank
+    over at the coordinator (:meth:`ingest.distributed.coordinator._Coordinator.claim`): a
+    loop of the same iterator goes on with the batches it holds; a new iterator of the rank,
+    or a copy sent to another task (a copy carries no batch: it is a new iterator), goes on
+    right after the last batch the rank acked, and the batches an older iterator had
+    fetched but not handed out are read again for it. An older iterator of the same process
+    sends its acks first; one still in a loop then stops with :class:`ingest.SupersededError`.
     """
 
     coordinator: Any
