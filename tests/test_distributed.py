@@ -462,3 +462,30 @@ def test_ranks_stay_in_one_epoch_when_an_epoch_has_no_step(local: Store) -> None
     # 180 rows (one step, 52 carried), epoch 3 112 (none).
     assert loops == [[(e, n)] * 4 for e, n in [(0, 0), (1, 0), (2, 1), (3, 0)]], loops
     assert state["progress"]["epoch"] == 4
+
+
+def test_an_iterator_that_took_the_rank_over_at_an_epochs_last_step_ends_that_epoch(
+    local: Store,
+) -> None:
+    # Found by the model test (tests/test_model.py): a second iterator took the rank over and
+    # handed out the epoch's last batch; its next loop claimed the rank, which the book had in
+    # the next epoch (every step acked), while the iterator still held the epoch's end. It
+    # took that end for the next epoch's, marked an epoch it never read as ended, and the
+    # state stayed in it for good while the rank read on (every row delivered again).
+    write_dataset(local.fs, local.url("parquet"), "parquet", 1, 120)
+    with make(local, "parquet", 1, batch_size=48, timeout_s=60) as stream:
+        first = iter(stream.rank_iterator(0))
+        head = [int(i) for i in next(first)["id"].tolist()]
+        it = stream.rank_iterator(0)
+        second = iter(it)
+        head += [int(i) for i in next(second)["id"].tolist()]  # the epoch's last step
+        del second
+        assert [len(b["id"]) for b in it] == [], "the rest of epoch 0: its end"
+        epochs = []
+        for _ in range(2):
+            epochs.append([int(i) for b in it for i in b["id"].tolist()])
+            assert stream.state_dict()["progress"]["epoch"] == len(epochs) + 1
+    assert len(head) == len(set(head)) == 96
+    for got in epochs:  # 2 or 3 steps: 24 rows carried in first, then the epoch's own
+        assert len(got) in (96, 144)
+        assert max(Counter(got).values()) == (2 if len(got) == 144 else 1)

@@ -179,7 +179,9 @@ class _Coordinator:
         with self._lock:
             return self._book.upcoming_epoch(rank)
 
-    def claim(self, rank: int, session: int, lease: int, step: int) -> Claim:
+    def claim(
+        self, rank: int, session: int, lease: int, step: int, epoch: int | None = None
+    ) -> Claim:
         """An iterator of ``rank`` starts a loop: where the rank is, and its lease.
 
         Args:
@@ -187,24 +189,26 @@ class _Coordinator:
             session: The iterator's session.
             lease: The lease the iterator holds (0: none yet, a new or copied iterator).
             step: The iterator's last step, with every batch up to it acked.
+            epoch: The epoch of the iterator's loop (None: none yet).
 
         The iterator that holds the rank's newest lease and is at the rank's last acked step
         keeps its lease and its batches. Any other (a second iterator of the rank, a copy
         sent to another task) gets a new lease and the rank's position: its reader's feed is
         moved there (:meth:`ingest.distributed.pool._Reader.adopt`), so the batches an older
         iterator fetched and never handed out are read again, and the older one's calls are
-        refused (:class:`SupersededError`).
+        refused (:class:`SupersededError`). An iterator that keeps the rank stays in its own
+        epoch: having acked every step of it, it has yet to take the epoch's end.
         """
         with self._lock:
             self._check(session)
             book = self._book
-            epoch, next_step, cursor = book.position(rank)
+            upcoming, next_step, cursor = book.position(rank)
             acked = book.ledger.acked(rank)
             current = self._leases.get(rank, 0)
-            kept = bool(lease) and lease == current and step == acked
-            if not kept:
-                self._leases[rank] = current = current + 1
-            return Claim(current, acked, epoch, next_step, cursor, kept)
+            if lease and lease == current and step == acked and epoch is not None:
+                return Claim(current, acked, epoch, None, None, kept=True)
+            self._leases[rank] = current + 1
+            return Claim(current + 1, acked, upcoming, next_step, cursor, kept=False)
 
     def _check_lease(self, rank: int, lease: int | None) -> None:
         if lease is not None and lease < self._leases.get(rank, 0):

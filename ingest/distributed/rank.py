@@ -199,7 +199,7 @@ class RankIterator:
                 other.flush()  # its loop's acks: this loop goes on after its last batch
             other._superseded = True
         self.flush()
-        claim = self._call("claim", self.rank, self._session(), self.lease, self.step)
+        claim = self._call("claim", self.rank, self._session(), self.lease, self.step, self.epoch)
         self.lease, self.epoch, self._superseded = claim.lease, claim.epoch, False
         if not claim.kept:
             self._held.clear()
