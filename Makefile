@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/dataloader.py
 	$(PY) benchmarks/bad_input.py
 	$(PY) benchmarks/index_start.py
+	$(PY) benchmarks/model_soak.py --minutes 1
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
