@@ -1494,7 +1494,7 @@ OPTIONS: list[tuple[str, Callable[[], object], str]] = [
     (
         "ReadOptions(prefetch_bytes=0)",
         lambda: ingest.ReadOptions(prefetch_bytes=0),
-        r"prefetch_bytes=0 must be a whole number of bytes >= 1",
+        r"prefetch_bytes=0 must be >= 1 bytes, a whole number, or None",
     ),
 ]
 
@@ -1525,7 +1525,7 @@ def batch_size_float(ctx: Context) -> Thunk:
 @case(
     "Stream(shuffle_bytes=0)",
     ingest.ConfigError,
-    r"shuffle_bytes=0 must be a whole number of bytes >= 1",
+    r"shuffle_bytes=0 must be >= 1 bytes, a whole number, or None",
 )
 def shuffle_bytes_zero(ctx: Context) -> Thunk:
     return stream_option(ctx, shuffle_bytes=0)

@@ -72,7 +72,7 @@ from ingest.state import (
     StreamState,
     match_listing,
 )
-from ingest.validate import COUNT, check_numbers
+from ingest.validate import BYTES_OR_NONE, COUNT, check_numbers
 
 Remainder = Literal["carry", "drop"]
 
@@ -131,6 +131,7 @@ class StreamSpec:
             batch_size=COUNT,
             shuffle_window=COUNT,
             shuffle_lanes=COUNT,
+            shuffle_bytes=BYTES_OR_NONE,
         )
         if self.columns is not None and not self.columns:
             raise ConfigError("columns=[] selects nothing; pass None for all columns")
@@ -141,15 +142,6 @@ class StreamSpec:
         ):
             raise ConfigError(
                 f"shuffle_seed={self.shuffle_seed!r} must be a non-negative int or None"
-            )
-        if self.shuffle_bytes is not None and (
-            isinstance(self.shuffle_bytes, bool)
-            or not isinstance(self.shuffle_bytes, int)
-            or self.shuffle_bytes < 1
-        ):
-            raise ConfigError(
-                f"shuffle_bytes={self.shuffle_bytes!r} must be a whole number of bytes >= 1 "
-                "(default 256 MiB), or None to bound the shuffle window in rows only"
             )
         if self.remainder not in ("carry", "drop"):
             raise ConfigError(

@@ -55,7 +55,7 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from ingest._prefetch import Prefetcher
+from ingest._prefetch import Prefetcher, read_ahead
 from ingest.assign import CARRY, MAIN, Span
 from ingest.catalog import Listing
 from ingest.errors import IngestError, ShardError, StoreError
@@ -453,6 +453,20 @@ class Feed:
         """Windows with rows not yet cut into batches: ``(window, start, stop)``."""
         self.peak_bytes = 0
         """The most bytes this feed held at once, seen as each window was made."""
+
+    def ahead(self, name: str) -> contextlib.AbstractContextManager[Iterator[Ready | Tail]]:
+        """This feed's items, read ahead in a background thread by ``ReadOptions.prefetch``
+        batches and at most ``prefetch_bytes`` (see :func:`ingest._prefetch.read_ahead`);
+        ``name``: what a timeout names (the source). On leaving, the feed is closed."""
+        read = self.config.read
+        return read_ahead(
+            self,
+            read.prefetch,
+            read.timeout_s,
+            name,
+            max_bytes=read.prefetch_bytes,
+            size=item_bytes,
+        )
 
     def _make_lanes(self) -> list[_Lane]:
         spans = self.plan.spans

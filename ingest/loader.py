@@ -22,12 +22,11 @@ from typing import Any
 
 import torch.utils.data
 
-from ingest._prefetch import read_ahead
 from ingest.catalog import Listing
 from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, StreamSpec
 from ingest.errors import ConfigError, IngestError
-from ingest.feed import Cursor, Feed, Ready, Tail, item_bytes
+from ingest.feed import Cursor, Feed, Ready, Tail
 from ingest.ledger import Closed, Rows, Runs, StepRecord
 from ingest.quarantine import Quarantined
 from ingest.state import StreamState
@@ -94,15 +93,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         feed = Feed(
             book.rank_plan(rank, epoch), self.spec.feed_config(), book.source, self.transform
         )
-        read = self.spec.read
-        with read_ahead(
-            feed,
-            read.prefetch,
-            read.timeout_s,
-            self.spec.urls[0],
-            max_bytes=read.prefetch_bytes,
-            size=item_bytes,
-        ) as items:
+        with feed.ahead(self.spec.urls[0]) as items:
             for item in _failing_as_item(items):
                 if isinstance(item, _Failed):
                     yield {KEY: item}

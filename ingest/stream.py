@@ -17,12 +17,11 @@ import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
-from ingest._prefetch import read_ahead
 from ingest.catalog import Listing
 from ingest.convert import Batch, to_torch
 from ingest.epochs import EpochBook, Remainder, StreamSpec
 from ingest.errors import ConfigError, IngestError, SupersededError
-from ingest.feed import Feed, Tail, item_bytes
+from ingest.feed import Feed, Tail
 from ingest.follow import Follow
 from ingest.formats.base import ReadOptions
 from ingest.ledger import StepRecord
@@ -209,16 +208,8 @@ class Stream:
         if plan.next_step == book.plan(epoch).first_step:
             self._delivered = 0
         feed = Feed(plan, self.spec.feed_config(), book.source, self._transform)
-        read = self.spec.read
         self._held()  # the last loop's peak is kept
-        with read_ahead(
-            feed,
-            read.prefetch,
-            read.timeout_s,
-            self.spec.urls[0],
-            max_bytes=read.prefetch_bytes,
-            size=item_bytes,
-        ) as items:
+        with feed.ahead(self.spec.urls[0]) as items:
             self._reading = (feed, items)
             for item in items:
                 if isinstance(item, Tail):

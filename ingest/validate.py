@@ -33,15 +33,19 @@ class Number:
         above: The value must be greater than ``least``, not equal to it.
         whole: The value is a count: an ``int`` (numpy integers too), not a float.
         unit: What the number counts, said in the message (``"seconds"``, ``"bytes"``).
+        optional: None is allowed too (the bound is off).
     """
 
     least: float
     above: bool = False
     whole: bool = False
     unit: str = ""
+    optional: bool = False
 
     def problem(self, value: object) -> str | None:
         """Why ``value`` breaks this rule (empty: out of range), or None when it does not."""
+        if value is None and self.optional:
+            return None
         if isinstance(value, bool):
             return "got a bool"
         kind = numbers.Integral if self.whole else numbers.Real
@@ -56,13 +60,15 @@ class Number:
         bound = f"{'>' if self.above else '>='} {self.least:g}"
         unit = f" {self.unit}" if self.unit else ""
         kind = "a whole number" if self.whole else "a finite number"
-        return f"{bound}{unit}, {kind}"
+        return f"{bound}{unit}, {kind}" + (", or None" if self.optional else "")
 
 
 COUNT = Number(1, whole=True)
 """A count of at least one (batches, rows, lanes, files)."""
 SECONDS = Number(0, above=True, unit="seconds")
 """A duration that must pass: a timeout, a poll period."""
+BYTES_OR_NONE = Number(1, whole=True, unit="bytes", optional=True)
+"""A byte budget, or None for none."""
 
 
 def check_numbers(options: object, owner: str, **rules: Number) -> None:
@@ -94,4 +100,4 @@ def check_numbers(options: object, owner: str, **rules: Number) -> None:
         raise ConfigError(f"{option} must be {rule.describe()}{got}; {fix}".rstrip("; "))
 
 
-__all__ = ["COUNT", "SECONDS", "Number", "check_numbers"]
+__all__ = ["BYTES_OR_NONE", "COUNT", "SECONDS", "Number", "check_numbers"]

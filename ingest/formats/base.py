@@ -18,7 +18,7 @@ import pyarrow as pa
 from ingest.cache import CacheOptions
 from ingest.errors import ConfigError, ShardError
 from ingest.sources import RetryPolicy, Shard, Source
-from ingest.validate import COUNT, SECONDS, Number, check_numbers
+from ingest.validate import BYTES_OR_NONE, COUNT, SECONDS, Number, check_numbers
 
 Seek = tuple[int, int]
 """A place a format can jump to without reading what comes before: ``(row, cursor)``.
@@ -109,6 +109,7 @@ class ReadOptions:
             timeout_s=SECONDS,
             max_errors=Number(0, whole=True),
             file_concurrency=COUNT,
+            prefetch_bytes=BYTES_OR_NONE,
         )
         if self.block_bytes < 1024:
             raise ConfigError(
@@ -125,15 +126,6 @@ class ReadOptions:
                 f"max_json_depth={self.max_json_depth} is above {MAX_JSON_DEPTH}; use at most "
                 f"{MAX_JSON_DEPTH} (the default is 128): pyarrow recurses once per level, and "
                 "lines thousands of levels deep crash the process"
-            )
-        if self.prefetch_bytes is not None and (
-            isinstance(self.prefetch_bytes, bool)
-            or not isinstance(self.prefetch_bytes, int)
-            or self.prefetch_bytes < 1
-        ):
-            raise ConfigError(
-                f"prefetch_bytes={self.prefetch_bytes!r} must be a whole number of bytes >= 1 "
-                "(default 64 MiB), or None to bound the read-ahead in batches only"
             )
         if not isinstance(self.retry, RetryPolicy):
             raise TypeError(f"retry must be a RetryPolicy, got {type(self.retry).__name__}")
