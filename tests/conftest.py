@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +20,7 @@ _names = itertools.count()
 # The persistent shard index (default: the user's cache directory) goes to a directory of
 # this test session, set before Ray starts so that its workers see it too.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ingest-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:

@@ -395,3 +395,46 @@ def test_a_shard_written_between_epochs_joins_the_same_stream(
         encode(make_table(TOTAL, 1440), "parquet", row_group_rows=400),  # 12 whole batches
     )
     assert sorted(flat(batches(stream))) == list(range(TOTAL + 1440))
+
+
+def test_a_second_loop_stops_the_first_which_says_so(local: Store) -> None:
+    # Issue 17: a second iter() on a Stream ended the first loop silently, as if its epoch
+    # were over. The first now says a newer loop took over; the newer one goes on right
+    # after the first one's last batch.
+    write(local, "parquet")
+    stream = make(local)
+    first = iter(stream)
+    head = key_ids(next(first)) + key_ids(next(first))
+    second = iter(stream)
+    with pytest.raises(ingest.SupersededError, match=r"a newer loop over this ingest\.Stream"):
+        next(first)
+    rest = [i for b in second for i in key_ids(b)]
+    assert Counter(head + rest) == Counter(range(SHARDS * ROWS))
+
+
+def test_a_loop_asked_from_two_threads_at_once_is_a_clear_error(local: Store) -> None:
+    # Issue 17: two threads in one loop got 'ValueError: generator already executing'.
+    import threading
+
+    write(local, "parquet")
+    inside, go_on = threading.Event(), threading.Event()
+
+    def slow(table: Any) -> Any:  # runs in the thread asking for a batch (prefetch=0)
+        inside.set()
+        assert go_on.wait(60)
+        return table
+
+    stream = make(local, transform=slow, read=ingest.ReadOptions(prefetch=0))
+    loop = iter(stream)
+    got: list[int] = []
+    worker = threading.Thread(target=lambda: got.extend(key_ids(next(loop))))
+    worker.start()
+    assert inside.wait(60)
+    with pytest.raises(ingest.ConfigError, match="another thread is inside a loop"):
+        next(loop)
+    with pytest.raises(ingest.ConfigError, match="another thread is inside a loop"):
+        iter(stream)
+    go_on.set()
+    worker.join(60)
+    rest = [i for b in loop for i in key_ids(b)]
+    assert Counter(got + rest) == Counter(range(SHARDS * ROWS))
