@@ -489,3 +489,19 @@ def test_an_iterator_that_took_the_rank_over_at_an_epochs_last_step_ends_that_ep
     for got in epochs:  # 2 or 3 steps: 24 rows carried in first, then the epoch's own
         assert len(got) in (96, 144)
         assert max(Counter(got).values()) == (2 if len(got) == 144 else 1)
+
+
+def test_an_iterator_taken_over_after_its_epochs_last_batch_does_not_end_the_epoch(
+    local: Store,
+) -> None:
+    # Found by the model test: the older loop, asked again, took its epoch's end and
+    # reported it (StopIteration) though a newer iterator had taken the rank over.
+    write_dataset(local.fs, local.url("parquet"), "parquet", 1, 120)
+    with make(local, "parquet", 1, batch_size=48, timeout_s=60) as stream:
+        first = iter(stream.rank_iterator(0))
+        head = [int(i) for _ in range(2) for i in next(first)["id"].tolist()]
+        second = iter(stream.rank_iterator(0))
+        nxt = [int(i) for i in next(second)["id"].tolist()]  # epoch 1: every step was acked
+        with pytest.raises(ingest.SupersededError, match="another iterator of rank 0"):
+            next(first)
+    assert len(set(head)) == 96 and len(nxt) == 48

@@ -275,6 +275,8 @@ class RankIterator:
                 asked = time.monotonic()
                 item = self._next(epoch)
                 waited = time.monotonic() - asked
+                if self._superseded:  # a newer iterator of this process took the rank over
+                    raise SupersededError.of_rank(self.rank)
                 if isinstance(item, End):
                     self.flush()
                     # Reached: a new iterator of the rank runs the next epoch, even after an
@@ -312,8 +314,6 @@ class RankIterator:
                     )
                     rows, quarantined, table = 0, (*quarantined, failed), table.empty
                 batch = self._to_torch(table)
-                if self._superseded:
-                    raise SupersededError.of_rank(self.rank)
                 self._pending.append(
                     StepRecord(item.step, item.runs, rows, quarantined, item.closed)
                 )
