@@ -40,6 +40,7 @@ EXAMPLES: list[IngestError] = [
     ingest.StreamTimeoutError("no batch in 60 s"),
     CoordinatorLostError(RuntimeError("actor died\nmore detail")),
     StaleSessionError("session 3 was replaced"),
+    ingest.SupersededError.of_rank(2),
     IndexStoreError("s3://bucket/index", "forbidden", "grant write access"),
 ]
 
