@@ -253,19 +253,15 @@ class Local:
         self.stream.close()
 
 
-class LocalMachine(RuleBasedStateMachine):
-    data: Data
+class Loops(RuleBasedStateMachine):
+    """The rules of one process's loops (a ``Stream``, or a ``DataLoader`` over one): take
+    k batches, take the state, leave the loop. Subclasses make :attr:`sut` and
+    :attr:`model`, and add rules of their own."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.model = Model(self.data)
-        self.sut: Local | None = None
-
-    @initialize(
-        kind=st.sampled_from(["stream", "loader0", "loader2"]), batch=st.sampled_from(BATCHES)
-    )
-    def start(self, kind: str, batch: int) -> None:
-        self.sut = Local(self.data, kind, batch)
+    model: Model
+    sut: Local | None = None
+    loops_to_end = TOTAL
+    """Loops of 50 batches within which the teardown's epoch must end."""
 
     def _loop(self) -> Iterator[Any]:
         sut = self.sut
@@ -313,6 +309,27 @@ class LocalMachine(RuleBasedStateMachine):
             self.sut.loop = None
             self.sut.left = True
 
+    def teardown(self) -> None:
+        if self.sut is not None:
+            try:
+                finish_epoch(self.model, self.take, self.loops_to_end)
+            finally:
+                self.sut.close()
+
+
+class LocalMachine(Loops):
+    data: Data
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.model = Model(self.data)
+
+    @initialize(
+        kind=st.sampled_from(["stream", "loader0", "loader2"]), batch=st.sampled_from(BATCHES)
+    )
+    def start(self, kind: str, batch: int) -> None:
+        self.sut = Local(self.data, kind, batch)
+
     @precondition(lambda self: self.sut is not None and self.sut.kind == "stream")
     @rule()
     def second_loop(self) -> None:
@@ -337,14 +354,6 @@ class LocalMachine(RuleBasedStateMachine):
         self.sut.close()
         self.sut = Local(self.data, kind, batch)
         self.sut.source.load_state_dict(self.model.restore())
-
-    def teardown(self) -> None:
-        if self.sut is None:
-            return
-        try:
-            finish_epoch(self.model, self.take, TOTAL)
-        finally:
-            self.sut.close()
 
 
 def test_stream_and_dataloader_deliver_every_row_once_whatever_the_user_does(data: Data) -> None:
@@ -594,15 +603,17 @@ class FollowModel(Model):
         return state
 
 
-class FollowMachine(RuleBasedStateMachine):
+class FollowMachine(Loops):
     """A ``Stream`` or ``DataLoader`` following a directory that grows between its loops."""
+
+    model: FollowModel
+    loops_to_end = 20
 
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="ingest-follow-model-")
         self.data = Data(f"file://{self.dir}/", {})
         self.model = FollowModel(self.data)
-        self.sut: Local | None = None
 
     def _make(self, kind: str) -> Local:
         follow = ingest.Follow(poll_s=0.02, idle_timeout_s=0.3)
@@ -623,42 +634,6 @@ class FollowMachine(RuleBasedStateMachine):
         self.data.ids[f"file://{path}"] = ids
         self.model.written += 1
 
-    @rule(k=st.integers(1, 6))
-    def take(self, k: int) -> None:
-        sut = self.sut
-        assert sut is not None
-        if sut.loop is None:
-            if sut.left:
-                state = sut.state()
-                if state["progress"]["epoch"] > self.model.epoch:
-                    self.model.end_epoch(state)
-                sut.left = False
-            sut.loop = iter(sut.source)
-        for _ in range(k):
-            try:
-                batch = next(sut.loop)
-            except StopIteration:
-                sut.loop = None
-                self.model.loop_ended(sut.state())
-                return
-            self.model.deliver(ids_of(batch))
-
-    @rule()
-    def save(self) -> None:
-        assert self.sut is not None
-        state = self.sut.state()
-        if state["progress"]["epoch"] > self.model.epoch:
-            self.model.end_epoch(state, told=self.sut.loop is not None)
-        else:
-            self.model.save(state)
-
-    @rule()
-    def leave(self) -> None:
-        assert self.sut is not None
-        if self.sut.loop is not None:
-            self.sut.loop = None
-            self.sut.left = True
-
     @precondition(lambda self: self.model.saved is not None)
     @rule(kind=st.sampled_from(["stream", "loader0", "loader2"]))
     def restore(self, kind: str) -> None:
@@ -669,9 +644,7 @@ class FollowMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            if self.sut is not None:
-                finish_epoch(self.model, self.take, 20)
-                self.sut.close()
+            super().teardown()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
