@@ -600,6 +600,19 @@ def write_dataset(
     return paths
 
 
+def write_large_rows(root: str, shards: int, rows: int, row_bytes: int) -> None:
+    """Write ``shards`` Parquet shards of ``rows`` rows under the local directory ``root``:
+    an ``id`` (0..N-1 across shards) and ``data``, ``row_bytes`` random bytes. Row groups of
+    2 rows and no dictionary, so that what a reader holds open is small next to the
+    batches and windows that tests of byte bounds measure."""
+    rng = np.random.default_rng(0)
+    for n in range(shards):
+        blobs = [rng.bytes(row_bytes) for _ in range(rows)]
+        table = pa.table({"id": pa.array(range(n * rows, (n + 1) * rows)), "data": blobs})
+        path = os.path.join(root, f"part-{n:05d}.parquet")
+        pq.write_table(table, path, row_group_size=2, use_dictionary=False)
+
+
 def write_image_folder(
     fs: fsspec.AbstractFileSystem,
     root: str,

@@ -10,13 +10,11 @@ import subprocess
 import sys
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import ingest
 from ingest.epochs import EpochBook, StreamSpec
+from ingest.testing import write_large_rows
 
 SHARDS, ROWS, ROW_BYTES = 8, 16, 256 << 10
 """32 MiB of 256 KiB rows: small for a test, large next to the bounds below."""
@@ -26,16 +24,9 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def large_rows(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = tmp_path_factory.mktemp("large-rows")
-    rng = np.random.default_rng(0)
-    for n in range(SHARDS):
-        blobs = [rng.bytes(ROW_BYTES) for _ in range(ROWS)]
-        table = pa.table({"id": pa.array(range(n * ROWS, (n + 1) * ROWS)), "data": blobs})
-        # Row groups of 2 rows, no dictionary: what a reader holds open is small here, so
-        # that the test measures the window and the read-ahead.
-        path = root / f"part-{n:05d}.parquet"
-        pq.write_table(table, path, row_group_size=2, use_dictionary=False)
-    return str(root)
+    root = str(tmp_path_factory.mktemp("large-rows"))
+    write_large_rows(root, SHARDS, ROWS, ROW_BYTES)
+    return root
 
 
 def bounded(url: str, **options: object) -> ingest.Stream:
@@ -53,6 +44,7 @@ PEAK = """
 import json, sys
 import pyarrow as pa
 import ingest
+from ingest.testing import write_large_rows
 url, options, read = sys.argv[1], json.loads(sys.argv[2]), json.loads(sys.argv[3])
 read_options = ingest.ReadOptions(**read)
 stream = ingest.Stream(url, batch_size=4, shuffle_seed=3, read=read_options, **options)

@@ -9,12 +9,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 import ingest
+from ingest.testing import write_large_rows
 
 SHARDS, ROWS, ROW_BYTES, BATCH = 4, 16, 256 << 10, 4
 """16 MiB of 256 KiB rows: each batch of 4 rows is a little over 1 MiB."""
@@ -23,13 +22,9 @@ MIB = 1 << 20
 
 @pytest.fixture(scope="module")
 def large_rows(tmp_path_factory: pytest.TempPathFactory) -> str:
-    root = tmp_path_factory.mktemp("large-rows")
-    rng = np.random.default_rng(0)
-    for n in range(SHARDS):
-        blobs = [rng.bytes(ROW_BYTES) for _ in range(ROWS)]
-        table = pa.table({"id": pa.array(range(n * ROWS, (n + 1) * ROWS)), "data": blobs})
-        pq.write_table(table, root / f"part-{n}.parquet", row_group_size=2, use_dictionary=False)
-    return str(root)
+    root = str(tmp_path_factory.mktemp("large-rows"))
+    write_large_rows(root, SHARDS, ROWS, ROW_BYTES)
+    return root
 
 
 class CountBatches:
