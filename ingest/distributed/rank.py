@@ -278,6 +278,8 @@ class RankIterator:
                 if self._superseded:  # a newer iterator of this process took the rank over
                     raise SupersededError.of_rank(self.rank)
                 if isinstance(item, End):
+                    # The epoch's last acks (a coordinator lost here is the loop's error),
+                    # before its end is reported.
                     self.flush()
                     # Reached: a new iterator of the rank runs the next epoch, even after an
                     # epoch with no step (EpochBook.upcoming_epoch).
@@ -323,7 +325,6 @@ class RankIterator:
                     self.flush(wait=False)
                 meter.batch(len(next(iter(batch.values()), ())), waited)
                 yield batch
-            self.flush()  # the epoch's last acks; a coordinator lost here is the loop's error
             meter.report()
             done = True
             self.epoch = epoch + 1
