@@ -64,6 +64,7 @@ from ingest.testing import (
     Faults,
     LoopbackS3,
     Store,
+    date_time_table,
     encode,
     make_table,
     tar_link,
@@ -277,21 +278,9 @@ def dates_and_times(ctx: Context) -> Thunk:
     """Valid input (tests/test_formats.py): each arrives as integers in its Arrow unit, a
     zoned timestamp as the instant in UTC (it came as int64 with the zone dropped silently,
     a date32 as Python date objects, a time64 as time objects)."""
-    import datetime as dt
-
     import torch
 
-    instant = dt.datetime(2024, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1)))
-    table = pa.table(
-        {
-            "paris": pa.array([instant], pa.timestamp("ms", tz="Europe/Paris")),
-            "utc": pa.array([instant], pa.timestamp("ms", tz="UTC")),
-            "naive_us": pa.array([dt.datetime(2024, 1, 1)], pa.timestamp("us")),
-            "day": pa.array([dt.date(2024, 1, 1)], pa.date32()),
-            "at": pa.array([dt.time(1, 2, 3)], pa.time64("us")),
-            "took": pa.array([dt.timedelta(seconds=2)], pa.duration("ms")),
-        }
-    )
+    table = date_time_table()
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     store = ctx.local()

@@ -600,6 +600,25 @@ def write_dataset(
     return paths
 
 
+def date_time_table() -> pa.Table:
+    """One row of each date and time type: the same instant with the zone Europe/Paris and
+    UTC (ms; 2023-12-31T23:00:00Z), a naive us timestamp, a date32, a time64 and a
+    duration (what the conversion to torch makes of them: ingest.convert)."""
+    import datetime as dt
+
+    instant = dt.datetime(2024, 1, 1, tzinfo=dt.timezone(dt.timedelta(hours=1)))
+    return pa.table(
+        {
+            "paris": pa.array([instant], pa.timestamp("ms", tz="Europe/Paris")),
+            "utc": pa.array([instant], pa.timestamp("ms", tz="UTC")),
+            "naive_us": pa.array([dt.datetime(2024, 1, 1)], pa.timestamp("us")),
+            "day": pa.array([dt.date(2024, 1, 1)], pa.date32()),
+            "at": pa.array([dt.time(1, 2, 3)], pa.time64("us")),
+            "took": pa.array([dt.timedelta(seconds=2)], pa.duration("ms")),
+        }
+    )
+
+
 def write_large_rows(root: str, shards: int, rows: int, row_bytes: int) -> None:
     """Write ``shards`` Parquet shards of ``rows`` rows under the local directory ``root``:
     an ``id`` (0..N-1 across shards) and ``data``, ``row_bytes`` random bytes. Row groups of

@@ -26,7 +26,7 @@ from ingest.errors import ShardError
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions, RowBatch
 from ingest.sources import Source
-from ingest.testing import Store, encode, make_table
+from ingest.testing import Store, date_time_table, encode, make_table
 
 ROWS = 3000
 OPTIONS = ReadOptions(block_bytes=4096, batch_rows=256)
@@ -388,22 +388,10 @@ def test_timestamps_with_a_zone_dates_and_times_arrive_as_integers_since_the_epo
     epoch in UTC, the same for the same instant in any zone (the zone is dropped, as the
     ingest.convert docstring says). Dates and times arrive as integers too (date32 came as
     Python date objects, time64 as time objects)."""
-    import datetime as dt
 
     import torch
 
-    paris = dt.timezone(dt.timedelta(hours=1))
-    instant = dt.datetime(2024, 1, 1, tzinfo=paris)  # 2023-12-31T23:00:00Z
-    table = pa.table(
-        {
-            "paris": pa.array([instant], pa.timestamp("ms", tz="Europe/Paris")),
-            "utc": pa.array([instant], pa.timestamp("ms", tz="UTC")),
-            "naive_us": pa.array([dt.datetime(2024, 1, 1)], pa.timestamp("us")),
-            "day": pa.array([dt.date(2024, 1, 1)], pa.date32()),
-            "at": pa.array([dt.time(1, 2, 3)], pa.time64("us")),
-            "took": pa.array([dt.timedelta(seconds=2)], pa.duration("ms")),
-        }
-    )
+    table = date_time_table()
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink)
     local.write("d/a.parquet", sink.getvalue().to_pybytes())
