@@ -57,8 +57,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import ingest
-from ingest import errors
-from ingest.state import MAX_STATE_BYTES
+from ingest.core import errors
+from ingest.core.state import MAX_STATE_BYTES
 from ingest.testing import (
     FaultProxy,
     Faults,
@@ -195,7 +195,7 @@ NAMESPACE = ["unshare", "--map-root-user", "--mount"]
 def in_child(script: str, *args: str, namespace: bool = False) -> object:
     """Run ``script`` (after :data:`CHILD_PRELUDE`; it calls ``record(thunk)``) in a child
     Python, in a user and mount namespace if ``namespace``, and raise :class:`ChildError` with
-    the error it reports (an ``ingest.errors`` class by name; anything else as a
+    the error it reports (an ``ingest.core.errors`` class by name; anything else as a
     RuntimeError naming it), or return its result."""
     argv = [*(NAMESPACE if namespace else []), sys.executable, "-c", CHILD_PRELUDE + script, *args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S, check=False)
@@ -1364,7 +1364,7 @@ def cached_stream(store: Store, cache: ingest.CacheOptions, **options: Any) -> A
 
 def copy_path(cache: ingest.CacheOptions, store: Store, name: str) -> str:
     """Where the node's cache keeps the copy of shard ``name`` of ``store``'s ``d``."""
-    from ingest.cache import ShardCache
+    from ingest.storage.cache import ShardCache
 
     stream = cached_stream(store, cache)
     [shard] = [s for s in stream.listing().shards if s.url.endswith(name)]
@@ -1407,7 +1407,7 @@ def cache_read_only(ctx: Context) -> Thunk:
     store = ctx.s3_store()
     write_dataset(store.fs, store.url("d"), "parquet", 2, 100)
     directory = os.path.join(ctx.tmp, "read-only")
-    from ingest.cache import ShardCache
+    from ingest.storage.cache import ShardCache
 
     ShardCache(ingest.CacheOptions(directory, max_bytes=1 << 30))
     mount = f"mount --bind {directory} {directory} && mount -o remount,ro,bind {directory}"

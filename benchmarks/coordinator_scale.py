@@ -1,20 +1,20 @@
 """The coordinator at scale, simulated: plan, acks, state size and snapshot, no data read.
 
 A synthetic listing of ``--shards`` parquet-like shards (row counts known from the "footer",
-``--row-groups`` seekable blocks each) is handed to an :class:`ingest.epochs.EpochBook` for
+``--row-groups`` seekable blocks each) is handed to an :class:`ingest.core.book.EpochBook` for
 ``--ranks`` ranks: the coordinator's logic without Ray and without I/O. What each rank's feed
-would deliver is simulated from the rank's plan exactly as :class:`ingest.feed.Feed` orders
-it (spans dealt to ``lanes`` lanes by :func:`ingest.assign.deal_lanes`, windows of
+would deliver is simulated from the rank's plan exactly as :class:`ingest.engine.feed.Feed` orders
+it (spans dealt to ``lanes`` lanes by :func:`ingest.core.assign.deal_lanes`, windows of
 ``window`` rows permuted by the same keyed permutation, batches cut from consecutive
 windows), so every ack carries what a real batch carries: one packed row per row of a
-shuffled batch, as :class:`ingest.feed.Feed` sends them.
+shuffled batch, as :class:`ingest.engine.feed.Feed` sends them.
 
 Figures (issue 7, goals in brackets):
 
 1. plan: ``book.plan(0)`` and the plan of every rank (``book.rank_plan``); the plan also
    makes the listing part of the epoch's states [<= 10 s].
-2. acks absorbed per second: one ack is one :class:`ingest.ledger.StepRecord` of one rank
-   (one shuffled batch, with the window it finishes: :class:`ingest.ledger.Closed`), sent
+2. acks absorbed per second: one ack is one :class:`ingest.core.ledger.StepRecord` of one rank
+   (one shuffled batch, with the window it finishes: :class:`ingest.core.ledger.Closed`), sent
    in messages of ``ack_every`` records, round-robin over the ranks. An ack is absorbed
    when its rows are merged into the progress: the ``book.ack`` calls plus the folds the
    coordinator makes between checkpoints (every ``_FOLD_EVERY`` steps, on a window's
@@ -60,15 +60,15 @@ import numpy.typing as npt
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from ingest.assign import Span, deal_lanes
-from ingest.catalog import Listing
+from ingest.core.assign import Span, deal_lanes
+from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.ledger import Closed, Rows, Runs, StepRecord, as_runs, pack_base
+from ingest.core.plan import permutation
+from ingest.core.state import StreamState
 from ingest.distributed.coordinator import _FOLD_EVERY
-from ingest.epochs import EpochBook, StreamSpec
 from ingest.formats.base import ShardInfo
-from ingest.ledger import Closed, Rows, Runs, StepRecord, as_runs, pack_base
-from ingest.plan import permutation
-from ingest.sources import Shard
-from ingest.state import StreamState
+from ingest.planner.catalog import Listing
+from ingest.storage.sources import Shard
 
 GOALS = {
     "plan_s": ("<=", 10.0),
@@ -188,7 +188,8 @@ class _Lane:
 
 
 class RankFeed:
-    """The provenance of one rank's batches, ordered as :class:`ingest.feed.Feed` orders them.
+    """The provenance of one rank's batches, ordered as
+    :class:`ingest.engine.feed.Feed` orders them.
 
     Args:
         spans: The rank's share (``FeedPlan.spans``).
@@ -225,8 +226,8 @@ class RankFeed:
 
     def batches(self, w: int) -> list[tuple[Rows, Closed]]:
         """What each batch cut from window ``w`` (a full window) acks, as the feed sends it:
-        its packed rows (:func:`ingest.ledger.pack_base`), in the window's shuffled order,
-        and the window it finishes (:class:`ingest.ledger.Closed`): the last batch's."""
+        its packed rows (:func:`ingest.core.ledger.pack_base`), in the window's shuffled order,
+        and the window it finishes (:class:`ingest.core.ledger.Closed`): the last batch's."""
         pieces = self.window_runs(w)
         sizes = pieces[:, 3] - pieces[:, 2]
         first_key = np.cumsum(sizes) - sizes

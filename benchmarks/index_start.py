@@ -25,10 +25,10 @@ from typing import Any
 import ray
 
 import ingest
-from ingest.catalog import Catalog
-from ingest.distributed.indexing import ray_indexer
-from ingest.index import IndexConfig, IndexStore
-from ingest.sources import Source
+from ingest.distributed.index_tasks import ray_indexer
+from ingest.planner.catalog import Catalog
+from ingest.planner.index import IndexConfig, IndexStore
+from ingest.storage.sources import Source
 from ingest.testing import LoopbackS3, write_dataset
 
 

@@ -8,7 +8,7 @@ serves one shard at a time scores near 0.
 
 Readers: ``Stream`` (one rank) and each rank of a 2-rank stream, with the default window and
 lanes and with one lane (no interleaving: what a window inside one shard gives). The 2-rank
-figures run each rank's :class:`ingest.feed.Feed` in this process: the same code the reader
+figures run each rank's :class:`ingest.engine.feed.Feed` in this process: the same code the reader
 pool of a ``RayStream`` runs. Goal (issue 7): >= 0.9 at the default window.
 
     .venv/bin/python benchmarks/shuffle_quality.py [--shards 32] [--rows 16384] [--labels 8]
@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import ingest
-from ingest.epochs import EpochBook, StreamSpec
-from ingest.feed import Feed, Ready
+from ingest.core.book import EpochBook, StreamSpec
+from ingest.engine.feed import Feed, Ready
 
 BATCH = 1024
 

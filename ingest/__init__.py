@@ -13,9 +13,7 @@ Public API::
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ingest.cache import CacheOptions
-from ingest.catalog import Listing
-from ingest.errors import (
+from ingest.core.errors import (
     ConfigError,
     IngestError,
     NoShardsError,
@@ -27,22 +25,24 @@ from ingest.errors import (
     StreamTimeoutError,
     SupersededError,
 )
-from ingest.follow import Follow
+from ingest.core.quarantine import Quarantined
+from ingest.core.state import STATE_VERSION
 from ingest.formats import get_format, register_format, registered_formats
 from ingest.formats.base import ReadOptions, ShardInfo
-from ingest.index import IndexConfig, IndexStore
-from ingest.quarantine import Quarantined
-from ingest.sources import IOStats, RetryPolicy, Shard, Source
-from ingest.state import STATE_VERSION
+from ingest.planner.catalog import Listing
+from ingest.planner.index import IndexConfig, IndexStore
+from ingest.storage.cache import CacheOptions
+from ingest.storage.follow import Follow
+from ingest.storage.sources import IOStats, RetryPolicy, Shard, Source
 
 if TYPE_CHECKING:
     from ingest import decode, testing, train
     from ingest.distributed.coordinator import CoordinatorLostError
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
-    from ingest.distributed.stream import RayStream
-    from ingest.loader import DataLoader
-    from ingest.stream import Stream
+    from ingest.distributed.ray_stream import RayStream
+    from ingest.engine.stream import Stream
+    from ingest.integrations.loader import DataLoader
 
 __version__ = "0.1.0"
 
@@ -89,9 +89,9 @@ __all__ = [
 
 
 _LAZY = {
-    "Stream": "ingest.stream",
-    "DataLoader": "ingest.loader",
-    "RayStream": "ingest.distributed.stream",
+    "Stream": "ingest.engine.stream",
+    "DataLoader": "ingest.integrations.loader",
+    "RayStream": "ingest.distributed.ray_stream",
     "ReaderPool": "ingest.distributed.pool",
     "RankIterator": "ingest.distributed.rank",
     "RankOptions": "ingest.distributed.rank",
@@ -129,7 +129,7 @@ def list_shards(
         format: Format name for every shard; None infers it from extensions.
         progress: Show a progress bar while footers are read.
     """
-    from ingest.catalog import Catalog
+    from ingest.planner.catalog import Catalog
 
     src = Source(source, storage_options=storage_options, format=format)
     return Catalog(src, ReadOptions(), None).scan(progress=progress, schema=False)

@@ -8,10 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from ingest.bench import main
-from ingest.bench.contenders import CONTENDERS, Entry
-from ingest.bench.quality import batch_entropy, uniform_entropy
-from ingest.bench.report import FIGURES
+from ingest.tools.bench import main
+from ingest.tools.bench.contenders import CONTENDERS, Entry
+from ingest.tools.bench.quality import batch_entropy, uniform_entropy
+from ingest.tools.bench.report import FIGURES
 
 SHARDS, ROWS = 4, 2048
 

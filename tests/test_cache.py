@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 import ingest
-from ingest.cache import CacheEvent, CacheOptions, ShardCache
-from ingest.errors import SourceError
+from ingest.core.errors import SourceError
+from ingest.storage.cache import CacheEvent, CacheOptions, ShardCache
 from ingest.testing import write_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -133,7 +133,7 @@ def test_a_fetch_of_the_wrong_size_is_the_clear_error_and_leaves_nothing(tmp_pat
 CRASHING_FETCH = """
 import sys, time
 from pathlib import Path
-from ingest.cache import CacheEvent, CacheOptions, ShardCache
+from ingest.storage.cache import CacheEvent, CacheOptions, ShardCache
 
 def fetch(to):
     Path(to).write_bytes(b"half" * 100)
@@ -171,7 +171,7 @@ def test_a_process_killed_mid_fetch_leaves_no_half_file(tmp_path: Path) -> None:
 READER = """
 import json, random, sys, time
 from pathlib import Path
-from ingest.cache import CacheEvent, CacheOptions, ShardCache
+from ingest.storage.cache import CacheEvent, CacheOptions, ShardCache
 
 root, log, seed, bound = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 cache = ShardCache(CacheOptions(root, max_bytes=bound))
@@ -519,7 +519,7 @@ def in_namespace(mounts: str, script: str, *args: str) -> subprocess.CompletedPr
 READ_ONLY = """
 import sys
 import ingest
-from ingest.cache import CacheOptions, ShardCache
+from ingest.storage.cache import CacheOptions, ShardCache
 for directory in (sys.argv[1], sys.argv[1] + "/sub"):
     try:
         ShardCache(CacheOptions(directory, max_bytes=10_000))
@@ -543,7 +543,7 @@ def test_a_read_only_cache_directory_is_the_clear_error(tmp_path: Path) -> None:
 FULL_DISK_STREAM = """
 import json, sys, warnings
 import ingest
-from ingest.cache import CacheOptions, CacheWarning
+from ingest.storage.cache import CacheOptions, CacheWarning
 url, directory, options = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 read = ingest.ReadOptions(
     cache=CacheOptions(directory, max_bytes=1 << 30),
@@ -586,7 +586,7 @@ def test_a_full_cache_disk_reads_from_the_store_with_one_warning(
 FILLED_MID_FETCH = """
 import json, sys, warnings
 from pathlib import Path
-from ingest.cache import CacheEvent, CacheOptions, CacheWarning, ShardCache
+from ingest.storage.cache import CacheEvent, CacheOptions, CacheWarning, ShardCache
 disk = Path(sys.argv[1])
 cache = ShardCache(CacheOptions(str(disk / "c"), max_bytes=1 << 30))
 

@@ -10,7 +10,7 @@ from ingest.testing import LoopbackS3, Store, encode, make_table
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ingest.cli", *args],
+        [sys.executable, "-m", "ingest.tools.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -7,12 +7,12 @@ from collections import Counter
 
 import pytest
 
-from ingest.assign import CARRY, MAIN, Span, split
-from ingest.epochs import EpochBook, StreamSpec
-from ingest.errors import StateError
-from ingest.feed import Feed, FeedPlan, Tail
-from ingest.ledger import Ledger, StepRecord, runs_of_entry
-from ingest.state import StreamState
+from ingest.core.assign import CARRY, MAIN, Span, split
+from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.errors import StateError
+from ingest.core.ledger import Ledger, StepRecord, runs_of_entry
+from ingest.core.state import StreamState
+from ingest.engine.feed import Feed, FeedPlan, Tail
 from ingest.testing import Store, write_dataset
 
 SHARDS, ROWS, BATCH = 5, 1000, 64
@@ -191,7 +191,7 @@ def test_ledger_refuses_out_of_order_steps() -> None:
 def test_runs_of_a_shuffled_batch() -> None:
     import numpy as np
 
-    from ingest.ledger import runs_of
+    from ingest.core.ledger import runs_of
 
     seg = np.array([1, 1, 0, 1, 1, 1], dtype=np.int8)
     shard = np.array([2, 2, 2, 0, 2, 2], dtype=np.int32)
@@ -207,9 +207,9 @@ def test_runs_of_a_shuffled_batch() -> None:
 def test_acked_runs_are_merged_exactly() -> None:
     import random
 
-    from ingest.epochs import _add_runs
-    from ingest.intervals import IntervalSet
-    from ingest.state import Progress
+    from ingest.core.book import _add_runs
+    from ingest.core.intervals import IntervalSet
+    from ingest.core.state import Progress
 
     rng = random.Random(0)
     runs = []
@@ -226,7 +226,7 @@ def test_acked_runs_are_merged_exactly() -> None:
 
 
 def feed_epoch(book: EpochBook, epoch: int, steps: int | None = None) -> list[int]:
-    """Every rank reads its share through a real :class:`ingest.feed.Feed` (shuffled
+    """Every rank reads its share through a real :class:`ingest.engine.feed.Feed` (shuffled
     windows, cursors), acking up to ``steps`` batches in messages of 16 (as ranks do: the
     ledger packs such messages into rows); returns the ids delivered."""
     delivered: list[int] = []

@@ -11,10 +11,10 @@ import fsspec
 import pytest
 
 import ingest
+from ingest.core.errors import IngestError, SchemaMismatchError, ShardError, SourceError, StoreError
 from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionError
-from ingest.errors import IngestError, SchemaMismatchError, ShardError, SourceError, StoreError
 from ingest.formats._lines import LineTooLongError
-from ingest.index import IndexStoreError
+from ingest.planner.index import IndexStoreError
 from ingest.testing import write_dataset
 
 URL = "s3://key:secret@bucket/part-00002.parquet"

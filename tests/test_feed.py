@@ -9,13 +9,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ingest.assign import CARRY, MAIN, Span
-from ingest.epochs import EpochBook, StreamSpec
-from ingest.feed import Feed, Ready, Tail, _Origin
+from ingest.core.assign import CARRY, MAIN, Span
+from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.ledger import Ledger, StepRecord, _entries, pack_base, runs_of, runs_of_entry
+from ingest.core.plan import _GOLDEN, hash64, permutation, permutations
+from ingest.core.state import StreamState
+from ingest.engine.feed import Feed, Ready, Tail, _Origin
 from ingest.formats.base import ReadOptions, RowBatch
-from ingest.ledger import Ledger, StepRecord, _entries, pack_base, runs_of, runs_of_entry
-from ingest.plan import _GOLDEN, hash64, permutation, permutations
-from ingest.state import StreamState
 from ingest.testing import Store, make_table, write_dataset
 
 SHARDS, ROWS = 6, 700
@@ -158,7 +158,7 @@ def test_a_fold_by_windows_holds_the_rows_of_every_step(
     url: str, seed: int | None, window: int, lanes: int, batch: int
 ) -> None:
     """The rows of steps ``first..last`` merged from the windows the steps finished
-    (:class:`ingest.ledger.Closed`) hold every row of those steps, and besides them only
+    (:class:`ingest.core.ledger.Closed`) hold every row of those steps, and besides them only
     rows of the steps before (folded already): for every range. From the first step they
     equal the rows merged from every step's own rows. On a window's edge the fold sorts no
     packed row."""

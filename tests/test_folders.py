@@ -13,10 +13,9 @@ import pytest
 import ray
 
 import ingest
-from ingest.folders import class_of, group
 from ingest.formats.base import ReadOptions
-from ingest.formats.folder import ImageFolderFormat
-from ingest.sources import Shard, Source
+from ingest.formats.folder import ImageFolderFormat, class_of, group
+from ingest.storage.sources import Shard, Source
 from ingest.testing import Store, write_audio_folder, write_image_folder
 
 CLASSES = ("cat", "dog", "eel")

@@ -1,5 +1,5 @@
-"""Follow mode (ingest.follow): a dataset written while the stream reads it, in rounds of new
-shards with equal steps per rank, every row once, across restores and world sizes."""
+"""Follow mode (ingest.storage.follow): a dataset written while the stream reads it, in
+rounds of new shards with equal steps per rank, every row once, across restores and world sizes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 import ray
 
 import ingest
-from ingest.epochs import EpochBook, StreamSpec
-from ingest.errors import SourceError
-from ingest.state import StreamState
+from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.errors import SourceError
+from ingest.core.state import StreamState
 from ingest.testing import Store, encode, make_table
 from tests.test_epochs import batches_of, ids
 

@@ -21,11 +21,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ingest
-from ingest.catalog import Catalog, Listing
-from ingest.errors import ShardError
+from ingest.core.errors import ShardError
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions, RowBatch
-from ingest.sources import Source
+from ingest.planner.catalog import Catalog, Listing
+from ingest.storage.sources import Source
 from ingest.testing import Store, date_time_table, encode, make_table
 
 ROWS = 3000
@@ -386,7 +386,7 @@ def test_timestamps_with_a_zone_dates_and_times_arrive_as_integers_since_the_epo
 ) -> None:
     """A zoned timestamp is an instant: it arrives as int64 counts of its unit since the
     epoch in UTC, the same for the same instant in any zone (the zone is dropped, as the
-    ingest.convert docstring says). Dates and times arrive as integers too (date32 came as
+    ingest.engine.convert docstring says). Dates and times arrive as integers too (date32 came as
     Python date objects, time64 as time objects)."""
 
     import torch

@@ -13,7 +13,7 @@ import pytest
 import ray
 
 import ingest
-from ingest.hub import parse
+from ingest.storage.hub import parse
 from ingest.testing import encode, make_table
 from tests.hub_stub import HubStub
 from tests.test_hub_stub import hf_env  # noqa: F401 - the fixture, used below

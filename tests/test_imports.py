@@ -10,10 +10,10 @@ import pytest
 
 NO_TORCH = [
     "import ingest; ingest.RayStream; ingest.ReaderPool; ingest.RankOptions",
-    "import ingest.distributed.stream",
+    "import ingest.distributed.ray_stream",
     "import ingest.distributed.coordinator",
     "import ingest.distributed.pool",
-    "import ingest.distributed.indexing",
+    "import ingest.distributed.index_tasks",
     "import ingest.distributed.rank",
 ]
 

@@ -16,12 +16,11 @@ from typing import Any
 import fsspec
 import pytest
 
-from ingest import cli
-from ingest.catalog import Catalog, Listing
-from ingest.errors import ShardError, StreamTimeoutError
+from ingest.core.errors import ShardError, StreamTimeoutError
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions, ShardInfo
-from ingest.index import (
+from ingest.planner.catalog import Catalog, Listing
+from ingest.planner.index import (
     IndexConfig,
     IndexEntryWarning,
     Indexer,
@@ -30,8 +29,9 @@ from ingest.index import (
     default_location,
     local_indexer,
 )
-from ingest.sources import Shard, Source
+from ingest.storage.sources import Shard, Source
 from ingest.testing import LoopbackS3, Store, encode, free_port, make_table, write_dataset
+from ingest.tools import cli
 
 ROWS = 2000
 SHARDS = 4
@@ -271,7 +271,7 @@ def test_progress_is_kept_when_a_shard_fails(local: Store, tmp_path: Path) -> No
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ingest.cli", *args],
+        [sys.executable, "-m", "ingest.tools.cli", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -333,14 +333,14 @@ def test_cli_index_bad_input_exits_2_with_one_line(local: Store, tmp_path: Path)
 
 def test_cli_bench_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[list[str]] = []
-    fake = types.ModuleType("ingest.bench")
+    fake = types.ModuleType("ingest.tools.bench")
 
     def main(argv: list[str]) -> int:
         seen.append(argv)
         return 0
 
     fake.main = main  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ingest.bench", fake)
+    monkeypatch.setitem(sys.modules, "ingest.tools.bench", fake)
     assert cli.main(["bench", "--plot", "--shards", "8"]) == 0
     assert seen == [["--plot", "--shards", "8"]]
 
@@ -348,10 +348,13 @@ def test_cli_bench_forwards_its_arguments(monkeypatch: pytest.MonkeyPatch) -> No
 def test_cli_bench_missing_module_exits_2(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "ingest.bench", None)
+    monkeypatch.setitem(sys.modules, "ingest.tools.bench", None)
     assert cli.main(["bench"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "ingest bench: error: this install has no ingest.bench" in err
+    assert (
+        err.count("\n") == 1
+        and "ingest bench: error: this install has no ingest.tools.bench" in err
+    )
 
 
 # -- Ray tasks ----------------------------------------------------------------------------
@@ -360,7 +363,7 @@ def test_cli_bench_missing_module_exits_2(
 def test_ray_indexer_matches_threads(ray_session: None, store: Store, tmp_path: Path) -> None:
     import ray
 
-    from ingest.distributed.indexing import ray_indexer
+    from ingest.distributed.index_tasks import ray_indexer
 
     write_dataset(store.fs, store.url("d"), "jsonl", 5, ROWS)
     threads_cat, _ = catalog(store, str(tmp_path / "a"))
@@ -384,7 +387,7 @@ def test_ray_indexer_sizes_its_tasks_by_bytes_and_cpus(
     # costs far more than a small shard's request); 125 a task, 22 s.
     import ray
 
-    from ingest.distributed.indexing import ray_indexer
+    from ingest.distributed.index_tasks import ray_indexer
 
     cpus = int(ray.cluster_resources()["CPU"])
     indexer = ray_indexer()
@@ -406,7 +409,7 @@ def test_ray_indexer_sizes_its_tasks_by_bytes_and_cpus(
 def test_ray_indexer_raises_the_shard_error(
     ray_session: None, local: Store, tmp_path: Path
 ) -> None:
-    from ingest.distributed.indexing import ray_indexer
+    from ingest.distributed.index_tasks import ray_indexer
 
     write_dataset(local.fs, local.url("d"), "jsonl", 3, ROWS)
     lines = encode(make_table(0, ROWS), "jsonl").split(b"\n")
@@ -421,7 +424,7 @@ def test_ray_indexer_raises_the_shard_error(
 def test_ray_indexer_times_out_instead_of_hanging(
     ray_session: None, local: Store, tmp_path: Path
 ) -> None:
-    from ingest.distributed.indexing import ray_indexer
+    from ingest.distributed.index_tasks import ray_indexer
 
     write_dataset(local.fs, local.url("d"), "jsonl", 2, 10)
     indexer = ray_indexer(resources={"no-such-node": 1}, timeout_s=2)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.intervals import IntervalSet, runs
+from ingest.core.intervals import IntervalSet, runs
 
 pairs = st.lists(st.tuples(st.integers(0, 200), st.integers(0, 40)), max_size=30)
 

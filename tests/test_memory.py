@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import ingest
-from ingest.epochs import EpochBook, StreamSpec
+from ingest.core.book import EpochBook, StreamSpec
 from ingest.testing import write_large_rows
 
 SHARDS, ROWS, ROW_BYTES = 8, 16, 256 << 10

@@ -45,7 +45,7 @@ from hypothesis.stateful import (
 )
 
 import ingest
-from ingest.state import StreamState
+from ingest.core.state import StreamState
 from ingest.testing import write_dataset
 
 SHARDS, ROWS = 3, 40

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ingest
-from ingest.epochs import StreamSpec
+from ingest.core.book import StreamSpec
 from ingest.testing import Store, write_dataset
 
 NAN, INF = math.nan, math.inf

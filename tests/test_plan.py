@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ingest.intervals import IntervalSet
-from ingest.plan import PlanShard, epoch_units, permutation, shard_order
+from ingest.core.intervals import IntervalSet
+from ingest.core.plan import PlanShard, epoch_units, permutation, shard_order
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,5 @@
-"""The read-ahead thread (ingest._prefetch): bounded, in order, errors, timeouts, close. No Ray."""
+"""The read-ahead thread (ingest.engine.prefetch): bounded, in order, errors, timeouts,
+close. No Ray."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from ingest._prefetch import Prefetcher
-from ingest.errors import StreamTimeoutError
+from ingest.core.errors import StreamTimeoutError
+from ingest.engine.prefetch import Prefetcher
 
 
 class Counting:

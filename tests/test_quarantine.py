@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import ingest
-from ingest.quarantine import Quarantined, check_saved, merge, summary
+from ingest.core.quarantine import Quarantined, check_saved, merge, summary
 from ingest.testing import encode, make_table
 
 ROWS = 1000
@@ -87,7 +87,7 @@ def test_a_corrupt_row_group_is_quarantined_and_the_rest_arrives_once(
     stream = ingest.Stream(
         str(tmp_path), columns=["id"], batch_size=50, shuffle_seed=seed, read=SKIP
     )
-    with caplog.at_level(logging.WARNING, logger="ingest.stream"):
+    with caplog.at_level(logging.WARNING, logger="ingest.engine.stream"):
         batches = list(stream)
     # From the bad row group on, the shard's row groups not read yet are quarantined: in
     # listing order rows 500-999; shuffled, the bad one and those after it in block order.
@@ -231,8 +231,8 @@ def test_max_errors_turns_a_flood_of_bad_data_into_the_clear_error(tmp_path: Pat
 
 
 def test_a_store_that_does_not_answer_is_never_skipped() -> None:
-    from ingest.errors import StoreError
-    from ingest.quarantine import skippable
+    from ingest.core.errors import StoreError
+    from ingest.core.quarantine import skippable
 
     assert not skippable(StoreError("s3://b/k", "read failed", "check the store"))
     assert skippable(ingest.ShardError("s3://b/k", "bad", "fix"))

@@ -21,13 +21,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest import ledger as ledger_module
-from ingest.assign import CARRY, MAIN, Assignment, Span, Spans, deal_lanes, remaining, split
-from ingest.feed import Feed, FeedConfig, FeedPlan
-from ingest.formats.base import ReadOptions
-from ingest.intervals import IntervalSet, covered, merge_into, stack, union, union_into
-from ingest.ledger import Ledger, StepRecord, merge_runs
-from ingest.plan import (
+from ingest.core import ledger as ledger_module
+from ingest.core.assign import CARRY, MAIN, Assignment, Span, Spans, deal_lanes, remaining, split
+from ingest.core.intervals import IntervalSet, covered, merge_into, stack, union, union_into
+from ingest.core.ledger import Ledger, StepRecord, merge_runs
+from ingest.core.plan import (
     PlanShard,
     Unit,
     Units,
@@ -38,7 +36,7 @@ from ingest.plan import (
     permutations,
     shard_order,
 )
-from ingest.state import (
+from ingest.core.state import (
     DatasetState,
     Progress,
     ShardRecord,
@@ -50,6 +48,8 @@ from ingest.state import (
     _version_hashes,
     packed_digest,
 )
+from ingest.engine.feed import Feed, FeedConfig, FeedPlan
+from ingest.formats.base import ReadOptions
 
 # -- the scalar references ------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ def _splitmix(base: int, i: int) -> int:
 
 PINNED = """
 import json
-from ingest.plan import PlanShard, epoch_units, permutation, shard_order
+from ingest.core.plan import PlanShard, epoch_units, permutation, shard_order
 shards = [PlanShard("s3://b/x-0", 100, (0, 30, 60)), PlanShard("s3://b/x-1", 10, None),
           PlanShard("s3://b/x-2", 0, (0,)), PlanShard("s3://b/x-3", None, (0, 5))]
 print(permutation(8, "rows", 0, 0, 0).tolist())
@@ -563,7 +563,7 @@ def test_packed_columns_equal_the_per_shard_code(listing, skip) -> None:
 
 
 def ref_pack_sets(sets: dict[int, IntervalSet]) -> bytes:
-    """The bits column of :func:`ingest.state._pack_sets`, one set at a time."""
+    """The bits column of :func:`ingest.core.state._pack_sets`, one set at a time."""
     bits = []
     for k in sorted(sets):
         pairs = list(sets[k])

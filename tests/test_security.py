@@ -21,8 +21,8 @@ import pytest
 import ray
 
 import ingest
-from ingest import cli
 from ingest.testing import LoopbackS3, write_dataset
+from ingest.tools import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "TopS3cret-d41d8cd98f00b204"

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 import ingest
-import ingest.errors
-import ingest.sources
+import ingest.core.errors
+import ingest.storage.sources
 from ingest.formats import FORMAT_RESOLVER
-from ingest.sources import Source, parse_storage_options
+from ingest.storage.sources import Source, parse_storage_options
 from ingest.testing import Store, encode, make_table
 
 
@@ -72,7 +72,7 @@ def test_an_unknown_format_name_is_refused_at_listing(local: Store) -> None:
 
 def test_sources_do_not_import_formats() -> None:
     """A listing knows no formats: the registry is handed to ``list_shards`` by its caller."""
-    tree = ast.parse(Path(ingest.sources.__file__).read_text())
+    tree = ast.parse(Path(ingest.storage.sources.__file__).read_text())
     modules = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
     modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not [m for m in modules if m.startswith("ingest.formats")], modules
@@ -122,16 +122,16 @@ def test_secrets_are_scrubbed_from_messages() -> None:
 
 def test_redact_hides_url_userinfo_and_query_values_in_free_text() -> None:
     text = "GET s3://AKIA:pw1234@b/k and https://h/x.parquet?token=abc123&sig=zz failed"
-    assert ingest.errors.redact(text) == (
+    assert ingest.core.errors.redact(text) == (
         "GET s3://***@b/k and https://h/x.parquet?token=***&sig=*** failed"
     )
 
 
 def test_a_query_is_not_a_glob_but_a_question_mark_in_a_path_is() -> None:
-    assert not ingest.sources._is_glob("bucket/a.parquet?token=abc")
-    assert not ingest.sources._is_glob("https://h/a.parquet?X-Amz-Signature=a/b")
-    assert ingest.sources._is_glob("bucket/part-?.parquet")
-    assert ingest.sources._is_glob("bucket/*.parquet?token=abc")
+    assert not ingest.storage.sources._is_glob("bucket/a.parquet?token=abc")
+    assert not ingest.storage.sources._is_glob("https://h/a.parquet?X-Amz-Signature=a/b")
+    assert ingest.storage.sources._is_glob("bucket/part-?.parquet")
+    assert ingest.storage.sources._is_glob("bucket/*.parquet?token=abc")
 
 
 def test_s3_url_credentials_are_used_and_never_listed(s3_store: Store) -> None:
@@ -159,10 +159,10 @@ def test_a_shard_cut_short_after_listing_is_an_error_not_fewer_rows(local: Store
 
 def test_retry_policy_is_validated_and_retries_are_counted() -> None:
     with pytest.raises(ingest.ConfigError, match="deadline_s"):
-        ingest.sources.RetryPolicy(deadline_s=0)
+        ingest.storage.sources.RetryPolicy(deadline_s=0)
     with pytest.raises(ingest.ConfigError, match="backoff_s"):
-        ingest.sources.RetryPolicy(backoff_s=10, max_backoff_s=1)
-    policy = ingest.sources.RetryPolicy(backoff_s=0.5, max_backoff_s=2)
+        ingest.storage.sources.RetryPolicy(backoff_s=10, max_backoff_s=1)
+    policy = ingest.storage.sources.RetryPolicy(backoff_s=0.5, max_backoff_s=2)
     # Full jitter: uniform in [0, bound], the bound doubling per retry up to max_backoff_s.
     first = [policy.backoff(0) for _ in range(200)]
     late = [policy.backoff(9) for _ in range(200)]

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from ingest import state as state_module
-from ingest.errors import StateError
-from ingest.intervals import IntervalSet
-from ingest.state import (
+from ingest.core import state as state_module
+from ingest.core.errors import StateError
+from ingest.core.intervals import IntervalSet
+from ingest.core.state import (
     MAX_STATE_BYTES,
     DatasetState,
     DistributedState,

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 import ingest
-from ingest.errors import StateError
-from ingest.state import StreamState
+from ingest.core.errors import StateError
+from ingest.core.state import StreamState
 from ingest.testing import Store, write_dataset
 
 SHARDS, ROWS, BATCH = 8, 5000, 100

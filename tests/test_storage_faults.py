@@ -23,10 +23,10 @@ import pytest
 import ray
 
 import ingest
-from ingest import cli
 from ingest.formats import FORMAT_RESOLVER
-from ingest.sources import RetryPolicy, Source
+from ingest.storage.sources import RetryPolicy, Source
 from ingest.testing import FaultProxy, Faults, LoopbackS3, write_dataset
+from ingest.tools import cli
 
 SHARDS, ROWS, BATCH = 8, 2_000, 500
 TOTAL = SHARDS * ROWS

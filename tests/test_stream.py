@@ -223,7 +223,7 @@ def test_transform_runs_on_each_batch(local: Store) -> None:
 
 
 def test_a_transform_that_changes_the_row_count_is_refused(local: Store) -> None:
-    # As in the reader pool (ingest.transform.apply): rows and acks must stay one to one.
+    # As in the reader pool (ingest.engine.transform.apply): rows and acks must stay one to one.
     write(local, "parquet")
     stream = make(local, transform=lambda table: table.slice(0, 1), batch_size=10)
     with pytest.raises(ingest.ConfigError, match="returned 1 rows for 10; transforms must keep"):
@@ -264,7 +264,7 @@ def test_numeric_columns_are_zero_copy_views_of_arrow_buffers() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from ingest.convert import to_torch
+    from ingest.engine.convert import to_torch
 
     values = pa.array(np.arange(8, dtype=np.int64))
     tokens = pa.FixedSizeListArray.from_arrays(pa.array(np.arange(64, dtype=np.int32)), 8)

@@ -26,14 +26,14 @@ from typing import Any
 
 import ray
 
-from ingest.catalog import Listing
-from ingest.distributed.indexing import ray_indexer
-from ingest.epochs import EpochBook, StreamSpec
-from ingest.errors import IngestError, StateError, SupersededError
-from ingest.feed import Cursor, FeedPlan
-from ingest.ledger import Run, Runs, StepRecord
-from ingest.quarantine import Quarantined
-from ingest.state import StreamState
+from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.errors import IngestError, StateError, SupersededError
+from ingest.core.ledger import Run, Runs, StepRecord
+from ingest.core.quarantine import Quarantined
+from ingest.core.state import StreamState
+from ingest.distributed.index_tasks import ray_indexer
+from ingest.engine.feed import Cursor, FeedPlan
+from ingest.planner.catalog import Listing
 
 _FOLD_EVERY = 64
 """Steps every rank acked between two folds of the acks into the epochs' progress. Without
@@ -264,7 +264,7 @@ class _Coordinator:
             self._lock.notify_all()
 
     def quarantined(self) -> list[Quarantined]:
-        """What ``on_error="skip"`` skipped, oldest first (see :mod:`ingest.quarantine`)."""
+        """What ``on_error="skip"`` skipped, oldest first (see :mod:`ingest.core.quarantine`)."""
         with self._lock:
             return self._book.quarantined()
 

@@ -2,7 +2,7 @@
 
 A :class:`RayStream` starts ``ReaderPool.size(world_size)`` reader actors on CPU nodes (placed
 by ``resources`` / ``label_selector``, apart from the trainers). Each rank's feed
-(:class:`ingest.feed.Feed`, the same engine a single-process :class:`ingest.Stream` runs)
+(:class:`ingest.engine.feed.Feed`, the same engine a single-process :class:`ingest.Stream` runs)
 lives in one reader actor (rank ``r`` on actor ``r % size``) and runs ahead of the rank by a
 bounded number of ready batches, held within the pool's byte budget until the rank takes
 them (a few per call, in the call's result in the object store).
@@ -33,14 +33,14 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from ingest.epochs import StreamSpec
-from ingest.errors import ConfigError, IngestError, SupersededError
-from ingest.feed import Cursor, Feed, Ready, Tail
-from ingest.ledger import Closed, Rows, Runs
-from ingest.metrics import StoreMeter
-from ingest.quarantine import Quarantined, reason_of
-from ingest.sources import Source
-from ingest.transform import Transform, apply, build_transform, output_of_no_rows
+from ingest.core.book import StreamSpec
+from ingest.core.errors import ConfigError, IngestError, SupersededError
+from ingest.core.ledger import Closed, Rows, Runs
+from ingest.core.quarantine import Quarantined, reason_of
+from ingest.engine.feed import Cursor, Feed, Ready, Tail
+from ingest.engine.transform import Transform, apply, build_transform, output_of_no_rows
+from ingest.integrations.metrics import StoreMeter
+from ingest.storage.sources import Source
 
 _WAIT_S = 5.0
 _ENDED = -2
@@ -140,13 +140,13 @@ class Item:
     nbytes: int
     rows: int = -1
     quarantined: tuple[Quarantined, ...] = ()
-    """See :class:`ingest.feed.Ready`."""
+    """See :class:`ingest.engine.feed.Ready`."""
     closed: Closed | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class End:
-    """The end of a rank's epoch; see :class:`ingest.feed.Tail`."""
+    """The end of a rank's epoch; see :class:`ingest.engine.feed.Tail`."""
 
     epoch: int
     steps: int

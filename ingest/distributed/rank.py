@@ -27,17 +27,17 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
+from ingest.core.errors import IngestError, StreamTimeoutError, SupersededError
+from ingest.core.ledger import StepRecord
+from ingest.core.quarantine import Quarantined
+from ingest.core.validate import COUNT, SECONDS, check_numbers
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.pool import End, FeedLostError, Item, TransformFailed
-from ingest.errors import IngestError, StreamTimeoutError, SupersededError
-from ingest.feed import Cursor
-from ingest.ledger import StepRecord
-from ingest.metrics import RankMeter
-from ingest.quarantine import Quarantined
-from ingest.validate import COUNT, SECONDS, check_numbers
+from ingest.engine.feed import Cursor
+from ingest.integrations.metrics import RankMeter
 
 if TYPE_CHECKING:
-    from ingest.convert import Batch
+    from ingest.engine.convert import Batch
 
 
 def _import_torch_meanwhile() -> None:
@@ -49,7 +49,7 @@ def _import_torch_meanwhile() -> None:
     """
     if "torch" not in sys.modules:
         threading.Thread(
-            target=importlib.import_module, args=("ingest.convert",), daemon=True
+            target=importlib.import_module, args=("ingest.engine.convert",), daemon=True
         ).start()
 
 
@@ -339,7 +339,7 @@ class RankIterator:
     def _to_torch(self, table: Any) -> Batch:
         import torch
 
-        from ingest.convert import to_torch
+        from ingest.engine.convert import to_torch
 
         batch = to_torch(table)
         if not (self.options.pin_memory or self.options.device):

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from ray.train.torch import TorchTrainer
 
     from ingest.distributed.rank import RankIterator
-    from ingest.distributed.stream import RayStream
+    from ingest.distributed.ray_stream import RayStream
 
 INGEST_RESOURCE = "ingest"
 """Custom resource of the CPU nodes that run read tasks and decode actors (see cluster/)."""

@@ -3,7 +3,7 @@
 An unknown name is an error that lists the known ones; registering a taken name needs
 ``overwrite=True``. File extensions map to names: :data:`FORMAT_RESOLVER` tells a listing
 which files are data and which format reads each (sources know no formats; the catalog hands
-it to :meth:`ingest.sources.Source.list_shards`).
+it to :meth:`ingest.storage.sources.Source.list_shards`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import importlib
 import posixpath
 from typing import cast
 
-from ingest.errors import ConfigError
+from ingest.core.errors import ConfigError
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -162,7 +162,7 @@ def known_extensions() -> list[str]:
 
 
 class _RegistryResolver:
-    """The registry as a listing sees it (an :class:`ingest.sources.FormatResolver`).
+    """The registry as a listing sees it (an :class:`ingest.storage.sources.FormatResolver`).
 
     Stateless: it reads the registry at each call, so formats registered later count too.
     """

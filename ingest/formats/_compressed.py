@@ -5,7 +5,7 @@ zstandard's stream reader ends a truncated frame as if the file were complete: t
 before the cut would be delivered and the rest lost without a word. This reader feeds the
 compressed bytes to a decompressor object, follows gzip members and zstd frames one after
 another (``cat a.gz b.gz`` and ``pzstd`` output are valid), and raises a
-:class:`~ingest.errors.ShardError` naming the decompressed byte offset and the compressed one
+:class:`~ingest.core.errors.ShardError` naming the decompressed byte offset and the compressed one
 when the input ends inside a member or frame, or is corrupt.
 
 Compressed input is fed in pieces of :data:`_STEP` bytes. Memory: gzip output is bounded by
@@ -18,7 +18,7 @@ from __future__ import annotations
 import zlib
 from typing import Any, Protocol
 
-from ingest.errors import ConfigError, ShardError
+from ingest.core.errors import ConfigError, ShardError
 
 _GZIP_MAGIC = b"\x1f\x8b"
 _STEP = 16 << 10

@@ -22,11 +22,11 @@ from typing import Any, Protocol
 
 import pyarrow as pa
 
-from ingest.errors import SchemaMismatchError, ShardError
+from ingest.core.errors import SchemaMismatchError, ShardError
 from ingest.formats import split_compression
 from ingest.formats._compressed import DecompressedFile
 from ingest.formats.base import BadRows, RowBatch, Seek, ShardReader, clip
-from ingest.sources import Shard, Source
+from ingest.storage.sources import Shard, Source
 
 PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError)
 """What pyarrow's JSON and CSV parsers raise for input they cannot read."""

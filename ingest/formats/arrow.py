@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import ipc
 
-from ingest.errors import ShardError
+from ingest.core.errors import ShardError
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -27,7 +27,7 @@ from ingest.formats.base import (
     clip,
     select,
 )
-from ingest.sources import Shard, Source
+from ingest.storage.sources import Shard, Source
 
 _MAGIC = b"ARROW1"
 _FIX = "check that the object is a complete Arrow IPC file or stream, or pass format="

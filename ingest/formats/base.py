@@ -15,10 +15,10 @@ from typing import Any, ClassVar
 
 import pyarrow as pa
 
-from ingest.cache import CacheOptions
-from ingest.errors import ConfigError, ShardError
-from ingest.sources import RetryPolicy, Shard, Source
-from ingest.validate import BYTES_OR_NONE, COUNT, SECONDS, Number, check_numbers
+from ingest.core.errors import ConfigError, ShardError
+from ingest.core.validate import BYTES_OR_NONE, COUNT, SECONDS, Number, check_numbers
+from ingest.storage.cache import CacheOptions
+from ingest.storage.sources import RetryPolicy, Shard, Source
 
 Seek = tuple[int, int]
 """A place a format can jump to without reading what comes before: ``(row, cursor)``.
@@ -40,10 +40,10 @@ class ReadOptions:
         block_bytes: Line formats: bytes read and parsed per chunk. WebDataset: read-ahead
             buffer size.
         max_line_bytes: Line formats (JSONL, CSV): longest line allowed, its newline not
-            counted. A longer line is a :class:`~ingest.errors.ShardError` naming its
+            counted. A longer line is a :class:`~ingest.core.errors.ShardError` naming its
             offset, found after reading at most this many bytes of it, not an out-of-memory.
         max_json_depth: JSONL: deepest nesting of arrays and objects a line may hold
-            (``[[1]]`` is 2). A deeper line is a :class:`~ingest.errors.ShardError` naming
+            (``[[1]]`` is 2). A deeper line is a :class:`~ingest.core.errors.ShardError` naming
             its offset (quarantined alone under ``on_error="skip"``), found before pyarrow
             parses it: pyarrow recurses once per level and crashes the process on lines
             thousands of levels deep. At most :data:`MAX_JSON_DEPTH`.
@@ -62,13 +62,13 @@ class ReadOptions:
             block of the first non-empty shard.
         timeout_s: Longest wait for the next record batch from the reader thread.
         retry: How the stream's source retries store faults under one deadline per
-            request, and its S3/HTTP timeouts (see :class:`ingest.sources.RetryPolicy`).
+            request, and its S3/HTTP timeouts (see :class:`ingest.storage.sources.RetryPolicy`).
         on_error: What a shard that cannot be read (corrupt, truncated, a bad line, gone
             since the listing) or a transform that raises does to the run. ``"raise"``
             (default): the run fails with the error. ``"skip"``: the rows are quarantined:
             counted as consumed so no resume reads them again, not delivered, recorded with
-            the shard URL, the rows and the reason (:mod:`ingest.quarantine`). A store that
-            does not answer (:class:`~ingest.errors.StoreError`) is never skipped.
+            the shard URL, the rows and the reason (:mod:`ingest.core.quarantine`). A store that
+            does not answer (:class:`~ingest.core.errors.StoreError`) is never skipped.
         max_errors: With ``on_error="skip"``, quarantines allowed per rank and epoch; the
             next one fails the run with the list of what was skipped.
         cache: A node-local shard cache (:class:`ingest.CacheOptions`: a directory and a
@@ -342,7 +342,7 @@ def check_schema(
 
     Only ``columns`` are compared when given.
     """
-    from ingest.errors import SchemaMismatchError
+    from ingest.core.errors import SchemaMismatchError
 
     if expected is None:
         return

@@ -18,7 +18,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ingest.errors import SchemaMismatchError, ShardError
+from ingest.core.errors import SchemaMismatchError, ShardError
 from ingest.formats._lines import (
     PARSE_ERRORS,
     LineReader,
@@ -28,7 +28,7 @@ from ingest.formats._lines import (
     not_utf8,
 )
 from ingest.formats.base import Format, ReadContext, ReadOptions, ShardInfo, ShardReader
-from ingest.sources import Shard, Source
+from ingest.storage.sources import Shard, Source
 
 _PARSE = pcsv.ParseOptions(newlines_in_values=True)
 """pyarrow's defaults (``,``, ``"``, doubled quotes), and records that hold newlines in

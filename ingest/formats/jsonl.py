@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
-from ingest.errors import ShardError
+from ingest.core.errors import ShardError
 from ingest.formats._lines import LineReader, iter_chunks, not_utf8
 from ingest.formats.base import (
     MAX_JSON_DEPTH,
@@ -26,7 +26,7 @@ from ingest.formats.base import (
     ShardInfo,
     ShardReader,
 )
-from ingest.sources import Shard, Source
+from ingest.storage.sources import Shard, Source
 
 
 class JsonlFormat(Format):

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.utils import merge_offset_ranges
 
-from ingest.errors import ShardError
+from ingest.core.errors import ShardError
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -32,7 +32,7 @@ from ingest.formats.base import (
     ShardReader,
     check_schema,
 )
-from ingest.sources import Shard, Source
+from ingest.storage.sources import Shard, Source
 
 _TAIL_BYTES = 64 << 10
 # Ranges closer than _MAX_GAP are merged: on object stores the first byte of a request costs

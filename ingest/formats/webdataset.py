@@ -10,7 +10,7 @@ What a shard may hold, as WebDataset users expect it:
 - The stream's columns are ``__key__`` and the union of the fields of the first samples
   (see :meth:`WebDatasetFormat.infer_schema`); a sample without one of them has a null
   there (``None`` in a batch), as in Hugging Face ``datasets``. A field none of those
-  samples had is a :class:`~ingest.errors.SchemaMismatchError`, unless ``columns=[...]``
+  samples had is a :class:`~ingest.core.errors.SchemaMismatchError`, unless ``columns=[...]``
   leaves it out.
 - The same field twice in one sample (``0001.jpg`` twice in a row) is an error, as in
   ``webdataset``'s ``group_by_keys``: one of the two would be lost.
@@ -25,7 +25,7 @@ What a shard may hold, as WebDataset users expect it:
   sample, and following it could read outside the shard); directory entries are skipped,
   since they hold no data.
 
-Every refusal is a :class:`~ingest.errors.ShardError` naming the shard, the member and the
+Every refusal is a :class:`~ingest.core.errors.ShardError` naming the shard, the member and the
 byte offset of its tar header.
 """
 
@@ -37,7 +37,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from ingest.errors import SchemaMismatchError, ShardError
+from ingest.core.errors import SchemaMismatchError, ShardError
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -48,7 +48,7 @@ from ingest.formats.base import (
     ShardReader,
     clip,
 )
-from ingest.sources import Shard, Source
+from ingest.storage.sources import Shard, Source
 
 KEY = "__key__"
 _INFER_SAMPLES = 256

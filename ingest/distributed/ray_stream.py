@@ -1,0 +1,249 @@
+"""RayStream: the distributed stream's handle on the driver."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import ray
+
+from ingest.core.book import Remainder, StreamSpec
+from ingest.core.errors import ConfigError, NoShardsError
+from ingest.core.quarantine import Quarantined, summary
+from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
+from ingest.distributed.index_tasks import ray_indexer
+from ingest.distributed.pool import Reader, ReaderPool
+from ingest.distributed.rank import RankIterator, RankOptions, unwrap
+from ingest.engine.transform import Transform
+from ingest.formats.base import ReadOptions
+from ingest.planner.index import IndexConfig
+from ingest.storage.follow import Follow
+
+
+class RayStream:
+    """A stream read by a pool of CPU reader actors and consumed by ``world_size`` ranks.
+
+    The same engine as :class:`ingest.Stream` (same planner, shuffle, batches and state),
+    with a coordinator actor that lists the source once per epoch, cuts the epoch into equal
+    shares (the same number of full batches on every rank), collects what each rank consumed
+    and produces states consistent across ranks; and one reader pool per stream
+    (:class:`ReaderPool`) that reads and decodes for every rank. Each rank iterates
+    :meth:`rank_iterator` inside any Ray worker (a Ray Train worker, a task, an actor).
+    The pool starts, and the first epoch is planned, when the stream is created.
+
+    Args:
+        source: URL, glob or directory, or a list of them (any fsspec protocol).
+        format: Format name for every shard; None infers it from extensions.
+        columns: Columns to read; None reads all.
+        batch_size: Rows per batch on every rank.
+        shuffle_seed: Seed for shard, block and row order; None keeps listing order.
+        shuffle_window: Rows per shuffle window on each rank, at most.
+        shuffle_bytes: Bytes per shuffle window on each rank, about (default 256 MiB; see
+            :class:`ingest.Stream`). None: ``shuffle_window`` rows whatever their size.
+        shuffle_lanes: Shards each rank reads side by side into a window.
+        remainder: ``"carry"`` the rows that cannot fill a step on every rank into the next
+            epoch, or ``"drop"`` them; counted either way.
+        world_size: Number of ranks.
+        readers: The reader pool: its size, CPUs, placement and object-store budget.
+        storage_options: fsspec options for the store; never saved in the state.
+        read: How shards are read, and what bad data does: with
+            ``ReadOptions(on_error="skip")`` what cannot be read is quarantined (see
+            :mod:`ingest.core.quarantine`, :meth:`quarantined`); every rank still takes the same
+            steps, and a batch that lost rows to it is short (or empty).
+        transform: Run on every batch in the reader pool: a function over an Arrow table,
+            or a class constructed once per reader actor. It must keep one row per input row.
+        index: Where the persistent shard index lives (default: the user's cache directory;
+            an fsspec URL shares it across a cluster; None: in memory only). With several
+            ranks, shards without footer row counts are indexed once, by Ray tasks on the
+            pool's nodes, and later jobs read none of them to plan.
+        name: Name of the coordinator actor (default: a fresh unique name); the ``stream``
+            tag of its metrics (:mod:`ingest.integrations.metrics`).
+        timeout_s: Longest wait for the coordinator and the pool.
+        follow: Read a dataset written while the stream runs, in rounds of new shards
+            (:mod:`ingest.storage.follow`); ``timeout_s`` must exceed its ``idle_timeout_s`` (a rank
+            waits for the round's first batch while the round waits for new shards).
+        progress: Show progress bars while footers are read and shards indexed at start.
+    """
+
+    def __init__(
+        self,
+        source: str | Sequence[str],
+        *,
+        format: str | None = None,
+        columns: Sequence[str] | None = None,
+        batch_size: int = 1024,
+        shuffle_seed: int | None = None,
+        shuffle_window: int = 16_384,
+        shuffle_bytes: int | None = 256 << 20,
+        shuffle_lanes: int = 16,
+        remainder: Remainder = "carry",
+        world_size: int = 1,
+        readers: ReaderPool | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+        read: ReadOptions | None = None,
+        transform: Transform | None = None,
+        index: IndexConfig | None = IndexConfig(),  # noqa: B008 - frozen, compared by value
+        name: str | None = None,
+        timeout_s: float = 300.0,
+        progress: bool = False,
+        follow: Follow | None = None,
+    ) -> None:
+        if isinstance(world_size, bool) or world_size < 1:
+            raise ConfigError(f"world_size={world_size} must be >= 1")
+        if columns is not None and (isinstance(columns, str) or not columns):
+            raise ConfigError(f"columns={columns!r} must be a non-empty list of names, or None")
+        if transform is not None and not callable(transform):
+            raise ConfigError(
+                f"transform={transform!r} is neither a function nor a class; pass a function "
+                "over a pyarrow Table, or a class whose instances are one"
+            )
+        self.spec = StreamSpec(
+            urls=(source,) if isinstance(source, str) else tuple(source),
+            storage_options=dict(storage_options or {}),
+            format=format,
+            columns=tuple(columns) if columns is not None else None,
+            batch_size=batch_size,
+            shuffle_seed=shuffle_seed,
+            shuffle_window=shuffle_window,
+            shuffle_bytes=shuffle_bytes,
+            shuffle_lanes=shuffle_lanes,
+            read=read or ReadOptions(),
+            remainder=remainder,
+            index=index,
+            follow=follow,
+        )
+        if follow is not None and timeout_s <= follow.idle_timeout_s + follow.poll_s:
+            raise ConfigError(
+                f"timeout_s={timeout_s} must exceed Follow(idle_timeout_s="
+                f"{follow.idle_timeout_s}) + poll_s ({follow.poll_s}): a rank waits for a "
+                "round's first batch while the round waits for new shards"
+            )
+        self.world_size = world_size
+        self.pool = readers or ReaderPool()
+        self.transform = transform
+        self.timeout_s = timeout_s
+        self.name = name or f"ingest-coordinator-{uuid.uuid4().hex[:12]}"
+        self.loaded_state: dict[str, Any] | None = None
+        """The state given to :meth:`load_state_dict`, if any: where a worker group starts
+        when there is no checkpoint yet, also on a coordinator restarted since."""
+        if not ray.is_initialized():
+            ray.init()
+        placement = {
+            "resources": self.pool.resources,
+            "label_selector": self.pool.label_selector,
+        }
+        self.coordinator = Coordinator.options(
+            name=self.name, **self.pool.coordinator_options()
+        ).remote(self.spec, world_size, placement)
+        # Start the pool and plan the first epoch now, while the trainers start; the source
+        # is listed here while the actors' processes start.
+        size = self.pool.size(world_size)
+        self.readers = [
+            Reader.options(**self.pool.actor_options()).remote(
+                self.name, self.spec, transform, self.pool, timeout_s
+            )
+            for _ in range(size)
+        ]
+        budget = max(self.pool.object_store_bytes // size, 1)
+        for reader in self.readers:
+            reader.connect.remote(self.readers, budget)
+        for rank in range(world_size):  # in the coordinator's first session
+            self._reader(rank).warm.remote(rank, None, 0)
+        # The source is listed here while the actors' processes start; a bad URL fails here.
+        # Shards without row counts are indexed by Ray tasks on the pool's nodes (once: the
+        # index persists, see StreamSpec.index).
+        indexer = ray_indexer(
+            resources=self.pool.resources, label_selector=self.pool.label_selector
+        )
+        try:
+            listing = self.spec.catalog(indexer).scan(progress=progress, index=world_size > 1)
+        except BaseException as e:
+            if follow is not None and isinstance(e, NoShardsError):
+                return  # followed: the coordinator's first round waits for a first shard
+            self.shutdown()  # no actor outlives a stream that could not start
+            raise
+        self.coordinator.prepare.remote(listing)
+
+    def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
+        try:
+            return ray.get(ref, timeout=timeout_s or self.timeout_s)
+        except Exception as e:
+            raise unwrap(e) from None
+
+    def _reader(self, rank: int) -> Any:
+        return self.readers[rank % len(self.readers)]
+
+    def rank_iterator(self, rank: int, *, options: RankOptions | None = None) -> RankIterator:
+        """The iterator of ``rank`` (0 <= rank < world_size); picklable."""
+        if not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
+        return RankIterator(
+            self.coordinator,
+            self._reader(rank),
+            rank,
+            options or RankOptions(timeout_s=self.timeout_s),
+            stream=self.name,
+        )
+
+    def reader_for(self, rank: int) -> Any:
+        """The reader actor that hosts ``rank``'s feed (ranks of any world size)."""
+        return self._reader(rank)
+
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
+        """The state after ``step`` on every rank; None: after the last step all ranks acked.
+
+        It covers every batch the ranks' iterators handed out up to that step (an iterator
+        left early sends its acks as it returns).
+        """
+        ref = self.coordinator.state_dict.remote(step, self.timeout_s)
+        try:
+            return ray.get(ref, timeout=self.timeout_s + 30)  # type: ignore[no-any-return]
+        except ray.exceptions.RayActorError as e:  # dead, or restarting: what it held is lost
+            raise CoordinatorLostError(e) from None
+        except Exception as e:
+            raise unwrap(e) from None
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue after ``state``, which may come from another world size, pool size or a
+        single-process :class:`ingest.Stream`. Load before any rank iterates."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:  # a coordinator that is restarting takes the state once it is back
+            try:
+                session = self._get(self.coordinator.load_state_dict.remote(dict(state)))
+                break
+            except ray.exceptions.ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        self.loaded_state = dict(state)
+        first = self._get(self.coordinator.first_epoch.remote())
+        for rank in range(self.world_size):
+            self._reader(rank).warm.remote(rank, session, first)
+
+    def stats(self) -> dict[str, int]:
+        """Requests and bytes the pool sent to the store, summed over its readers, and the
+        quarantines (``quarantined``, ``rows_skipped``) the ranks acked."""
+        out: dict[str, int] = {}
+        for part in self._get([r.stats.remote() for r in self.readers]):
+            for key, value in part.items():
+                out[key] = out.get(key, 0) + int(value)
+        return {**out, **summary(self.quarantined())}
+
+    def quarantined(self) -> list[Quarantined]:
+        """What ``ReadOptions(on_error="skip")`` skipped and the ranks acked: shard URL, rows
+        and reason, oldest first (also in the state; see :mod:`ingest.core.quarantine`)."""
+        got: list[Quarantined] = self._get(self.coordinator.quarantined.remote())
+        return got
+
+    def shutdown(self) -> None:
+        """Stop the reader pool and the coordinator actor."""
+        for actor in [*self.readers, self.coordinator]:
+            ray.kill(actor)
+
+    def __enter__(self) -> RayStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()

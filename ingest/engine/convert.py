@@ -1,0 +1,115 @@
+"""Arrow record batches -> dicts of torch tensors, zero-copy where the dtype allows.
+
+Numeric columns without nulls and fixed-size lists of them become tensors that share the
+Arrow buffers (read-only memory: copy before writing into them in place). Variable-length
+lists of numbers become lists of tensors that are views into one flat buffer. Strings and
+binaries become lists of ``str``/``bytes``. Fixed-shape tensor columns (n-d arrays returned
+by a transform) become one ``(n, *shape)`` tensor. Booleans and nullable floats are copied.
+
+Dates and times become integers (torch has no such dtypes), in the units of their Arrow
+type, which the stream's schema states: a timestamp, int64 counts of its unit (s, ms, us or
+ns) since 1970-01-01T00:00:00 UTC. Arrow holds a timestamp with a time zone as that UTC
+instant, so the same instant gives the same number in any zone, and the zone itself (display
+metadata) is dropped: a transform that needs local wall-clock time computes it before the
+conversion (``pyarrow.compute.local_timestamp``). A date32 becomes int32 days since
+1970-01-01, a date64 int64 milliseconds; a time, its unit since midnight (int32 for time32,
+int64 for time64); a duration, int64 counts of its unit.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import torch
+
+from ingest.core.errors import ConfigError
+
+# Arrow buffers are immutable, so numpy views of them are read-only and torch warns once per
+# conversion that it will not enforce that. Zero-copy is the point here; the module
+# docstring tells users to copy before writing in place.
+warnings.filterwarnings(
+    "ignore", message="The given NumPy array is not writable", category=UserWarning
+)
+
+Batch = dict[str, Any]
+
+
+def _numeric(arr: pa.Array, name: str) -> torch.Tensor:
+    if arr.null_count:
+        if pa.types.is_floating(arr.type):
+            return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
+        raise ConfigError(
+            f"column {name!r} ({arr.type}) has {arr.null_count} null(s) and no "
+            "torch integer dtype holds nulls; fill them in a transform "
+            "(pyarrow.compute.fill_null) or cast the column to float"
+        )
+    return torch.from_numpy(arr.to_numpy(zero_copy_only=not pa.types.is_boolean(arr.type)))
+
+
+def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
+    """Convert one column; see the module docstring for the rules."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
+    t = arr.type
+    if isinstance(t, pa.FixedShapeTensorType):
+        # Decoded images and other n-d arrays from a transform: one (n, *shape) tensor.
+        if arr.null_count:
+            raise ConfigError(f"column {name!r} has null tensors; fill them in the transform")
+        return torch.from_numpy(arr.to_numpy_ndarray())
+    if pa.types.is_dictionary(t):
+        arr = arr.dictionary_decode()
+        t = arr.type
+    if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+        if pa.types.is_unsigned_integer(t) and t.bit_width > 8 and t.bit_width < 64:
+            arr = arr.cast(pa.int64())  # torch has no uint16/uint32 arithmetic worth using
+        return _numeric(arr, name)
+    if pa.types.is_temporal(t) and not pa.types.is_interval(t):
+        # Dates, times, timestamps (as UTC instants), durations: see the module docstring.
+        return _numeric(arr.cast(pa.int64() if t.bit_width == 64 else pa.int32()), name)
+    if _is_number_list(t):
+        return _number_lists(arr, name)
+    return arr.to_pylist()  # strings, binary and nested values stay Python objects
+
+
+def _is_number_list(t: pa.DataType) -> bool:
+    lists = pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
+    return bool(lists and _is_number(t.value_type))
+
+
+def _number_lists(arr: pa.Array, name: str) -> Any:
+    """A fixed-size list column is one (n, size) tensor; a variable one, a list of tensors."""
+    if arr.null_count:
+        raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
+    if pa.types.is_fixed_size_list(arr.type):
+        size = arr.type.list_size
+        flat = arr.values.slice(arr.offset * size, len(arr) * size)  # zero-copy view
+        return _numeric(flat, name).reshape(len(arr), size)
+    offsets = arr.offsets.to_numpy()
+    values = _numeric(arr.values, name)
+    return [values[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
+
+
+def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:
+    """Convert a record batch, a table or a dict of arrays/tensors to a dict for torch."""
+    if isinstance(batch, pa.RecordBatch | pa.Table):
+        return {
+            name: column_to_torch(batch.column(i), name)
+            for i, name in enumerate(batch.schema.names)
+        }
+    out: Batch = {}
+    for name, value in batch.items():
+        if isinstance(value, np.ndarray) and value.dtype.kind in "biuf":
+            out[name] = torch.from_numpy(value)
+        elif isinstance(value, pa.Array | pa.ChunkedArray):
+            out[name] = column_to_torch(value, name)
+        else:
+            out[name] = value
+    return out

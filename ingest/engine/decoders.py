@@ -1,0 +1,142 @@
+"""Decode transforms for folder datasets: image and audio bytes -> fixed-shape arrays.
+
+Pass one as a stream's ``transform``: in a :class:`ingest.RayStream` it runs in the CPU
+reader pool, so training ranks receive ready float tensors and never decode. Instances are
+configured once (``Images(size=(64, 64))``) and built into each pool actor by pickling.
+Pillow is a core dependency; :class:`Audio` needs ``soundfile`` (``pip install
+'ingest[media]'``). A file that does not decode is a :class:`~ingest.core.errors.ShardError`
+naming its URL (``path``), which ``ReadOptions(on_error="skip")`` quarantines alone: the
+feed splits the batch to find the files that fail and delivers the others
+(:func:`ingest.engine.transform.split_failures`).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ingest.core.errors import ConfigError, ShardError
+
+_FIX = "replace or remove the file, or pass ReadOptions(on_error='skip') to quarantine it"
+
+
+class Images:
+    """``image`` bytes -> ``image`` float32 ``(n, channels, height, width)`` in ``[0, 1]``.
+
+    Args:
+        size: ``(height, width)`` every image is resized to (bilinear).
+        mode: Pillow mode to convert to first (``"RGB"``: 3 channels, ``"L"``: 1).
+        keep: Columns passed through unchanged (numeric ones become tensors).
+    """
+
+    def __init__(
+        self,
+        size: tuple[int, int] = (224, 224),
+        *,
+        mode: str = "RGB",
+        keep: Sequence[str] = ("label",),
+    ) -> None:
+        if len(size) != 2 or min(size) < 1:
+            raise ConfigError(f"size={size!r} must be (height, width), both >= 1")
+        self.size = (int(size[0]), int(size[1]))
+        self.mode = mode
+        self.keep = tuple(keep)
+
+    def __call__(self, table: pa.Table) -> dict[str, Any]:
+        from PIL import Image
+
+        height, width = self.size
+        datas = table.column("image").to_pylist()
+        paths = _paths(table)
+        out: list[np.ndarray] = []
+        for n, data in enumerate(datas):
+            try:
+                with Image.open(io.BytesIO(data or b"")) as image:
+                    pixels = image.convert(self.mode).resize(
+                        (width, height), Image.Resampling.BILINEAR
+                    )
+                    array = np.asarray(pixels, dtype=np.uint8)
+            except Exception as e:
+                raise ShardError(paths[n], f"cannot be decoded as an image ({e})", _FIX) from None
+            out.append(array.reshape(height, width, -1))
+        images = (
+            np.stack(out).transpose(0, 3, 1, 2).astype(np.float32) / 255.0
+            if out
+            else np.zeros((0, len(self.mode), height, width), np.float32)
+        )
+        return {"image": images, **_kept(table, self.keep)}
+
+
+class Audio:
+    """``audio`` bytes -> ``audio`` float32 ``(n, frames)`` (mono) and ``frames`` (int64).
+
+    Each clip is mixed down to mono, then cut or zero-padded to ``seconds`` at
+    ``sample_rate``; ``frames`` is its length before that. A clip at another sample rate is
+    an error (resample the files, or decode them in your own transform).
+
+    Args:
+        sample_rate: The files' sample rate (Hz).
+        seconds: Length of every clip delivered.
+        keep: Columns passed through unchanged.
+    """
+
+    def __init__(
+        self, sample_rate: int = 16_000, seconds: float = 1.0, *, keep: Sequence[str] = ("label",)
+    ) -> None:
+        if sample_rate < 1 or seconds <= 0:
+            raise ConfigError(f"sample_rate={sample_rate} and seconds={seconds} must be > 0")
+        self.sample_rate = int(sample_rate)
+        self.frames = round(seconds * sample_rate)
+        self.keep = tuple(keep)
+
+    def __call__(self, table: pa.Table) -> dict[str, Any]:
+        try:
+            import soundfile
+        except ImportError:
+            raise ConfigError(
+                "ingest.decode.Audio needs soundfile: pip install 'ingest[media]'"
+            ) from None
+        datas = table.column("audio").to_pylist()
+        paths = _paths(table)
+        clips = np.zeros((len(datas), self.frames), np.float32)
+        lengths = np.zeros(len(datas), np.int64)
+        for n, data in enumerate(datas):
+            try:
+                samples, rate = soundfile.read(
+                    io.BytesIO(data or b""), dtype="float32", always_2d=True
+                )
+            except Exception as e:
+                raise ShardError(paths[n], f"cannot be decoded as audio ({e})", _FIX) from None
+            if rate != self.sample_rate:
+                raise ShardError(
+                    paths[n],
+                    f"is sampled at {rate} Hz, not the {self.sample_rate} Hz asked for",
+                    f"resample the files, or pass Audio(sample_rate={rate})",
+                )
+            mono = samples.mean(axis=1)
+            lengths[n] = len(mono)
+            clips[n, : min(len(mono), self.frames)] = mono[: self.frames]
+        return {"audio": clips, "frames": lengths, **_kept(table, self.keep)}
+
+
+def _paths(table: pa.Table) -> list[str]:
+    if "path" in table.column_names:
+        return [str(p) for p in table.column("path").to_pylist()]
+    return [f"row {n} of a batch" for n in range(table.num_rows)]
+
+
+def _kept(table: pa.Table, keep: Sequence[str]) -> dict[str, Any]:
+    missing = [c for c in keep if c not in table.column_names]
+    if missing:
+        raise ConfigError(
+            f"keep={list(keep)} names column(s) {missing} the batch lacks; it has "
+            f"{table.column_names}"
+        )
+    return {c: table.column(c).combine_chunks() for c in keep}
+
+
+__all__ = ["Audio", "Images"]

@@ -1,0 +1,900 @@
+"""The feed: one rank's share of an epoch -> shuffled, full batches with their provenance.
+
+This is the one engine behind :class:`ingest.Stream` (in-process, one rank) and
+:class:`ingest.RayStream` (in the reader pool's actors, one feed per rank). It knows no Ray.
+
+Reading order. The rank's spans (its share, from :mod:`ingest.core.assign`) are grouped by shard
+and dealt round-robin to ``lanes`` lanes; each lane reads its shards front to back through
+the formats (one open per shard, seeks, coalesced ranges). A *window* takes
+``window // lanes`` rows from every lane that still has rows, so one window holds rows of up
+to ``lanes`` shards of different parts of the epoch plan; with a seed its rows are permuted
+by a key of (seed, epoch, rank, window index), in one gather of the whole window. Batches
+are cut from consecutive windows (a batch within one shuffled window is a zero-copy slice).
+Without a seed there is one lane and no permutation: listing order.
+
+Memory, in bytes as well as rows (:mod:`ingest.core.budget`). A window holds ``FeedPlan.window``
+rows: ``shuffle_window``, or fewer where ``shuffle_bytes`` says so for the epoch's listing
+(fixed when the epoch is planned, so the order and the cursors are those of a window of
+that many rows). A window of more than :data:`_GATHER_BYTES` (or a quarter of
+``shuffle_bytes``) is not permuted in one gather, which would hold a second copy of it for a
+moment: each batch gathers its rows from the window's record batches instead. Before the
+next window is read, the rows of the last one not yet cut (less than a batch) are copied
+out, so that its table is let go. The lanes hold their read-ahead within their share of
+``ReadOptions.prefetch_bytes``, beyond the record batch each holds in any case (a Parquet
+row group at most: a smaller record batch would keep the reader's row group open longer,
+which holds more). A feed holds about ``shuffle_bytes + prefetch_bytes`` and a batch
+(:attr:`Feed.held_bytes`), beside one record batch per lane and what its open shard holds
+in its reader.
+
+Resume. Every batch carries a *cursor*: where each lane stood at the start of the oldest
+window that still had rows not yet cut into batches. A feed started from that cursor rebuilds
+that window, leaves out the rows already consumed (the ``skip`` sets) and continues with
+exactly the batches of the uninterrupted run. Exactly-once rests on the consumed rows alone.
+
+Provenance never travels with the rows: each batch's rows are described beside the table,
+for the rank to ack, as packed rows (one int64 per row, ``segment << 62 | shard << 31 |
+row``: a gather and an add per row from the window's keys, no sort), or as runs ``(segment,
+shard, start, stop)`` where they do not pack (shards or rows past 2**31). A batch that takes
+a window's last position also carries the window's rows as a few runs
+(:class:`ingest.core.ledger.Closed`): a fold up to it adds those runs and sorts no packed row.
+
+Bad data. With ``ReadOptions(on_error="skip")`` the rest of a span that cannot be read
+becomes *holes*: window positions that are acked with their batch but carry no row, so the
+batches are cut at the same steps as without the error (see :mod:`ingest.core.quarantine`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from ingest.core.assign import CARRY, MAIN, Span
+from ingest.core.errors import IngestError, ShardError, StoreError
+from ingest.core.intervals import IntervalSet
+from ingest.core.ledger import Closed, Rows, Runs, as_runs, pack_base, runs_of
+from ingest.core.plan import permutation
+from ingest.core.quarantine import Quarantine, Quarantined, skippable
+from ingest.engine.prefetch import Prefetcher, read_ahead
+from ingest.engine.transform import output_of_no_rows, split_failures
+from ingest.formats import get_format
+from ingest.formats.base import BadRows, ReadContext, ReadOptions, RowBatch, Seek
+from ingest.planner.catalog import Listing
+from ingest.storage.sources import Source
+
+TO_END = 1 << 62
+"""``Span.stop`` of a span that runs to the end of a shard whose row count is unknown."""
+
+Cursor = dict[str, Any]
+"""``{"window": w, "lanes": [[span, row, seek_row, seek_cursor] or null per lane]}``."""
+
+_GATHER_BYTES = 32 << 20
+"""Windows of more bytes are gathered batch by batch, not in one take. One take of the whole
+window is the fastest for small rows (40x fewer calls than a take per record batch per batch
+for 100-byte rows), but holds the window twice for a moment; above this size a window is
+of large rows, for which the take per batch is about as fast (measured 0.6-1.6x)."""
+
+
+@dataclass(frozen=True, slots=True)
+class FeedPlan:
+    """What one feed reads: a rank's share of one epoch and where to start in it.
+
+    Attributes:
+        epoch: The epoch (part of the shuffle keys).
+        rank: The rank (part of the shuffle keys).
+        next_step: Global step number of the first batch this feed yields.
+        steps: Batches this feed yields, or None when row counts are unknown (one rank).
+        spans: The rank's share in reading order.
+        skip: Rows already consumed, per segment (``CARRY``, ``MAIN``) and shard: left out.
+        cursor: Where to start (from a state), or None for the beginning of the share.
+        listing: The epoch's listing (``Span.shard`` indexes it).
+        window: Rows per shuffle window in this epoch: ``FeedConfig.window`` within the
+            stream's ``shuffle_bytes``, fixed when the epoch was planned
+            (:meth:`ingest.core.book.StreamSpec.window_rows`); None: ``FeedConfig.window``.
+    """
+
+    epoch: int
+    rank: int
+    next_step: int
+    steps: int | None
+    spans: tuple[Span, ...]
+    skip: tuple[Mapping[int, IntervalSet], Mapping[int, IntervalSet]]
+    cursor: Cursor | None
+    listing: Listing
+    window: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FeedConfig:
+    """How a feed reads and batches; the same for every rank of a stream.
+
+    Attributes:
+        batch_size: Rows per batch.
+        seed: Shuffle seed; None reads in listing order with one lane.
+        window: Rows per shuffle window, at most (the plan says how many: ``FeedPlan.window``).
+        lanes: Shards read side by side to fill a window.
+        columns: Columns to read, or None.
+        read: Read options.
+        window_bytes: The stream's ``shuffle_bytes``: a window of more than a quarter of it
+            is gathered batch by batch (see the module's docstring). None: no byte bound.
+    """
+
+    batch_size: int
+    seed: int | None
+    window: int
+    lanes: int
+    columns: tuple[str, ...] | None
+    read: ReadOptions
+    window_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """One full batch: its global step, its rows, where they came from, the cursor after it."""
+
+    step: int
+    table: Any
+    """The rows as an Arrow table, or whatever the transform returned for them."""
+    runs: Runs | Rows
+    """Where the rows came from: packed rows (1-d, :func:`ingest.core.ledger.pack_rows`), or
+    runs ``(segment, shard, start, stop)`` where they do not pack."""
+    cursor: Cursor
+    quarantined: tuple[Quarantined, ...] = ()
+    """Quarantines recorded since the batch before (``on_error="skip"``)."""
+    rows: int = -1
+    """Rows delivered (fewer than the batch size where it held holes); -1: all of them."""
+    closed: Closed | None = None
+    """The windows this batch finished, when ``runs`` are packed rows (for the fold)."""
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the batch (0 when the transform made something other than a table)."""
+        return int(getattr(self.table, "nbytes", 0) or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Tail:
+    """The end of a feed: batches yielded, rows left over (fewer than a batch), rows learnt.
+
+    ``leftover`` is only ever non-empty when row counts were unknown at planning time.
+    """
+
+    steps: int
+    leftover: Runs
+    learned: dict[int, int]
+    quarantined: tuple[Quarantined, ...] = ()
+
+
+def item_bytes(item: Ready | Tail) -> int:
+    """Bytes of a feed's item, as a read-ahead of them counts them (a :class:`Tail`: 0)."""
+    return item.nbytes if isinstance(item, Ready) else 0
+
+
+@dataclass(frozen=True, slots=True)
+class _SpanEnd:
+    span: int
+    shard: int
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Hole:
+    """Rows ``[row, row + size)`` of a span that are quarantined: positions without data."""
+
+    row: int
+    size: int
+    seek: Seek | None = None
+
+    @property
+    def stop(self) -> int:
+        return self.row + self.size
+
+
+Piece = RowBatch | _Hole
+
+
+def _read_whole(span: tuple[int, int | None], last: int) -> bool:
+    """Whether a range ``[start, stop)`` has been read up to its stop (``last``)."""
+    return span[1] is not None and last >= span[1]
+
+
+def _rows(piece: Piece) -> int:
+    return piece.size if isinstance(piece, _Hole) else int(piece.data.num_rows)
+
+
+def _head(piece: Piece, n: int) -> Piece:
+    if isinstance(piece, _Hole):
+        return _Hole(piece.row, n)
+    return RowBatch(piece.row, piece.data.slice(0, n), piece.seek)
+
+
+def _rest(piece: Piece, n: int) -> Piece:
+    if isinstance(piece, _Hole):
+        return _Hole(piece.row + n, piece.size - n)
+    return RowBatch(piece.row + n, piece.data.slice(n), piece.seek)
+
+
+def _read_bytes(item: tuple[int, Piece] | _SpanEnd) -> int:
+    """Bytes of what a lane's reader yields."""
+    if isinstance(item, _SpanEnd) or isinstance(item[1], _Hole):
+        return 0
+    return int(item[1].data.nbytes)
+
+
+@dataclass(slots=True)
+class _Lane:
+    """A lane: its spans in order, where it stands, and the rows it read but did not give."""
+
+    spans: list[int]
+    reader: Iterator[tuple[int, Piece] | _SpanEnd] | None = None
+    at: tuple[int, int, Seek | None] | None = None  # (lane span index, row, seek); None: done
+    pending: tuple[int, Piece] | None = None
+
+    def cursor(self) -> list[int | None] | None:
+        if self.at is None:
+            return None
+        k, row, seek = self.at
+        return [k, row, None if seek is None else seek[0], None if seek is None else seek[1]]
+
+    def held_bytes(self) -> int:
+        """Bytes of the rows read and not given yet: the pending piece and the read-ahead."""
+        pending = self.pending
+        held = 0 if pending is None else _read_bytes(pending)
+        return held + int(getattr(self.reader, "held_bytes", 0))
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Where the rows of a window come from: its pieces in ``(segment, shard, row)`` order.
+
+    A window row is known by its *key*, its place in that order, with one key left unused
+    between two pieces whose rows do not follow each other. Consecutive keys are then
+    consecutive rows of one shard, so the rows of a batch become runs with one integer sort
+    of their keys, not a sort by three columns. Piece ``p`` holds keys
+    ``starts[p] : starts[p] + sizes[p]``, and key ``k`` of it is row ``k + offsets[p]``.
+    """
+
+    segments: npt.NDArray[np.int64]
+    shards: npt.NDArray[np.int64]
+    starts: npt.NDArray[np.int64]
+    sizes: npt.NDArray[np.int64]
+    offsets: npt.NDArray[np.int64]
+    pieces: npt.NDArray[np.int64]
+    """The piece of each key."""
+    base: Rows | None
+    """Per piece, the packed row of key 0 (:func:`ingest.core.ledger.pack_base`); None if the
+    rows do not pack."""
+
+    @staticmethod
+    def of(pieces: Sequence[tuple[Span, Piece]]) -> tuple[_Origin, npt.NDArray[np.int64]]:
+        """The origin of ``pieces`` and the key of each of their rows, in reading order."""
+        pieces = [(span, batch) for span, batch in pieces if _rows(batch)]
+        sizes = np.array([_rows(b) for _, b in pieces], dtype=np.int64)
+        segments = np.array([s.segment for s, _ in pieces], dtype=np.int64)
+        shards = np.array([s.shard for s, _ in pieces], dtype=np.int64)
+        firsts = np.array([b.row for _, b in pieces], dtype=np.int64)
+        by_key = np.lexsort((firsts, shards, segments))
+        segments, shards, firsts = segments[by_key], shards[by_key], firsts[by_key]
+        sizes_k = sizes[by_key]
+        gaps = np.ones(len(pieces), dtype=np.int64)
+        gaps[:1] = 0
+        gaps[1:] -= (
+            (segments[1:] == segments[:-1])
+            & (shards[1:] == shards[:-1])
+            & (firsts[1:] == firsts[:-1] + sizes_k[:-1])
+        )
+        starts_k = np.cumsum(sizes_k + gaps) - sizes_k
+        # A gap's key goes with the piece before it; no row has that key.
+        of_key = np.repeat(np.arange(len(pieces)), np.append(gaps[1:], 0) + sizes_k)
+        starts = np.empty_like(starts_k)
+        starts[by_key] = starts_k
+        keys = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
+        keys += np.arange(len(keys), dtype=np.int64)
+        offsets = firsts - starts_k
+        last = int((firsts + sizes_k).max()) - 1 if pieces else 0
+        base = pack_base(segments, shards, offsets, last)
+        origin = _Origin(segments, shards, starts_k, sizes_k, offsets, of_key, base)
+        return origin, keys
+
+    def locate(
+        self, keys: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+        """Segment, shard and row of each key."""
+        piece = self.pieces[keys]
+        return self.segments[piece], self.shards[piece], self.offsets[piece] + keys
+
+    def packed(self, keys: npt.NDArray[np.int64]) -> Rows | None:
+        """The packed rows of ``keys`` (:func:`ingest.core.ledger.pack_rows`), or None."""
+        if self.base is None:
+            return None
+        return self.base[self.pieces[keys]] + keys
+
+    def all_runs(self) -> Runs:
+        """Every row of the window (holes and rows consumed before included), as runs."""
+        out = np.empty((len(self.sizes), 4), dtype=np.int64)
+        out[:, 0], out[:, 1] = self.segments, self.shards
+        np.add(self.starts, self.offsets, out=out[:, 2])
+        np.add(out[:, 2], self.sizes, out=out[:, 3])
+        return out
+
+    def runs(self, keys: npt.NDArray[np.int64]) -> Runs:
+        """The runs of the rows of ``keys``, as :func:`ingest.core.ledger.runs_of` gives them."""
+        if not len(keys):
+            return as_runs(())
+        k = np.sort(keys)
+        heads = np.flatnonzero(k[1:] - k[:-1] != 1) + 1
+        bounds = np.concatenate(([0], heads, [len(k)]))
+        out = np.empty((len(bounds) - 1, 4), dtype=np.int64)
+        out[:, 0], out[:, 1], out[:, 2] = self.locate(k[bounds[:-1]])
+        np.add(out[:, 2], np.diff(bounds), out=out[:, 3])
+        return out
+
+
+class _Chunks:
+    """A table's record batches, to gather rows from them without joining them first (a take
+    on a table of many chunks joins them all, each call)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.batches = table.to_batches()
+        sizes = np.fromiter((b.num_rows for b in self.batches), np.int64, len(self.batches))
+        self.starts = np.cumsum(sizes) - sizes
+
+    def take(self, rows: npt.NDArray[np.int64]) -> pa.Table:
+        """Rows ``rows`` of the table, in that order: one take per record batch they hit,
+        then one to put them in order."""
+        chunk = np.searchsorted(self.starts, rows, side="right") - 1
+        by_chunk = np.argsort(chunk, kind="stable")
+        chunk = chunk[by_chunk]
+        local = rows[by_chunk] - self.starts[chunk]
+        cuts = np.flatnonzero(chunk[1:] != chunk[:-1]) + 1
+        bounds = np.concatenate(([0], cuts, [len(chunk)])).tolist()
+        parts = [
+            self.batches[int(chunk[a])].take(pa.array(local[a:b]))
+            for a, b in itertools.pairwise(bounds)
+        ]
+        grouped = pa.Table.from_batches(parts, schema=self.batches[0].schema)
+        order = np.empty_like(by_chunk)
+        order[by_chunk] = np.arange(len(by_chunk))
+        return grouped.take(order)
+
+
+@dataclass(slots=True)
+class _Window:
+    """A window's positions in delivery order: each one's key in ``origin``, and the table.
+
+    Without holes position ``i`` is row ``i`` of the table. With holes, ``holes`` marks the
+    positions without data and ``before[i]`` is the table row of position ``i`` (the rows
+    before it that are not holes). A window gathered batch by batch keeps its table in
+    reading order, and ``order[i]`` is the table row of position ``i``. Once compacted
+    (:meth:`compact`) the table holds only the rows of positions ``first`` on.
+    """
+
+    index: int
+    start: Cursor
+    end: Cursor
+    table: pa.Table
+    keys: npt.NDArray[np.int64]
+    origin: _Origin
+    holes: npt.NDArray[np.bool_] | None = None
+    before: npt.NDArray[np.int64] | None = None
+    order: npt.NDArray[np.int64] | None = None
+    chunks: _Chunks | None = None
+    first: int = 0
+    nbytes: int = 0
+    """Bytes of ``table``."""
+
+    @property
+    def size(self) -> int:
+        return len(self.keys)
+
+    def rows(self, lo: int, hi: int) -> pa.Table:
+        """The table rows of positions ``lo:hi`` (``lo >= first``)."""
+        if self.order is not None:
+            if self.chunks is None:
+                self.chunks = _Chunks(self.table)
+            return self.chunks.take(self.order[lo:hi])
+        if self.before is None:
+            return self.table.slice(lo - self.first, hi - lo)
+        base = int(self.before[self.first])
+        a, b = int(self.before[lo]) - base, int(self.before[hi]) - base
+        return self.table.slice(a, b - a)
+
+    def compact(self, lo: int) -> None:
+        """Keep only the rows of positions ``lo`` on, copied: the window's table goes."""
+        if lo <= self.first or lo >= self.size:
+            return
+        rest = self.rows(lo, self.size)
+        if self.order is None:  # a slice, which holds the whole table: copy it
+            rest = rest.take(np.arange(rest.num_rows))
+        self.table, self.order, self.chunks, self.first = rest, None, None, lo
+        self.nbytes = int(rest.nbytes)
+
+
+class Feed:
+    """Iterate a rank's batches of one epoch: :class:`Ready` items, then one :class:`Tail`.
+
+    Args:
+        plan: The rank's share and start.
+        config: Batching and shuffle settings.
+        source: Opens shards and counts requests.
+        transform: Applied to each batch's table before it is handed out (or None).
+    """
+
+    def __init__(
+        self,
+        plan: FeedPlan,
+        config: FeedConfig,
+        source: Source,
+        transform: Callable[[pa.Table], Any] | None = None,
+    ) -> None:
+        self.plan = plan
+        self.config = config
+        self.source = source
+        self.transform = transform
+        self._learned: dict[int, int] = {}
+        self._skip = config.read.on_error == "skip"
+        self.quarantine = Quarantine(config.read.max_errors, plan.epoch, plan.rank)
+        self._window_rows = config.window if plan.window is None else plan.window
+        self._lanes = self._make_lanes()
+        read_bytes = config.read.prefetch_bytes
+        self._lane_bytes = None if read_bytes is None else max(1, read_bytes // len(self._lanes))
+        """Each lane's share of ``ReadOptions.prefetch_bytes``."""
+        gather = _GATHER_BYTES
+        if config.window_bytes is not None:
+            gather = min(gather, config.window_bytes // 4)
+        self._gather_bytes = gather
+        self._held: list[tuple[_Window, int, int]] = []
+        """Windows with rows not yet cut into batches: ``(window, start, stop)``."""
+        self.peak_bytes = 0
+        """The most bytes this feed held at once, seen as each window was made."""
+
+    def ahead(self, name: str) -> contextlib.AbstractContextManager[Iterator[Ready | Tail]]:
+        """This feed's items, read ahead in a background thread by ``ReadOptions.prefetch``
+        batches and at most ``prefetch_bytes`` (see :func:`ingest.engine.prefetch.read_ahead`);
+        ``name``: what a timeout names (the source). On leaving, the feed is closed."""
+        read = self.config.read
+        return read_ahead(
+            self,
+            read.prefetch,
+            read.timeout_s,
+            name,
+            max_bytes=read.prefetch_bytes,
+            size=item_bytes,
+        )
+
+    def _make_lanes(self) -> list[_Lane]:
+        spans = self.plan.spans
+        groups: list[list[int]] = []
+        for n, span in enumerate(spans):
+            if groups and spans[groups[-1][-1]].shard == span.shard:
+                groups[-1].append(n)
+            else:
+                groups.append([n])
+        count = 1 if self.config.seed is None else max(1, min(self.config.lanes, len(groups)))
+        lanes = [_Lane([]) for _ in range(count)]
+        for g, group in enumerate(groups):
+            lanes[g % count].spans.extend(group)
+        cursor = self.plan.cursor
+        saved = cursor.get("lanes") if cursor else None
+        if saved is not None and len(saved) != count:
+            raise IngestError(
+                f"the saved position of rank {self.plan.rank} has {len(saved)} lane(s), this "
+                f"plan has {count}; resume with the shuffle settings the state was saved with"
+            )
+        for n, lane in enumerate(lanes):
+            if saved is None:
+                lane.at = (0, spans[lane.spans[0]].start, None) if lane.spans else None
+            elif saved[n] is None:
+                lane.at = None
+            else:
+                k, row, seek_row, seek_cursor = saved[n]
+                seek = None if seek_row is None else (int(seek_row), int(seek_cursor))
+                lane.at = (int(k), int(row), seek)
+        return lanes
+
+    # -- reading a lane --------------------------------------------------------------------
+
+    def _read_lane(
+        self, lane: list[int], k: int, row: int, seek: Seek | None
+    ) -> Iterator[tuple[int, Piece] | _SpanEnd]:
+        """Batches of the lane's spans from span ``k``, row ``row``; the shard opened once."""
+        spans = self.plan.spans
+        while k < len(lane):
+            shard = spans[lane[k]].shard
+            run: list[int] = []
+            while k < len(lane) and spans[lane[k]].shard == shard:
+                run.append(k)
+                k += 1
+            ranges: list[tuple[int, int | None]] = [
+                (
+                    spans[lane[j]].start,
+                    None if spans[lane[j]].stop == TO_END else spans[lane[j]].stop,
+                )
+                for j in run
+            ]
+            first = ranges[0]
+            ranges[0] = (max(first[0], row), first[1])
+            ctx = self.plan.listing.context(
+                shard, self.source, self.config.read, self.config.columns
+            )
+            last = [start for start, _ in ranges]
+            at = 0
+            try:
+                for index, batch in self._read_run(ctx, ranges, seek, last):
+                    at = index
+                    if isinstance(batch, BadRows):  # on_error="skip": just these rows
+                        n = int(batch.data.num_rows)
+                        self.quarantine.add(
+                            batch.error or ValueError("unreadable rows"),
+                            url=ctx.shard.url,
+                            start=batch.row,
+                            stop=batch.stop,
+                            rows=n,
+                        )
+                        yield run[index], _Hole(batch.row, n)
+                    elif batch.data.num_rows:
+                        yield run[index], batch
+                    last[index] = batch.stop
+            except Exception as e:
+                if not (self._skip and skippable(e)):
+                    raise
+                yield from self._holes(e, ctx.shard.url, shard, run, ranges, last, at)
+                row, seek = 0, None
+                continue
+            for index, (_, stop) in enumerate(ranges):
+                if stop is None:
+                    yield _SpanEnd(run[index], shard, last[index])
+            row, seek = 0, None
+
+    def _read_run(
+        self,
+        ctx: ReadContext,
+        ranges: list[tuple[int, int | None]],
+        seek: Seek | None,
+        last: list[int],
+    ) -> Iterator[tuple[int, RowBatch]]:
+        """``(index in ranges, batch)`` of one shard's ranges, read in order.
+
+        A node's cached copy of the shard that fails to read (a :class:`ShardError`, or bad
+        rows under ``on_error="skip"``) may be damaged rather than the shard: the copy is
+        dropped and the ranges are read again once from a fresh fetch, from where ``last``
+        (kept by the caller) says each one got to; a second failure is the shard's.
+        """
+        again = False
+        at = 0
+        todo = list(range(len(ranges)))
+        while True:
+            with get_format(ctx.shard.format).open(ctx) as reader:
+                spans = [(last[i], ranges[i][1]) for i in todo]
+                try:
+                    for j, batch in reader.read_spans(spans, seek):
+                        at = todo[j]
+                        damaged = isinstance(batch, BadRows)
+                        if damaged and not again and self.source.drop_cached(ctx.shard):
+                            break
+                        yield at, batch
+                    else:
+                        return
+                except ShardError as e:
+                    if again or isinstance(e, StoreError) or not self.source.drop_cached(ctx.shard):
+                        raise
+            again, seek = True, None
+            todo = [i for i in range(at, len(ranges)) if not _read_whole(ranges[i], last[i])]
+
+    def _holes(
+        self,
+        error: Exception,
+        url: str,
+        shard: int,
+        run: list[int],
+        ranges: list[tuple[int, int | None]],
+        last: list[int],
+        at: int,
+    ) -> Iterator[tuple[int, Piece] | _SpanEnd]:
+        """Quarantine the rows of ``ranges`` not read when ``error`` stopped the shard: one
+        record per stretch of consecutive rows, one hole per span."""
+        out: list[tuple[int, Piece] | _SpanEnd] = []
+        lost: list[tuple[int, int | None]] = []
+        for index in range(at, len(ranges)):
+            start, stop = last[index], ranges[index][1]
+            if stop is not None and start >= stop:
+                continue  # read whole: the error came after it
+            lost.append((start, stop))
+            if stop is None:  # rows to the end are unknown: the shard ends here for us
+                out.append(_SpanEnd(run[index], shard, start))
+            else:
+                out.append((run[index], _Hole(start, stop - start)))
+        stretches: list[list[int | None]] = []  # the spans are in shuffled block order
+        for start, stop in sorted(lost, key=lambda r: r[0]):
+            if stretches and stretches[-1][1] == start:
+                stretches[-1][1] = stop
+            else:
+                stretches.append([start, stop])
+        for first, end in stretches:
+            assert first is not None
+            rows = None if end is None else end - first
+            self.quarantine.add(error, url=url, start=first, stop=end, rows=rows)
+        yield from out
+
+    def _open(self, lane: _Lane) -> Iterator[tuple[int, Piece] | _SpanEnd]:
+        assert lane.at is not None
+        k, row, seek = lane.at
+        depth = self.config.read.prefetch
+        if not depth:
+            return self._read_lane(lane.spans, k, row, seek)
+        return Prefetcher(
+            lambda: self._read_lane(lane.spans, k, row, seek),
+            depth,
+            self.config.read.timeout_s,
+            f"shards of {self.source.urls[0]}",
+            max_bytes=self._lane_bytes,
+            size=_read_bytes,
+        )
+
+    def _take(self, lane: _Lane, want: int) -> list[tuple[Span, Piece]]:
+        """Up to ``want`` rows (holes included) from ``lane``, advancing its position."""
+        out: list[tuple[Span, Piece]] = []
+        spans = self.plan.spans
+        while want > 0 and lane.at is not None:
+            if lane.pending is None:
+                if lane.reader is None:
+                    lane.reader = self._open(lane)
+                item = next(lane.reader, None)
+                if item is None:
+                    lane.at = None
+                    break
+                if isinstance(item, _SpanEnd):
+                    self._learned[item.shard] = item.rows
+                    continue
+                lane.pending = item
+            k, batch = lane.pending
+            size = _rows(batch)
+            n = min(want, size)
+            out.append((spans[lane.spans[k]], _head(batch, n)))
+            want -= n
+            if n == size:
+                lane.pending = None
+                lane.at = (k, batch.stop, batch.seek)
+            else:
+                rest = _rest(batch, n)
+                lane.pending = (k, rest)
+                lane.at = (k, rest.row, batch.seek)
+        return out
+
+    # -- windows and batches ---------------------------------------------------------------
+
+    def _cursor(self, window: int) -> Cursor:
+        return {"window": window, "lanes": [lane.cursor() for lane in self._lanes]}
+
+    def _windows(self) -> Iterator[_Window]:
+        index = int(self.plan.cursor["window"]) if self.plan.cursor else 0
+        per_lane = max(1, self._window_rows // len(self._lanes))
+        while any(lane.at is not None for lane in self._lanes):
+            start = self._cursor(index)
+            pieces: list[tuple[Span, Piece]] = []
+            for lane in self._lanes:
+                pieces.extend(self._take(lane, per_lane))
+            if not pieces:
+                break
+            yield self._window(index, start, self._cursor(index + 1), pieces)
+            index += 1
+
+    def _window(
+        self, index: int, start: Cursor, end: Cursor, pieces: list[tuple[Span, Piece]]
+    ) -> _Window:
+        data = [b.data.replace_schema_metadata(None) for _, b in pieces if isinstance(b, RowBatch)]
+        table = pa.Table.from_batches(data) if data else self._empty()
+        origin, keys = _Origin.of(pieces)
+        take: npt.NDArray[np.int64] | None = None
+        if self.config.seed is not None:
+            take = permutation(
+                len(keys), "window", self.config.seed, self.plan.epoch, self.plan.rank, index
+            )
+        seen = self._consumed(origin)
+        if seen is not None:
+            fresh = ~seen[keys]
+            take = np.flatnonzero(fresh) if take is None else take[fresh[take]]
+        if len(data) < len(pieces):  # holes (quarantined rows): rare
+            return self._with_holes(index, start, end, pieces, table, origin, keys, take)
+        nbytes = int(table.nbytes)
+        if take is not None and nbytes > self._gather_bytes:
+            # Large rows: each batch gathers its own (see _GATHER_BYTES).
+            return _Window(index, start, end, table, keys[take], origin, order=take, nbytes=nbytes)
+        if take is not None:
+            # One gather for the whole window; batches are slices of it.
+            table, keys = table.take(take), keys[take]
+        return _Window(index, start, end, table, keys, origin, nbytes=nbytes)
+
+    @staticmethod
+    def _with_holes(
+        index: int,
+        start: Cursor,
+        end: Cursor,
+        pieces: list[tuple[Span, Piece]],
+        table: pa.Table,
+        origin: _Origin,
+        keys: npt.NDArray[np.int64],
+        take: npt.NDArray[np.int64] | None,
+    ) -> _Window:
+        """The window of :meth:`_window` in delivery order ``take`` (None: reading order)
+        where some positions are holes: the table holds only the rows that are not."""
+        sizes = [_rows(b) for _, b in pieces if _rows(b)]
+        holes = np.repeat([isinstance(b, _Hole) for _, b in pieces if _rows(b)], sizes)
+        row = np.cumsum(~holes) - 1  # the table row of each position in reading order
+        if take is not None:
+            holes, keys, row = holes[take], keys[take], row[take]
+        table = table.take(row[~holes])
+        before = np.concatenate(([0], np.cumsum(~holes))).astype(np.int64)
+        return _Window(index, start, end, table, keys, origin, holes, before, nbytes=table.nbytes)
+
+    def _empty(self) -> pa.Table:
+        """A table of no rows with the stream's columns (a window made only of holes)."""
+        schema = self.plan.listing.schema
+        if schema is None:
+            return pa.table({})
+        if self.config.columns is not None:
+            fields = [schema.field(c) for c in self.config.columns if c in schema.names]
+            schema = pa.schema(fields)
+        return schema.empty_table()
+
+    def _consumed(self, origin: _Origin) -> npt.NDArray[np.bool_] | None:
+        """Per key of ``origin``, whether its row was consumed; None when none was."""
+        skip = dict(zip((CARRY, MAIN), self.plan.skip, strict=True))
+        seen: npt.NDArray[np.bool_] | None = None
+        pieces = zip(
+            origin.segments.tolist(),
+            origin.shards.tolist(),
+            origin.starts.tolist(),
+            origin.sizes.tolist(),
+            origin.offsets.tolist(),
+            strict=True,
+        )
+        for segment, shard, start, size, offset in pieces:
+            done = skip[segment].get(shard)
+            if done:
+                if seen is None:
+                    seen = np.zeros(len(origin.pieces), dtype=bool)
+                rows = np.arange(start + offset, start + offset + size, dtype=np.int64)
+                seen[start : start + size] = done.contains_many(rows)
+        return seen if seen is not None and seen.any() else None
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of rows this feed holds now: windows not yet cut into batches, and the
+        lanes' rows read and not given (their read-ahead included)."""
+        windows = sum(w.nbytes for w, _, _ in list(self._held))
+        return windows + sum(lane.held_bytes() for lane in self._lanes)
+
+    def __iter__(self) -> Iterator[Ready | Tail]:
+        size = self.config.batch_size
+        step = self.plan.next_step
+        held = self._held  # (window, start, stop) of rows not yet cut
+        held_rows = 0
+        try:
+            for window in self._windows():
+                if window.size:
+                    held.append((window, 0, window.size))
+                    held_rows += window.size
+                self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+                while held_rows >= size:
+                    yield self._cut(held, size, step)
+                    held_rows -= size
+                    step += 1
+                for w, lo, _ in held:  # less than a batch: copied, so the tables go
+                    w.compact(lo)
+                del window
+            leftover = self._runs(held)
+            steps = step - self.plan.next_step
+            if self.plan.steps is not None and (steps != self.plan.steps or len(leftover)):
+                raise IngestError(
+                    f"rank {self.plan.rank} read {steps} full batches and "
+                    f"{int((leftover[:, 3] - leftover[:, 2]).sum())} more rows in epoch "
+                    f"{self.plan.epoch}, "
+                    f"planned {self.plan.steps} batches exactly; a shard changed while it was "
+                    "read (its row count differs from the listing). Restart the epoch"
+                )
+            yield Tail(steps, leftover, dict(self._learned), self.quarantine.take())
+        finally:
+            self.close()
+
+    def _cut(self, held: list[tuple[_Window, int, int]], size: int, step: int) -> Ready:
+        parts: list[tuple[_Window, int, int]] = []
+        need = size
+        while need:
+            window, lo, hi = held[0]
+            n = min(need, hi - lo)
+            parts.append((window, lo, lo + n))
+            need -= n
+            if lo + n == hi:
+                held.pop(0)
+            else:
+                held[0] = (window, lo + n, hi)
+        cursor = held[0][0].start if held else window.end
+        tables = [w.rows(lo, hi) for w, lo, hi in parts]
+        table: Any = (pa.concat_tables(tables) if len(tables) > 1 else tables[0]).combine_chunks()
+        rows = int(table.num_rows)
+        if self.transform is not None:
+            try:
+                table = self.transform(table)
+            except Exception as e:
+                if not self._skip:
+                    raise
+                if skippable(e):  # a data error (a file that does not decode): its rows alone
+                    table, bad = split_failures(self.transform, table)
+                    for index, error in bad:
+                        url, row = self._origin_of(parts, index)
+                        self.quarantine.add(error, url=url, start=row, stop=row + 1, rows=1)
+                    rows -= len(bad)
+                else:
+                    self.quarantine.add(e, step=step, rows=rows)
+                    table, rows = output_of_no_rows(self.transform, table), 0
+        acked = self._acked(parts)
+        closed = None
+        if acked.ndim == 1:
+            done = [w.origin.all_runs() for w, _, hi in parts if hi == w.size]
+            last, lo, hi = parts[-1]
+            closed = Closed(
+                np.concatenate(done) if done else as_runs(()), 0 if hi == last.size else hi - lo
+            )
+        return Ready(
+            step,
+            table,
+            acked,
+            cursor,
+            self.quarantine.take(),
+            -1 if rows == size else rows,
+            closed,
+        )
+
+    def _origin_of(self, parts: Sequence[tuple[_Window, int, int]], index: int) -> tuple[str, int]:
+        """The shard URL and row of row ``index`` of the batch cut from ``parts``."""
+        for w, lo, hi in parts:
+            keys = w.keys[lo:hi] if w.holes is None else w.keys[lo:hi][~w.holes[lo:hi]]
+            if index < len(keys):
+                _, shard, row = w.origin.locate(keys[index : index + 1])
+                return self.plan.listing.shards[int(shard[0])].url, int(row[0])
+            index -= len(keys)
+        raise IndexError(f"row {index} is past the batch")  # pragma: no cover
+
+    @staticmethod
+    def _acked(parts: Sequence[tuple[_Window, int, int]]) -> Runs | Rows:
+        """The rows of ``parts`` as the rank acks them: packed rows when they pack (a gather
+        and an add per row; no sort here, the fold sorts once), else runs."""
+        packed = [w.origin.packed(w.keys[lo:hi]) for w, lo, hi in parts]
+        if len(packed) == 1 and packed[0] is not None:
+            return packed[0]
+        if all(p is not None for p in packed):
+            return np.concatenate([p for p in packed if p is not None])
+        return Feed._runs(parts)
+
+    @staticmethod
+    def _runs(parts: Sequence[tuple[_Window, int, int]]) -> Runs:
+        """The runs of rows ``lo:hi`` of each window of ``parts``."""
+        if len(parts) == 1:
+            window, lo, hi = parts[0]
+            return window.origin.runs(window.keys[lo:hi])
+        if not parts:
+            return as_runs(())
+        located = [w.origin.locate(w.keys[lo:hi]) for w, lo, hi in parts]
+        return runs_of(*(np.concatenate(column) for column in zip(*located, strict=True)))
+
+    def close(self) -> None:
+        """Stop the lanes' reader threads and let go of the rows held."""
+        self._held.clear()
+        for lane in self._lanes:
+            if lane.reader is not None:
+                with contextlib.suppress(Exception):
+                    close = getattr(lane.reader, "close", None)
+                    if close is not None:
+                        close()
+                lane.reader = None
+            lane.pending = None
+
+
+__all__ = ["TO_END", "Cursor", "Feed", "FeedConfig", "FeedPlan", "Ready", "Tail", "item_bytes"]

@@ -1,0 +1,383 @@
+"""The single-process stream: the one-rank case of the engine, without Ray.
+
+:class:`Stream` plans epochs with an :class:`ingest.core.book.EpochBook` of one rank, reads its
+share with an :class:`ingest.engine.feed.Feed` in a background thread (lanes, shuffle windows,
+batches, the transform), converts each batch to torch tensors and acks it to the book as it
+hands it to the loop. Its state is the book's snapshot at the last batch handed out, in the
+same layout as :class:`ingest.RayStream`'s, and loads into either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import threading
+import weakref
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from typing import Any
+
+from ingest.core.book import EpochBook, Remainder, StreamSpec
+from ingest.core.errors import ConfigError, IngestError, SupersededError
+from ingest.core.ledger import StepRecord
+from ingest.core.quarantine import Quarantined, summary
+from ingest.core.state import StreamState
+from ingest.engine.convert import Batch, to_torch
+from ingest.engine.feed import Feed, Tail
+from ingest.engine.transform import Transform, apply, build_transform
+from ingest.formats.base import ReadOptions
+from ingest.planner.catalog import Listing
+from ingest.storage.follow import Follow
+
+_FOLD_EVERY = 256
+_ACK_EVERY = 16
+"""Batches whose acks are sent to the book together: one pass packs them all (one call per
+batch cost a third of the loop's own time on a shuffled stream). A state, a rewind and the
+end of the epoch send what is held first, so a state still covers every batch handed out."""
+_log = logging.getLogger(__name__)
+
+
+class Stream:
+    """Batches of torch tensors from fsspec shards, in one process, resumable exactly.
+
+    One ``for`` loop over the stream is one epoch; the next loop runs the next epoch in a new
+    seeded order. A loop left early continues, on the next ``for``, right after the last
+    batch it handed out.
+
+    Args:
+        source: URL, glob or directory, or a list of them (any fsspec protocol).
+        format: Format name for every shard; None infers it from each file's extension.
+        columns: Columns to read; None reads all.
+        batch_size: Rows per batch. Every batch is full: the rows of an epoch that do not
+            fill one are carried into the next epoch (or dropped, see ``remainder``).
+        shuffle_seed: Seed for shard, block and row order; None reads in listing order.
+        shuffle_window: Rows per shuffle window, at most: rows are permuted within a window.
+        shuffle_bytes: Bytes per shuffle window, about (default 256 MiB): large rows make
+            windows of fewer rows, fixed for each epoch from the listing's bytes per row
+            (and saved in the state). None: ``shuffle_window`` rows whatever their size.
+        shuffle_lanes: Shards read side by side into each window, so that a window mixes
+            rows of up to this many shards. Memory: about ``shuffle_bytes`` +
+            ``read.prefetch_bytes`` (see ``stats["peak_bytes_held"]``).
+        remainder: ``"carry"`` the rows that cannot fill a batch at the end of an epoch into
+            the next epoch, or ``"drop"`` them; counted in the state either way.
+        storage_options: fsspec options for the store (endpoint, credentials). Never saved
+            in the state and never logged.
+        read: How shards are read (block sizes, prefetch, explicit schema), and what bad
+            data does: ``ReadOptions(on_error="skip")`` quarantines what cannot be read
+            (see :mod:`ingest.core.quarantine`, :attr:`quarantined`); a batch that lost rows to
+            it is short, and one that lost all is left out.
+        transform: Run on each batch (as an Arrow table) before conversion to torch: a
+            function, or a class built once. It must keep one output row per input row.
+        progress: Show a progress bar while footers are read at listing time.
+        follow: Read a dataset written while the stream runs: each epoch is a round over
+            the shards that appeared since the last one, which waits for new shards
+            (``ingest.Follow(poll_s, idle_timeout_s, manifest)``, see :mod:`ingest.storage.follow`).
+    """
+
+    def __init__(
+        self,
+        source: str | Sequence[str],
+        *,
+        format: str | None = None,
+        columns: Sequence[str] | None = None,
+        batch_size: int = 1024,
+        shuffle_seed: int | None = None,
+        shuffle_window: int = 16_384,
+        shuffle_bytes: int | None = 256 << 20,
+        shuffle_lanes: int = 16,
+        remainder: Remainder = "carry",
+        storage_options: Mapping[str, Any] | None = None,
+        read: ReadOptions | None = None,
+        transform: Transform | None = None,
+        progress: bool = False,
+        follow: Follow | None = None,
+    ) -> None:
+        if columns is not None and (isinstance(columns, str) or not columns):
+            raise ConfigError(f"columns={columns!r} must be a non-empty list of names, or None")
+        self.spec = StreamSpec(
+            urls=(source,) if isinstance(source, str) else tuple(source),
+            storage_options=dict(storage_options or {}),
+            format=format,
+            columns=tuple(columns) if columns is not None else None,
+            batch_size=batch_size,
+            shuffle_seed=shuffle_seed,
+            shuffle_window=shuffle_window,
+            shuffle_bytes=shuffle_bytes,
+            shuffle_lanes=shuffle_lanes,
+            read=read or ReadOptions(),
+            remainder=remainder,
+            follow=follow,
+        )
+        fn = build_transform(transform)
+        # Checked as in the reader pool: one row per input row, a table-like result.
+        self._transform = None if fn is None else functools.partial(apply, fn)
+        self._book = EpochBook(self.spec, 1, progress=progress)
+        self._next_epoch = 0
+        self._step = -1
+        self._pending: list[StepRecord] = []
+        """Acks of batches handed out, not yet sent to the book (see :data:`_ACK_EVERY`)."""
+        self._pending_cursor: Any = None
+        self._delivered = 0
+        self._reading: tuple[Feed, Any] | None = None
+        """The last loop's feed and its read-ahead, for the bytes they hold (:attr:`stats`)."""
+        self._peak_held = 0
+        # The loop in progress, held weakly: a loop left by `break` drops the generator,
+        # whose `finally` stops its read-ahead threads at once. A strong reference would make a
+        # cycle (the generator's frame holds the stream) that only the cyclic GC frees, and a
+        # stream left without close() would keep its threads until then.
+        self._active: weakref.ref[_Loop] | None = None
+        self._running = False
+        """An epoch's loop started and has not finished: the next loop rewinds first."""
+
+    @property
+    def batch_size(self) -> int:
+        return self.spec.batch_size
+
+    @property
+    def shuffle_seed(self) -> int | None:
+        return self.spec.shuffle_seed
+
+    @property
+    def epoch(self) -> int:
+        """The epoch in progress, or the next one to run."""
+        return self._next_epoch
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Requests sent to the store, rows delivered in the current epoch, the quarantines
+        (``quarantined``, ``rows_skipped``) since the stream was made or loaded, and the
+        bytes of rows held by the reading (``bytes_held``: shuffle window, lanes' read-ahead
+        and ready batches now; ``peak_bytes_held``: the most, at most, since it was made)."""
+        self._flush()
+        return {
+            **self._book.source.stats.as_dict(),
+            "rows_delivered": self._delivered,
+            **summary(self._book.quarantined()),
+            **self._held(),
+        }
+
+    def _held(self) -> dict[str, int]:
+        if self._reading is None:
+            return {"bytes_held": 0, "peak_bytes_held": self._peak_held}
+        feed, ahead = self._reading
+        now = feed.held_bytes + int(getattr(ahead, "held_bytes", 0))
+        peak = feed.peak_bytes + int(getattr(ahead, "peak_bytes", 0))
+        self._peak_held = max(self._peak_held, peak, now)
+        return {"bytes_held": now, "peak_bytes_held": self._peak_held}
+
+    @property
+    def quarantined(self) -> list[Quarantined]:
+        """What ``ReadOptions(on_error="skip")`` skipped since the stream was made or its
+        state loaded: shard URL, rows and reason, oldest first (also in the state)."""
+        self._flush()
+        return self._book.quarantined()
+
+    def listing(self) -> Listing:
+        """List the source now (one listing; footers read once per shard)."""
+        return self._book.scan()
+
+    def __len__(self) -> int:
+        raise TypeError(
+            "an ingest.Stream has no length and is not a map-style dataset: for worker "
+            "processes use ingest.DataLoader(stream, num_workers=N), a torch DataLoader whose "
+            "workers read disjoint shares and whose state_dict() covers them all"
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        """One epoch, or the rest of the one a loop left; a loop still held stops (see
+        :class:`_Loop`)."""
+        self._stop_active(superseded=True)
+        if self._running:
+            self._rewind()
+        loop = _Loop(self._run(self._next_epoch))
+        self._active = weakref.ref(loop)
+        return loop
+
+    def _stop_active(self, *, superseded: bool = False) -> None:
+        """Close the loop in progress, if its caller still holds it; ``superseded``: a newer
+        loop takes over, and the old one says so if it is asked for another batch."""
+        active = self._active() if self._active is not None else None
+        if active is not None:
+            active.stop(superseded=superseded)
+        self._active = None
+
+    def _run(self, epoch: int) -> Generator[Batch, None, None]:
+        book = self._book
+        plan = book.rank_plan(0, epoch)
+        self._running = True  # planned: a loop left from here on rewinds (a failed plan not)
+        if plan.next_step == book.plan(epoch).first_step:
+            self._delivered = 0
+        feed = Feed(plan, self.spec.feed_config(), book.source, self._transform)
+        self._held()  # the last loop's peak is kept
+        with feed.ahead(self.spec.urls[0]) as items:
+            self._reading = (feed, items)
+            for item in items:
+                if isinstance(item, Tail):
+                    self._flush()
+                    book.close(epoch, item.steps, item.leftover, item.learned)
+                    book.ended(0, epoch)
+                    self._note(item.quarantined)
+                    break
+                batch = to_torch(item.table)
+                # Acked only once it converted: a batch that failed is read again.
+                self._pending.append(
+                    StepRecord(item.step, item.runs, item.rows, item.quarantined, item.closed)
+                )
+                self._pending_cursor = item.cursor
+                self._log(item.quarantined)
+                self._step = item.step
+                self._delivered += self.spec.batch_size if item.rows < 0 else item.rows
+                if len(self._pending) >= _ACK_EVERY:
+                    self._flush()
+                if item.step % _FOLD_EVERY == 0:
+                    self._flush()
+                    # On a window's edge where there is one: nothing to sort (Closed).
+                    book.fold(book.ledger.edge(item.step - _FOLD_EVERY, item.step - 1))
+                if item.rows == 0:
+                    continue  # every row quarantined: one process need not keep steps equal
+                yield batch
+            self._report(epoch)
+            self._next_epoch = epoch + 1
+            self._running = False
+
+    def _flush(self) -> None:
+        """Send the held acks to the book."""
+        if self._pending:
+            records, self._pending = self._pending, []
+            self._book.ack(0, records, self._pending_cursor)
+
+    def _note(self, records: Sequence[Quarantined]) -> None:
+        self._book.note_quarantined(records)
+        self._log(records)
+
+    @staticmethod
+    def _log(records: Sequence[Quarantined]) -> None:
+        for q in records:
+            _log.warning("quarantined (on_error='skip') %s", q.describe())
+
+    def _report(self, epoch: int) -> None:
+        """The list of what was skipped in ``epoch``, at its end."""
+        records = [q for q in self._book.quarantined() if q.epoch == epoch]
+        if records:
+            told = summary(records)
+            _log.warning(
+                "epoch %d skipped %d rows in %d quarantine(s) (on_error='skip'):\n  %s",
+                epoch,
+                told["rows_skipped"],
+                told["quarantined"],
+                "\n  ".join(q.describe() for q in records),
+            )
+
+    def _rewind(self) -> None:
+        """Drop the read-ahead of a loop left early; the next loop starts after its last batch."""
+        self._stop_active()
+        self._flush()
+        book = self._book
+        state = book.snapshot(self._step)
+        listing = book.plan(state.progress.epoch).listing if state.started else None
+        told = book.quarantined()
+        book.load(state, listing)  # fails if a shard is gone: the next loop tries again
+        # The state keeps its epoch's quarantines; those of earlier epochs stay listed.
+        book.note_quarantined(q for q in told if q.epoch != state.progress.epoch)
+        self._running = False
+        self._next_epoch = state.progress.epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`."""
+        self._flush()
+        state = self._book.snapshot(self._step).to_json()
+        self._book.fold(self._step)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
+        """Continue exactly after ``state``: rows it consumed are never delivered again.
+
+        The state may come from a :class:`ingest.RayStream` of any world size.
+
+        Raises:
+            StateError: If the state is malformed, of another version, another seed, or a
+                dataset whose shards are gone or changed (new shards join next epoch).
+        """
+        self._restore(StreamState.from_json(state))
+
+    def _restore(self, parsed: StreamState, listing: Listing | None = None) -> None:
+        """Load ``parsed``; ``listing``: the source as listed already (none made here)."""
+        self._stop_active(superseded=True)
+        self._pending = []  # acks of the position left behind
+        self._running = False
+        self._book.load(parsed, listing)
+        self._step = parsed.progress.step - 1
+        self._next_epoch = parsed.progress.epoch
+        self._delivered = parsed.progress.delivered
+
+    def close(self) -> None:
+        """Stop background reading. Iterating again resumes where the stream stopped.
+
+        Never raises for a dataset that changed under the stream (a shard gone): the next
+        loop says so, or resumes if the shard was restored.
+        """
+        self._stop_active()
+        if self._running:
+            with contextlib.suppress(IngestError):
+                self._rewind()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _Loop(Iterator[Batch]):
+    """One loop over a :class:`Stream`: its batches, for one consumer at a time.
+
+    A stream delivers through one loop at a time, so that a state covers every batch handed
+    out: a newer ``iter()`` or a loaded state stops the loop, which then raises
+    :class:`ingest.SupersededError` if asked for another batch (it ended silently, as if the
+    epoch were over). Two threads that ask one loop at once, or a new loop while another
+    thread is inside this one, get a :class:`ingest.ConfigError` (a generator raised
+    ``ValueError: generator already executing``).
+    """
+
+    def __init__(self, batches: Generator[Batch, None, None]) -> None:
+        self._batches = batches
+        self._busy = threading.Lock()
+        self._superseded = False
+
+    def __next__(self) -> Batch:
+        if self._superseded:
+            raise SupersededError(
+                "a newer loop over this ingest.Stream (iter(stream) again, or "
+                "load_state_dict) took over from this one, after its last batch; iterate the "
+                "newest loop only"
+            )
+        if not self._busy.acquire(blocking=False):
+            raise _two_threads()
+        try:
+            return next(self._batches)
+        finally:
+            self._busy.release()
+
+    def stop(self, *, superseded: bool) -> None:
+        """End the loop (its read-ahead stops); ``superseded``: say so when next asked."""
+        if not self._busy.acquire(blocking=False):
+            raise _two_threads()
+        try:
+            self._superseded = superseded
+            self._batches.close()
+        finally:
+            self._busy.release()
+
+    def close(self) -> None:
+        self.stop(superseded=False)
+
+
+def _two_threads() -> ConfigError:
+    return ConfigError(
+        "another thread is inside a loop over this ingest.Stream: a stream hands out its "
+        "batches through one loop in one thread at a time; for several consumers use "
+        "ingest.DataLoader(stream, num_workers=N) or an ingest.RayStream's rank iterators"
+    )
+
+
+__all__ = ["Stream"]

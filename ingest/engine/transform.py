@@ -1,0 +1,146 @@
+"""The transform contract, shared by Stream and the reader pool. No torch, no Ray.
+
+A transform is a function over a batch as an Arrow table, or a class whose instances are
+such functions, built once per worker (once per :class:`ingest.Stream`, once per reader
+actor of a :class:`ingest.RayStream`: tokenizers, image decoders). It returns a table, a
+record batch or a dict of arrays/tensors, with one row per input row, in order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ingest.core.errors import ConfigError
+
+Transform = Callable[[pa.Table], Any] | type
+"""A function over a batch as an Arrow table, or a class whose instances are such functions
+(built once per worker: once per :class:`Stream`, once per pool actor of a RayStream). It
+returns a table, a record batch or a dict of arrays/tensors, one row per input row."""
+
+_FOLD_EVERY = 256
+
+
+def build_transform(transform: Transform | None) -> Callable[[pa.Table], Any] | None:
+    """The callable of a transform: the function itself, or an instance of the class.
+
+    Raises:
+        ConfigError: If ``transform`` is not callable, or building the class raised (the
+            error it raised is chained, and quoted: the message alone crosses processes).
+    """
+    if transform is None:
+        return None
+    if isinstance(transform, type):
+        name = transform.__qualname__
+        try:
+            return transform()  # type: ignore[no-any-return]
+        except Exception as e:
+            raise ConfigError(
+                f"transform={name}: building it ({name}()) raised {type(e).__name__}: {e}; "
+                "fix the class's __init__ (it runs once per Stream and once in each reader "
+                "actor of a RayStream, where the files it loads must be found too)"
+            ) from e
+    if not callable(transform):
+        raise ConfigError(
+            f"transform={transform!r} is neither a function nor a class; pass a function "
+            "over a pyarrow Table, or a class whose instances are one"
+        )
+    return transform
+
+
+def as_table(out: Any, what: str) -> pa.Table:
+    """A transform's result as an Arrow table (numpy arrays of any rank are accepted)."""
+    if isinstance(out, pa.Table):
+        return out
+    if isinstance(out, pa.RecordBatch):
+        return pa.Table.from_batches([out])
+    if isinstance(out, Mapping):
+        columns = {}
+        for name, value in out.items():
+            if hasattr(value, "numpy") and not isinstance(value, np.ndarray):
+                value = value.numpy()  # torch tensors
+            if isinstance(value, np.ndarray) and value.ndim > 1:
+                columns[name] = pa.FixedShapeTensorArray.from_numpy_ndarray(
+                    np.ascontiguousarray(value)
+                )
+            else:
+                columns[name] = value
+        return pa.table(columns)
+    raise ConfigError(
+        f"{what} returned {type(out).__name__}; return a pyarrow Table or "
+        "RecordBatch, or a dict of column name -> numpy array/tensor/list"
+    )
+
+
+def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
+    """Run ``fn`` on ``table``; its result as an Arrow table with one row per input row.
+
+    Raises:
+        ConfigError: If the result is not table-like or has another number of rows.
+    """
+    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    out = as_table(fn(table), f"transform {name}")
+    if out.num_rows != table.num_rows:
+        raise ConfigError(
+            f"transform {name} returned {out.num_rows} rows for {table.num_rows}; "
+            "transforms must keep one output row per input row, in order (filter in the "
+            "training loop instead)"
+        )
+    return out
+
+
+def output_of_no_rows(fn: Callable[[pa.Table], Any], table: pa.Table) -> Any:
+    """What the step of a batch whose transform raised delivers (``on_error="skip"``):
+    ``fn`` over none of ``table``'s rows if it takes them, else those no rows."""
+    empty = table.slice(0, 0)
+    try:
+        return fn(empty)
+    except Exception:
+        return empty
+
+
+def split_failures(
+    fn: Callable[[pa.Table], Any], table: pa.Table
+) -> tuple[Any, list[tuple[int, Exception]]]:
+    """``fn`` over the rows of ``table`` it does not fail on, and the rows it fails on.
+
+    For ``on_error="skip"`` when a transform raised a data error (a file that does not
+    decode): only the rows it fails on alone are quarantined, as a bad line is. Found by
+    bisection, O(failures x log n) calls, then one call over the other rows.
+
+    Returns:
+        What ``fn`` returns for the rows it does not fail on (:func:`output_of_no_rows` if
+        none), and ``(row, error)`` for each row it fails on, in order.
+    """
+    bad: list[tuple[int, Exception]] = []
+    todo = [(0, table.num_rows)]
+    while todo:
+        lo, hi = todo.pop()
+        try:
+            fn(table.slice(lo, hi - lo))
+            continue
+        except Exception as e:
+            if hi - lo == 1:
+                bad.append((lo, e))
+                continue
+        mid = (lo + hi) // 2
+        todo += [(mid, hi), (lo, mid)]
+    bad.sort(key=lambda item: item[0])
+    keep = np.ones(table.num_rows, dtype=bool)
+    keep[[row for row, _ in bad]] = False
+    if not keep.any():
+        return output_of_no_rows(fn, table), bad
+    return fn(table.filter(pa.array(keep))), bad
+
+
+__all__ = [
+    "Transform",
+    "apply",
+    "as_table",
+    "build_transform",
+    "output_of_no_rows",
+    "split_failures",
+]

@@ -1,0 +1,1 @@
+"""Integrations: Ray Train, ``ingest.DataLoader``, the Hugging Face Trainer and metrics."""

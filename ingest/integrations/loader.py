@@ -1,0 +1,286 @@
+"""A torch ``DataLoader`` over a :class:`ingest.Stream`, its workers reading disjoint shares.
+
+Each worker process is a rank of the engine: every ``iter(loader)`` starts from the stream's
+state, the main process lists the source once and plans the epoch for ``num_workers`` ranks,
+and each worker plans the same epoch from the same state and listing and reads its rank's
+share (rows split without duplicates, each worker with its own fsspec filesystems, made
+after the fork or spawn). Every batch carries where its rows came from; the loader takes
+that off in the main process and acks it, so :meth:`DataLoader.state_dict` covers every
+batch handed out by any worker, at any moment, and loads with any worker count (or into a
+``Stream`` or a ``RayStream``).
+
+Workers are never persistent: each epoch starts them from the state. ``batch_size`` is the
+stream's; the ``DataLoader`` does no batching or collation of its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch.utils.data
+
+from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.errors import ConfigError, IngestError
+from ingest.core.ledger import Closed, Rows, Runs, StepRecord
+from ingest.core.quarantine import Quarantined
+from ingest.core.state import StreamState
+from ingest.engine.convert import Batch, to_torch
+from ingest.engine.feed import Cursor, Feed, Ready, Tail
+from ingest.engine.stream import _ACK_EVERY, Stream
+from ingest.planner.catalog import Listing
+
+KEY = "__ingest__"
+"""The batch entry that carries a batch's provenance from a worker to the main process."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Came:
+    """Where a worker's batch came from (taken off in the main process)."""
+
+    rank: int
+    step: int
+    runs: Runs | Rows
+    rows: int
+    cursor: Cursor
+    quarantined: tuple[Quarantined, ...]
+    arrays: tuple[str, ...] = ()
+    """Tensors sent as numpy arrays (see :meth:`_Shares.__iter__`), made tensors again."""
+    closed: Closed | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A worker's read failed with this error, sent as it is: torch would re-raise it in the
+    main process as a RuntimeError of its message (it rebuilds errors from a message alone),
+    so ``except ingest.ShardError`` would not catch it."""
+
+    error: IngestError
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    """A worker's feed ended: what the book needs when row counts were unknown."""
+
+    rank: int
+    steps: int
+    leftover: Runs
+    learned: dict[int, int]
+    quarantined: tuple[Quarantined, ...]
+
+
+class _Shares(torch.utils.data.IterableDataset[Batch]):
+    """What the DataLoader's workers iterate: their rank's share of one epoch."""
+
+    def __init__(self, spec: StreamSpec, transform: Any) -> None:
+        self.spec = spec
+        self.transform = transform
+        self.ranks = 1
+        self.start: dict[str, Any] | None = None
+        self.listing: Listing | None = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        info = torch.utils.data.get_worker_info()
+        rank = 0 if info is None else info.id
+        book = EpochBook(self.spec, self.ranks)
+        if self.start is not None:
+            book.load(StreamState.from_json(self.start), self.listing)
+        elif self.listing is not None:
+            book.adopt(self.listing)
+        epoch = book.upcoming_epoch(rank)
+        feed = Feed(
+            book.rank_plan(rank, epoch), self.spec.feed_config(), book.source, self.transform
+        )
+        with feed.ahead(self.spec.urls[0]) as items:
+            for item in _failing_as_item(items):
+                if isinstance(item, _Failed):
+                    yield {KEY: item}
+                    return
+                if isinstance(item, Tail):
+                    end = _Ended(rank, item.steps, item.leftover, item.learned, item.quarantined)
+                    yield {KEY: end}
+                    return
+                assert isinstance(item, Ready)
+                batch = to_torch(item.table)
+                arrays: tuple[str, ...] = ()
+                if info is not None:
+                    # Sent by value through the worker's pipe, not as torch's shared-memory
+                    # tensors: those cost a socket handshake per tensor (over half the time
+                    # of an epoch of small batches), and the process-wide sharing strategy
+                    # is the user's to set.
+                    arrays = tuple(k for k, v in batch.items() if isinstance(v, torch.Tensor))
+                    batch = {k: v.numpy() if k in arrays else v for k, v in batch.items()}
+                came = _Came(
+                    rank,
+                    item.step,
+                    item.runs,
+                    item.rows,
+                    item.cursor,
+                    item.quarantined,
+                    arrays,
+                    item.closed,
+                )
+                yield {**batch, KEY: came}
+
+
+class DataLoader(torch.utils.data.DataLoader[Batch]):
+    """A torch ``DataLoader`` whose worker processes read disjoint shares of a ``Stream``.
+
+    Example::
+
+        stream = ingest.Stream("s3://bucket/train/", batch_size=1024, shuffle_seed=0)
+        loader = ingest.DataLoader(stream, num_workers=4, pin_memory=True)
+        for epoch in range(3):
+            for batch in loader:  # one epoch; batches of the stream's batch_size
+                ...
+            torch.save({"data": loader.state_dict(), ...}, "ckpt.pt")
+        loader.load_state_dict(torch.load("ckpt.pt")["data"])  # any num_workers
+
+    Args:
+        stream: The stream to read. Its state advances with the loader's, and a state loaded
+            into it (``stream.load_state_dict``) is where the loader's next epoch starts.
+        num_workers: Worker processes, each reading one rank's share (0: in this process).
+        **kwargs: Passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
+            ``prefetch_factor``, ``multiprocessing_context``, ``timeout``, ...); not
+            ``batch_size``, ``shuffle``, ``sampler`` or ``collate_fn``: the stream batches and
+            shuffles.
+
+    With ``num_workers`` ranks, an epoch has equal steps per worker: the rows that cannot
+    fill a step on every worker are carried into the next epoch, as on a ``RayStream``.
+    """
+
+    def __init__(self, stream: Stream, *, num_workers: int = 0, **kwargs: Any) -> None:
+        for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn"):
+            if name in kwargs:
+                raise ConfigError(
+                    f"ingest.DataLoader takes no {name}=: the stream batches and shuffles "
+                    "(set batch_size, shuffle_seed on the Stream)"
+                )
+        if kwargs.get("persistent_workers"):
+            raise ConfigError(
+                "ingest.DataLoader(persistent_workers=True) is not supported: each epoch "
+                "starts its workers from the stream's state"
+            )
+        if num_workers < 0:
+            raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        self.stream = stream
+        self._shares = _Shares(stream.spec, stream._transform)
+        self._book: EpochBook | None = None
+        self._pending: dict[int, list[StepRecord]] = {}
+        """Acks held back per rank (see ``ingest.engine.stream._ACK_EVERY``)."""
+        self._cursors: dict[int, Cursor] = {}
+        self._running: Iterator[Batch] | None = None
+        super().__init__(
+            self._shares,
+            batch_size=None,
+            num_workers=num_workers,
+            collate_fn=_as_is,
+            **kwargs,
+        )
+
+    def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
+        self._stop()
+        loop = self._loop()
+        self._running = loop
+        return loop
+
+    def _loop(self) -> Iterator[Batch]:
+        ranks = max(1, self.num_workers)
+        stream = self.stream
+        stream.close()
+        start = StreamState.from_json(stream.state_dict())
+        # The stream's catalog: footers read in earlier epochs are not read again.
+        book = EpochBook(stream.spec, ranks, catalog=stream._book.catalog)
+        self._pending, self._cursors = {}, {}
+        started = start.started or start.progress.epoch > 0
+        if started:
+            book.load(start)
+        epoch = book.upcoming_epoch(0)
+        listing = book.plan(epoch).listing  # one listing, made here, for every worker
+        self._book = book
+        self._shares.ranks = ranks
+        self._shares.start = start.to_json() if started else None
+        self._shares.listing = listing
+        ended = 0
+        pin = self.pin_memory and torch.cuda.is_available()
+        for item in super().__iter__():
+            came = item.pop(KEY)
+            if isinstance(came, _Failed):
+                raise came.error
+            if isinstance(came, _Ended):
+                self._flush()
+                if ranks == 1:
+                    book.close(epoch, came.steps, came.leftover, came.learned)
+                book.ended(came.rank, epoch)
+                book.note_quarantined(came.quarantined)
+                ended += 1
+                continue
+            self._pending.setdefault(came.rank, []).append(
+                StepRecord(came.step, came.runs, came.rows, came.quarantined, came.closed)
+            )
+            self._cursors[came.rank] = came.cursor
+            if len(self._pending[came.rank]) >= _ACK_EVERY:
+                self._flush()
+            if came.rows == 0:
+                continue  # every row quarantined
+            for name in came.arrays:
+                tensor = torch.from_numpy(item[name])
+                item[name] = tensor.pin_memory() if pin else tensor
+            yield item
+        if ended != ranks:
+            raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
+        # The epoch is done: the stream goes on from the next one (listed when it starts).
+        self._flush()
+        stream._restore(book.snapshot_acked(), listing)
+        self._book = None
+
+    def _flush(self) -> None:
+        """Send the held acks to the book (one call per rank for many batches)."""
+        if self._book is not None:
+            for rank, records in self._pending.items():
+                if records:
+                    self._book.ack(rank, records, self._cursors[rank])
+        self._pending = {}
+
+    def _stop(self) -> None:
+        """End a loop left early; the stream goes on right after its last batch."""
+        running, self._running = self._running, None
+        if running is not None:
+            close = getattr(running, "close", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    close()  # shuts its workers down
+        if self._book is not None:
+            self._flush()
+            self.stream._restore(self._book.snapshot_acked())
+            self._book = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state after every batch this loader handed out (all workers); plain JSON."""
+        if self._book is None:
+            return self.stream.state_dict()
+        self._flush()
+        return self._book.snapshot_acked().to_json()
+
+    def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
+        """Start the next epoch exactly after ``state`` (from any loader, Stream or
+        RayStream, any worker count or world size)."""
+        self._running, self._book, self._pending = None, None, {}
+        self.stream.load_state_dict(state)
+
+
+def _as_is(batch: Any) -> Any:
+    return batch
+
+
+def _failing_as_item(items: Iterator[Any]) -> Iterator[Any]:
+    """``items``, then a :class:`_Failed` if they end with an :class:`IngestError`."""
+    try:
+        yield from items
+    except IngestError as e:
+        yield _Failed(e)
+
+
+__all__ = ["DataLoader"]

@@ -1,0 +1,1 @@
+"""The planner: listings with row counts (footers, the persistent index) handed to the book."""

@@ -1,0 +1,297 @@
+"""The catalog: one listing of a source plus what each shard's footer tells.
+
+:meth:`Catalog.scan` lists the source once and inspects new shards concurrently (parquet and
+Arrow footers); a shard already inspected with the same size and version is not read again,
+so the listing of the next epoch costs only the listing itself. The catalog also settles
+the stream's schema: the explicit one, or that of the first non-empty shard.
+
+Shards whose footer has no row count are indexed (read once for rows and seek points) only
+when a scan asks for it: from this catalog's memory, else from its persistent
+:class:`~ingest.planner.index.IndexStore`, else by its indexer (threads here, or Ray tasks), whose
+results go back to the store as they arrive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from ingest.core.errors import IngestError, ShardError, redact
+from ingest.core.plan import PlanShard
+from ingest.core.state import ShardRecord
+from ingest.formats import FORMAT_RESOLVER, get_format
+from ingest.formats import folder as folders
+from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
+from ingest.planner.index import Indexer, IndexStore, local_indexer
+from ingest.storage.sources import Shard, Source
+
+_INSPECT_THREADS = 16
+_SAVE_EVERY = 64  # indexes built per write to the store
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    """The shards of one listing, their inspection, and the stream schema."""
+
+    shards: tuple[Shard, ...]
+    infos: tuple[ShardInfo, ...]
+    schema: pa.Schema | None
+    schema_origin: str
+    classes: tuple[str, ...] = ()
+    """Folder datasets: the sorted class names, the ``label`` indices' meaning."""
+
+    def records(self) -> list[ShardRecord]:
+        return [
+            ShardRecord(s.url, s.size, s.version, i.rows)
+            for s, i in zip(self.shards, self.infos, strict=True)
+        ]
+
+    def plan_shards(self) -> list[PlanShard]:
+        return [
+            PlanShard(s.url, i.rows, i.blocks) for s, i in zip(self.shards, self.infos, strict=True)
+        ]
+
+    @property
+    def rows(self) -> int | None:
+        """Total rows, or None if some shard's count is unknown."""
+        counts = [i.rows for i in self.infos]
+        return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
+
+    def subset(self, urls: Sequence[str]) -> Listing:
+        """The shards named by ``urls``, in that order (all must be present)."""
+        where = {s.url: n for n, s in enumerate(self.shards)}
+        picked = [where[u] for u in urls]
+        return Listing(
+            tuple(self.shards[n] for n in picked),
+            tuple(self.infos[n] for n in picked),
+            self.schema,
+            self.schema_origin,
+            self.classes,
+        )
+
+    def context(
+        self, index: int, source: Source, options: ReadOptions, columns: Sequence[str] | None
+    ) -> ReadContext:
+        return ReadContext(
+            source,
+            self.shards[index],
+            self.infos[index],
+            options,
+            self.schema,
+            self.schema_origin,
+            columns,
+        )
+
+
+class Catalog:
+    """Lists a source and inspects its shards, caching inspections across listings.
+
+    Args:
+        source: What to list.
+        options: How shards are read.
+        columns: Columns the stream keeps (schema checks compare only these).
+        index_store: Persistent index looked up before any shard is read to index it, and
+            given every index built here, so later jobs read none. None: indexes live in
+            this object only.
+        indexer: Builds the indexes the store lacks, e.g.
+            :func:`ingest.distributed.index_tasks.ray_indexer` to read in Ray tasks on the
+            ingest nodes. None: threads of this process.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        options: ReadOptions,
+        columns: Sequence[str] | None,
+        *,
+        index_store: IndexStore | None = None,
+        indexer: Indexer | None = None,
+    ) -> None:
+        self.source = source
+        self.options = options
+        self.columns = columns
+        self.index_store = index_store
+        self._indexer = indexer
+        self._cache: dict[tuple[str, int, str], ShardInfo] = {}
+        self._index_cache: dict[tuple[str, int, str, str], ShardInfo] = {}
+        """Indexes built or loaded by this catalog, by (url, size, version, format)."""
+        self._lock = threading.Lock()
+
+    def inspect(self, shard: Shard) -> ShardInfo:
+        """The shard's inspection, from the cache when size and version are unchanged."""
+        key = (shard.url, shard.size, shard.version)
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None:
+            return cached
+        fmt = get_format(shard.format)
+        if shard.size == 0 and not fmt.empty_is_valid:
+            raise ShardError(
+                shard.url,
+                f"is empty (0 bytes): not a {fmt.name} file, perhaps a write that failed",
+                "remove the file or write it again",
+                byte=0,
+            )
+        info = EMPTY if shard.size == 0 else fmt.inspect(self.source, shard, self.options)
+        with self._lock:
+            self._cache[key] = info
+        return info
+
+    def remember(self, listing: Listing) -> None:
+        """Keep the inspections of a listing made elsewhere (another process, same source)."""
+        with self._lock:
+            for shard, info in zip(listing.shards, listing.infos, strict=True):
+                key = (shard.url, shard.size, shard.version)
+                if info.rows is not None and info.rows and info.seeks:
+                    self._index_cache[_index_key(shard)] = info
+                self._cache.setdefault(key, info)
+
+    def scan(self, *, progress: bool = False, schema: bool = True, index: bool = False) -> Listing:
+        """List the source once and inspect every shard.
+
+        Args:
+            progress: Show a progress bar (stderr) while footers are read.
+            schema: Settle the stream schema and check every footer against it; without it
+                the listing has no schema (listing tools need none).
+            index: Give every shard a row count and seek points. Shards whose footer has no
+                row count are looked up in this catalog's memory, then in its index store;
+                only the rest are read, by the indexer, and stored. Needs ``schema``.
+
+        Raises:
+            SourceError: If the source cannot be listed or matches nothing.
+            ShardError: If a footer or a shard being indexed cannot be read, or shard
+                schemas disagree.
+            IndexStoreError: If the index store cannot be read or written.
+        """
+        shards, classes = folders.group(
+            self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store)
+        )
+        infos: list[ShardInfo]
+        todo = sum(1 for s in shards if (s.url, s.size, s.version) not in self._cache)
+        with tqdm(
+            total=len(shards),
+            desc="reading footers",
+            unit="shard",
+            disable=not progress or todo == 0,
+            leave=False,
+        ) as bar:
+
+            def one(shard: Shard) -> ShardInfo:
+                info = self.inspect(shard)
+                bar.update(1)
+                return info
+
+            if todo > 1:
+                with ThreadPoolExecutor(min(_INSPECT_THREADS, todo)) as pool:
+                    infos = list(pool.map(one, shards))
+            else:
+                infos = [one(s) for s in shards]
+        if not schema:
+            return Listing(tuple(shards), tuple(infos), None, "", classes)
+        stream_schema, origin = self._schema(shards, infos)
+        if stream_schema is not None:
+            for shard, info in zip(shards, infos, strict=True):
+                if info.schema is not None and info.rows:
+                    check_schema(shard.url, info.schema, stream_schema, origin, self.columns)
+        listing = Listing(tuple(shards), tuple(infos), stream_schema, origin, classes)
+        return self._index(listing, progress) if index else listing
+
+    def _index(self, listing: Listing, progress: bool) -> Listing:
+        todo = [n for n, i in enumerate(listing.infos) if i.rows is None]
+        if not todo:
+            return listing
+        infos = list(listing.infos)
+        with self._lock:
+            for n in todo:
+                cached = self._index_cache.get(_index_key(listing.shards[n]))
+                if cached is not None:
+                    infos[n] = cached
+        todo = [n for n in todo if infos[n].rows is None]
+        if todo and self.index_store is not None:
+            stored = self.index_store.get_many([listing.shards[n] for n in todo])
+            for n, got in zip(todo, stored, strict=True):
+                if got is not None:
+                    infos[n] = self._keep(
+                        listing.shards[n],
+                        replace(infos[n], rows=got.rows, blocks=got.blocks, seeks=got.seeks),
+                    )
+            todo = [n for n in todo if infos[n].rows is None]
+        if todo:
+            self._build(listing, todo, infos, progress)
+        return Listing(
+            listing.shards, tuple(infos), listing.schema, listing.schema_origin, listing.classes
+        )
+
+    def _build(
+        self, listing: Listing, todo: list[int], infos: list[ShardInfo], progress: bool
+    ) -> None:
+        """Index the shards ``todo`` with the indexer, saving them to the store as they come.
+
+        What was built before an error is saved too, so a re-run resumes after it.
+        """
+        contexts = [listing.context(n, self.source, self.options, None) for n in todo]
+        indexer = self._indexer or local_indexer(min(_INSPECT_THREADS, len(todo)))
+        unsaved: list[tuple[Shard, ShardInfo]] = []
+        with tqdm(
+            total=len(todo), desc="indexing shards", unit="shard", disable=not progress, leave=False
+        ) as bar:
+            results = iter(indexer(contexts))
+            try:
+                for n in todo:
+                    info = next(results, None)
+                    if info is None or info.rows is None:
+                        raise ValueError(
+                            f"indexer {indexer!r} gave no row count for "
+                            f"{redact(listing.shards[n].url)}; an Indexer must yield one "
+                            "ShardInfo with rows set per ReadContext, in order"
+                        )
+                    infos[n] = self._keep(listing.shards[n], info)
+                    unsaved.append((listing.shards[n], info))
+                    bar.update(1)
+                    if len(unsaved) >= _SAVE_EVERY:
+                        self._save(unsaved)
+            except BaseException:
+                with contextlib.suppress(IngestError):
+                    self._save(unsaved)
+                raise
+            finally:
+                close = getattr(results, "close", None)
+                if close is not None:
+                    close()
+        self._save(unsaved)
+
+    def _keep(self, shard: Shard, info: ShardInfo) -> ShardInfo:
+        with self._lock:
+            self._index_cache[_index_key(shard)] = info
+        return info
+
+    def _save(self, unsaved: list[tuple[Shard, ShardInfo]]) -> None:
+        if self.index_store is not None and unsaved:
+            self.index_store.put_many(unsaved)
+        unsaved.clear()
+
+    def shard_schema(self, shard: Shard, info: ShardInfo) -> tuple[pa.Schema | None, str]:
+        """The schema of one shard on its own, and where it came from."""
+        return self._schema([shard], [info])
+
+    def _schema(
+        self, shards: Sequence[Shard], infos: Sequence[ShardInfo]
+    ) -> tuple[pa.Schema | None, str]:
+        if self.options.schema is not None:
+            return self.options.schema, "ReadOptions.schema"
+        for shard, info in zip(shards, infos, strict=True):
+            if shard.size == 0 or info.rows == 0:
+                continue
+            fmt = get_format(shard.format)
+            return fmt.infer_schema(self.source, shard, info, self.options), shard.url
+        return None, ""
+
+
+def _index_key(shard: Shard) -> tuple[str, int, str, str]:
+    return (shard.url, shard.size, shard.version, shard.format)

@@ -1,0 +1,515 @@
+"""The persistent shard index: row counts and seek points that outlive a job.
+
+Shards whose footer has no row count (JSONL, CSV, WebDataset tar, Arrow IPC streams) must
+be read once to count their rows and find their seek points. :class:`IndexStore` keeps what
+that pass found, so a later job, a re-run or another node of the cluster plans without
+reading any shard again.
+
+Layout: one small JSON file per shard, ``<location>/<h[:2]>/<h>.json``, where ``h`` is the
+SHA-256 of the entry's key: the shard's identity (its URL without credentials or query),
+size, version (ETag or modification time), format name and :data:`INDEX_VERSION`. A shard
+that changes gets a new key, so a stale entry is never found. The location is a local
+directory (created owner-only) or any fsspec URL (``s3://bucket/ingest-index/``) a cluster
+shares. Writes are atomic (a temporary file renamed over, or one whole-object put); an entry
+that does not parse or does not match its key is ignored with a warning and rebuilt.
+
+Building the missing entries is an :data:`Indexer`'s job: :func:`local_indexer` reads
+shards in threads of this process; :func:`ingest.distributed.index_tasks.ray_indexer` in Ray
+tasks on the ingest nodes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import threading
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from fsspec.utils import get_protocol
+
+from ingest.core.errors import ConfigError, IngestError, redact
+from ingest.formats import get_format
+from ingest.formats.base import ReadContext, Seek, ShardInfo
+from ingest.storage.sources import Shard, Source, is_store_error
+
+INDEX_VERSION = 1
+"""Version of the entry layout; part of every key, so a new layout starts a fresh index."""
+
+Indexer = Callable[[Sequence[ReadContext]], Iterable[ShardInfo]]
+"""Indexes shards: one :class:`ShardInfo` with ``rows`` and ``seeks`` per context, in order.
+
+Results may be yielded as they are ready; the catalog stores each one as it arrives."""
+
+_IO_THREADS = 16
+_REMOTE_BATCH = 512
+_LOCAL_PROTOCOLS = ("file", "local")
+
+
+class IndexStoreError(IngestError):
+    """The index location cannot be read or written (not a bad entry: those are rebuilt)."""
+
+    def __init__(self, location: str, problem: str, fix: str) -> None:
+        self.location = redact(location)
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"shard index at {self.location}: {problem}. {fix}")
+
+
+class IndexEntryWarning(UserWarning):
+    """An index entry was unreadable or did not match its shard; it is being rebuilt."""
+
+
+def default_location() -> str:
+    """``$XDG_CACHE_HOME/ingest/index``, or ``~/.cache/ingest/index`` without it."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "ingest", "index")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexConfig:
+    """Where the shard index lives.
+
+    Attributes:
+        location: A directory or an fsspec URL (``s3://bucket/ingest-index/``,
+            ``gs://...``): a URL shared by the cluster lets every node and every later job
+            use one index. None: :func:`default_location`, resolved when the store is made.
+        storage_options: fsspec options for ``location`` (endpoint, credentials). Never
+            printed, never written to an entry.
+    """
+
+    location: str | None = None
+    storage_options: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.location is not None and not isinstance(self.location, str):
+            raise TypeError(
+                f"IndexConfig.location must be a str path or URL, "
+                f"got {type(self.location).__name__}"
+            )
+        if self.location is not None and not self.location.strip():
+            raise ConfigError(
+                "IndexConfig.location is empty; give a directory or a URL such as "
+                "s3://bucket/ingest-index/, or None for the user's cache directory"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class IndexStats:
+    """What an :class:`IndexStore` was asked, since it was made.
+
+    Attributes:
+        hits: Shards found in the index.
+        misses: Shards not found (new, changed, or with a corrupt entry).
+        corrupt: Entries ignored because they did not parse or did not match their shard.
+        written: Entries written.
+    """
+
+    hits: int = 0
+    misses: int = 0
+    corrupt: int = 0
+    written: int = 0
+
+
+class _CorruptEntryError(Exception):
+    """An entry that must not be trusted; the message says why."""
+
+
+def shard_identity(url: str) -> str:
+    """The URL an entry is keyed by and records: no ``user:pass@``; for HTTP, no query.
+
+    Signed HTTP URLs carry their tokens in the query, which changes from job to job and
+    must never be written down. The same object reached with other credentials has the
+    same identity.
+    """
+    clean = redact(url)
+    if clean != url:
+        clean = clean.replace("://***@", "://", 1)
+    parts = urlsplit(clean)
+    if parts.scheme in ("http", "https"):
+        clean = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
+    return clean
+
+
+def _key(shard: Shard) -> dict[str, Any]:
+    return {
+        "version": INDEX_VERSION,
+        "url": shard_identity(shard.url),
+        "size": shard.size,
+        "shard_version": shard.version,
+        "format": shard.format,
+    }
+
+
+def _name(shard: Shard) -> str:
+    digest = hashlib.sha256(json.dumps(_key(shard), sort_keys=True).encode()).hexdigest()
+    return f"{digest[:2]}/{digest}.json"
+
+
+def _encode_entry(shard: Shard, info: ShardInfo) -> bytes:
+    """The JSON bytes stored for ``shard``'s index ``info`` (rows, blocks, seek points)."""
+    if info.rows is None:
+        raise ValueError(f"{redact(shard.url)}: cannot store an index without a row count")
+    doc = {
+        **_key(shard),
+        "rows": info.rows,
+        "blocks": None if info.blocks is None else list(info.blocks),
+        "seeks": [[row, cursor] for row, cursor in info.seeks],
+    }
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _CorruptEntryError(f"{what} is {value!r}, not an integer >= 0")
+    return value
+
+
+def _decode_entry(shard: Shard, data: bytes) -> ShardInfo:
+    """Parse and check an entry written by :func:`_encode_entry` for ``shard``.
+
+    Raises:
+        _CorruptEntryError: If it does not parse, belongs to another key or is inconsistent.
+    """
+    try:
+        doc = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise _CorruptEntryError(f"not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise _CorruptEntryError(f"not a JSON object but {type(doc).__name__}")
+    for name, want in _key(shard).items():
+        if doc.get(name) != want:
+            raise _CorruptEntryError(f"{name} is {doc.get(name)!r}, expected {want!r}")
+    rows = _int(doc.get("rows"), "rows")
+    raw_blocks = doc.get("blocks")
+    blocks: tuple[int, ...] | None = None
+    if raw_blocks is not None:
+        if not isinstance(raw_blocks, list):
+            raise _CorruptEntryError(f"blocks is {type(raw_blocks).__name__}, not a list")
+        blocks = tuple(_int(b, "a block start") for b in raw_blocks)
+        if list(blocks) != sorted(set(blocks)) or any(b > rows for b in blocks):
+            raise _CorruptEntryError("block starts are not increasing within the row count")
+    raw_seeks = doc.get("seeks")
+    if not isinstance(raw_seeks, list):
+        raise _CorruptEntryError(f"seeks is {type(raw_seeks).__name__}, not a list")
+    seeks: list[Seek] = []
+    for item in raw_seeks:
+        if not isinstance(item, list) or len(item) != 2:
+            raise _CorruptEntryError(f"seek point {item!r} is not a [row, cursor] pair")
+        seeks.append((_int(item[0], "a seek row"), _int(item[1], "a seek cursor")))
+    if seeks != sorted(seeks) or any(row > rows for row, _ in seeks):
+        raise _CorruptEntryError("seek points are not in order within the row count")
+    return ShardInfo(rows=rows, blocks=blocks, seeks=tuple(seeks))
+
+
+class IndexStore:
+    """Row counts and seek points of shards, persisted under one location.
+
+    Thread-safe; picklable (only its config travels). Counts hits, misses, corrupt entries
+    and writes in :attr:`stats`.
+
+    Args:
+        config: Where the index lives; None: the user's cache directory.
+
+    Raises:
+        IndexStoreError: If the location's filesystem cannot be set up (unknown protocol).
+    """
+
+    def __init__(self, config: IndexConfig | None = None) -> None:
+        self._setup(config or IndexConfig())
+
+    def _setup(self, config: IndexConfig) -> None:
+        self.config = config
+        location = self.config.location or default_location()
+        self._local: Path | None = None
+        self._fs: Any = None
+        self._root = ""
+        self._opener = Source(location, storage_options=self.config.storage_options)
+        if get_protocol(location) in _LOCAL_PROTOCOLS:
+            path = location.split("://", 1)[1] if "://" in location else location
+            self._local = Path(os.path.expanduser(path)).absolute()
+            self.location = str(self._local)
+        else:
+            try:
+                self._fs = self._opener.filesystem(location)
+            except IngestError as e:
+                raise IndexStoreError(
+                    location, str(e), "install the fsspec backend or fix the URL"
+                ) from None
+            self._root = str(self._fs._strip_protocol(location)).rstrip("/")
+            self.location = self._opener.scrub(redact(location))
+        self._counts = {"hits": 0, "misses": 0, "corrupt": 0, "written": 0}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._setup(state["config"])
+
+    @property
+    def stats(self) -> IndexStats:
+        """A snapshot of the counters."""
+        with self._lock:
+            return IndexStats(**self._counts)
+
+    def _count(self, **deltas: int) -> None:
+        with self._lock:
+            for name, n in deltas.items():
+                self._counts[name] += n
+
+    def path(self, shard: Shard) -> str:
+        """Where ``shard``'s entry lives (a local path or a URL without credentials)."""
+        if self._local is not None:
+            return str(self._local / _name(shard))
+        return f"{self.location.rstrip('/')}/{_name(shard)}"
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def get_many(self, shards: Sequence[Shard]) -> list[ShardInfo | None]:
+        """The stored index of each shard (rows, blocks, seeks), or None where it has none.
+
+        A corrupt entry, or one that belongs to another key, is a miss, with a warning.
+
+        Raises:
+            IndexStoreError: If the location cannot be read (permissions, network).
+        """
+        blobs = self._get_blobs([_name(s) for s in shards])
+        out: list[ShardInfo | None] = []
+        for shard, blob in zip(shards, blobs, strict=True):
+            info = None if blob is None else self._decode(shard, blob)
+            out.append(info)
+        hits = sum(1 for i in out if i is not None)
+        self._count(hits=hits, misses=len(out) - hits)
+        return out
+
+    def _decode(self, shard: Shard, blob: bytes) -> ShardInfo | None:
+        try:
+            return _decode_entry(shard, blob)
+        except _CorruptEntryError as e:
+            self._count(corrupt=1)
+            warnings.warn(
+                f"shard index entry {self.path(shard)} for {shard_identity(shard.url)} is "
+                f"ignored ({e}); the shard is indexed again and the entry rewritten",
+                IndexEntryWarning,
+                stacklevel=3,
+            )
+            return None
+
+    def _get_blobs(self, names: Sequence[str]) -> list[bytes | None]:
+        """The entries stored under ``names`` (paths below the location), None where none."""
+        if self._local is not None:
+            return _read_local(self._local, names)
+        return self._read_remote(names)
+
+    def _read_remote(self, names: Sequence[str]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for start in range(0, len(names), _REMOTE_BATCH):
+            paths = [f"{self._root}/{n}" for n in names[start : start + _REMOTE_BATCH]]
+            try:
+                got = self._fs.cat(paths, on_error="return")
+            except FileNotFoundError:
+                got = {}
+            except Exception as e:
+                got = {p: e for p in paths}
+            for path in paths:
+                blob = got.get(path, FileNotFoundError(path))
+                if isinstance(blob, FileNotFoundError):
+                    out.append(None)
+                elif isinstance(blob, BaseException):
+                    raise self._store_error(blob, "read") from None
+                else:
+                    out.append(bytes(blob))
+        return out
+
+    def _store_error(self, error: BaseException, verb: str) -> BaseException:
+        if not is_store_error(error) and not isinstance(error, PermissionError):
+            return error
+        return IndexStoreError(
+            self.location,
+            f"cannot {verb} entries ({type(error).__name__}: {self._opener.scrub(str(error))})",
+            "check the index URL, its storage options (credentials, endpoint) and the "
+            "network, or choose another index location",
+        )
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[Shard, ShardInfo]]) -> None:
+        """Store the index of each shard, replacing any entry atomically.
+
+        Raises:
+            IndexStoreError: If the location cannot be written.
+        """
+        if not items:
+            return
+        self._put_blobs([(_name(shard), _encode_entry(shard, info)) for shard, info in items])
+
+    def _put_blobs(self, blobs: Sequence[tuple[str, bytes]]) -> None:
+        """Store each ``(name, bytes)``, replacing any entry atomically; counted as written.
+
+        Raises:
+            IndexStoreError: If the location cannot be written.
+        """
+        if self._local is not None:
+            _write_local(self._local, blobs)
+        else:
+            for start in range(0, len(blobs), _REMOTE_BATCH):
+                batch = {f"{self._root}/{n}": b for n, b in blobs[start : start + _REMOTE_BATCH]}
+                try:
+                    self._fs.pipe(batch)
+                except Exception as e:
+                    raise self._store_error(e, "write") from None
+        self._count(written=len(blobs))
+
+    # -- listings ----------------------------------------------------------------------------
+
+    def get_listing(self, key: str) -> list[tuple[str, int, str]] | None:
+        """The files ``(name, size, version)`` of the listing stored under ``key``, or None.
+
+        Only listings that never change are stored (an ``hf://`` glob at a commit; see
+        :meth:`ingest.Source.list_shards`); a corrupt entry is a miss, with a warning.
+
+        Raises:
+            IndexStoreError: If the location cannot be read.
+        """
+        name = _listing_name(key)
+        [blob] = self._get_blobs([name])
+        if blob is None:
+            self._count(misses=1)
+            return None
+        try:
+            entry = json.loads(blob)
+            if entry.get("key") != key or entry.get("version") != INDEX_VERSION:
+                raise ValueError("it belongs to another listing")
+            files = [(str(n), int(size), str(v)) for n, size, v in entry["files"]]
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            self._count(corrupt=1)
+            warnings.warn(
+                f"stored listing {name} is ignored ({e}); the source is listed again",
+                IndexEntryWarning,
+                stacklevel=2,
+            )
+            return None
+        self._count(hits=1)
+        return files
+
+    def put_listing(self, key: str, files: Sequence[tuple[str, int, str]]) -> None:
+        """Store the files of a listing that never changes under ``key``.
+
+        Raises:
+            IndexStoreError: If the location cannot be written.
+        """
+        blob = json.dumps(
+            {"key": key, "version": INDEX_VERSION, "files": [list(f) for f in files]}
+        ).encode()
+        self._put_blobs([(_listing_name(key), blob)])
+
+
+def _listing_name(key: str) -> str:
+    h = hashlib.sha256(f"listing\0{key}\0{INDEX_VERSION}".encode()).hexdigest()
+    return f"listings/{h[:2]}/{h}.json"
+
+
+def _write_local(root: Path, blobs: Sequence[tuple[str, bytes]]) -> None:
+    try:
+        _make_private_dirs(root)
+        for name, blob in blobs:
+            path = root / name
+            _make_private_dirs(path.parent)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+    except OSError as e:
+        raise IndexStoreError(
+            str(root),
+            f"cannot write entries ({type(e).__name__}: {e.strerror or e})",
+            "make the directory writable, or choose another index location",
+        ) from None
+
+
+def _read_local(root: Path, names: Sequence[str]) -> list[bytes | None]:
+    def one(name: str) -> bytes | None:
+        path = root / name
+        try:
+            return path.read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        except OSError as e:
+            raise IndexStoreError(
+                str(root),
+                f"cannot read {path} ({type(e).__name__}: {e.strerror or e})",
+                "fix the directory's permissions, or choose another index location",
+            ) from None
+
+    if len(names) <= 1:
+        return [one(n) for n in names]
+    with ThreadPoolExecutor(min(_IO_THREADS, len(names))) as pool:
+        return list(pool.map(one, names))
+
+
+def _make_private_dirs(path: Path) -> None:
+    """Create ``path`` and its missing parents, each owner-only (0o700)."""
+    missing: list[Path] = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue
+        os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
+
+
+def index_shard(ctx: ReadContext) -> ShardInfo:
+    """Read ``ctx.shard`` once: its row count and seek points (``Format.index``)."""
+    return get_format(ctx.shard.format).index(ctx)
+
+
+def local_indexer(workers: int = _IO_THREADS) -> Indexer:
+    """An :data:`Indexer` that reads shards in ``workers`` threads of this process.
+
+    Raises:
+        ConfigError: If ``workers`` is below 1.
+    """
+    if workers < 1:
+        raise ConfigError(f"index workers={workers} must be >= 1")
+
+    def run(contexts: Sequence[ReadContext]) -> Iterator[ShardInfo]:
+        if len(contexts) <= 1 or workers == 1:
+            yield from (index_shard(c) for c in contexts)
+            return
+        pool = ThreadPoolExecutor(min(workers, len(contexts)))
+        try:
+            yield from pool.map(index_shard, contexts)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return run
+
+
+__all__ = [
+    "INDEX_VERSION",
+    "IndexConfig",
+    "IndexEntryWarning",
+    "IndexStats",
+    "IndexStore",
+    "IndexStoreError",
+    "Indexer",
+    "default_location",
+    "index_shard",
+    "local_indexer",
+    "shard_identity",
+]

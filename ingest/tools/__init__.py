@@ -1,0 +1,1 @@
+"""Tools: the ``ingest`` command, ``ingest bench`` and the loopback helpers for tests."""

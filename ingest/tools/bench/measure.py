@@ -1,0 +1,304 @@
+"""Run one contender through the phases of a bench run and turn what it did into figures.
+
+Phases, each on fresh pipelines of the contender and in the same rank processes:
+
+1. ``epochs`` epochs over the main dataset. The clock of the first epoch starts before the
+   contender builds anything (listing and start-up are part of its first batch); the
+   ranks run each epoch together and the driver waits for all of them (an epoch-end
+   barrier, as in data-parallel training). Half-way through epoch 1 each rank takes the
+   contender's state (a checkpoint), where it has one.
+2. Resume: a new pipeline from those states; seconds until every rank has its first batch.
+3. Shuffle quality: one epoch over the labeled dataset.
+
+Requests and bytes come from the counting proxy; rank CPU from each rank process; run CPU
+from ``psutil`` over every process of the run (see :func:`run_cpu_seconds`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import psutil
+import ray
+
+from ingest.tools.bench.config import BenchConfig
+from ingest.tools.bench.consumer import EpochRecord, EpochSpec, FirstBatch, RankActor, error_line
+from ingest.tools.bench.contenders import Contender, Entry
+from ingest.tools.bench.data import Dataset
+from ingest.tools.bench.proxy import Counters, CountingProxy
+
+
+class Progress(Protocol):
+    """Told when each phase begins and ends (drives the progress bar)."""
+
+    def begin(self, phase: str) -> None:
+        """``phase`` starts."""
+        ...
+
+    def end(self) -> None:
+        """The phase that began last is over."""
+        ...
+
+
+def phases(epochs: int) -> int:
+    """Phases per contender: the epochs, the resume, the shuffle-quality epoch."""
+    return epochs + 2
+
+
+@dataclass(slots=True, kw_only=True)
+class EpochFigures:
+    """One epoch of the main dataset, all ranks together."""
+
+    wall_s: float
+    rows: int
+    tensor_bytes: int
+    requests: int
+    bytes_read: int
+    rank_cpu_s: float
+    consumer_cpu_s: float
+    run_cpu_s: float
+    duplicates: int
+    missing: int
+
+    @property
+    def rows_per_s(self) -> float:
+        return self.rows / self.wall_s
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.tensor_bytes / self.wall_s / 1e6
+
+
+@dataclass(slots=True, kw_only=True)
+class Measured:
+    """Everything measured for one contender; None where a phase could not run."""
+
+    ranks: int
+    first_batch_s: float
+    epochs: list[EpochFigures]
+    rank_peak_rss_bytes: int
+    resume_first_batch_s: float | None = None
+    resume_note: str | None = None
+    mean_entropy: float | None = None
+    quality_duplicates: int = 0
+    quality_missing: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class _MainRun:
+    first_batch_s: float
+    epochs: list[EpochFigures]
+    states: list[Any]
+    state_error: str | None
+
+
+def run_cpu_seconds() -> float:
+    """CPU seconds of this process and all its descendants (Ray, its workers, their worker
+    processes, the S3 server, the proxy), reaped children included; other processes on the
+    machine are left out."""
+    total = 0.0
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            t = proc.cpu_times()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue  # gone since listed: its parent's children_* times hold it now
+        total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def _check_ids(records: Sequence[EpochRecord], total: int) -> tuple[int, int]:
+    """Duplicated and missing ids over all ranks of one epoch (ids are 0..total-1)."""
+    ids = np.concatenate([r.ids for r in records])
+    unique = np.unique(ids)
+    inside = int(np.count_nonzero((unique >= 0) & (unique < total)))
+    return len(ids) - len(unique), total - inside
+
+
+class _Run:
+    """One contender's phases, on its own rank actors."""
+
+    def __init__(
+        self, contender: Contender, entry: Entry, config: BenchConfig, proxy: CountingProxy
+    ) -> None:
+        self.contender = contender
+        self.config = config
+        self.proxy = proxy
+        self.actors = [RankActor.remote(rank) for rank in range(contender.ranks)]
+        ray.get([a.warm.remote(entry.modules) for a in self.actors])
+
+    def _epoch(self, sources: Sequence[Any] | None, spec: EpochSpec) -> list[EpochRecord]:
+        refs = [
+            actor.run_epoch.remote(None if sources is None else sources[rank], spec)
+            for rank, actor in enumerate(self.actors)
+        ]
+        records: list[EpochRecord] = ray.get(refs)
+        return records
+
+    def close(self) -> None:
+        """Close every rank's loader and the contender's driver side."""
+        ray.get([a.close.remote() for a in self.actors])
+        self.contender.stop()
+
+    @contextlib.contextmanager
+    def closing(self) -> Iterator[None]:
+        """Close when the block ends; an error while closing never hides one raised in it."""
+        try:
+            yield
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.close()
+            raise
+        self.close()
+
+    def main(self, data: Dataset, progress: Progress) -> _MainRun:
+        """The epochs over ``data``, with a checkpoint half-way through the first."""
+        per_rank = data.rows // (self.contender.ranks * self.config.batch_size)
+        checkpoint = per_rank // 2 if self.contender.resume_unsupported is None else None
+        figures: list[EpochFigures] = []
+        states: list[Any] = []
+        state_error: str | None = None
+        counters = self.proxy.counters()
+        cpu = run_cpu_seconds()
+        start = time.time()
+        sources: list[Any] | None = self.contender.start(data)
+        first_batch_s = 0.0
+        for epoch in range(self.config.epochs):
+            if epoch:
+                progress.begin(f"epoch {epoch + 1}")
+            spec = EpochSpec(
+                batch_size=self.config.batch_size,
+                checkpoint_after=checkpoint if epoch == 0 else None,
+            )
+            records = self._epoch(sources, spec)
+            sources = None
+            end = max(r.ended_at for r in records)
+            now_counters, now_cpu = self.proxy.counters(), run_cpu_seconds()
+            used: Counters = now_counters - counters
+            duplicates, missing = _check_ids(records, data.rows)
+            if epoch == 0:
+                firsts = [r.first_batch_at for r in records]
+                if any(f is None for f in firsts):
+                    raise RuntimeError("a rank received no batch in the first epoch")
+                first_batch_s = max(f for f in firsts if f is not None) - start
+                states = [r.state for r in records]
+                state_error = next((r.state_error for r in records if r.state_error), None)
+            figures.append(
+                EpochFigures(
+                    wall_s=end - start,
+                    rows=sum(r.rows for r in records),
+                    tensor_bytes=sum(r.tensor_bytes for r in records),
+                    requests=used.requests,
+                    bytes_read=used.bytes_read,
+                    rank_cpu_s=sum(r.cpu_s for r in records),
+                    consumer_cpu_s=sum(r.consumer_cpu_s for r in records),
+                    run_cpu_s=now_cpu - cpu,
+                    duplicates=duplicates,
+                    missing=missing,
+                )
+            )
+            counters, cpu, start = now_counters, now_cpu, time.time()
+            progress.end()
+        return _MainRun(
+            first_batch_s=first_batch_s, epochs=figures, states=states, state_error=state_error
+        )
+
+    def peak_rss(self) -> int:
+        """The largest peak resident memory of the rank processes."""
+        peaks: list[int] = ray.get([a.peak_rss_bytes.remote() for a in self.actors])
+        return max(peaks)
+
+    def resume(self, data: Dataset, main: _MainRun) -> tuple[float | None, str | None]:
+        """Seconds from building a resumed pipeline to the first batch on every rank, or
+        None and the reason it could not be measured."""
+        states = main.states
+        if self.contender.resume_unsupported is not None:
+            return None, self.contender.resume_unsupported
+        if main.state_error is not None:
+            return None, f"state_dict() at the checkpoint failed: {main.state_error}"
+        if any(s is None for s in states):
+            return None, "no checkpoint was taken half-way through epoch 1 (epoch too short)"
+        start = time.time()
+        try:
+            sources = self.contender.resume(data, states)
+            got: list[FirstBatch] = ray.get(
+                [a.first_batch.remote(s) for a, s in zip(self.actors, sources, strict=True)]
+            )
+        finally:
+            self.contender.stop()
+        errors = [g.error for g in got if g.error is not None]
+        if errors:
+            return None, f"resuming from its state_dict() failed: {errors[0]}"
+        return max(g.at for g in got if g.at is not None) - start, None
+
+    def quality(self, data: Dataset) -> tuple[float, int, int]:
+        """Mean full-batch label entropy over ``data``, duplicates and missing ids."""
+        spec = EpochSpec(
+            batch_size=self.config.batch_size, label_column="label", labels=data.labels or 0
+        )
+        with self.closing():
+            records = self._epoch(self.contender.start(data), spec)
+        entropies = [e for r in records for e in r.entropies]
+        if not entropies:
+            raise RuntimeError("no full batch in the shuffle-quality epoch")
+        duplicates, missing = _check_ids(records, data.rows)
+        return float(np.mean(entropies)), duplicates, missing
+
+    def kill(self) -> None:
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def measure(
+    entry: Entry,
+    config: BenchConfig,
+    proxy: CountingProxy,
+    datasets: tuple[Dataset, Dataset],
+    progress: Progress,
+) -> Measured:
+    """Run ``entry`` through every phase (see the module docstring).
+
+    Args:
+        entry: The contender.
+        config: The run's settings.
+        proxy: The counting proxy every contender reads through.
+        datasets: The main and the labeled dataset.
+        progress: Told as each phase begins and ends.
+
+    Returns:
+        What was measured.
+    """
+    main, labeled = datasets
+    contender = entry.build(config)
+    run = _Run(contender, entry, config, proxy)
+    try:
+        progress.begin("epoch 1")
+        with run.closing():
+            done = run.main(main, progress)
+            rss = run.peak_rss()
+        measured = Measured(
+            ranks=contender.ranks,
+            first_batch_s=done.first_batch_s,
+            epochs=done.epochs,
+            rank_peak_rss_bytes=rss,
+        )
+        progress.begin("resume at 50%")
+        try:
+            measured.resume_first_batch_s, measured.resume_note = run.resume(main, done)
+        except Exception as e:
+            measured.resume_note = f"resume failed: {error_line(e)}"
+        progress.end()
+        progress.begin("shuffle quality")
+        entropy, duplicates, missing = run.quality(labeled)
+        measured.mean_entropy = entropy
+        measured.quality_duplicates, measured.quality_missing = duplicates, missing
+        progress.end()
+        return measured
+    finally:
+        run.kill()
+        contender.stop()

@@ -1,0 +1,251 @@
+"""The ``ingest`` command line. Thin: parses arguments and calls the library.
+
+    ingest ls URL [URL ...] [--storage-option KEY=VALUE ...] [--format NAME] [--count]
+    ingest index URL [URL ...] [-o KEY=VALUE ...] [--index-dir DIR_OR_URL] [--workers N] [--ray]
+    ingest bench [ARGS ...]      (forwarded to ingest.tools.bench)
+
+Exit codes: 0 success, 2 bad input (the one-line error says what and how to fix it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from fsspec.utils import get_protocol
+from tqdm.auto import tqdm
+
+from ingest.core.errors import ConfigError, IngestError
+from ingest.formats import get_format
+from ingest.formats.base import ReadOptions
+from ingest.planner.catalog import Catalog, Listing
+from ingest.planner.index import IndexConfig, Indexer, IndexStore, default_location, local_indexer
+from ingest.storage.sources import Source, parse_storage_options
+
+_STORAGE_OPTION_HELP = (
+    "fsspec storage option; dotted keys nest (client_kwargs.endpoint_url=http://127.0.0.1:9000)"
+)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ingest", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    ls = sub.add_parser("ls", help="list the shards of a source with their sizes and rows")
+    ls.add_argument("urls", nargs="+", metavar="URL", help="file, directory or glob (fsspec)")
+    ls.add_argument(
+        "--storage-option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=_STORAGE_OPTION_HELP,
+    )
+    ls.add_argument("--format", help="format of every shard (default: from the extension)")
+    ls.add_argument(
+        "--count",
+        action="store_true",
+        help="read shards whose footer has no row count (JSONL, CSV, tar) to count",
+    )
+    _index_parser(sub)
+    sub.add_parser(
+        "bench",
+        add_help=False,
+        help="compare this project with its peers on generated data (ingest bench --help)",
+    )
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
+def _index_parser(sub: Any) -> None:
+    index = sub.add_parser(
+        "index",
+        help="build the persistent shard index (row counts, seek points) ahead of time",
+        description="Read once every shard whose footer has no row count (JSONL, CSV, tar, "
+        "Arrow streams) and store its row count and seek points in the shard index, so "
+        "streams on this data plan without reading any shard. Shards already indexed at "
+        "the same size and version are skipped.",
+    )
+    index.add_argument("urls", nargs="+", metavar="URL", help="file, directory or glob (fsspec)")
+    index.add_argument(
+        "--storage-option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=_STORAGE_OPTION_HELP,
+    )
+    index.add_argument("--format", help="format of every shard (default: from the extension)")
+    index.add_argument(
+        "--index-dir",
+        metavar="DIR_OR_URL",
+        help=f"where the index lives: a directory or an fsspec URL such as "
+        f"s3://bucket/ingest-index/ shared by a cluster (default: {default_location()})",
+    )
+    index.add_argument(
+        "--index-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="fsspec storage option for --index-dir (default: the -o options when the index "
+        "URL has the data's protocol, none otherwise)",
+    )
+    index.add_argument(
+        "--workers",
+        type=_positive,
+        default=16,
+        help="shards read at once: threads, or Ray tasks with --ray (default: 16)",
+    )
+    index.add_argument(
+        "--ray",
+        action="store_true",
+        help="read in Ray tasks (joins the cluster at RAY_ADDRESS, or starts a local Ray)",
+    )
+
+
+def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
+    """Row counts, reading the shards whose footer has none; each with its own schema (a
+    listing may mix formats and schemas; a stream over it could not, a listing can)."""
+    rows: list[int | None] = [i.rows for i in listing.infos]
+    todo = [n for n, r in enumerate(rows) if r is None]
+    for n in tqdm(todo, desc="counting rows", unit="shard", leave=False, disable=not todo):
+        one = listing.subset([listing.shards[n].url])
+        schema, origin = catalog.shard_schema(one.shards[0], one.infos[0])
+        ctx = Listing(one.shards, one.infos, schema, origin).context(
+            0, catalog.source, catalog.options, None
+        )
+        with get_format(ctx.shard.format).open(ctx) as reader:
+            rows[n] = sum(b.data.num_rows for b in reader.read(0, None, None))
+    return rows
+
+
+def ls(urls: Sequence[str], storage_options: Sequence[str], format: str | None, count: bool) -> int:
+    source = Source(urls, storage_options=parse_storage_options(storage_options), format=format)
+    catalog = Catalog(source, ReadOptions(), None)
+    listing = catalog.scan(progress=True, schema=False)
+    rows = _count(catalog, listing) if count else [i.rows for i in listing.infos]
+    width = max(len(s.url) for s in listing.shards)
+    print(f"{'path':<{width}}  {'format':<10}  {'bytes':>14}  {'rows':>12}")
+    for shard, r in zip(listing.shards, rows, strict=True):
+        print(
+            f"{shard.url:<{width}}  {shard.format:<10}  {shard.size:>14,}  "
+            f"{'?' if r is None else f'{r:,}':>12}"
+        )
+    known = sum(r for r in rows if r is not None)
+    unknown = sum(1 for r in rows if r is None)
+    total_bytes = sum(s.size for s in listing.shards)
+    suffix = f" (+{unknown} shards not counted; --count reads them)" if unknown else ""
+    print(f"{len(listing.shards)} shards, {known} rows, {total_bytes} bytes{suffix}")
+    return 0
+
+
+def index(
+    urls: Sequence[str],
+    storage_options: Sequence[str],
+    format: str | None,
+    index_dir: str | None,
+    index_options: Sequence[str] | None,
+    workers: int,
+    use_ray: bool,
+) -> int:
+    source_options = parse_storage_options(storage_options)
+    source = Source(urls, storage_options=source_options, format=format)
+    if index_options is not None:
+        store_options = parse_storage_options(index_options)
+    elif index_dir is not None and get_protocol(index_dir) == get_protocol(urls[0]):
+        store_options = source_options
+    else:
+        store_options = {}
+    store = IndexStore(IndexConfig(location=index_dir, storage_options=store_options))
+    indexer: Indexer = local_indexer(workers)
+    if use_ray:
+        import ray
+
+        from ingest.distributed.index_tasks import ray_indexer
+
+        try:
+            ray.init(log_to_driver=False)
+        except (ConnectionError, RuntimeError) as e:
+            raise ConfigError(
+                f"--ray cannot start or join Ray ({e}); check RAY_ADDRESS, or leave out --ray "
+                "to index in threads here"
+            ) from None
+        indexer = ray_indexer(max_tasks_in_flight=workers)
+    try:
+        catalog = Catalog(source, ReadOptions(), None, index_store=store, indexer=indexer)
+        # Bars only on a terminal: in logs and pipes they are noise around the one-line result.
+        listing = catalog.scan(progress=sys.stderr.isatty(), index=True)
+    finally:
+        if use_ray:
+            ray.shutdown()
+    stats = store.stats
+    print(
+        f"{len(listing.shards)} shards, {stats.misses} indexed, {stats.hits} already indexed, "
+        f"{listing.rows or 0} rows"
+    )
+    return 0
+
+
+def bench(argv: Sequence[str]) -> int:
+    """Run ``ingest.tools.bench.main(argv)``, imported only now (it pulls in the peers)."""
+    try:
+        module = importlib.import_module("ingest.tools.bench")
+    except ModuleNotFoundError as e:
+        if e.name in ("ingest.tools.bench", None):
+            print(
+                "ingest bench: error: this install has no ingest.tools.bench module; "
+                "install ingest from a checkout that has ingest/tools/bench/ (pip install -e .)",
+                file=sys.stderr,
+            )
+        else:
+            print(
+                f"ingest bench: error: the benchmark needs the package {e.name!r}, which is not "
+                "installed; install the peers with pip install -e '.[bench]'",
+                file=sys.stderr,
+            )
+        return 2
+    try:
+        return int(module.main(list(argv)))
+    except IngestError as e:
+        print(f"ingest bench: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["bench"]:
+        return bench(args_list[1:])
+    args = _parser().parse_args(args_list)
+    try:
+        if args.command == "ls":
+            return ls(args.urls, args.storage_option, args.format, args.count)
+        if args.command == "index":
+            return index(
+                args.urls,
+                args.storage_option,
+                args.format,
+                args.index_dir,
+                args.index_option,
+                args.workers,
+                args.ray,
+            )
+    except IngestError as e:
+        print(f"ingest {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
