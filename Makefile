@@ -57,3 +57,17 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+
+# Run notebooks/explore.ipynb and save it with its outputs (text and the throughput plot), so
+# that it is committed executed and a reader on the web sees them; tests/test_notebook.py runs
+# a copy of it. Timings and stderr (Ray's and tqdm's log lines: dates, local paths) are left
+# out, so a rerun changes little beyond the plot.
+.PHONY: notebook
+notebook: $(STAMP)
+	$(PY) -c "import nbclient, nbformat; p = 'notebooks/explore.ipynb'; \
+	  nb = nbformat.read(p, as_version=4); \
+	  nbclient.NotebookClient(nb, timeout=600, kernel_name='python3', record_timing=False, \
+	    resources={'metadata': {'path': 'notebooks'}}).execute(); \
+	  [c.update(outputs=[o for o in c.outputs if o.get('name') != 'stderr']) \
+	    for c in nb.cells if c.cell_type == 'code']; \
+	  nbformat.write(nb, p)"
