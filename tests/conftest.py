@@ -12,10 +12,22 @@ from typing import Any
 
 import fsspec
 import pytest
+from hypothesis import settings
 
 from ingest.testing import LoopbackS3, Store
 
 _names = itertools.count()
+
+# Hypothesis profiles. Neither has a deadline: a property test's examples take milliseconds,
+# but one of them running while the machine is busy (a CI runner, Ray starting) took over
+# the default 200 ms and failed with DeadlineExceeded. "ci" (the default) draws the same
+# examples on every run and prints the blob that replays a failure; "dev" draws new ones
+# each run (HYPOTHESIS_PROFILE=dev). Tests that set max_examples keep theirs (60, 80).
+settings.register_profile(
+    "ci", deadline=None, derandomize=True, print_blob=True, max_examples=100, database=None
+)
+settings.register_profile("dev", deadline=None, print_blob=True, max_examples=100)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # The persistent shard index (default: the user's cache directory) goes to a directory of
 # this test session, set before Ray starts so that its workers see it too.

@@ -347,7 +347,7 @@ _VALUE = st.one_of(_PLAIN, _QUOTED, st.tuples(_QUOTED, _PLAIN).map("".join))
 _RECORD = st.tuples(_VALUE, _VALUE).map(",".join)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=80)
 @given(
     records=st.lists(_RECORD, min_size=1, max_size=100),
     endings=st.lists(st.sampled_from(["\n", "\r\n", "\n\n"]), min_size=1, max_size=300),
