@@ -104,7 +104,10 @@ class FormatContract:
         seek = points[-1] if points else None
         tail = read(catalog, listing, k, None, seek)
         assert ids(tail, self.key) == list(range(k, ROWS))
-        assert tail == [] or tail[0].row == k
+        # The tail's batches start at k and follow on without gaps; at the end (k == ROWS),
+        # there are none (not even an empty batch).
+        assert [b.row for b in tail[:1]] == ([k] if k < ROWS else [])
+        assert [b.row for b in tail[1:]] == [b.stop for b in tail[:-1]]
         assert ids(read(catalog, listing, k, None, None), self.key) == list(range(k, ROWS))
         assert ids(read(catalog, listing, k, k + 300, seek), self.key) == list(
             range(k, min(k + 300, ROWS))
