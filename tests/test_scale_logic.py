@@ -1,7 +1,8 @@
 """The vectorised plan, shares, ledger and interval paths equal the scalar ones they replaced.
 
 Each reference below is the scalar code as it was before the numpy paths (a loop over
-Python objects); hypothesis draws small random inputs and the two must agree exactly.
+Python objects), or, where that code is still the library's fallback (``remaining``), a
+definition row by row; hypothesis draws small random inputs and the two must agree exactly.
 """
 
 from __future__ import annotations
@@ -80,14 +81,17 @@ def ref_epoch_units(shards: Sequence[PlanShard], seed: int | None, epoch: int) -
 
 
 def ref_remaining(
-    units: Sequence[Unit], rows: Sequence[int], consumed: Mapping[int, IntervalSet]
+    units: Sequence[Unit], rows: Sequence[int], consumed: Mapping[int, set[int]]
 ) -> list[Span]:
+    """Row by row, not by interval: each unit's rows not in ``consumed``, in order, a run of
+    consecutive ones made one span (spans do not cross units)."""
     out: list[Span] = []
-    empty = IntervalSet()
     for unit in units:
         stop = rows[unit.shard] if unit.stop is None else unit.stop
-        for start, end in consumed.get(unit.shard, empty).gaps(unit.start, stop):
-            out.append(Span(unit.shard, start, end))
+        left = [r for r in range(unit.start, stop) if r not in consumed.get(unit.shard, set())]
+        for _, run in itertools.groupby(enumerate(left), key=lambda p: p[1] - p[0]):
+            rows_of_run = [r for _, r in run]
+            out.append(Span(unit.shard, rows_of_run[0], rows_of_run[-1] + 1))
     return out
 
 
@@ -218,8 +222,11 @@ def test_remaining_equals_the_scalar_gaps(spec, seed, consumed_spec) -> None:
     units = epoch_units(shards, seed, 0)
     rows = [37 if s.rows is None else s.rows for s in shards]
     consumed = {k: IntervalSet((a, a + n) for a, n in v) for k, v in consumed_spec.items()}
+    consumed_rows = {
+        k: {r for a, n in v for r in range(a, a + n)} for k, v in consumed_spec.items()
+    }
     got = remaining(units, rows, consumed)
-    expected = ref_remaining(list(units), rows, consumed)
+    expected = ref_remaining(list(units), rows, consumed_rows)
     assert isinstance(got, Spans)
     assert got.to_list() == expected
     assert remaining(list(units), rows, consumed) == expected  # the scalar path
