@@ -6,7 +6,7 @@ Part 1, ``ingest.Stream`` without Ray:
 3. A second child process loads that state and streams the rest.
 4. This process checks that every row arrived exactly once.
 
-Part 2, the language-model example (``python -m ingest.examples.lm``) under Ray Train's
+Part 2, the language-model job (``python train/lm.py``) under Ray Train's
 TorchTrainer on a laptop-local Ray, reading token shards from the same S3 server through
 ``ingest.RayStream``: one training worker exits mid-epoch, Ray Train restarts the worker
 group from the last checkpoint (model + stream state), and the job prints its per-epoch
@@ -29,6 +29,7 @@ import numpy as np
 # into the next epoch (Stream(remainder="carry")), which this one-epoch check leaves out.
 SHARDS, ROWS, ROW_GROUP = 8, 20_480, 2_560
 URL = "s3://demo/train/*.parquet"
+LM_JOB = Path(__file__).resolve().parent.parent / "train" / "lm.py"
 
 
 def consume(args: argparse.Namespace) -> None:
@@ -117,12 +118,12 @@ def main() -> int:
 
 
 def language_model_job(out: Path) -> int:
-    """Part 2: the LM example under TorchTrainer with one injected worker failure."""
+    """Part 2: the LM job under TorchTrainer with one injected worker failure."""
     from ingest.testing import LoopbackS3
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     print(
-        "\npart 2: ingest.examples.lm under Ray Train's TorchTrainer, 2 workers, token shards "
+        "\npart 2: train/lm.py under Ray Train's TorchTrainer, 2 workers, token shards "
         "on S3; rank 1 exits at step 11 (FailureConfig(max_failures=1))"
     )
     with LoopbackS3() as s3:
@@ -136,7 +137,7 @@ def language_model_job(out: Path) -> int:
             f"fault.marker={out.resolve()}/died-{stamp}",
         ]
         job = subprocess.run(
-            [sys.executable, "-m", "ingest.examples.lm", *overrides],
+            [sys.executable, str(LM_JOB), *overrides],
             text=True,
             capture_output=True,
             timeout=900,

@@ -21,7 +21,7 @@ from ray._private.internal_api import memory_summary
 from ray.cluster_utils import Cluster
 
 import ingest
-from ingest.examples.common import INGEST_RESOURCE, TRAINER_RESOURCE
+from ingest.integrations.jobs import INGEST_RESOURCE, TRAINER_RESOURCE
 from ingest.testing import write_dataset
 from tests.faults import TagDecodeNode
 

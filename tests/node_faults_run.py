@@ -34,7 +34,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import ingest
-from ingest.examples.common import INGEST_RESOURCE, TRAINER_RESOURCE
+from ingest.integrations.jobs import INGEST_RESOURCE, TRAINER_RESOURCE
 from ingest.testing import write_dataset
 
 SHARDS, ROWS, BATCH, EPOCHS, RANKS = 8, 300, 50, 2, 2

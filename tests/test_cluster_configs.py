@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-import importlib
+import fnmatch
+import importlib.util
 import json
 import re
 import shlex
@@ -13,13 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.examples.common import (
-    INGEST_RESOURCE,
-    TRAINER_RESOURCE,
-    Job,
-    default_config,
-    load_config,
-)
+from ingest.integrations.jobs import INGEST_RESOURCE, TRAINER_RESOURCE, Job, load_config
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -32,6 +27,15 @@ CLUSTER = ROOT / "cluster"
 
 def load(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
+
+
+def load_script(path: Path) -> Any:
+    """A job script loaded as a module (its ``if __name__ == "__main__"`` part not run)."""
+    spec = importlib.util.spec_from_file_location(f"job_{path.stem}", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def start_resources(params: dict[str, Any]) -> dict[str, float]:
@@ -72,12 +76,13 @@ def test_kuberay_groups_declare_the_resources(name: str) -> None:
 
 def test_rayjob_entrypoint_runs_an_existing_job_with_valid_overrides() -> None:
     entry = shlex.split(load(CLUSTER / "kuberay" / "rayjob.yaml")["spec"]["entrypoint"])
-    assert entry[:3] == ["python", "-m", "ingest.examples.lm"]
-    assert "--config" not in entry, "the job's config ships in the package"
-    module = importlib.import_module(entry[2])
+    assert entry[:2] == ["python", "train/lm.py"]
+    assert "--config" not in entry, "the job's config lies next to the script"
+    module = load_script(ROOT / entry[1])
     assert isinstance(module.JOB, Job)
-    config_path = default_config(entry[2].rsplit(".", 1)[1])
-    overrides = entry[3:]
+    config_path = module.CONFIG
+    assert config_path == ROOT / "train" / "configs" / "lm.yaml"
+    overrides = entry[2:]
     base = load_config(config_path, [])
     for item in overrides:
         assert "=" in item, f"{item!r} in the entrypoint is not KEY=VALUE"
@@ -88,6 +93,20 @@ def test_rayjob_entrypoint_runs_an_existing_job_with_valid_overrides() -> None:
         assert leaf in node, f"{item} overrides nothing in {config_path}"
     config = load_config(config_path, overrides)
     assert config["placement"] == {"ingest_nodes": True, "trainer_nodes": True}
+
+
+def test_the_training_jobs_are_scripts_left_out_of_the_package() -> None:
+    """train/ runs from the checkout or the uploaded working dir; the wheel holds the library."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    include = setuptools["packages"]["find"]["include"]
+
+    def packaged(name: str) -> bool:  # setuptools matches package names with fnmatchcase
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in include)
+
+    assert packaged("ingest") and packaged("ingest.integrations")
+    assert not any(packaged(d) for d in ("train", "tests", "benchmarks", "scripts", "cluster"))
+    assert "package-data" not in setuptools
+    assert sorted(p.name for p in (ROOT / "train").glob("*.py")) == ["image.py", "lm.py"]
 
 
 def project_dependencies_but_ray_and_torch() -> list[str]:

@@ -157,14 +157,14 @@ def wait_for(address: str, env: dict[str, str], job_id: str, seconds: float) -> 
 def test_submit_the_lm_job_with_the_shipped_runtime_env(
     head: tuple[str, dict[str, str]], tmp_path: Path
 ) -> None:
-    """The README's cluster command: the runtime env uploads the code and pip-installs the
-    dependencies into a virtualenv; the job's default config ships inside the package."""
+    """The README's cluster command: the runtime env uploads the working dir (the library and
+    the job script with its default config, train/) and pip-installs the dependencies into a
+    virtualenv."""
     address, env = head
     job_id = f"ingest-test-{int(time.time())}"
     entrypoint = [
         "python",  # the runtime env's virtualenv python, as in the README
-        "-m",
-        "ingest.examples.lm",
+        "train/lm.py",  # relative to the uploaded working dir, where the job starts
         f"data.url={tmp_path}/tokens",
         f"run.storage_path={tmp_path}/runs",
         "run.name=job",
@@ -180,7 +180,10 @@ def test_submit_the_lm_job_with_the_shipped_runtime_env(
     assert "exactly once: 2,048 of 2,048 rows seen 1x" in logs
     # It ran inside the shipped env: the uploaded code and the pip virtualenv are on the head.
     resources = Path(env["TMPDIR"], "ray", "session_latest", "runtime_resources")
-    assert list(resources.glob("working_dir_files/*/ingest/examples/lm.py")), resources
+    uploaded = [p.parent for p in resources.glob("working_dir_files/*/train/lm.py")]
+    assert uploaded, resources
+    assert all((d / "configs" / "lm.yaml").is_file() for d in uploaded), uploaded
+    assert all((d.parent / "ingest" / "__init__.py").is_file() for d in uploaded), uploaded
     assert list(resources.glob("pip/*/virtualenv/bin/python")), resources
     states = sorted((tmp_path / "runs" / "job").glob("checkpoint_*/ingest_stream_state.json"))
     assert states, "the job's checkpoints hold the stream state"

@@ -1,10 +1,18 @@
-"""What the example jobs share: YAML config with overrides, the driver, the train loop frame.
+"""Ray Train glue for training-job scripts: YAML config with overrides, the driver, the loop.
 
-A job is a model (built per worker), a step function and a config. The driver builds the
-``RayStream`` and the ``TorchTrainer``; the loop restores from the latest checkpoint, runs
-epochs, checkpoints every few steps (model + stream state of the same step), and reports
-per-epoch throughput and the data-stall share (time the rank waited for its next batch over
-the time of its steps).
+A job (the scripts in the repository's ``train/``) is a model built per worker, a step
+function, a config file and a writer of synthetic data; :func:`main` does the rest. The
+driver builds the ``RayStream`` and the ``TorchTrainer``; the loop restores from the latest
+checkpoint, runs epochs, checkpoints every few steps (model + stream state of the same step)
+and reports per-epoch throughput and the data-stall share (time the rank waited for its next
+batch over the time of its steps). At the end :func:`report_exactly_once` checks, from a
+per-row counter kept in the checkpoint, that every row was trained on once per epoch.
+
+    # train/lm.py
+    CONFIG = Path(__file__).parent / "configs" / "lm.yaml"
+    JOB = Job("lm", build, step, columns=["id", "tokens"])
+    if __name__ == "__main__":
+        sys.exit(main(JOB, CONFIG, "*.parquet", _generate, description=__doc__))
 """
 
 from __future__ import annotations
@@ -37,30 +45,13 @@ INGEST_RESOURCE = "ingest"
 """Custom resource of the CPU nodes that run read tasks and decode actors (see cluster/)."""
 TRAINER_RESOURCE = "trainer"
 """Custom resource of the nodes that run the training workers (see cluster/)."""
-CONFIGS = Path(__file__).resolve().parent / "configs"
-"""The default configs, shipped as package data: ``<job>.yaml``."""
 
 Config = dict[str, Any]
 Writer = Callable[[str, dict[str, Any], dict[str, Any]], None]
 """``write(url, storage_options, generate)``: writes a job's synthetic shards."""
 
 
-def default_config(job: str) -> str:
-    """The path of the config shipped for ``job`` (``lm`` or ``image``).
-
-    Raises:
-        FileNotFoundError: If the package ships no config of that name.
-    """
-    path = CONFIGS / f"{job}.yaml"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in CONFIGS.glob("*.yaml")))
-        raise FileNotFoundError(
-            f"no shipped config {path}; known jobs: {known}; pass --config PATH instead"
-        )
-    return str(path)
-
-
-def load_config(path: str, overrides: Sequence[str]) -> Config:
+def load_config(path: str | os.PathLike[str], overrides: Sequence[str]) -> Config:
     """The YAML file at ``path`` with ``a.b=value`` overrides (values parsed as YAML).
 
     Args:
@@ -87,19 +78,28 @@ def load_config(path: str, overrides: Sequence[str]) -> Config:
     return config
 
 
-def parse_args(default_config: str, argv: Sequence[str] | None = None) -> Config:
+def parse_args(
+    default_config: str | os.PathLike[str],
+    argv: Sequence[str] | None = None,
+    *,
+    description: str | None = None,
+) -> Config:
     """Parse ``[--config PATH] [KEY=VALUE ...]`` into a config.
 
     Args:
-        default_config: The config used when ``--config`` is not given.
+        default_config: The config used when ``--config`` is not given (a job script passes
+            its own, next to it: ``train/configs/<job>.yaml``).
         argv: The arguments; None reads ``sys.argv``.
+        description: What ``--help`` says about the job (the script's docstring).
 
     Returns:
         The loaded config with the overrides applied.
     """
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument(
-        "--config", default=default_config, help=f"YAML config (default: {default_config})"
+        "--config", default=str(default_config), help="YAML config (default: %(default)s)"
     )
     parser.add_argument(
         "overrides",
@@ -113,7 +113,7 @@ def parse_args(default_config: str, argv: Sequence[str] | None = None) -> Config
 
 @dataclass
 class Job:
-    """One example job.
+    """One training job.
 
     Attributes:
         name: Job name (log prefix).
@@ -418,24 +418,29 @@ def generate_if_empty(config: Config, pattern: str, write: Writer) -> None:
 
 def main(
     job: Job,
-    default_config: str,
+    default_config: str | os.PathLike[str],
     pattern: str,
     write: Writer,
     argv: Sequence[str] | None = None,
+    *,
+    description: str | None = None,
 ) -> int:
-    """Entry point of an example job: config, synthetic data if asked, run, check.
+    """Entry point of a job script: config, synthetic data if asked, run, check.
 
     Args:
         job: The job.
-        default_config: Config path used when ``--config`` is not given.
+        default_config: Config path used when ``--config`` is not given; a script passes
+            its own (``Path(__file__).parent / "configs" / "lm.yaml"``), so nothing depends
+            on package data.
         pattern: Glob of the job's shard files (see :func:`generate_if_empty`).
         write: Writes synthetic shards (see :func:`generate_if_empty`).
         argv: Command-line arguments; None reads ``sys.argv``.
+        description: What ``--help`` says about the job (the script's docstring).
 
     Returns:
         The exit status: 0 when every row was delivered exactly once per epoch, else 1.
     """
-    config = parse_args(default_config, argv)
+    config = parse_args(default_config, argv, description=description)
     generate_if_empty(config, pattern, write)
     found = run(job, config)
     print(json.dumps({"state_epoch": found["state"]["progress"]["epoch"], "rows": found["rows"]}))

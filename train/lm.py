@@ -1,14 +1,17 @@
-"""A small causal language model over token shards (Parquet: ``id``, ``tokens``).
+"""A small causal language model over token shards (Parquet columns id and tokens).
 
-    python -m ingest.examples.lm [--config PATH] [KEY=VALUE ...]
+    python train/lm.py [--config PATH] [KEY=VALUE ...]
+    ray job submit --working-dir . -- python train/lm.py [KEY=VALUE ...]
 
-With ``data.generate`` set and no shards at ``data.url``, it first writes synthetic token
-shards there (sequences of a noisy affine recurrence, so the loss visibly falls).
+The config is train/configs/lm.yaml unless --config names another. With data.generate
+set and no shards at data.url, synthetic token shards are written there first (sequences of
+a noisy affine recurrence, so the loss visibly falls).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -18,7 +21,10 @@ import pyarrow.parquet as pq
 import torch
 from torch import nn
 
-from ingest.examples.common import Config, Job, default_config, main
+from ingest.integrations.jobs import Config, Job, main
+
+CONFIG = Path(__file__).parent / "configs" / "lm.yaml"
+"""The default config."""
 
 
 class TinyLM(nn.Module):
@@ -118,4 +124,4 @@ def _generate(url: str, storage_options: dict[str, Any], gen: dict[str, Any]) ->
 
 
 if __name__ == "__main__":
-    sys.exit(main(JOB, default_config("lm"), "*.parquet", _generate))
+    sys.exit(main(JOB, CONFIG, "*.parquet", _generate, description=__doc__))

@@ -1,13 +1,14 @@
 """A small image classifier over an ImageFolder tree, decoded in the Ray Data pool.
 
-    python -m ingest.examples.image [--config PATH] [KEY=VALUE ...]
+    python train/image.py [--config PATH] [KEY=VALUE ...]
+    ray job submit --working-dir . -- python train/image.py [KEY=VALUE ...]
 
-``data.url`` is an ImageFolder layout, ``<root>/<class>/<id>.png`` (on disk, ``s3://`` or
-``hf://``), read with ``format="imagefolder"``: each file is a row with its label (the index
-of its directory's name). The PNGs are decoded by :class:`DecodeImages` on the CPU decode
-pool, never on the training ranks, which receive ready float tensors. With ``data.generate``
-set and no images at ``data.url``, synthetic ones are written first (each class a different
-colour pattern).
+The config is train/configs/image.yaml unless --config names another. data.url is an
+ImageFolder layout, <root>/<class>/<id>.png (on disk, s3:// or hf://), read with
+format="imagefolder": each file is a row with its label (the index of its directory's name).
+The PNGs are decoded by DecodeImages in the CPU decode pool, never on the training ranks,
+which receive ready float tensors. With data.generate set and no images at data.url,
+synthetic ones are written first (each class a different colour pattern).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import io
 import posixpath
 import sys
+from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -24,8 +26,10 @@ import torch
 from torch import nn
 
 import ingest
-from ingest.examples.common import Config, Job, default_config, main
+from ingest.integrations.jobs import Config, Job, main
 
+CONFIG = Path(__file__).parent / "configs" / "image.yaml"
+"""The default config."""
 SIZE = 32
 
 
@@ -113,4 +117,4 @@ def _generate(url: str, storage_options: dict[str, Any], gen: dict[str, Any]) ->
 
 
 if __name__ == "__main__":
-    sys.exit(main(JOB, default_config("image"), "*/*.png", _generate))
+    sys.exit(main(JOB, CONFIG, "*/*.png", _generate, description=__doc__))
