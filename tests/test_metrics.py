@@ -40,6 +40,10 @@ def scrape(stream: str) -> dict[str, dict[str, float]]:
     return out
 
 
+PREFETCH = 3
+"""Ready batches a reader's feed keeps ahead of its rank (``ReaderPool.prefetch_batches``)."""
+
+
 def test_a_running_stream_exports_its_metrics(s3_store: Any) -> None:
     write_dataset(s3_store.fs, s3_store.url("d"), "parquet", 4, 300, row_group_rows=100)
     gauges: dict[str, list[float]] = {"ingest_data_wait_share": [], "ingest_queue_depth": []}
@@ -49,8 +53,12 @@ def test_a_running_stream_exports_its_metrics(s3_store: Any) -> None:
         batch_size=30,
         world_size=2,
         storage_options=s3_store.storage_options,
+        readers=ingest.ReaderPool(prefetch_batches=PREFETCH),
     ) as stream:
-        refs = [train.remote(stream.rank_iterator(r)) for r in range(2)]
+        # One batch per take: the reader reads a batch in milliseconds and the rank trains
+        # on it for 0.2 s, so a take finds the queue full and leaves PREFETCH - 1 behind.
+        one = ingest.RankOptions(fetch_batches=1)
+        refs = [train.remote(stream.rank_iterator(r, options=one)) for r in range(2)]
         # Gauges are what the ranks and readers see now: read them while the run goes on.
         while ray.wait(refs, num_returns=2, timeout=0.5)[1]:
             for name, values in scrape(stream.name).items():
@@ -71,7 +79,10 @@ def test_a_running_stream_exports_its_metrics(s3_store: Any) -> None:
     assert found["ingest_batches_total"] == {"0": rows[0] / 30, "1": rows[1] / 30}
     assert gauges["ingest_data_wait_share"], "the ranks' wait share was seen while they ran"
     assert all(0 <= v <= 1 for v in gauges["ingest_data_wait_share"])
-    assert gauges["ingest_queue_depth"] and all(v >= 0 for v in gauges["ingest_queue_depth"])
+    # Never more than the feed may hold; while the rank trains, the batches read ahead of it.
+    depths = gauges["ingest_queue_depth"]
+    assert depths and all(0 <= v <= PREFETCH for v in depths), depths
+    assert max(depths) >= PREFETCH - 1, depths
     # The readers' store counts grow as their stats do (the last second may not be out yet).
     assert 0 < found["ingest_bytes_read_total"][""] <= io["bytes_read"]
     assert 0 < found["ingest_requests_total"][""] <= io["opens"] + io["reads"] + io["listings"]
