@@ -17,7 +17,7 @@ Figures (issue 7, goals in brackets):
    (one shuffled batch, with the window it finishes: :class:`ingest.core.ledger.Closed`), sent
    in messages of ``ack_every`` records, round-robin over the ranks. An ack is absorbed
    when its rows are merged into the progress: the ``book.ack`` calls plus the folds the
-   coordinator makes between checkpoints (every ``_FOLD_EVERY`` steps, on a window's
+   coordinator makes between checkpoints (every ``FOLD_EVERY`` steps, on a window's
    edge, so from the windows' runs, with no sort), over ``--steady-windows`` windows
    [>= 100,000/s]. Shown beside it: the ``book.ack`` calls alone; the acks of the
    checkpoint phase with the fold each checkpoint makes (half-way through a window, so
@@ -51,7 +51,7 @@ import json
 import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -61,12 +61,13 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from ingest.core.assign import Span, deal_lanes
-from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.book import FOLD_EVERY, EpochBook
 from ingest.core.ledger import Closed, Rows, Runs, StepRecord, as_runs, pack_base
 from ingest.core.plan import permutation
 from ingest.core.state import StreamState
-from ingest.distributed.coordinator import _FOLD_EVERY
+from ingest.engine.spec import StreamSpec
 from ingest.formats.base import ShardInfo
+from ingest.planner import budget
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Shard
 
@@ -154,15 +155,30 @@ def synthetic_listing(config: Config) -> Listing:
     return Listing(tuple(shards), tuple(infos), schema, shards[0].url)
 
 
-class SimulatedBook(EpochBook):
-    """An :class:`EpochBook` whose listing is given, not read from a store."""
+class GivenListing:
+    """A lister (:class:`ingest.core.listing.Lister`) whose listing is given, not read from a
+    store: the book plans from it as from a planner's."""
 
-    def __init__(self, spec: StreamSpec, world_size: int, listing: Listing) -> None:
-        super().__init__(spec, world_size)
+    def __init__(self, spec: StreamSpec, listing: Listing) -> None:
+        self.spec = spec
         self._listing = listing
 
-    def scan(self) -> Listing:
+    def listing(
+        self, wanted: Callable[[Listing], bool] | None = None, *, first: bool, counted: bool
+    ) -> Listing:
         return self._listing
+
+    def window_rows(self, listing: Listing) -> int:
+        per_row = budget.row_bytes(listing, self.spec.columns) if self.spec.shuffle_bytes else None
+        return budget.window_rows(self.spec.shuffle_window, self.spec.shuffle_bytes, per_row)
+
+    def remember(self, listing: Listing) -> None:
+        pass
+
+
+def simulated_book(spec: StreamSpec, world_size: int, listing: Listing) -> EpochBook[Listing]:
+    """A book of ``world_size`` ranks over the given ``listing``."""
+    return EpochBook(spec.book_config(), world_size, GivenListing(spec, listing))
 
 
 # -- what a rank's feed delivers ------------------------------------------------------------
@@ -283,7 +299,7 @@ def measure(config: Config) -> dict[str, Any]:
         shuffle_window=config.window,
         shuffle_lanes=config.lanes,
     )
-    book = SimulatedBook(spec, config.ranks, listing)
+    book = simulated_book(spec, config.ranks, listing)
     gc.collect()
     clock = Clock()
     epoch = book.plan(0)
@@ -339,7 +355,7 @@ def measure(config: Config) -> dict[str, Any]:
 
 
 def fast_forward(
-    book: EpochBook, feeds: list[RankFeed], windows: int, per_window: int
+    book: EpochBook[Listing], feeds: list[RankFeed], windows: int, per_window: int
 ) -> dict[str, Any]:
     """Ack the first ``windows`` windows of every rank: each window's rows in its first step."""
     empty = as_runs(())
@@ -358,11 +374,13 @@ def fast_forward(
     return {"windows": windows, "acks": acks, "seconds": seconds}
 
 
-def steady(book: EpochBook, feeds: list[RankFeed], w0: int, config: Config) -> dict[str, Any]:
+def steady(
+    book: EpochBook[Listing], feeds: list[RankFeed], w0: int, config: Config
+) -> dict[str, Any]:
     """Ack ``config.steady_windows`` windows of shuffled batches from window ``w0`` on, as
     the coordinator takes them: messages of ``ack_every`` records round-robin over the
     ranks, each followed by the coordinator's check for a fold (``Ledger.due`` every
-    ``_FOLD_EVERY`` steps, on a window's edge). Timed: the ``book.ack`` calls and the folds;
+    ``FOLD_EVERY`` steps, on a window's edge). Timed: the ``book.ack`` calls and the folds;
     not timed: making the batches."""
     per_window = feeds[0].batches_per_window
     folded = w0 * per_window - 1  # the fast-forward folded up to here
@@ -387,9 +405,9 @@ def steady(book: EpochBook, feeds: list[RankFeed], w0: int, config: Config) -> d
                 book.ack(rank, records)
                 wall, cpu = clock.lap()
                 ack_s, ack_cpu_s = ack_s + wall, ack_cpu_s + cpu
-                if records[-1].step - folded >= _FOLD_EVERY:  # as the coordinator checks
+                if records[-1].step - folded >= FOLD_EVERY:  # as EpochBook.fold_due checks
                     clock = Clock()
-                    at = book.ledger.due(folded, _FOLD_EVERY)
+                    at = book.ledger.due(folded, FOLD_EVERY)
                     if at is not None:
                         book.fold(at)
                         folded, folds = at, folds + 1
@@ -400,7 +418,7 @@ def steady(book: EpochBook, feeds: list[RankFeed], w0: int, config: Config) -> d
         del made
     tqdm.write(
         f"steady: {acks:,} acks in {ack_s:.2f} s, {folds} folds in {fold_s:.2f} s "
-        f"(every {_FOLD_EVERY} steps, on a window's edge)"
+        f"(every {FOLD_EVERY} steps, on a window's edge)"
     )
     return {
         "windows": config.steady_windows,
@@ -415,7 +433,7 @@ def steady(book: EpochBook, feeds: list[RankFeed], w0: int, config: Config) -> d
 
 
 def checkpoints(
-    book: EpochBook, feeds: list[RankFeed], w0: int, marks: list[int], config: Config
+    book: EpochBook[Listing], feeds: list[RankFeed], w0: int, marks: list[int], config: Config
 ) -> list[dict[str, Any]]:
     """Ack shuffled batches from window ``w0`` on; snapshot and fold at each step of ``marks``."""
     per_window = feeds[0].batches_per_window

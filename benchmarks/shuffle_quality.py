@@ -25,8 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import ingest
-from ingest.core.book import EpochBook, StreamSpec
 from ingest.engine.feed import Feed, Ready
+from ingest.engine.spec import StreamSpec
 
 BATCH = 1024
 
@@ -70,10 +70,10 @@ def ranks_entropy(url: str, labels: int, lanes: int, world_size: int) -> float:
     spec = StreamSpec(
         urls=(url,), columns=("label",), batch_size=BATCH, shuffle_seed=0, shuffle_lanes=lanes
     )
-    book = EpochBook(spec, world_size)
+    book = spec.book(world_size)
     batches = []
     for rank in range(world_size):
-        for item in Feed(book.rank_plan(rank, 0), spec.feed_config(), book.source):
+        for item in Feed(book.rank_plan(rank, 0), spec.feed_config(), spec.source()):
             if isinstance(item, Ready):
                 batches.append(item.table.column("label").to_numpy())
     return mean_entropy(batches, labels)

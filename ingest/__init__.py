@@ -10,6 +10,8 @@ Public API::
     stream.load_state_dict(state)            # continue exactly after it
 """
 
+from __future__ import annotations
+
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -27,13 +29,6 @@ from ingest.core.errors import (
 )
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import STATE_VERSION
-from ingest.formats import get_format, register_format, registered_formats
-from ingest.formats.base import ReadOptions, ShardInfo
-from ingest.planner.catalog import Listing
-from ingest.planner.index import IndexConfig, IndexStore
-from ingest.storage.cache import CacheOptions
-from ingest.storage.follow import Follow
-from ingest.storage.sources import IOStats, RetryPolicy, Shard, Source
 
 if TYPE_CHECKING:
     from ingest import decode, testing, train
@@ -41,8 +36,16 @@ if TYPE_CHECKING:
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.ray_stream import RayStream
+    from ingest.engine.stage import Stage, Staged
     from ingest.engine.stream import Stream
+    from ingest.formats import get_format, register_format, registered_formats
+    from ingest.formats.base import ReadOptions, ShardInfo
     from ingest.integrations.loader import DataLoader
+    from ingest.planner.catalog import Listing
+    from ingest.planner.index import IndexConfig, IndexStore
+    from ingest.storage.cache import CacheOptions
+    from ingest.storage.follow import Follow
+    from ingest.storage.sources import IOStats, RetryPolicy, Shard, Source
 
 __version__ = "0.1.0"
 
@@ -72,6 +75,8 @@ __all__ = [
     "ShardInfo",
     "Source",
     "SourceError",
+    "Stage",
+    "Staged",
     "StateError",
     "StoreError",
     "Stream",
@@ -89,6 +94,22 @@ __all__ = [
 
 
 _LAZY = {
+    "get_format": "ingest.formats",
+    "register_format": "ingest.formats",
+    "registered_formats": "ingest.formats",
+    "ReadOptions": "ingest.formats.base",
+    "ShardInfo": "ingest.formats.base",
+    "Stage": "ingest.engine.stage",
+    "Staged": "ingest.engine.stage",
+    "Listing": "ingest.planner.catalog",
+    "IndexConfig": "ingest.planner.index",
+    "IndexStore": "ingest.planner.index",
+    "CacheOptions": "ingest.storage.cache",
+    "Follow": "ingest.storage.follow",
+    "IOStats": "ingest.storage.sources",
+    "RetryPolicy": "ingest.storage.sources",
+    "Shard": "ingest.storage.sources",
+    "Source": "ingest.storage.sources",
     "Stream": "ingest.engine.stream",
     "DataLoader": "ingest.integrations.loader",
     "RayStream": "ingest.distributed.ray_stream",
@@ -100,8 +121,9 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
-    # torch and ray take seconds to import; Ray read tasks import this package and need
-    # neither, so the pieces that use them load on first use.
+    # torch and ray take seconds to import, and the pure core (ingest.core) imports this
+    # package first and needs no storage, formats or engine: everything above the core
+    # loads on first use.
     if name in ("train", "testing", "hf", "decode"):
         import importlib
 
@@ -129,7 +151,9 @@ def list_shards(
         format: Format name for every shard; None infers it from extensions.
         progress: Show a progress bar while footers are read.
     """
+    from ingest.formats.base import ReadOptions
     from ingest.planner.catalog import Catalog
+    from ingest.storage.sources import Source
 
     src = Source(source, storage_options=storage_options, format=format)
     return Catalog(src, ReadOptions(), None).scan(progress=progress, schema=False)

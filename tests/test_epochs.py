@@ -8,18 +8,21 @@ from collections import Counter
 import pytest
 
 from ingest.core.assign import CARRY, MAIN, Span, split
-from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.book import EpochBook
 from ingest.core.errors import StateError
 from ingest.core.ledger import Ledger, StepRecord, runs_of_entry
+from ingest.core.share import FeedPlan
 from ingest.core.state import StreamState
-from ingest.engine.feed import Feed, FeedPlan, Tail
+from ingest.engine.feed import Feed, Tail
+from ingest.engine.spec import StreamSpec
+from ingest.planner.catalog import Listing
 from ingest.testing import Store, write_dataset
 
 SHARDS, ROWS, BATCH = 5, 1000, 64
 TOTAL = SHARDS * ROWS
 
 
-def batches_of(plan: FeedPlan, batch_size: int) -> list[StepRecord]:
+def batches_of(plan: FeedPlan[Listing], batch_size: int) -> list[StepRecord]:
     """The step records a rank would ack: consecutive runs of ``batch_size`` rows."""
     records, runs, filled, step = [], [], 0, plan.next_step
     for span in plan.spans:
@@ -51,7 +54,7 @@ def spec(local: Store) -> StreamSpec:
     return StreamSpec(urls=(local.url("d"),), batch_size=BATCH, shuffle_seed=3)
 
 
-def run_epoch(book: EpochBook, epoch: int, stop_after: int | None = None) -> list[int]:
+def run_epoch(book: EpochBook[Listing], epoch: int, stop_after: int | None = None) -> list[int]:
     """Every rank consumes its share of ``epoch`` (up to ``stop_after`` steps); returns ids."""
     delivered = []
     for rank in range(book.world_size):
@@ -68,7 +71,7 @@ def run_epoch(book: EpochBook, epoch: int, stop_after: int | None = None) -> lis
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 def test_equal_steps_and_every_row_once(spec: StreamSpec, world_size: int) -> None:
-    book = EpochBook(spec, world_size)
+    book = spec.book(world_size)
     steps = {book.rank_plan(r, 0).steps for r in range(world_size)}
     assert len(steps) == 1
     delivered = run_epoch(book, 0)
@@ -85,11 +88,11 @@ def test_equal_steps_and_every_row_once(spec: StreamSpec, world_size: int) -> No
 def test_snapshot_and_elastic_restore_deliver_exactly_once(
     spec: StreamSpec, before: int, after: int
 ) -> None:
-    book = EpochBook(spec, before)
+    book = spec.book(before)
     first = run_epoch(book, 0, stop_after=5)
     state = json.loads(json.dumps(book.snapshot(5 - 1).to_json()))
     assert state["distributed"]["world_size"] == before and state["progress"]["step"] == 5
-    resumed = EpochBook(spec, after)
+    resumed = spec.book(after)
     resumed.load(StreamState.from_json(state))
     assert resumed.first_epoch == 0
     rest = run_epoch(resumed, 0)
@@ -103,7 +106,7 @@ def test_snapshot_and_elastic_restore_deliver_exactly_once(
 
 
 def test_snapshot_waits_for_every_rank(spec: StreamSpec) -> None:
-    book = EpochBook(spec, 2)
+    book = spec.book(2)
     plan = book.rank_plan(0, 0)
     book.ack(0, batches_of(plan, BATCH)[:3])
     with pytest.raises(StateError, match="not every rank has acked step 2"):
@@ -111,7 +114,7 @@ def test_snapshot_waits_for_every_rank(spec: StreamSpec) -> None:
 
 
 def test_snapshot_at_the_epoch_end_starts_the_next_with_the_carry(spec: StreamSpec) -> None:
-    book = EpochBook(spec, 3)
+    book = spec.book(3)
     run_epoch(book, 0)
     end = book.plan(0).end_step
     assert end is not None
@@ -120,7 +123,7 @@ def test_snapshot_at_the_epoch_end_starts_the_next_with_the_carry(spec: StreamSp
     assert (
         sum(b - a for _, a, b in state.distributed.carry) == book.plan(0).assignment.remainder_rows
     )
-    restored = EpochBook(spec, 2)
+    restored = spec.book(2)
     restored.load(state)
     carried = [s for s in restored.rank_plan(0, 1).spans if s.segment == CARRY]
     assert sum(s.rows for s in carried) == min(
@@ -133,12 +136,12 @@ def state_rows(state: StreamState) -> int:
 
 
 def test_folding_keeps_later_snapshots_exact(spec: StreamSpec) -> None:
-    book = EpochBook(spec, 2)
+    book = spec.book(2)
     run_epoch(book, 0, stop_after=10)
     early = book.snapshot(3)
     book.fold(3)
     late = book.snapshot(9)
-    unfolded = EpochBook(spec, 2)
+    unfolded = spec.book(2)
     run_epoch(unfolded, 0, stop_after=10)
     assert late.to_json() == unfolded.snapshot(9).to_json()
     assert early.progress.consumed.count() == 4 * 2 * BATCH
@@ -154,7 +157,7 @@ def test_folding_keeps_later_snapshots_exact(spec: StreamSpec) -> None:
 def test_remainder_drop_counts_what_it_drops(local: Store) -> None:
     write_dataset(local.fs, local.url("d"), "parquet", SHARDS, ROWS, row_group_rows=300)
     spec = StreamSpec(urls=(local.url("d"),), batch_size=BATCH, remainder="drop")
-    book = EpochBook(spec, 3)
+    book = spec.book(3)
     run_epoch(book, 0)
     remainder = book.plan(0).assignment.remainder_rows
     assert remainder > 0
@@ -225,14 +228,16 @@ def test_acked_runs_are_merged_exactly() -> None:
         assert (carried if segment == CARRY else main).of(shard) == rows
 
 
-def feed_epoch(book: EpochBook, epoch: int, steps: int | None = None) -> list[int]:
+def feed_epoch(
+    book: EpochBook[Listing], spec: StreamSpec, epoch: int, steps: int | None = None
+) -> list[int]:
     """Every rank reads its share through a real :class:`ingest.engine.feed.Feed` (shuffled
     windows, cursors), acking up to ``steps`` batches in messages of 16 (as ranks do: the
     ledger packs such messages into rows); returns the ids delivered."""
     delivered: list[int] = []
     for rank in range(book.world_size):
         plan = book.rank_plan(rank, epoch)
-        feed = Feed(plan, book.spec.feed_config(), book.source)
+        feed = Feed(plan, spec.feed_config(), spec.source())
         urls = [s.url for s in plan.listing.shards]
         pending: list[StepRecord] = []
         cursor = None
@@ -267,16 +272,16 @@ def test_a_state_saved_after_an_elastic_restore_resumes_exactly_once(local: Stor
         shuffle_window=256,
         shuffle_lanes=4,
     )
-    book = EpochBook(spec, 4)
-    delivered = feed_epoch(book, 0, steps=5)
-    elastic = EpochBook(spec, 2)
+    book = spec.book(4)
+    delivered = feed_epoch(book, spec, 0, steps=5)
+    elastic = spec.book(2)
     elastic.load(StreamState.from_json(book.snapshot(4).to_json()))
-    delivered += feed_epoch(elastic, 0, steps=3)
+    delivered += feed_epoch(elastic, spec, 0, steps=3)
     state = StreamState.from_json(json.loads(json.dumps(elastic.snapshot(7).to_json())))
     assert all(c is not None for c in state.position.ranks)
-    resumed = EpochBook(spec, 2)
+    resumed = spec.book(2)
     resumed.load(state)
-    delivered += feed_epoch(resumed, 0)
+    delivered += feed_epoch(resumed, spec, 0)
     remainder = resumed.plan(0).assignment.remainder_rows
     assert len(delivered) == len(set(delivered)) == 7 * ROWS - remainder
 
@@ -294,31 +299,31 @@ def shuffled(local: Store) -> StreamSpec:
 
 
 def test_saved_positions_resume_the_same_order_exactly_once(shuffled: StreamSpec) -> None:
-    book = EpochBook(shuffled, 3)
-    delivered = feed_epoch(book, 0, steps=6)
+    book = shuffled.book(3)
+    delivered = feed_epoch(book, shuffled, 0, steps=6)
     state = StreamState.from_json(json.loads(json.dumps(book.snapshot(5).to_json())))
-    resumed = EpochBook(shuffled, 3)
+    resumed = shuffled.book(3)
     resumed.load(state)  # the positions fit the plan
-    rest = feed_epoch(resumed, 0)
-    uninterrupted = EpochBook(shuffled, 3)
-    everything = feed_epoch(uninterrupted, 0)
+    rest = feed_epoch(resumed, shuffled, 0)
+    uninterrupted = shuffled.book(3)
+    everything = feed_epoch(uninterrupted, shuffled, 0)
     assert delivered + rest != everything  # ranks interleave differently, but:
     assert sorted(delivered + rest) == sorted(everything)
     assert len(set(delivered + rest)) == len(delivered + rest)
 
 
 def test_an_edited_position_of_one_rank_is_refused(shuffled: StreamSpec) -> None:
-    book = EpochBook(shuffled, 3)
-    feed_epoch(book, 0, steps=6)
+    book = shuffled.book(3)
+    feed_epoch(book, shuffled, 0, steps=6)
     data = json.loads(json.dumps(book.snapshot(5).to_json()))
     data["position"]["ranks"][2]["window"] += 1
-    resumed = EpochBook(shuffled, 3)
+    resumed = shuffled.book(3)
     with pytest.raises(StateError, match=r"position\.ranks\[2\]\.window is \d+, but its lanes"):
         resumed.load(StreamState.from_json(data))
 
 
 def test_a_rank_s_upcoming_epoch_is_the_first_it_has_not_finished(spec: StreamSpec) -> None:
-    book = EpochBook(spec, 2)
+    book = spec.book(2)
     assert [book.upcoming_epoch(r) for r in range(2)] == [0, 0]
     plan = book.rank_plan(0, 0)
     records = batches_of(plan, BATCH)
@@ -333,7 +338,7 @@ def test_a_snapshot_of_unequal_acks_counts_every_acked_batch(
     spec: StreamSpec, before: int, after: int
 ) -> None:
     # DataLoader workers (ranks) hand out batches one after another: some are a step ahead.
-    book = EpochBook(spec, before)
+    book = spec.book(before)
     acked: list[int] = []
     for rank in range(before):
         plan = book.rank_plan(rank, 0)
@@ -344,14 +349,14 @@ def test_a_snapshot_of_unequal_acks_counts_every_acked_batch(
     state = book.snapshot_acked()
     assert state.progress.step == plan.next_step + 3 and state.progress.delivered == len(acked)
     assert state.position.ranks == [None] * before, "the rest is shared anew"
-    resumed = EpochBook(spec, after)
+    resumed = spec.book(after)
     resumed.load(StreamState.from_json(json.loads(json.dumps(state.to_json()))))
     rest = run_epoch(resumed, 0)
     remainder = resumed.plan(0).assignment.remainder_rows
     assert not set(acked) & set(rest) and len(rest) == len(set(rest))
     assert len(acked) + len(rest) + remainder == TOTAL
     # Equal acks: the same state as a snapshot at that step.
-    even = EpochBook(spec, 2)
+    even = spec.book(2)
     for rank in range(2):
         even.ack(rank, batches_of(even.rank_plan(rank, 0), BATCH)[:2])
     assert even.snapshot_acked().to_json() == even.snapshot(1).to_json()
@@ -360,7 +365,7 @@ def test_a_snapshot_of_unequal_acks_counts_every_acked_batch(
 def test_a_resent_ack_counts_nothing_twice(spec: StreamSpec) -> None:
     # A coordinator unreachable for a moment may or may not have run an ack: the rank sends
     # it again with again=True. Without it the same steps are a replay, and refused.
-    book = EpochBook(spec, 1)
+    book = spec.book(1)
     plan = book.rank_plan(0, 0)
     records = batches_of(plan, BATCH)
     book.ack(0, records[:3])
@@ -372,7 +377,7 @@ def test_a_resent_ack_counts_nothing_twice(spec: StreamSpec) -> None:
     book.ack(0, records[:4], again=True)  # folded steps are known too
     state = book.snapshot(3)
     assert state.progress.delivered == 4 * BATCH
-    resumed = EpochBook(spec, 1)
+    resumed = spec.book(1)
     resumed.load(StreamState.from_json(json.loads(json.dumps(state.to_json()))))
     rest = run_epoch(resumed, 0)
     done = ids([s.url for s in plan.listing.shards], [x for r in records[:4] for x in r.runs])

@@ -10,12 +10,14 @@ import pyarrow as pa
 import pytest
 
 from ingest.core.assign import CARRY, MAIN, Span
-from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.book import EpochBook
 from ingest.core.ledger import Ledger, StepRecord, _entries, pack_base, runs_of, runs_of_entry
 from ingest.core.plan import _GOLDEN, hash64, permutation, permutations
 from ingest.core.state import StreamState
 from ingest.engine.feed import Feed, Ready, Tail, _Origin
+from ingest.engine.spec import StreamSpec
 from ingest.formats.base import ReadOptions, RowBatch
+from ingest.planner.catalog import Listing
 from ingest.testing import Store, make_table, write_dataset
 
 SHARDS, ROWS = 6, 700
@@ -50,15 +52,15 @@ def merged_runs(rows: list[tuple[int, int, int]]) -> list[list[int]]:
     return out
 
 
-def rows_of(book: EpochBook, epoch: int, ids: list[int]) -> list[tuple[int, int, int]]:
+def rows_of(book: EpochBook[Listing], epoch: int, ids: list[int]) -> list[tuple[int, int, int]]:
     """The ``(MAIN, shard, row)`` of each id (shard ``n`` holds ids ``n * ROWS ..``)."""
     urls = [s.url for s in book.plan(epoch).listing.shards]
     index = {int(u.rsplit("-", 1)[1].split(".")[0]): i for i, u in enumerate(urls)}
     return [(MAIN, index[i // ROWS], i % ROWS) for i in ids]
 
 
-def run(book: EpochBook, spec: StreamSpec, rank: int) -> list[Ready | Tail]:
-    return list(Feed(book.rank_plan(rank, 0), spec.feed_config(), book.source))
+def run(book: EpochBook[Listing], spec: StreamSpec, rank: int) -> list[Ready | Tail]:
+    return list(Feed(book.rank_plan(rank, 0), spec.feed_config(), spec.source()))
 
 
 @pytest.mark.parametrize("seed", [None, 0])
@@ -72,7 +74,7 @@ def test_runs_describe_exactly_the_rows_of_each_batch(
     url: str, seed: int | None, window: int, lanes: int, batch: int, world_size: int
 ) -> None:
     spec = make_spec(url, seed, window, lanes, batch)
-    book = EpochBook(spec, world_size)
+    book = spec.book(world_size)
     delivered: list[int] = []
     for rank in range(world_size):
         items = run(book, spec, rank)
@@ -97,16 +99,16 @@ def test_resume_inside_a_window_continues_with_the_same_batches(
     """Stopped after a batch that leaves part of its window unread: the restored feed
     rebuilds that window without the consumed rows and yields the rest unchanged."""
     spec = make_spec(url, 5, window, 3, batch)
-    book = EpochBook(spec, 1)
+    book = spec.book(1)
     full = [i for i in run(book, spec, 0) if isinstance(i, Ready)]
     head = full[:stop_after]
     book.ack(0, [StepRecord(i.step, i.runs) for i in head], head[-1].cursor)
     state = json.loads(json.dumps(book.snapshot(head[-1].step).to_json()))
-    restored = EpochBook(spec, 1)
+    restored = spec.book(1)
     restored.load(StreamState.from_json(state))
     plan = restored.rank_plan(0, 0)
     assert any(plan.skip), "the cursor's window holds consumed rows"
-    rest = [i for i in Feed(plan, spec.feed_config(), restored.source) if isinstance(i, Ready)]
+    rest = [i for i in Feed(plan, spec.feed_config(), spec.source()) if isinstance(i, Ready)]
     assert [i.step for i in rest] == [i.step for i in full[stop_after:]]
     for got, want in zip(rest, full[stop_after:], strict=True):
         assert got.table.column("id").to_pylist() == want.table.column("id").to_pylist()
@@ -126,11 +128,11 @@ def test_byte_bounds_that_do_not_change_the_order_keep_every_batch(
     read-ahead bounded in bytes (``prefetch_bytes``: one record batch ahead here) give the
     very batches, runs and cursors of one gather per window and a read-ahead in batches."""
     spec = make_spec(url, seed, 300, 3, 128)
-    book = EpochBook(spec, 1)
+    book = spec.book(1)
     want = run(book, spec, 0)
     read = dataclasses.replace(spec.read, prefetch=2, prefetch_bytes=prefetch_bytes)
     config = dataclasses.replace(spec.feed_config(), window_bytes=window_bytes, read=read)
-    got = list(Feed(book.rank_plan(0, 0), config, book.source))
+    got = list(Feed(book.rank_plan(0, 0), config, spec.source()))
     assert len(got) == len(want)
     for a, b in zip(got[:-1], want[:-1], strict=True):
         assert isinstance(a, Ready) and isinstance(b, Ready)
@@ -163,7 +165,7 @@ def test_a_fold_by_windows_holds_the_rows_of_every_step(
     equal the rows merged from every step's own rows. On a window's edge the fold sorts no
     packed row."""
     spec = make_spec(url, seed, window, lanes, batch)
-    book = EpochBook(spec, 2)
+    book = spec.book(2)
     per_rank = [[i for i in run(book, spec, rank) if isinstance(i, Ready)] for rank in (0, 1)]
     windowed, plain = Ledger(2, 0), Ledger(2, 0)
     for rank, items in enumerate(per_rank):
@@ -203,15 +205,15 @@ def test_a_fold_by_windows_after_a_resume_inside_a_window(
     Added to the progress again they change nothing: every state after the resume equals
     the one made from every step's own rows."""
     spec = make_spec(url, 5, window, 3, batch)
-    book = EpochBook(spec, 1)
+    book = spec.book(1)
     full = [i for i in run(book, spec, 0) if isinstance(i, Ready)]
     head = full[:stop_after]
     book.ack(0, [StepRecord(i.step, i.runs) for i in head], head[-1].cursor)
     state = StreamState.from_json(json.loads(json.dumps(book.snapshot(head[-1].step).to_json())))
-    books = [EpochBook(spec, 1), EpochBook(spec, 1)]
+    books = [spec.book(1), spec.book(1)]
     for b in books:
         b.load(state)
-    rest = [i for i in Feed(books[0].rank_plan(0, 0), spec.feed_config(), books[0].source)]
+    rest = [i for i in Feed(books[0].rank_plan(0, 0), spec.feed_config(), spec.source())]
     records = [StepRecord(i.step, i.runs, closed=i.closed) for i in rest if isinstance(i, Ready)]
     books[0].ack(0, records)
     books[1].ack(0, without_windows(records))

@@ -13,9 +13,11 @@ import pytest
 import ray
 
 import ingest
-from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.book import EpochBook
 from ingest.core.errors import SourceError
 from ingest.core.state import StreamState
+from ingest.engine.spec import StreamSpec
+from ingest.planner.catalog import Listing
 from ingest.testing import Store, encode, make_table
 from tests.test_epochs import batches_of, ids
 
@@ -32,7 +34,7 @@ def spec(store: Store, follow: ingest.Follow = FOLLOW) -> StreamSpec:
     return StreamSpec(urls=(store.url("d") + "/",), batch_size=BATCH, shuffle_seed=3, follow=follow)
 
 
-def run_round(book: EpochBook, epoch: int) -> tuple[list[int], list[int]]:
+def run_round(book: EpochBook[Listing], epoch: int) -> tuple[list[int], list[int]]:
     """Every rank consumes its share of the round; its ids, and the steps per rank."""
     delivered, steps = [], []
     for rank in range(book.world_size):
@@ -47,7 +49,7 @@ def run_round(book: EpochBook, epoch: int) -> tuple[list[int], list[int]]:
 def test_each_round_reads_the_new_shards_with_equal_steps(local: Store) -> None:
     write(local, 0)
     write(local, 1)
-    book = EpochBook(spec(local), 3)
+    book = spec(local).book(3)
     first, steps = run_round(book, 0)
     assert len(set(steps)) == 1 and len(first) == len(set(first))
     assert set(first) <= set(range(2 * ROWS))
@@ -63,16 +65,17 @@ def test_each_round_reads_the_new_shards_with_equal_steps(local: Store) -> None:
 
 def test_a_round_waits_for_a_full_step_then_holds_what_there_is(local: Store) -> None:
     write(local, 0)
-    book = EpochBook(spec(local), 2)
+    planner = spec(local).planner()
+    book = spec(local).book(2, planner)
     run_round(book, 0)
     listed = []
-    scan = book.scan
+    scan = planner.scan
 
-    def counting() -> Any:
+    def counting(**kwargs: Any) -> Any:
         listed.append(time.monotonic())
-        return scan()
+        return scan(**kwargs)
 
-    book.scan = counting  # type: ignore[method-assign]
+    planner.scan = counting  # type: ignore[method-assign]
     start = time.monotonic()
     plan = book.plan(1)
     waited = time.monotonic() - start
@@ -83,11 +86,11 @@ def test_a_round_waits_for_a_full_step_then_holds_what_there_is(local: Store) ->
 def test_a_restore_at_a_round_s_end_reads_only_newer_shards(local: Store) -> None:
     write(local, 0)
     write(local, 1)
-    book = EpochBook(spec(local), 2)
+    book = spec(local).book(2)
     first, _ = run_round(book, 0)
     state = book.snapshot(book.plan(0).end_step - 1)  # type: ignore[operator]
     write(local, 2)
-    resumed = EpochBook(spec(local), 3)  # another world size
+    resumed = spec(local).book(3)  # another world size
     resumed.load(StreamState.from_json(json.loads(json.dumps(state.to_json()))))
     second, steps = run_round(resumed, 1)
     assert len(set(steps)) == 1 and not set(first) & set(second)
@@ -97,7 +100,7 @@ def test_a_restore_at_a_round_s_end_reads_only_newer_shards(local: Store) -> Non
 
 def test_a_restore_mid_round_reads_each_row_once(local: Store) -> None:
     write(local, 0)
-    book = EpochBook(spec(local), 2)
+    book = spec(local).book(2)
     first, _ = run_round(book, 0)
     write(local, 1)
     write(local, 2)
@@ -109,7 +112,7 @@ def test_a_restore_mid_round_reads_each_row_once(local: Store) -> None:
         partial += ids([s.url for s in plan.listing.shards], [x for r in records for x in r.runs])
     state = book.snapshot(book.plan(1).first_step + 3)
     write(local, 3)  # appears after the state: the next round reads it
-    resumed = EpochBook(spec(local), 1)
+    resumed = spec(local).book(1)
     resumed.load(StreamState.from_json(json.loads(json.dumps(state.to_json()))))
     rest, _ = run_round(resumed, 1)
     third, _ = run_round(resumed, 2)
@@ -121,7 +124,7 @@ def test_a_restore_mid_round_reads_each_row_once(local: Store) -> None:
 def test_a_shard_a_round_read_that_changed_or_vanished_is_refused(local: Store) -> None:
     write(local, 0)
     write(local, 1)
-    book = EpochBook(spec(local), 1)
+    book = spec(local).book(1)
     run_round(book, 0)
     write(local, 1, rows=900)  # rewritten in place
     write(local, 2)
@@ -138,7 +141,7 @@ def test_a_manifest_names_the_only_shards_a_round_reads(local: Store) -> None:
     write(local, 0)
     write(local, 1)  # written, not yet in the manifest (half written, say)
     local.write("d/_MANIFEST", b"part-00000.parquet\n")
-    book = EpochBook(spec(local, follow), 1)
+    book = spec(local, follow).book(1)
     first, _ = run_round(book, 0)
     assert set(first) <= set(range(ROWS))
     local.write("d/_MANIFEST", b"part-00000.parquet\npart-00001.parquet\n")
@@ -168,7 +171,7 @@ def test_a_manifest_names_shards_by_url_absolute_or_relative_path(
     local.write("d/_MANIFEST", "\n".join(MANIFEST_LINES).format(root=root).encode() + b"\n")
     manifest = local.url("d/_MANIFEST") if as_url else f"{root}/_MANIFEST"
     follow = ingest.Follow(poll_s=0.02, idle_timeout_s=0.2, manifest=manifest)
-    book = EpochBook(spec(local, follow), 1)
+    book = spec(local, follow).book(1)
     first, _ = run_round(book, 0)
     assert len(book.plan(0).listing.shards) == 5
     assert len(first) + book.plan(0).assignment.remainder_rows == 5 * ROWS
@@ -188,7 +191,7 @@ def test_a_manifest_on_s3_names_shards_the_same_ways(s3_store: Store) -> None:
         follow=follow,
         storage_options=s3_store.storage_options,
     )
-    book = EpochBook(spec_, 1)
+    book = spec_.book(1)
     assert [s.url.rsplit("/", 1)[1] for s in book.plan(0).listing.shards] == [
         f"part-0000{n}.parquet" for n in range(3)
     ]
@@ -204,9 +207,9 @@ def test_a_manifest_line_that_names_no_listed_shard_is_an_error(local: Store) ->
         local.write("d/_MANIFEST", f"# finished shards\npart-00000.parquet\n{line}\n".encode())
         named = rf"_MANIFEST: line 3 \({re.escape(repr(line))}\) names .*{re.escape(line[-18:])}"
         with pytest.raises(SourceError, match=rf"{named}, a shard the source .* does not list"):
-            EpochBook(spec(local, follow), 1).plan(0)
+            spec(local, follow).book(1).plan(0)
     local.write("d/_MANIFEST", b"part-00000.parquet\npart-00001.parquet\n")  # fixed
-    first, _ = run_round(EpochBook(spec(local, follow), 1), 0)
+    first, _ = run_round(spec(local, follow).book(1), 0)
     assert len(first) > ROWS
 
 

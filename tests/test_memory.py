@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import ingest
-from ingest.core.book import EpochBook, StreamSpec
+from ingest.engine.spec import StreamSpec
 from ingest.testing import write_large_rows
 
 SHARDS, ROWS, ROW_BYTES = 8, 16, 256 << 10
@@ -92,14 +92,14 @@ def test_the_window_in_rows_comes_from_the_listing_and_is_saved(large_rows: str)
         urls=(large_rows,), batch_size=BATCH, shuffle_seed=3, shuffle_bytes=WINDOW_BYTES
     )
     rows = WINDOW_BYTES // ROW_BYTES  # 8 (the footers say a bit over 256 KiB a row: 7)
-    plan = EpochBook(spec, 1).rank_plan(0, 0)
+    plan = spec.book(1).rank_plan(0, 0)
     assert plan.window is not None and rows - 1 <= plan.window <= rows
-    assert EpochBook(spec, 1).rank_plan(0, 0).window == plan.window
+    assert spec.book(1).rank_plan(0, 0).window == plan.window
     stream = bounded(large_rows)
     next(iter(stream))
     assert stream.state_dict()["position"]["shuffle"]["window"] == plan.window
     unbounded = StreamSpec(urls=(large_rows,), batch_size=BATCH, shuffle_bytes=None)
-    assert EpochBook(unbounded, 1).rank_plan(0, 0).window == unbounded.shuffle_window
+    assert unbounded.book(1).rank_plan(0, 0).window == unbounded.shuffle_window
 
 
 @pytest.mark.parametrize("stop_after", [1, 3, 9])

@@ -90,7 +90,7 @@ def test_a_running_stream_exports_its_metrics(s3_store: Any) -> None:
 
 @ray.remote(num_cpus=0)
 def _report_nothing() -> None:
-    from ingest.integrations.metrics import RankMeter
+    from ingest.distributed.metrics import RankMeter
 
     meter = RankMeter("empty", 0)
     meter.report()  # an epoch with no batch (a followed dataset's empty round)

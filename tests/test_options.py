@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import ingest
-from ingest.core.book import StreamSpec
+from ingest.engine.spec import StreamSpec
 from ingest.testing import Store, write_dataset
 
 NAN, INF = math.nan, math.inf

@@ -37,6 +37,7 @@ from ingest.core.plan import (
     permutations,
     shard_order,
 )
+from ingest.core.share import FeedPlan
 from ingest.core.state import (
     DatasetState,
     Progress,
@@ -49,7 +50,7 @@ from ingest.core.state import (
     _version_hashes,
     packed_digest,
 )
-from ingest.engine.feed import Feed, FeedConfig, FeedPlan
+from ingest.engine.feed import Feed, FeedConfig
 from ingest.formats.base import ReadOptions
 
 # -- the scalar references ------------------------------------------------------------------
@@ -630,7 +631,7 @@ def test_a_shard_table_is_the_records_it_holds() -> None:
 @given(st.lists(st.integers(0, 3), max_size=20), st.integers(1, 6))
 def test_lanes_are_dealt_as_the_feed_deals_them(shards, lanes) -> None:
     spans = tuple(Span(shard, n, n + 1) for n, shard in enumerate(shards))
-    plan = FeedPlan(0, 0, 0, None, spans, ({}, {}), None, None)  # type: ignore[arg-type]
+    plan = FeedPlan(0, 0, 0, None, spans, ({}, {}), None, None)  # type: ignore[arg-type, type-var]
     config = FeedConfig(
         batch_size=1, seed=0, window=8, lanes=lanes, columns=None, read=ReadOptions()
     )

@@ -31,6 +31,9 @@ CARRY, MAIN = 0, 1
 """Segments: rows carried in from the previous epoch, and the epoch's own rows. A row can be
 in both (read at the end of one epoch and again in the next), so each has its own ledger."""
 
+TO_END = 1 << 62
+"""``Span.stop`` of a span that runs to the end of a shard whose row count is unknown."""
+
 _MAX_COORD = 1 << 62
 """Bound of ``shard * width + row`` for the vectorised subtraction of consumed rows."""
 
@@ -348,7 +351,7 @@ def check_positions(
 ) -> None:
     """Refuse saved positions that do not fit the shares they resume (an edited state).
 
-    A position (:data:`ingest.engine.feed.Cursor`) says where each lane of a rank stood when its
+    A position (:data:`ingest.core.state.Cursor`) says where each lane of a rank stood when its
     window ``w`` began: ``w`` windows of ``window // lanes`` rows into every lane that had
     them, each lane at ``[span, row, ...]`` of its spans. Every row before those places was
     consumed (its windows were cut into batches), and the rows of the share not consumed are

@@ -1,7 +1,9 @@
-"""The coordinator's logic, without Ray: epoch plans, per-rank shares, snapshots, restore.
+"""The coordinator's logic, without Ray or I/O: epoch plans, per-rank shares, snapshots,
+restore.
 
-An :class:`EpochBook` lists the source once per epoch (footers and shard indexes cached),
-plans the epoch, cuts what is left of it into equal shares for the ranks
+An :class:`EpochBook` asks its lister (:class:`ingest.planner.Planner`) for one listing per
+epoch (:mod:`ingest.core.listing`: the book reads only row counts and fingerprints), plans
+the epoch, cuts what is left of it into equal shares for the ranks
 (:func:`ingest.core.assign.split`), takes the ranks' acks (:class:`ingest.core.ledger.Ledger`) and
 turns them into a :class:`ingest.core.state.StreamState` consistent across ranks at a step. The
 single-process :class:`ingest.Stream` is a book with one rank; :class:`ingest.RayStream`
@@ -29,18 +31,17 @@ last fold, and takes the listing part of the state as made once, when the epoch 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import dataclass, replace
+from typing import Any, Generic, Literal
 
 import numpy as np
 import numpy.typing as npt
 
-from ingest.core import budget
 from ingest.core.assign import (
     CARRY,
     MAIN,
+    TO_END,
     Assignment,
     Span,
     Spans,
@@ -49,12 +50,15 @@ from ingest.core.assign import (
     remaining,
     split,
 )
-from ingest.core.errors import ConfigError, NoShardsError, StateError, redact
+from ingest.core.errors import ConfigError, StateError, redact
 from ingest.core.intervals import IntervalSet, merge_into
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord, as_runs
+from ingest.core.listing import L, Listed, Lister, consumed_before
 from ingest.core.plan import epoch_units
 from ingest.core.quarantine import Quarantined, check_bound, merge
+from ingest.core.share import FeedPlan
 from ingest.core.state import (
+    Cursor,
     DatasetState,
     DistributedState,
     Intervals,
@@ -65,127 +69,57 @@ from ingest.core.state import (
     StreamState,
     match_listing,
 )
-from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers
-from ingest.engine.feed import TO_END, Cursor, FeedConfig, FeedPlan
-from ingest.formats import get_format
-from ingest.formats.base import ReadOptions
-from ingest.planner.catalog import Catalog, Listing
-from ingest.planner.index import IndexConfig, Indexer, IndexStore
-from ingest.storage.follow import Follow, NothingNewError, consumed_before, read_manifest
-from ingest.storage.sources import Source
+from ingest.core.validate import COUNT, check_numbers
 
 Remainder = Literal["carry", "drop"]
 
+FOLD_EVERY = 64
+"""Steps every rank acks between two folds of the acks into the consumed intervals
+(:meth:`EpochBook.fold_due`): the ledger holds at most about this many steps per rank.
+Without a fold the acks of a job that never takes a state pile up (and, on Ray, pin their
+messages in the object store); folding below the lowest acked step never changes a later
+state."""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class StreamSpec:
-    """What a stream reads and how it orders and batches it. Picklable.
+class BookConfig:
+    """How a book cuts and orders epochs; the same for every rank of a stream.
 
     Attributes:
-        urls: Source URLs, globs or directories.
-        storage_options: fsspec options (never saved in the state).
-        format: Format name for every shard, or None to infer from extensions.
-        columns: Columns to read, or None for all.
+        sources: The stream's source URLs as every state records them (credentials and
+            query values redacted).
         batch_size: Rows per batch on every rank.
-        shuffle_seed: Seed for shard, block and row order; None keeps listing order.
-        shuffle_window: Rows per shuffle window, at most (the memory of the shuffle, in rows).
-        shuffle_bytes: Bytes per shuffle window, about: each epoch's window holds
-            ``min(shuffle_window, shuffle_bytes // bytes per row)`` rows, one at least, with
-            the bytes per row estimated from the listing when the epoch is planned
-            (:mod:`ingest.core.budget`), so that the order stays a pure function of the plan.
-            None: rows only.
-        shuffle_lanes: Shards read side by side into each window, so a batch mixes rows of
-            up to this many shards even when every shard is sorted.
-        read: How shards are read.
-        remainder: What happens to the rows of an epoch that cannot fill one more step on
-            every rank: ``"carry"`` them into the next epoch's first steps, or ``"drop"``
-            them. Counted in the state either way.
-        index: Where the persistent shard index lives (row counts and seek points of shards
-            whose footer has none, keyed by url, size and version, reused by later jobs);
-            None keeps indexes in memory only.
-        follow: Read a dataset that grows while the stream runs: each epoch is a round over
-            the shards that appeared since the last (:mod:`ingest.storage.follow`). None: every
-            epoch reads the whole listing.
+        seed: Shuffle seed (shard, block and row order); None keeps listing order.
+        lanes: Shards read side by side into each shuffle window.
+        remainder: The rows of an epoch that cannot fill one more step on every rank:
+            ``"carry"`` them into the next epoch's first steps, or ``"drop"`` them.
+        max_errors: Most quarantines per rank and epoch (``ReadOptions.max_errors``).
+        follows: Each epoch is a round over the shards that appeared since the last
+            (:mod:`ingest.storage.follow`); otherwise every epoch reads the whole listing.
     """
 
-    urls: tuple[str, ...]
-    storage_options: Mapping[str, Any] = field(default_factory=dict)
-    format: str | None = None
-    columns: tuple[str, ...] | None = None
-    batch_size: int = 1024
-    shuffle_seed: int | None = None
-    shuffle_window: int = 16_384
-    shuffle_bytes: int | None = 256 << 20
-    shuffle_lanes: int = 16
-    read: ReadOptions = field(default_factory=ReadOptions)
+    sources: tuple[str, ...]
+    batch_size: int
+    seed: int | None
+    lanes: int
     remainder: Remainder = "carry"
-    index: IndexConfig | None = field(default_factory=IndexConfig)
-    follow: Follow | None = None
+    max_errors: int = 100
+    follows: bool = False
 
     def __post_init__(self) -> None:
-        if not self.urls:
-            raise ConfigError("a stream needs at least one source URL")
-        check_numbers(
-            self,
-            "",
-            batch_size=COUNT,
-            shuffle_window=COUNT,
-            shuffle_lanes=COUNT,
-            shuffle_bytes=BYTES_OR_NONE,
-        )
-        if self.columns is not None and not self.columns:
-            raise ConfigError("columns=[] selects nothing; pass None for all columns")
-        if self.shuffle_seed is not None and (
-            isinstance(self.shuffle_seed, bool)
-            or not isinstance(self.shuffle_seed, int)
-            or self.shuffle_seed < 0
-        ):
-            raise ConfigError(
-                f"shuffle_seed={self.shuffle_seed!r} must be a non-negative int or None"
-            )
+        check_numbers(self, "BookConfig", batch_size=COUNT, lanes=COUNT)
         if self.remainder not in ("carry", "drop"):
             raise ConfigError(
                 f"remainder={self.remainder!r} is not an option; use 'carry' (default: "
                 "rows that cannot fill a step on every rank start the next epoch) or 'drop'"
             )
-        if self.format is not None:
-            get_format(self.format)
-
-    def catalog(self, indexer: Indexer | None = None) -> Catalog:
-        """A catalog of this stream's source, with its index store and ``indexer``."""
-        source = Source(
-            self.urls,
-            storage_options=self.storage_options,
-            format=self.format,
-            retry=self.read.retry,
-            cache=self.read.cache,
-        )
-        store = IndexStore(self.index) if self.index is not None else None
-        return Catalog(source, self.read, self.columns, index_store=store, indexer=indexer)
-
-    def feed_config(self) -> FeedConfig:
-        return FeedConfig(
-            batch_size=self.batch_size,
-            seed=self.shuffle_seed,
-            window=self.shuffle_window,
-            lanes=self.shuffle_lanes,
-            columns=self.columns,
-            read=self.read,
-            window_bytes=self.shuffle_bytes,
-        )
-
-    def window_rows(self, listing: Listing) -> int:
-        """Rows per shuffle window in an epoch of ``listing``: ``shuffle_window`` within
-        ``shuffle_bytes`` (a pure function of the listing; see :mod:`ingest.core.budget`)."""
-        per_row = budget.row_bytes(listing, self.columns) if self.shuffle_bytes else None
-        return budget.window_rows(self.shuffle_window, self.shuffle_bytes, per_row)
 
 
 @dataclass(slots=True)
-class _PlannedEpoch:
+class _PlannedEpoch(Generic[L]):
     epoch: int
     first_step: int
-    listing: Listing
+    listing: L
     carry: tuple[Span, ...]
     assignment: Assignment
     steps: int | None
@@ -205,7 +139,7 @@ class _PlannedEpoch:
     dataset: DatasetState
     """The listing as the state records it, made once (its JSON is kept with it)."""
     window: int = 0
-    """Rows per shuffle window in this epoch (:meth:`StreamSpec.window_rows` of its listing)."""
+    """Rows per shuffle window in this epoch (:meth:`Lister.window_rows` of its listing)."""
     merged: tuple[int, int, Progress, Progress] | None = None
     """``(based, step, main, carried)``: the last snapshot's progress, for the fold after."""
 
@@ -214,39 +148,25 @@ class _PlannedEpoch:
         return None if self.steps is None else self.first_step + self.steps
 
 
-class EpochBook:
-    """Plans epochs for ``world_size`` ranks and keeps their acks.
+class EpochBook(Generic[L]):
+    """Plans epochs for ``world_size`` ranks and keeps their acks. No I/O.
 
     Args:
-        spec: The stream.
+        config: How epochs are cut and ordered.
         world_size: Number of ranks.
-        progress: Show progress bars while listing and indexing.
-        catalog: The catalog to list with (default: a new one over ``spec``).
+        lister: Makes the listings epochs are planned from (:class:`ingest.planner.Planner`).
     """
 
-    def __init__(
-        self,
-        spec: StreamSpec,
-        world_size: int,
-        *,
-        progress: bool = False,
-        catalog: Catalog | None = None,
-    ) -> None:
+    def __init__(self, config: BookConfig, world_size: int, lister: Lister[L]) -> None:
         if world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
-        self.spec = spec
-        # The sources as saved in every state: credentials and query values never are.
-        self._sources = [redact(u) for u in spec.urls]
+        self.config = config
+        self._sources = list(config.sources)
         self.world_size = world_size
-        self.catalog = catalog if catalog is not None else spec.catalog()
-        self.source = self.catalog.source
-        self._progress = progress
-        self.wait: Callable[[float], None] = time.sleep
-        """How a round of a followed dataset waits between listings (the coordinator
-        waits on its condition, so that acks go on meanwhile)."""
-        self._epochs: dict[int, _PlannedEpoch] = {}
+        self.lister = lister
+        self._epochs: dict[int, _PlannedEpoch[L]] = {}
         self._start: StreamState | None = None
-        self._start_listing: Listing | None = None
+        self._start_listing: L | None = None
         self._handed = False
         """The start listing was made by the caller (see :meth:`_make_first`)."""
         self._start_epoch = 0
@@ -261,31 +181,21 @@ class EpochBook:
         """Rows missing from the batches of each step that held quarantined rows."""
         self._ended: dict[int, int] = {}
         """The last epoch whose end each rank's loop reached (:meth:`ended`)."""
+        self._folded = -1
+        """The last step folded (:meth:`fold_due`)."""
 
     # -- planning --------------------------------------------------------------------------
 
-    def adopt(self, listing: Listing) -> None:
+    def adopt(self, listing: L) -> None:
         """Plan the first epoch from ``listing``, made by the caller (e.g. while this book's
         actor started); unless a state was loaded or an epoch was planned already."""
-        self.catalog.remember(listing)
+        self.lister.remember(listing)
         if self._start is None and not self._epochs and self._start_listing is None:
             self._start_listing = listing
 
-    def scan(self) -> Listing:
-        """One listing of the source; with several ranks every shard gets a row count.
-
-        Following a manifest, only the shards it names (read first) are in the listing; a
-        line that names no listed shard is an error (:meth:`ingest.storage.follow.Manifest.select`).
-        """
-        follow = self.spec.follow
-        finished = None
-        if follow is not None and follow.manifest is not None:
-            finished = read_manifest(self.catalog.source, follow.manifest)
-        listing = self.catalog.scan(progress=self._progress, index=self.world_size > 1)
-        if finished is not None:
-            source = self.catalog.source
-            listing = listing.subset(finished.select(source, [s.url for s in listing.shards]))
-        return listing
+    def _list(self, wanted: Callable[[L], bool] | None = None, *, first: bool = False) -> L:
+        """A listing from the lister; several ranks need every shard's row count."""
+        return self.lister.listing(wanted, first=first, counted=self.world_size > 1)
 
     @property
     def first_epoch(self) -> int:
@@ -310,6 +220,22 @@ class EpochBook:
             if not reached and (e.end_step == e.first_step or acked < e.end_step - 1):
                 return epoch
             epoch += 1
+
+    def finish(
+        self,
+        rank: int,
+        epoch: int,
+        steps: int,
+        leftover: Runs | Sequence[Run],
+        learned: Mapping[int, int],
+        quarantined: Iterable[Quarantined] = (),
+    ) -> None:
+        """``rank``'s loop reached the end of ``epoch``: its feed yielded ``steps`` batches in
+        this run, read ``leftover`` rows after the last full batch and learnt the row counts
+        ``learned`` (see :meth:`close`), and recorded ``quarantined`` since its last batch."""
+        self.close(epoch, steps, leftover, learned)
+        self.note_quarantined(quarantined)
+        self.ended(rank, epoch)
 
     def ended(self, rank: int, epoch: int) -> None:
         """``rank``'s loop reached the end of ``epoch`` (see :meth:`upcoming_epoch`)."""
@@ -342,8 +268,8 @@ class EpochBook:
             )
         return epoch, acked + 1, got[1]
 
-    def plan(self, epoch: int) -> _PlannedEpoch:
-        """The plan of ``epoch`` (made on first use; lists the source once per epoch)."""
+    def plan(self, epoch: int) -> _PlannedEpoch[L]:
+        """The plan of ``epoch`` (made on first use from a new listing: one per epoch)."""
         if epoch < self._start_epoch:
             raise StateError(
                 f"epoch {epoch} was before the restored state "
@@ -351,54 +277,42 @@ class EpochBook:
             )
         got = self._epochs.get(epoch)
         if got is None:
-            got = self._make_when_ready(epoch)
+            got = self._make(epoch)
+            # A followed round waits for new shards: another caller may have planned it.
+            got = self._epochs.setdefault(epoch, got)
         return got
 
-    def _make_when_ready(self, epoch: int) -> _PlannedEpoch:
-        """Plan ``epoch``; a round of a followed dataset waits for a full step of new rows
-        (listing every ``poll_s``) up to ``idle_timeout_s`` (see :mod:`ingest.storage.follow`)."""
-        follow = self.spec.follow
-        deadline = time.monotonic() + (follow.idle_timeout_s if follow else 0.0)
-        while True:
-            try:
-                made = self._make(epoch, force=time.monotonic() >= deadline)
-            except NoShardsError as e:  # followed: the first round waits for a first shard
-                if follow is None or epoch != self._start_epoch:
-                    raise
-                if time.monotonic() >= deadline:
-                    raise NoShardsError(
-                        e.url,
-                        f"no data files after waiting {follow.idle_timeout_s:g} s for the "
-                        f"first shard ({e.problem})",
-                        f"{e.fix}; or raise Follow.idle_timeout_s",
-                    ) from None
-                self.wait(min(follow.poll_s, max(deadline - time.monotonic(), 0.0)))
-                continue
-            except NothingNewError:
-                assert follow is not None
-                self.wait(min(follow.poll_s, max(deadline - time.monotonic(), 0.0)))
-                got = self._epochs.get(epoch)  # planned by another caller meanwhile
-                if got is not None:
-                    return got
-                continue
-            self._epochs[epoch] = made
-            return made
-
-    def _make(self, epoch: int, *, force: bool = True) -> _PlannedEpoch:
+    def _make(self, epoch: int) -> _PlannedEpoch[L]:
         if epoch == self._start_epoch:
-            return self._make_first(epoch, force=force)
+            return self._make_first(epoch)
         prev = self.plan(epoch - 1)
         if prev.steps is None:
             raise StateError(
                 f"epoch {epoch} cannot be planned before epoch {epoch - 1} has been read to "
                 "its end (its row counts are learnt by reading)"
             )
-        listing = self.scan()
+
+        def wanted(listing: L) -> bool:  # a followed round: a full step of new rows
+            if epoch in self._epochs:
+                return True
+            carry, main = self._round_after(prev, listing)
+            return self._has_a_step(listing, main, carry)
+
+        listing = self._list(wanted if self.config.follows else None)
+        carry, main = self._round_after(prev, listing)
         dropped = prev.dropped
-        carry: tuple[Span, ...] = ()
-        if self.spec.remainder == "drop":
+        if self.config.remainder == "drop":
             dropped += prev.assignment.remainder_rows
-        else:
+        first = prev.first_step + prev.steps
+        return self._planned(
+            epoch, first, listing, carry, main, Progress(), 0, dropped, first, None
+        )
+
+    def _round_after(self, prev: _PlannedEpoch[L], listing: L) -> tuple[tuple[Span, ...], Progress]:
+        """What the epoch after ``prev`` starts with in ``listing``: the rows ``prev``
+        carries into it, and (following a dataset) the shards earlier rounds consumed."""
+        carry: tuple[Span, ...] = ()
+        if self.config.remainder == "carry":
             by_url = {s.url: n for n, s in enumerate(listing.shards)}
             missing = [
                 prev.listing.shards[s.shard].url
@@ -412,18 +326,13 @@ class EpochBook:
                 for s in prev.assignment.remainder
             )
         main = Progress()
-        if self.spec.follow is not None:
+        if self.config.follows:
             # A round: the shards the rounds before read are consumed (they only grow).
             done = consumed_before(prev.listing.shards, listing.shards)
             main = _all_of(listing, done, _learnt(prev))
-            if not force and not self._has_a_step(listing, main, carry):
-                raise NothingNewError
-        first = prev.first_step + prev.steps
-        return self._planned(
-            epoch, first, listing, carry, main, Progress(), 0, dropped, first, None
-        )
+        return carry, main
 
-    def _has_a_step(self, listing: Listing, main: Progress, carry: Sequence[Span]) -> bool:
+    def _has_a_step(self, listing: Listed, main: Progress, carry: Sequence[Span]) -> bool:
         """Whether a round of a followed dataset has a full step of rows to read: rows of
         shards not consumed yet (unknown counts: as many as it takes) and carried rows."""
         fresh = sum(
@@ -431,31 +340,43 @@ class EpochBook:
             for n, i in enumerate(listing.infos)
             if n not in main.consumed
         ) + sum(s.stop - s.start for s in carry)
-        return fresh >= self.world_size * self.spec.batch_size
+        return fresh >= self.world_size * self.config.batch_size
 
-    def _make_first(self, epoch: int, *, force: bool = True) -> _PlannedEpoch:
+    def _make_first(self, epoch: int) -> _PlannedEpoch[L]:
         start = self._start
-        listing = self._start_listing
-        if listing is None:
-            listing = self.scan()
-            if start is not None:  # listed again while a round waits: the state must fit it
-                match_listing(start.dataset, listing.records(), listing.classes)
         step = self._start_step
         if start is None:
+            listing = self._start_listing
+            if listing is None:
+                listing = self._list(first=True)
             return self._planned(epoch, step, listing, (), Progress(), Progress(), 0, 0, step, None)
-        by_url = {s.url: n for n, s in enumerate(listing.shards)}
-        carry = tuple(
-            Span(by_url[start.shards[i].url], a, b, CARRY) for i, a, b in start.distributed.carry
-        )
-        main = _remap(start.progress.consumed, start, by_url)
-        carried = _remap(start.distributed.carry_consumed, start, by_url)
+
+        def resumed(listing: L) -> tuple[tuple[Span, ...], Progress, Progress]:
+            by_url = {s.url: n for n, s in enumerate(listing.shards)}
+            carry = tuple(
+                Span(by_url[start.shards[i].url], a, b, CARRY)
+                for i, a, b in start.distributed.carry
+            )
+            main = _remap(start.progress.consumed, start, by_url)
+            carried = _remap(start.distributed.carry_consumed, start, by_url)
+            return carry, main, carried
+
+        def wanted(listing: L) -> bool:  # a followed round loaded at its start
+            match_listing(start.dataset, listing.records(), listing.classes)
+            carry, main, _ = resumed(listing)
+            return self._has_a_step(listing, main, carry)
+
         # A followed round loaded at its start (a DataLoader's every epoch, a stream resumed
         # between rounds) waits for new rows like a round planned after another; not when the
         # caller handed the listing (a DataLoader worker plans what its main process did).
-        waits = self.spec.follow is not None and not start.started and not self._handed
-        if waits and not force and not self._has_a_step(listing, main, carry):
-            self._start_listing = None  # list again on the next try
-            raise NothingNewError
+        waits = self.config.follows and not start.started and not self._handed
+        listing = self._start_listing
+        if listing is not None and waits and not wanted(listing):
+            listing = None  # list again, and wait
+        if listing is None:  # listed again while a round waits: the state must fit it
+            listing = self._list(wanted if waits else None, first=True)
+            match_listing(start.dataset, listing.records(), listing.classes)
+        carry, main, carried = resumed(listing)
         p = start.progress
         if self._in_order:
             planned = self._planned(
@@ -480,19 +401,19 @@ class EpochBook:
         )
         return planned
 
-    def _same_order(self, state: StreamState, listing: Listing) -> bool:
+    def _same_order(self, state: StreamState, listing: L) -> bool:
         """Whether ``state`` resumes in the original order (else the rest is shared anew).
 
         Only a state whose shares are the whole epoch's can: one whose every step since the
         epoch began consumed a batch on each of the same ranks. After an elastic restore the
         shares were cut from the rest of the epoch, which the state does not keep apart.
         """
-        pos, spec, p = state.position, self.spec, state.progress
+        pos, config, p = state.position, self.config, state.progress
         return (
             state.distributed.world_size == self.world_size
-            and pos.batch_size == spec.batch_size
-            and pos.window == spec.window_rows(listing)
-            and pos.lanes == spec.shuffle_lanes
+            and pos.batch_size == config.batch_size
+            and pos.window == self.lister.window_rows(listing)
+            and pos.lanes == config.lanes
             and len(pos.ranks) == self.world_size
             and all(c is not None for c in pos.ranks)
             and state.consumed_rows() == (p.step - p.first_step) * self.world_size * pos.batch_size
@@ -502,7 +423,7 @@ class EpochBook:
         self,
         epoch: int,
         first_step: int,
-        listing: Listing,
+        listing: L,
         carry: tuple[Span, ...],
         main: Progress,
         carried: Progress,
@@ -510,13 +431,13 @@ class EpochBook:
         dropped: int,
         based: int,
         cursors: list[Cursor | None] | None,
-    ) -> _PlannedEpoch:
+    ) -> _PlannedEpoch[L]:
         counts = np.fromiter(
             (-1 if i.rows is None else i.rows for i in listing.infos), np.int64, len(listing.infos)
         )
         counts.setflags(write=False)
         rows = np.where(counts < 0, TO_END, counts).tolist()
-        units = epoch_units(listing.plan_shards(), self.spec.shuffle_seed, epoch)
+        units = epoch_units(listing.plan_shards(), self.config.seed, epoch)
         carried_spans = [
             Span(s.shard, a, b, CARRY)
             for s in carry
@@ -535,7 +456,7 @@ class EpochBook:
             assignment = Assignment((tuple(spans),), 0, ())
             steps = None
         else:
-            assignment = split(spans, self.world_size, self.spec.batch_size)
+            assignment = split(spans, self.world_size, self.config.batch_size)
             steps = assignment.steps + (based - first_step)
         with cycle_collection_paused():
             dataset = DatasetState(
@@ -561,10 +482,10 @@ class EpochBook:
             cursors,
             counts,
             dataset,
-            self.spec.window_rows(listing),
+            self.lister.window_rows(listing),
         )
 
-    def rank_plan(self, rank: int, epoch: int) -> FeedPlan:
+    def rank_plan(self, rank: int, epoch: int) -> FeedPlan[L]:
         """What ``rank`` reads in ``epoch``."""
         if not 0 <= rank < self.world_size:
             raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
@@ -583,7 +504,9 @@ class EpochBook:
             e.window,
         )
 
-    def rank_resume(self, rank: int, epoch: int, next_step: int, cursor: Cursor | None) -> FeedPlan:
+    def rank_resume(
+        self, rank: int, epoch: int, next_step: int, cursor: Cursor | None
+    ) -> FeedPlan[L]:
         """``rank``'s plan from ``next_step`` on, after its reader was lost mid-epoch.
 
         Every batch of the rank before ``next_step`` must have been acked: their rows are
@@ -659,7 +582,7 @@ class EpochBook:
             self._cursors[rank] = (max(r.step for r in records), cursor)
         for r in records:
             if r.rows >= 0:
-                self._short[r.step] = self._short.get(r.step, 0) + self.spec.batch_size - r.rows
+                self._short[r.step] = self._short.get(r.step, 0) + self.config.batch_size - r.rows
             if r.quarantined:
                 self.note_quarantined(r.quarantined, r.step)
 
@@ -676,7 +599,7 @@ class EpochBook:
             self._quarantined.append((step, q))
         for epoch, rank in {(q.epoch, q.rank) for q in added}:
             mine = [r for _, r in self._quarantined if (r.epoch, r.rank) == (epoch, rank)]
-            check_bound(mine, self.spec.read.max_errors)
+            check_bound(mine, self.config.max_errors)
 
     def quarantined(self) -> list[Quarantined]:
         """Every quarantine this book knows of, oldest first (``on_error="skip"``)."""
@@ -747,7 +670,7 @@ class EpochBook:
         with cycle_collection_paused():
             _add_runs(self.ledger.runs_by_rank(step + 1, top), carried, main, e.counts)
         ahead = sum(self.ledger.acked(r) - step for r in range(self.world_size))
-        delivered = state.progress.delivered + ahead * self.spec.batch_size
+        delivered = state.progress.delivered + ahead * self.config.batch_size
         delivered -= self._missing(step + 1, top)
         return replace(
             state,
@@ -756,7 +679,7 @@ class EpochBook:
             position=replace(state.position, ranks=[None] * self.world_size),
         )
 
-    def _epoch_holding(self, first: int, last: int) -> _PlannedEpoch:
+    def _epoch_holding(self, first: int, last: int) -> _PlannedEpoch[L]:
         """The planned epoch whose steps include ``first..last``.
 
         Raises:
@@ -774,16 +697,16 @@ class EpochBook:
     def _position(
         self, step: int, restored: list[Cursor | None] | None, window: int
     ) -> PositionState:
-        spec = self.spec
+        config = self.config
         ranks: list[Cursor | None] = []
         for rank in range(self.world_size):
             got = self._cursors.get(rank)
             ranks.append(got[1] if got is not None and got[0] == step else None)
         if restored is not None and all(c is None for c in ranks):
             ranks = list(restored)
-        return PositionState(spec.shuffle_seed, spec.batch_size, window, spec.shuffle_lanes, ranks)
+        return PositionState(config.seed, config.batch_size, window, config.lanes, ranks)
 
-    def _state_in(self, e: _PlannedEpoch, step: int) -> StreamState:
+    def _state_in(self, e: _PlannedEpoch[L], step: int) -> StreamState:
         if step + 1 < e.based:
             raise StateError(
                 f"step {step} was folded already (acks are kept from step {e.based} on); "
@@ -794,7 +717,7 @@ class EpochBook:
             _add_runs(self.ledger.runs_by_rank(e.based, step), carried, main, e.counts)
         e.merged = (e.based, step, main, carried)
         done = step + 1 - e.based
-        delivered = e.delivered + done * self.spec.batch_size * self.world_size
+        delivered = e.delivered + done * self.config.batch_size * self.world_size
         delivered -= self._missing(e.based, step)
         restored = e.cursors if step + 1 == e.opened else None
         quarantined = [q for s, q in self._quarantined if q.epoch == e.epoch and s <= step]
@@ -807,10 +730,10 @@ class EpochBook:
             self._position(step, restored, e.window),
         )
 
-    def _state_after(self, e: _PlannedEpoch, step: int) -> StreamState:
+    def _state_after(self, e: _PlannedEpoch[L], step: int) -> StreamState:
         carry: list[tuple[int, int, int]] = []
         dropped = e.dropped
-        if self.spec.remainder == "drop":
+        if self.config.remainder == "drop":
             dropped += e.assignment.remainder_rows
         else:
             carry = [(s.shard, s.start, s.stop) for s in e.assignment.remainder]
@@ -822,7 +745,7 @@ class EpochBook:
                 records[index] = records[index]._replace(rows=rows)
             dataset = DatasetState(self._sources, records, classes=e.listing.classes)
         following = Progress()
-        if self.spec.follow is not None:  # the next round reads none of these shards again
+        if self.config.follows:  # the next round reads none of these shards again
             following = _all_of(e.listing, range(len(e.listing.shards)), _learnt(e))
         return StreamState(
             dataset,
@@ -830,6 +753,13 @@ class EpochBook:
             DistributedState(self.world_size, carry, Progress()),
             self._position(step, None, e.window),
         )
+
+    def fold_due(self) -> None:
+        """Fold once every rank acked :data:`FOLD_EVERY` steps past the last fold: up to the
+        last window edge of those steps where there is one (nothing to sort there)."""
+        at = self.ledger.due(self._folded, FOLD_EVERY)
+        if at is not None:
+            self.fold(at)
 
     def fold(self, step: int) -> None:
         """Keep the acks of steps ``<= step`` in the epochs' base progress and forget them."""
@@ -846,16 +776,17 @@ class EpochBook:
                     runs = self.ledger.runs_by_rank(e.based, last)
                     _add_runs(runs, e.carried, e.main, e.counts)
             e.merged = None
-            e.delivered += (last + 1 - e.based) * self.spec.batch_size * self.world_size
+            e.delivered += (last + 1 - e.based) * self.config.batch_size * self.world_size
             e.delivered -= self._missing(e.based, last)
             e.based = last + 1
         self.ledger.fold(step)
+        self._folded = max(self._folded, step)
         for s in [s for s in self._short if s <= step]:
             del self._short[s]
 
     # -- restore ---------------------------------------------------------------------------
 
-    def load(self, state: StreamState, listing: Listing | None = None) -> None:
+    def load(self, state: StreamState, listing: L | None = None) -> None:
         """Restore from ``state``; its world size may differ from this book's.
 
         Args:
@@ -865,21 +796,21 @@ class EpochBook:
         Raises:
             StateError: If the seed differs or the state's shards are gone or changed.
         """
-        if state.seed != self.spec.shuffle_seed:
+        if state.seed != self.config.seed:
             raise StateError(
                 f"the state was saved with shuffle_seed={state.seed}, this stream "
-                f"has shuffle_seed={self.spec.shuffle_seed}; create the stream with the "
+                f"has shuffle_seed={self.config.seed}; create the stream with the "
                 "same seed to resume it"
             )
         handed = listing is not None
         if listing is None:
-            listing = self.scan()
+            listing = self._list()
         match_listing(state.dataset, listing.records(), listing.classes)
         if state.started:
             # The rest of an epoch reads the shards it started with; new ones join next epoch.
             listing = listing.subset([s.url for s in state.shards])
         before = (self._epochs, self._start, self._start_listing, self._start_epoch)
-        before_rest = (self._start_step, self._in_order, self.ledger, self._cursors)
+        before_rest = (self._start_step, self._in_order, self.ledger, self._cursors, self._folded)
         before_quarantined = (self._quarantined, self._short)
         self._epochs = {}
         self._cursors = {}
@@ -893,16 +824,19 @@ class EpochBook:
         self._start_step = state.progress.step
         self._in_order = self._same_order(state, listing)
         self.ledger = Ledger(self.world_size, state.progress.step)
+        self._folded = state.progress.step - 1
         if self._in_order and state.progress.step > state.progress.first_step:
             try:  # the saved positions resume the plan: they must fit it
                 self._check_positions(self.plan(self._start_epoch))
             except StateError:
                 self._epochs, self._start, self._start_listing, self._start_epoch = before
-                self._start_step, self._in_order, self.ledger, self._cursors = before_rest
+                self._start_step, self._in_order, self.ledger, self._cursors, self._folded = (
+                    before_rest
+                )
                 self._quarantined, self._short = before_quarantined
                 raise
 
-    def _check_positions(self, e: _PlannedEpoch) -> None:
+    def _check_positions(self, e: _PlannedEpoch[L]) -> None:
         """Refuse saved positions that do not fit the epoch's shares (see
         :func:`ingest.core.assign.check_positions`)."""
         if not e.cursors or e.opened <= e.first_step:
@@ -911,10 +845,10 @@ class EpochBook:
         check_positions(
             e.assignment.ranks,
             [c for c in e.cursors if c is not None],
-            lanes=self.spec.shuffle_lanes if self.spec.shuffle_seed is not None else 1,
+            lanes=self.config.lanes if self.config.seed is not None else 1,
             window=e.window,
             skip=e.skip,
-            rows_left=None if end is None else (end - e.opened) * self.spec.batch_size,
+            rows_left=None if end is None else (end - e.opened) * self.config.batch_size,
             urls=[s.url for s in e.listing.shards],
         )
 
@@ -973,12 +907,12 @@ def _grouped(parts: Iterable[Runs | Sequence[Run]]) -> Iterator[Runs]:
         yield held[0] if len(held) == 1 else np.concatenate(held)
 
 
-def _learnt(e: _PlannedEpoch) -> dict[str, int]:
+def _learnt(e: _PlannedEpoch[Any]) -> dict[str, int]:
     """Row counts learnt by reading ``e``'s shards, by URL (indices differ across listings)."""
     return {e.listing.shards[i].url: n for i, n in e.main.rows.items()}
 
 
-def _all_of(listing: Listing, indices: Iterable[int], learnt: Mapping[str, int]) -> Progress:
+def _all_of(listing: Listed, indices: Iterable[int], learnt: Mapping[str, int]) -> Progress:
     """Progress with every row of the shards ``indices`` of ``listing`` consumed.
 
     Raises:
@@ -1002,7 +936,7 @@ def _all_of(listing: Listing, indices: Iterable[int], learnt: Mapping[str, int])
     return out
 
 
-def _shard_table(listing: Listing, counts: npt.NDArray[np.int64]) -> ShardTable:
+def _shard_table(listing: Listed, counts: npt.NDArray[np.int64]) -> ShardTable:
     """The shards of ``listing`` as the state records them, by column."""
     shards = listing.shards
     return ShardTable(
@@ -1046,4 +980,4 @@ def _remap(progress: Progress, state: StreamState, by_url: Mapping[str, int]) ->
     return out
 
 
-__all__ = ["MAIN", "EpochBook", "Remainder", "StreamSpec"]
+__all__ = ["FOLD_EVERY", "MAIN", "BookConfig", "EpochBook", "Remainder"]

@@ -26,20 +26,14 @@ from typing import Any
 
 import ray
 
-from ingest.core.book import EpochBook, StreamSpec
 from ingest.core.errors import IngestError, StateError, SupersededError
 from ingest.core.ledger import Run, Runs, StepRecord
 from ingest.core.quarantine import Quarantined
-from ingest.core.state import StreamState
+from ingest.core.share import FeedPlan
+from ingest.core.state import Cursor, StreamState
 from ingest.distributed.index_tasks import ray_indexer
-from ingest.engine.feed import Cursor, FeedPlan
+from ingest.engine.spec import StreamSpec
 from ingest.planner.catalog import Listing
-
-_FOLD_EVERY = 64
-"""Steps every rank acked between two folds of the acks into the epochs' progress. Without
-a fold the acks of a job that never takes a state pile up (and pin their messages in the
-object store); folding below the lowest acked step never changes a later state."""
-
 
 _SESSION_BITS = 20
 """Sessions of one life of the actor: ``life << _SESSION_BITS`` onwards."""
@@ -97,8 +91,10 @@ class _Coordinator:
         indexer = ray_indexer(
             resources=placement.get("resources"), label_selector=placement.get("label_selector")
         )
-        self._book = EpochBook(spec, world_size, catalog=spec.catalog(indexer))
-        self._book.wait = self._wait
+        self._spec = spec
+        self._planner = spec.planner(indexer)
+        self._planner.wait = self._wait
+        self._book = spec.book(world_size, self._planner)
         self._lock = threading.Condition()
         self._initial: dict[str, Any] | None = None  # what a session without a state starts at
         self._life = secrets.randbits(31)
@@ -107,7 +103,6 @@ class _Coordinator:
         self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         self._joined: set[int] = set()
         self._touched = False
-        self._folded = -1
         self._leases: dict[int, int] = {}
 
     def session(self) -> int:
@@ -145,15 +140,13 @@ class _Coordinator:
         self._lock.wait(timeout=seconds)
 
     def _reset(self, world_size: int, state: Mapping[str, Any] | None) -> None:
-        book = EpochBook(self._book.spec, world_size, catalog=self._book.catalog)
+        book = self._spec.book(world_size, self._planner)
         if state is not None:
             book.load(StreamState.from_json(state))
-        book.wait = self._wait
         self._book = book
         self._session += 1
         self._joined = set()
         self._touched = False
-        self._folded = -1
         self._leases = {}
         self._restarted = False
         self._lock.notify_all()
@@ -232,14 +225,14 @@ class _Coordinator:
                 self._book.adopt(listing)
             self._book.plan(self._book.first_epoch)
 
-    def rank_plan(self, rank: int, epoch: int | None, session: int) -> FeedPlan:
+    def rank_plan(self, rank: int, epoch: int | None, session: int) -> FeedPlan[Listing]:
         with self._lock:
             self._check(session)
             return self._book.rank_plan(rank, self._book.first_epoch if epoch is None else epoch)
 
     def rank_resume(
         self, rank: int, epoch: int, next_step: int, cursor: Cursor | None, session: int
-    ) -> FeedPlan:
+    ) -> FeedPlan[Listing]:
         with self._lock:
             self._check(session)
             return self._book.rank_resume(rank, epoch, next_step, cursor)
@@ -251,16 +244,13 @@ class _Coordinator:
         leftover: Runs | Sequence[Run],
         learned: Mapping[int, int],
         session: int,
-        quarantined: Sequence[Quarantined] = (),
-        rank: int | None = None,
+        quarantined: Sequence[Quarantined],
+        rank: int,
     ) -> None:
         """``rank``'s loop reached the end of ``epoch`` (its feed's :class:`End`)."""
         with self._lock:
             self._check(session)
-            self._book.close(epoch, steps, leftover, learned)
-            self._book.note_quarantined(quarantined)
-            if rank is not None:
-                self._book.ended(rank, epoch)
+            self._book.finish(rank, epoch, steps, leftover, learned, quarantined)
             self._lock.notify_all()
 
     def quarantined(self) -> list[Quarantined]:
@@ -290,11 +280,7 @@ class _Coordinator:
             book = self._book
             book.ack(rank, records, cursor, again=again)
             self._touched = True
-            if records and records[-1].step - self._folded >= _FOLD_EVERY:
-                at = book.ledger.due(self._folded, _FOLD_EVERY)
-                if at is not None:  # on a window's edge where there is one: no sort
-                    book.fold(at)
-                    self._folded = at
+            book.fold_due()  # on a window's edge where there is one: no sort
             self._lock.notify_all()
 
     def acked(self) -> list[int]:

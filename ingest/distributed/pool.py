@@ -33,13 +33,14 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from ingest.core.book import StreamSpec
 from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.ledger import Closed, Rows, Runs
 from ingest.core.quarantine import Quarantined, reason_of
-from ingest.engine.feed import Cursor, Feed, Ready, Tail
+from ingest.core.state import Cursor
+from ingest.distributed.metrics import StoreMeter
+from ingest.engine.feed import Feed, Ready, Tail
+from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform, output_of_no_rows
-from ingest.integrations.metrics import StoreMeter
 from ingest.storage.sources import Source
 
 _WAIT_S = 5.0

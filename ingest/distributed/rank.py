@@ -30,11 +30,12 @@ import ray
 from ingest.core.errors import IngestError, StreamTimeoutError, SupersededError
 from ingest.core.ledger import StepRecord
 from ingest.core.quarantine import Quarantined
+from ingest.core.state import Cursor
 from ingest.core.validate import COUNT, SECONDS, check_numbers
 from ingest.distributed.coordinator import CoordinatorLostError
+from ingest.distributed.metrics import RankMeter
 from ingest.distributed.pool import End, FeedLostError, Item, TransformFailed
-from ingest.engine.feed import Cursor
-from ingest.integrations.metrics import RankMeter
+from ingest.engine.loop import ACK_EVERY, Ending, RankLoop
 
 if TYPE_CHECKING:
     from ingest.engine.convert import Batch
@@ -67,7 +68,7 @@ class RankOptions:
     """
 
     fetch_batches: int = 4
-    ack_every: int = 16
+    ack_every: int = ACK_EVERY
     pin_memory: bool = False
     device: str | None = None
     timeout_s: float = 300.0
@@ -98,10 +99,8 @@ class RankIterator:
     session: int | None = None
     """The coordinator session this iterator belongs to (set on first use)."""
     epoch: int | None = None
-    step: int = -1
-    """The global step of the last batch yielded (-1 before any)."""
-    _pending: list[StepRecord] = field(default_factory=list)
-    _cursor: Cursor | None = None
+    _loop: RankLoop | None = None
+    """The batches this iterator handed out and their acks (:mod:`ingest.engine.loop`)."""
     _held: deque[Item | End] = field(default_factory=deque)
     _inflight: Any = None
     _acks: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
@@ -113,6 +112,19 @@ class RankIterator:
     """This iterator's lease of the rank (0: none yet; see :meth:`_take_over`)."""
     _superseded: bool = False
     """A newer iterator of the rank in this process took it over while this one's loop ran."""
+
+    @property
+    def _rank_loop(self) -> RankLoop:
+        if self._loop is None:
+            self._loop = RankLoop(
+                self.rank, _CoordinatorLink(self), ack_every=self.options.ack_every
+            )
+        return self._loop
+
+    @property
+    def step(self) -> int:
+        """The global step of the last batch yielded (-1 before any)."""
+        return self._rank_loop.step
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy is a new iterator of the rank: the batches, acks and lease held here stay
@@ -204,15 +216,16 @@ class RankIterator:
         if not claim.kept:
             self._held.clear()
             self._inflight = None
-            self.step, self._cursor = claim.step, claim.cursor
+            self._rank_loop.restart(claim.step, claim.cursor)
             self._adopt(claim.epoch)
         return int(claim.epoch)
 
     def _adopt(self, epoch: int) -> None:
         """Have the reader serve this iterator from its next step (see
         :meth:`ingest.distributed.pool._Reader.adopt`)."""
-        next_step = self.step + 1 if self._cursor is not None else None
-        args = (self.rank, self._session(), epoch, self.lease, next_step, self._cursor)
+        cursor = self._rank_loop.cursor
+        next_step = self.step + 1 if cursor is not None else None
+        args = (self.rank, self._session(), epoch, self.lease, next_step, cursor)
         self._answer(self.reader.adopt.remote(*args), "adopt", args, actor=self.reader)
 
     def _recover(self, epoch: int) -> None:
@@ -278,23 +291,11 @@ class RankIterator:
                 if self._superseded:  # a newer iterator of this process took the rank over
                     raise SupersededError.of_rank(self.rank)
                 if isinstance(item, End):
-                    # The epoch's last acks (a coordinator lost here is the loop's error),
-                    # before its end is reported.
-                    self.flush()
                     # Reached: a new iterator of the rank runs the next epoch, even after an
                     # epoch with no step (EpochBook.upcoming_epoch).
-                    self._call(
-                        "close_epoch",
-                        epoch,
-                        item.steps,
-                        item.leftover,
-                        item.learned,
-                        self._session(),
-                        item.quarantined,
-                        self.rank,
-                    )
+                    self._rank_loop.end(epoch, item)
                     break
-                if self._cursor is not None and item.step != self.step + 1:
+                if self._rank_loop.cursor is not None and item.step != self.step + 1:
                     # Never seen since take stopped making feeds; kept so that a feed that
                     # starts over fails loudly instead of delivering rows again.
                     raise IngestError(
@@ -316,19 +317,20 @@ class RankIterator:
                     )
                     rows, quarantined, table = 0, (*quarantined, failed), table.empty
                 batch = self._to_torch(table)
-                self._pending.append(
-                    StepRecord(item.step, item.runs, rows, quarantined, item.closed)
+                self._rank_loop.handed(
+                    item.step,
+                    item.runs,
+                    item.cursor,
+                    rows=rows,
+                    quarantined=quarantined,
+                    closed=item.closed,
                 )
-                self._cursor = item.cursor
-                self.step = item.step
-                if len(self._pending) >= self.options.ack_every:
-                    self.flush(wait=False)
                 meter.batch(len(next(iter(batch.values()), ())), waited)
                 yield batch
             meter.report()
             done = True
             self.epoch = epoch + 1
-            self._cursor = None
+            self._rank_loop.cursor = None
         finally:
             # Left early: the acks of every batch handed out reach the coordinator (an error
             # here would hide the one that left the loop, if any).
@@ -355,24 +357,25 @@ class RankIterator:
             out[name] = value
         return out
 
-    def flush(self, *, wait: bool = True) -> None:
-        """Send the acks held back; ``wait`` until the coordinator has every ack sent.
+    def flush(self) -> None:
+        """Send the acks held back, and wait until the coordinator has every ack sent."""
+        self._rank_loop.flush()
+        self._drain_acks()
 
-        Without ``wait`` the message goes unanswered for a while, but never more than two
-        do: a coordinator that died stops the loop within a few messages (its error says
-        how to resume), not at the end of the epoch with every ack since lost.
+    def _drain_acks(self) -> None:
+        sent, self._acks = self._acks, []
+        for ref, args in sent:
+            self._answer(ref, "ack", args, again=True)
+
+    def _send_acks(self, records: list[StepRecord], cursor: Cursor | None) -> None:
+        """Send an ack message without waiting for its answer (see :class:`_CoordinatorLink`).
+
+        A message goes unanswered for a while, but never more than two do: a coordinator
+        that died stops the loop within a few messages (its error says how to resume), not
+        at the end of the epoch with every ack since lost.
         """
-        if self._pending:
-            args = (self.rank, self._pending, self._session(), self._cursor, self.lease)
-            self._acks.append((self.coordinator.ack.remote(*args), args))
-            self._pending = []
-        if not self._acks:
-            return
-        if wait:
-            sent, self._acks = self._acks, []
-            for ref, args in sent:
-                self._answer(ref, "ack", args, again=True)
-            return
+        args = (self.rank, records, self._session(), cursor, self.lease)
+        self._acks.append((self.coordinator.ack.remote(*args), args))
         ready, _ = ray.wait([ref for ref, _ in self._acks], num_returns=len(self._acks), timeout=0)
         done = set(ready)
         for ref, args in [a for a in self._acks if a[0] in done]:
@@ -395,6 +398,33 @@ class RankIterator:
             self.options.timeout_s,
             self._session(),
             timeout_s=self.options.timeout_s + 30,
+        )
+
+
+class _CoordinatorLink:
+    """A Ray rank's link to its book (:class:`ingest.engine.loop.RankLink`): the coordinator
+    actor. Acks go without waiting (:meth:`RankIterator._send_acks`); the end of an epoch
+    waits for every ack sent first (a threaded actor may run calls out of order), so a
+    coordinator lost there is the loop's error."""
+
+    def __init__(self, it: RankIterator) -> None:
+        self._it = it
+
+    def ack(self, rank: int, records: list[StepRecord], cursor: Cursor | None) -> None:
+        self._it._send_acks(records, cursor)
+
+    def end(self, rank: int, epoch: int, ending: Ending) -> None:
+        it = self._it
+        it._drain_acks()
+        it._call(
+            "close_epoch",
+            epoch,
+            ending.steps,
+            ending.leftover,
+            ending.learned,
+            it._session(),
+            ending.quarantined,
+            rank,
         )
 
 

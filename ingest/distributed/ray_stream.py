@@ -9,13 +9,14 @@ from typing import Any
 
 import ray
 
-from ingest.core.book import Remainder, StreamSpec
+from ingest.core.book import Remainder
 from ingest.core.errors import ConfigError, NoShardsError
 from ingest.core.quarantine import Quarantined, summary
 from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
+from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform
 from ingest.formats.base import ReadOptions
 from ingest.planner.index import IndexConfig
@@ -53,13 +54,14 @@ class RayStream:
             :mod:`ingest.core.quarantine`, :meth:`quarantined`); every rank still takes the same
             steps, and a batch that lost rows to it is short (or empty).
         transform: Run on every batch in the reader pool: a function over an Arrow table,
-            or a class constructed once per reader actor. It must keep one row per input row.
+            or a class constructed once per reader actor. It keeps one row per input row, or
+            is an :class:`ingest.Stage` (:mod:`ingest.engine.stage`).
         index: Where the persistent shard index lives (default: the user's cache directory;
             an fsspec URL shares it across a cluster; None: in memory only). With several
             ranks, shards without footer row counts are indexed once, by Ray tasks on the
             pool's nodes, and later jobs read none of them to plan.
         name: Name of the coordinator actor (default: a fresh unique name); the ``stream``
-            tag of its metrics (:mod:`ingest.integrations.metrics`).
+            tag of its metrics (:mod:`ingest.distributed.metrics`).
         timeout_s: Longest wait for the coordinator and the pool.
         follow: Read a dataset written while the stream runs, in rounds of new shards
             (:mod:`ingest.storage.follow`); ``timeout_s`` must exceed its ``idle_timeout_s`` (a rank

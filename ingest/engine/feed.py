@@ -12,7 +12,7 @@ by a key of (seed, epoch, rank, window index), in one gather of the whole window
 are cut from consecutive windows (a batch within one shuffled window is a zero-copy slice).
 Without a seed there is one lane and no permutation: listing order.
 
-Memory, in bytes as well as rows (:mod:`ingest.core.budget`). A window holds ``FeedPlan.window``
+Memory, in bytes as well as rows (:mod:`ingest.planner.budget`). A window holds ``FeedPlan.window``
 rows: ``shuffle_window``, or fewer where ``shuffle_bytes`` says so for the epoch's listing
 (fixed when the epoch is planned, so the order and the cursors are those of a window of
 that many rows). A window of more than :data:`_GATHER_BYTES` (or a quarter of
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,12 +55,13 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from ingest.core.assign import CARRY, MAIN, Span
+from ingest.core.assign import CARRY, MAIN, TO_END, Span
 from ingest.core.errors import IngestError, ShardError, StoreError
-from ingest.core.intervals import IntervalSet
 from ingest.core.ledger import Closed, Rows, Runs, as_runs, pack_base, runs_of
 from ingest.core.plan import permutation
 from ingest.core.quarantine import Quarantine, Quarantined, skippable
+from ingest.core.share import FeedPlan
+from ingest.core.state import Cursor
 from ingest.engine.prefetch import Prefetcher, read_ahead
 from ingest.engine.transform import output_of_no_rows, split_failures
 from ingest.formats import get_format
@@ -68,46 +69,11 @@ from ingest.formats.base import BadRows, ReadContext, ReadOptions, RowBatch, See
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source
 
-TO_END = 1 << 62
-"""``Span.stop`` of a span that runs to the end of a shard whose row count is unknown."""
-
-Cursor = dict[str, Any]
-"""``{"window": w, "lanes": [[span, row, seek_row, seek_cursor] or null per lane]}``."""
-
 _GATHER_BYTES = 32 << 20
 """Windows of more bytes are gathered batch by batch, not in one take. One take of the whole
 window is the fastest for small rows (40x fewer calls than a take per record batch per batch
 for 100-byte rows), but holds the window twice for a moment; above this size a window is
 of large rows, for which the take per batch is about as fast (measured 0.6-1.6x)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FeedPlan:
-    """What one feed reads: a rank's share of one epoch and where to start in it.
-
-    Attributes:
-        epoch: The epoch (part of the shuffle keys).
-        rank: The rank (part of the shuffle keys).
-        next_step: Global step number of the first batch this feed yields.
-        steps: Batches this feed yields, or None when row counts are unknown (one rank).
-        spans: The rank's share in reading order.
-        skip: Rows already consumed, per segment (``CARRY``, ``MAIN``) and shard: left out.
-        cursor: Where to start (from a state), or None for the beginning of the share.
-        listing: The epoch's listing (``Span.shard`` indexes it).
-        window: Rows per shuffle window in this epoch: ``FeedConfig.window`` within the
-            stream's ``shuffle_bytes``, fixed when the epoch was planned
-            (:meth:`ingest.core.book.StreamSpec.window_rows`); None: ``FeedConfig.window``.
-    """
-
-    epoch: int
-    rank: int
-    next_step: int
-    steps: int | None
-    spans: tuple[Span, ...]
-    skip: tuple[Mapping[int, IntervalSet], Mapping[int, IntervalSet]]
-    cursor: Cursor | None
-    listing: Listing
-    window: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -428,7 +394,7 @@ class Feed:
 
     def __init__(
         self,
-        plan: FeedPlan,
+        plan: FeedPlan[Listing],
         config: FeedConfig,
         source: Source,
         transform: Callable[[pa.Table], Any] | None = None,
@@ -897,4 +863,4 @@ class Feed:
             lane.pending = None
 
 
-__all__ = ["TO_END", "Cursor", "Feed", "FeedConfig", "FeedPlan", "Ready", "Tail", "item_bytes"]
+__all__ = ["Feed", "FeedConfig", "Ready", "Tail", "item_bytes"]

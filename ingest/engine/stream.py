@@ -17,23 +17,19 @@ import weakref
 from collections.abc import Generator, Iterator, Mapping, Sequence
 from typing import Any
 
-from ingest.core.book import EpochBook, Remainder, StreamSpec
+from ingest.core.book import Remainder
 from ingest.core.errors import ConfigError, IngestError, SupersededError
-from ingest.core.ledger import StepRecord
 from ingest.core.quarantine import Quarantined, summary
 from ingest.core.state import StreamState
 from ingest.engine.convert import Batch, to_torch
 from ingest.engine.feed import Feed, Tail
+from ingest.engine.loop import BookLink, RankLoop
+from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform
 from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Listing
 from ingest.storage.follow import Follow
 
-_FOLD_EVERY = 256
-_ACK_EVERY = 16
-"""Batches whose acks are sent to the book together: one pass packs them all (one call per
-batch cost a third of the loop's own time on a shuffled stream). A state, a rewind and the
-end of the epoch send what is held first, so a state still covers every batch handed out."""
 _log = logging.getLogger(__name__)
 
 
@@ -67,7 +63,8 @@ class Stream:
             (see :mod:`ingest.core.quarantine`, :attr:`quarantined`); a batch that lost rows to
             it is short, and one that lost all is left out.
         transform: Run on each batch (as an Arrow table) before conversion to torch: a
-            function, or a class built once. It must keep one output row per input row.
+            function, or a class built once. It keeps one output row per input row, or is an
+            :class:`ingest.Stage` that may filter or split rows (:mod:`ingest.engine.stage`).
         progress: Show a progress bar while footers are read at listing time.
         follow: Read a dataset written while the stream runs: each epoch is a round over
             the shards that appeared since the last one, which waits for new shards
@@ -109,14 +106,13 @@ class Stream:
             follow=follow,
         )
         fn = build_transform(transform)
-        # Checked as in the reader pool: one row per input row, a table-like result.
+        # Checked as in the reader pool: one row per input row (a stage: its origins).
         self._transform = None if fn is None else functools.partial(apply, fn)
-        self._book = EpochBook(self.spec, 1, progress=progress)
+        self._planner = self.spec.planner(progress=progress)
+        self._book = self.spec.book(1, self._planner)
         self._next_epoch = 0
-        self._step = -1
-        self._pending: list[StepRecord] = []
-        """Acks of batches handed out, not yet sent to the book (see :data:`_ACK_EVERY`)."""
-        self._pending_cursor: Any = None
+        self._rank = RankLoop(0, BookLink(self._book))
+        """The one rank's batches handed out and their acks (:mod:`ingest.engine.loop`)."""
         self._delivered = 0
         self._reading: tuple[Feed, Any] | None = None
         """The last loop's feed and its read-ahead, for the bytes they hold (:attr:`stats`)."""
@@ -148,9 +144,9 @@ class Stream:
         (``quarantined``, ``rows_skipped``) since the stream was made or loaded, and the
         bytes of rows held by the reading (``bytes_held``: shuffle window, lanes' read-ahead
         and ready batches now; ``peak_bytes_held``: the most, at most, since it was made)."""
-        self._flush()
+        self._rank.flush()
         return {
-            **self._book.source.stats.as_dict(),
+            **self._planner.source.stats.as_dict(),
             "rows_delivered": self._delivered,
             **summary(self._book.quarantined()),
             **self._held(),
@@ -169,12 +165,12 @@ class Stream:
     def quarantined(self) -> list[Quarantined]:
         """What ``ReadOptions(on_error="skip")`` skipped since the stream was made or its
         state loaded: shard URL, rows and reason, oldest first (also in the state)."""
-        self._flush()
+        self._rank.flush()
         return self._book.quarantined()
 
     def listing(self) -> Listing:
         """List the source now (one listing; footers read once per shard)."""
-        return self._book.scan()
+        return self._planner.scan()
 
     def __len__(self) -> int:
         raise TypeError(
@@ -207,48 +203,33 @@ class Stream:
         self._running = True  # planned: a loop left from here on rewinds (a failed plan not)
         if plan.next_step == book.plan(epoch).first_step:
             self._delivered = 0
-        feed = Feed(plan, self.spec.feed_config(), book.source, self._transform)
+        feed = Feed(plan, self.spec.feed_config(), self._planner.source, self._transform)
         self._held()  # the last loop's peak is kept
         with feed.ahead(self.spec.urls[0]) as items:
             self._reading = (feed, items)
             for item in items:
                 if isinstance(item, Tail):
-                    self._flush()
-                    book.close(epoch, item.steps, item.leftover, item.learned)
-                    book.ended(0, epoch)
-                    self._note(item.quarantined)
+                    self._rank.end(epoch, item)
+                    self._log(item.quarantined)
                     break
                 batch = to_torch(item.table)
                 # Acked only once it converted: a batch that failed is read again.
-                self._pending.append(
-                    StepRecord(item.step, item.runs, item.rows, item.quarantined, item.closed)
+                self._rank.handed(
+                    item.step,
+                    item.runs,
+                    item.cursor,
+                    rows=item.rows,
+                    quarantined=item.quarantined,
+                    closed=item.closed,
                 )
-                self._pending_cursor = item.cursor
                 self._log(item.quarantined)
-                self._step = item.step
                 self._delivered += self.spec.batch_size if item.rows < 0 else item.rows
-                if len(self._pending) >= _ACK_EVERY:
-                    self._flush()
-                if item.step % _FOLD_EVERY == 0:
-                    self._flush()
-                    # On a window's edge where there is one: nothing to sort (Closed).
-                    book.fold(book.ledger.edge(item.step - _FOLD_EVERY, item.step - 1))
                 if item.rows == 0:
                     continue  # every row quarantined: one process need not keep steps equal
                 yield batch
             self._report(epoch)
             self._next_epoch = epoch + 1
             self._running = False
-
-    def _flush(self) -> None:
-        """Send the held acks to the book."""
-        if self._pending:
-            records, self._pending = self._pending, []
-            self._book.ack(0, records, self._pending_cursor)
-
-    def _note(self, records: Sequence[Quarantined]) -> None:
-        self._book.note_quarantined(records)
-        self._log(records)
 
     @staticmethod
     def _log(records: Sequence[Quarantined]) -> None:
@@ -271,9 +252,9 @@ class Stream:
     def _rewind(self) -> None:
         """Drop the read-ahead of a loop left early; the next loop starts after its last batch."""
         self._stop_active()
-        self._flush()
+        self._rank.flush()
         book = self._book
-        state = book.snapshot(self._step)
+        state = book.snapshot(self._rank.step)
         listing = book.plan(state.progress.epoch).listing if state.started else None
         told = book.quarantined()
         book.load(state, listing)  # fails if a shard is gone: the next loop tries again
@@ -284,9 +265,9 @@ class Stream:
 
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`."""
-        self._flush()
-        state = self._book.snapshot(self._step).to_json()
-        self._book.fold(self._step)
+        self._rank.flush()
+        state = self._book.snapshot(self._rank.step).to_json()
+        self._book.fold(self._rank.step)
         return state
 
     def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
@@ -303,10 +284,9 @@ class Stream:
     def _restore(self, parsed: StreamState, listing: Listing | None = None) -> None:
         """Load ``parsed``; ``listing``: the source as listed already (none made here)."""
         self._stop_active(superseded=True)
-        self._pending = []  # acks of the position left behind
+        self._rank.restart(parsed.progress.step - 1)  # acks of the position left behind: gone
         self._running = False
         self._book.load(parsed, listing)
-        self._step = parsed.progress.step - 1
         self._next_epoch = parsed.progress.epoch
         self._delivered = parsed.progress.delivered
 

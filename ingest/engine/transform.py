@@ -3,7 +3,8 @@
 A transform is a function over a batch as an Arrow table, or a class whose instances are
 such functions, built once per worker (once per :class:`ingest.Stream`, once per reader
 actor of a :class:`ingest.RayStream`: tokenizers, image decoders). It returns a table, a
-record batch or a dict of arrays/tensors, with one row per input row, in order.
+record batch or a dict of arrays/tensors, with one row per input row, in order; a stage
+(:mod:`ingest.engine.stage`) may change the number of rows and says where each came from.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import numpy as np
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError
+from ingest.engine.stage import Staged
 
 Transform = Callable[[pa.Table], Any] | type
 """A function over a batch as an Arrow table, or a class whose instances are such functions
 (built once per worker: once per :class:`Stream`, once per pool actor of a RayStream). It
-returns a table, a record batch or a dict of arrays/tensors, one row per input row."""
-
-_FOLD_EVERY = 256
+returns a table, a record batch or a dict of arrays/tensors, one row per input row (or, an
+:class:`ingest.Stage`, a :class:`ingest.Staged`)."""
 
 
 def build_transform(transform: Transform | None) -> Callable[[pa.Table], Any] | None:
@@ -76,18 +77,25 @@ def as_table(out: Any, what: str) -> pa.Table:
 
 
 def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
-    """Run ``fn`` on ``table``; its result as an Arrow table with one row per input row.
+    """Run ``fn`` on ``table``; its result as an Arrow table with one row per input row, or,
+    from a stage (:mod:`ingest.engine.stage`), the rows it made with their origins checked.
 
     Raises:
-        ConfigError: If the result is not table-like or has another number of rows.
+        ConfigError: If the result is not table-like, has another number of rows (not a
+            stage's), or is a stage's whose origins do not fit the batch.
     """
     name = getattr(fn, "__qualname__", type(fn).__qualname__)
-    out = as_table(fn(table), f"transform {name}")
+    got = fn(table)
+    if isinstance(got, Staged):  # a stage: any number of rows, with their origins
+        got.check(table.num_rows, name)
+        return as_table(got.table, f"stage {name}")
+    out = as_table(got, f"transform {name}")
     if out.num_rows != table.num_rows:
         raise ConfigError(
             f"transform {name} returned {out.num_rows} rows for {table.num_rows}; "
-            "transforms must keep one output row per input row, in order (filter in the "
-            "training loop instead)"
+            "transforms must keep one output row per input row, in order; to filter rows or "
+            "split them, make it an ingest.Stage returning ingest.Staged (each output row's "
+            "input row)"
         )
     return out
 

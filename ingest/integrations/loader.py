@@ -22,14 +22,16 @@ from typing import Any
 
 import torch.utils.data
 
-from ingest.core.book import EpochBook, StreamSpec
+from ingest.core.book import EpochBook
 from ingest.core.errors import ConfigError, IngestError
-from ingest.core.ledger import Closed, Rows, Runs, StepRecord
+from ingest.core.ledger import Closed, Rows, Runs
 from ingest.core.quarantine import Quarantined
-from ingest.core.state import StreamState
+from ingest.core.state import Cursor, StreamState
 from ingest.engine.convert import Batch, to_torch
-from ingest.engine.feed import Cursor, Feed, Ready, Tail
-from ingest.engine.stream import _ACK_EVERY, Stream
+from ingest.engine.feed import Feed, Ready, Tail
+from ingest.engine.loop import BookLink, RankLoop
+from ingest.engine.spec import StreamSpec
+from ingest.engine.stream import Stream
 from ingest.planner.catalog import Listing
 
 KEY = "__ingest__"
@@ -84,14 +86,15 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
         rank = 0 if info is None else info.id
-        book = EpochBook(self.spec, self.ranks)
+        planner = self.spec.planner()
+        book = self.spec.book(self.ranks, planner)
         if self.start is not None:
             book.load(StreamState.from_json(self.start), self.listing)
         elif self.listing is not None:
             book.adopt(self.listing)
         epoch = book.upcoming_epoch(rank)
         feed = Feed(
-            book.rank_plan(rank, epoch), self.spec.feed_config(), book.source, self.transform
+            book.rank_plan(rank, epoch), self.spec.feed_config(), planner.source, self.transform
         )
         with feed.ahead(self.spec.urls[0]) as items:
             for item in _failing_as_item(items):
@@ -167,10 +170,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
         self.stream = stream
         self._shares = _Shares(stream.spec, stream._transform)
-        self._book: EpochBook | None = None
-        self._pending: dict[int, list[StepRecord]] = {}
-        """Acks held back per rank (see ``ingest.engine.stream._ACK_EVERY``)."""
-        self._cursors: dict[int, Cursor] = {}
+        self._book: EpochBook[Listing] | None = None
+        self._ranks: dict[int, RankLoop] = {}
+        """Each worker's (rank's) batches handed out and their acks (:mod:`ingest.engine.loop`)."""
         self._running: Iterator[Batch] | None = None
         super().__init__(
             self._shares,
@@ -191,9 +193,10 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         stream = self.stream
         stream.close()
         start = StreamState.from_json(stream.state_dict())
-        # The stream's catalog: footers read in earlier epochs are not read again.
-        book = EpochBook(stream.spec, ranks, catalog=stream._book.catalog)
-        self._pending, self._cursors = {}, {}
+        # The stream's planner: footers read in earlier epochs are not read again.
+        book = stream.spec.book(ranks, stream._planner)
+        link = BookLink(book)
+        self._ranks = {rank: RankLoop(rank, link) for rank in range(ranks)}
         started = start.started or start.progress.epoch > 0
         if started:
             book.load(start)
@@ -210,19 +213,17 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             if isinstance(came, _Failed):
                 raise came.error
             if isinstance(came, _Ended):
-                self._flush()
-                if ranks == 1:
-                    book.close(epoch, came.steps, came.leftover, came.learned)
-                book.ended(came.rank, epoch)
-                book.note_quarantined(came.quarantined)
+                self._ranks[came.rank].end(epoch, came)
                 ended += 1
                 continue
-            self._pending.setdefault(came.rank, []).append(
-                StepRecord(came.step, came.runs, came.rows, came.quarantined, came.closed)
+            self._ranks[came.rank].handed(
+                came.step,
+                came.runs,
+                came.cursor,
+                rows=came.rows,
+                quarantined=came.quarantined,
+                closed=came.closed,
             )
-            self._cursors[came.rank] = came.cursor
-            if len(self._pending[came.rank]) >= _ACK_EVERY:
-                self._flush()
             if came.rows == 0:
                 continue  # every row quarantined
             for name in came.arrays:
@@ -237,12 +238,10 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._book = None
 
     def _flush(self) -> None:
-        """Send the held acks to the book (one call per rank for many batches)."""
+        """Send every rank's held acks to the book (one call per rank for many batches)."""
         if self._book is not None:
-            for rank, records in self._pending.items():
-                if records:
-                    self._book.ack(rank, records, self._cursors[rank])
-        self._pending = {}
+            for rank in self._ranks.values():
+                rank.flush()
 
     def _stop(self) -> None:
         """End a loop left early; the stream goes on right after its last batch."""
@@ -267,7 +266,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
     def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
         """Start the next epoch exactly after ``state`` (from any loader, Stream or
         RayStream, any worker count or world size)."""
-        self._running, self._book, self._pending = None, None, {}
+        self._running, self._book, self._ranks = None, None, {}
         self.stream.load_state_dict(state)
 
 

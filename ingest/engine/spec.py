@@ -1,0 +1,153 @@
+"""What a stream reads and how it orders and batches it: one picklable spec, and the parts
+the layers below take from it (the planner's catalog, the book's config, the feed's config).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest.core.book import BookConfig, EpochBook, Remainder
+from ingest.core.errors import ConfigError, redact
+from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers
+from ingest.engine.feed import FeedConfig
+from ingest.formats import get_format
+from ingest.formats.base import ReadOptions
+from ingest.planner.catalog import Catalog, Listing
+from ingest.planner.index import IndexConfig, Indexer, IndexStore
+from ingest.planner.planner import Planner
+from ingest.storage.follow import Follow
+from ingest.storage.sources import Source
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamSpec:
+    """What a stream reads and how it orders and batches it. Picklable.
+
+    Attributes:
+        urls: Source URLs, globs or directories.
+        storage_options: fsspec options (never saved in the state).
+        format: Format name for every shard, or None to infer from extensions.
+        columns: Columns to read, or None for all.
+        batch_size: Rows per batch on every rank.
+        shuffle_seed: Seed for shard, block and row order; None keeps listing order.
+        shuffle_window: Rows per shuffle window, at most (the memory of the shuffle, in rows).
+        shuffle_bytes: Bytes per shuffle window, about: each epoch's window holds
+            ``min(shuffle_window, shuffle_bytes // bytes per row)`` rows, one at least, with
+            the bytes per row estimated from the listing when the epoch is planned
+            (:mod:`ingest.planner.budget`), so that the order stays a pure function of the plan.
+            None: rows only.
+        shuffle_lanes: Shards read side by side into each window, so a batch mixes rows of
+            up to this many shards even when every shard is sorted.
+        read: How shards are read.
+        remainder: What happens to the rows of an epoch that cannot fill one more step on
+            every rank: ``"carry"`` them into the next epoch's first steps, or ``"drop"``
+            them. Counted in the state either way.
+        index: Where the persistent shard index lives (row counts and seek points of shards
+            whose footer has none, keyed by url, size and version, reused by later jobs);
+            None keeps indexes in memory only.
+        follow: Read a dataset that grows while the stream runs: each epoch is a round over
+            the shards that appeared since the last (:mod:`ingest.storage.follow`). None: every
+            epoch reads the whole listing.
+    """
+
+    urls: tuple[str, ...]
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+    format: str | None = None
+    columns: tuple[str, ...] | None = None
+    batch_size: int = 1024
+    shuffle_seed: int | None = None
+    shuffle_window: int = 16_384
+    shuffle_bytes: int | None = 256 << 20
+    shuffle_lanes: int = 16
+    read: ReadOptions = field(default_factory=ReadOptions)
+    remainder: Remainder = "carry"
+    index: IndexConfig | None = field(default_factory=IndexConfig)
+    follow: Follow | None = None
+
+    def __post_init__(self) -> None:
+        if not self.urls:
+            raise ConfigError("a stream needs at least one source URL")
+        check_numbers(
+            self,
+            "",
+            batch_size=COUNT,
+            shuffle_window=COUNT,
+            shuffle_lanes=COUNT,
+            shuffle_bytes=BYTES_OR_NONE,
+        )
+        if self.columns is not None and not self.columns:
+            raise ConfigError("columns=[] selects nothing; pass None for all columns")
+        if self.shuffle_seed is not None and (
+            isinstance(self.shuffle_seed, bool)
+            or not isinstance(self.shuffle_seed, int)
+            or self.shuffle_seed < 0
+        ):
+            raise ConfigError(
+                f"shuffle_seed={self.shuffle_seed!r} must be a non-negative int or None"
+            )
+        if self.remainder not in ("carry", "drop"):
+            raise ConfigError(
+                f"remainder={self.remainder!r} is not an option; use 'carry' (default: "
+                "rows that cannot fill a step on every rank start the next epoch) or 'drop'"
+            )
+        if self.format is not None:
+            get_format(self.format)
+
+    def source(self) -> Source:
+        """A new :class:`~ingest.storage.sources.Source` of this stream's URLs."""
+        return Source(
+            self.urls,
+            storage_options=self.storage_options,
+            format=self.format,
+            retry=self.read.retry,
+            cache=self.read.cache,
+        )
+
+    def catalog(self, indexer: Indexer | None = None) -> Catalog:
+        """A catalog of this stream's source, with its index store and ``indexer``."""
+        source = self.source()
+        store = IndexStore(self.index) if self.index is not None else None
+        return Catalog(source, self.read, self.columns, index_store=store, indexer=indexer)
+
+    def feed_config(self) -> FeedConfig:
+        return FeedConfig(
+            batch_size=self.batch_size,
+            seed=self.shuffle_seed,
+            window=self.shuffle_window,
+            lanes=self.shuffle_lanes,
+            columns=self.columns,
+            read=self.read,
+            window_bytes=self.shuffle_bytes,
+        )
+
+    def planner(self, indexer: Indexer | None = None, *, progress: bool = False) -> Planner:
+        """A planner over a new catalog of this stream's source (one per stream)."""
+        return Planner(
+            self.catalog(indexer),
+            follow=self.follow,
+            columns=self.columns,
+            shuffle_window=self.shuffle_window,
+            shuffle_bytes=self.shuffle_bytes,
+            progress=progress,
+        )
+
+    def book_config(self) -> BookConfig:
+        return BookConfig(
+            # The sources as saved in every state: credentials and query values never are.
+            sources=tuple(redact(u) for u in self.urls),
+            batch_size=self.batch_size,
+            seed=self.shuffle_seed,
+            lanes=self.shuffle_lanes,
+            remainder=self.remainder,
+            max_errors=self.read.max_errors,
+            follows=self.follow is not None,
+        )
+
+    def book(self, world_size: int, planner: Planner | None = None) -> EpochBook[Listing]:
+        """A book of ``world_size`` ranks listing with ``planner`` (default: a new one)."""
+        return EpochBook(self.book_config(), world_size, planner or self.planner())
+
+
+__all__ = ["StreamSpec"]

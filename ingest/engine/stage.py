@@ -1,0 +1,100 @@
+"""Stages: transforms that may change the number of rows (filter, split a row into several).
+
+A plain transform keeps one output row per input row. A :class:`Stage` may return any number
+of rows, with where each came from: :class:`Staged` maps every output row to the input row
+of the batch it came from (``origin``) and, when it holds only a part of that row (a chunk
+of a document's tokens), to that part (``part``: ``[start, stop)`` in the row's own units).
+
+Stages here are batch-local: every output of an input row leaves in the batch (the step)
+that input row came in. A step's provenance is therefore its input rows, as for any batch,
+and acks, states and elastic resume stay exact at the level of input rows: a state after a
+step holds every input row of it consumed, whatever the stage made of them; a filtered-out
+row is consumed with its step. Steps stay equal on every rank (a step is an input batch);
+the number of output rows per batch varies. A stage runs where transforms run: in the
+reader pool of a :class:`ingest.RayStream`, in the worker of an :class:`ingest.DataLoader`.
+
+Stages that hold rows across steps (packing documents into sequences) record consumption as
+parts of input rows: that is the language-model data's issue, built on this seam.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+from ingest.core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Staged:
+    """What a :class:`Stage` made of a batch.
+
+    Attributes:
+        table: The output rows.
+        origin: For each output row, the position in the input batch of the row it came
+            from; non-decreasing (outputs keep the order of their inputs).
+        part: For each output row, ``[start, stop)`` of the part of its input row it holds
+            (shape ``(rows, 2)``), parts of one input row in order and not overlapping; None:
+            each output row comes from its whole input row.
+    """
+
+    table: pa.Table
+    origin: npt.NDArray[np.int64]
+    part: npt.NDArray[np.int64] | None = None
+
+    def check(self, inputs: int, name: str) -> None:
+        """Refuse a result whose mapping does not fit ``inputs`` input rows.
+
+        Raises:
+            ConfigError: Naming the stage, the rule broken and the fix.
+        """
+        rows = self.table.num_rows
+        origin = np.asarray(self.origin)
+        where = f"stage {name} returned {rows} rows for {inputs}"
+        if origin.shape != (rows,):
+            raise ConfigError(
+                f"{where} with {origin.shape} origins; give one origin (input row) per output row"
+            )
+        if rows and (origin.min() < 0 or origin.max() >= inputs):
+            raise ConfigError(
+                f"{where} with origins in [{origin.min()}, {origin.max()}]; an origin is the "
+                f"position of an input row of the batch, in [0, {inputs})"
+            )
+        if rows > 1 and bool((np.diff(origin) < 0).any()):
+            raise ConfigError(
+                f"{where} with origins out of order; keep the outputs in the order of the "
+                "input rows they come from"
+            )
+        if self.part is None:
+            return
+        part = np.asarray(self.part)
+        if part.shape != (rows, 2) or (rows and bool((part[:, 0] > part[:, 1]).any())):
+            raise ConfigError(
+                f"{where} with parts of shape {part.shape}; give [start, stop) per output row, "
+                "start <= stop, shape (rows, 2)"
+            )
+        same = origin[1:] == origin[:-1]
+        if rows > 1 and bool((part[1:, 0][same] < part[:-1, 1][same]).any()):
+            raise ConfigError(
+                f"{where} with overlapping or unordered parts of one input row; the parts of "
+                "a row must follow each other"
+            )
+
+
+class Stage(ABC):
+    """A transform that may change the number of rows; returns a :class:`Staged`.
+
+    Pass an instance, or the class (built once per worker), as a stream's ``transform``.
+    Subclasses implement :meth:`__call__`. See the module docstring for what stays exact.
+    """
+
+    @abstractmethod
+    def __call__(self, table: pa.Table) -> Staged:
+        """The rows made of ``table`` (one input batch), with where each came from."""
+
+
+__all__ = ["Stage", "Staged"]

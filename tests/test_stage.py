@@ -1,0 +1,157 @@
+"""The stage seam (ingest.engine.stage): transforms that filter or split rows, with each
+output row mapped to its input row (and part), exact across stops, resumes and world sizes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+import ingest
+from ingest.testing import Store, write_dataset
+
+SHARDS, ROWS, BATCH = 4, 61, 16
+"""244 rows: 15 batches, and 4 rows carried into the next epoch."""
+
+
+class KeepEven(ingest.Stage):
+    """A filter: the rows of even id."""
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        keep = np.flatnonzero(pc.equal(pc.bit_wise_and(table["id"], 1), 0).to_numpy())
+        return ingest.Staged(table.take(pa.array(keep)), keep.astype(np.int64))
+
+
+class Halves(ingest.Stage):
+    """One-to-many: each row of id ``i`` becomes two, its parts ``[0, 1)`` and ``[1, 2)``."""
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        n = table.num_rows
+        origin = np.repeat(np.arange(n, dtype=np.int64), 2)
+        part = np.stack([np.tile([0, 1], n), np.tile([1, 2], n)], axis=1).astype(np.int64)
+        ids = table["id"].to_numpy()[origin]
+        return ingest.Staged(pa.table({"id": ids, "part": part[:, 0]}), origin, part)
+
+
+@pytest.fixture
+def data(local: Store) -> str:
+    write_dataset(local.fs, local.url("d"), "parquet", SHARDS, ROWS, row_group_rows=15)
+    return local.url("d")
+
+
+def _stream(url: str, stage: Any) -> ingest.Stream:
+    return ingest.Stream(
+        url, columns=["id"], batch_size=BATCH, shuffle_seed=5, shuffle_window=32, transform=stage
+    )
+
+
+def _outputs(batch: dict[str, Any]) -> list[tuple[int, int]]:
+    ids = batch["id"].tolist()
+    parts = batch["part"].tolist() if "part" in batch else [0] * len(ids)
+    return list(zip(ids, parts, strict=True))
+
+
+def _expected(stage: Any) -> Counter[tuple[int, int]]:
+    ids = range(SHARDS * ROWS)
+    if stage is KeepEven:
+        return Counter((i, 0) for i in ids if i % 2 == 0)
+    return Counter((i, p) for i in ids for p in (0, 1))
+
+
+@pytest.mark.parametrize("stage", [KeepEven, Halves], ids=["filter", "split"])
+@pytest.mark.parametrize("stops", [[1], [3, 2], [5, 1, 4]])
+def test_a_stage_delivers_each_output_once_across_stops(
+    data: str, stage: Any, stops: list[int]
+) -> None:
+    """Stopped after some batches and resumed from the state each time (a new stream), one
+    epoch delivers every output of every input row once; the remainder carried into the next
+    epoch is the only thing missing, and it is whole input rows."""
+    got: Counter[tuple[int, int]] = Counter()
+    state = None
+    for stop in [*stops, None]:
+        stream = _stream(data, stage)
+        if state is not None:
+            stream.load_state_dict(state)
+        for n, batch in enumerate(stream):
+            got.update(_outputs(batch))
+            if stop is not None and n + 1 == stop:
+                break
+        state = stream.state_dict()
+    assert max(got.values()) == 1, "an output delivered twice"
+    assert state is not None and state["progress"]["epoch"] == 1
+    carried = _carried(state)
+    assert len(carried) == SHARDS * ROWS % BATCH
+    assert got == Counter({o: n for o, n in _expected(stage).items() if o[0] not in carried})
+
+
+def _carried(state: dict[str, Any]) -> set[int]:
+    """The ids of the rows a state at an epoch's start carries into it (whole input rows:
+    none of their outputs was delivered)."""
+    spans = state["distributed"]["carry"]["spans"]
+    return {shard * ROWS + row for shard, a, b in spans for row in range(a, b)}
+
+
+@pytest.mark.parametrize("stage", [KeepEven, Halves], ids=["filter", "split"])
+def test_a_stage_resumes_exactly_at_another_world_size(data: str, stage: Any) -> None:
+    """Two DataLoader workers (ranks) stopped mid-epoch; the state loads into one Stream: the
+    rest of the epoch delivers each remaining output once, none of those delivered before."""
+    stream = _stream(data, stage)
+    loader = ingest.DataLoader(stream, num_workers=2)
+    before: Counter[tuple[int, int]] = Counter()
+    for n, batch in enumerate(loader):
+        before.update(_outputs(batch))
+        if n == 4:
+            break
+    state = loader.state_dict()
+    after: Counter[tuple[int, int]] = Counter()
+    resumed = _stream(data, stage)
+    resumed.load_state_dict(state)
+    for batch in resumed:
+        after.update(_outputs(batch))
+    both = before + after
+    assert max(both.values()) == 1
+    carried = _carried(resumed.state_dict())
+    assert both == Counter({o: n for o, n in _expected(stage).items() if o[0] not in carried})
+
+
+class _Wrong(ingest.Stage):
+    def __init__(self, origin: Any, part: Any = None) -> None:
+        self.origin, self.part = origin, part
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        rows = len(self.origin)
+        return ingest.Staged(table.slice(0, rows), np.asarray(self.origin), self.part)
+
+
+@pytest.mark.parametrize(
+    ("origin", "part", "message"),
+    [
+        ([0, 1], None, None),
+        ([0], None, None),
+        ([1, 0], None, "out of order"),
+        ([0, 99], None, r"in \[0, 16\)"),
+        ([0, 0], np.array([[0, 2], [1, 3]]), "overlapping or unordered parts"),
+        ([0, 1], np.array([[0, 1]]), "parts of shape"),
+    ],
+)
+def test_a_stages_origins_are_checked(
+    data: str, origin: list[int], part: Any, message: str | None
+) -> None:
+    stream = ingest.Stream(data, columns=["id"], batch_size=BATCH, transform=_Wrong(origin, part))
+    if message is None:
+        assert len(next(iter(stream))["id"]) == len(origin)
+        return
+    with pytest.raises(ingest.ConfigError, match=message):
+        next(iter(stream))
+
+
+def test_a_plain_transform_that_changes_the_row_count_is_told_about_stages(data: str) -> None:
+    stream = ingest.Stream(
+        data, columns=["id"], batch_size=BATCH, transform=lambda t: t.slice(0, 3)
+    )
+    with pytest.raises(ingest.ConfigError, match=r"returned 3 rows for 16.*ingest\.Stage"):
+        next(iter(stream))
