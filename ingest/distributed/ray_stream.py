@@ -94,24 +94,22 @@ class RayStream:
     ) -> None:
         if isinstance(world_size, bool) or world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
-        if columns is not None and (isinstance(columns, str) or not columns):
-            raise ConfigError(f"columns={columns!r} must be a non-empty list of names, or None")
         if transform is not None and not callable(transform):
             raise ConfigError(
                 f"transform={transform!r} is neither a function nor a class; pass a function "
                 "over a pyarrow Table, or a class whose instances are one"
             )
-        self.spec = StreamSpec(
-            urls=(source,) if isinstance(source, str) else tuple(source),
-            storage_options=dict(storage_options or {}),
+        self.spec = StreamSpec.of(
+            source,
+            storage_options=storage_options,
+            columns=columns,
+            read=read,
             format=format,
-            columns=tuple(columns) if columns is not None else None,
             batch_size=batch_size,
             shuffle_seed=shuffle_seed,
             shuffle_window=shuffle_window,
             shuffle_bytes=shuffle_bytes,
             shuffle_lanes=shuffle_lanes,
-            read=read or ReadOptions(),
             remainder=remainder,
             index=index,
             follow=follow,

@@ -4,7 +4,7 @@ the layers below take from it (the planner's catalog, the book's config, the fee
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +94,32 @@ class StreamSpec:
             )
         if self.format is not None:
             get_format(self.format)
+
+    @classmethod
+    def of(
+        cls,
+        source: str | Sequence[str],
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        columns: Sequence[str] | None = None,
+        read: ReadOptions | None = None,
+        **options: Any,
+    ) -> StreamSpec:
+        """The spec of a stream made with these arguments (``Stream(...)``,
+        ``RayStream(...)``): one URL or several, columns as a list, default read options.
+
+        Raises:
+            ConfigError: If an option is out of range, or ``columns`` is a string or empty.
+        """
+        if columns is not None and (isinstance(columns, str) or not columns):
+            raise ConfigError(f"columns={columns!r} must be a non-empty list of names, or None")
+        return cls(
+            urls=(source,) if isinstance(source, str) else tuple(source),
+            storage_options=dict(storage_options or {}),
+            columns=tuple(columns) if columns is not None else None,
+            read=read or ReadOptions(),
+            **options,
+        )
 
     def source(self) -> Source:
         """A new :class:`~ingest.storage.sources.Source` of this stream's URLs."""

@@ -89,19 +89,17 @@ class Stream:
         progress: bool = False,
         follow: Follow | None = None,
     ) -> None:
-        if columns is not None and (isinstance(columns, str) or not columns):
-            raise ConfigError(f"columns={columns!r} must be a non-empty list of names, or None")
-        self.spec = StreamSpec(
-            urls=(source,) if isinstance(source, str) else tuple(source),
-            storage_options=dict(storage_options or {}),
+        self.spec = StreamSpec.of(
+            source,
+            storage_options=storage_options,
+            columns=columns,
+            read=read,
             format=format,
-            columns=tuple(columns) if columns is not None else None,
             batch_size=batch_size,
             shuffle_seed=shuffle_seed,
             shuffle_window=shuffle_window,
             shuffle_bytes=shuffle_bytes,
             shuffle_lanes=shuffle_lanes,
-            read=read or ReadOptions(),
             remainder=remainder,
             follow=follow,
         )
