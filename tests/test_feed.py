@@ -14,8 +14,9 @@ from ingest.core.book import EpochBook
 from ingest.core.ledger import Ledger, StepRecord, _entries, pack_base, runs_of, runs_of_entry
 from ingest.core.plan import _GOLDEN, hash64, permutation, permutations
 from ingest.core.state import StreamState
-from ingest.engine.feed import Feed, Ready, Tail, _Origin
+from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.spec import StreamSpec
+from ingest.engine.window import Origin
 from ingest.formats.base import ReadOptions, RowBatch
 from ingest.planner.catalog import Listing
 from ingest.testing import Store, make_table, write_dataset
@@ -237,7 +238,7 @@ def test_runs_of_carried_and_adjacent_pieces() -> None:
         (Span(1, 0, 100, MAIN), RowBatch(7, data.slice(0, 0))),
         (Span(2, 0, 100, MAIN), RowBatch(0, data.slice(0, 4))),
     ]
-    origin, keys = _Origin.of(pieces)
+    origin, keys = Origin.of(pieces)
     located = origin.locate(keys)
     triples = [
         (span.segment, span.shard, batch.row + i)
@@ -262,7 +263,7 @@ def test_rows_beyond_the_packed_range_are_acked_as_runs() -> None:
     data = make_table(0, 10).to_batches()[0]
     big = (1 << 31) - 1
     for span, row in [(Span(big, 0, big + 20, MAIN), 0), (Span(2, big, big + 20, MAIN), big)]:
-        origin, keys = _Origin.of([(span, RowBatch(row, data))])
+        origin, keys = Origin.of([(span, RowBatch(row, data))])
         assert origin.packed(keys) is None
         assert origin.runs(keys).tolist() == [[MAIN, span.shard, row, row + 10]]
     one = np.array([0], dtype=np.int64)

@@ -46,7 +46,6 @@ batches are cut at the same steps as without the error (see :mod:`ingest.core.qu
 from __future__ import annotations
 
 import contextlib
-import itertools
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,13 +56,26 @@ import pyarrow as pa
 
 from ingest.core.assign import CARRY, MAIN, TO_END, Span
 from ingest.core.errors import IngestError, ShardError, StoreError
-from ingest.core.ledger import Closed, Rows, Runs, as_runs, pack_base, runs_of
+from ingest.core.ledger import Closed, Rows, Runs, as_runs, runs_of
 from ingest.core.plan import permutation
 from ingest.core.quarantine import Quarantine, Quarantined, skippable
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor
 from ingest.engine.prefetch import Prefetcher, read_ahead
 from ingest.engine.transform import output_of_no_rows, split_failures
+from ingest.engine.window import (
+    Hole,
+    Lane,
+    Origin,
+    Piece,
+    SpanEnd,
+    Window,
+    head_of,
+    piece_rows,
+    read_bytes,
+    read_whole,
+    rest_of,
+)
 from ingest.formats import get_format
 from ingest.formats.base import BadRows, ReadContext, ReadOptions, RowBatch, Seek
 from ingest.planner.catalog import Listing
@@ -142,246 +154,6 @@ def item_bytes(item: Ready | Tail) -> int:
     return item.nbytes if isinstance(item, Ready) else 0
 
 
-@dataclass(frozen=True, slots=True)
-class _SpanEnd:
-    span: int
-    shard: int
-    rows: int
-
-
-@dataclass(frozen=True, slots=True)
-class _Hole:
-    """Rows ``[row, row + size)`` of a span that are quarantined: positions without data."""
-
-    row: int
-    size: int
-    seek: Seek | None = None
-
-    @property
-    def stop(self) -> int:
-        return self.row + self.size
-
-
-Piece = RowBatch | _Hole
-
-
-def _read_whole(span: tuple[int, int | None], last: int) -> bool:
-    """Whether a range ``[start, stop)`` has been read up to its stop (``last``)."""
-    return span[1] is not None and last >= span[1]
-
-
-def _rows(piece: Piece) -> int:
-    return piece.size if isinstance(piece, _Hole) else int(piece.data.num_rows)
-
-
-def _head(piece: Piece, n: int) -> Piece:
-    if isinstance(piece, _Hole):
-        return _Hole(piece.row, n)
-    return RowBatch(piece.row, piece.data.slice(0, n), piece.seek)
-
-
-def _rest(piece: Piece, n: int) -> Piece:
-    if isinstance(piece, _Hole):
-        return _Hole(piece.row + n, piece.size - n)
-    return RowBatch(piece.row + n, piece.data.slice(n), piece.seek)
-
-
-def _read_bytes(item: tuple[int, Piece] | _SpanEnd) -> int:
-    """Bytes of what a lane's reader yields."""
-    if isinstance(item, _SpanEnd) or isinstance(item[1], _Hole):
-        return 0
-    return int(item[1].data.nbytes)
-
-
-@dataclass(slots=True)
-class _Lane:
-    """A lane: its spans in order, where it stands, and the rows it read but did not give."""
-
-    spans: list[int]
-    reader: Iterator[tuple[int, Piece] | _SpanEnd] | None = None
-    at: tuple[int, int, Seek | None] | None = None  # (lane span index, row, seek); None: done
-    pending: tuple[int, Piece] | None = None
-
-    def cursor(self) -> list[int | None] | None:
-        if self.at is None:
-            return None
-        k, row, seek = self.at
-        return [k, row, None if seek is None else seek[0], None if seek is None else seek[1]]
-
-    def held_bytes(self) -> int:
-        """Bytes of the rows read and not given yet: the pending piece and the read-ahead."""
-        pending = self.pending
-        held = 0 if pending is None else _read_bytes(pending)
-        return held + int(getattr(self.reader, "held_bytes", 0))
-
-
-@dataclass(frozen=True, slots=True)
-class _Origin:
-    """Where the rows of a window come from: its pieces in ``(segment, shard, row)`` order.
-
-    A window row is known by its *key*, its place in that order, with one key left unused
-    between two pieces whose rows do not follow each other. Consecutive keys are then
-    consecutive rows of one shard, so the rows of a batch become runs with one integer sort
-    of their keys, not a sort by three columns. Piece ``p`` holds keys
-    ``starts[p] : starts[p] + sizes[p]``, and key ``k`` of it is row ``k + offsets[p]``.
-    """
-
-    segments: npt.NDArray[np.int64]
-    shards: npt.NDArray[np.int64]
-    starts: npt.NDArray[np.int64]
-    sizes: npt.NDArray[np.int64]
-    offsets: npt.NDArray[np.int64]
-    pieces: npt.NDArray[np.int64]
-    """The piece of each key."""
-    base: Rows | None
-    """Per piece, the packed row of key 0 (:func:`ingest.core.ledger.pack_base`); None if the
-    rows do not pack."""
-
-    @staticmethod
-    def of(pieces: Sequence[tuple[Span, Piece]]) -> tuple[_Origin, npt.NDArray[np.int64]]:
-        """The origin of ``pieces`` and the key of each of their rows, in reading order."""
-        pieces = [(span, batch) for span, batch in pieces if _rows(batch)]
-        sizes = np.array([_rows(b) for _, b in pieces], dtype=np.int64)
-        segments = np.array([s.segment for s, _ in pieces], dtype=np.int64)
-        shards = np.array([s.shard for s, _ in pieces], dtype=np.int64)
-        firsts = np.array([b.row for _, b in pieces], dtype=np.int64)
-        by_key = np.lexsort((firsts, shards, segments))
-        segments, shards, firsts = segments[by_key], shards[by_key], firsts[by_key]
-        sizes_k = sizes[by_key]
-        gaps = np.ones(len(pieces), dtype=np.int64)
-        gaps[:1] = 0
-        gaps[1:] -= (
-            (segments[1:] == segments[:-1])
-            & (shards[1:] == shards[:-1])
-            & (firsts[1:] == firsts[:-1] + sizes_k[:-1])
-        )
-        starts_k = np.cumsum(sizes_k + gaps) - sizes_k
-        # A gap's key goes with the piece before it; no row has that key.
-        of_key = np.repeat(np.arange(len(pieces)), np.append(gaps[1:], 0) + sizes_k)
-        starts = np.empty_like(starts_k)
-        starts[by_key] = starts_k
-        keys = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
-        keys += np.arange(len(keys), dtype=np.int64)
-        offsets = firsts - starts_k
-        last = int((firsts + sizes_k).max()) - 1 if pieces else 0
-        base = pack_base(segments, shards, offsets, last)
-        origin = _Origin(segments, shards, starts_k, sizes_k, offsets, of_key, base)
-        return origin, keys
-
-    def locate(
-        self, keys: npt.NDArray[np.int64]
-    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-        """Segment, shard and row of each key."""
-        piece = self.pieces[keys]
-        return self.segments[piece], self.shards[piece], self.offsets[piece] + keys
-
-    def packed(self, keys: npt.NDArray[np.int64]) -> Rows | None:
-        """The packed rows of ``keys`` (:func:`ingest.core.ledger.pack_rows`), or None."""
-        if self.base is None:
-            return None
-        return self.base[self.pieces[keys]] + keys
-
-    def all_runs(self) -> Runs:
-        """Every row of the window (holes and rows consumed before included), as runs."""
-        out = np.empty((len(self.sizes), 4), dtype=np.int64)
-        out[:, 0], out[:, 1] = self.segments, self.shards
-        np.add(self.starts, self.offsets, out=out[:, 2])
-        np.add(out[:, 2], self.sizes, out=out[:, 3])
-        return out
-
-    def runs(self, keys: npt.NDArray[np.int64]) -> Runs:
-        """The runs of the rows of ``keys``, as :func:`ingest.core.ledger.runs_of` gives them."""
-        if not len(keys):
-            return as_runs(())
-        k = np.sort(keys)
-        heads = np.flatnonzero(k[1:] - k[:-1] != 1) + 1
-        bounds = np.concatenate(([0], heads, [len(k)]))
-        out = np.empty((len(bounds) - 1, 4), dtype=np.int64)
-        out[:, 0], out[:, 1], out[:, 2] = self.locate(k[bounds[:-1]])
-        np.add(out[:, 2], np.diff(bounds), out=out[:, 3])
-        return out
-
-
-class _Chunks:
-    """A table's record batches, to gather rows from them without joining them first (a take
-    on a table of many chunks joins them all, each call)."""
-
-    def __init__(self, table: pa.Table) -> None:
-        self.batches = table.to_batches()
-        sizes = np.fromiter((b.num_rows for b in self.batches), np.int64, len(self.batches))
-        self.starts = np.cumsum(sizes) - sizes
-
-    def take(self, rows: npt.NDArray[np.int64]) -> pa.Table:
-        """Rows ``rows`` of the table, in that order: one take per record batch they hit,
-        then one to put them in order."""
-        chunk = np.searchsorted(self.starts, rows, side="right") - 1
-        by_chunk = np.argsort(chunk, kind="stable")
-        chunk = chunk[by_chunk]
-        local = rows[by_chunk] - self.starts[chunk]
-        cuts = np.flatnonzero(chunk[1:] != chunk[:-1]) + 1
-        bounds = np.concatenate(([0], cuts, [len(chunk)])).tolist()
-        parts = [
-            self.batches[int(chunk[a])].take(pa.array(local[a:b]))
-            for a, b in itertools.pairwise(bounds)
-        ]
-        grouped = pa.Table.from_batches(parts, schema=self.batches[0].schema)
-        order = np.empty_like(by_chunk)
-        order[by_chunk] = np.arange(len(by_chunk))
-        return grouped.take(order)
-
-
-@dataclass(slots=True)
-class _Window:
-    """A window's positions in delivery order: each one's key in ``origin``, and the table.
-
-    Without holes position ``i`` is row ``i`` of the table. With holes, ``holes`` marks the
-    positions without data and ``before[i]`` is the table row of position ``i`` (the rows
-    before it that are not holes). A window gathered batch by batch keeps its table in
-    reading order, and ``order[i]`` is the table row of position ``i``. Once compacted
-    (:meth:`compact`) the table holds only the rows of positions ``first`` on.
-    """
-
-    index: int
-    start: Cursor
-    end: Cursor
-    table: pa.Table
-    keys: npt.NDArray[np.int64]
-    origin: _Origin
-    holes: npt.NDArray[np.bool_] | None = None
-    before: npt.NDArray[np.int64] | None = None
-    order: npt.NDArray[np.int64] | None = None
-    chunks: _Chunks | None = None
-    first: int = 0
-    nbytes: int = 0
-    """Bytes of ``table``."""
-
-    @property
-    def size(self) -> int:
-        return len(self.keys)
-
-    def rows(self, lo: int, hi: int) -> pa.Table:
-        """The table rows of positions ``lo:hi`` (``lo >= first``)."""
-        if self.order is not None:
-            if self.chunks is None:
-                self.chunks = _Chunks(self.table)
-            return self.chunks.take(self.order[lo:hi])
-        if self.before is None:
-            return self.table.slice(lo - self.first, hi - lo)
-        base = int(self.before[self.first])
-        a, b = int(self.before[lo]) - base, int(self.before[hi]) - base
-        return self.table.slice(a, b - a)
-
-    def compact(self, lo: int) -> None:
-        """Keep only the rows of positions ``lo`` on, copied: the window's table goes."""
-        if lo <= self.first or lo >= self.size:
-            return
-        rest = self.rows(lo, self.size)
-        if self.order is None:  # a slice, which holds the whole table: copy it
-            rest = rest.take(np.arange(rest.num_rows))
-        self.table, self.order, self.chunks, self.first = rest, None, None, lo
-        self.nbytes = int(rest.nbytes)
-
-
 class Feed:
     """Iterate a rank's batches of one epoch: :class:`Ready` items, then one :class:`Tail`.
 
@@ -415,7 +187,7 @@ class Feed:
         if config.window_bytes is not None:
             gather = min(gather, config.window_bytes // 4)
         self._gather_bytes = gather
-        self._held: list[tuple[_Window, int, int]] = []
+        self._held: list[tuple[Window, int, int]] = []
         """Windows with rows not yet cut into batches: ``(window, start, stop)``."""
         self.peak_bytes = 0
         """The most bytes this feed held at once, seen as each window was made."""
@@ -434,7 +206,7 @@ class Feed:
             size=item_bytes,
         )
 
-    def _make_lanes(self) -> list[_Lane]:
+    def _make_lanes(self) -> list[Lane]:
         spans = self.plan.spans
         groups: list[list[int]] = []
         for n, span in enumerate(spans):
@@ -443,7 +215,7 @@ class Feed:
             else:
                 groups.append([n])
         count = 1 if self.config.seed is None else max(1, min(self.config.lanes, len(groups)))
-        lanes = [_Lane([]) for _ in range(count)]
+        lanes = [Lane([]) for _ in range(count)]
         for g, group in enumerate(groups):
             lanes[g % count].spans.extend(group)
         cursor = self.plan.cursor
@@ -468,7 +240,7 @@ class Feed:
 
     def _read_lane(
         self, lane: list[int], k: int, row: int, seek: Seek | None
-    ) -> Iterator[tuple[int, Piece] | _SpanEnd]:
+    ) -> Iterator[tuple[int, Piece] | SpanEnd]:
         """Batches of the lane's spans from span ``k``, row ``row``; the shard opened once."""
         spans = self.plan.spans
         while k < len(lane):
@@ -503,7 +275,7 @@ class Feed:
                             stop=batch.stop,
                             rows=n,
                         )
-                        yield run[index], _Hole(batch.row, n)
+                        yield run[index], Hole(batch.row, n)
                     elif batch.data.num_rows:
                         yield run[index], batch
                     last[index] = batch.stop
@@ -515,7 +287,7 @@ class Feed:
                 continue
             for index, (_, stop) in enumerate(ranges):
                 if stop is None:
-                    yield _SpanEnd(run[index], shard, last[index])
+                    yield SpanEnd(run[index], shard, last[index])
             row, seek = 0, None
 
     def _read_run(
@@ -551,7 +323,7 @@ class Feed:
                     if again or isinstance(e, StoreError) or not self.source.drop_cached(ctx.shard):
                         raise
             again, seek = True, None
-            todo = [i for i in range(at, len(ranges)) if not _read_whole(ranges[i], last[i])]
+            todo = [i for i in range(at, len(ranges)) if not read_whole(ranges[i], last[i])]
 
     def _holes(
         self,
@@ -562,10 +334,10 @@ class Feed:
         ranges: list[tuple[int, int | None]],
         last: list[int],
         at: int,
-    ) -> Iterator[tuple[int, Piece] | _SpanEnd]:
+    ) -> Iterator[tuple[int, Piece] | SpanEnd]:
         """Quarantine the rows of ``ranges`` not read when ``error`` stopped the shard: one
         record per stretch of consecutive rows, one hole per span."""
-        out: list[tuple[int, Piece] | _SpanEnd] = []
+        out: list[tuple[int, Piece] | SpanEnd] = []
         lost: list[tuple[int, int | None]] = []
         for index in range(at, len(ranges)):
             start, stop = last[index], ranges[index][1]
@@ -573,9 +345,9 @@ class Feed:
                 continue  # read whole: the error came after it
             lost.append((start, stop))
             if stop is None:  # rows to the end are unknown: the shard ends here for us
-                out.append(_SpanEnd(run[index], shard, start))
+                out.append(SpanEnd(run[index], shard, start))
             else:
-                out.append((run[index], _Hole(start, stop - start)))
+                out.append((run[index], Hole(start, stop - start)))
         stretches: list[list[int | None]] = []  # the spans are in shuffled block order
         for start, stop in sorted(lost, key=lambda r: r[0]):
             if stretches and stretches[-1][1] == start:
@@ -588,7 +360,7 @@ class Feed:
             self.quarantine.add(error, url=url, start=first, stop=end, rows=rows)
         yield from out
 
-    def _open(self, lane: _Lane) -> Iterator[tuple[int, Piece] | _SpanEnd]:
+    def _open(self, lane: Lane) -> Iterator[tuple[int, Piece] | SpanEnd]:
         assert lane.at is not None
         k, row, seek = lane.at
         depth = self.config.read.prefetch
@@ -600,10 +372,10 @@ class Feed:
             self.config.read.timeout_s,
             f"shards of {self.source.urls[0]}",
             max_bytes=self._lane_bytes,
-            size=_read_bytes,
+            size=read_bytes,
         )
 
-    def _take(self, lane: _Lane, want: int) -> list[tuple[Span, Piece]]:
+    def _take(self, lane: Lane, want: int) -> list[tuple[Span, Piece]]:
         """Up to ``want`` rows (holes included) from ``lane``, advancing its position."""
         out: list[tuple[Span, Piece]] = []
         spans = self.plan.spans
@@ -615,20 +387,20 @@ class Feed:
                 if item is None:
                     lane.at = None
                     break
-                if isinstance(item, _SpanEnd):
+                if isinstance(item, SpanEnd):
                     self._learned[item.shard] = item.rows
                     continue
                 lane.pending = item
             k, batch = lane.pending
-            size = _rows(batch)
+            size = piece_rows(batch)
             n = min(want, size)
-            out.append((spans[lane.spans[k]], _head(batch, n)))
+            out.append((spans[lane.spans[k]], head_of(batch, n)))
             want -= n
             if n == size:
                 lane.pending = None
                 lane.at = (k, batch.stop, batch.seek)
             else:
-                rest = _rest(batch, n)
+                rest = rest_of(batch, n)
                 lane.pending = (k, rest)
                 lane.at = (k, rest.row, batch.seek)
         return out
@@ -638,7 +410,7 @@ class Feed:
     def _cursor(self, window: int) -> Cursor:
         return {"window": window, "lanes": [lane.cursor() for lane in self._lanes]}
 
-    def _windows(self) -> Iterator[_Window]:
+    def _windows(self) -> Iterator[Window]:
         index = int(self.plan.cursor["window"]) if self.plan.cursor else 0
         per_lane = max(1, self._window_rows // len(self._lanes))
         while any(lane.at is not None for lane in self._lanes):
@@ -653,10 +425,10 @@ class Feed:
 
     def _window(
         self, index: int, start: Cursor, end: Cursor, pieces: list[tuple[Span, Piece]]
-    ) -> _Window:
+    ) -> Window:
         data = [b.data.replace_schema_metadata(None) for _, b in pieces if isinstance(b, RowBatch)]
         table = pa.Table.from_batches(data) if data else self._empty()
-        origin, keys = _Origin.of(pieces)
+        origin, keys = Origin.of(pieces)
         take: npt.NDArray[np.int64] | None = None
         if self.config.seed is not None:
             take = permutation(
@@ -671,11 +443,11 @@ class Feed:
         nbytes = int(table.nbytes)
         if take is not None and nbytes > self._gather_bytes:
             # Large rows: each batch gathers its own (see _GATHER_BYTES).
-            return _Window(index, start, end, table, keys[take], origin, order=take, nbytes=nbytes)
+            return Window(index, start, end, table, keys[take], origin, order=take, nbytes=nbytes)
         if take is not None:
             # One gather for the whole window; batches are slices of it.
             table, keys = table.take(take), keys[take]
-        return _Window(index, start, end, table, keys, origin, nbytes=nbytes)
+        return Window(index, start, end, table, keys, origin, nbytes=nbytes)
 
     @staticmethod
     def _with_holes(
@@ -684,20 +456,20 @@ class Feed:
         end: Cursor,
         pieces: list[tuple[Span, Piece]],
         table: pa.Table,
-        origin: _Origin,
+        origin: Origin,
         keys: npt.NDArray[np.int64],
         take: npt.NDArray[np.int64] | None,
-    ) -> _Window:
+    ) -> Window:
         """The window of :meth:`_window` in delivery order ``take`` (None: reading order)
         where some positions are holes: the table holds only the rows that are not."""
-        sizes = [_rows(b) for _, b in pieces if _rows(b)]
-        holes = np.repeat([isinstance(b, _Hole) for _, b in pieces if _rows(b)], sizes)
+        sizes = [piece_rows(b) for _, b in pieces if piece_rows(b)]
+        holes = np.repeat([isinstance(b, Hole) for _, b in pieces if piece_rows(b)], sizes)
         row = np.cumsum(~holes) - 1  # the table row of each position in reading order
         if take is not None:
             holes, keys, row = holes[take], keys[take], row[take]
         table = table.take(row[~holes])
         before = np.concatenate(([0], np.cumsum(~holes))).astype(np.int64)
-        return _Window(index, start, end, table, keys, origin, holes, before, nbytes=table.nbytes)
+        return Window(index, start, end, table, keys, origin, holes, before, nbytes=table.nbytes)
 
     def _empty(self) -> pa.Table:
         """A table of no rows with the stream's columns (a window made only of holes)."""
@@ -709,7 +481,7 @@ class Feed:
             schema = pa.schema(fields)
         return schema.empty_table()
 
-    def _consumed(self, origin: _Origin) -> npt.NDArray[np.bool_] | None:
+    def _consumed(self, origin: Origin) -> npt.NDArray[np.bool_] | None:
         """Per key of ``origin``, whether its row was consumed; None when none was."""
         skip = dict(zip((CARRY, MAIN), self.plan.skip, strict=True))
         seen: npt.NDArray[np.bool_] | None = None
@@ -769,8 +541,8 @@ class Feed:
         finally:
             self.close()
 
-    def _cut(self, held: list[tuple[_Window, int, int]], size: int, step: int) -> Ready:
-        parts: list[tuple[_Window, int, int]] = []
+    def _cut(self, held: list[tuple[Window, int, int]], size: int, step: int) -> Ready:
+        parts: list[tuple[Window, int, int]] = []
         need = size
         while need:
             window, lo, hi = held[0]
@@ -818,7 +590,7 @@ class Feed:
             closed,
         )
 
-    def _origin_of(self, parts: Sequence[tuple[_Window, int, int]], index: int) -> tuple[str, int]:
+    def _origin_of(self, parts: Sequence[tuple[Window, int, int]], index: int) -> tuple[str, int]:
         """The shard URL and row of row ``index`` of the batch cut from ``parts``."""
         for w, lo, hi in parts:
             keys = w.keys[lo:hi] if w.holes is None else w.keys[lo:hi][~w.holes[lo:hi]]
@@ -829,7 +601,7 @@ class Feed:
         raise IndexError(f"row {index} is past the batch")  # pragma: no cover
 
     @staticmethod
-    def _acked(parts: Sequence[tuple[_Window, int, int]]) -> Runs | Rows:
+    def _acked(parts: Sequence[tuple[Window, int, int]]) -> Runs | Rows:
         """The rows of ``parts`` as the rank acks them: packed rows when they pack (a gather
         and an add per row; no sort here, the fold sorts once), else runs."""
         packed = [w.origin.packed(w.keys[lo:hi]) for w, lo, hi in parts]
@@ -840,7 +612,7 @@ class Feed:
         return Feed._runs(parts)
 
     @staticmethod
-    def _runs(parts: Sequence[tuple[_Window, int, int]]) -> Runs:
+    def _runs(parts: Sequence[tuple[Window, int, int]]) -> Runs:
         """The runs of rows ``lo:hi`` of each window of ``parts``."""
         if len(parts) == 1:
             window, lo, hi = parts[0]
