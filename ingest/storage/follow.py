@@ -39,7 +39,7 @@ from fsspec.utils import get_protocol
 
 from ingest.core.errors import ConfigError, SourceError, redact
 from ingest.core.validate import SECONDS, Number, check_numbers
-from ingest.storage.sources import Shard, Source
+from ingest.storage.sources import Source
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,41 +178,10 @@ def read_manifest(source: Source, url: str) -> Manifest:
     return Manifest(url, named)
 
 
-def consumed_before(before: Sequence[Shard], now: Sequence[Shard]) -> list[int]:
-    """Indices in ``now`` of the shards a round ``before`` read (every one of them).
-
-    Raises:
-        SourceError: If one of them vanished or changed since (a followed dataset only
-            grows).
-    """
-    at = {s.url: n for n, s in enumerate(now)}
-    out = []
-    for old in before:
-        n = at.get(old.url)
-        if n is None:
-            raise SourceError(
-                old.url,
-                "vanished while the stream followed the dataset (a round read it already)",
-                "a followed dataset only grows: keep every shard it read, or start a new "
-                "stream without the state",
-            )
-        new = now[n]
-        if new.size != old.size or (old.version and new.version and new.version != old.version):
-            raise SourceError(
-                old.url,
-                f"changed since a round read it (size {old.size} -> {new.size}, version "
-                f"{old.version!r} -> {new.version!r})",
-                "a followed dataset only grows: write new shards instead of rewriting one",
-            )
-        out.append(n)
-    return out
-
-
 __all__ = [
     "Follow",
     "Manifest",
     "NothingNewError",
-    "consumed_before",
     "read_manifest",
     "shard_url",
 ]
