@@ -98,7 +98,7 @@ OVER = {
     "ingest/core/assign.py": 505,
     "ingest/core/book.py": 983,
     "ingest/core/intervals.py": 552,
-    "ingest/core/state.py": 1390,
+    "ingest/core/state/schema.py": 1390,
     "ingest/distributed/pool.py": 572,
     "ingest/engine/feed.py": 638,
     "ingest/planner/index.py": 515,

@@ -6,7 +6,6 @@ import json
 
 import pytest
 
-from ingest.core import state as state_module
 from ingest.core.errors import StateError
 from ingest.core.intervals import IntervalSet
 from ingest.core.state import (
@@ -21,6 +20,7 @@ from ingest.core.state import (
     StreamState,
     match_listing,
 )
+from ingest.core.state import schema as state_module
 
 SHARDS = [ShardRecord(f"s3://b/part-{i}.parquet", 1000 + i, f"etag{i}", 500) for i in range(6)]
 
