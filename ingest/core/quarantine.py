@@ -157,31 +157,44 @@ def check_saved(
         if q.epoch != epoch:
             _refuse(f"{at}.epoch is {q.epoch}, but the state is in epoch {epoch}")
         if q.url is None:
-            if q.start or q.stop is not None:
-                _refuse(f"{at} names rows from {q.start} but no shard")
-            if q.step not in steps:
-                _refuse(
-                    f"{at}.step is {q.step}, not a step of the epoch so far ({steps.start} "
-                    f"to {steps.stop - 1})"
-                )
-            if q.rows is None or (batch_size and q.rows > batch_size):
-                _refuse(f"{at}.rows is {q.rows}, more than a batch (batch_size {batch_size})")
-            continue
-        if q.step is not None:
-            _refuse(f"{at} names both a shard and a step ({q.step})")
-        if q.url not in rows_of:
-            _refuse(f"{at}.url {redact(q.url)} names no shard of the state's dataset")
-        count = rows_of[q.url]
-        end = q.start if q.stop is None else q.stop
-        if count is not None and end > count:
-            _refuse(f"{at} ends at row {end}, past the end of {redact(q.url)} ({count} rows)")
-        expected = None if q.stop is None else q.stop - q.start
-        if q.rows != expected:
-            stop = "end" if q.stop is None else q.stop
-            _refuse(
-                f"{at}.rows is {q.rows}, but the record skips rows [{q.start}, {stop}) "
-                f"({'an unknown number' if expected is None else expected})"
-            )
+            _check_step_record(q, at, steps, batch_size)
+        else:
+            _check_shard_record(q, q.url, at, rows_of)
+
+
+def _check_step_record(q: Quarantined, at: str, steps: range, batch_size: int) -> None:
+    """A transform's record: no rows of a shard, a step of the epoch so far, a batch at most."""
+    if q.start or q.stop is not None:
+        _refuse(f"{at} names rows from {q.start} but no shard")
+    if q.step not in steps:
+        _refuse(
+            f"{at}.step is {q.step}, not a step of the epoch so far ({steps.start} "
+            f"to {steps.stop - 1})"
+        )
+    if q.rows is None or (batch_size and q.rows > batch_size):
+        _refuse(f"{at}.rows is {q.rows}, more than a batch (batch_size {batch_size})")
+
+
+def _check_shard_record(
+    q: Quarantined, url: str, at: str, rows_of: Mapping[str, int | None]
+) -> None:
+    """A shard's record (of ``url``): a shard of the dataset, rows within its count, and
+    ``rows`` exact."""
+    if q.step is not None:
+        _refuse(f"{at} names both a shard and a step ({q.step})")
+    if url not in rows_of:
+        _refuse(f"{at}.url {redact(url)} names no shard of the state's dataset")
+    count = rows_of[url]
+    end = q.start if q.stop is None else q.stop
+    if count is not None and end > count:
+        _refuse(f"{at} ends at row {end}, past the end of {redact(url)} ({count} rows)")
+    expected = None if q.stop is None else q.stop - q.start
+    if q.rows != expected:
+        stop = "end" if q.stop is None else q.stop
+        _refuse(
+            f"{at}.rows is {q.rows}, but the record skips rows [{q.start}, {stop}) "
+            f"({'an unknown number' if expected is None else expected})"
+        )
 
 
 def _refuse(problem: str) -> None:

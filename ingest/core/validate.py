@@ -1,7 +1,7 @@
 """Checks of numeric options, one helper for every config. Pure: no I/O.
 
 Every config (:class:`ingest.Follow`, :class:`ingest.RankOptions`, the stream's
-:class:`ingest.core.book.StreamSpec`, :class:`ingest.ReadOptions`) checks its numbers here when
+:class:`ingest.engine.spec.StreamSpec`, :class:`ingest.ReadOptions`) checks its numbers here when
 it is made, so that a value that cannot work is a :class:`~ingest.core.errors.ConfigError` naming
 the option, the value, the rule and a fix at once: not a wait of ``timeout_s`` blamed on the
 store, nor a bare ``TypeError`` from deep inside a reader. NaN passes every comparison

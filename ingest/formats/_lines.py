@@ -74,6 +74,32 @@ def open_decompressed(source: Source, shard: Shard, block_bytes: int) -> tuple[A
         raise
 
 
+def _go_to(f: Any, seekable: bool, start: int, block_bytes: int, url: str) -> int:
+    """Move ``f`` to decompressed byte ``start``: a seek, or reads skipped (a compressed
+    stream). Returns ``start``.
+
+    Raises:
+        ShardError: If the shard ends before ``start``.
+    """
+    if not start:
+        return 0
+    if seekable:
+        f.seek(start)
+        return start
+    offset = 0
+    while offset < start:
+        skipped = f.read(min(block_bytes, start - offset))
+        if not skipped:
+            raise ShardError(
+                url,
+                f"ends at byte {offset}, before the saved position {start}",
+                "the shard changed since the state was saved; restart the epoch",
+                byte=offset,
+            )
+        offset += len(skipped)
+    return offset
+
+
 def iter_chunks(
     source: Source,
     shard: Shard,
@@ -102,22 +128,7 @@ def iter_chunks(
     step = min(block_bytes, max_line_bytes)
     f, seekable = open_decompressed(source, shard, block_bytes)
     with f:
-        offset = 0
-        if start:
-            if seekable:
-                f.seek(start)
-                offset = start
-            else:
-                while offset < start:
-                    skipped = f.read(min(block_bytes, start - offset))
-                    if not skipped:
-                        raise ShardError(
-                            shard.url,
-                            f"ends at byte {offset}, before the saved position {start}",
-                            "the shard changed since the state was saved; restart the epoch",
-                            byte=offset,
-                        )
-                    offset += len(skipped)
+        offset = _go_to(f, seekable, start, block_bytes, shard.url)
         ends = records()
         parts: list[bytes] = []  # the record in progress, read so far
         pending = 0

@@ -1,4 +1,4 @@
-"""Follow mode: a dataset written while training runs, read as it grows. Pure; no Ray.
+"""Follow mode: a dataset written while training runs, read as it grows. No Ray.
 
 With ``follow=ingest.Follow(...)`` each epoch is a *round* over the shards that appeared
 since the previous round: the source is listed again (every ``poll_s`` while nothing new
@@ -70,10 +70,6 @@ class Follow:
                 "the text file that lists the finished shards, or manifest=None to read every "
                 "listed shard"
             )
-
-
-class NothingNewError(Exception):
-    """A round would hold less than one full step: list again after ``poll_s``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +177,6 @@ def read_manifest(source: Source, url: str) -> Manifest:
 __all__ = [
     "Follow",
     "Manifest",
-    "NothingNewError",
     "read_manifest",
     "shard_url",
 ]
