@@ -101,8 +101,8 @@ OVER = {
     "ingest/core/state/schema.py": 1390,
     "ingest/distributed/pool.py": 572,
     "ingest/engine/feed.py": 638,
-    "ingest/planner/index.py": 515,
-    "ingest/storage/cache.py": 642,
+    "ingest/planner/index/store.py": 515,
+    "ingest/storage/cache/store.py": 642,
     "ingest/storage/sources/source.py": 1281,
     "ingest/tools/loopback.py": 716,
 }
