@@ -14,7 +14,8 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ingest.core.book import Remainder
@@ -28,6 +29,7 @@ from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform
 from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Listing
+from ingest.planner.planner import Planner
 from ingest.storage.follow import Follow
 
 _log = logging.getLogger(__name__)
@@ -122,6 +124,13 @@ class Stream:
         self._active: weakref.ref[_Loop] | None = None
         self._running = False
         """An epoch's loop started and has not finished: the next loop rewinds first."""
+
+    @property
+    def parts(self) -> StreamParts:
+        """What another loop over this stream's engine reads with: the spec, the planner
+        (footers read once for all) and the built transform (an :class:`ingest.DataLoader`
+        runs its workers with them)."""
+        return StreamParts(self.spec, self._planner, self._transform)
 
     @property
     def batch_size(self) -> int:
@@ -268,19 +277,23 @@ class Stream:
         self._book.fold(self._rank.step)
         return state
 
-    def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
+    def load_state_dict(
+        self, state: Mapping[str, Any] | str | StreamState, *, listing: Listing | None = None
+    ) -> None:
         """Continue exactly after ``state``: rows it consumed are never delivered again.
 
         The state may come from a :class:`ingest.RayStream` of any world size.
+
+        Args:
+            state: The state: its JSON (a dict or a string), or parsed.
+            listing: The source as listed this epoch (:meth:`listing`), so that loading lists
+                nothing (an :class:`ingest.DataLoader` hands back its epoch's); None: list now.
 
         Raises:
             StateError: If the state is malformed, of another version, another seed, or a
                 dataset whose shards are gone or changed (new shards join next epoch).
         """
-        self._restore(StreamState.from_json(state))
-
-    def _restore(self, parsed: StreamState, listing: Listing | None = None) -> None:
-        """Load ``parsed``; ``listing``: the source as listed already (none made here)."""
+        parsed = state if isinstance(state, StreamState) else StreamState.from_json(state)
         self._stop_active(superseded=True)
         self._rank.restart(parsed.progress.step - 1)  # acks of the position left behind: gone
         self._running = False
@@ -304,6 +317,15 @@ class Stream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+@dataclass(frozen=True, slots=True)
+class StreamParts:
+    """See :attr:`Stream.parts`."""
+
+    spec: StreamSpec
+    planner: Planner
+    transform: Callable[[Any], Any] | None
 
 
 class _Loop(Iterator[Batch]):

@@ -169,7 +169,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
         self.stream = stream
-        self._shares = _Shares(stream.spec, stream._transform)
+        self._shares = _Shares(stream.spec, stream.parts.transform)
         self._book: EpochBook[Listing] | None = None
         self._ranks: dict[int, RankLoop] = {}
         """Each worker's (rank's) batches handed out and their acks (:mod:`ingest.engine.loop`)."""
@@ -194,7 +194,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         stream.close()
         start = StreamState.from_json(stream.state_dict())
         # The stream's planner: footers read in earlier epochs are not read again.
-        book = stream.spec.book(ranks, stream._planner)
+        book = stream.spec.book(ranks, stream.parts.planner)
         link = BookLink(book)
         self._ranks = {rank: RankLoop(rank, link) for rank in range(ranks)}
         started = start.started or start.progress.epoch > 0
@@ -234,7 +234,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
         # The epoch is done: the stream goes on from the next one (listed when it starts).
         self._flush()
-        stream._restore(book.snapshot_acked(), listing)
+        stream.load_state_dict(book.snapshot_acked(), listing=listing)
         self._book = None
 
     def _flush(self) -> None:
@@ -253,7 +253,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                     close()  # shuts its workers down
         if self._book is not None:
             self._flush()
-            self.stream._restore(self._book.snapshot_acked())
+            self.stream.load_state_dict(self._book.snapshot_acked())
             self._book = None
 
     def state_dict(self) -> dict[str, Any]:
