@@ -311,7 +311,7 @@ def test_a_take_that_reaches_a_restarted_reader_never_starts_the_feed_over(
     # (seen in a full-suite run of test_node_faults). It must say so; the rank resumes.
     from ray._private.state import actors
 
-    from ingest.distributed.pool import FeedLostError
+    from ingest.distributed.rank_feed import FeedLostError
 
     pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
     with make(s3_data, "parquet", 1, readers=pool) as stream:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -34,18 +33,20 @@ import pyarrow as pa
 import ray
 
 from ingest.core.errors import ConfigError, IngestError, SupersededError
-from ingest.core.ledger import Closed, Rows, Runs
-from ingest.core.quarantine import Quarantined, reason_of
+from ingest.core.quarantine import reason_of
 from ingest.core.state import Cursor
 from ingest.distributed.metrics import StoreMeter
-from ingest.engine.feed import Feed, Ready, Tail
+from ingest.distributed.rank_feed import (
+    WAIT_S,
+    End,
+    FeedLostError,
+    Item,
+    RankFeed,
+    TransformFailed,
+)
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform, output_of_no_rows
 from ingest.storage.sources import Source
-
-_WAIT_S = 5.0
-_ENDED = -2
-"""``_RankFeed.at`` once the feed handed out its :class:`End`."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,214 +126,6 @@ class ReaderPool:
         return options
 
 
-@dataclass(frozen=True, slots=True)
-class Item:
-    """A ready batch as a rank receives it.
-
-    ``batch`` is the Arrow table itself when the feed's own actor made it (it travels in the
-    ``take`` call's result, a few batches per object), or an object ref when another actor
-    of the pool decoded it.
-    """
-
-    step: int
-    runs: Runs | Rows
-    cursor: Cursor
-    batch: Any
-    nbytes: int
-    rows: int = -1
-    quarantined: tuple[Quarantined, ...] = ()
-    """See :class:`ingest.engine.feed.Ready`."""
-    closed: Closed | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class End:
-    """The end of a rank's epoch; see :class:`ingest.engine.feed.Tail`."""
-
-    epoch: int
-    steps: int
-    leftover: Runs
-    learned: dict[int, int]
-    quarantined: tuple[Quarantined, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class TransformFailed:
-    """What a batch decodes to when its transform raised under ``on_error="skip"``: the
-    rank quarantines the batch's rows and delivers ``empty`` at its step."""
-
-    reason: str
-    rows: int
-    empty: Any
-
-
-class FeedLostError(Exception):
-    """This reader holds no feed for the rank's session and epoch: a restarted reader's new
-    process, or an epoch the rank has not started here. The rank resumes or starts it."""
-
-
-class _RankFeed:
-    """One rank's feed in a reader actor: a thread filling a bounded queue of items."""
-
-    def __init__(
-        self,
-        reader: _Reader,
-        rank: int,
-        session: int,
-        epoch: int,
-        resume: tuple[int, Cursor | None] | None = None,
-    ) -> None:
-        self.rank, self.session, self.epoch = rank, session, epoch
-        self._resume = resume
-        self.lease = 0
-        """The lease of the rank's iterator this feed serves (:meth:`_Reader.adopt`)."""
-        self.at: int | None = None if resume is None else resume[0]
-        """The step of the next batch to hand out; None: the share's first (none handed)."""
-        self._reader = reader
-        self._queue: deque[Item | End | BaseException] = deque()
-        self._cond = threading.Condition()
-        self._stop = False
-        self.queued_bytes = 0
-        """Bytes of this feed's batches held within the reader's budget: queued, and the one
-        being decoded (reserved by :meth:`_reserve`, released by :meth:`take` and
-        :meth:`stop`)."""
-        self._thread = threading.Thread(
-            target=self._run, daemon=True, name=f"ingest-feed-rank{rank}"
-        )
-        self._thread.start()
-
-    def _room(self) -> bool:
-        """Wait until the queue has room for one more item; False: the feed stopped."""
-        with self._cond:
-            while not self._stop and len(self._queue) >= self._reader.depth:
-                self._cond.wait(_WAIT_S)
-            return not self._stop
-
-    def _reserve(self, nbytes: int) -> bool:
-        """Take ``nbytes`` of the reader's budget for a batch about to be decoded and queued
-        (waiting for room first, so that a full queue holds no budget it cannot use);
-        False: the feed stopped, and nothing is held."""
-        if not self._room() or not self._reader.wait_for_budget(nbytes, lambda: self._stop):
-            return False
-        with self._cond:  # stop() releases what the feed holds, under the same lock
-            if self._stop:
-                self._reader.release(nbytes)
-                return False
-            self.queued_bytes += nbytes
-            return True
-
-    def _put(self, item: Item | End | BaseException) -> bool:
-        with self._cond:
-            while not self._stop and len(self._queue) >= self._reader.depth:
-                self._cond.wait(_WAIT_S)
-            if self._stop:
-                return False
-            self._queue.append(item)
-            self._cond.notify_all()
-            return True
-
-    def _run(self) -> None:
-        reader = self._reader
-        try:
-            coordinator = reader.coordinator
-            if self._resume is None:
-                ref = coordinator.rank_plan.remote(self.rank, self.epoch, self.session)
-            else:
-                next_step, cursor = self._resume
-                ref = coordinator.rank_resume.remote(
-                    self.rank, self.epoch, next_step, cursor, self.session
-                )
-            try:
-                plan = ray.get(ref, timeout=reader.timeout_s)
-            except ray.exceptions.RayActorError as e:
-                from ingest.distributed.coordinator import CoordinatorLostError
-
-                raise CoordinatorLostError(e) from None
-            feed = Feed(plan, reader.spec.feed_config(), reader.source)
-            try:
-                for out in feed:
-                    if self._stop:
-                        return
-                    if isinstance(out, Tail):
-                        end = End(self.epoch, out.steps, out.leftover, out.learned, out.quarantined)
-                        self._put(end)
-                        return
-                    nbytes = int(out.table.nbytes)
-                    if not self._reserve(nbytes):
-                        return
-                    try:
-                        item = self._item(out, nbytes)
-                    except BaseException:
-                        self._unreserve(nbytes)
-                        raise
-                    if not self._put(item):
-                        return
-            finally:
-                feed.close()
-        except BaseException as e:  # forwarded to the rank, which re-raises it
-            self._put(e)
-
-    def _unreserve(self, nbytes: int) -> None:
-        with self._cond:
-            if not self._stop:  # else stop() released it
-                self.queued_bytes -= nbytes
-                self._reader.release(nbytes)
-
-    def _item(self, ready: Ready, nbytes: int) -> Item:
-        batch = self._reader.decoded(ready.table)
-        return Item(
-            ready.step,
-            ready.runs,
-            ready.cursor,
-            batch,
-            nbytes,
-            ready.rows,
-            ready.quarantined,
-            ready.closed,
-        )
-
-    def take(self, most: int, wait_s: float) -> list[Item | End]:
-        deadline = time.monotonic() + wait_s
-        with self._cond:
-            while not self._queue:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return []
-                self._cond.wait(min(left, _WAIT_S))
-            out: list[Item | End] = []
-            taken = 0
-            while self._queue and len(out) < most:
-                item = self._queue.popleft()
-                if isinstance(item, BaseException):
-                    if out:
-                        self._queue.appendleft(item)
-                        break
-                    raise item
-                if isinstance(item, Item):
-                    taken += item.nbytes
-                    self.at = item.step + 1
-                else:
-                    self.at = _ENDED
-                out.append(item)
-            self.queued_bytes -= taken
-            self._reader.release(taken)
-            self._cond.notify_all()
-            return out
-
-    @property
-    def depth(self) -> int:
-        """Ready batches held for the rank now."""
-        return sum(isinstance(item, Item) for item in self._queue)
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stop = True
-            self._queue.clear()
-            self._reader.release(self.queued_bytes)
-            self.queued_bytes = 0
-            self._cond.notify_all()
-
-
 class _Reader:
     """A reader actor: hosts rank feeds and decodes batches for the pool's feeds.
 
@@ -377,7 +170,7 @@ class _Reader:
         self._peers: list[Any] = []
         self._turn = 0
         self._budget = pool.object_store_bytes
-        self._feeds: dict[int, _RankFeed] = {}
+        self._feeds: dict[int, RankFeed] = {}
         self._lock = threading.Lock()
         # The budget is reserved and released under one lock: a feed that checked the
         # bytes held and added its batch's later let two feeds each see room for one.
@@ -456,7 +249,7 @@ class _Reader:
                         f"reader) stayed full for {self.timeout_s:.0f} s: the ranks stopped "
                         "taking batches; raise ReaderPool.object_store_bytes or check the ranks"
                     )
-                self._budget_cond.wait(min(left, _WAIT_S))
+                self._budget_cond.wait(min(left, WAIT_S))
             self._held_bytes += nbytes
             self._peak_bytes = max(self._peak_bytes, self._held_bytes)
             return True
@@ -468,13 +261,13 @@ class _Reader:
             self._held_bytes -= nbytes
             self._budget_cond.notify_all()
 
-    def _feed(self, rank: int, session: int, epoch: int) -> _RankFeed:
+    def _feed(self, rank: int, session: int, epoch: int) -> RankFeed:
         with self._lock:
             feed = self._feeds.get(rank)
             if feed is None or (feed.session, feed.epoch) != (session, epoch):
                 if feed is not None:
                     feed.stop()
-                feed = self._feeds[rank] = _RankFeed(self, rank, session, epoch)
+                feed = self._feeds[rank] = RankFeed(self, rank, session, epoch)
             return feed
 
     def warm(self, rank: int, session: int | None, epoch: int) -> None:
@@ -520,7 +313,7 @@ class _Reader:
                 if feed is not None:
                     feed.stop()
                 resume = None if next_step is None else (next_step, cursor)
-                feed = self._feeds[rank] = _RankFeed(self, rank, session, epoch, resume)
+                feed = self._feeds[rank] = RankFeed(self, rank, session, epoch, resume)
             assert feed is not None
             feed.lease = lease
 

@@ -34,7 +34,7 @@ from ingest.core.state import Cursor
 from ingest.core.validate import COUNT, SECONDS, check_numbers
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.metrics import RankMeter
-from ingest.distributed.pool import End, FeedLostError, Item, TransformFailed
+from ingest.distributed.rank_feed import End, FeedLostError, Item, TransformFailed
 from ingest.engine.loop import ACK_EVERY, Ending, RankLoop
 
 if TYPE_CHECKING:
