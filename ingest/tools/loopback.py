@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import http.client
 import io
 import json
 import os
@@ -25,11 +24,9 @@ import tarfile
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any, cast
 
@@ -39,6 +36,8 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 from pyarrow import ipc
+
+from ingest.tools.forward import ForwardingHandler, ForwardingServer
 
 TOKENS = 16
 
@@ -220,10 +219,6 @@ class Faults:
             raise ValueError(f"limit={self.limit} must be >= 0 or None")
 
 
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te"}
-    | {"trailer", "transfer-encoding", "upgrade", "expect", "content-length"}
-)
 _ERRORS = {
     "slow_down": (503, "SlowDown", "Please reduce your request rate."),
     "server_error": (500, "InternalError", "We encountered an internal error. Please try again."),
@@ -231,12 +226,9 @@ _ERRORS = {
 }
 
 
-class _FaultServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, upstream: tuple[str, int], faults: Faults) -> None:
-        super().__init__(("127.0.0.1", 0), _FaultHandler)
-        self.upstream = upstream
+class _FaultServer(ForwardingServer):
+    def __init__(self, upstream: str, faults: Faults) -> None:
+        super().__init__(0, upstream, _FaultHandler)
         self.faults = faults
         self.stopping = threading.Event()
         self.lock = threading.Lock()
@@ -263,50 +255,12 @@ class _FaultServer(ThreadingHTTPServer):
             return None
 
 
-class _FaultHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _FaultHandler(ForwardingHandler):
     timeout = 120  # an idle client connection is closed after this long
-    _upstream: http.client.HTTPConnection | None = None
 
-    def log_message(self, format: str, *args: object) -> None:
-        """Silence the per-request log."""
-
-    def finish(self) -> None:
-        try:
-            super().finish()
-        finally:
-            if self._upstream is not None:
-                self._upstream.close()
-
-    def _exchange(self, body: bytes | None) -> tuple[http.client.HTTPResponse, bytes]:
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-        for fresh in (False, True):
-            if fresh or self._upstream is None:
-                if self._upstream is not None:
-                    self._upstream.close()
-                host, port = cast(_FaultServer, self.server).upstream
-                self._upstream = http.client.HTTPConnection(host, port, timeout=120)
-            try:
-                self._upstream.request(self.command, self.path, body=body, headers=headers)
-                response = self._upstream.getresponse()
-                return response, response.read()
-            except (http.client.HTTPException, ConnectionError):
-                if fresh:
-                    raise
-        raise AssertionError("unreachable")
-
-    def _answer(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
-        self.send_response(status)
-        for name, value in headers:
-            self.send_header(name, value)
-        self.end_headers()
-        if body and self.command != "HEAD":
-            self.wfile.write(body)
-
-    def _forward(self) -> None:
+    def forward(self) -> None:
         server = cast(_FaultServer, self.server)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else None
+        body = self.read_body()
         fault = server.draw(self.command, "Range" in self.headers)
         if server.faults.latency_s and server.stopping.wait(server.faults.latency_s):
             self.close_connection = True
@@ -317,43 +271,25 @@ class _FaultHandler(BaseHTTPRequestHandler):
             headers = [("Content-Type", "application/xml"), ("Content-Length", str(len(xml)))]
             if fault == "throttle":
                 headers.append(("Retry-After", str(server.faults.retry_after_s)))
-            self._answer(status, headers, xml)
+            self.answer(status, headers, xml)
             return
         if fault == "stall" and server.stopping.wait(server.faults.stall_s):
             self.close_connection = True
             return
-        response, data = self._exchange(body)
-        headers = [(k, v) for k, v in response.getheaders() if k.lower() not in _HOP_BY_HOP]
-        if self.command == "HEAD" or response.status in (204, 304):
-            if fault == "drop":
-                self.close_connection = True
-                return
-            self._answer(response.status, [*headers, _length(response, data)], b"")
+        response, data = self.exchange(body)
+        bodiless = self.command == "HEAD" or response.status in (204, 304)
+        if fault == "drop" and bodiless:
+            self.close_connection = True  # closed before any answer
             return
         if fault == "drop" and len(data) > 1:
-            headers.append(("Content-Length", str(len(data))))
-            self._answer(response.status, headers, data[: len(data) // 2])
+            headers = [*self.response_headers(response), ("Content-Length", str(len(data)))]
+            self.answer(response.status, headers, data[: len(data) // 2])
             self.wfile.flush()
             self.close_connection = True
             return
         if fault == "short" and len(data) > 1:
             data = data[: len(data) // 2]
-        self._answer(response.status, [*headers, ("Content-Length", str(len(data)))], data)
-
-    def handle_one_request(self) -> None:
-        with contextlib.suppress(ConnectionError, TimeoutError):
-            super().handle_one_request()
-
-    # http.server dispatches on these names.
-    do_GET = _forward  # noqa: N815
-    do_HEAD = _forward  # noqa: N815
-    do_PUT = _forward  # noqa: N815
-    do_POST = _forward  # noqa: N815
-    do_DELETE = _forward  # noqa: N815
-
-
-def _length(response: http.client.HTTPResponse, data: bytes) -> tuple[str, str]:
-    return ("Content-Length", response.getheader("Content-Length") or str(len(data)))
+        self.relay(response, data)
 
 
 class FaultProxy:
@@ -376,12 +312,9 @@ class FaultProxy:
     """
 
     def __init__(self, upstream: str, faults: Faults | None = None) -> None:
-        parsed = urllib.parse.urlsplit(upstream)
-        if parsed.scheme != "http" or parsed.hostname is None or parsed.port is None:
-            raise ValueError(f"upstream={upstream!r} must be http://HOST:PORT")
         self.upstream = upstream
         self.faults = faults or Faults()
-        self._server = _FaultServer((parsed.hostname, parsed.port), self.faults)
+        self._server = _FaultServer(upstream, self.faults)
         self.port = int(self._server.server_address[1])
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self._thread: threading.Thread | None = None

@@ -11,34 +11,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import json
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import cast
 
+from ingest.tools.forward import ForwardingHandler, ForwardingServer
+
 COUNTERS_PATH = "/__ingest_bench__/counters"
-_HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-authenticate",
-        "proxy-authorization",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "expect",
-    }
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,15 +38,9 @@ class Counters:
         return Counters(self.requests - other.requests, self.bytes_read - other.bytes_read)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Server(ForwardingServer):
     def __init__(self, port: int, upstream: str) -> None:
-        super().__init__(("127.0.0.1", port), _Handler)
-        parsed = urllib.parse.urlsplit(upstream)
-        if parsed.scheme != "http" or parsed.hostname is None or parsed.port is None:
-            raise ValueError(f"upstream={upstream!r} must be http://HOST:PORT")
-        self.upstream = (parsed.hostname, parsed.port)
+        super().__init__(port, upstream, _Handler)
         self.lock = threading.Lock()
         self.requests = 0
         self.bytes_read = 0
@@ -71,23 +51,9 @@ class _Server(ThreadingHTTPServer):
             self.bytes_read += nbytes
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    _upstream: http.client.HTTPConnection | None = None
-
-    def log_message(self, format: str, *args: object) -> None:
-        """Silence the per-request log."""
-
+class _Handler(ForwardingHandler):
     def _server(self) -> _Server:
         return cast(_Server, self.server)
-
-    def _send(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
-        self.send_response(status)
-        for name, value in headers:
-            self.send_header(name, value)
-        self.end_headers()
-        if body:
-            self.wfile.write(body)
 
     def _counters(self) -> None:
         server = self._server()
@@ -95,73 +61,21 @@ class _Handler(BaseHTTPRequestHandler):
             body = json.dumps(
                 {"requests": server.requests, "bytes_read": server.bytes_read}
             ).encode()
-        self._send(
+        self.answer(
             200, [("Content-Type", "application/json"), ("Content-Length", str(len(body)))], body
         )
 
-    def _exchange(
-        self, body: bytes | None, headers: dict[str, str]
-    ) -> tuple[http.client.HTTPResponse, bytes]:
-        """Send the request upstream on this connection's own keep-alive connection; once
-        more on a fresh one if the kept one was closed by the server."""
-        try:
-            return self._send_upstream(body, headers)
-        except (http.client.HTTPException, ConnectionError):
-            self._close_upstream()
-            return self._send_upstream(body, headers)
-
-    def _close_upstream(self) -> None:
-        if self._upstream is not None:
-            self._upstream.close()
-            self._upstream = None
-
-    def finish(self) -> None:
-        """The client left: close its upstream connection too."""
-        try:
-            super().finish()
-        finally:
-            self._close_upstream()
-
-    def _send_upstream(
-        self, body: bytes | None, headers: dict[str, str]
-    ) -> tuple[http.client.HTTPResponse, bytes]:
-        if self._upstream is None:
-            host, port = self._server().upstream
-            self._upstream = http.client.HTTPConnection(host, port, timeout=120)
-        self._upstream.request(self.command, self.path, body=body, headers=headers)
-        response = self._upstream.getresponse()
-        return response, response.read()
-
-    def _forward(self) -> None:
+    def forward(self) -> None:
         if self.path == COUNTERS_PATH:
             self._counters()
             return
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             message = b"the bench proxy forwards reads; send uploads to the S3 server itself"
-            self._send(501, [("Content-Length", str(len(message)))], message)
+            self.answer(501, [("Content-Length", str(len(message)))], message)
             return
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length) if length else None
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
-        response, data = self._exchange(body, headers)
-        out = [
-            (k, v)
-            for k, v in response.getheaders()
-            if k.lower() not in _HOP_BY_HOP and k.lower() != "content-length"
-        ]
-        if self.command == "HEAD":
-            out.append(("Content-Length", response.getheader("Content-Length") or "0"))
-        elif response.status not in (204, 304):
-            out.append(("Content-Length", str(len(data))))
-        self._send(response.status, out, b"" if self.command == "HEAD" else data)
+        response, data = self.exchange(self.read_body())
+        self.relay(response, data)
         self._server().count(len(data))
-
-    # http.server dispatches on these names.
-    do_GET = _forward  # noqa: N815
-    do_HEAD = _forward  # noqa: N815
-    do_PUT = _forward  # noqa: N815
-    do_POST = _forward  # noqa: N815
-    do_DELETE = _forward  # noqa: N815
 
 
 class CountingProxy:
