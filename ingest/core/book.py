@@ -45,7 +45,6 @@ from ingest.core.assign import (
     Assignment,
     Span,
     Spans,
-    check_positions,
     cycle_collection_paused,
     remaining,
     split,
@@ -55,6 +54,7 @@ from ingest.core.intervals import IntervalSet, merge_into
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.core.listing import L, Listed, Lister, consumed_before
 from ingest.core.plan import epoch_units
+from ingest.core.positions import check_positions
 from ingest.core.quarantine import Quarantined, check_bound, merge
 from ingest.core.share import FeedPlan
 from ingest.core.state import (
@@ -838,7 +838,7 @@ class EpochBook(Generic[L]):
 
     def _check_positions(self, e: _PlannedEpoch[L]) -> None:
         """Refuse saved positions that do not fit the epoch's shares (see
-        :func:`ingest.core.assign.check_positions`)."""
+        :func:`ingest.core.positions.check_positions`)."""
         if not e.cursors or e.opened <= e.first_step:
             return
         end = e.end_step

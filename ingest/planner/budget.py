@@ -3,7 +3,7 @@
 A feed holds rows: a shuffle window of them, the record batches its lanes read ahead and the
 batches ready ahead of the loop. Bounds in rows are bounds in bytes only for rows of one
 size: 16,384 rows of 1 MiB images are 16 GiB. The shuffle window's size in rows is part of
-the reading order and of the saved positions (:func:`ingest.core.assign.check_positions` counts
+the reading order and of the saved positions (:func:`ingest.core.positions.check_positions` counts
 windows of rows), so its byte bound becomes rows once per epoch, when the epoch is planned,
 as a pure function of the listing, never of what was read or when: the same listing gives
 the same window, and a state records the window it was saved with. What does not change the

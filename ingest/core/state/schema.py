@@ -64,7 +64,7 @@ from 0 to :data:`MAX_OFFSET`), intervals against their shard's row count, a lear
 against the listing's, each saved position's layout, and ``progress.step`` against the rows
 consumed (:meth:`StreamState.check_counts`). Where it is loaded, the listing is checked
 against ``dataset`` (:func:`match_listing`) and the saved positions against the plan they
-resume (:func:`ingest.core.assign.check_positions`). Each refusal names the field, its value, the
+resume (:func:`ingest.core.positions.check_positions`). Each refusal names the field, its value, the
 rule and the fix (:data:`FIX`).
 """
 
