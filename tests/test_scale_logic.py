@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from ingest.core import ledger as ledger_module
 from ingest.core.assign import CARRY, MAIN, Assignment, Span, Spans, deal_lanes, remaining, split
-from ingest.core.intervals import IntervalSet, covered, merge_into, stack, union, union_into
+from ingest.core.intervals import IntervalSet, stack, union
+from ingest.core.keyed import covered, merge_into, union_into
 from ingest.core.ledger import Ledger, StepRecord, merge_runs
 from ingest.core.plan import (
     PlanShard,

@@ -50,7 +50,8 @@ from ingest.core.assign import (
     split,
 )
 from ingest.core.errors import ConfigError, StateError, redact
-from ingest.core.intervals import IntervalSet, merge_into
+from ingest.core.intervals import IntervalSet
+from ingest.core.keyed import merge_into
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.core.listing import L, Listed, Lister, consumed_before
 from ingest.core.plan import epoch_units
@@ -863,7 +864,7 @@ def _add_runs(
 
     ``parts``: the runs, in parts (one per rank: :meth:`ingest.core.ledger.Ledger.runs_by_rank`).
     Parts are merged a group at a time, in one numpy pass each
-    (:func:`ingest.core.intervals.merge_into`): parts joined up to :data:`_GROUP_RUNS` runs, so
+    (:func:`ingest.core.keyed.merge_into`): parts joined up to :data:`_GROUP_RUNS` runs, so
     every sort stays small while a thousand ranks' few runs each (a fold on a window's
     edge) are not a thousand passes. A shard's interval set
     is replaced, never changed in place, so a snapshot may share the sets of the book's

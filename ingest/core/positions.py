@@ -18,7 +18,8 @@ import numpy.typing as npt
 
 from ingest.core.assign import CARRY, MAIN, TO_END, Span, Spans, deal_lanes
 from ingest.core.errors import StateError
-from ingest.core.intervals import IntervalSet, covered
+from ingest.core.intervals import IntervalSet
+from ingest.core.keyed import covered
 from ingest.core.state import FIX, refuse
 
 

@@ -87,6 +87,7 @@ import numpy.typing as npt
 
 from ingest.core.errors import StateError
 from ingest.core.intervals import MAX_ROW, IntervalSet, stack
+from ingest.core.keyed import set_bounds
 from ingest.core.quarantine import Quarantined, check_saved
 
 STATE_VERSION = 3
@@ -266,7 +267,7 @@ class Completion:
         done = self.done.copy()
         partial = set(self.partial)
         for key, lo, hi in parts:
-            heads, _ = _set_bounds(key)
+            heads, _ = set_bounds(key)
             keys = key[heads]
             rows = counts[keys]
             # A set covers its shard when its first interval runs from row 0 to the count.
@@ -331,7 +332,7 @@ class Progress:
                 to date with the shards of ``new`` alone (made from all sets the first
                 time); None drops it.
             parts: The intervals of ``new`` as arrays, if the caller has them
-                (:class:`ingest.core.intervals.Merged`), in the order the sets were made.
+                (:class:`ingest.core.keyed.Merged`), in the order the sets were made.
         """
         self.consumed.update(new)
         if counts is None:
@@ -446,16 +447,6 @@ def row_counts(shards: Sequence[ShardRecord]) -> npt.NDArray[np.int64]:
     return np.fromiter(
         (-1 if s.rows is None else s.rows for s in shards), dtype=np.int64, count=len(shards)
     )
-
-
-def _set_bounds(
-    key: npt.NDArray[np.int64],
-) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
-    """First and after-last index of each set in :func:`ingest.core.intervals.stack`'s arrays."""
-    bounds = np.flatnonzero(key[1:] != key[:-1]) + 1
-    if not len(key):
-        return bounds, bounds
-    return np.concatenate(([0], bounds)), np.concatenate((bounds, [len(key)]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -1087,7 +1078,7 @@ def _list(value: object, what: str) -> list[Any]:
 def _check_bounds(progress: Progress, shards: Sequence[ShardRecord], what: str) -> None:
     """Refuse consumed rows beyond a shard's known row count (an edited state)."""
     key, _, hi = stack(progress.consumed.items())
-    heads, tails = _set_bounds(key)
+    heads, tails = set_bounds(key)
     if not len(heads):
         return
     known = progress.counts(row_counts(shards))[key[heads]]
@@ -1320,7 +1311,7 @@ def _pack_sets(
     a bit each; consumed prefixes and untouched stretches are runs of equal bytes that zlib
     all but removes.
     """
-    heads, tails = _set_bounds(key)
+    heads, tails = set_bounds(key)
     keys = key[heads]
     first, last = lo[heads], hi[tails - 1]
     extent = last - first
