@@ -72,6 +72,7 @@ from ingest.testing import (
     write_dataset,
     write_image_folder,
 )
+from ingest.tools.loopback import credential_checking_s3
 
 GOAL_S = 30.0  # the tests' QUICK_S: "within seconds", far below any hang
 HANG_S = 60.0  # a case still running after this is reported as hung and left behind
@@ -834,39 +835,14 @@ def missing_bucket(ctx: Context) -> Thunk:
 
 
 def auth_server(ctx: Context) -> tuple[LoopbackS3, dict[str, str]]:
-    """A second moto server that checks credentials (after three setup calls), with a
-    bucket ``private`` holding one shard, as tests/test_bad_input.py's ``s3_with_auth``."""
-    if ctx.auth is not None:
-        return ctx.auth
-    import boto3
-
-    server = ctx.stack.enter_context(LoopbackS3(env={"INITIAL_NO_AUTH_ACTION_COUNT": "3"}))
-    iam = boto3.client(
-        "iam",
-        endpoint_url=server.endpoint,
-        region_name="us-east-1",
-        aws_access_key_id="setup",
-        aws_secret_access_key="setup",
-    )
-    iam.create_user(UserName="trainer")
-    key = iam.create_access_key(UserName="trainer")["AccessKey"]
-    iam.put_user_policy(
-        UserName="trainer",
-        PolicyName="all",
-        PolicyDocument=json.dumps(
-            {
-                "Version": "2012-10-17",
-                "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
-            }
-        ),
-    )
-    creds = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
-    server.create_bucket("private", creds["key"], creds["secret"])
-    options = server.storage_options(creds["key"], creds["secret"])
-    fs = ingest.Source("s3://private/", storage_options=options).filesystem("s3://private")
-    fs.pipe("private/a.parquet", encode(make_table(0, 10), "parquet"))
-    ingest.list_shards("s3://private/", storage_options=options)  # the right ones work
-    ctx.auth = (server, creds)
+    """A second moto server that checks credentials, with a bucket ``private`` holding one
+    shard (:func:`ingest.tools.loopback.credential_checking_s3`, as tests/test_bad_input.py's
+    ``s3_with_auth``)."""
+    if ctx.auth is None:
+        server, creds = ctx.stack.enter_context(credential_checking_s3())
+        options = server.storage_options(creds["key"], creds["secret"])
+        ingest.list_shards("s3://private/", storage_options=options)  # the right ones work
+        ctx.auth = (server, creds)
     return ctx.auth
 
 

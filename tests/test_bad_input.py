@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import json
 import pickle
 import re
 import subprocess
@@ -13,7 +12,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -21,6 +19,7 @@ import zstandard
 
 import ingest
 from ingest.testing import LoopbackS3, Store, encode, free_port, make_table, tar_link, tar_of
+from ingest.tools.loopback import credential_checking_s3
 
 QUICK_S = 30  # "within seconds": generous for a loaded CI machine, far below any hang
 
@@ -166,34 +165,10 @@ def test_missing_bucket(s3: LoopbackS3) -> None:
 
 @pytest.fixture(scope="module")
 def s3_with_auth() -> Iterator[tuple[LoopbackS3, dict[str, str]]]:
-    """A second moto server that checks credentials (after three setup calls)."""
-    with LoopbackS3(env={"INITIAL_NO_AUTH_ACTION_COUNT": "3"}) as server:
-        iam = boto3.client(
-            "iam",
-            endpoint_url=server.endpoint,
-            region_name="us-east-1",
-            aws_access_key_id="setup",
-            aws_secret_access_key="setup",
-        )
-        iam.create_user(UserName="trainer")
-        key = iam.create_access_key(UserName="trainer")["AccessKey"]
-        iam.put_user_policy(
-            UserName="trainer",
-            PolicyName="all",
-            PolicyDocument=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
-                }
-            ),
-        )
-        creds = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
-        server.create_bucket("private", creds["key"], creds["secret"])
-        fs = ingest.Source(
-            "s3://private/", storage_options=server.storage_options(creds["key"], creds["secret"])
-        ).filesystem("s3://private")
-        fs.pipe("private/a.parquet", encode(make_table(0, 10), "parquet"))
-        yield server, creds
+    """A second moto server that checks credentials, with a bucket ``private`` holding one
+    shard (:func:`ingest.tools.loopback.credential_checking_s3`)."""
+    with credential_checking_s3() as server_and_creds:
+        yield server_and_creds
 
 
 @pytest.mark.parametrize("which", ["unknown key", "wrong secret"])

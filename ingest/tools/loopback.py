@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, cast
@@ -155,6 +155,44 @@ class LoopbackS3:
         """Delete every bucket and object (moto's reset endpoint)."""
         req = urllib.request.Request(f"{self.endpoint}/moto-api/reset", method="POST")
         urllib.request.urlopen(req, timeout=10).close()
+
+
+@contextlib.contextmanager
+def credential_checking_s3() -> Iterator[tuple[LoopbackS3, dict[str, str]]]:
+    """A loopback S3 server that checks credentials, with bucket ``private`` holding one
+    10-row Parquet shard ``a.parquet``, for the life of a ``with`` block.
+
+    moto lets the first three requests through unchecked (``INITIAL_NO_AUTH_ACTION_COUNT``):
+    they make an IAM user allowed everything, and its access key. Every later request needs
+    that key, the bucket and the shard's included.
+
+    Yields:
+        The server and the user's credentials, ``{"key": ..., "secret": ...}``.
+    """
+    import boto3
+
+    with LoopbackS3(env={"INITIAL_NO_AUTH_ACTION_COUNT": "3"}) as server:
+        iam = boto3.client(
+            "iam",
+            endpoint_url=server.endpoint,
+            region_name="us-east-1",
+            aws_access_key_id="setup",
+            aws_secret_access_key="setup",
+        )
+        iam.create_user(UserName="trainer")
+        key = iam.create_access_key(UserName="trainer")["AccessKey"]
+        allow_all = {
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+        }
+        iam.put_user_policy(
+            UserName="trainer", PolicyName="all", PolicyDocument=json.dumps(allow_all)
+        )
+        creds = {"key": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+        server.create_bucket("private", creds["key"], creds["secret"])
+        fs = fsspec.filesystem("s3", **server.storage_options(creds["key"], creds["secret"]))
+        fs.pipe("private/a.parquet", encode(make_table(0, 10), "parquet"))
+        yield server, creds
 
 
 # -- storage faults --------------------------------------------------------------------------
@@ -636,6 +674,7 @@ __all__ = [
     "Faults",
     "LoopbackS3",
     "Store",
+    "credential_checking_s3",
     "date_time_table",
     "encode",
     "free_port",
