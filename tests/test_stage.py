@@ -155,3 +155,48 @@ def test_a_plain_transform_that_changes_the_row_count_is_told_about_stages(data:
     )
     with pytest.raises(ingest.ConfigError, match=r"returned 3 rows for 16.*ingest\.Stage"):
         next(iter(stream))
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("stage", [KeepEven, Halves], ids=["filter", "split"])
+def test_a_stage_runs_in_the_reader_pool_and_resumes_at_another_world_size(
+    data: str, stage: Any
+) -> None:
+    """On a RayStream the stage runs in the reader actors; 2 ranks stop after 3 steps each,
+    the state resumes on 3 ranks, and every output of the epoch arrives once."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def rank(it: Any, stop: int | None) -> tuple[list[tuple[int, int]], Any]:
+        out = []
+        for n, batch in enumerate(it):
+            out += _outputs(batch)
+            if stop is not None and n + 1 == stop:
+                return out, it.state_dict()
+        return out, None
+
+    def ranks(world_size: int, stop: int | None, state: Any = None) -> tuple[Counter[Any], Any]:
+        with ingest.RayStream(
+            data,
+            columns=["id"],
+            batch_size=BATCH,
+            shuffle_seed=5,
+            shuffle_window=32,
+            transform=stage,
+            world_size=world_size,
+        ) as stream:
+            if state is not None:
+                stream.load_state_dict(state)
+            its = [stream.rank_iterator(r) for r in range(world_size)]
+            got = ray.get([rank.remote(it, stop) for it in its], timeout=240)
+            after = got[0][1] if stop is not None else stream.state_dict()
+        return Counter(o for outs, _ in got for o in outs), after
+
+    before, state = ranks(2, 3)
+    after, end = ranks(3, None, state)
+    both = before + after
+    assert max(both.values()) == 1
+    assert end["progress"]["epoch"] == 1
+    carried = _carried(end)
+    assert len(carried) < 3 * BATCH, "only the remainder of the 3-rank epoch is carried"
+    assert both == Counter({o: n for o, n in _expected(stage).items() if o[0] not in carried})
