@@ -101,7 +101,6 @@ OVER = {
     "ingest/engine/feed.py": 638,
     "ingest/planner/index/store.py": 515,
     "ingest/storage/cache/store.py": 642,
-    "ingest/storage/sources/source.py": 1281,
     "ingest/tools/loopback.py": 716,
 }
 """The modules still over :data:`MAX_LINES` (issue 18 splits them), each at most its size

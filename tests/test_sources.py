@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import ast
+import errno
 import pickle
+import sys
 from pathlib import Path
+from types import CodeType, FunctionType
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ import ingest.core.errors
 import ingest.storage.sources
 from ingest.formats import FORMAT_RESOLVER
 from ingest.storage.sources import Source, parse_storage_options
-from ingest.storage.sources.source import _is_glob
+from ingest.storage.sources.listing import _is_glob
 from ingest.testing import Store, encode, make_table
 
 
@@ -175,35 +178,167 @@ def test_retry_policy_is_validated_and_retries_are_counted() -> None:
     assert Source("s3://b/").stats.as_dict()["retries"] == 0
 
 
-def test_s3fs_does_not_sleep_after_its_only_attempt(
-    s3_store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A failed S3 call raises at once: the backoff is the source's alone (s3fs slept 0.1 s
-    after its last attempt, which was most of what a fault cost)."""
+@pytest.fixture
+def s3fs_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The waits s3fs's retry loop (``s3fs.core._error_wrapper``) takes: recorded, not
+    slept. Every other caller of ``asyncio.sleep`` sleeps as usual."""
     import asyncio
 
     import s3fs.core
-    from botocore.exceptions import ClientError
 
-    Source(s3_store.url("x/"), storage_options=s3_store.storage_options).filesystem(
-        s3_store.url("x/")
-    )
+    loop_code = s3fs.core._error_wrapper.__code__
+    real_sleep = asyncio.sleep
     slept: list[float] = []
 
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
+    async def sleep(seconds: float, *args: Any, **kwargs: Any) -> Any:
+        if sys._getframe(1).f_code is loop_code:
+            slept.append(seconds)
+            return None
+        return await real_sleep(seconds, *args, **kwargs)
 
-    monkeypatch.setattr(s3fs.core.asyncio, "sleep", sleep)
+    monkeypatch.setattr(asyncio, "sleep", sleep)
+    return slept
+
+
+def _throttled_shard(s3: Any, bucket: str) -> tuple[str, dict[str, Any], Any]:
+    """A shard on the loopback S3 server, storage options that reach it through a proxy
+    answering every GET and HEAD with 503 SlowDown, and the proxy (to enter)."""
+    from ingest.testing import FaultProxy, Faults
+
+    path = s3.create_bucket(bucket).removeprefix("s3://") + "/a.jsonl"
+    s3.filesystem().pipe(path, b'{"id": 1}\n' * 10)
+    proxy = FaultProxy(s3.endpoint, Faults(slow_down=1.0))
+    return path, s3.storage_options(endpoint=proxy.endpoint), proxy
+
+
+def test_ingest_s3_calls_raise_at_once_after_their_only_attempt(
+    s3: Any, s3fs_sleeps: list[float]
+) -> None:
+    """A failed S3 call of a source raises at once: the backoff is the source's alone (s3fs
+    slept 0.1 s after its last attempt, which was most of what a fault cost). Each of s3fs's
+    retry loops a source goes through: around a request (a listing), and around a request and
+    the read of its body (range reads, a file's reads)."""
+    import asyncio
+
+    import aiohttp
+    from botocore.exceptions import ClientError
+
+    from ingest.storage.sources import s3 as one_attempt
+    from ingest.testing import Faults
+
+    path, options, proxy = _throttled_shard(s3, "one-attempt")
+    with proxy:
+        fs = Source(f"s3://{path}", storage_options=options).filesystem(f"s3://{path}")
+        assert isinstance(fs, one_attempt.OneAttemptS3FileSystem) and fs.retries == 1
+        with pytest.raises(OSError) as throttled:  # a listing: one request
+            fs.ls(path.rsplit("/", 1)[0], refresh=True)
+        assert throttled.value.errno == errno.EBUSY  # 503 SlowDown, translated as s3fs does
+        proxy.set_faults(Faults(drop=1.0, ranges_only=True))  # every body cut short
+        with pytest.raises(aiohttp.ClientPayloadError):
+            fs.cat_ranges([path], [0], [5], on_error="raise")
+        with (
+            fs.open(path, "rb", size=100, cache_type="none") as f,
+            pytest.raises(aiohttp.ClientPayloadError),
+        ):
+            f.read(5)
+        assert proxy.counts()["slow_down"] == 1 and proxy.counts()["drop"] == 2
+    assert s3fs_sleeps == []
 
     async def slow_down() -> None:
         raise ClientError({"Error": {"Code": "SlowDown", "Message": "SlowDown"}}, "GetObject")
 
-    with pytest.raises(OSError, match="SlowDown"):  # translated as s3fs does
-        asyncio.run(s3fs.core._error_wrapper(slow_down, retries=1))
-    assert slept == []
     with pytest.raises(OSError, match="SlowDown"):  # more attempts: s3fs's own loop
-        asyncio.run(s3fs.core._error_wrapper(slow_down, retries=2))
-    assert len(slept) == 2
+        asyncio.run(one_attempt._error_wrapper(slow_down, retries=2))
+    assert len(s3fs_sleeps) == 2
+
+
+def test_a_users_own_s3fs_is_stock_s3fs_after_a_stream_ran(
+    s3: Any, s3fs_sleeps: list[float]
+) -> None:
+    """What makes a source's S3 calls raise at once is scoped to the filesystems sources
+    make: s3fs is not patched, so a user's own S3FileSystem in the same process keeps s3fs's
+    retry loop, sleep after the last attempt included."""
+    import s3fs.core
+
+    from ingest.testing import write_dataset
+
+    root = s3.create_bucket("stock-s3fs") + "/d"
+    write_dataset(s3.filesystem(), root, "jsonl", 2, 10)
+    stream = ingest.Stream(root, batch_size=5, storage_options=s3.storage_options())
+    assert sorted(int(i) for batch in stream for i in batch["id"]) == list(range(20))
+
+    assert s3fs.core._error_wrapper.__code__.co_filename == s3fs.core.__file__
+    assert s3fs.S3FileSystem.retries == 5
+    path, options, proxy = _throttled_shard(s3, "stock-s3fs")
+    with proxy:
+        # One attempt per call, as a source's (botocore's retries off too): stock s3fs
+        # still sleeps after it.
+        user = s3fs.S3FileSystem(
+            **options, config_kwargs={"retries": {"total_max_attempts": 1, "mode": "standard"}}
+        )
+        assert type(user) is s3fs.S3FileSystem and user.retries == 5
+        user.retries = 1
+        with pytest.raises(OSError, match="reduce your request rate"):  # SlowDown
+            user.cat_file(path, start=0, end=5)
+        assert s3fs_sleeps == [0.1]
+        ours = Source(f"s3://{path}", storage_options=options).filesystem(f"s3://{path}")
+        with pytest.raises(OSError, match="reduce your request rate"):
+            ours.cat_file(path, start=0, end=5)
+        assert s3fs_sleeps == [0.1]  # none more
+
+
+def _names(code: CodeType) -> set[str]:
+    """The global and attribute names ``code`` and the functions nested in it use."""
+    out = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            out |= _names(const)
+    return out
+
+
+def _functions_naming(holder: Any, names: set[str]) -> dict[str, FunctionType]:
+    """The functions of s3fs.core defined in ``holder`` (the module or a class) that use any
+    of ``names``."""
+    return {
+        name: f
+        for name, f in vars(holder).items()
+        if isinstance(f, FunctionType)
+        and f.__module__ == "s3fs.core"
+        and _names(f.__code__) & names
+    }
+
+
+def test_every_s3fs_function_that_reaches_its_retry_loop_is_rebound() -> None:
+    """s3fs calls ``_error_wrapper`` from a few functions; each one (and each that reaches
+    it through another, or opens an ``S3File``) must run the source's copy, or that path
+    sleeps after its last attempt again: this fails on an s3fs that adds one."""
+    import s3fs.core
+
+    from ingest.storage.sources import s3 as one_attempt
+
+    reach = {"_error_wrapper"}
+    while more := set(_functions_naming(s3fs.core, reach)) - reach:
+        reach |= more
+    if _functions_naming(s3fs.core.S3File, reach):
+        reach.add("S3File")  # s3fs opens its files by that name
+    ours = {
+        s3fs.core.S3FileSystem: one_attempt.OneAttemptS3FileSystem,
+        s3fs.core.S3File: one_attempt.OneAttemptS3File,
+    }
+    classes = [c for c in vars(s3fs.core).values() if isinstance(c, type)]
+    assert {c for c in classes if _functions_naming(c, reach)} <= set(ours)
+    assert set(_functions_naming(s3fs.core.S3FileSystem, reach)) == {
+        "_call_s3",
+        "_cat_file",
+        "_open",
+    }
+    for stock, mine in ours.items():
+        for name in _functions_naming(stock, reach):
+            assert vars(mine)[name].__globals__ is one_attempt._NAMESPACE, name
+    for name in reach - {"_error_wrapper", "S3File"}:
+        assert one_attempt._NAMESPACE[name].__globals__ is one_attempt._NAMESPACE, name
+    assert one_attempt._NAMESPACE["S3File"] is one_attempt.OneAttemptS3File
+    assert one_attempt._NAMESPACE["_error_wrapper"] is one_attempt._error_wrapper
 
 
 def test_a_directory_named_with_a_slash_is_listed_in_one_request(s3: Any) -> None:

@@ -6,20 +6,31 @@ the store (:class:`IOStats`). It never reads data itself, and it knows no format
 listed files are data, and which format reads each, is asked of a :class:`FormatResolver`
 that the caller hands to :meth:`Source.list_shards` (the format registry is one). Formats
 import sources, never the other way round.
+
+Modules, one concept each:
+
+- :mod:`.shard`: a listed file (:class:`Shard`) and what a listing asks of its caller
+  (:class:`FormatResolver`, :class:`ListingStore`).
+- :mod:`.source`: the :class:`Source`: filesystems, opens and range reads.
+- :mod:`.listing`: one URL (file, directory or glob) -> its shards.
+- :mod:`.hubfs`: ``hf://`` URLs pinned to a commit and read over HTTP.
+- :mod:`.cached`: shards read through the node's shard cache.
+- :mod:`.files`: the file handed to readers, each read whole, retried and counted.
+- :mod:`.retry`: :class:`RetryPolicy` and attempts under one deadline.
+- :mod:`.faults`: what a failed request was (transient, gone, refused, Retry-After).
+- :mod:`.options`: storage options, credentials in URLs, secrets to scrub.
+- :mod:`.stats`: :class:`IOStats`.
+- :mod:`.s3`: the S3 filesystem of a source: one attempt per call, nothing patched.
 """
 
 from __future__ import annotations
 
-from ingest.storage.sources.source import (
-    FormatResolver,
-    IOStats,
-    ListingStore,
-    RetryPolicy,
-    Shard,
-    Source,
-    is_store_error,
-    parse_storage_options,
-)
+from ingest.storage.sources.faults import is_store_error
+from ingest.storage.sources.options import parse_storage_options
+from ingest.storage.sources.retry import RetryPolicy
+from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
+from ingest.storage.sources.source import Source
+from ingest.storage.sources.stats import IOStats
 
 __all__ = [
     "FormatResolver",

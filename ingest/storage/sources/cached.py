@@ -1,0 +1,86 @@
+"""A source's shards through the node's shard cache (:mod:`ingest.storage.cache`): opened
+from the node's copy, fetched whole into it on a miss, counted in the source's stats."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import IO, TYPE_CHECKING, Any
+
+from fsspec.callbacks import TqdmCallback
+
+from ingest.storage.cache import CacheEvent
+from ingest.storage.sources.faults import _DISK_FULL
+from ingest.storage.sources.files import _CountingFile
+from ingest.storage.sources.retry import _attempt, _GaveUpError
+from ingest.storage.sources.shard import Shard
+
+if TYPE_CHECKING:
+    from ingest.storage.sources.source import Source
+
+
+def open_cached(source: Source, shard: Shard, *, fetch: bool) -> _CountingFile | None:
+    """The shard from the node's cache (fetched whole into it on a miss if ``fetch``),
+    or None."""
+    if not source._caches(shard):
+        return None
+    cache = source._node_cache()
+
+    def held() -> IO[bytes] | None:
+        event = CacheEvent()
+        f = cache.open(
+            shard.url,
+            shard.size,
+            shard.version,
+            (lambda to: fetch_whole(source, shard, to)) if fetch else None,
+            event,
+        )
+        if f is None:
+            source.stats.add(cache_bypassed=int(fetch))
+            return None
+        if event.hit:
+            source.stats.add(cache_hits=1, cache_hit_bytes=shard.size)
+        else:
+            source.stats.add(cache_misses=1, cache_fetched_bytes=event.fetched_bytes)
+        source.stats.add(cache_evicted_bytes=event.evicted_bytes)
+        return f
+
+    first = held()
+    if first is None:
+        return None
+
+    def reopen() -> IO[bytes]:
+        again = held()
+        if again is None:
+            raise OSError(f"the cached copy of {source.scrub(shard.url)} went away")
+        return again
+
+    # Reads of the copy are local: what the fetch sent is what was counted.
+    return _CountingFile(first, reopen, None, shard.size, shard.url, source.scrub, None)
+
+
+def fetch_whole(source: Source, shard: Shard, to: str) -> None:
+    """The whole shard into the local file ``to``: one request, retried as a whole."""
+    fs, path = source._path(shard)
+    kwargs: dict[str, Any] = {}
+    if source.cache is not None and source.cache.progress:
+        bar = {"desc": f"caching {posixpath.basename(path)}", "unit": "B", "leave": False}
+        kwargs["callback"] = TqdmCallback(tqdm_kwargs={**bar, "unit_scale": True})
+
+    def get() -> None:
+        source.stats.add(opens=1, reads=1)
+        fs.get_file(path, to, **kwargs)
+
+    try:
+        _attempt(get, source._policy(shard.url), source.stats)
+    except _GaveUpError as gave_up:
+        last = gave_up.last
+        if isinstance(last, OSError) and last.errno in _DISK_FULL:
+            raise last from None  # the cache's disk, not the store: it reads from the store
+        raise source._gave_up(
+            shard,
+            gave_up,
+            "cannot be fetched into the shard cache",
+            "check the store and the network",
+        ) from None
+    source.stats.add(bytes_read=os.path.getsize(to))

@@ -1,0 +1,133 @@
+"""What a failed store request was: the store's or ours, worth another attempt or not, an
+object that is not there, a refused connection, and how long the store asked to wait.
+
+Read from the exception and its causes, whatever the client library (botocore, aiohttp,
+requests, huggingface_hub); :mod:`ingest.storage.sources.retry` acts on it.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import errno
+import time
+from collections.abc import Mapping
+from typing import Any
+
+# Statuses worth another attempt: throttling (429, 503 SlowDown), server faults, timeouts.
+_TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+# Errors that no retry mends: the object, the bucket or the permission is not there.
+_PERMANENT_ERRORS = (
+    FileNotFoundError,
+    PermissionError,
+    IsADirectoryError,
+    NotADirectoryError,
+    FileExistsError,
+)
+# HTTP answers for an object that is not there (any more).
+_GONE_STATUSES = frozenset({404, 410})
+# A local disk that cannot take a fetch into the shard cache: no retry mends it.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+# Packages whose exceptions mean "the store failed", whatever their class: botocore's
+# EndpointConnectionError and aiohttp's errors are not OSErrors.
+_STORE_ERROR_PACKAGES = frozenset(
+    {
+        "botocore",
+        "aiobotocore",
+        "aiohttp",
+        "requests",
+        "urllib3",
+        "huggingface_hub",
+        "google",
+        "gcsfs",
+        "adlfs",
+        "azure",
+        "s3fs",
+        "fsspec",
+    }
+)
+
+
+def is_store_error(error: BaseException) -> bool:
+    """Whether ``error`` comes from the store or the network rather than from our code."""
+    if isinstance(error, OSError | TimeoutError):
+        return True
+    return type(error).__module__.split(".")[0] in _STORE_ERROR_PACKAGES
+
+
+class _ShortBodyError(OSError):
+    """A response ended before the bytes asked for: never handed on as data."""
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """``error`` and its causes, outermost first."""
+    seen: list[BaseException] = []
+    node: BaseException | None = error
+    while node is not None and all(node is not e for e in seen) and len(seen) < 8:
+        seen.append(node)
+        node = node.__cause__ or node.__context__
+    return seen
+
+
+def _http_status(error: BaseException) -> tuple[int | None, Mapping[str, Any]]:
+    """The HTTP status and headers of a failed response somewhere in ``error``'s chain."""
+    for e in _chain(error):
+        response = getattr(e, "response", None)
+        if isinstance(response, Mapping):  # botocore ClientError
+            meta = response.get("ResponseMetadata", {})
+            if "HTTPStatusCode" in meta:
+                return int(meta["HTTPStatusCode"]), meta.get("HTTPHeaders", {})
+        status = getattr(e, "status", None)  # aiohttp ClientResponseError
+        if isinstance(status, int):
+            return status, getattr(e, "headers", None) or {}
+        code = getattr(response, "status_code", None)  # requests, huggingface_hub
+        if isinstance(code, int):
+            return code, getattr(response, "headers", None) or {}
+    return None, {}
+
+
+def _not_found(error: BaseException) -> bool:
+    """Whether ``error`` says the object is not there; not a connection that failed, which
+    fsspec's HTTP filesystem reports as a ``FileNotFoundError`` too."""
+    if _refused(error) is not None:
+        return False
+    return isinstance(error, FileNotFoundError) or _http_status(error)[0] in _GONE_STATUSES
+
+
+def _refused(error: BaseException) -> BaseException | None:
+    """The refused connection somewhere in ``error``'s chain (nothing listens at the
+    endpoint's port), or None. aiohttp keeps it as ``os_error``, urllib3 as the cause."""
+    for e in _chain(error):
+        for candidate in (e, getattr(e, "os_error", None)):
+            if isinstance(candidate, ConnectionRefusedError):
+                return e
+    return None
+
+
+def _transient(error: BaseException) -> bool:
+    """Whether another attempt may succeed where ``error`` failed: a refused connection may
+    (a store restarting), a missing object or a full local disk may not."""
+    if _refused(error) is not None:
+        return True
+    if isinstance(error, _PERMANENT_ERRORS) or not is_store_error(error):
+        return False
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        return False
+    status, _ = _http_status(error)
+    return status is None or status in _TRANSIENT_STATUSES or status >= 500
+
+
+def _retry_after(error: BaseException) -> float | None:
+    """Seconds the store asked to wait (``Retry-After``: seconds or an HTTP date)."""
+    _, headers = _http_status(error)
+    value = next((str(v) for k, v in headers.items() if k.lower() == "retry-after"), None)
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

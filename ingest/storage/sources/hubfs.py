@@ -1,0 +1,68 @@
+"""``hf://`` URLs of a source: a revision pinned to its commit, and files read over plain
+HTTP range requests at that commit with the token (:mod:`ingest.storage.hub`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import fsspec
+
+from ingest.core.errors import SourceError
+from ingest.storage import hub
+from ingest.storage.sources.faults import _refused
+from ingest.storage.sources.options import fs_options
+from ingest.storage.sources.retry import _REFUSED_FIX, _attempt, _GaveUpError
+
+if TYPE_CHECKING:
+    from ingest.storage.sources.source import Source
+
+
+def pin(source: Source, url: str) -> str:
+    """``url`` (``hf://``) at the commit its revision names now: one request."""
+    where = hub.parse(url)
+    hub_token(source)  # scrubbed from the errors below
+
+    def resolve() -> str:
+        source.stats.add(listings=1)
+        return hub.resolve_revision(where, source._options)
+
+    try:
+        sha = _attempt(resolve, source._policy(url), source.stats)
+    except _GaveUpError as gave_up:
+        refused = _refused(gave_up.last) is not None
+        raise SourceError(
+            url,
+            f"cannot resolve revision {where.revision or 'main'!r} of {where.repo_id}"
+            + (f": the endpoint {source._endpoint(url)} refused the connection" if refused else "")
+            + f": {gave_up.describe(source.scrub)}",
+            _REFUSED_FIX
+            if refused
+            else "check the repository, the revision and the token (HF_TOKEN, or "
+            "storage_options={'token': ...}); a private or gated repository needs one",
+        ) from None
+    return where.at(sha)
+
+
+def hub_token(source: Source) -> str | None:
+    """The Hub token (:func:`ingest.storage.hub.token_of`), kept among the secrets scrubbed from
+    every message (it may come from the environment, not the storage options)."""
+    token = hub.token_of(source._options)
+    if token and token not in source._secrets:
+        source._secrets = (*source._secrets, token)
+    return token
+
+
+def hub_http(source: Source) -> fsspec.AbstractFileSystem:
+    """The HTTP filesystem that reads Hub files, the token in its headers."""
+    with source._fs_lock:
+        fs = source._filesystems.get("hf-http")
+    if fs is not None:
+        return fs
+    token = hub_token(source)
+    options = fs_options("http", source._options, source.retry)
+    options.pop("token", None)
+    options.pop("endpoint", None)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    fs = fsspec.filesystem("http", headers=headers, skip_instance_cache=True, **options)
+    with source._fs_lock:
+        return source._filesystems.setdefault("hf-http", fs)

@@ -1,0 +1,187 @@
+"""One URL -> its shards: the files a URL (a file, a directory or a glob) names, the data
+files among them and the version of each; an ``hf://`` URL pinned to its commit first."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from collections.abc import Mapping
+from glob import has_magic
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import fsspec
+from fsspec.utils import get_protocol
+
+from ingest.core.errors import NoShardsError, SourceError, redact
+from ingest.storage import hub
+from ingest.storage.sources.faults import _refused
+from ingest.storage.sources.hubfs import pin
+from ingest.storage.sources.options import _strip_userinfo
+from ingest.storage.sources.retry import _REFUSED_FIX, _attempt, _GaveUpError
+from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
+
+if TYPE_CHECKING:
+    from ingest.storage.sources.source import Source
+
+# A query string at the end of a path (``?token=...``, ``?versionId=...``): not a glob.
+_QUERY_TAIL = re.compile(r"\?[^/?=]+=.*$")
+
+
+def list_url(
+    source: Source, url: str, formats: FormatResolver, listings: ListingStore | None
+) -> list[Shard]:
+    """The shards ``url`` lists, for :meth:`Source.list_shards` (see there)."""
+    fs = source.filesystem(url)
+    key = None
+    if get_protocol(url) == "hf":
+        url = pin(source, url)
+        key = f"{hub.endpoint_of(source._options)} {url} {source.format}"
+    path = fs._strip_protocol(_strip_userinfo(url))
+    stored = listings.get_listing(key) if listings is not None and key else None
+    if stored is not None:
+        infos: list[dict[str, Any]] = [
+            {"name": name, "size": size, "ETag": version, "type": "file"}
+            for name, size, version in stored
+        ]
+        explicit = len(infos) == 1 and infos[0]["name"] == path
+    else:
+        infos, explicit = _file_infos(source, fs, url, path)
+        if listings is not None and key:
+            listings.put_listing(
+                key,
+                [
+                    (str(i["name"]), int(i.get("size") or 0), _version_of(i))
+                    for i in infos
+                    if i.get("type", "file") == "file"
+                ],
+            )
+    shards: list[Shard] = []
+    for info in infos:
+        if info.get("type", "file") != "file":
+            continue
+        name = info["name"]
+        if not explicit and posixpath.basename(name).startswith((".", "_")):
+            continue  # _SUCCESS, .crc and other writer droppings
+        fmt = formats.format_of(_without_query(name), chosen=source.format, explicit=explicit)
+        if fmt is None:
+            continue
+        real = fs.unstrip_protocol(name)
+        shown = redact(real)
+        if shown != real:
+            source._hidden[shown] = real
+        shards.append(
+            Shard(
+                url=shown,
+                size=int(info.get("size") or 0),
+                version=_version_of(info),
+                format=fmt,
+            )
+        )
+    if not shards:
+        _raise_no_match(fs, url, path, formats)
+    return shards
+
+
+def _file_infos(
+    source: Source, fs: fsspec.AbstractFileSystem, url: str, path: str
+) -> tuple[list[dict[str, Any]], bool]:
+    """The fsspec infos ``url`` matches, and whether it named one file explicitly.
+
+    Raises:
+        SourceError: If the path does not exist, access is denied or the store fails.
+    """
+
+    def infos() -> tuple[list[dict[str, Any]], bool]:
+        source.stats.add(listings=1)
+        if _is_glob(path):
+            return list(fs.glob(path, detail=True).values()), False
+        if url.endswith("/"):
+            # A directory by its name: one listing, not a HEAD and a listing to tell
+            # (object stores) first. Nothing under it: the checks below say why.
+            found = fs.find(path, detail=True, withdirs=False)
+            if found:
+                return list(found.values()), False
+        info = fs.info(path)
+        if info.get("type") != "directory":
+            return [info], True
+        source.stats.add(listings=1)
+        return list(fs.find(path, detail=True, withdirs=False).values()), False
+
+    try:
+        return _attempt(infos, source._policy(url), source.stats)
+    except _GaveUpError as gave_up:
+        e = gave_up.last
+        if _refused(e) is not None:
+            raise SourceError(
+                url,
+                f"cannot list: the endpoint {source._endpoint(url)} refused the connection "
+                f"{gave_up.describe(source.scrub)}",
+                _REFUSED_FIX,
+            ) from None
+        if isinstance(e, FileNotFoundError):
+            raise NoShardsError(
+                url,
+                f"not found ({source.scrub(str(e)) or 'no such object'})",
+                "check the bucket and path; for object stores the bucket must "
+                "exist and be visible with these credentials",
+            ) from None
+        if isinstance(e, PermissionError):
+            raise SourceError(
+                url,
+                f"access denied ({source.scrub(str(e))})",
+                "check the credentials in storage_options or the environment "
+                "(key/secret/token, or the profile)",
+            ) from None
+        raise SourceError(
+            url,
+            f"cannot list: {gave_up.describe(source.scrub)}",
+            "check the endpoint and the network; the deadline and timeouts are set "
+            "with ReadOptions(retry=ingest.RetryPolicy(...))",
+        ) from None
+
+
+def _raise_no_match(
+    fs: fsspec.AbstractFileSystem, url: str, path: str, formats: FormatResolver
+) -> NoReturn:
+    """Raise for a URL that listed no data files: a missing prefix, or no data among them.
+
+    Raises:
+        SourceError: Always.
+    """
+    if _is_glob(path):
+        prefix = re.split(r"[*?\[]", path, maxsplit=1)[0].rsplit("/", 1)[0]
+        if prefix and not fs.exists(prefix):
+            raise NoShardsError(
+                url,
+                f"not found: {redact(fs.unstrip_protocol(prefix))} does not exist",
+                "check the bucket and prefix; for object stores the bucket must exist "
+                "and be visible with these credentials",
+            )
+    raise NoShardsError(url, "matches no data files", f"check the glob; {formats.describe()}")
+
+
+def _without_query(path: str) -> str:
+    return _QUERY_TAIL.sub("", path)
+
+
+def _is_glob(path: str) -> bool:
+    """Whether ``path`` is a glob; a trailing query (``?token=...``) is not one."""
+    return has_magic(_without_query(path))
+
+
+def _version_of(info: Mapping[str, Any]) -> str:
+    for key in (
+        "ETag",
+        "etag",
+        "md5Hash",
+        "blob_id",
+        "sha",
+        "LastModified",
+        "mtime",
+        "updated",
+        "last_modified",
+    ):
+        value = info.get(key)
+        if value not in (None, ""):
+            return str(value).strip('"')
+    return ""

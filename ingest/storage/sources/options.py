@@ -1,0 +1,140 @@
+"""Storage options: parsed from ``KEY=VALUE`` strings, given this source's timeouts and the
+credentials its URLs carry, and the secrets to scrub from every message."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from fsspec.utils import get_protocol
+
+from ingest.core.errors import ConfigError
+from ingest.storage.sources.retry import RetryPolicy
+
+_SECRET_OPTION_NAMES = (
+    "key",
+    "secret",
+    "token",
+    "password",
+    "aws_secret_access_key",
+    "aws_access_key_id",
+    "aws_session_token",
+)
+
+
+def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """Turn ``KEY=VALUE`` strings into storage options.
+
+    Dotted keys nest (``client_kwargs.endpoint_url=http://...``); ``true``/``false``,
+    integers and floats become Python values.
+
+    Raises:
+        ConfigError: If an item has no ``=``.
+    """
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(
+                f"storage option {pair!r} is not KEY=VALUE; "
+                "write e.g. client_kwargs.endpoint_url=http://127.0.0.1:9000"
+            )
+        value: Any = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for cast in (int, float):
+                try:
+                    value = cast(raw)
+                    break
+                except ValueError:
+                    continue
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def fs_options(
+    protocol: str,
+    storage_options: Mapping[str, Any],
+    policy: RetryPolicy,
+    userinfo: tuple[str, str] | None = None,
+) -> dict[str, Any]:
+    """A source's storage options for ``protocol`` with its timeouts (``policy``), and the
+    S3 credentials its URLs carry (``userinfo``) unless the options name a key."""
+    options = dict(storage_options)
+    if protocol in ("s3", "s3a"):
+        options["config_kwargs"] = {
+            "connect_timeout": policy.connect_timeout_s,
+            "read_timeout": policy.read_timeout_s,
+            # One attempt per call: retries are this source's, under one deadline.
+            "retries": {"total_max_attempts": 1, "mode": "standard"},
+            **options.get("config_kwargs", {}),
+        }
+        if userinfo is not None and "key" not in options:
+            options["key"], options["secret"] = userinfo
+    elif protocol in ("http", "https"):
+        import aiohttp
+
+        client = dict(options.get("client_kwargs", {}))
+        client.setdefault(
+            "timeout",
+            aiohttp.ClientTimeout(
+                sock_connect=policy.connect_timeout_s, sock_read=policy.read_timeout_s
+            ),
+        )
+        options["client_kwargs"] = client
+    return options
+
+
+def _strip_userinfo(url: str) -> str:
+    """``s3://key:secret@bucket/k`` -> ``s3://bucket/k``; other URLs as they are.
+
+    Only S3 URLs: s3fs reads no credentials from a URL, while HTTP clients send the user
+    and password of theirs as basic authentication.
+    """
+    if get_protocol(url) not in ("s3", "s3a"):
+        return url
+    parts = urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+def _s3_userinfo(urls: Sequence[str]) -> tuple[str, str] | None:
+    """The ``(key, secret)`` that ``s3://`` URLs carry, if any.
+
+    Raises:
+        ConfigError: If the URLs carry different credentials.
+    """
+    found: set[tuple[str, str]] = set()
+    for url in urls:
+        if get_protocol(url) in ("s3", "s3a"):
+            parts = urlsplit(url)
+            if parts.username is not None:
+                found.add((parts.username, parts.password or ""))
+    if len(found) > 1:
+        raise ConfigError(
+            "the s3:// URLs carry different credentials; one source has one set: pass "
+            "key= and secret= in storage_options, or read them as separate streams"
+        )
+    return found.pop() if found else None
+
+
+def _url_secrets(urls: Sequence[str]) -> tuple[str, ...]:
+    """Passwords and query values in ``urls`` (4 characters or longer), to scrub from text."""
+    out: set[str] = set()
+    for url in urls:
+        try:
+            parts = urlsplit(url)
+            password = parts.password
+        except ValueError:
+            continue
+        out.update(v for v in (parts.username, password) if v)
+        for item in parts.query.split("&"):
+            out.add(item.partition("=")[2])
+    return tuple(sorted((v for v in out if len(v) >= 4), key=len, reverse=True))

@@ -1,0 +1,75 @@
+"""What a listing gives (:class:`Shard`) and what it asks of its caller: which files are data
+(:class:`FormatResolver`) and where listings that never change are kept
+(:class:`ListingStore`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Shard:
+    """One file of the dataset, as one listing saw it.
+
+    Attributes:
+        url: Full URL with protocol (``s3://bucket/a.parquet``, ``file:///data/a.jsonl``).
+        size: Size in bytes.
+        version: ETag (object stores) or modification time (file systems): what tells a
+            changed object from the one a state was saved against. Empty if the store gives
+            neither.
+        format: Registry name of the format that reads it.
+        members: The files of a work unit of a folder dataset (:mod:`ingest.formats.folder`),
+            each one row; empty for a file. A unit's size is theirs added up, its version a
+            hash of theirs, and its URL its first member's with ``+N`` (the N after it).
+        labels: The class index of each member (folder datasets).
+    """
+
+    url: str
+    size: int
+    version: str
+    format: str
+    members: tuple[Shard, ...] = ()
+    labels: tuple[int, ...] = ()
+
+
+class FormatResolver(Protocol):
+    """Which listed files are data, and the name of the format that reads each one.
+
+    A :class:`Source` lists files and knows no formats; the format registry implements this
+    (:data:`ingest.formats.FORMAT_RESOLVER`) and is handed to :meth:`Source.list_shards`.
+    """
+
+    def format_of(self, path: str, *, chosen: str | None, explicit: bool) -> str | None:
+        """The name of the format that reads ``path``, or None to leave the file out.
+
+        Args:
+            path: A listed file.
+            chosen: The format the user named for every file (checked, then used), or None
+                to tell it from the file's name.
+            explicit: Whether the user named this very file rather than a glob or a
+                directory; a file that no format reads is then an error, not left out.
+
+        Raises:
+            ConfigError: If ``chosen`` names no format, or ``explicit`` and no format reads
+                the file.
+        """
+        ...
+
+    def describe(self) -> str:
+        """Which files it takes as data, for the fix of a listing that matched none."""
+        ...
+
+
+class ListingStore(Protocol):
+    """Keeps listings that never change (an ``hf://`` glob at a commit) across jobs; the
+    shard index implements it (:class:`ingest.IndexStore`)."""
+
+    def get_listing(self, key: str) -> list[tuple[str, int, str]] | None:
+        """The files ``(name, size, version)`` stored under ``key``, or None."""
+        ...
+
+    def put_listing(self, key: str, files: Sequence[tuple[str, int, str]]) -> None:
+        """Store the files of the listing ``key``."""
+        ...
