@@ -1,52 +1,34 @@
-"""The persistent shard index: row counts and seek points that outlive a job.
-
-Shards whose footer has no row count (JSONL, CSV, WebDataset tar, Arrow IPC streams) must
-be read once to count their rows and find their seek points. :class:`IndexStore` keeps what
-that pass found, so a later job, a re-run or another node of the cluster plans without
-reading any shard again.
-
-Layout: one small JSON file per shard, ``<location>/<h[:2]>/<h>.json``, where ``h`` is the
-SHA-256 of the entry's key: the shard's identity (its URL without credentials or query),
-size, version (ETag or modification time), format name and :data:`INDEX_VERSION`. A shard
-that changes gets a new key, so a stale entry is never found. The location is a local
-directory (created owner-only) or any fsspec URL (``s3://bucket/ingest-index/``) a cluster
-shares. Writes are atomic (a temporary file renamed over, or one whole-object put); an entry
-that does not parse or does not match its key is ignored with a warning and rebuilt.
-
-Building the missing entries is an :data:`Indexer`'s job: :func:`local_indexer` reads
-shards in threads of this process; :func:`ingest.distributed.index_tasks.ray_indexer` in Ray
-tasks on the ingest nodes.
-"""
+"""The :class:`IndexStore`: entries of the shard index kept under one location, a local
+directory (owner-only) or an fsspec URL a cluster shares, read and written in batches (see
+:mod:`ingest.planner.index`)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from fsspec.utils import get_protocol
 
 from ingest.core.errors import ConfigError, IngestError, redact
-from ingest.formats import get_format
-from ingest.formats.base import ReadContext, Seek, ShardInfo
+from ingest.formats.base import ShardInfo
+from ingest.planner.index.entries import (
+    INDEX_VERSION,
+    _CorruptEntryError,
+    _decode_entry,
+    _encode_entry,
+    _listing_name,
+    _name,
+    shard_identity,
+)
 from ingest.storage.sources import Shard, Source, is_store_error
-
-INDEX_VERSION = 1
-"""Version of the entry layout; part of every key, so a new layout starts a fresh index."""
-
-Indexer = Callable[[Sequence[ReadContext]], Iterable[ShardInfo]]
-"""Indexes shards: one :class:`ShardInfo` with ``rows`` and ``seeks`` per context, in order.
-
-Results may be yielded as they are ready; the catalog stores each one as it arrives."""
 
 _IO_THREADS = 16
 _REMOTE_BATCH = 512
@@ -116,97 +98,6 @@ class IndexStats:
     misses: int = 0
     corrupt: int = 0
     written: int = 0
-
-
-class _CorruptEntryError(Exception):
-    """An entry that must not be trusted; the message says why."""
-
-
-def shard_identity(url: str) -> str:
-    """The URL an entry is keyed by and records: no ``user:pass@``; for HTTP, no query.
-
-    Signed HTTP URLs carry their tokens in the query, which changes from job to job and
-    must never be written down. The same object reached with other credentials has the
-    same identity.
-    """
-    clean = redact(url)
-    if clean != url:
-        clean = clean.replace("://***@", "://", 1)
-    parts = urlsplit(clean)
-    if parts.scheme in ("http", "https"):
-        clean = urlunsplit((parts.scheme, parts.netloc, parts.path, "", ""))
-    return clean
-
-
-def _key(shard: Shard) -> dict[str, Any]:
-    return {
-        "version": INDEX_VERSION,
-        "url": shard_identity(shard.url),
-        "size": shard.size,
-        "shard_version": shard.version,
-        "format": shard.format,
-    }
-
-
-def _name(shard: Shard) -> str:
-    digest = hashlib.sha256(json.dumps(_key(shard), sort_keys=True).encode()).hexdigest()
-    return f"{digest[:2]}/{digest}.json"
-
-
-def _encode_entry(shard: Shard, info: ShardInfo) -> bytes:
-    """The JSON bytes stored for ``shard``'s index ``info`` (rows, blocks, seek points)."""
-    if info.rows is None:
-        raise ValueError(f"{redact(shard.url)}: cannot store an index without a row count")
-    doc = {
-        **_key(shard),
-        "rows": info.rows,
-        "blocks": None if info.blocks is None else list(info.blocks),
-        "seeks": [[row, cursor] for row, cursor in info.seeks],
-    }
-    return json.dumps(doc, separators=(",", ":")).encode()
-
-
-def _int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _CorruptEntryError(f"{what} is {value!r}, not an integer >= 0")
-    return value
-
-
-def _decode_entry(shard: Shard, data: bytes) -> ShardInfo:
-    """Parse and check an entry written by :func:`_encode_entry` for ``shard``.
-
-    Raises:
-        _CorruptEntryError: If it does not parse, belongs to another key or is inconsistent.
-    """
-    try:
-        doc = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _CorruptEntryError(f"not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise _CorruptEntryError(f"not a JSON object but {type(doc).__name__}")
-    for name, want in _key(shard).items():
-        if doc.get(name) != want:
-            raise _CorruptEntryError(f"{name} is {doc.get(name)!r}, expected {want!r}")
-    rows = _int(doc.get("rows"), "rows")
-    raw_blocks = doc.get("blocks")
-    blocks: tuple[int, ...] | None = None
-    if raw_blocks is not None:
-        if not isinstance(raw_blocks, list):
-            raise _CorruptEntryError(f"blocks is {type(raw_blocks).__name__}, not a list")
-        blocks = tuple(_int(b, "a block start") for b in raw_blocks)
-        if list(blocks) != sorted(set(blocks)) or any(b > rows for b in blocks):
-            raise _CorruptEntryError("block starts are not increasing within the row count")
-    raw_seeks = doc.get("seeks")
-    if not isinstance(raw_seeks, list):
-        raise _CorruptEntryError(f"seeks is {type(raw_seeks).__name__}, not a list")
-    seeks: list[Seek] = []
-    for item in raw_seeks:
-        if not isinstance(item, list) or len(item) != 2:
-            raise _CorruptEntryError(f"seek point {item!r} is not a [row, cursor] pair")
-        seeks.append((_int(item[0], "a seek row"), _int(item[1], "a seek cursor")))
-    if seeks != sorted(seeks) or any(row > rows for row, _ in seeks):
-        raise _CorruptEntryError("seek points are not in order within the row count")
-    return ShardInfo(rows=rows, blocks=blocks, seeks=tuple(seeks))
 
 
 class IndexStore:
@@ -412,11 +303,6 @@ class IndexStore:
         self._put_blobs([(_listing_name(key), blob)])
 
 
-def _listing_name(key: str) -> str:
-    h = hashlib.sha256(f"listing\0{key}\0{INDEX_VERSION}".encode()).hexdigest()
-    return f"listings/{h[:2]}/{h}.json"
-
-
 def _write_local(root: Path, blobs: Sequence[tuple[str, bytes]]) -> None:
     try:
         _make_private_dirs(root)
@@ -471,45 +357,3 @@ def _make_private_dirs(path: Path) -> None:
         except FileExistsError:
             continue
         os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
-
-
-def index_shard(ctx: ReadContext) -> ShardInfo:
-    """Read ``ctx.shard`` once: its row count and seek points (``Format.index``)."""
-    return get_format(ctx.shard.format).index(ctx)
-
-
-def local_indexer(workers: int = _IO_THREADS) -> Indexer:
-    """An :data:`Indexer` that reads shards in ``workers`` threads of this process.
-
-    Raises:
-        ConfigError: If ``workers`` is below 1.
-    """
-    if workers < 1:
-        raise ConfigError(f"index workers={workers} must be >= 1")
-
-    def run(contexts: Sequence[ReadContext]) -> Iterator[ShardInfo]:
-        if len(contexts) <= 1 or workers == 1:
-            yield from (index_shard(c) for c in contexts)
-            return
-        pool = ThreadPoolExecutor(min(workers, len(contexts)))
-        try:
-            yield from pool.map(index_shard, contexts)
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-
-    return run
-
-
-__all__ = [
-    "INDEX_VERSION",
-    "IndexConfig",
-    "IndexEntryWarning",
-    "IndexStats",
-    "IndexStore",
-    "IndexStoreError",
-    "Indexer",
-    "default_location",
-    "index_shard",
-    "local_indexer",
-    "shard_identity",
-]
