@@ -20,7 +20,7 @@ from ingest.core.state import (
     StreamState,
     match_listing,
 )
-from ingest.core.state import schema as state_module
+from ingest.core.state import dataset as dataset_module
 
 SHARDS = [ShardRecord(f"s3://b/part-{i}.parquet", 1000 + i, f"etag{i}", 500) for i in range(6)]
 
@@ -183,7 +183,7 @@ def test_a_deeply_nested_state_is_refused_not_a_recursion_error(where: str) -> N
 @pytest.fixture
 def pack_small(monkeypatch: pytest.MonkeyPatch) -> None:
     """Pack listings of 4 shards or more, so that the tests stay small."""
-    monkeypatch.setattr(state_module, "PACK_FROM_SHARDS", 4)
+    monkeypatch.setattr(dataset_module, "PACK_FROM_SHARDS", 4)
 
 
 def packed_state() -> StreamState:

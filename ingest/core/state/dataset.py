@@ -1,0 +1,116 @@
+"""The state's ``dataset`` part: what was listed, as plain records or packed (version 3).
+Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ingest.core.errors import StateError
+from ingest.core.state.checks import FIX, STATE_VERSION, _int, _list
+from ingest.core.state.packed import PackedFingerprint, _pack, _unpack
+from ingest.core.state.shards import ShardRecord, ShardTable, _Columns, digest, row_counts
+
+PACK_FROM_SHARDS = 10_000
+"""Listings of this many shards or more are written packed (version 3)."""
+
+
+@dataclass(slots=True)
+class DatasetState:
+    """What was listed: the source URLs and every shard's identity (the fingerprint).
+
+    A state read from the packed form (version 3) keeps each shard's URL and row count; its
+    sizes and versions are in ``fingerprint`` (the records say 0 and ""). Its JSON is made
+    once and kept (a listing of a million shards takes a second to write): change
+    ``shards`` only through a new object.
+    """
+
+    sources: list[str]
+    shards: Sequence[ShardRecord]
+    """A list, or a :class:`ShardTable` (a listing's columns)."""
+    fingerprint: PackedFingerprint | None = None
+    classes: tuple[str, ...] = ()
+    """Folder datasets: the class names the ``label`` indices stand for (``"classes"`` in
+    the JSON, absent when empty)."""
+    _json: dict[str, Any] | None = field(default=None, repr=False, compare=False)
+    _counts: npt.NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def counts(self) -> npt.NDArray[np.int64]:
+        """Every shard's row count, -1 where unknown (read-only; kept, like the JSON)."""
+        if self._counts is None and isinstance(self.shards, ShardTable):
+            self._counts = self.shards.counts
+        if self._counts is None:
+            counts = row_counts(self.shards)
+            counts.setflags(write=False)
+            self._counts = counts
+        return self._counts
+
+    @property
+    def packed(self) -> bool:
+        """Whether the JSON is the packed form (version 3)."""
+        return self.fingerprint is not None or len(self.shards) >= PACK_FROM_SHARDS
+
+    def to_json(self) -> dict[str, Any]:
+        if self._json is None:
+            made: dict[str, Any]
+            if self.packed:
+                columns = _Columns.of(self.shards)
+                if self.fingerprint is None:
+                    self.fingerprint = PackedFingerprint.of_columns(columns)
+                made = {
+                    "digest": self.fingerprint.digest,
+                    "packed": _pack(columns.urls, self.counts, self.fingerprint),
+                }
+            else:
+                made = {
+                    "digest": digest(self.shards),
+                    "shards": [s.to_json() for s in self.shards],
+                }
+            self._json = {"sources": list(self.sources), **made}
+            if self.classes:
+                self._json["classes"] = list(self.classes)
+        return dict(self._json)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], version: int = STATE_VERSION) -> DatasetState:
+        sources = [str(s) for s in _list(data.get("sources", []), "dataset.sources")]
+        classes = tuple(_classes(data.get("classes", [])))
+        if version >= 3 and "packed" in data:
+            shards, fingerprint = _unpack(data["packed"], data.get("digest"))
+            return cls(sources, shards, fingerprint, classes)
+        shards = []
+        for n, entry in enumerate(_list(data["shards"], "dataset.shards")):
+            if not isinstance(entry, list) or len(entry) != 4:
+                raise StateError(
+                    f"dataset.shards[{n}] is {entry!r}, not [url, size, version, rows]"
+                )
+            url, size, version_, rows = entry
+            shards.append(
+                ShardRecord(
+                    str(url),
+                    _int(size, f"dataset.shards[{n}] size"),
+                    str(version_),
+                    None if rows is None else _int(rows, f"dataset.shards[{n}] rows"),
+                )
+            )
+        if data.get("digest") not in (None, digest(shards)):
+            raise StateError(
+                "dataset.digest does not match dataset.shards: the state was "
+                "edited or corrupted; save it again"
+            )
+        return cls(sources, shards, None, classes)
+
+
+def _classes(value: Any) -> list[str]:
+    names = _list(value, "dataset.classes")
+    if not all(isinstance(n, str) for n in names) or names != sorted(set(names)):
+        raise StateError(
+            f"dataset.classes is {names[:5]!r}...: not a sorted list of distinct class names; "
+            f"the state was edited or corrupted; {FIX}"
+        )
+    return names

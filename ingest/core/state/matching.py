@@ -1,0 +1,126 @@
+"""A saved dataset against the listing it resumes on: every saved shard still there and
+unchanged (new shards are fine), and the same folder classes. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from ingest.core.errors import StateError
+from ingest.core.state.dataset import DatasetState
+from ingest.core.state.packed import PackedFingerprint, _size_hashes, _version_hashes
+from ingest.core.state.shards import ShardRecord, packed_digest
+
+
+def match_listing(
+    saved: DatasetState | Sequence[ShardRecord],
+    listed: Sequence[ShardRecord],
+    classes: Sequence[str] = (),
+) -> None:
+    """Check that every saved shard is in ``listed``, unchanged. New shards are fine.
+
+    Sizes are compared, and versions where both sides have one. A packed state (its sizes
+    and versions kept as a digest and hashes) is checked against the digest first. A folder
+    dataset's class list (``classes``, the listing's) must be the state's.
+
+    Raises:
+        StateError: Naming the shards that are missing or changed, and what changed, or the
+            classes added or gone.
+    """
+    if isinstance(saved, DatasetState) and tuple(saved.classes) != tuple(classes):
+        gone = sorted(set(saved.classes) - set(classes))
+        added = sorted(set(classes) - set(saved.classes))
+        raise StateError(
+            f"the folder dataset's classes changed since the state was saved (gone: "
+            f"{gone[:5]}, added: {added[:5]}; {len(saved.classes)} -> {len(classes)}): its "
+            "label indices would name other classes. Restore the class directories, or "
+            "start without the state"
+        )
+    fingerprint = saved.fingerprint if isinstance(saved, DatasetState) else None
+    shards = saved.shards if isinstance(saved, DatasetState) else saved
+    by_url = {s.url: s for s in listed}
+    missing = [s.url for s in shards if s.url not in by_url]
+    if fingerprint is None:
+        changed = _changed(shards, by_url)
+    elif not missing and packed_digest([by_url[s.url] for s in shards]) == fingerprint.digest:
+        return
+    else:
+        changed = _changed_hashed(shards, fingerprint, by_url)
+    if not missing and not changed:
+        if fingerprint is None or _some_version_unknown(shards, fingerprint, by_url):
+            return
+        raise StateError(
+            f"the dataset changed since the state was saved: the digest of its "
+            f"{len(shards)} shards is not the state's, so some shard was rewritten in place "
+            "(its size or version changed), but the short hashes a packed state keeps per "
+            "shard do not tell which. A state resumes only on the same shards; restore "
+            "them or start the epoch without the state"
+        )
+    if len(missing) == len(shards):
+        raise StateError(
+            f"the state belongs to another dataset: none of its {len(shards)} shards (e.g. "
+            f"{shards[0].url if shards else '-'}) is in this listing of {len(listed)} shards "
+            f"(e.g. {listed[0].url if listed else '-'}); load a state saved by this stream"
+        )
+    parts = []
+    if missing:
+        parts.append(f"{len(missing)} shard(s) gone: {', '.join(missing[:5])}")
+    if changed:
+        parts.append(f"{len(changed)} shard(s) changed: {', '.join(changed[:5])}")
+    raise StateError(
+        f"the dataset changed since the state was saved: {'; '.join(parts)}. "
+        "A state resumes only on the same shards (new shards may be added); "
+        "restore them or start the epoch without the state"
+    )
+
+
+def _changed(shards: Sequence[ShardRecord], by_url: Mapping[str, ShardRecord]) -> list[str]:
+    changed = []
+    for s in shards:
+        now = by_url.get(s.url)
+        if now is None:
+            continue
+        what = []
+        if now.size != s.size:
+            what.append(f"size {s.size} -> {now.size}")
+        if s.version and now.version and now.version != s.version:
+            what.append(f"version {s.version!r} -> {now.version!r}")
+        if what:
+            changed.append(f"{s.url} ({', '.join(what)})")
+    return changed
+
+
+def _changed_hashed(
+    shards: Sequence[ShardRecord],
+    fingerprint: PackedFingerprint,
+    by_url: Mapping[str, ShardRecord],
+) -> list[str]:
+    """The shards whose size or version hash differs (a packed state keeps no more)."""
+    found = [(n, by_url[s.url]) for n, s in enumerate(shards) if s.url in by_url]
+    if not found:
+        return []
+    at = np.asarray([n for n, _ in found], dtype=np.int64)
+    sizes = _size_hashes([now.size for _, now in found])
+    versions = _version_hashes([now.version for _, now in found])
+    saved_versions = fingerprint.version_hashes[at]
+    size_differs = sizes != fingerprint.size_hashes[at]
+    version_differs = (saved_versions != 0) & (versions != 0) & (versions != saved_versions)
+    changed = []
+    for k in np.flatnonzero(size_differs | version_differs).tolist():
+        now = found[k][1]
+        what = [f"size now {now.size}"] if size_differs[k] else []
+        if version_differs[k]:
+            what.append(f"version now {now.version!r}")
+        changed.append(f"{now.url} ({', '.join(what)}, not as saved)")
+    return changed
+
+
+def _some_version_unknown(
+    shards: Sequence[ShardRecord],
+    fingerprint: PackedFingerprint,
+    by_url: Mapping[str, ShardRecord],
+) -> bool:
+    """Whether a shard's version is unknown on one side only (so the digests may differ)."""
+    now_unknown = np.asarray([by_url[s.url].version == "" for s in shards], dtype=bool)
+    return bool(((fingerprint.version_hashes == 0) != now_unknown).any())

@@ -1,0 +1,183 @@
+"""The state's ``progress``, ``distributed`` and ``position`` parts, each checked by its own
+class as it is read. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest.core.errors import StateError
+from ingest.core.quarantine import Quarantined
+from ingest.core.state.checks import _index, _int, _list, refuse
+from ingest.core.state.consumed import Progress, _check_bounds
+from ingest.core.state.dataset import DatasetState
+from ingest.core.state.shards import ShardRecord
+
+
+@dataclass(slots=True)
+class ProgressState:
+    """How far the epoch got: its steps, its counts and the rows consumed per shard."""
+
+    epoch: int = 0
+    first_step: int = 0
+    step: int = 0
+    delivered: int = 0
+    dropped: int = 0
+    consumed: Progress = field(default_factory=Progress)
+    quarantined: list[Quarantined] = field(default_factory=list)
+    """Rows skipped in this epoch under ``on_error="skip"`` (they are in ``consumed``)."""
+
+    def to_json(self, dataset: DatasetState) -> dict[str, Any]:
+        out = {
+            "epoch": self.epoch,
+            "first_step": self.first_step,
+            "step": self.step,
+            "delivered": self.delivered,
+            "dropped": self.dropped,
+            "consumed": self.consumed.to_json(
+                dataset.shards, packed=dataset.packed, listed=dataset.counts
+            ),
+        }
+        if self.quarantined:
+            out["quarantined"] = [q.to_json() for q in self.quarantined]
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> ProgressState:
+        out = cls(
+            epoch=_int(data["epoch"], "progress.epoch"),
+            first_step=_int(data.get("first_step", 0), "progress.first_step"),
+            step=_int(data.get("step", 0), "progress.step"),
+            delivered=_int(data.get("delivered", 0), "progress.delivered"),
+            dropped=_int(data.get("dropped", 0), "progress.dropped"),
+            consumed=Progress.from_json(data.get("consumed", {}), shards),
+            quarantined=_quarantined(data.get("quarantined", [])),
+        )
+        if out.first_step > out.step:
+            raise StateError(
+                f"progress.first_step {out.first_step} is after progress.step {out.step}; "
+                "the state was edited: save it again"
+            )
+        _check_bounds(out.consumed, shards, "progress.consumed")
+        return out
+
+
+def _quarantined(data: Any) -> list[Quarantined]:
+    if not isinstance(data, list):
+        raise StateError("progress.quarantined is not a list; the state was edited")
+    return [Quarantined.from_json(q, f"progress.quarantined[{i}]") for i, q in enumerate(data)]
+
+
+@dataclass(slots=True)
+class DistributedState:
+    """The world size at save and the rows carried in from the previous epoch."""
+
+    world_size: int = 1
+    carry: list[tuple[int, int, int]] = field(default_factory=list)
+    """Spans ``(shard, start, stop)`` carried in from the previous epoch (equal steps)."""
+    carry_consumed: Progress = field(default_factory=Progress)
+
+    def to_json(self, *, packed: bool = False) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "carry": {
+                "spans": [list(s) for s in self.carry],
+                "consumed": {
+                    str(k): v.encode() if packed else v.to_json()
+                    for k, v in sorted(self.carry_consumed.consumed.items())
+                    if v
+                },
+            },
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> DistributedState:
+        world_size = _int(data.get("world_size", 1), "distributed.world_size")
+        if world_size < 1:
+            raise StateError("distributed.world_size must be >= 1")
+        carry = data.get("carry") or {}
+        spans = []
+        for entry in _list(carry.get("spans", []), "distributed.carry.spans"):
+            if not isinstance(entry, list) or len(entry) != 3:
+                raise StateError(f"distributed.carry span {entry!r} is not [shard, start, stop]")
+            shard = _index(entry[0], shards)
+            start = _int(entry[1], "carry start")
+            stop = _int(entry[2], "carry stop")
+            rows = shards[shard].rows
+            if stop < start or (rows is not None and stop > rows):
+                raise StateError(
+                    f"distributed.carry span [{start}, {stop}) of {shards[shard].url} is "
+                    f"outside its {rows} rows; the state was edited: save it again"
+                )
+            spans.append((shard, start, stop))
+        consumed = Progress.from_json({"partial": carry.get("consumed", {})}, shards)
+        _check_bounds(consumed, shards, "distributed.carry.consumed")
+        return cls(world_size, spans, consumed)
+
+
+Cursor = dict[str, Any]
+"""Where one rank's reading order stood; its layout belongs to :mod:`ingest.engine.feed`."""
+
+
+@dataclass(slots=True)
+class PositionState:
+    """The reading order: seed, batch and shuffle settings, and each rank's cursor."""
+
+    seed: int | None = None
+    batch_size: int = 0
+    window: int = 0
+    lanes: int = 0
+    ranks: list[Cursor | None] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "shuffle": {"window": self.window, "lanes": self.lanes},
+            "ranks": list(self.ranks),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PositionState:
+        seed = data.get("seed")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise StateError(f"position.seed must be an integer or null, got {seed!r}")
+        shuffle = data.get("shuffle") or {}
+        ranks = _list(data.get("ranks", []), "position.ranks")
+        for n, cursor in enumerate(ranks):
+            if cursor is not None:
+                _check_cursor(cursor, f"position.ranks[{n}]")
+        return cls(
+            seed,
+            _int(data.get("batch_size", 0), "position.batch_size"),
+            _int(shuffle.get("window", 0), "position.shuffle.window"),
+            _int(shuffle.get("lanes", 0), "position.shuffle.lanes"),
+            list(ranks),
+        )
+
+
+def _check_cursor(cursor: object, what: str) -> None:
+    """Refuse a cursor that is not ``{"window": w, "lanes": [lane or null, ...]}``, each lane
+    ``[span, row, seek_row, seek_cursor]`` of integers >= 0 (the seek pair may be null).
+
+    Whether it fits the plan it resumes is checked where the plan is made
+    (:meth:`ingest.core.book.EpochBook.load`).
+    """
+    if not isinstance(cursor, dict) or "window" not in cursor or "lanes" not in cursor:
+        raise refuse(what, cursor, 'a position is {"window": w, "lanes": [...]} or null')
+    _int(cursor["window"], f"{what}.window")
+    lanes = cursor["lanes"]
+    if not isinstance(lanes, list):
+        raise refuse(f"{what}.lanes", lanes, "it must be a list with one entry per lane")
+    for n, lane in enumerate(lanes):
+        if lane is None:
+            continue
+        where = f"{what}.lanes[{n}]"
+        if not isinstance(lane, list) or len(lane) != 4:
+            raise refuse(where, lane, "a lane is [span, row, seek_row, seek_cursor] or null")
+        if (lane[2] is None) != (lane[3] is None):
+            raise refuse(where, lane, "its seek_row and seek_cursor are both null or both set")
+        for name, value in zip(("span", "row", "seek_row", "seek_cursor"), lane, strict=True):
+            if value is not None:
+                _int(value, f"{where} {name}")
