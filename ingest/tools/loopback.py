@@ -17,13 +17,9 @@ import json
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tarfile
 import threading
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -37,18 +33,13 @@ import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 from pyarrow import ipc
 
+from ingest.tools.child import ChildServer, free_port
 from ingest.tools.forward import ForwardingHandler, ForwardingServer
 
 TOKENS = 16
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class LoopbackS3:
+class LoopbackS3(ChildServer):
     """An S3-protocol server on 127.0.0.1 for the life of a ``with`` block.
 
     Args:
@@ -58,65 +49,18 @@ class LoopbackS3:
         start_timeout_s: Longest wait for the server to answer.
     """
 
+    name = "moto_server"
+    hint = '; install it with pip install "moto[server]"'
     key = "testing"
     secret = "testing-secret"
 
-    def __init__(
-        self, port: int = 0, env: dict[str, str] | None = None, start_timeout_s: float = 30.0
-    ) -> None:
-        self.port = port or free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._env = env or {}
-        self._start_timeout_s = start_timeout_s
-        self._proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> LoopbackS3:
+    def command(self) -> list[str]:
         exe = shutil.which("moto_server", path=os.path.dirname(sys.executable))
         cmd = [exe] if exe else [sys.executable, "-m", "moto.server"]
-        self._proc = subprocess.Popen(
-            [*cmd, "-H", "127.0.0.1", "-p", str(self.port)],
-            env={**os.environ, **self._env},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + self._start_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(
-                    f"moto_server exited with {self._proc.returncode}; "
-                    'install it with pip install "moto[server]"'
-                )
-            try:
-                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
-                return self
-            except (urllib.error.URLError, OSError):
-                time.sleep(0.1)
-        self.stop()
-        raise TimeoutError(
-            f"moto_server did not answer on {self.endpoint} within {self._start_timeout_s:.0f} s"
-        )
+        return [*cmd, "-H", "127.0.0.1", "-p", str(self.port)]
 
-    def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
-            self._proc = None
-
-    def __enter__(self) -> LoopbackS3:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
+    def ping(self) -> None:
+        urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
 
     def storage_options(
         self, key: str | None = None, secret: str | None = None, *, endpoint: str | None = None

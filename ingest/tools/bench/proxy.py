@@ -10,18 +10,14 @@ counters as JSON (no S3 bucket can be named ``__ingest_bench__``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import subprocess
 import sys
 import threading
-import time
-import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from types import TracebackType
 from typing import cast
 
+from ingest.tools.child import ChildServer
 from ingest.tools.forward import ForwardingHandler, ForwardingServer
 
 COUNTERS_PATH = "/__ingest_bench__/counters"
@@ -78,7 +74,7 @@ class _Handler(ForwardingHandler):
         self._server().count(len(data))
 
 
-class CountingProxy:
+class CountingProxy(ChildServer):
     """The proxy process for the life of a ``with`` block.
 
     Args:
@@ -86,68 +82,27 @@ class CountingProxy:
         start_timeout_s: Longest wait for the proxy to answer.
     """
 
+    name = "the bench proxy"
+    show_stderr = True
+
     def __init__(self, upstream: str, start_timeout_s: float = 30.0) -> None:
-        from ingest.testing import free_port
-
+        super().__init__(start_timeout_s=start_timeout_s)
         self.upstream = upstream
-        self.port = free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._start_timeout_s = start_timeout_s
-        self._proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> CountingProxy:
-        """Start the proxy process and wait until it answers.
+    def command(self) -> list[str]:
+        return [
+            *(sys.executable, "-m", "ingest.tools.bench.proxy"),
+            *("--port", str(self.port), "--upstream", self.upstream),
+        ]
 
-        Raises:
-            RuntimeError: If the process exits while starting.
-            TimeoutError: If it does not answer within ``start_timeout_s``.
-        """
-        self._proc = subprocess.Popen(
-            [
-                *(sys.executable, "-m", "ingest.tools.bench.proxy"),
-                *("--port", str(self.port), "--upstream", self.upstream),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + self._start_timeout_s
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                raise RuntimeError(f"the bench proxy exited with {self._proc.returncode}")
-            with contextlib.suppress(urllib.error.URLError, OSError):
-                self.counters()
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise TimeoutError(f"the bench proxy did not answer on {self.endpoint}")
+    def ping(self) -> None:
+        self.counters()
 
     def counters(self) -> Counters:
         """The requests and bytes counted so far."""
         with urllib.request.urlopen(self.endpoint + COUNTERS_PATH, timeout=10) as response:
             data = json.loads(response.read())
         return Counters(int(data["requests"]), int(data["bytes_read"]))
-
-    def stop(self) -> None:
-        """Stop the proxy process."""
-        if self._proc is not None:
-            self._proc.terminate()
-            try:
-                self._proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait(timeout=10)
-            self._proc = None
-
-    def __enter__(self) -> CountingProxy:
-        return self.start()
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
 
 def serve(argv: list[str] | None = None) -> None:
