@@ -212,14 +212,14 @@ def test_acked_runs_are_merged_exactly() -> None:
 
     from ingest.core.book import _add_runs
     from ingest.core.intervals import IntervalSet
-    from ingest.core.state import Progress
+    from ingest.core.state import Consumed
 
     rng = random.Random(0)
     runs = []
     for _ in range(500):
         segment, shard, start = rng.randint(0, 1), rng.randint(0, 3), rng.randint(0, 300)
         runs.append((segment, shard, start, start + rng.randint(1, 20)))
-    carried, main = Progress(), Progress()
+    carried, main = Consumed(), Consumed()
     _add_runs([runs[:200], runs[200:]], carried, main)  # in two parts, as two ranks
     expected: dict[tuple[int, int], IntervalSet] = {}
     for segment, shard, start, stop in runs:

@@ -40,8 +40,8 @@ from ingest.core.plan import (
 )
 from ingest.core.share import FeedPlan
 from ingest.core.state import (
+    Consumed,
     DatasetState,
-    Progress,
     ShardRecord,
     ShardTable,
     _front_coded,
@@ -600,7 +600,7 @@ def test_pack_sets_writes_each_set_as_its_bitmap(before) -> None:
 def test_a_kept_completion_equals_one_found_anew(before, folds, counts) -> None:
     listed = np.array(counts, dtype=np.int64)
     shards = [ShardRecord(f"s3://b/{i}", 1, "", None if n < 0 else n) for i, n in enumerate(counts)]
-    progress = Progress({k: IntervalSet((a, a + n) for a, n in v) for k, v in before.items()})
+    progress = Consumed({k: IntervalSet((a, a + n) for a, n in v) for k, v in before.items()})
     progress.add_sets({}, listed)  # made from all sets
     for added in folds:
         rows = [(k, a, a + n) for k, a, n in added if k < 8]

@@ -10,11 +10,11 @@ from ingest.core.errors import StateError
 from ingest.core.intervals import IntervalSet
 from ingest.core.state import (
     MAX_STATE_BYTES,
+    Consumed,
     DatasetState,
     DistributedState,
     PackedFingerprint,
     PositionState,
-    Progress,
     ProgressState,
     ShardRecord,
     StreamState,
@@ -26,7 +26,7 @@ SHARDS = [ShardRecord(f"s3://b/part-{i}.parquet", 1000 + i, f"etag{i}", 500) for
 
 
 def make_state() -> StreamState:
-    progress = Progress()
+    progress = Consumed()
     for i in range(3):
         progress.of(i).add(0, 500)
     progress.of(4).add(0, 120)
@@ -55,7 +55,7 @@ def test_round_trip_is_plain_json() -> None:
 
 def test_size_is_linear_in_shards_not_rows() -> None:
     many = [ShardRecord(f"s3://b/p{i}.parquet", 10**9, "e", 10**7) for i in range(1000)]
-    progress = Progress()
+    progress = Consumed()
     for i in range(900):
         progress.of(i).add(0, 10**7)
     state = StreamState(DatasetState(["s3://b/"], many), ProgressState(consumed=progress))

@@ -59,12 +59,12 @@ from ingest.core.positions import check_positions
 from ingest.core.quarantine import Quarantined, check_bound, merge
 from ingest.core.share import FeedPlan
 from ingest.core.state import (
+    Consumed,
     Cursor,
     DatasetState,
     DistributedState,
     Intervals,
     PositionState,
-    Progress,
     ProgressState,
     ShardTable,
     StreamState,
@@ -125,8 +125,8 @@ class _PlannedEpoch(Generic[L]):
     assignment: Assignment
     steps: int | None
     """Steps of the whole epoch; None until reading ends when row counts are unknown."""
-    main: Progress
-    carried: Progress
+    main: Consumed
+    carried: Consumed
     delivered: int
     dropped: int
     based: int
@@ -141,7 +141,7 @@ class _PlannedEpoch(Generic[L]):
     """The listing as the state records it, made once (its JSON is kept with it)."""
     window: int = 0
     """Rows per shuffle window in this epoch (:meth:`Lister.window_rows` of its listing)."""
-    merged: tuple[int, int, Progress, Progress] | None = None
+    merged: tuple[int, int, Consumed, Consumed] | None = None
     """``(based, step, main, carried)``: the last snapshot's progress, for the fold after."""
 
     @property
@@ -306,10 +306,10 @@ class EpochBook(Generic[L]):
             dropped += prev.assignment.remainder_rows
         first = prev.first_step + prev.steps
         return self._planned(
-            epoch, first, listing, carry, main, Progress(), 0, dropped, first, None
+            epoch, first, listing, carry, main, Consumed(), 0, dropped, first, None
         )
 
-    def _round_after(self, prev: _PlannedEpoch[L], listing: L) -> tuple[tuple[Span, ...], Progress]:
+    def _round_after(self, prev: _PlannedEpoch[L], listing: L) -> tuple[tuple[Span, ...], Consumed]:
         """What the epoch after ``prev`` starts with in ``listing``: the rows ``prev``
         carries into it, and (following a dataset) the shards earlier rounds consumed."""
         carry: tuple[Span, ...] = ()
@@ -326,14 +326,14 @@ class EpochBook(Generic[L]):
                 Span(by_url[prev.listing.shards[s.shard].url], s.start, s.stop, CARRY)
                 for s in prev.assignment.remainder
             )
-        main = Progress()
+        main = Consumed()
         if self.config.follows:
             # A round: the shards the rounds before read are consumed (they only grow).
             done = consumed_before(prev.listing.shards, listing.shards)
             main = _all_of(listing, done, _learnt(prev))
         return carry, main
 
-    def _has_a_step(self, listing: Listed, main: Progress, carry: Sequence[Span]) -> bool:
+    def _has_a_step(self, listing: Listed, main: Consumed, carry: Sequence[Span]) -> bool:
         """Whether a round of a followed dataset has a full step of rows to read: rows of
         shards not consumed yet (unknown counts: as many as it takes) and carried rows."""
         fresh = sum(
@@ -350,9 +350,9 @@ class EpochBook(Generic[L]):
             listing = self._start_listing
             if listing is None:
                 listing = self._list(first=True)
-            return self._planned(epoch, step, listing, (), Progress(), Progress(), 0, 0, step, None)
+            return self._planned(epoch, step, listing, (), Consumed(), Consumed(), 0, 0, step, None)
 
-        def resumed(listing: L) -> tuple[tuple[Span, ...], Progress, Progress]:
+        def resumed(listing: L) -> tuple[tuple[Span, ...], Consumed, Consumed]:
             by_url = {s.url: n for n, s in enumerate(listing.shards)}
             carry = tuple(
                 Span(by_url[start.shards[i].url], a, b, CARRY)
@@ -385,8 +385,8 @@ class EpochBook(Generic[L]):
                 p.first_step,
                 listing,
                 carry,
-                Progress(),
-                Progress(),
+                Consumed(),
+                Consumed(),
                 0,
                 p.dropped,
                 p.first_step,
@@ -426,8 +426,8 @@ class EpochBook(Generic[L]):
         first_step: int,
         listing: L,
         carry: tuple[Span, ...],
-        main: Progress,
-        carried: Progress,
+        main: Consumed,
+        carried: Consumed,
         delivered: int,
         dropped: int,
         based: int,
@@ -745,13 +745,13 @@ class EpochBook(Generic[L]):
             for index, rows in learnt.items():
                 records[index] = records[index]._replace(rows=rows)
             dataset = DatasetState(self._sources, records, classes=e.listing.classes)
-        following = Progress()
+        following = Consumed()
         if self.config.follows:  # the next round reads none of these shards again
             following = _all_of(e.listing, range(len(e.listing.shards)), _learnt(e))
         return StreamState(
             dataset,
             ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, following),
-            DistributedState(self.world_size, carry, Progress()),
+            DistributedState(self.world_size, carry, Consumed()),
             self._position(step, None, e.window),
         )
 
@@ -856,8 +856,8 @@ class EpochBook(Generic[L]):
 
 def _add_runs(
     parts: Iterable[Runs | Sequence[Run]],
-    carried: Progress,
-    main: Progress,
+    carried: Consumed,
+    main: Consumed,
     counts: npt.NDArray[np.int64] | None = None,
 ) -> None:
     """Add acked runs to the progress of their segment.
@@ -868,7 +868,7 @@ def _add_runs(
     every sort stays small while a thousand ranks' few runs each (a fold on a window's
     edge) are not a thousand passes. A shard's interval set
     is replaced, never changed in place, so a snapshot may share the sets of the book's
-    progress (:meth:`ingest.core.state.Progress.shallow`) and stay as it was. ``counts`` (row
+    progress (:meth:`ingest.core.state.Consumed.shallow`) and stay as it was. ``counts`` (row
     counts per shard, -1: unknown) keeps the progress's completion up to date.
     """
     both = (carried, main)
@@ -913,13 +913,13 @@ def _learnt(e: _PlannedEpoch[Any]) -> dict[str, int]:
     return {e.listing.shards[i].url: n for i, n in e.main.rows.items()}
 
 
-def _all_of(listing: Listed, indices: Iterable[int], learnt: Mapping[str, int]) -> Progress:
-    """Progress with every row of the shards ``indices`` of ``listing`` consumed.
+def _all_of(listing: Listed, indices: Iterable[int], learnt: Mapping[str, int]) -> Consumed:
+    """A :class:`Consumed` with every row of the shards ``indices`` of ``listing`` in it.
 
     Raises:
         StateError: If one has no row count (neither listed nor learnt by reading).
     """
-    out = Progress()
+    out = Consumed()
     for n in indices:
         rows = listing.infos[n].rows
         if rows is None:
@@ -971,9 +971,9 @@ class _Layered(Mapping[int, IntervalSet]):
         return len(set(self.top).union(self.base))
 
 
-def _remap(progress: Progress, state: StreamState, by_url: Mapping[str, int]) -> Progress:
+def _remap(progress: Consumed, state: StreamState, by_url: Mapping[str, int]) -> Consumed:
     """``progress`` (indexed by the state's shards) indexed by the listing's shards."""
-    out = Progress()
+    out = Consumed()
     for index, rows in progress.consumed.items():
         out.consumed[by_url[state.shards[index].url]] = rows.copy()
     for index, count in progress.rows.items():

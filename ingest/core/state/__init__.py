@@ -75,7 +75,7 @@ and refusals).
 """
 
 from ingest.core.state.checks import FIX, MAX_STATE_BYTES, STATE_VERSION, refuse
-from ingest.core.state.consumed import Intervals, Progress
+from ingest.core.state.consumed import Consumed, Intervals
 from ingest.core.state.dataset import DatasetState
 from ingest.core.state.matching import match_listing
 from ingest.core.state.packed import (
@@ -94,13 +94,13 @@ __all__ = [
     "FIX",
     "MAX_STATE_BYTES",
     "STATE_VERSION",
+    "Consumed",
     "Cursor",
     "DatasetState",
     "DistributedState",
     "Intervals",
     "PackedFingerprint",
     "PositionState",
-    "Progress",
     "ProgressState",
     "ShardRecord",
     "ShardTable",

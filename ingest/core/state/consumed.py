@@ -25,10 +25,10 @@ Intervals = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.i
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """Which shards of a :class:`Progress` are done, and which are consumed in part.
+    """Which shards of a :class:`Consumed` are done, and which are consumed in part.
 
     The coordinator keeps one beside its progress and updates it with the shards each fold
-    touches (:meth:`Progress.add_sets`), so that a snapshot's JSON costs what changed since
+    touches (:meth:`Consumed.add_sets`), so that a snapshot's JSON costs what changed since
     the last one, not a pass over every consumed shard (half a million sets half-way through
     an epoch of a million shards). It holds for the sets it was made with: sets are replaced,
     never changed in place.
@@ -74,8 +74,9 @@ class Completion:
 
 
 @dataclass(slots=True)
-class Progress:
-    """What one epoch has consumed: an interval set per shard index."""
+class Consumed:
+    """The rows one epoch has consumed: an interval set per shard index (the state's
+    ``progress.consumed``, and ``distributed.carry.consumed`` for the rows carried in)."""
 
     consumed: dict[int, IntervalSet] = field(default_factory=dict)
     rows: dict[int, int] = field(default_factory=dict)
@@ -97,15 +98,15 @@ class Progress:
         _, lo, hi = stack(self.consumed.items())
         return int((hi - lo).sum())
 
-    def copy(self) -> Progress:
-        return Progress(
+    def copy(self) -> Consumed:
+        return Consumed(
             {k: v.copy() for k, v in self.consumed.items()}, dict(self.rows), self.completion
         )
 
-    def shallow(self) -> Progress:
+    def shallow(self) -> Consumed:
         """A copy that shares the interval sets (for a caller that replaces sets, never
         changes them: :meth:`add_sets`)."""
-        return Progress(dict(self.consumed), dict(self.rows), self.completion)
+        return Consumed(dict(self.consumed), dict(self.rows), self.completion)
 
     def add_sets(
         self,
@@ -190,7 +191,7 @@ class Progress:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> Progress:
+    def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> Consumed:
         out = cls()
         for k, v in data.get("rows", {}).items():
             index = _index(k, shards)
@@ -232,7 +233,7 @@ class Progress:
         return out
 
 
-def _check_bounds(progress: Progress, shards: Sequence[ShardRecord], what: str) -> None:
+def _check_bounds(progress: Consumed, shards: Sequence[ShardRecord], what: str) -> None:
     """Refuse consumed rows beyond a shard's known row count (an edited state)."""
     key, _, hi = stack(progress.consumed.items())
     heads, tails = set_bounds(key)

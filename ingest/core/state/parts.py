@@ -10,7 +10,7 @@ from typing import Any
 from ingest.core.errors import StateError
 from ingest.core.quarantine import Quarantined
 from ingest.core.state.checks import _index, _int, _list, refuse
-from ingest.core.state.consumed import Progress, _check_bounds
+from ingest.core.state.consumed import Consumed, _check_bounds
 from ingest.core.state.dataset import DatasetState
 from ingest.core.state.shards import ShardRecord
 
@@ -24,7 +24,7 @@ class ProgressState:
     step: int = 0
     delivered: int = 0
     dropped: int = 0
-    consumed: Progress = field(default_factory=Progress)
+    consumed: Consumed = field(default_factory=Consumed)
     quarantined: list[Quarantined] = field(default_factory=list)
     """Rows skipped in this epoch under ``on_error="skip"`` (they are in ``consumed``)."""
 
@@ -51,7 +51,7 @@ class ProgressState:
             step=_int(data.get("step", 0), "progress.step"),
             delivered=_int(data.get("delivered", 0), "progress.delivered"),
             dropped=_int(data.get("dropped", 0), "progress.dropped"),
-            consumed=Progress.from_json(data.get("consumed", {}), shards),
+            consumed=Consumed.from_json(data.get("consumed", {}), shards),
             quarantined=_quarantined(data.get("quarantined", [])),
         )
         if out.first_step > out.step:
@@ -76,7 +76,7 @@ class DistributedState:
     world_size: int = 1
     carry: list[tuple[int, int, int]] = field(default_factory=list)
     """Spans ``(shard, start, stop)`` carried in from the previous epoch (equal steps)."""
-    carry_consumed: Progress = field(default_factory=Progress)
+    carry_consumed: Consumed = field(default_factory=Consumed)
 
     def to_json(self, *, packed: bool = False) -> dict[str, Any]:
         return {
@@ -111,7 +111,7 @@ class DistributedState:
                     f"outside its {rows} rows; the state was edited: save it again"
                 )
             spans.append((shard, start, stop))
-        consumed = Progress.from_json({"partial": carry.get("consumed", {})}, shards)
+        consumed = Consumed.from_json({"partial": carry.get("consumed", {})}, shards)
         _check_bounds(consumed, shards, "distributed.carry.consumed")
         return cls(world_size, spans, consumed)
 

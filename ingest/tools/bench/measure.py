@@ -33,7 +33,7 @@ from ingest.tools.bench.data import Dataset
 from ingest.tools.bench.proxy import Counters, CountingProxy
 
 
-class Progress(Protocol):
+class PhaseListener(Protocol):
     """Told when each phase begins and ends (drives the progress bar)."""
 
     def begin(self, phase: str) -> None:
@@ -156,7 +156,7 @@ class _Run:
             raise
         self.close()
 
-    def main(self, data: Dataset, progress: Progress) -> _MainRun:
+    def main(self, data: Dataset, progress: PhaseListener) -> _MainRun:
         """The epochs over ``data``, with a checkpoint half-way through the first."""
         per_rank = data.rows // (self.contender.ranks * self.config.batch_size)
         checkpoint = per_rank // 2 if self.contender.resume_unsupported is None else None
@@ -259,7 +259,7 @@ def measure(
     config: BenchConfig,
     proxy: CountingProxy,
     datasets: tuple[Dataset, Dataset],
-    progress: Progress,
+    progress: PhaseListener,
 ) -> Measured:
     """Run ``entry`` through every phase (see the module docstring).
 
