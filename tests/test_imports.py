@@ -96,9 +96,8 @@ def test_every_import_points_down_the_layers() -> None:
 MAX_LINES = 500
 OVER = {
     "ingest/core/book.py": 984,
-    "ingest/distributed/pool.py": 572,
     "ingest/engine/feed.py": 638,
-    "ingest/tools/loopback.py": 716,
+    "ingest/tools/loopback.py": 632,
 }
 """The modules still over :data:`MAX_LINES` (issue 18 splits them), each at most its size
 when it was listed: none may grow, and none may join them."""
