@@ -42,10 +42,11 @@ LAYERS = (
 """The package's layers, lowest first: a module imports only from its layer and those below."""
 
 CORE = sorted(
-    f"ingest.core.{p.stem}"
-    for p in (Path(__file__).parents[1] / "ingest" / "core").glob("*.py")
+    ".".join(p.relative_to(Path(__file__).parents[1]).with_suffix("").parts)
+    for p in (Path(__file__).parents[1] / "ingest" / "core").rglob("*.py")
     if p.stem != "__init__"
 )
+"""Every module of the pure core, those of its packages (``ingest.core.state``) included."""
 FORBIDDEN_IN_CORE = ("ray", "torch", "fsspec", "s3fs", "pyarrow", "pandas", "huggingface_hub")
 """What the pure core never imports: no I/O, no Ray, no torch, no Arrow (the book reads row
 counts and fingerprints; the engine reads the shards)."""
