@@ -64,6 +64,7 @@ from ingest.testing import (
     Faults,
     LoopbackS3,
     Store,
+    credential_checking_s3,
     date_time_table,
     encode,
     make_table,
@@ -72,7 +73,6 @@ from ingest.testing import (
     write_dataset,
     write_image_folder,
 )
-from ingest.tools.loopback import credential_checking_s3
 
 GOAL_S = 30.0  # the tests' QUICK_S: "within seconds", far below any hang
 HANG_S = 60.0  # a case still running after this is reported as hung and left behind

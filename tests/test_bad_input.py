@@ -18,8 +18,16 @@ import pytest
 import zstandard
 
 import ingest
-from ingest.testing import LoopbackS3, Store, encode, free_port, make_table, tar_link, tar_of
-from ingest.tools.loopback import credential_checking_s3
+from ingest.testing import (
+    LoopbackS3,
+    Store,
+    credential_checking_s3,
+    encode,
+    free_port,
+    make_table,
+    tar_link,
+    tar_of,
+)
 
 QUICK_S = 30  # "within seconds": generous for a loaded CI machine, far below any hang
 

@@ -11,6 +11,10 @@ import stat
 
 from ingest.core.errors import ConfigError
 
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+"""Write errors that mean a disk cannot take a file (the cache's, or a copy's): read from the
+store instead."""
+
 # -- owner-only folders and files -------------------------------------------------------
 
 

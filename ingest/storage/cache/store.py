@@ -18,6 +18,7 @@ from typing import IO
 
 from ingest.core.errors import ConfigError, SourceError
 from ingest.storage.cache.files import (
+    DISK_FULL,
     _check_private,
     _free_bytes,
     _make_private_dirs,
@@ -36,8 +37,6 @@ from ingest.storage.cache.seal import (
 )
 
 _POLL_S = 0.02
-# Write errors that mean the cache's disk cannot take the shard: read it from the store.
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 class ShardCache:
@@ -136,7 +135,7 @@ class ShardCache:
                 try:
                     return self._complete(url, size, path, part, fetch, event)
                 except OSError as e:
-                    if e.errno not in _DISK_FULL:
+                    if e.errno not in DISK_FULL:
                         raise
                     self._warn_full(url, size, f"{e.strerror or e}")
                     return False

@@ -10,7 +10,7 @@ from typing import IO, TYPE_CHECKING, Any
 from fsspec.callbacks import TqdmCallback
 
 from ingest.storage.cache import CacheEvent
-from ingest.storage.sources.faults import _DISK_FULL
+from ingest.storage.cache.files import DISK_FULL
 from ingest.storage.sources.files import _CountingFile
 from ingest.storage.sources.retry import _attempt, _GaveUpError
 from ingest.storage.sources.shard import Shard
@@ -75,7 +75,7 @@ def fetch_whole(source: Source, shard: Shard, to: str) -> None:
         _attempt(get, source._policy(shard.url), source.stats)
     except _GaveUpError as gave_up:
         last = gave_up.last
-        if isinstance(last, OSError) and last.errno in _DISK_FULL:
+        if isinstance(last, OSError) and last.errno in DISK_FULL:
             raise last from None  # the cache's disk, not the store: it reads from the store
         raise source._gave_up(
             shard,

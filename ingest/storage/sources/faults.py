@@ -8,10 +8,11 @@ requests, huggingface_hub); :mod:`ingest.storage.sources.retry` acts on it.
 from __future__ import annotations
 
 import email.utils
-import errno
 import time
 from collections.abc import Mapping
 from typing import Any
+
+from ingest.storage.cache.files import DISK_FULL
 
 # Statuses worth another attempt: throttling (429, 503 SlowDown), server faults, timeouts.
 _TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
@@ -25,8 +26,6 @@ _PERMANENT_ERRORS = (
 )
 # HTTP answers for an object that is not there (any more).
 _GONE_STATUSES = frozenset({404, 410})
-# A local disk that cannot take a fetch into the shard cache: no retry mends it.
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 # Packages whose exceptions mean "the store failed", whatever their class: botocore's
 # EndpointConnectionError and aiohttp's errors are not OSErrors.
 _STORE_ERROR_PACKAGES = frozenset(
@@ -110,8 +109,8 @@ def _transient(error: BaseException) -> bool:
         return True
     if isinstance(error, _PERMANENT_ERRORS) or not is_store_error(error):
         return False
-    if isinstance(error, OSError) and error.errno in _DISK_FULL:
-        return False
+    if isinstance(error, OSError) and error.errno in DISK_FULL:
+        return False  # a local disk that cannot take a fetch into the cache: no retry mends it
     status, _ = _http_status(error)
     return status is None or status in _TRANSIENT_STATUSES or status >= 500
 
