@@ -210,8 +210,8 @@ def test_runs_of_a_shuffled_batch() -> None:
 def test_acked_runs_are_merged_exactly() -> None:
     import random
 
-    from ingest.core.book import _add_runs
     from ingest.core.intervals import IntervalSet
+    from ingest.core.progress import add_runs
     from ingest.core.state import Consumed
 
     rng = random.Random(0)
@@ -220,7 +220,7 @@ def test_acked_runs_are_merged_exactly() -> None:
         segment, shard, start = rng.randint(0, 1), rng.randint(0, 3), rng.randint(0, 300)
         runs.append((segment, shard, start, start + rng.randint(1, 20)))
     carried, main = Consumed(), Consumed()
-    _add_runs([runs[:200], runs[200:]], carried, main)  # in two parts, as two ranks
+    add_runs([runs[:200], runs[200:]], carried, main)  # in two parts, as two ranks
     expected: dict[tuple[int, int], IntervalSet] = {}
     for segment, shard, start, stop in runs:
         expected.setdefault((segment, shard), IntervalSet()).add(start, stop)

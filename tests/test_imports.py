@@ -96,7 +96,7 @@ def test_every_import_points_down_the_layers() -> None:
 
 MAX_LINES = 500
 OVER = {
-    "ingest/core/book.py": 984,
+    "ingest/core/book.py": 860,
     "ingest/engine/feed.py": 638,
     "ingest/tools/loopback.py": 632,
 }

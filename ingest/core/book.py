@@ -31,7 +31,7 @@ last fold, and takes the listing part of the state as made once, when the epoch 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Generic, Literal
 
@@ -49,13 +49,13 @@ from ingest.core.assign import (
     remaining,
     split,
 )
-from ingest.core.errors import ConfigError, StateError, redact
+from ingest.core.errors import ConfigError, StateError
 from ingest.core.intervals import IntervalSet
-from ingest.core.keyed import merge_into
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord, as_runs
 from ingest.core.listing import L, Listed, Lister, consumed_before
 from ingest.core.plan import epoch_units
 from ingest.core.positions import check_positions
+from ingest.core.progress import add_runs, all_of, remap, shard_table
 from ingest.core.quarantine import Quarantined, check_bound, merge
 from ingest.core.share import FeedPlan
 from ingest.core.state import (
@@ -63,10 +63,8 @@ from ingest.core.state import (
     Cursor,
     DatasetState,
     DistributedState,
-    Intervals,
     PositionState,
     ProgressState,
-    ShardTable,
     StreamState,
     match_listing,
 )
@@ -330,7 +328,7 @@ class EpochBook(Generic[L]):
         if self.config.follows:
             # A round: the shards the rounds before read are consumed (they only grow).
             done = consumed_before(prev.listing.shards, listing.shards)
-            main = _all_of(listing, done, _learnt(prev))
+            main = all_of(listing, done, _learnt(prev))
         return carry, main
 
     def _has_a_step(self, listing: Listed, main: Consumed, carry: Sequence[Span]) -> bool:
@@ -358,8 +356,8 @@ class EpochBook(Generic[L]):
                 Span(by_url[start.shards[i].url], a, b, CARRY)
                 for i, a, b in start.distributed.carry
             )
-            main = _remap(start.progress.consumed, start, by_url)
-            carried = _remap(start.distributed.carry_consumed, start, by_url)
+            main = remap(start.progress.consumed, start, by_url)
+            carried = remap(start.distributed.carry_consumed, start, by_url)
             return carry, main, carried
 
         def wanted(listing: L) -> bool:  # a followed round loaded at its start
@@ -461,7 +459,7 @@ class EpochBook(Generic[L]):
             steps = assignment.steps + (based - first_step)
         with cycle_collection_paused():
             dataset = DatasetState(
-                self._sources, _shard_table(listing, counts), classes=listing.classes
+                self._sources, shard_table(listing, counts), classes=listing.classes
             )
             # The listing part of every state of the epoch, made once (a second for a million
             # shards: here rather than in the first snapshot).
@@ -524,7 +522,7 @@ class EpochBook(Generic[L]):
             )
         e = self.plan(epoch)
         main, carried = e.main.shallow(), e.carried.shallow()
-        _add_runs(self.ledger.runs_by_rank(e.based, next_step - 1), carried, main, e.counts)
+        add_runs(self.ledger.runs_by_rank(e.based, next_step - 1), carried, main, e.counts)
         end = e.end_step
         return FeedPlan(
             epoch,
@@ -669,7 +667,7 @@ class EpochBook(Generic[L]):
         main = state.progress.consumed.shallow()
         carried = state.distributed.carry_consumed.shallow()
         with cycle_collection_paused():
-            _add_runs(self.ledger.runs_by_rank(step + 1, top), carried, main, e.counts)
+            add_runs(self.ledger.runs_by_rank(step + 1, top), carried, main, e.counts)
         ahead = sum(self.ledger.acked(r) - step for r in range(self.world_size))
         delivered = state.progress.delivered + ahead * self.config.batch_size
         delivered -= self._missing(step + 1, top)
@@ -715,7 +713,7 @@ class EpochBook(Generic[L]):
             )
         main, carried = e.main.shallow(), e.carried.shallow()
         with cycle_collection_paused():
-            _add_runs(self.ledger.runs_by_rank(e.based, step), carried, main, e.counts)
+            add_runs(self.ledger.runs_by_rank(e.based, step), carried, main, e.counts)
         e.merged = (e.based, step, main, carried)
         done = step + 1 - e.based
         delivered = e.delivered + done * self.config.batch_size * self.world_size
@@ -747,7 +745,7 @@ class EpochBook(Generic[L]):
             dataset = DatasetState(self._sources, records, classes=e.listing.classes)
         following = Consumed()
         if self.config.follows:  # the next round reads none of these shards again
-            following = _all_of(e.listing, range(len(e.listing.shards)), _learnt(e))
+            following = all_of(e.listing, range(len(e.listing.shards)), _learnt(e))
         return StreamState(
             dataset,
             ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, following),
@@ -775,7 +773,7 @@ class EpochBook(Generic[L]):
             else:
                 with cycle_collection_paused():
                     runs = self.ledger.runs_by_rank(e.based, last)
-                    _add_runs(runs, e.carried, e.main, e.counts)
+                    add_runs(runs, e.carried, e.main, e.counts)
             e.merged = None
             e.delivered += (last + 1 - e.based) * self.config.batch_size * self.world_size
             e.delivered -= self._missing(e.based, last)
@@ -854,131 +852,9 @@ class EpochBook(Generic[L]):
         )
 
 
-def _add_runs(
-    parts: Iterable[Runs | Sequence[Run]],
-    carried: Consumed,
-    main: Consumed,
-    counts: npt.NDArray[np.int64] | None = None,
-) -> None:
-    """Add acked runs to the progress of their segment.
-
-    ``parts``: the runs, in parts (one per rank: :meth:`ingest.core.ledger.Ledger.runs_by_rank`).
-    Parts are merged a group at a time, in one numpy pass each
-    (:func:`ingest.core.keyed.merge_into`): parts joined up to :data:`_GROUP_RUNS` runs, so
-    every sort stays small while a thousand ranks' few runs each (a fold on a window's
-    edge) are not a thousand passes. A shard's interval set
-    is replaced, never changed in place, so a snapshot may share the sets of the book's
-    progress (:meth:`ingest.core.state.Consumed.shallow`) and stay as it was. ``counts`` (row
-    counts per shard, -1: unknown) keeps the progress's completion up to date.
-    """
-    both = (carried, main)
-    new: tuple[dict[int, IntervalSet], dict[int, IntervalSet]] = ({}, {})
-    made: tuple[list[Intervals], list[Intervals]] = ([], [])
-    for arr in _grouped(parts):
-        in_carry = arr[:, 0] == CARRY
-        pieces = ((0, arr[in_carry]), (1, arr[~in_carry])) if in_carry.any() else ((1, arr),)
-        for n, mine in pieces:
-            if len(mine):
-                sofar = _Layered(new[n], both[n].consumed)
-                got = merge_into(sofar, mine[:, 1], mine[:, 2], mine[:, 3])
-                new[n].update(got.sets)
-                made[n].append((got.key, got.start, got.stop))
-    for progress, sets, arrays in zip(both, new, made, strict=True):
-        if sets:
-            progress.add_sets(sets, counts, arrays)
-
-
-_GROUP_RUNS = 1 << 12
-"""Runs merged in one pass by :func:`_add_runs` (parts joined up to this many)."""
-
-
-def _grouped(parts: Iterable[Runs | Sequence[Run]]) -> Iterator[Runs]:
-    """``parts`` as runs, consecutive parts joined while they hold fewer than
-    :data:`_GROUP_RUNS` runs together."""
-    held: list[Runs] = []
-    count = 0
-    for part in parts:
-        arr = as_runs(part)
-        if held and count + len(arr) > _GROUP_RUNS:
-            yield held[0] if len(held) == 1 else np.concatenate(held)
-            held, count = [], 0
-        held.append(arr)
-        count += len(arr)
-    if held:
-        yield held[0] if len(held) == 1 else np.concatenate(held)
-
-
 def _learnt(e: _PlannedEpoch[Any]) -> dict[str, int]:
     """Row counts learnt by reading ``e``'s shards, by URL (indices differ across listings)."""
     return {e.listing.shards[i].url: n for i, n in e.main.rows.items()}
-
-
-def _all_of(listing: Listed, indices: Iterable[int], learnt: Mapping[str, int]) -> Consumed:
-    """A :class:`Consumed` with every row of the shards ``indices`` of ``listing`` in it.
-
-    Raises:
-        StateError: If one has no row count (neither listed nor learnt by reading).
-    """
-    out = Consumed()
-    for n in indices:
-        rows = listing.infos[n].rows
-        if rows is None:
-            rows = learnt.get(listing.shards[n].url)
-        if rows is None:
-            raise StateError(
-                f"{redact(listing.shards[n].url)} has no row count: following a dataset "
-                "needs one per shard (parquet and Arrow files have one; index the others: "
-                "`ingest index URL`)"
-            )
-        if rows:
-            out.consumed[n] = IntervalSet.span(0, rows)
-        if listing.infos[n].rows is None:
-            out.rows[n] = rows
-    return out
-
-
-def _shard_table(listing: Listed, counts: npt.NDArray[np.int64]) -> ShardTable:
-    """The shards of ``listing`` as the state records them, by column."""
-    shards = listing.shards
-    return ShardTable(
-        [s.url for s in shards],
-        np.fromiter((s.size for s in shards), np.int64, len(shards)),
-        [s.version for s in shards],
-        counts,
-    )
-
-
-class _Layered(Mapping[int, IntervalSet]):
-    """``top`` over ``base``: the sets made so far in a fold over the progress's own."""
-
-    def __init__(self, top: Mapping[int, IntervalSet], base: Mapping[int, IntervalSet]) -> None:
-        self.top, self.base = top, base
-
-    def get(self, key: int, default: Any = None) -> Any:
-        got = self.top.get(key)
-        return got if got is not None else self.base.get(key, default)
-
-    def __getitem__(self, key: int) -> IntervalSet:
-        got = self.get(key)
-        if got is None:
-            raise KeyError(key)
-        return got  # type: ignore[no-any-return]
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(set(self.top).union(self.base))
-
-    def __len__(self) -> int:
-        return len(set(self.top).union(self.base))
-
-
-def _remap(progress: Consumed, state: StreamState, by_url: Mapping[str, int]) -> Consumed:
-    """``progress`` (indexed by the state's shards) indexed by the listing's shards."""
-    out = Consumed()
-    for index, rows in progress.consumed.items():
-        out.consumed[by_url[state.shards[index].url]] = rows.copy()
-    for index, count in progress.rows.items():
-        out.rows[by_url[state.shards[index].url]] = count
-    return out
 
 
 __all__ = ["FOLD_EVERY", "MAIN", "BookConfig", "EpochBook", "Remainder"]
