@@ -169,8 +169,10 @@ class GivenListing:
         return self._listing
 
     def window_rows(self, listing: Listing) -> int:
-        per_row = budget.row_bytes(listing, self.spec.columns) if self.spec.shuffle_bytes else None
-        return budget.window_rows(self.spec.shuffle_window, self.spec.shuffle_bytes, per_row)
+        spec = self.spec
+        return budget.listing_window_rows(
+            listing, spec.columns, spec.shuffle_window, spec.shuffle_bytes
+        )
 
     def remember(self, listing: Listing) -> None:
         pass
@@ -379,11 +381,10 @@ def steady(
 ) -> dict[str, Any]:
     """Ack ``config.steady_windows`` windows of shuffled batches from window ``w0`` on, as
     the coordinator takes them: messages of ``ack_every`` records round-robin over the
-    ranks, each followed by the coordinator's check for a fold (``Ledger.due`` every
+    ranks, each followed by the coordinator's check for a fold (``EpochBook.fold_due``: every
     ``FOLD_EVERY`` steps, on a window's edge). Timed: the ``book.ack`` calls and the folds;
     not timed: making the batches."""
     per_window = feeds[0].batches_per_window
-    folded = w0 * per_window - 1  # the fast-forward folded up to here
     acks = rows = folds = 0
     ack_s = ack_cpu_s = fold_s = fold_cpu_s = 0.0
     for w in tqdm(
@@ -405,14 +406,11 @@ def steady(
                 book.ack(rank, records)
                 wall, cpu = clock.lap()
                 ack_s, ack_cpu_s = ack_s + wall, ack_cpu_s + cpu
-                if records[-1].step - folded >= FOLD_EVERY:  # as EpochBook.fold_due checks
-                    clock = Clock()
-                    at = book.ledger.due(folded, FOLD_EVERY)
-                    if at is not None:
-                        book.fold(at)
-                        folded, folds = at, folds + 1
-                    wall, cpu = clock.lap()
-                    fold_s, fold_cpu_s = fold_s + wall, fold_cpu_s + cpu
+                clock = Clock()  # the coordinator's check after every ack message
+                if book.fold_due() is not None:
+                    folds += 1
+                wall, cpu = clock.lap()
+                fold_s, fold_cpu_s = fold_s + wall, fold_cpu_s + cpu
                 acks += len(records)
                 rows += sum(len(r.runs) for r in records)
         del made

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.core.book import BookConfig, EpochBook, Remainder
+from ingest.core.book import BookConfig, EpochBook, Remainder, check_remainder
 from ingest.core.errors import ConfigError, redact
 from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers
 from ingest.engine.feed import FeedConfig
@@ -87,11 +87,7 @@ class StreamSpec:
             raise ConfigError(
                 f"shuffle_seed={self.shuffle_seed!r} must be a non-negative int or None"
             )
-        if self.remainder not in ("carry", "drop"):
-            raise ConfigError(
-                f"remainder={self.remainder!r} is not an option; use 'carry' (default: "
-                "rows that cannot fill a step on every rank start the next epoch) or 'drop'"
-            )
+        check_remainder(self.remainder)
         if self.format is not None:
             get_format(self.format)
 
