@@ -79,6 +79,15 @@ def row_bytes(listing: Listing, columns: Sequence[str] | None) -> float | None:
     return max(known) if known else None
 
 
+def listing_window_rows(
+    listing: Listing, columns: Sequence[str] | None, window: int, window_bytes: int | None
+) -> int:
+    """Rows per shuffle window in an epoch of ``listing``: :func:`window_rows` with the
+    listing's bytes per row (:func:`row_bytes`, looked at only when bytes bound the window)."""
+    per_row = row_bytes(listing, columns) if window_bytes else None
+    return window_rows(window, window_bytes, per_row)
+
+
 def window_rows(window: int, window_bytes: int | None, per_row: float | None) -> int:
     """Rows per shuffle window: ``window``, or fewer so that the window holds about
     ``window_bytes`` of rows of ``per_row`` bytes (one row at least).
@@ -93,4 +102,4 @@ def window_rows(window: int, window_bytes: int | None, per_row: float | None) ->
     return max(1, min(window, int(window_bytes // per_row)))
 
 
-__all__ = ["SAMPLE", "row_bytes", "shard_row_bytes", "window_rows"]
+__all__ = ["SAMPLE", "listing_window_rows", "row_bytes", "shard_row_bytes", "window_rows"]

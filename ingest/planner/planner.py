@@ -79,6 +79,10 @@ class Planner:
         """See :meth:`ingest.core.listing.Lister.listing`."""
         follow = self.follow
         deadline = time.monotonic() + (follow.idle_timeout_s if follow else 0.0)
+
+        def pause(poll_s: float) -> None:  # until the next listing, within the deadline
+            self.wait(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+
         while True:
             try:
                 listing = self.scan(counted=counted)
@@ -92,18 +96,19 @@ class Planner:
                         f"first shard ({e.problem})",
                         f"{e.fix}; or raise Follow.idle_timeout_s",
                     ) from None
-                self.wait(min(follow.poll_s, max(deadline - time.monotonic(), 0.0)))
+                pause(follow.poll_s)
                 continue
             if wanted is None or follow is None or time.monotonic() >= deadline:
                 return listing
             if wanted(listing):
                 return listing
-            self.wait(min(follow.poll_s, max(deadline - time.monotonic(), 0.0)))
+            pause(follow.poll_s)
 
     def window_rows(self, listing: Listing) -> int:
         """See :meth:`ingest.core.listing.Lister.window_rows` (:mod:`ingest.planner.budget`)."""
-        per_row = budget.row_bytes(listing, self.columns) if self.shuffle_bytes else None
-        return budget.window_rows(self.shuffle_window, self.shuffle_bytes, per_row)
+        return budget.listing_window_rows(
+            listing, self.columns, self.shuffle_window, self.shuffle_bytes
+        )
 
     def remember(self, listing: Listing) -> None:
         self.catalog.remember(listing)
