@@ -99,8 +99,6 @@ class RankIterator:
     session: int | None = None
     """The coordinator session this iterator belongs to (set on first use)."""
     epoch: int | None = None
-    _loop: RankLoop | None = None
-    """The batches this iterator handed out and their acks (:mod:`ingest.engine.loop`)."""
     _held: deque[Item | End] = field(default_factory=deque)
     _inflight: Any = None
     _acks: list[tuple[Any, tuple[Any, ...]]] = field(default_factory=list)
@@ -113,18 +111,16 @@ class RankIterator:
     _superseded: bool = False
     """A newer iterator of the rank in this process took it over while this one's loop ran."""
 
-    @property
-    def _rank_loop(self) -> RankLoop:
-        if self._loop is None:
-            self._loop = RankLoop(
-                self.rank, _CoordinatorLink(self), ack_every=self.options.ack_every
-            )
-        return self._loop
+    _loop: RankLoop = field(init=False, repr=False)
+    """The batches this iterator handed out and their acks (:mod:`ingest.engine.loop`)."""
+
+    def __post_init__(self) -> None:
+        self._loop = RankLoop(self.rank, _CoordinatorLink(self), ack_every=self.options.ack_every)
 
     @property
     def step(self) -> int:
         """The global step of the last batch yielded (-1 before any)."""
-        return self._rank_loop.step
+        return self._loop.step
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy is a new iterator of the rank: the batches, acks and lease held here stay
@@ -216,14 +212,14 @@ class RankIterator:
         if not claim.kept:
             self._held.clear()
             self._inflight = None
-            self._rank_loop.restart(claim.step, claim.cursor)
+            self._loop.restart(claim.step, claim.cursor)
             self._adopt(claim.epoch)
         return int(claim.epoch)
 
     def _adopt(self, epoch: int) -> None:
         """Have the reader serve this iterator from its next step (see
         :meth:`ingest.distributed.pool._Reader.adopt`)."""
-        cursor = self._rank_loop.cursor
+        cursor = self._loop.cursor
         next_step = self.step + 1 if cursor is not None else None
         args = (self.rank, self._session(), epoch, self.lease, next_step, cursor)
         self._answer(self.reader.adopt.remote(*args), "adopt", args, actor=self.reader)
@@ -293,9 +289,9 @@ class RankIterator:
                 if isinstance(item, End):
                     # Reached: a new iterator of the rank runs the next epoch, even after an
                     # epoch with no step (EpochBook.upcoming_epoch).
-                    self._rank_loop.end(epoch, item)
+                    self._loop.end(epoch, item)
                     break
-                if self._rank_loop.cursor is not None and item.step != self.step + 1:
+                if self._loop.cursor is not None and item.step != self.step + 1:
                     # Never seen since take stopped making feeds; kept so that a feed that
                     # starts over fails loudly instead of delivering rows again.
                     raise IngestError(
@@ -317,7 +313,7 @@ class RankIterator:
                     )
                     rows, quarantined, table = 0, (*quarantined, failed), table.empty
                 batch = self._to_torch(table)
-                self._rank_loop.handed(
+                self._loop.handed(
                     item.step,
                     item.runs,
                     item.cursor,
@@ -330,7 +326,7 @@ class RankIterator:
             meter.report()
             done = True
             self.epoch = epoch + 1
-            self._rank_loop.cursor = None
+            self._loop.cursor = None
         finally:
             # Left early: the acks of every batch handed out reach the coordinator (an error
             # here would hide the one that left the loop, if any).
@@ -359,7 +355,7 @@ class RankIterator:
 
     def flush(self) -> None:
         """Send the acks held back, and wait until the coordinator has every ack sent."""
-        self._rank_loop.flush()
+        self._loop.flush()
         self._drain_acks()
 
     def _drain_acks(self) -> None:
