@@ -34,16 +34,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ingest", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     ls = sub.add_parser("ls", help="list the shards of a source with their sizes and rows")
-    ls.add_argument("urls", nargs="+", metavar="URL", help="file, directory or glob (fsspec)")
-    ls.add_argument(
-        "--storage-option",
-        "-o",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=_STORAGE_OPTION_HELP,
-    )
-    ls.add_argument("--format", help="format of every shard (default: from the extension)")
+    _source_arguments(ls)
     ls.add_argument(
         "--count",
         action="store_true",
@@ -56,6 +47,20 @@ def _parser() -> argparse.ArgumentParser:
         help="compare this project with its peers on generated data (ingest bench --help)",
     )
     return parser
+
+
+def _source_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments every command that reads a source takes: URLs, store options, format."""
+    parser.add_argument("urls", nargs="+", metavar="URL", help="file, directory or glob (fsspec)")
+    parser.add_argument(
+        "--storage-option",
+        "-o",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=_STORAGE_OPTION_HELP,
+    )
+    parser.add_argument("--format", help="format of every shard (default: from the extension)")
 
 
 def _positive(text: str) -> int:
@@ -74,16 +79,7 @@ def _index_parser(sub: Any) -> None:
         "streams on this data plan without reading any shard. Shards already indexed at "
         "the same size and version are skipped.",
     )
-    index.add_argument("urls", nargs="+", metavar="URL", help="file, directory or glob (fsspec)")
-    index.add_argument(
-        "--storage-option",
-        "-o",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=_STORAGE_OPTION_HELP,
-    )
-    index.add_argument("--format", help="format of every shard (default: from the extension)")
+    _source_arguments(index)
     index.add_argument(
         "--index-dir",
         metavar="DIR_OR_URL",
