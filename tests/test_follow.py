@@ -4,6 +4,7 @@ rounds of new shards with equal steps per rank, every row once, across restores 
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
@@ -277,7 +278,18 @@ def test_a_stream_waits_for_the_first_shard_of_an_empty_source(local: Store) -> 
         shuffle_seed=1,
         follow=ingest.Follow(poll_s=0.05, idle_timeout_s=10.0),
     )
-    timer = threading.Timer(0.5, lambda: write(local, 0, where="later"))
+
+    def arrive() -> None:
+        # Whole, as a writer that follow mode serves makes a shard appear: written apart,
+        # then renamed into the source (polled every 50 ms, a file being written is listed
+        # empty, which is an error: a write that failed).
+        write(local, 0, where="later-tmp")
+        os.rename(
+            local.url("later-tmp").removeprefix("file://"),
+            local.url("later").removeprefix("file://"),
+        )
+
+    timer = threading.Timer(0.5, arrive)
     timer.start()
     got = [int(i) for b in stream for i in b["id"].tolist()]
     timer.join()
