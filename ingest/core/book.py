@@ -68,7 +68,7 @@ from ingest.core.state import (
     StreamState,
     match_listing,
 )
-from ingest.core.validate import COUNT, check_numbers
+from ingest.core.validate import COUNT, check_numbers, check_remainder
 
 Remainder = Literal["carry", "drop"]
 
@@ -108,19 +108,6 @@ class BookConfig:
     def __post_init__(self) -> None:
         check_numbers(self, "BookConfig", batch_size=COUNT, lanes=COUNT)
         check_remainder(self.remainder)
-
-
-def check_remainder(remainder: str) -> None:
-    """Refuse a ``remainder`` that is not an option.
-
-    Raises:
-        ConfigError: Naming the value and the two options.
-    """
-    if remainder not in ("carry", "drop"):
-        raise ConfigError(
-            f"remainder={remainder!r} is not an option; use 'carry' (default: "
-            "rows that cannot fill a step on every rank start the next epoch) or 'drop'"
-        )
 
 
 @dataclass(slots=True)
@@ -763,12 +750,9 @@ class EpochBook(Generic[L]):
         )
 
     def fold_due(self) -> int | None:
-        """Fold once every rank acked :data:`FOLD_EVERY` steps past the last fold: up to the
-        last window edge of those steps where there is one (nothing to sort there).
-
-        Returns:
-            The step folded up to, or None when no fold was due.
-        """
+        """Fold once every rank acked :data:`FOLD_EVERY` steps past the last fold, up to the
+        last window edge of those steps where there is one (nothing to sort there); returns
+        the step folded up to, or None when no fold was due."""
         at = self.ledger.due(self._folded, FOLD_EVERY)
         if at is not None:
             self.fold(at)
@@ -871,4 +855,4 @@ def _learnt(e: _PlannedEpoch[Any]) -> dict[str, int]:
     return {e.listing.shards[i].url: n for i, n in e.main.rows.items()}
 
 
-__all__ = ["FOLD_EVERY", "MAIN", "BookConfig", "EpochBook", "Remainder", "check_remainder"]
+__all__ = ["FOLD_EVERY", "MAIN", "BookConfig", "EpochBook", "Remainder"]

@@ -100,4 +100,17 @@ def check_numbers(options: object, owner: str, **rules: Number) -> None:
         raise ConfigError(f"{option} must be {rule.describe()}{got}; {fix}".rstrip("; "))
 
 
-__all__ = ["BYTES_OR_NONE", "COUNT", "SECONDS", "Number", "check_numbers"]
+def check_remainder(remainder: str) -> None:
+    """Refuse a ``remainder`` that is not an option.
+
+    Raises:
+        ConfigError: Naming the value and the two options.
+    """
+    if remainder not in ("carry", "drop"):
+        raise ConfigError(
+            f"remainder={remainder!r} is not an option; use 'carry' (default: "
+            "rows that cannot fill a step on every rank start the next epoch) or 'drop'"
+        )
+
+
+__all__ = ["BYTES_OR_NONE", "COUNT", "SECONDS", "Number", "check_numbers", "check_remainder"]

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ingest.core.book import BookConfig, EpochBook, Remainder, check_remainder
+from ingest.core.book import BookConfig, EpochBook, Remainder
 from ingest.core.errors import ConfigError, redact
-from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers
+from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers, check_remainder
 from ingest.engine.feed import FeedConfig
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
