@@ -70,8 +70,9 @@ rule and the fix (:data:`FIX`).
 The package: :mod:`.schema` (the whole state), :mod:`.dataset` (``dataset``), :mod:`.parts`
 (``progress``, ``distributed``, ``position``), :mod:`.consumed` (the rows consumed per shard),
 :mod:`.shards` (shard records and digests), :mod:`.packed` (the version 3 columns),
-:mod:`.matching` (a saved dataset against a listing) and :mod:`.checks` (versions, limits
-and refusals).
+:mod:`.matching` (a saved dataset against a listing), :mod:`.checks` (versions, limits
+and refusals) and :mod:`.sources` (the state of a stream over several named sources: each
+source's own state side by side, version 4).
 """
 
 from ingest.core.state.checks import FIX, MAX_STATE_BYTES, STATE_VERSION, refuse
@@ -89,6 +90,7 @@ from ingest.core.state.packed import (
 from ingest.core.state.parts import Cursor, DistributedState, PositionState, ProgressState
 from ingest.core.state.schema import StreamState
 from ingest.core.state.shards import ShardRecord, ShardTable, packed_digest
+from ingest.core.state.sources import SourcesState, read_state
 
 __all__ = [
     "FIX",
@@ -104,6 +106,7 @@ __all__ = [
     "ProgressState",
     "ShardRecord",
     "ShardTable",
+    "SourcesState",
     "StreamState",
     "_front_coded",
     "_pack_sets",
@@ -112,5 +115,6 @@ __all__ = [
     "_version_hashes",
     "match_listing",
     "packed_digest",
+    "read_state",
     "refuse",
 ]

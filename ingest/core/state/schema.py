@@ -104,6 +104,13 @@ class StreamState:
         if not isinstance(data, Mapping):
             raise StateError(f"a stream state is a JSON object, got {type(data).__name__}")
         version = data.get("version")
+        if version == 4 and isinstance(data.get("sources"), Mapping):
+            raise StateError(
+                f"this is the state of a stream over several sources "
+                f"({', '.join(map(repr, list(data['sources'])[:5]))}), not of one: load it "
+                "into a stream over those sources, or load one source's part "
+                "(state['sources'][name]) into that source's stream"
+            )
         if isinstance(version, bool) or version not in READ_VERSIONS:
             raise StateError(
                 f"state version {version!r} is not supported (this ingest reads "
