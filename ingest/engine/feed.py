@@ -5,12 +5,12 @@ This is the one engine behind :class:`ingest.Stream` (in-process, one rank) and
 
 Reading order. The rank's spans (its share, from :mod:`ingest.core.assign`) are grouped by shard
 and dealt round-robin to ``lanes`` lanes; each lane reads its shards front to back through
-the formats (one open per shard, seeks, coalesced ranges). A *window* takes
-``window // lanes`` rows from every lane that still has rows, so one window holds rows of up
-to ``lanes`` shards of different parts of the epoch plan; with a seed its rows are permuted
-by a key of (seed, epoch, rank, window index), in one gather of the whole window. Batches
-are cut from consecutive windows (a batch within one shuffled window is a zero-copy slice).
-Without a seed there is one lane and no permutation: listing order.
+the formats (one open per shard, seeks, coalesced ranges: :mod:`ingest.engine.lanes`). A
+*window* takes ``window // lanes`` rows from every lane that still has rows, so one window
+holds rows of up to ``lanes`` shards of different parts of the epoch plan; with a seed its
+rows are permuted by a key of (seed, epoch, rank, window index), in one gather of the whole
+window. Batches are cut from consecutive windows (a batch within one shuffled window is a
+zero-copy slice). Without a seed there is one lane and no permutation: listing order.
 
 Memory, in bytes as well as rows (:mod:`ingest.planner.budget`). A window holds ``FeedPlan.window``
 rows: ``shuffle_window``, or fewer where ``shuffle_bytes`` says so for the epoch's listing
@@ -54,30 +54,18 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 
-from ingest.core.assign import CARRY, MAIN, TO_END, Span
-from ingest.core.errors import IngestError, ShardError, StoreError
+from ingest.core.assign import CARRY, MAIN, Span
+from ingest.core.errors import IngestError
 from ingest.core.ledger import Closed, Rows, Runs, as_runs, runs_of
 from ingest.core.plan import permutation
 from ingest.core.quarantine import Quarantine, Quarantined, skippable
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor
-from ingest.engine.prefetch import Prefetcher, read_ahead
+from ingest.engine.lanes import LaneReader, make_lanes
+from ingest.engine.prefetch import read_ahead
 from ingest.engine.transform import output_of_no_rows, split_failures
-from ingest.engine.window import (
-    Hole,
-    Lane,
-    Origin,
-    Piece,
-    SpanEnd,
-    Window,
-    head_of,
-    piece_rows,
-    read_bytes,
-    read_whole,
-    rest_of,
-)
-from ingest.formats import get_format
-from ingest.formats.base import BadRows, ReadContext, ReadOptions, RowBatch, Seek
+from ingest.engine.window import Hole, Origin, Piece, Window, piece_rows
+from ingest.formats.base import ReadOptions, RowBatch
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source
 
@@ -175,14 +163,19 @@ class Feed:
         self.config = config
         self.source = source
         self.transform = transform
-        self._learned: dict[int, int] = {}
         self._skip = config.read.on_error == "skip"
         self.quarantine = Quarantine(config.read.max_errors, plan.epoch, plan.rank)
         self._window_rows = config.window if plan.window is None else plan.window
-        self._lanes = self._make_lanes()
-        read_bytes = config.read.prefetch_bytes
-        self._lane_bytes = None if read_bytes is None else max(1, read_bytes // len(self._lanes))
-        """Each lane's share of ``ReadOptions.prefetch_bytes``."""
+        self._lanes = make_lanes(plan, 1 if config.seed is None else config.lanes)
+        budget = config.read.prefetch_bytes
+        self._reader = LaneReader(
+            plan,
+            source,
+            config.read,
+            config.columns,
+            self.quarantine,
+            None if budget is None else max(1, budget // len(self._lanes)),
+        )
         gather = _GATHER_BYTES
         if config.window_bytes is not None:
             gather = min(gather, config.window_bytes // 4)
@@ -206,205 +199,6 @@ class Feed:
             size=item_bytes,
         )
 
-    def _make_lanes(self) -> list[Lane]:
-        spans = self.plan.spans
-        groups: list[list[int]] = []
-        for n, span in enumerate(spans):
-            if groups and spans[groups[-1][-1]].shard == span.shard:
-                groups[-1].append(n)
-            else:
-                groups.append([n])
-        count = 1 if self.config.seed is None else max(1, min(self.config.lanes, len(groups)))
-        lanes = [Lane([]) for _ in range(count)]
-        for g, group in enumerate(groups):
-            lanes[g % count].spans.extend(group)
-        cursor = self.plan.cursor
-        saved = cursor.get("lanes") if cursor else None
-        if saved is not None and len(saved) != count:
-            raise IngestError(
-                f"the saved position of rank {self.plan.rank} has {len(saved)} lane(s), this "
-                f"plan has {count}; resume with the shuffle settings the state was saved with"
-            )
-        for n, lane in enumerate(lanes):
-            if saved is None:
-                lane.at = (0, spans[lane.spans[0]].start, None) if lane.spans else None
-            elif saved[n] is None:
-                lane.at = None
-            else:
-                k, row, seek_row, seek_cursor = saved[n]
-                seek = None if seek_row is None else (int(seek_row), int(seek_cursor))
-                lane.at = (int(k), int(row), seek)
-        return lanes
-
-    # -- reading a lane --------------------------------------------------------------------
-
-    def _read_lane(
-        self, lane: list[int], k: int, row: int, seek: Seek | None
-    ) -> Iterator[tuple[int, Piece] | SpanEnd]:
-        """Batches of the lane's spans from span ``k``, row ``row``; the shard opened once."""
-        spans = self.plan.spans
-        while k < len(lane):
-            shard = spans[lane[k]].shard
-            run: list[int] = []
-            while k < len(lane) and spans[lane[k]].shard == shard:
-                run.append(k)
-                k += 1
-            ranges: list[tuple[int, int | None]] = [
-                (
-                    spans[lane[j]].start,
-                    None if spans[lane[j]].stop == TO_END else spans[lane[j]].stop,
-                )
-                for j in run
-            ]
-            first = ranges[0]
-            ranges[0] = (max(first[0], row), first[1])
-            ctx = self.plan.listing.context(
-                shard, self.source, self.config.read, self.config.columns
-            )
-            last = [start for start, _ in ranges]
-            at = 0
-            try:
-                for index, batch in self._read_run(ctx, ranges, seek, last):
-                    at = index
-                    if isinstance(batch, BadRows):  # on_error="skip": just these rows
-                        n = int(batch.data.num_rows)
-                        self.quarantine.add(
-                            batch.error or ValueError("unreadable rows"),
-                            url=ctx.shard.url,
-                            start=batch.row,
-                            stop=batch.stop,
-                            rows=n,
-                        )
-                        yield run[index], Hole(batch.row, n)
-                    elif batch.data.num_rows:
-                        yield run[index], batch
-                    last[index] = batch.stop
-            except Exception as e:
-                if not (self._skip and skippable(e)):
-                    raise
-                yield from self._holes(e, ctx.shard.url, shard, run, ranges, last, at)
-                row, seek = 0, None
-                continue
-            for index, (_, stop) in enumerate(ranges):
-                if stop is None:
-                    yield SpanEnd(run[index], shard, last[index])
-            row, seek = 0, None
-
-    def _read_run(
-        self,
-        ctx: ReadContext,
-        ranges: list[tuple[int, int | None]],
-        seek: Seek | None,
-        last: list[int],
-    ) -> Iterator[tuple[int, RowBatch]]:
-        """``(index in ranges, batch)`` of one shard's ranges, read in order.
-
-        A node's cached copy of the shard that fails to read (a :class:`ShardError`, or bad
-        rows under ``on_error="skip"``) may be damaged rather than the shard: the copy is
-        dropped and the ranges are read again once from a fresh fetch, from where ``last``
-        (kept by the caller) says each one got to; a second failure is the shard's.
-        """
-        again = False
-        at = 0
-        todo = list(range(len(ranges)))
-        while True:
-            with get_format(ctx.shard.format).open(ctx) as reader:
-                spans = [(last[i], ranges[i][1]) for i in todo]
-                try:
-                    for j, batch in reader.read_spans(spans, seek):
-                        at = todo[j]
-                        damaged = isinstance(batch, BadRows)
-                        if damaged and not again and self.source.drop_cached(ctx.shard):
-                            break
-                        yield at, batch
-                    else:
-                        return
-                except ShardError as e:
-                    if again or isinstance(e, StoreError) or not self.source.drop_cached(ctx.shard):
-                        raise
-            again, seek = True, None
-            todo = [i for i in range(at, len(ranges)) if not read_whole(ranges[i], last[i])]
-
-    def _holes(
-        self,
-        error: Exception,
-        url: str,
-        shard: int,
-        run: list[int],
-        ranges: list[tuple[int, int | None]],
-        last: list[int],
-        at: int,
-    ) -> Iterator[tuple[int, Piece] | SpanEnd]:
-        """Quarantine the rows of ``ranges`` not read when ``error`` stopped the shard: one
-        record per stretch of consecutive rows, one hole per span."""
-        out: list[tuple[int, Piece] | SpanEnd] = []
-        lost: list[tuple[int, int | None]] = []
-        for index in range(at, len(ranges)):
-            start, stop = last[index], ranges[index][1]
-            if stop is not None and start >= stop:
-                continue  # read whole: the error came after it
-            lost.append((start, stop))
-            if stop is None:  # rows to the end are unknown: the shard ends here for us
-                out.append(SpanEnd(run[index], shard, start))
-            else:
-                out.append((run[index], Hole(start, stop - start)))
-        stretches: list[list[int | None]] = []  # the spans are in shuffled block order
-        for start, stop in sorted(lost, key=lambda r: r[0]):
-            if stretches and stretches[-1][1] == start:
-                stretches[-1][1] = stop
-            else:
-                stretches.append([start, stop])
-        for first, end in stretches:
-            assert first is not None
-            rows = None if end is None else end - first
-            self.quarantine.add(error, url=url, start=first, stop=end, rows=rows)
-        yield from out
-
-    def _open(self, lane: Lane) -> Iterator[tuple[int, Piece] | SpanEnd]:
-        assert lane.at is not None
-        k, row, seek = lane.at
-        depth = self.config.read.prefetch
-        if not depth:
-            return self._read_lane(lane.spans, k, row, seek)
-        return Prefetcher(
-            lambda: self._read_lane(lane.spans, k, row, seek),
-            depth,
-            self.config.read.timeout_s,
-            f"shards of {self.source.urls[0]}",
-            max_bytes=self._lane_bytes,
-            size=read_bytes,
-        )
-
-    def _take(self, lane: Lane, want: int) -> list[tuple[Span, Piece]]:
-        """Up to ``want`` rows (holes included) from ``lane``, advancing its position."""
-        out: list[tuple[Span, Piece]] = []
-        spans = self.plan.spans
-        while want > 0 and lane.at is not None:
-            if lane.pending is None:
-                if lane.reader is None:
-                    lane.reader = self._open(lane)
-                item = next(lane.reader, None)
-                if item is None:
-                    lane.at = None
-                    break
-                if isinstance(item, SpanEnd):
-                    self._learned[item.shard] = item.rows
-                    continue
-                lane.pending = item
-            k, batch = lane.pending
-            size = piece_rows(batch)
-            n = min(want, size)
-            out.append((spans[lane.spans[k]], head_of(batch, n)))
-            want -= n
-            if n == size:
-                lane.pending = None
-                lane.at = (k, batch.stop, batch.seek)
-            else:
-                rest = rest_of(batch, n)
-                lane.pending = (k, rest)
-                lane.at = (k, rest.row, batch.seek)
-        return out
-
     # -- windows and batches ---------------------------------------------------------------
 
     def _cursor(self, window: int) -> Cursor:
@@ -417,7 +211,7 @@ class Feed:
             start = self._cursor(index)
             pieces: list[tuple[Span, Piece]] = []
             for lane in self._lanes:
-                pieces.extend(self._take(lane, per_lane))
+                pieces.extend(self._reader.take(lane, per_lane))
             if not pieces:
                 break
             yield self._window(index, start, self._cursor(index + 1), pieces)
@@ -537,7 +331,7 @@ class Feed:
                     f"planned {self.plan.steps} batches exactly; a shard changed while it was "
                     "read (its row count differs from the listing). Restart the epoch"
                 )
-            yield Tail(steps, leftover, dict(self._learned), self.quarantine.take())
+            yield Tail(steps, leftover, dict(self._reader.learned), self.quarantine.take())
         finally:
             self.close()
 

@@ -1,0 +1,277 @@
+"""A feed's lanes: each reads its spans shard by shard through the formats.
+
+The rank's spans are grouped by shard and the groups dealt round-robin to the lanes
+(:func:`make_lanes`, the dealing of :func:`ingest.core.assign.deal_lanes`). A lane opens each
+of its shards once and reads the spans of that shard in order (:class:`LaneReader`), in a
+:class:`~ingest.engine.prefetch.Prefetcher` thread within its share of
+``ReadOptions.prefetch_bytes`` when ``ReadOptions.prefetch`` is above 0. A node's cached copy
+that fails to read is dropped and read once more from a fresh fetch. Under
+``on_error="skip"`` what cannot be read becomes holes (:class:`~ingest.engine.window.Hole`)
+and quarantine records. The feed (:mod:`ingest.engine.feed`) takes rows from the lanes into
+its windows with :meth:`LaneReader.take`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from ingest.core.assign import TO_END, Span
+from ingest.core.errors import IngestError, ShardError, StoreError
+from ingest.core.quarantine import Quarantine, skippable
+from ingest.core.share import FeedPlan
+from ingest.engine.prefetch import Prefetcher
+from ingest.engine.window import (
+    Hole,
+    Lane,
+    Piece,
+    SpanEnd,
+    head_of,
+    piece_rows,
+    read_bytes,
+    read_whole,
+    rest_of,
+)
+from ingest.formats import get_format
+from ingest.formats.base import BadRows, ReadContext, ReadOptions, RowBatch, Seek
+from ingest.planner.catalog import Listing
+from ingest.storage.sources import Source
+
+Read = tuple[int, Piece] | SpanEnd
+"""What a lane's reader yields: ``(lane span index, piece)``, or the end of a span read to
+the end of its shard (the shard's row count, learnt)."""
+
+
+def make_lanes(plan: FeedPlan[Listing], count: int) -> list[Lane]:
+    """The lanes of ``plan``'s spans: up to ``count`` of them (1 without a shuffle), each
+    placed where the plan's cursor says, or at its first span.
+
+    Raises:
+        IngestError: If the cursor was saved with another number of lanes.
+    """
+    spans = plan.spans
+    groups: list[list[int]] = []
+    for n, span in enumerate(spans):
+        if groups and spans[groups[-1][-1]].shard == span.shard:
+            groups[-1].append(n)
+        else:
+            groups.append([n])
+    count = max(1, min(count, len(groups)))
+    lanes = [Lane([]) for _ in range(count)]
+    for g, group in enumerate(groups):
+        lanes[g % count].spans.extend(group)
+    cursor = plan.cursor
+    saved = cursor.get("lanes") if cursor else None
+    if saved is not None and len(saved) != count:
+        raise IngestError(
+            f"the saved position of rank {plan.rank} has {len(saved)} lane(s), this "
+            f"plan has {count}; resume with the shuffle settings the state was saved with"
+        )
+    for n, lane in enumerate(lanes):
+        if saved is None:
+            lane.at = (0, spans[lane.spans[0]].start, None) if lane.spans else None
+        elif saved[n] is None:
+            lane.at = None
+        else:
+            k, row, seek_row, seek_cursor = saved[n]
+            seek = None if seek_row is None else (int(seek_row), int(seek_cursor))
+            lane.at = (int(k), int(row), seek)
+    return lanes
+
+
+class LaneReader:
+    """Reads the lanes of one feed: opens their shards, retries a damaged cached copy, turns
+    what cannot be read into holes, and hands out rows a window at a time (:meth:`take`).
+
+    Args:
+        plan: The rank's share (its spans and listing).
+        source: Opens shards.
+        read: Read options (prefetch, timeouts, ``on_error``).
+        columns: Columns to read, or None.
+        quarantine: Where the feed records what ``on_error="skip"`` skipped.
+        lane_bytes: Each lane's share of ``ReadOptions.prefetch_bytes`` (None: no bound).
+    """
+
+    def __init__(
+        self,
+        plan: FeedPlan[Listing],
+        source: Source,
+        read: ReadOptions,
+        columns: tuple[str, ...] | None,
+        quarantine: Quarantine,
+        lane_bytes: int | None,
+    ) -> None:
+        self.plan = plan
+        self.source = source
+        self.read = read
+        self.columns = columns
+        self.quarantine = quarantine
+        self.lane_bytes = lane_bytes
+        self.learned: dict[int, int] = {}
+        """Row counts of shards read to their end (those the listing did not know)."""
+        self._skip = read.on_error == "skip"
+
+    def take(self, lane: Lane, want: int) -> list[tuple[Span, Piece]]:
+        """Up to ``want`` rows (holes included) from ``lane``, advancing its position."""
+        out: list[tuple[Span, Piece]] = []
+        spans = self.plan.spans
+        while want > 0 and lane.at is not None:
+            if lane.pending is None:
+                if lane.reader is None:
+                    lane.reader = self._open(lane)
+                item = next(lane.reader, None)
+                if item is None:
+                    lane.at = None
+                    break
+                if isinstance(item, SpanEnd):
+                    self.learned[item.shard] = item.rows
+                    continue
+                lane.pending = item
+            k, batch = lane.pending
+            size = piece_rows(batch)
+            n = min(want, size)
+            out.append((spans[lane.spans[k]], head_of(batch, n)))
+            want -= n
+            if n == size:
+                lane.pending = None
+                lane.at = (k, batch.stop, batch.seek)
+            else:
+                rest = rest_of(batch, n)
+                lane.pending = (k, rest)
+                lane.at = (k, rest.row, batch.seek)
+        return out
+
+    def _open(self, lane: Lane) -> Iterator[Read]:
+        assert lane.at is not None
+        k, row, seek = lane.at
+        depth = self.read.prefetch
+        if not depth:
+            return self._read_lane(lane.spans, k, row, seek)
+        return Prefetcher(
+            lambda: self._read_lane(lane.spans, k, row, seek),
+            depth,
+            self.read.timeout_s,
+            f"shards of {self.source.urls[0]}",
+            max_bytes=self.lane_bytes,
+            size=read_bytes,
+        )
+
+    def _read_lane(self, lane: list[int], k: int, row: int, seek: Seek | None) -> Iterator[Read]:
+        """Batches of the lane's spans from span ``k``, row ``row``; the shard opened once."""
+        spans = self.plan.spans
+        while k < len(lane):
+            shard = spans[lane[k]].shard
+            run: list[int] = []
+            while k < len(lane) and spans[lane[k]].shard == shard:
+                run.append(k)
+                k += 1
+            ranges: list[tuple[int, int | None]] = [
+                (
+                    spans[lane[j]].start,
+                    None if spans[lane[j]].stop == TO_END else spans[lane[j]].stop,
+                )
+                for j in run
+            ]
+            first = ranges[0]
+            ranges[0] = (max(first[0], row), first[1])
+            ctx = self.plan.listing.context(shard, self.source, self.read, self.columns)
+            last = [start for start, _ in ranges]
+            at = 0
+            try:
+                for index, batch in self._read_run(ctx, ranges, seek, last):
+                    at = index
+                    if isinstance(batch, BadRows):  # on_error="skip": just these rows
+                        n = int(batch.data.num_rows)
+                        self.quarantine.add(
+                            batch.error or ValueError("unreadable rows"),
+                            url=ctx.shard.url,
+                            start=batch.row,
+                            stop=batch.stop,
+                            rows=n,
+                        )
+                        yield run[index], Hole(batch.row, n)
+                    elif batch.data.num_rows:
+                        yield run[index], batch
+                    last[index] = batch.stop
+            except Exception as e:
+                if not (self._skip and skippable(e)):
+                    raise
+                yield from self._holes(e, ctx.shard.url, shard, run, ranges, last, at)
+                row, seek = 0, None
+                continue
+            for index, (_, stop) in enumerate(ranges):
+                if stop is None:
+                    yield SpanEnd(run[index], shard, last[index])
+            row, seek = 0, None
+
+    def _read_run(
+        self,
+        ctx: ReadContext,
+        ranges: list[tuple[int, int | None]],
+        seek: Seek | None,
+        last: list[int],
+    ) -> Iterator[tuple[int, RowBatch]]:
+        """``(index in ranges, batch)`` of one shard's ranges, read in order.
+
+        A node's cached copy of the shard that fails to read (a :class:`ShardError`, or bad
+        rows under ``on_error="skip"``) may be damaged rather than the shard: the copy is
+        dropped and the ranges are read again once from a fresh fetch, from where ``last``
+        (kept by the caller) says each one got to; a second failure is the shard's.
+        """
+        again = False
+        at = 0
+        todo = list(range(len(ranges)))
+        while True:
+            with get_format(ctx.shard.format).open(ctx) as reader:
+                spans = [(last[i], ranges[i][1]) for i in todo]
+                try:
+                    for j, batch in reader.read_spans(spans, seek):
+                        at = todo[j]
+                        damaged = isinstance(batch, BadRows)
+                        if damaged and not again and self.source.drop_cached(ctx.shard):
+                            break
+                        yield at, batch
+                    else:
+                        return
+                except ShardError as e:
+                    if again or isinstance(e, StoreError) or not self.source.drop_cached(ctx.shard):
+                        raise
+            again, seek = True, None
+            todo = [i for i in range(at, len(ranges)) if not read_whole(ranges[i], last[i])]
+
+    def _holes(
+        self,
+        error: Exception,
+        url: str,
+        shard: int,
+        run: Sequence[int],
+        ranges: list[tuple[int, int | None]],
+        last: list[int],
+        at: int,
+    ) -> Iterator[Read]:
+        """Quarantine the rows of ``ranges`` not read when ``error`` stopped the shard: one
+        record per stretch of consecutive rows, one hole per span."""
+        out: list[Read] = []
+        lost: list[tuple[int, int | None]] = []
+        for index in range(at, len(ranges)):
+            start, stop = last[index], ranges[index][1]
+            if stop is not None and start >= stop:
+                continue  # read whole: the error came after it
+            lost.append((start, stop))
+            if stop is None:  # rows to the end are unknown: the shard ends here for us
+                out.append(SpanEnd(run[index], shard, start))
+            else:
+                out.append((run[index], Hole(start, stop - start)))
+        stretches: list[list[int | None]] = []  # the spans are in shuffled block order
+        for start, stop in sorted(lost, key=lambda r: r[0]):
+            if stretches and stretches[-1][1] == start:
+                stretches[-1][1] = stop
+            else:
+                stretches.append([start, stop])
+        for first, end in stretches:
+            assert first is not None
+            rows = None if end is None else end - first
+            self.quarantine.add(error, url=url, start=first, stop=end, rows=rows)
+        yield from out
+
+
+__all__ = ["LaneReader", "Read", "make_lanes"]
