@@ -1,0 +1,348 @@
+"""One epoch's plan, without Ray or I/O: what an epoch reads, cut into the ranks' shares.
+
+A book (:class:`ingest.core.book.EpochBook`) plans each epoch from a listing with
+:func:`plan_epoch`: the listing's shards in the seeded order of the epoch
+(:func:`ingest.core.plan.epoch_units`), less the rows consumed (a resumed epoch, a followed
+round) and with the rows the epoch before carried in first, cut into equal shares for the
+ranks (:func:`ingest.core.assign.split`). A :class:`PlannedEpoch` also keeps the epoch's
+progress as folded so far (:meth:`ingest.core.book.EpochBook.fold`) and the listing part of
+its states, made once. :func:`round_after` says what the next epoch starts with,
+:func:`same_order` whether a loaded state resumes in its original order, and
+:func:`check_epoch_positions` whether its saved positions fit the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ingest.core.acks import Acks
+from ingest.core.assign import (
+    CARRY,
+    TO_END,
+    Assignment,
+    Span,
+    Spans,
+    cycle_collection_paused,
+    remaining,
+    split,
+)
+from ingest.core.errors import StateError
+from ingest.core.intervals import IntervalSet
+from ingest.core.ledger import Run, Runs, as_runs
+from ingest.core.listing import L, Listed, consumed_before
+from ingest.core.plan import epoch_units
+from ingest.core.positions import check_positions
+from ingest.core.progress import add_runs, all_of, remap, shard_table
+from ingest.core.share import FeedPlan
+from ingest.core.state import Consumed, Cursor, DatasetState, StreamState
+from ingest.core.validate import COUNT, check_numbers, check_remainder
+
+Remainder = Literal["carry", "drop"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BookConfig:
+    """How a book cuts and orders epochs; the same for every rank of a stream.
+
+    Attributes:
+        sources: The stream's source URLs as every state records them (credentials and
+            query values redacted).
+        batch_size: Rows per batch on every rank.
+        seed: Shuffle seed (shard, block and row order); None keeps listing order.
+        lanes: Shards read side by side into each shuffle window.
+        remainder: The rows of an epoch that cannot fill one more step on every rank:
+            ``"carry"`` them into the next epoch's first steps, or ``"drop"`` them.
+        max_errors: Most quarantines per rank and epoch (``ReadOptions.max_errors``).
+        follows: Each epoch is a round over the shards that appeared since the last
+            (:mod:`ingest.storage.follow`); otherwise every epoch reads the whole listing.
+    """
+
+    sources: tuple[str, ...]
+    batch_size: int
+    seed: int | None
+    lanes: int
+    remainder: Remainder = "carry"
+    max_errors: int = 100
+    follows: bool = False
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "BookConfig", batch_size=COUNT, lanes=COUNT)
+        check_remainder(self.remainder)
+
+
+@dataclass(slots=True)
+class PlannedEpoch(Generic[L]):
+    """One epoch as planned: its listing, the ranks' shares, and its progress folded so far."""
+
+    epoch: int
+    first_step: int
+    listing: L
+    carry: tuple[Span, ...]
+    assignment: Assignment
+    steps: int | None
+    """Steps of the whole epoch; None until reading ends when row counts are unknown."""
+    main: Consumed
+    carried: Consumed
+    delivered: int
+    dropped: int
+    based: int
+    """Steps before this one are folded into ``main``, ``carried`` and ``delivered``."""
+    opened: int
+    """The step the ranks' feeds start at in this run of the epoch (fixed at planning)."""
+    skip: tuple[dict[int, IntervalSet], dict[int, IntervalSet]]
+    cursors: list[Cursor | None] | None
+    counts: npt.NDArray[np.int64]
+    """Every shard's row count in the listing, -1 where unknown."""
+    dataset: DatasetState
+    """The listing as the state records it, made once (its JSON is kept with it)."""
+    window: int = 0
+    """Rows per shuffle window in this epoch (:meth:`Lister.window_rows` of its listing)."""
+    merged: tuple[int, int, Consumed, Consumed] | None = None
+    """``(based, step, main, carried)``: the last snapshot's progress, for the fold after."""
+
+    @property
+    def end_step(self) -> int | None:
+        return None if self.steps is None else self.first_step + self.steps
+
+    def fold(self, last: int, acks: Acks, batch_size: int) -> None:
+        """Keep the acks of this epoch's steps ``based..last`` in its base progress."""
+        if self.merged is not None and self.merged[:2] == (self.based, last):
+            # What the snapshot at ``last`` merged (sets are replaced, never changed).
+            self.main, self.carried = self.merged[2].shallow(), self.merged[3].shallow()
+        else:
+            with cycle_collection_paused():
+                runs = acks.ledger.runs_by_rank(self.based, last)
+                add_runs(runs, self.carried, self.main, self.counts)
+        self.merged = None
+        self.delivered += (last + 1 - self.based) * batch_size * acks.world_size
+        self.delivered -= acks.missing(self.based, last)
+        self.based = last + 1
+
+    def share(
+        self,
+        rank: int,
+        next_step: int,
+        cursor: Cursor | None,
+        skip: tuple[dict[int, IntervalSet], dict[int, IntervalSet]] | None = None,
+    ) -> FeedPlan[L]:
+        """What ``rank`` reads of this epoch from ``next_step`` on, its lanes at ``cursor``,
+        leaving out the rows of ``skip`` (None: :attr:`skip`)."""
+        end = self.end_step
+        return FeedPlan(
+            self.epoch,
+            rank,
+            next_step,
+            None if end is None else end - next_step,
+            self.assignment.ranks[rank],
+            self.skip if skip is None else skip,
+            cursor,
+            self.listing,
+            self.window,
+        )
+
+
+def plan_epoch(
+    config: BookConfig,
+    world_size: int,
+    window: int,
+    epoch: int,
+    first_step: int,
+    listing: L,
+    carry: tuple[Span, ...],
+    main: Consumed,
+    carried: Consumed,
+    delivered: int,
+    dropped: int,
+    based: int,
+    cursors: list[Cursor | None] | None,
+) -> PlannedEpoch[L]:
+    """The plan of ``epoch`` from ``listing`` for ``world_size`` ranks (see the module
+    docstring); ``window``: its rows per shuffle window; ``based``: the step its progress is
+    folded up to; ``cursors``: the ranks' saved positions it resumes from, if any."""
+    counts = np.fromiter(
+        (-1 if i.rows is None else i.rows for i in listing.infos), np.int64, len(listing.infos)
+    )
+    counts.setflags(write=False)
+    rows = np.where(counts < 0, TO_END, counts).tolist()
+    units = epoch_units(listing.plan_shards(), config.seed, epoch)
+    carried_spans = [
+        Span(s.shard, a, b, CARRY)
+        for s in carry
+        for a, b in carried.consumed.get(s.shard, IntervalSet()).gaps(s.start, s.stop)
+    ]
+    # Millions of spans: kept as arrays until the ranks' shares are cut.
+    spans = remaining(units, rows, main.consumed)
+    if carried_spans:
+        spans = Spans.concat([Spans.of(carried_spans), spans])
+    if bool((spans.stop == TO_END).any()):
+        if world_size > 1:
+            raise StateError(
+                "some shards have no row count; several ranks need them all (index the "
+                "shards: `ingest index URL`)"
+            )
+        assignment = Assignment((tuple(spans),), 0, ())
+        steps = None
+    else:
+        assignment = split(spans, world_size, config.batch_size)
+        steps = assignment.steps + (based - first_step)
+    with cycle_collection_paused():
+        dataset = DatasetState(
+            list(config.sources), shard_table(listing, counts), classes=listing.classes
+        )
+        # The listing part of every state of the epoch, made once (a second for a million
+        # shards: here rather than in the first snapshot).
+        dataset.to_json()
+    return PlannedEpoch(
+        epoch,
+        first_step,
+        listing,
+        carry,
+        assignment,
+        steps,
+        main.copy(),
+        carried.copy(),
+        delivered,
+        dropped,
+        based,
+        based,
+        ({}, {}),
+        cursors,
+        counts,
+        dataset,
+        window,
+    )
+
+
+def round_after(
+    config: BookConfig, prev: PlannedEpoch[L], listing: L
+) -> tuple[tuple[Span, ...], Consumed]:
+    """What the epoch after ``prev`` starts with in ``listing``: the rows ``prev`` carries
+    into it, and (following a dataset) the shards earlier rounds consumed."""
+    carry: tuple[Span, ...] = ()
+    if config.remainder == "carry":
+        by_url = {s.url: n for n, s in enumerate(listing.shards)}
+        missing = [
+            prev.listing.shards[s.shard].url
+            for s in prev.assignment.remainder
+            if prev.listing.shards[s.shard].url not in by_url
+        ]
+        if missing:
+            consumed_before(prev.listing.shards, listing.shards)  # says what vanished
+        carry = tuple(
+            Span(by_url[prev.listing.shards[s.shard].url], s.start, s.stop, CARRY)
+            for s in prev.assignment.remainder
+        )
+    main = Consumed()
+    if config.follows:
+        # A round: the shards the rounds before read are consumed (they only grow).
+        done = consumed_before(prev.listing.shards, listing.shards)
+        main = all_of(listing, done, learnt(prev))
+    return carry, main
+
+
+def resumed_in(start: StreamState, listing: Listed) -> tuple[tuple[Span, ...], Consumed, Consumed]:
+    """What a loaded ``start`` says of ``listing``: the rows carried into its epoch, the rows
+    consumed, and the carried rows consumed, by the listing's shard indices."""
+    by_url = {s.url: n for n, s in enumerate(listing.shards)}
+    carry = tuple(
+        Span(by_url[start.shards[i].url], a, b, CARRY) for i, a, b in start.distributed.carry
+    )
+    main = remap(start.progress.consumed, start, by_url)
+    carried = remap(start.distributed.carry_consumed, start, by_url)
+    return carry, main, carried
+
+
+def has_a_step(
+    config: BookConfig, world_size: int, listing: Listed, main: Consumed, carry: Sequence[Span]
+) -> bool:
+    """Whether a round of a followed dataset has a full step of rows to read: rows of shards
+    not consumed yet (unknown counts: as many as it takes) and carried rows."""
+    fresh = sum(
+        TO_END if i.rows is None else i.rows
+        for n, i in enumerate(listing.infos)
+        if n not in main.consumed
+    ) + sum(s.stop - s.start for s in carry)
+    return fresh >= world_size * config.batch_size
+
+
+def same_order(config: BookConfig, world_size: int, window: int, state: StreamState) -> bool:
+    """Whether ``state`` resumes in the original order (else the rest is shared anew);
+    ``window``: the rows per shuffle window of the listing it resumes on.
+
+    Only a state whose shares are the whole epoch's can: one whose every step since the
+    epoch began consumed a batch on each of the same ranks. After an elastic restore the
+    shares were cut from the rest of the epoch, which the state does not keep apart.
+    """
+    pos, p = state.position, state.progress
+    return (
+        state.distributed.world_size == world_size
+        and pos.batch_size == config.batch_size
+        and pos.window == window
+        and pos.lanes == config.lanes
+        and len(pos.ranks) == world_size
+        and all(c is not None for c in pos.ranks)
+        and state.consumed_rows() == (p.step - p.first_step) * world_size * pos.batch_size
+    )
+
+
+def check_epoch_positions(config: BookConfig, e: PlannedEpoch[Any]) -> None:
+    """Refuse saved positions that do not fit the epoch's shares (see
+    :func:`ingest.core.positions.check_positions`)."""
+    if not e.cursors or e.opened <= e.first_step:
+        return
+    end = e.end_step
+    check_positions(
+        e.assignment.ranks,
+        [c for c in e.cursors if c is not None],
+        lanes=config.lanes if config.seed is not None else 1,
+        window=e.window,
+        skip=e.skip,
+        rows_left=None if end is None else (end - e.opened) * config.batch_size,
+        urls=[s.url for s in e.listing.shards],
+    )
+
+
+def settle(
+    e: PlannedEpoch[Any], steps: int, leftover: Runs | Sequence[Run], learned: Mapping[int, int]
+) -> None:
+    """Settle epoch ``e`` whose row counts were unknown, when its one rank read it all.
+
+    Args:
+        e: The epoch.
+        steps: Batches the rank's feed yielded in this run.
+        leftover: Rows read after the last full batch (the epoch's remainder).
+        learned: Row counts learnt by reading, per shard index.
+    """
+    if e.steps is not None:
+        return
+    e.steps = e.opened - e.first_step + steps
+    e.main.rows.update(learned)
+    remainder = tuple(
+        Span(shard, a, b, segment) for segment, shard, a, b in as_runs(leftover).tolist()
+    )
+    e.assignment = Assignment(e.assignment.ranks, e.steps, remainder)
+
+
+def learnt(e: PlannedEpoch[Any]) -> dict[str, int]:
+    """Row counts learnt by reading ``e``'s shards, by URL (indices differ across listings)."""
+    return {e.listing.shards[i].url: n for i, n in e.main.rows.items()}
+
+
+__all__ = [
+    "BookConfig",
+    "PlannedEpoch",
+    "Remainder",
+    "check_epoch_positions",
+    "has_a_step",
+    "learnt",
+    "plan_epoch",
+    "resumed_in",
+    "round_after",
+    "same_order",
+    "settle",
+]

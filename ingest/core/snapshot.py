@@ -1,0 +1,121 @@
+"""The state of a book at a step, without Ray or I/O: an epoch's progress as folded, plus
+the acks of its steps since, the carry, the quarantines and the ranks' positions.
+
+:class:`ingest.core.book.EpochBook` takes its snapshots with these: :func:`state_in` for a
+step inside an epoch, :func:`state_after` for its last step (the state is then the next
+epoch's, at its start). A snapshot merges the acked runs rank by rank (each rank's rows
+sorted on their own, then added to the interval sets in one pass per rank), and takes the
+listing part of the state as made once, when the epoch was planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ingest.core.acks import Acks
+from ingest.core.assign import cycle_collection_paused
+from ingest.core.epoch import BookConfig, PlannedEpoch, learnt
+from ingest.core.errors import StateError
+from ingest.core.progress import add_runs, all_of
+from ingest.core.state import (
+    Consumed,
+    Cursor,
+    DatasetState,
+    DistributedState,
+    PositionState,
+    ProgressState,
+    StreamState,
+)
+
+
+def _position(
+    config: BookConfig, acks: Acks, step: int, restored: list[Cursor | None] | None, window: int
+) -> PositionState:
+    ranks: list[Cursor | None] = []
+    for rank in range(acks.world_size):
+        ranks.append(acks.cursor_at(rank, step))
+    if restored is not None and all(c is None for c in ranks):
+        ranks = list(restored)
+    return PositionState(config.seed, config.batch_size, window, config.lanes, ranks)
+
+
+def state_in(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int) -> StreamState:
+    """The state after ``step``, a step of epoch ``e`` (the acks of its steps up to ``step``
+    added to its progress; kept in ``e.merged`` for the fold after).
+
+    Raises:
+        StateError: If ``step`` was folded already.
+    """
+    if step + 1 < e.based:
+        raise StateError(
+            f"step {step} was folded already (acks are kept from step {e.based} on); "
+            "take a state at a later step"
+        )
+    main, carried = e.main.shallow(), e.carried.shallow()
+    with cycle_collection_paused():
+        add_runs(acks.ledger.runs_by_rank(e.based, step), carried, main, e.counts)
+    e.merged = (e.based, step, main, carried)
+    done = step + 1 - e.based
+    delivered = e.delivered + done * config.batch_size * acks.world_size
+    delivered -= acks.missing(e.based, step)
+    restored = e.cursors if step + 1 == e.opened else None
+    quarantined = acks.quarantined_in(e.epoch, step)
+    return StreamState(
+        e.dataset,
+        ProgressState(e.epoch, e.first_step, step + 1, delivered, e.dropped, main, quarantined),
+        DistributedState(acks.world_size, [(s.shard, s.start, s.stop) for s in e.carry], carried),
+        _position(config, acks, step, restored, e.window),
+    )
+
+
+def state_after(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int) -> StreamState:
+    """The state after ``step``, the last step of epoch ``e``: the next epoch's, at its start
+    (the remainder carried or dropped, counts learnt by reading kept with the listing)."""
+    carry: list[tuple[int, int, int]] = []
+    dropped = e.dropped
+    if config.remainder == "drop":
+        dropped += e.assignment.remainder_rows
+    else:
+        carry = [(s.shard, s.start, s.stop) for s in e.assignment.remainder]
+    dataset = e.dataset
+    counted = {i: n for i, n in e.main.rows.items() if e.counts[i] < 0}
+    if counted:  # counts learnt by reading: recorded with the listing from now on
+        records = e.listing.records()
+        for index, rows in counted.items():
+            records[index] = records[index]._replace(rows=rows)
+        dataset = DatasetState(list(config.sources), records, classes=e.listing.classes)
+    following = Consumed()
+    if config.follows:  # the next round reads none of these shards again
+        following = all_of(e.listing, range(len(e.listing.shards)), learnt(e))
+    return StreamState(
+        dataset,
+        ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, following),
+        DistributedState(acks.world_size, carry, Consumed()),
+        _position(config, acks, step, None, e.window),
+    )
+
+
+def state_acked(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int) -> StreamState:
+    """The state after ``step`` in epoch ``e`` with the rows of the steps acked beyond it, by
+    the ranks ahead, also counted as consumed and delivered; no cursors (see
+    :meth:`ingest.core.book.EpochBook.snapshot_acked`)."""
+    ledger = acks.ledger
+    top = max(ledger.acked(r) for r in range(acks.world_size))
+    state = state_in(config, acks, e, step)
+    main = state.progress.consumed.shallow()
+    carried = state.distributed.carry_consumed.shallow()
+    with cycle_collection_paused():
+        add_runs(ledger.runs_by_rank(step + 1, top), carried, main, e.counts)
+    ahead = sum(ledger.acked(r) - step for r in range(acks.world_size))
+    delivered = state.progress.delivered + ahead * config.batch_size
+    delivered -= acks.missing(step + 1, top)
+    return replace(
+        state,
+        progress=replace(state.progress, consumed=main, delivered=delivered),
+        distributed=replace(state.distributed, carry_consumed=carried),
+        position=replace(state.position, ranks=[None] * acks.world_size),
+    )
+
+
+__all__ = ["state_acked", "state_after", "state_in"]
