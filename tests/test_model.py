@@ -126,8 +126,8 @@ class Model:
     def save(self, state: dict[str, Any]) -> None:
         parsed = StreamState.from_json(state)
         assert parsed.progress.epoch == self.epoch, (parsed.progress.epoch, self.epoch)
-        consumed = Counter(self._ids(parsed.progress.consumed.consumed, parsed))
-        consumed += Counter(self._ids(parsed.distributed.carry_consumed.consumed, parsed))
+        consumed = Counter(self._ids(parsed.progress.consumed.sets, parsed))
+        consumed += Counter(self._ids(parsed.distributed.carry_consumed.sets, parsed))
         delivered = self.of_epoch(self.epoch)
         seen = Counter(delivered) + self.before()
         assert consumed == seen, (

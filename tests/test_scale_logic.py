@@ -606,7 +606,7 @@ def test_a_kept_completion_equals_one_found_anew(before, folds, counts) -> None:
         rows = [(k, a, a + n) for k, a, n in added if k < 8]
         if rows:
             keys, starts, stops = (list(c) for c in zip(*rows, strict=True))
-            got = merge_into(progress.consumed, keys, starts, stops)
+            got = merge_into(progress.sets, keys, starts, stops)
             progress.add_sets(got.sets, listed, [(got.key, got.start, got.stop)])
     kept = progress.to_json(shards, packed=True)
     progress.completion = None

@@ -202,8 +202,8 @@ def test_packed_round_trip_is_plain_json() -> None:
     assert data["dataset"]["packed"]["prefix"] == "s3://b/part-"
     back = StreamState.from_json(data)
     assert [(s.url, s.rows) for s in back.shards] == [(s.url, s.rows) for s in SHARDS]
-    assert back.progress.consumed.consumed == {
-        k: v for k, v in state.progress.consumed.consumed.items() if v
+    assert back.progress.consumed.sets == {
+        k: v for k, v in state.progress.consumed.sets.items() if v
     }
     assert back.distributed.carry_consumed.of(4) == IntervalSet([(400, 410)])
     assert back.to_json() == data

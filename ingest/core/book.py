@@ -270,7 +270,7 @@ class EpochBook(Generic[L]):
             # The original shares, minus what was consumed, from the saved cursors.
             planned.main, planned.carried = main, carried
             planned.delivered, planned.based, planned.opened = p.delivered, p.step, p.step
-            planned.skip = (dict(carried.consumed), dict(main.consumed))
+            planned.skip = (dict(carried.sets), dict(main.sets))
             return planned
         return self._plan_epoch(
             epoch, step, listing, carry, main, carried, p.delivered, p.dropped, step, None
@@ -323,7 +323,7 @@ class EpochBook(Generic[L]):
         e = self.plan(epoch)
         main, carried = e.main.shallow(), e.carried.shallow()
         add_runs(self.ledger.runs_by_rank(e.based, next_step - 1), carried, main, e.counts)
-        return e.share(rank, next_step, cursor, (dict(carried.consumed), dict(main.consumed)))
+        return e.share(rank, next_step, cursor, (dict(carried.sets), dict(main.sets)))
 
     def close(
         self, epoch: int, steps: int, leftover: Runs | Sequence[Run], learned: Mapping[int, int]

@@ -173,10 +173,10 @@ def plan_epoch(
     carried_spans = [
         Span(s.shard, a, b, CARRY)
         for s in carry
-        for a, b in carried.consumed.get(s.shard, IntervalSet()).gaps(s.start, s.stop)
+        for a, b in carried.sets.get(s.shard, IntervalSet()).gaps(s.start, s.stop)
     ]
     # Millions of spans: kept as arrays until the ranks' shares are cut.
-    spans = remaining(units, rows, main.consumed)
+    spans = remaining(units, rows, main.sets)
     if carried_spans:
         spans = Spans.concat([Spans.of(carried_spans), spans])
     if bool((spans.stop == TO_END).any()):
@@ -265,7 +265,7 @@ def has_a_step(
     fresh = sum(
         TO_END if i.rows is None else i.rows
         for n, i in enumerate(listing.infos)
-        if n not in main.consumed
+        if n not in main.sets
     ) + sum(s.stop - s.start for s in carry)
     return fresh >= world_size * config.batch_size
 

@@ -45,7 +45,7 @@ def add_runs(
         pieces = ((0, arr[in_carry]), (1, arr[~in_carry])) if in_carry.any() else ((1, arr),)
         for n, mine in pieces:
             if len(mine):
-                sofar = Layered(new[n], both[n].consumed)
+                sofar = Layered(new[n], both[n].sets)
                 got = merge_into(sofar, mine[:, 1], mine[:, 2], mine[:, 3])
                 new[n].update(got.sets)
                 made[n].append((got.key, got.start, got.stop))
@@ -92,7 +92,7 @@ def all_of(listing: Listed, indices: Iterable[int], learnt: Mapping[str, int]) -
                 "`ingest index URL`)"
             )
         if rows:
-            out.consumed[n] = IntervalSet.span(0, rows)
+            out.sets[n] = IntervalSet.span(0, rows)
         if listing.infos[n].rows is None:
             out.rows[n] = rows
     return out
@@ -135,8 +135,8 @@ class Layered(Mapping[int, IntervalSet]):
 def remap(progress: Consumed, state: StreamState, by_url: Mapping[str, int]) -> Consumed:
     """``progress`` (indexed by the state's shards) indexed by the listing's shards."""
     out = Consumed()
-    for index, rows in progress.consumed.items():
-        out.consumed[by_url[state.shards[index].url]] = rows.copy()
+    for index, rows in progress.sets.items():
+        out.sets[by_url[state.shards[index].url]] = rows.copy()
     for index, count in progress.rows.items():
         out.rows[by_url[state.shards[index].url]] = count
     return out

@@ -78,7 +78,8 @@ class Consumed:
     """The rows one epoch has consumed: an interval set per shard index (the state's
     ``progress.consumed``, and ``distributed.carry.consumed`` for the rows carried in)."""
 
-    consumed: dict[int, IntervalSet] = field(default_factory=dict)
+    sets: dict[int, IntervalSet] = field(default_factory=dict)
+    """The rows consumed of each shard, by its index in the listing."""
     rows: dict[int, int] = field(default_factory=dict)
     """Row counts learnt by reading shards whose listing gave none."""
     completion: Completion | None = field(default=None, repr=False, compare=False)
@@ -89,24 +90,24 @@ class Consumed:
         return known if known is not None else self.rows.get(index)
 
     def of(self, index: int) -> IntervalSet:
-        got = self.consumed.get(index)
+        got = self.sets.get(index)
         if got is None:
-            got = self.consumed[index] = IntervalSet()
+            got = self.sets[index] = IntervalSet()
         return got
 
     def count(self) -> int:
-        _, lo, hi = stack(self.consumed.items())
+        _, lo, hi = stack(self.sets.items())
         return int((hi - lo).sum())
 
     def copy(self) -> Consumed:
         return Consumed(
-            {k: v.copy() for k, v in self.consumed.items()}, dict(self.rows), self.completion
+            {k: v.copy() for k, v in self.sets.items()}, dict(self.rows), self.completion
         )
 
     def shallow(self) -> Consumed:
         """A copy that shares the interval sets (for a caller that replaces sets, never
         changes them: :meth:`add_sets`)."""
-        return Consumed(dict(self.consumed), dict(self.rows), self.completion)
+        return Consumed(dict(self.sets), dict(self.rows), self.completion)
 
     def add_sets(
         self,
@@ -124,14 +125,14 @@ class Consumed:
             parts: The intervals of ``new`` as arrays, if the caller has them
                 (:class:`ingest.core.keyed.Merged`), in the order the sets were made.
         """
-        self.consumed.update(new)
+        self.sets.update(new)
         if counts is None:
             self.completion = None
         elif self.completion is None or len(self.completion.done) != len(counts):
-            self.completion = Completion.of(self.consumed, counts)
+            self.completion = Completion.of(self.sets, counts)
         else:
             got = parts if parts is not None else [stack(new.items())]
-            self.completion = self.completion.updated(got, counts, len(self.consumed))
+            self.completion = self.completion.updated(got, counts, len(self.sets))
 
     def counts(self, listed: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """Every shard's row count (-1: unknown): ``listed``, with the learnt ones filled in."""
@@ -149,12 +150,12 @@ class Consumed:
         got = self.completion
         if (
             got is not None
-            and got.sets == len(self.consumed)
+            and got.sets == len(self.sets)
             and not self.rows
             and len(got.done) == len(listed)
         ):
             return got
-        return Completion.of(self.consumed, self.counts(listed))
+        return Completion.of(self.sets, self.counts(listed))
 
     def to_json(
         self,
@@ -180,10 +181,10 @@ class Consumed:
         done = IntervalSet.of_mask(done_mask)
         partial = sorted(k for k in completion.partial if not done_mask[k])
         if packed:
-            sets = stack((k, self.consumed[k]) for k in partial)
+            sets = stack((k, self.sets[k]) for k in partial)
             partial_json: dict[str, Any] = {"packed": _pack_sets(*sets)}
         else:
-            partial_json = {str(k): self.consumed[k].to_json() for k in partial}
+            partial_json = {str(k): self.sets[k].to_json() for k in partial}
         return {
             "done": done.encode() if packed else done.to_json(),
             "partial": partial_json,
@@ -218,7 +219,7 @@ class Consumed:
                         f"progress.done names shard {index} "
                         f"({shards[index].url}) but its row count is unknown"
                     )
-                out.consumed[index] = IntervalSet.span(0, rows)
+                out.sets[index] = IntervalSet.span(0, rows)
         partial = data.get("partial", {})
         if isinstance(partial, Mapping) and "packed" in partial:
             partial = _unpack_sets(partial["packed"], "progress.consumed.partial.packed")
@@ -235,7 +236,7 @@ class Consumed:
 
 def _check_bounds(progress: Consumed, shards: Sequence[ShardRecord], what: str) -> None:
     """Refuse consumed rows beyond a shard's known row count (an edited state)."""
-    key, _, hi = stack(progress.consumed.items())
+    key, _, hi = stack(progress.sets.items())
     heads, tails = set_bounds(key)
     if not len(heads):
         return

@@ -85,7 +85,7 @@ class DistributedState:
                 "spans": [list(s) for s in self.carry],
                 "consumed": {
                     str(k): v.encode() if packed else v.to_json()
-                    for k, v in sorted(self.carry_consumed.consumed.items())
+                    for k, v in sorted(self.carry_consumed.sets.items())
                     if v
                 },
             },
