@@ -210,17 +210,20 @@ class EpochBook(Generic[L]):
                 "its end (its row counts are learnt by reading)"
             )
 
+        seen: list[tuple[L, tuple[tuple[Span, ...], Consumed]]] = []
+
         def wanted(listing: L) -> bool:  # a followed round: a full step of new rows
             if epoch in self._epochs:
                 return True
-            carry, main = round_after(self.config, prev, listing)
+            seen[:] = [(listing, round_after(self.config, prev, listing))]
+            carry, main = seen[0][1]
             return has_a_step(self.config, self.world_size, listing, main, carry)
 
         listing = self._list(wanted if self.config.follows else None)
-        carry, main = round_after(self.config, prev, listing)
-        dropped = prev.dropped
-        if self.config.remainder == "drop":
-            dropped += prev.assignment.remainder_rows
+        made = seen[0][1] if seen and seen[0][0] is listing else None  # wanted's, of it
+        carry, main = made or round_after(self.config, prev, listing)
+        drop = self.config.remainder == "drop"
+        dropped = prev.dropped + (prev.assignment.remainder_rows if drop else 0)
         first = prev.first_step + prev.steps
         return self._plan_epoch(
             epoch, first, listing, carry, main, Consumed(), 0, dropped, first, None
