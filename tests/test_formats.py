@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar
 
 import fsspec
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
@@ -142,6 +143,35 @@ class FormatContract:
 class TestParquet(FormatContract):
     fmt = "parquet"
     footer_rows = True
+
+    @pytest.mark.parametrize("batch_rows", [100, 256, 4096])
+    def test_spans_in_any_order_are_cut_as_one_row_group_at_a_time(
+        self, store: Store, batch_rows: int
+    ) -> None:
+        """Row groups read in one call give the record batches of one call per row group
+        (a call's record batch may hold rows of two): the same rows, cut at the same rows,
+        for uneven row groups and spans in shuffled order."""
+        sizes = [500, 500, 130, 500, 256, 512, 70]
+        table = make_table(0, sum(sizes))
+        sink = pa.BufferOutputStream()
+        with pq.ParquetWriter(sink, table.schema) as writer:
+            for at, n in zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes, strict=True):
+                writer.write_table(table.slice(at, n))
+        data = sink.getvalue().to_pybytes()
+        catalog, listing = open_shard(store, "parquet", data, ReadOptions(batch_rows=batch_rows))
+        spans: list[tuple[int, int | None]] = [(1200, 1700), (0, 20), (520, 1130), (1700, None)]
+        ctx = listing.context(0, catalog.source, catalog.options, catalog.columns)
+        with get_format("parquet").open(ctx) as reader:
+            got = [(i, b.row, b.data["id"].to_pylist()) for i, b in reader.read_spans(spans, None)]
+        expected = []
+        for i, (start, stop) in enumerate(spans):
+            end = sum(sizes) if stop is None else stop
+            for first, n in zip(np.cumsum([0, *sizes[:-1]]).tolist(), sizes, strict=True):
+                for lo in range(first, first + n, batch_rows):
+                    a, b = max(start, lo), min(end, lo + batch_rows, first + n)
+                    if b > a:
+                        expected.append((i, a, list(range(a, b))))
+        assert got == expected
 
 
 class TestJsonl(FormatContract):

@@ -125,6 +125,10 @@ class _ParquetReader(ShardReader):
         self._file = None if self._ranged else ctx.source.open(ctx.shard)
         self._starts = list(info.blocks or (0,))
         self._leaves = _leaf_columns(info.meta, ctx.columns)
+        meta = info.meta
+        self._group_rows: list[int] = [
+            meta.row_group(g).num_rows for g in range(meta.num_row_groups)
+        ]
 
     def _parquet_file(self, groups: list[int]) -> Any:
         meta = self.ctx.info.meta
@@ -170,25 +174,85 @@ class _ParquetReader(ShardReader):
             # The column chunks of every row group of this chunk are fetched together (a few
             # concurrent requests), then decoded in the order asked.
             pf = self._parquet_file(sorted({group for _, group, _, _ in chunk}))
-            for index, group, start, stop in chunk:
-                row = self._starts[group]
-                try:
-                    for batch in pf.iter_batches(
-                        batch_size=self.ctx.options.batch_rows, row_groups=[group], columns=columns
-                    ):
-                        lo, hi = max(start - row, 0), min(stop - row, batch.num_rows)
-                        if hi > lo:
-                            data = (
-                                batch
-                                if (lo, hi) == (0, batch.num_rows)
-                                else batch.slice(lo, hi - lo)
-                            )
-                            yield index, RowBatch(row + lo, data)
-                        row += batch.num_rows
-                except (pa.ArrowInvalid, OSError, EOFError) as e:
-                    raise ShardError(
-                        self.ctx.shard.url, f"row group {group} cannot be read ({e})", _FIX, row=row
-                    ) from None
+            done = 0  # items of the chunk read whole
+            reached = chunk[0][2]  # the row that the item being read got to
+            try:
+                for run, size in self._runs(chunk):
+                    batches = pf.iter_batches(
+                        batch_size=size, row_groups=[g for _, g, _, _ in run], columns=columns
+                    )
+                    for index, group, start, stop in run:
+                        for batch in self._group_of(batches, group, start, stop):
+                            reached = batch.stop
+                            yield index, batch
+                        done += 1
+                        reached = chunk[done][2] if done < len(chunk) else stop
+            except (pa.ArrowInvalid, OSError, EOFError):
+                # An error may show at another row group than the one at fault when several
+                # are read in one call (their pre-buffered reads, say): the rest is read
+                # group by group, which names the row group and row as reading it alone does.
+                index, group, _, stop = chunk[done]
+                rest = [(index, group, reached, stop), *chunk[done + 1 :]]
+                pf = self._parquet_file(sorted({group for _, group, _, _ in rest}))
+                yield from self._by_group(pf, rest, columns)
+
+    def _runs(
+        self, chunk: list[tuple[int, int, int, int]]
+    ) -> Iterator[tuple[list[tuple[int, int, int, int]], int]]:
+        """A chunk's items in runs, each read by one ``iter_batches`` call over its row
+        groups, with its rows per record batch: ``ReadOptions.batch_rows``, or the chunk's
+        largest row group. A record batch of such a call may hold rows of two row groups:
+        every row group of a run but its last holds a whole number of record batches, so
+        that the record batches are those of one call per row group."""
+        rows = max(self._group_rows[group] for _, group, _, _ in chunk)
+        size = max(1, min(self.ctx.options.batch_rows, rows))
+        run: list[tuple[int, int, int, int]] = []
+        for item in chunk:
+            run.append(item)
+            if self._group_rows[item[1]] % size:
+                yield run, size
+                run = []
+        if run:
+            yield run, size
+
+    def _group_of(
+        self, batches: Iterator[pa.RecordBatch], group: int, start: int, stop: int
+    ) -> Iterator[RowBatch]:
+        """Rows ``[start, stop)`` of row group ``group``, from ``batches`` (the next record
+        batches of an ``iter_batches`` call, which begin at the group's first row)."""
+        row = self._starts[group]
+        end = row + self._group_rows[group]
+        while row < end:
+            batch = next(batches, None)
+            if batch is None:
+                raise EOFError(f"row group {group} ends at row {row}, short of its {end} rows")
+            lo, hi = max(start - row, 0), min(stop - row, batch.num_rows)
+            if hi > lo:
+                whole = (lo, hi) == (0, batch.num_rows)
+                yield RowBatch(row + lo, batch if whole else batch.slice(lo, hi - lo))
+            row += batch.num_rows
+
+    def _by_group(
+        self, pf: Any, items: list[tuple[int, int, int, int]], columns: list[str] | None
+    ) -> Iterator[tuple[int, RowBatch]]:
+        """The rows of ``items``, one ``iter_batches`` call per row group."""
+        for index, group, start, stop in items:
+            row = self._starts[group]
+            try:
+                for batch in pf.iter_batches(
+                    batch_size=self.ctx.options.batch_rows, row_groups=[group], columns=columns
+                ):
+                    lo, hi = max(start - row, 0), min(stop - row, batch.num_rows)
+                    if hi > lo:
+                        data = (
+                            batch if (lo, hi) == (0, batch.num_rows) else batch.slice(lo, hi - lo)
+                        )
+                        yield index, RowBatch(row + lo, data)
+                    row += batch.num_rows
+            except (pa.ArrowInvalid, OSError, EOFError) as e:
+                raise ShardError(
+                    self.ctx.shard.url, f"row group {group} cannot be read ({e})", _FIX, row=row
+                ) from None
 
     def _chunks(
         self, items: list[tuple[int, int, int, int]]
