@@ -188,8 +188,13 @@ class Feed:
     def ahead(self, name: str) -> contextlib.AbstractContextManager[Iterator[Ready | Tail]]:
         """This feed's items, read ahead in a background thread by ``ReadOptions.prefetch``
         batches and at most ``prefetch_bytes`` (see :func:`ingest.engine.prefetch.read_ahead`);
-        ``name``: what a timeout names (the source). On leaving, the feed is closed."""
+        ``name``: what a timeout names (the source). On leaving, the feed is closed.
+
+        One lane is read in that thread, not in a thread of its own: two threads that hand
+        each record batch on cost more than they overlap (pyarrow decodes on every core)."""
         read = self.config.read
+        if read.prefetch and len(self._lanes) == 1:
+            self._reader.depth = 0
         return read_ahead(
             self,
             read.prefetch,

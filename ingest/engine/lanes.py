@@ -109,6 +109,8 @@ class LaneReader:
         self.learned: dict[int, int] = {}
         """Row counts of shards read to their end (those the listing did not know)."""
         self._skip = read.on_error == "skip"
+        self.depth = read.prefetch
+        """Record batches each lane reads ahead in its own thread (0: in the caller's)."""
 
     def take(self, lane: Lane, want: int) -> list[tuple[Span, Piece]]:
         """Up to ``want`` rows (holes included) from ``lane``, advancing its position."""
@@ -143,7 +145,7 @@ class LaneReader:
     def _open(self, lane: Lane) -> Iterator[Read]:
         assert lane.at is not None
         k, row, seek = lane.at
-        depth = self.read.prefetch
+        depth = self.depth
         if not depth:
             return self._read_lane(lane.spans, k, row, seek)
         return Prefetcher(
