@@ -5,6 +5,14 @@ noisy): steady rows/s and MB/s of an epoch, and the first-batch time of a fresh 
 against one resumed at 90% of the epoch (both include listing and footer reads).
 
     .venv/bin/python benchmarks/stream_vs_pyarrow.py [--shards 8] [--rows 100000] [--repeat 3]
+
+With ``--local`` the files are on local disk (in the page cache after the first epoch) and
+the three readers take turns, epoch by epoch, ``--repeat`` times (default 7): whole epochs,
+listing included, as rows/s and CPU microseconds per row (this process's threads, which
+other work on the machine disturbs less than the wall clock), and their ratios to the
+pyarrow loop. Its defaults are 32 shards of 16,384 rows in row groups of 4,096.
+
+    .venv/bin/python benchmarks/stream_vs_pyarrow.py --local [--repeat 7]
 """
 
 from __future__ import annotations
@@ -12,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pyarrow.parquet as pq
 import torch
 
@@ -41,7 +51,7 @@ def pyarrow_loop(s3: LoopbackS3, url: str) -> Iterator[int]:
                 yield len(ids)
 
 
-def stream_epoch(s3: LoopbackS3, url: str, seed: int | None, total: int) -> Iterator[int]:
+def stream_epoch(s3: LoopbackS3 | None, url: str, seed: int | None, total: int) -> Iterator[int]:
     """The first epoch of a new stream. Its rows that cannot fill a batch are carried into
     the next epoch (``remainder="carry"``): the epoch delivers ``total // BATCH`` full
     batches, and its state must carry exactly the ``total % BATCH`` rows left."""
@@ -50,7 +60,7 @@ def stream_epoch(s3: LoopbackS3, url: str, seed: int | None, total: int) -> Iter
         columns=COLUMNS,
         batch_size=BATCH,
         shuffle_seed=seed,
-        storage_options=s3.storage_options(),
+        storage_options=None if s3 is None else s3.storage_options(),
     )
     delivered = 0
     for batch in stream:
@@ -117,14 +127,93 @@ def timed(make: Callable[[], Iterator[int]], repeat: int) -> dict[str, float]:
     }
 
 
+def local_pyarrow_loop(paths: list[str]) -> Iterator[int]:
+    """The peer on local disk: open each file by path, iterate pyarrow batches, make tensors."""
+    for path in paths:
+        for rb in pq.ParquetFile(path).iter_batches(batch_size=BATCH, columns=COLUMNS):
+            ids = torch.from_numpy(rb.column(0).to_numpy())
+            tokens = rb.column(1)
+            flat = tokens.values.slice(tokens.offset * 16, len(tokens) * 16)
+            torch.from_numpy(flat.to_numpy()).reshape(len(tokens), 16)
+            yield len(ids)
+
+
+def epoch_cost(make: Callable[[], Iterator[int]]) -> tuple[int, float, float]:
+    """One whole epoch (listing included): rows, rows/s and CPU microseconds per row."""
+    start, cpu = time.perf_counter(), time.process_time()
+    rows = sum(make())
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return rows, rows / wall, cpu / rows * 1e6
+
+
+def local_main(args: argparse.Namespace) -> int:
+    """The comparison on local disk, readers in turn (see the module docstring)."""
+    shards = args.shards or 32
+    rows = args.rows or 16_384
+    group = args.row_group or 4_096
+    repeat = args.repeat or 7
+    total = shards * rows
+    with tempfile.TemporaryDirectory() as root:
+        fs = fsspec.filesystem("file")
+        write_dataset(fs, root, "parquet", shards, rows, row_group_rows=group)
+        paths = sorted(fs.glob(f"{root}/*.parquet"))
+        readers: dict[str, Callable[[], Iterator[int]]] = {
+            "plain pyarrow loop (+torch)": lambda: local_pyarrow_loop(paths),
+            "ingest.Stream, listing order": lambda: stream_epoch(None, root, None, total),
+            "ingest.Stream, shuffle_seed=0": lambda: stream_epoch(None, root, 0, total),
+        }
+        for make in readers.values():  # the page cache, imports, first compilations
+            sum(make())
+        got: dict[str, list[tuple[int, float, float]]] = {name: [] for name in readers}
+        for _ in range(repeat):
+            for name, make in readers.items():
+                got[name].append(epoch_cost(make))
+    results = {
+        name: {
+            "rows": runs[0][0],
+            "rows_s": statistics.median(r[1] for r in runs),
+            "cpu_us_per_row": statistics.median(r[2] for r in runs),
+        }
+        for name, runs in got.items()
+    }
+    peer = results["plain pyarrow loop (+torch)"]
+    print(
+        f"{total:,} rows in {shards} parquet shards on local disk (row groups of {group}), "
+        f"columns {COLUMNS}, batch {BATCH}, median of {repeat} epochs in turn"
+    )
+    print(f"{'reader':<32} {'rows/s':>11} {'CPU us/row':>10} {'vs pyarrow':>10} {'CPU vs':>7}")
+    for name, run in results.items():
+        print(
+            f"{name:<32} {run['rows_s']:>11,.0f} {run['cpu_us_per_row']:>10.3f} "
+            f"{run['rows_s'] / peer['rows_s']:>9.2f}x "
+            f"{run['cpu_us_per_row'] / peer['cpu_us_per_row']:>6.2f}x"
+        )
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(
+        json.dumps({"rows": total, "local": True, "readers": results}, indent=2)
+    )
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--shards", type=int, default=8)
-    parser.add_argument("--rows", type=int, default=100_000, help="rows per shard")
-    parser.add_argument("--row-group", type=int, default=10_000)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--local", action="store_true", help="local disk, not loopback S3")
+    parser.add_argument("--shards", type=int, default=None, help="default 8 (--local: 32)")
+    parser.add_argument(
+        "--rows", type=int, default=None, help="rows per shard, default 100,000 (--local: 16,384)"
+    )
+    parser.add_argument(
+        "--row-group", type=int, default=None, help="default 10,000 (--local: 4,096)"
+    )
+    parser.add_argument("--repeat", type=int, default=None, help="default 3 (--local: 7)")
     parser.add_argument("--out", default="bench-out/stream_vs_pyarrow.json")
     args = parser.parse_args()
+    if args.local:
+        return local_main(args)
+    args.shards = args.shards or 8
+    args.rows = args.rows or 100_000
+    args.row_group = args.row_group or 10_000
+    args.repeat = args.repeat or 3
     total = args.shards * args.rows
     with LoopbackS3() as s3:
         s3.create_bucket("bench")
