@@ -1,9 +1,11 @@
 """The rank iterator: the thin torch side inside each training worker.
 
 It takes ready batches of its rank from the stream's reader pool (one call per few batches,
-the next call in flight while the loop trains), wraps them as torch tensors (zero-copy),
-and acks what the loop consumed to the coordinator a few batches per message. It never
-parses, decodes or plans.
+the next call in flight while the loop trains) and runs the rank's loop
+(:meth:`ingest.engine.loop.RankLoop.batches`) over them: each is wrapped as torch tensors
+(zero-copy), and what the loop consumed is acked to the coordinator a few batches per
+message. It never parses, decodes or plans; what is its own is taking the rank over
+(leases), fetching, and going on after a reader is lost.
 
 Which batches a state covers: a batch counts as consumed once the iterator has handed it to
 the loop. ``state_dict()`` (on every rank at the same step) covers every batch handed out up
@@ -22,7 +24,7 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -112,10 +114,15 @@ class RankIterator:
     """A newer iterator of the rank in this process took it over while this one's loop ran."""
 
     _loop: RankLoop = field(init=False, repr=False)
-    """The batches this iterator handed out and their acks (:mod:`ingest.engine.loop`)."""
+    """The rank's loop: the batches this iterator handed out and their acks
+    (:mod:`ingest.engine.loop`). It keeps empty steps: every rank has the same steps."""
+    _waited_s: float = field(default=0.0, init=False, repr=False)
+    """How long the last item took to come (:meth:`_items`), for the rank's metrics."""
 
     def __post_init__(self) -> None:
-        self._loop = RankLoop(self.rank, _CoordinatorLink(self), ack_every=self.options.ack_every)
+        self._loop = RankLoop(
+            self.rank, _CoordinatorLink(self), ack_every=self.options.ack_every, keep_empty=True
+        )
 
     @property
     def step(self) -> int:
@@ -280,53 +287,14 @@ class RankIterator:
             self._meter = RankMeter(self.stream, self.rank)
         meter = self._meter
         try:
-            while True:
-                asked = time.monotonic()
-                item = self._next(epoch)
-                waited = time.monotonic() - asked
-                if self._superseded:  # a newer iterator of this process took the rank over
-                    raise SupersededError.of_rank(self.rank)
-                if isinstance(item, End):
-                    # Reached: a new iterator of the rank runs the next epoch, even after an
-                    # epoch with no step (EpochBook.upcoming_epoch).
-                    self._loop.end(epoch, item)
-                    break
-                if self._loop.cursor is not None and item.step != self.step + 1:
-                    # Never seen since take stopped making feeds; kept so that a feed that
-                    # starts over fails loudly instead of delivering rows again.
-                    raise IngestError(
-                        f"rank {self.rank} got step {item.step} after step {self.step} in "
-                        f"epoch {epoch}: its reader's feed did not continue where it was. "
-                        "Resume from the last checkpoint"
-                    )
-                table = item.batch
-                if isinstance(table, ray.ObjectRef):  # decoded by another actor of the pool
-                    try:
-                        table = self._get(table)
-                    except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
-                        self._recover(epoch)  # the reader that owned the batch died with it
-                        continue
-                rows, quarantined = item.rows, item.quarantined
-                if isinstance(table, TransformFailed):  # on_error="skip": the step is empty
-                    failed = Quarantined(
-                        table.reason, epoch, self.rank, step=item.step, rows=table.rows
-                    )
-                    rows, quarantined, table = 0, (*quarantined, failed), table.empty
-                batch = self._to_torch(table)
-                self._loop.handed(
-                    item.step,
-                    item.runs,
-                    item.cursor,
-                    rows=rows,
-                    quarantined=quarantined,
-                    closed=item.closed,
-                )
-                meter.batch(len(next(iter(batch.values()), ())), waited)
+            for _, batch in self._loop.batches(epoch, self._items(epoch), self._to_torch, End):
+                meter.batch(len(next(iter(batch.values()), ())), self._waited_s)
                 yield batch
+            # The end reached: a new iterator of the rank runs the next epoch, even after an
+            # epoch with no step (EpochBook.upcoming_epoch).
             meter.report()
             done = True
             self.epoch = epoch + 1
-            self._loop.cursor = None
         finally:
             # Left early: the acks of every batch handed out reach the coordinator (an error
             # here would hide the one that left the loop, if any).
@@ -334,12 +302,50 @@ class RankIterator:
                 with contextlib.suppress(Exception):
                     self.flush()
 
-    def _to_torch(self, table: Any) -> Batch:
+    def _items(self, epoch: int) -> Iterator[Item | End]:
+        """The rank's items of ``epoch`` from its reader, up to its :class:`End`, each batch's
+        table in hand (fetched from the actor that decoded it; a failed transform's empty
+        step, with its quarantine); ``_waited_s``: how long the last one took to come."""
+        while True:
+            asked = time.monotonic()
+            item = self._next(epoch)
+            self._waited_s = time.monotonic() - asked
+            if self._superseded:  # a newer iterator of this process took the rank over
+                raise SupersededError.of_rank(self.rank)
+            if isinstance(item, End):
+                yield item
+                return
+            if self._loop.cursor is not None and item.step != self.step + 1:
+                # Never seen since take stopped making feeds; kept so that a feed that
+                # starts over fails loudly instead of delivering rows again.
+                raise IngestError(
+                    f"rank {self.rank} got step {item.step} after step {self.step} in "
+                    f"epoch {epoch}: its reader's feed did not continue where it was. "
+                    "Resume from the last checkpoint"
+                )
+            table = item.batch
+            if isinstance(table, ray.ObjectRef):  # decoded by another actor of the pool
+                try:
+                    table = self._get(table)
+                except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                    self._recover(epoch)  # the reader that owned the batch died with it
+                    continue
+                item = replace(item, batch=table)
+            if isinstance(table, TransformFailed):  # on_error="skip": the step is empty
+                failed = Quarantined(
+                    table.reason, epoch, self.rank, step=item.step, rows=table.rows
+                )
+                item = replace(
+                    item, batch=table.empty, rows=0, quarantined=(*item.quarantined, failed)
+                )
+            yield item
+
+    def _to_torch(self, item: Item) -> Batch:
         import torch
 
         from ingest.engine.convert import to_torch
 
-        batch = to_torch(table)
+        batch = to_torch(item.batch)
         if not (self.options.pin_memory or self.options.device):
             return batch
         pin = self.options.pin_memory and torch.cuda.is_available()

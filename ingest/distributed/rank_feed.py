@@ -50,7 +50,7 @@ class FeedHost(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Item:
-    """A ready batch as a rank receives it.
+    """A ready batch as a rank receives it (an :class:`ingest.engine.loop.BatchItem`).
 
     ``batch`` is the Arrow table itself when the feed's own actor made it (it travels in the
     ``take`` call's result, a few batches per object), or an object ref when another actor
@@ -70,7 +70,8 @@ class Item:
 
 @dataclass(frozen=True, slots=True)
 class End:
-    """The end of a rank's epoch; see :class:`ingest.engine.feed.Tail`."""
+    """The end of a rank's epoch (an :class:`ingest.engine.loop.Ending`); see
+    :class:`ingest.engine.feed.Tail`."""
 
     epoch: int
     steps: int

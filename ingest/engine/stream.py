@@ -2,9 +2,10 @@
 
 :class:`Stream` plans epochs with an :class:`ingest.core.book.EpochBook` of one rank, reads its
 share with an :class:`ingest.engine.feed.Feed` in a background thread (lanes, shuffle windows,
-batches, the transform), converts each batch to torch tensors and acks it to the book as it
-hands it to the loop. Its state is the book's snapshot at the last batch handed out, in the
-same layout as :class:`ingest.RayStream`'s, and loads into either.
+batches, the transform), and runs the rank's loop (:class:`ingest.engine.loop.RankLoop`) over
+its items in the process: each batch is converted to torch tensors and acked to the book as
+it is handed to the user's loop. Its state is the book's snapshot at the last batch handed
+out, in the same layout as :class:`ingest.RayStream`'s, and loads into either.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.quarantine import Quarantined, summary
 from ingest.core.state import StreamState
 from ingest.engine.convert import Batch, to_torch
-from ingest.engine.feed import Feed, Tail
+from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform
@@ -111,8 +112,8 @@ class Stream:
         self._planner = self.spec.planner(progress=progress)
         self._book = self.spec.book(1, self._planner)
         self._next_epoch = 0
-        self._rank = RankLoop(0, BookLink(self._book))
-        """The one rank's batches handed out and their acks (:mod:`ingest.engine.loop`)."""
+        self._rank = RankLoop(0, BookLink(self._book), on_quarantined=self._log)
+        """The one rank's loop: batches handed out and their acks (:mod:`ingest.engine.loop`)."""
         self._delivered = 0
         self._reading: tuple[Feed, Any] | None = None
         """The last loop's feed and its read-ahead, for the bytes they hold (:attr:`stats`)."""
@@ -214,25 +215,8 @@ class Stream:
         self._held()  # the last loop's peak is kept
         with feed.ahead(self.spec.urls[0]) as items:
             self._reading = (feed, items)
-            for item in items:
-                if isinstance(item, Tail):
-                    self._rank.end(epoch, item)
-                    self._log(item.quarantined)
-                    break
-                batch = to_torch(item.table)
-                # Acked only once it converted: a batch that failed is read again.
-                self._rank.handed(
-                    item.step,
-                    item.runs,
-                    item.cursor,
-                    rows=item.rows,
-                    quarantined=item.quarantined,
-                    closed=item.closed,
-                )
-                self._log(item.quarantined)
-                self._delivered += self.spec.batch_size if item.rows < 0 else item.rows
-                if item.rows == 0:
-                    continue  # every row quarantined: one process need not keep steps equal
+            for ready, batch in self._rank.batches(epoch, items, _ready_to_torch, Tail):
+                self._delivered += self.spec.batch_size if ready.rows < 0 else ready.rows
                 yield batch
             self._report(epoch)
             self._next_epoch = epoch + 1
@@ -317,6 +301,10 @@ class Stream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _ready_to_torch(ready: Ready) -> Batch:
+    return to_torch(ready.table)
 
 
 @dataclass(frozen=True, slots=True)

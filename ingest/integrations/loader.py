@@ -4,10 +4,11 @@ Each worker process is a rank of the engine: every ``iter(loader)`` starts from 
 state, the main process lists the source once and plans the epoch for ``num_workers`` ranks,
 and each worker plans the same epoch from the same state and listing and reads its rank's
 share (rows split without duplicates, each worker with its own fsspec filesystems, made
-after the fork or spawn). Every batch carries where its rows came from; the loader takes
-that off in the main process and acks it, so :meth:`DataLoader.state_dict` covers every
-batch handed out by any worker, at any moment, and loads with any worker count (or into a
-``Stream`` or a ``RayStream``).
+after the fork or spawn). Every batch carries where its rows came from; the main process
+takes that off and hands the batch out through that worker's rank loop
+(:meth:`ingest.engine.loop.RankLoop.hand_out`, which acks it), so
+:meth:`DataLoader.state_dict` covers every batch handed out by any worker, at any moment,
+and loads with any worker count (or into a ``Stream`` or a ``RayStream``).
 
 Workers are never persistent: each epoch starts them from the state. ``batch_size`` is the
 stream's; the ``DataLoader`` does no batching or collation of its own.
@@ -16,6 +17,7 @@ stream's; the ``DataLoader`` does no batching or collation of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -172,7 +174,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._shares = _Shares(stream.spec, stream.parts.transform)
         self._book: EpochBook[Listing] | None = None
         self._ranks: dict[int, RankLoop] = {}
-        """Each worker's (rank's) batches handed out and their acks (:mod:`ingest.engine.loop`)."""
+        """Each worker's (rank's) loop: its batches handed out and their acks
+        (:mod:`ingest.engine.loop`)."""
         self._running: Iterator[Batch] | None = None
         super().__init__(
             self._shares,
@@ -208,28 +211,18 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._shares.listing = listing
         ended = 0
         pin = self.pin_memory and torch.cuda.is_available()
-        for item in super().__iter__():
-            came = item.pop(KEY)
+        for out in super().__iter__():
+            came = out.pop(KEY)
             if isinstance(came, _Failed):
                 raise came.error
+            rank = self._ranks[came.rank]
             if isinstance(came, _Ended):
-                self._ranks[came.rank].end(epoch, came)
+                rank.end(epoch, came)
                 ended += 1
                 continue
-            self._ranks[came.rank].handed(
-                came.step,
-                came.runs,
-                came.cursor,
-                rows=came.rows,
-                quarantined=came.quarantined,
-                closed=came.closed,
-            )
-            if came.rows == 0:
-                continue  # every row quarantined
-            for name in came.arrays:
-                tensor = torch.from_numpy(item[name])
-                item[name] = tensor.pin_memory() if pin else tensor
-            yield item
+            batch = rank.hand_out(came, functools.partial(_tensors, out, pin=pin))
+            if batch is not None:
+                yield batch
         if ended != ranks:
             raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
         # The epoch is done: the stream goes on from the next one (listed when it starts).
@@ -268,6 +261,14 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         RayStream, any worker count or world size)."""
         self._running, self._book, self._ranks = None, None, {}
         self.stream.load_state_dict(state)
+
+
+def _tensors(batch: Batch, came: _Came, *, pin: bool) -> Batch:
+    """``batch`` with the arrays a worker sent (``came.arrays``) made tensors again."""
+    for name in came.arrays:
+        tensor = torch.from_numpy(batch[name])
+        batch[name] = tensor.pin_memory() if pin else tensor
+    return batch
 
 
 def _as_is(batch: Any) -> Any:
