@@ -22,6 +22,7 @@ import json
 import statistics
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ import torch
 
 import ingest
 from ingest.testing import LoopbackS3, write_dataset
+
+# The loops make tensors over Arrow's read-only buffers, as ingest.engine.convert does (and
+# says so once in the same way): torch's warning about it is not a result.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
 
 COLUMNS = ["id", "tokens"]
 ROW_BYTES = 8 + 16 * 4  # id int64 + 16 int32 tokens, as delivered to the consumer
