@@ -29,18 +29,7 @@ from typing import Generic
 
 from ingest.core.acks import Acks
 from ingest.core.assign import MAIN, Span
-from ingest.core.epoch import (
-    BookConfig,
-    PlannedEpoch,
-    Remainder,
-    check_epoch_positions,
-    has_a_step,
-    plan_epoch,
-    resumed_in,
-    round_after,
-    same_order,
-    settle,
-)
+from ingest.core.epoch import BookConfig, EpochPlans, PlannedEpoch, Remainder, resumed_in, settle
 from ingest.core.errors import ConfigError, StateError
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord
 from ingest.core.listing import L, Lister
@@ -78,6 +67,7 @@ class EpochBook(Generic[L]):
         self.config = config
         self.world_size = world_size
         self.lister = lister
+        self.plans = EpochPlans(config, world_size, lister.window_rows)
         self._epochs: dict[int, PlannedEpoch[L]] = {}
         self._start: StreamState | None = None
         self._start_listing: L | None = None
@@ -86,7 +76,7 @@ class EpochBook(Generic[L]):
         self._start_epoch = 0
         self._start_step = 0
         self._in_order = False
-        """Whether the loaded state resumes in its original order (:func:`same_order`)."""
+        """Whether the loaded state resumes in its original order (``plans.same_order``)."""
         self.acks = self._new_acks(0)
 
     def _new_acks(self, first_step: int, quarantined: Iterable[Quarantined] = ()) -> Acks:
@@ -215,17 +205,17 @@ class EpochBook(Generic[L]):
         def wanted(listing: L) -> bool:  # a followed round: a full step of new rows
             if epoch in self._epochs:
                 return True
-            seen[:] = [(listing, round_after(self.config, prev, listing))]
+            seen[:] = [(listing, self.plans.round_after(prev, listing))]
             carry, main = seen[0][1]
-            return has_a_step(self.config, self.world_size, listing, main, carry)
+            return self.plans.has_a_step(listing, main, carry)
 
         listing = self._list(wanted if self.config.follows else None)
         made = seen[0][1] if seen and seen[0][0] is listing else None  # wanted's, of it
-        carry, main = made or round_after(self.config, prev, listing)
+        carry, main = made or self.plans.round_after(prev, listing)
         drop = self.config.remainder == "drop"
         dropped = prev.dropped + (prev.assignment.remainder_rows if drop else 0)
         first = prev.first_step + prev.steps
-        return self._plan_epoch(
+        return self.plans.plan(
             epoch, first, listing, carry, main, Consumed(), 0, dropped, first, None
         )
 
@@ -236,14 +226,14 @@ class EpochBook(Generic[L]):
             listing = self._start_listing
             if listing is None:
                 listing = self._list(first=True)
-            return self._plan_epoch(
+            return self.plans.plan(
                 epoch, step, listing, (), Consumed(), Consumed(), 0, 0, step, None
             )
 
         def wanted(listing: L) -> bool:  # a followed round loaded at its start
             match_listing(start.dataset, listing.records(), listing.classes)
             carry, main, _ = resumed_in(start, listing)
-            return has_a_step(self.config, self.world_size, listing, main, carry)
+            return self.plans.has_a_step(listing, main, carry)
 
         # A followed round loaded at its start (a DataLoader's every epoch, a stream resumed
         # between rounds) waits for new rows like a round planned after another; not when the
@@ -258,7 +248,7 @@ class EpochBook(Generic[L]):
         carry, main, carried = resumed_in(start, listing)
         p = start.progress
         if self._in_order:
-            planned = self._plan_epoch(
+            planned = self.plans.plan(
                 epoch,
                 p.first_step,
                 listing,
@@ -275,28 +265,9 @@ class EpochBook(Generic[L]):
             planned.delivered, planned.based, planned.opened = p.delivered, p.step, p.step
             planned.skip = (dict(carried.sets), dict(main.sets))
             return planned
-        return self._plan_epoch(
+        return self.plans.plan(
             epoch, step, listing, carry, main, carried, p.delivered, p.dropped, step, None
         )
-
-    def _plan_epoch(
-        self,
-        epoch: int,
-        first_step: int,
-        listing: L,
-        carry: tuple[Span, ...],
-        main: Consumed,
-        carried: Consumed,
-        delivered: int,
-        dropped: int,
-        based: int,
-        cursors: list[Cursor | None] | None,
-    ) -> PlannedEpoch[L]:
-        window = self.lister.window_rows(listing)
-        return plan_epoch(
-            self.config, self.world_size, window, epoch, first_step, listing, carry, main,
-            carried, delivered, dropped, based, cursors,
-        )  # fmt: skip
 
     def rank_plan(self, rank: int, epoch: int) -> FeedPlan[L]:
         """What ``rank`` reads in ``epoch``."""
@@ -485,12 +456,11 @@ class EpochBook(Generic[L]):
         self._handed = handed
         self._start_epoch = state.progress.epoch
         self._start_step = state.progress.step
-        window = self.lister.window_rows(listing)
-        self._in_order = same_order(self.config, self.world_size, window, state)
+        self._in_order = self.plans.same_order(state, listing)
         self.acks = self._new_acks(state.progress.step, state.progress.quarantined)
         if self._in_order and state.progress.step > state.progress.first_step:
             try:  # the saved positions resume the plan: they must fit it
-                check_epoch_positions(self.config, self.plan(self._start_epoch))
+                self.plans.check_positions(self.plan(self._start_epoch))
             except StateError:
                 self.__dict__.update(before)
                 raise

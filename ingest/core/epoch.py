@@ -1,19 +1,19 @@
 """One epoch's plan, without Ray or I/O: what an epoch reads, cut into the ranks' shares.
 
-A book (:class:`ingest.core.book.EpochBook`) plans each epoch from a listing with
-:func:`plan_epoch`: the listing's shards in the seeded order of the epoch
+A book (:class:`ingest.core.book.EpochBook`) plans each epoch from a listing with its
+:class:`EpochPlans`: the listing's shards in the seeded order of the epoch
 (:func:`ingest.core.plan.epoch_units`), less the rows consumed (a resumed epoch, a followed
 round) and with the rows the epoch before carried in first, cut into equal shares for the
 ranks (:func:`ingest.core.assign.split`). A :class:`PlannedEpoch` also keeps the epoch's
-progress as folded so far (:meth:`ingest.core.book.EpochBook.fold`) and the listing part of
-its states, made once. :func:`round_after` says what the next epoch starts with,
-:func:`same_order` whether a loaded state resumes in its original order, and
-:func:`check_epoch_positions` whether its saved positions fit the plan.
+progress as folded so far (:meth:`PlannedEpoch.fold`) and the listing part of its states,
+made once. :meth:`EpochPlans.round_after` says what the next epoch starts with,
+:meth:`EpochPlans.same_order` whether a loaded state resumes in its original order, and
+:meth:`EpochPlans.check_positions` whether its saved positions fit the plan.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Literal
 
@@ -146,103 +146,153 @@ class PlannedEpoch(Generic[L]):
         )
 
 
-def plan_epoch(
-    config: BookConfig,
-    world_size: int,
-    window: int,
-    epoch: int,
-    first_step: int,
-    listing: L,
-    carry: tuple[Span, ...],
-    main: Consumed,
-    carried: Consumed,
-    delivered: int,
-    dropped: int,
-    based: int,
-    cursors: list[Cursor | None] | None,
-) -> PlannedEpoch[L]:
-    """The plan of ``epoch`` from ``listing`` for ``world_size`` ranks (see the module
-    docstring); ``window``: its rows per shuffle window; ``based``: the step its progress is
-    folded up to; ``cursors``: the ranks' saved positions it resumes from, if any."""
-    counts = np.fromiter(
-        (-1 if i.rows is None else i.rows for i in listing.infos), np.int64, len(listing.infos)
-    )
-    counts.setflags(write=False)
-    rows = np.where(counts < 0, TO_END, counts).tolist()
-    units = epoch_units(listing.plan_shards(), config.seed, epoch)
-    carried_spans = [
-        Span(s.shard, a, b, CARRY)
-        for s in carry
-        for a, b in carried.sets.get(s.shard, IntervalSet()).gaps(s.start, s.stop)
-    ]
-    # Millions of spans: kept as arrays until the ranks' shares are cut.
-    spans = remaining(units, rows, main.sets)
-    if carried_spans:
-        spans = Spans.concat([Spans.of(carried_spans), spans])
-    if bool((spans.stop == TO_END).any()):
-        if world_size > 1:
-            raise StateError(
-                "some shards have no row count; several ranks need them all (index the "
-                "shards: `ingest index URL`)"
-            )
-        assignment = Assignment((tuple(spans),), 0, ())
-        steps = None
-    else:
-        assignment = split(spans, world_size, config.batch_size)
-        steps = assignment.steps + (based - first_step)
-    with cycle_collection_paused():
-        dataset = DatasetState(
-            list(config.sources), shard_table(listing, counts), classes=listing.classes
+@dataclass(frozen=True, slots=True)
+class EpochPlans(Generic[L]):
+    """How a book's epochs are planned for its ranks: the book's config, its world size and
+    the rows per shuffle window of a listing (:meth:`ingest.core.listing.Lister.window_rows`)."""
+
+    config: BookConfig
+    world_size: int
+    window_rows: Callable[[L], int]
+
+    def plan(
+        self,
+        epoch: int,
+        first_step: int,
+        listing: L,
+        carry: tuple[Span, ...],
+        main: Consumed,
+        carried: Consumed,
+        delivered: int,
+        dropped: int,
+        based: int,
+        cursors: list[Cursor | None] | None,
+    ) -> PlannedEpoch[L]:
+        """The plan of ``epoch`` from ``listing`` (see the module docstring); ``based``: the
+        step its progress is folded up to; ``cursors``: the ranks' saved positions it resumes
+        from, if any."""
+        config, world_size = self.config, self.world_size
+        counts = np.fromiter(
+            (-1 if i.rows is None else i.rows for i in listing.infos), np.int64, len(listing.infos)
         )
-        # The listing part of every state of the epoch, made once (a second for a million
-        # shards: here rather than in the first snapshot).
-        dataset.to_json()
-    return PlannedEpoch(
-        epoch,
-        first_step,
-        listing,
-        carry,
-        assignment,
-        steps,
-        main.copy(),
-        carried.copy(),
-        delivered,
-        dropped,
-        based,
-        based,
-        ({}, {}),
-        cursors,
-        counts,
-        dataset,
-        window,
-    )
-
-
-def round_after(
-    config: BookConfig, prev: PlannedEpoch[L], listing: L
-) -> tuple[tuple[Span, ...], Consumed]:
-    """What the epoch after ``prev`` starts with in ``listing``: the rows ``prev`` carries
-    into it, and (following a dataset) the shards earlier rounds consumed."""
-    carry: tuple[Span, ...] = ()
-    if config.remainder == "carry":
-        by_url = {s.url: n for n, s in enumerate(listing.shards)}
-        missing = [
-            prev.listing.shards[s.shard].url
-            for s in prev.assignment.remainder
-            if prev.listing.shards[s.shard].url not in by_url
+        counts.setflags(write=False)
+        rows = np.where(counts < 0, TO_END, counts).tolist()
+        units = epoch_units(listing.plan_shards(), config.seed, epoch)
+        carried_spans = [
+            Span(s.shard, a, b, CARRY)
+            for s in carry
+            for a, b in carried.sets.get(s.shard, IntervalSet()).gaps(s.start, s.stop)
         ]
-        if missing:
-            consumed_before(prev.listing.shards, listing.shards)  # says what vanished
-        carry = tuple(
-            Span(by_url[prev.listing.shards[s.shard].url], s.start, s.stop, CARRY)
-            for s in prev.assignment.remainder
+        # Millions of spans: kept as arrays until the ranks' shares are cut.
+        spans = remaining(units, rows, main.sets)
+        if carried_spans:
+            spans = Spans.concat([Spans.of(carried_spans), spans])
+        if bool((spans.stop == TO_END).any()):
+            if world_size > 1:
+                raise StateError(
+                    "some shards have no row count; several ranks need them all (index the "
+                    "shards: `ingest index URL`)"
+                )
+            assignment = Assignment((tuple(spans),), 0, ())
+            steps = None
+        else:
+            assignment = split(spans, world_size, config.batch_size)
+            steps = assignment.steps + (based - first_step)
+        with cycle_collection_paused():
+            dataset = DatasetState(
+                list(config.sources), shard_table(listing, counts), classes=listing.classes
+            )
+            # The listing part of every state of the epoch, made once (a second for a million
+            # shards: here rather than in the first snapshot).
+            dataset.to_json()
+        return PlannedEpoch(
+            epoch,
+            first_step,
+            listing,
+            carry,
+            assignment,
+            steps,
+            main.copy(),
+            carried.copy(),
+            delivered,
+            dropped,
+            based,
+            based,
+            ({}, {}),
+            cursors,
+            counts,
+            dataset,
+            self.window_rows(listing),
         )
-    main = Consumed()
-    if config.follows:
-        # A round: the shards the rounds before read are consumed (they only grow).
-        done = consumed_before(prev.listing.shards, listing.shards)
-        main = all_of(listing, done, learnt(prev))
-    return carry, main
+
+    def round_after(self, prev: PlannedEpoch[L], listing: L) -> tuple[tuple[Span, ...], Consumed]:
+        """What the epoch after ``prev`` starts with in ``listing``: the rows ``prev`` carries
+        into it, and (following a dataset) the shards earlier rounds consumed."""
+        carry: tuple[Span, ...] = ()
+        if self.config.remainder == "carry":
+            by_url = {s.url: n for n, s in enumerate(listing.shards)}
+            missing = [
+                prev.listing.shards[s.shard].url
+                for s in prev.assignment.remainder
+                if prev.listing.shards[s.shard].url not in by_url
+            ]
+            if missing:
+                consumed_before(prev.listing.shards, listing.shards)  # says what vanished
+            carry = tuple(
+                Span(by_url[prev.listing.shards[s.shard].url], s.start, s.stop, CARRY)
+                for s in prev.assignment.remainder
+            )
+        main = Consumed()
+        if self.config.follows:
+            # A round: the shards the rounds before read are consumed (they only grow).
+            done = consumed_before(prev.listing.shards, listing.shards)
+            main = all_of(listing, done, learnt(prev))
+        return carry, main
+
+    def has_a_step(self, listing: Listed, main: Consumed, carry: Sequence[Span]) -> bool:
+        """Whether a round of a followed dataset has a full step of rows to read: rows of shards
+        not consumed yet (unknown counts: as many as it takes) and carried rows."""
+        fresh = sum(
+            TO_END if i.rows is None else i.rows
+            for n, i in enumerate(listing.infos)
+            if n not in main.sets
+        ) + sum(s.stop - s.start for s in carry)
+        return fresh >= self.world_size * self.config.batch_size
+
+    def same_order(self, state: StreamState, listing: L) -> bool:
+        """Whether ``state`` resumes on ``listing`` in the original order (else the rest is
+        shared anew).
+
+        Only a state whose shares are the whole epoch's can: one whose every step since the
+        epoch began consumed a batch on each of the same ranks. After an elastic restore the
+        shares were cut from the rest of the epoch, which the state does not keep apart.
+        """
+        pos, p, config, world_size = state.position, state.progress, self.config, self.world_size
+        return (
+            state.distributed.world_size == world_size
+            and pos.batch_size == config.batch_size
+            and pos.window == self.window_rows(listing)
+            and pos.lanes == config.lanes
+            and len(pos.ranks) == world_size
+            and all(c is not None for c in pos.ranks)
+            and state.consumed_rows() == (p.step - p.first_step) * world_size * pos.batch_size
+        )
+
+    def check_positions(self, e: PlannedEpoch[Any]) -> None:
+        """Refuse saved positions that do not fit the epoch's shares (see
+        :func:`ingest.core.positions.check_positions`)."""
+        if not e.cursors or e.opened <= e.first_step:
+            return
+        config, end = self.config, e.end_step
+        check_positions(
+            e.assignment.ranks,
+            [c for c in e.cursors if c is not None],
+            lanes=config.lanes if config.seed is not None else 1,
+            window=e.window,
+            skip=e.skip,
+            rows_left=None if end is None else (end - e.opened) * config.batch_size,
+            urls=[s.url for s in e.listing.shards],
+        )
 
 
 def resumed_in(start: StreamState, listing: Listed) -> tuple[tuple[Span, ...], Consumed, Consumed]:
@@ -255,56 +305,6 @@ def resumed_in(start: StreamState, listing: Listed) -> tuple[tuple[Span, ...], C
     main = remap(start.progress.consumed, start, by_url)
     carried = remap(start.distributed.carry_consumed, start, by_url)
     return carry, main, carried
-
-
-def has_a_step(
-    config: BookConfig, world_size: int, listing: Listed, main: Consumed, carry: Sequence[Span]
-) -> bool:
-    """Whether a round of a followed dataset has a full step of rows to read: rows of shards
-    not consumed yet (unknown counts: as many as it takes) and carried rows."""
-    fresh = sum(
-        TO_END if i.rows is None else i.rows
-        for n, i in enumerate(listing.infos)
-        if n not in main.sets
-    ) + sum(s.stop - s.start for s in carry)
-    return fresh >= world_size * config.batch_size
-
-
-def same_order(config: BookConfig, world_size: int, window: int, state: StreamState) -> bool:
-    """Whether ``state`` resumes in the original order (else the rest is shared anew);
-    ``window``: the rows per shuffle window of the listing it resumes on.
-
-    Only a state whose shares are the whole epoch's can: one whose every step since the
-    epoch began consumed a batch on each of the same ranks. After an elastic restore the
-    shares were cut from the rest of the epoch, which the state does not keep apart.
-    """
-    pos, p = state.position, state.progress
-    return (
-        state.distributed.world_size == world_size
-        and pos.batch_size == config.batch_size
-        and pos.window == window
-        and pos.lanes == config.lanes
-        and len(pos.ranks) == world_size
-        and all(c is not None for c in pos.ranks)
-        and state.consumed_rows() == (p.step - p.first_step) * world_size * pos.batch_size
-    )
-
-
-def check_epoch_positions(config: BookConfig, e: PlannedEpoch[Any]) -> None:
-    """Refuse saved positions that do not fit the epoch's shares (see
-    :func:`ingest.core.positions.check_positions`)."""
-    if not e.cursors or e.opened <= e.first_step:
-        return
-    end = e.end_step
-    check_positions(
-        e.assignment.ranks,
-        [c for c in e.cursors if c is not None],
-        lanes=config.lanes if config.seed is not None else 1,
-        window=e.window,
-        skip=e.skip,
-        rows_left=None if end is None else (end - e.opened) * config.batch_size,
-        urls=[s.url for s in e.listing.shards],
-    )
 
 
 def settle(
@@ -335,14 +335,10 @@ def learnt(e: PlannedEpoch[Any]) -> dict[str, int]:
 
 __all__ = [
     "BookConfig",
+    "EpochPlans",
     "PlannedEpoch",
     "Remainder",
-    "check_epoch_positions",
-    "has_a_step",
     "learnt",
-    "plan_epoch",
     "resumed_in",
-    "round_after",
-    "same_order",
     "settle",
 ]
