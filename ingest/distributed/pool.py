@@ -63,7 +63,9 @@ class ReaderPool:
             The coordinator asks for a sliver of each (0.001) and the same labels: it runs
             on the pool's nodes too.
         label_selector: Node labels the readers must match.
-        prefetch_batches: Ready batches each rank's feed keeps ahead of the rank.
+        prefetch_batches: Ready batches each rank's feed keeps ahead of the rank, at most
+            (within ``object_store_bytes``): twice ``RankOptions.fetch_batches``, so that a
+            take finds a full call's worth while the feed reads on.
         object_store_bytes: Most bytes of ready batches the pool holds in the object store
             at once, all ranks together (a batch's bytes count from when its feed starts
             decoding it until its rank takes it). Each reader holds its ranks' batches
@@ -80,7 +82,7 @@ class ReaderPool:
     num_cpus: float = 1.0
     resources: dict[str, float] | None = None
     label_selector: dict[str, str] | None = None
-    prefetch_batches: int = 4
+    prefetch_batches: int = 32
     object_store_bytes: int = 1 << 30
     spread: bool = True
 
