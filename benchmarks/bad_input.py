@@ -1428,7 +1428,7 @@ OPTIONS: list[tuple[str, Callable[[], object], str]] = [
     (
         "RankOptions(fetch_batches=0)",
         lambda: ingest.RankOptions(fetch_batches=0),
-        r"RankOptions\(fetch_batches=0\) must be >= 1, a whole number; pass fetch_batches=4 "
+        r"RankOptions\(fetch_batches=0\) must be >= 1, a whole number; pass fetch_batches=16 "
         r"\(the default\)",
     ),
     (

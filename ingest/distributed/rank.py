@@ -37,7 +37,7 @@ from ingest.core.validate import COUNT, SECONDS, check_numbers
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.metrics import RankMeter
 from ingest.distributed.rank_feed import End, FeedLostError, Item, TransformFailed
-from ingest.engine.loop import Ending, RankLoop
+from ingest.engine.loop import REMOTE_ACK_EVERY, Ending, RankLoop
 
 if TYPE_CHECKING:
     from ingest.engine.convert import Batch
@@ -68,18 +68,17 @@ class RankOptions:
             16 rather than 4 cut the CPU of a warm 2-rank ``ingest bench`` epoch by a fifth
             to a third. A reader holds at most ``ReaderPool.prefetch_batches`` ready batches
             for its rank, within its byte budget: a take of large batches carries fewer.
-        ack_every: Batches per ack message to the coordinator. A message is a remote call
-            and, with 16 batches' records (over Ray's 100 KiB inline limit), an object in
-            the object store; a Ray rank sends one every 64 batches, where a ``Stream`` or
-            a ``DataLoader`` records every 16 in its own process. A rank whose coordinator
-            died stops within three messages.
+        ack_every: Batches per ack message to the coordinator
+            (:data:`ingest.engine.loop.REMOTE_ACK_EVERY`, 64, where a ``Stream`` or a
+            ``DataLoader`` records every :data:`~ingest.engine.loop.ACK_EVERY` in its own
+            process).
         pin_memory: Pin tensors (when CUDA is available) for fast host-to-device copies.
         device: Move tensors to this device (``"cuda"``, ``"cuda:1"``) before yielding.
         timeout_s: Longest wait for the coordinator, the pool or a snapshot.
     """
 
     fetch_batches: int = 16
-    ack_every: int = 64
+    ack_every: int = REMOTE_ACK_EVERY
     pin_memory: bool = False
     device: str | None = None
     timeout_s: float = 300.0
