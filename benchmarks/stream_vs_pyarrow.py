@@ -43,17 +43,22 @@ ROW_BYTES = 8 + 16 * 4  # id int64 + 16 int32 tokens, as delivered to the consum
 BATCH = 1024
 
 
+def _tensors(pf: pq.ParquetFile) -> Iterator[int]:
+    """The peer's batches of one file as the tensors a loader makes; yields their rows."""
+    for rb in pf.iter_batches(batch_size=BATCH, columns=COLUMNS):
+        ids = torch.from_numpy(rb.column(0).to_numpy())
+        tokens = rb.column(1)
+        flat = tokens.values.slice(tokens.offset * 16, len(tokens) * 16)
+        torch.from_numpy(flat.to_numpy()).reshape(len(tokens), 16)
+        yield len(ids)
+
+
 def pyarrow_loop(s3: LoopbackS3, url: str) -> Iterator[int]:
     """The peer: list with s3fs, open each file, iterate pyarrow batches, make tensors."""
     fs = s3.filesystem()
     for path in sorted(fs.glob(url)):
         with fs.open(path, "rb") as f:
-            for rb in pq.ParquetFile(f).iter_batches(batch_size=BATCH, columns=COLUMNS):
-                ids = torch.from_numpy(rb.column(0).to_numpy())
-                tokens = rb.column(1)
-                flat = tokens.values.slice(tokens.offset * 16, len(tokens) * 16)
-                torch.from_numpy(flat.to_numpy()).reshape(len(tokens), 16)
-                yield len(ids)
+            yield from _tensors(pq.ParquetFile(f))
 
 
 def stream_epoch(s3: LoopbackS3 | None, url: str, seed: int | None, total: int) -> Iterator[int]:
@@ -135,12 +140,7 @@ def timed(make: Callable[[], Iterator[int]], repeat: int) -> dict[str, float]:
 def local_pyarrow_loop(paths: list[str]) -> Iterator[int]:
     """The peer on local disk: open each file by path, iterate pyarrow batches, make tensors."""
     for path in paths:
-        for rb in pq.ParquetFile(path).iter_batches(batch_size=BATCH, columns=COLUMNS):
-            ids = torch.from_numpy(rb.column(0).to_numpy())
-            tokens = rb.column(1)
-            flat = tokens.values.slice(tokens.offset * 16, len(tokens) * 16)
-            torch.from_numpy(flat.to_numpy()).reshape(len(tokens), 16)
-            yield len(ids)
+        yield from _tensors(pq.ParquetFile(path))
 
 
 def epoch_cost(make: Callable[[], Iterator[int]]) -> tuple[int, float, float]:
