@@ -72,7 +72,7 @@ class Draw:
             if batch is not None:
                 return batch
             del self._loops[name]  # the source's epoch ended: its next one
-        raise AssertionError(f"source {name} gave no batch in two epochs")
+        raise AssertionError(f"source {name} gave no batch in three loops")
 
     def state_dict(self) -> dict[str, Any]:
         parts = {n: StreamState.from_json(s.state_dict()) for n, s in self.streams.items()}

@@ -389,7 +389,8 @@ class EpochBook(Generic[L]):
         top = max(self.ledger.acked(r) for r in range(self.world_size))
         if top == step:
             return self.snapshot(step)
-        return state_acked(self.config, self.acks, self._epoch_holding(step + 1, top), step)
+        e = self._epoch_holding(step + 1, top)
+        return state_acked(self.config, self.acks, e, step, top)
 
     def _epoch_holding(self, first: int, last: int) -> PlannedEpoch[L]:
         """The planned epoch whose steps include ``first..last``.

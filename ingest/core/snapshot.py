@@ -96,12 +96,13 @@ def state_after(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int)
     )
 
 
-def state_acked(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int) -> StreamState:
-    """The state after ``step`` in epoch ``e`` with the rows of the steps acked beyond it, by
-    the ranks ahead, also counted as consumed and delivered; no cursors (see
+def state_acked(
+    config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int, top: int
+) -> StreamState:
+    """The state after ``step`` in epoch ``e`` with the rows of the steps acked beyond it, up
+    to ``top`` by the ranks ahead, also counted as consumed and delivered; no cursors (see
     :meth:`ingest.core.book.EpochBook.snapshot_acked`)."""
     ledger = acks.ledger
-    top = max(ledger.acked(r) for r in range(acks.world_size))
     state = state_in(config, acks, e, step)
     main = state.progress.consumed.shallow()
     carried = state.distributed.carry_consumed.shallow()
