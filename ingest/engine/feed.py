@@ -186,18 +186,25 @@ class Feed:
         """The most bytes this feed held at once, seen as each window was made."""
 
     def ahead(self, name: str) -> contextlib.AbstractContextManager[Iterator[Ready | Tail]]:
-        """This feed's items, read ahead in a background thread by ``ReadOptions.prefetch``
-        batches and at most ``prefetch_bytes`` (see :func:`ingest.engine.prefetch.read_ahead`);
-        ``name``: what a timeout names (the source). On leaving, the feed is closed.
+        """This feed's items, for one loop; ``name``: what a timeout names (the source). On
+        leaving, the feed is closed.
 
-        One lane is read in that thread, not in a thread of its own: two threads that hand
-        each record batch on cost more than they overlap (pyarrow decodes on every core)."""
+        The lanes read and decode ahead in their own threads (:class:`LaneReader`), which
+        hold the GIL little. The feed itself (windows, shuffle, cutting batches) runs in the
+        caller's thread, unless a transform is set: then it runs a batch or more ahead in a
+        thread of its own, ``ReadOptions.prefetch`` batches and at most ``prefetch_bytes``
+        (see :func:`ingest.engine.prefetch.read_ahead`), so that the transform overlaps the
+        consumer's step; with one lane, that thread reads the lane too. Without a transform,
+        a thread for the feed costs more than it overlaps: it and the consumer take turns at
+        the GIL for every batch (an unshuffled local Stream, 32 Parquet shards in the page
+        cache: 1.12 -> 1.74 M rows/s, and 0.94 -> 0.73 us of CPU per row, without it)."""
         read = self.config.read
-        if read.prefetch and len(self._lanes) == 1:
+        depth = read.prefetch if self.transform is not None else 0
+        if depth and len(self._lanes) == 1:
             self._reader.depth = 0
         return read_ahead(
             self,
-            read.prefetch,
+            depth,
             read.timeout_s,
             name,
             max_bytes=read.prefetch_bytes,
