@@ -115,6 +115,26 @@ class ParquetFormat(Format):
         return _ParquetReader(ctx)
 
 
+def _open_native(ctx: ReadContext) -> Any:
+    """The shard as pyarrow's own file when it is on local disk (see
+    :meth:`Source.local_path`), else None. pyarrow reads it without calling back into Python:
+    the fsspec file and the counting wrapper cost a Python call per read and take the GIL
+    from the consumer's thread (an unshuffled local Stream, 32 shards in the page cache:
+    1.79 -> 2.18 M rows/s, 0.72 -> 0.64 us of CPU per row)."""
+    path = ctx.source.local_path(ctx.shard)
+    if path is None:
+        return None
+    try:
+        f = pa.OSFile(path)
+    except OSError:
+        return None  # Source.open names what is wrong
+    if f.size() != ctx.shard.size:
+        f.close()
+        return None  # changed since it was listed: Source.open's reads say so
+    ctx.source.stats.add(opens=1)
+    return f
+
+
 class _ParquetReader(ShardReader):
     def __init__(self, ctx: ReadContext) -> None:
         super().__init__(ctx)
@@ -122,7 +142,10 @@ class _ParquetReader(ShardReader):
         assert info.schema is not None  # set by inspect
         check_schema(ctx.shard.url, info.schema, ctx.schema, ctx.schema_origin, ctx.columns)
         self._ranged = ctx.source.fetches_ranges(ctx.shard)
-        self._file = None if self._ranged else ctx.source.open(ctx.shard)
+        self._native = None if self._ranged else _open_native(ctx)
+        self._file: Any = self._native
+        if self._file is None and not self._ranged:
+            self._file = ctx.source.open(ctx.shard)
         self._starts = list(info.blocks or (0,))
         self._leaves = _leaf_columns(info.meta, ctx.columns)
         meta = info.meta
@@ -133,7 +156,22 @@ class _ParquetReader(ShardReader):
     def _parquet_file(self, groups: list[int]) -> Any:
         meta = self.ctx.info.meta
         if not self._ranged:
+            if self._native is not None:
+                # Counted here (no Python sees its reads), and read a column chunk at a time
+                # as it is decoded: a local read waits little, and pre-buffering would hold
+                # every row group of the call at once, in Arrow's memory.
+                starts, ends = self._ranges(groups)
+                self.ctx.source.stats.add(reads=len(starts), bytes_read=sum(ends) - sum(starts))
+                return pq.ParquetFile(self._file, metadata=meta, pre_buffer=False)
             return pq.ParquetFile(self._file, metadata=meta, pre_buffer=self.ctx.options.pre_buffer)
+        starts, ends = self._ranges(groups)
+        f = self.ctx.source.fetch_ranges(self.ctx.shard, starts, ends)
+        return pq.ParquetFile(f, metadata=meta, pre_buffer=False)
+
+    def _ranges(self, groups: list[int]) -> tuple[list[int], list[int]]:
+        """The byte ranges of the columns read of row groups ``groups``, merged as one
+        request each (gaps up to _MAX_GAP joined, pieces of at most _MAX_BLOCK)."""
+        meta = self.ctx.info.meta
         starts, ends = [], []
         for group in groups:
             row_group = meta.row_group(group)
@@ -152,8 +190,7 @@ class _ParquetReader(ShardReader):
             max_block=_MAX_BLOCK,
             sort=True,
         )
-        f = self.ctx.source.fetch_ranges(self.ctx.shard, starts, ends)
-        return pq.ParquetFile(f, metadata=meta, pre_buffer=False)
+        return starts, ends
 
     def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
         for _, batch in self.read_spans([(start, stop)], seek):

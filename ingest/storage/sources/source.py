@@ -249,6 +249,19 @@ class Source:
             where = configured or self._options.get("endpoint_url") or f"{protocol}:// (default)"
         return self.scrub(str(where))
 
+    def local_path(self, shard: Shard) -> str | None:
+        """The shard's path when it is a file on this machine's disks, read in place (not a
+        remote shard's cached copy); None otherwise.
+
+        A format may read such a file natively (pyarrow's own file, which calls no Python
+        per read) instead of through :meth:`open`. It then counts its opens, reads and bytes
+        in :attr:`stats` itself, and a file that cannot be opened, or whose size is no longer
+        the listed one, is opened with :meth:`open` instead, which names the error."""
+        if self._caches(shard) or shard.members:
+            return None
+        fs, path = self._path(shard)
+        return path if "file" in _protocols(fs) else None
+
     def fetches_ranges(self, shard: Shard) -> bool:
         """Whether the shard's store serves many byte ranges concurrently (async fsspec),
         and the shard is not one for the node's cache (whose copy :meth:`open` reads)."""
@@ -361,3 +374,8 @@ def _short(start: int, end: int, got: int) -> str:
 def _worst(kept: BaseException | None, new: BaseException) -> BaseException:
     """The error to act on among a call's failures: a permanent one wins."""
     return new if kept is None or not _transient(new) else kept
+
+
+def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
