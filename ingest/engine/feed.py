@@ -64,7 +64,7 @@ from ingest.core.state import Cursor
 from ingest.engine.lanes import LaneReader, make_lanes
 from ingest.engine.prefetch import read_ahead
 from ingest.engine.transform import output_of_no_rows, split_failures
-from ingest.engine.window import Hole, Origin, Piece, Window, piece_rows
+from ingest.engine.window import Hole, Origin, Piece, Window, indices, piece_rows
 from ingest.formats.base import ReadOptions, RowBatch
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source
@@ -252,7 +252,7 @@ class Feed:
             return Window(index, start, end, table, keys[take], origin, order=take, nbytes=nbytes)
         if take is not None:
             # One gather for the whole window; batches are slices of it.
-            table, keys = table.take(take), keys[take]
+            table, keys = table.take(indices(take)), keys[take]
         return Window(index, start, end, table, keys, origin, nbytes=nbytes)
 
     @staticmethod
@@ -273,7 +273,7 @@ class Feed:
         row = np.cumsum(~holes) - 1  # the table row of each position in reading order
         if take is not None:
             holes, keys, row = holes[take], keys[take], row[take]
-        table = table.take(row[~holes])
+        table = table.take(indices(row[~holes]))
         before = np.concatenate(([0], np.cumsum(~holes))).astype(np.int64)
         return Window(index, start, end, table, keys, origin, holes, before, nbytes=table.nbytes)
 
