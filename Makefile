@@ -34,8 +34,9 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 # When pytest ends without its summary (a dead local Ray takes the driver with it), say why.
+# --durations: the slowest tests in every log, to keep the suite well inside its time.
 unit: $(STAMP)
-	$(PY) -m pytest -q || { $(PY) scripts/why_tests_died.py; exit 1; }
+	$(PY) -m pytest -q --durations=30 || { $(PY) scripts/why_tests_died.py; exit 1; }
 
 # Everything but the system tests (job submit, multi-node cluster, notebook, Ray Train).
 unit-fast: $(STAMP)
