@@ -1,0 +1,254 @@
+"""Packing documents into sequences of ``seq_len`` tokens, with where every token came from.
+
+Two methods, both online (documents arrive one after another, in the feed's order):
+
+- ``"best_fit"``: a document is first cut at ``seq_len``: each whole ``seq_len`` chunk is a
+  sequence of its own, at once. Its remainder goes into the open sequence it fills best (the
+  one with the least room that still holds it); with none, a new one is opened, and when
+  ``max_open`` are open, the fullest is closed (padded) first. Only documents longer than
+  ``seq_len`` are cut (Ding et al. 2024, "Fewer Truncations Improve Language Modeling").
+- ``"greedy"``: documents are concatenated and cut every ``seq_len`` tokens. No padding but
+  the last sequence's; a document is cut wherever a sequence ends.
+
+Provenance. Every sequence lists its pieces ``(key, start, stop)``: tokens ``[start, stop)``
+of the document ``key`` (the source row). Under both methods the pieces of one document
+leave in token order (best-fit's whole chunks at once, its remainder later), so the tokens
+of a document consumed by any prefix of the sequences are a prefix of it, ``[0, offset)``,
+with ``offset`` a multiple of ``seq_len`` under best-fit. A resumed run feeds such a
+document again from ``offset`` (:meth:`Packer.add`'s ``start``): the state holds one offset
+per document partly consumed, never tokens, and a sequence left open at a stop is packed
+again from its documents.
+
+Batches (:func:`collate`) carry ``input_ids``, ``labels`` (the input ids, with -100 on the
+first token of every piece and on padding, so no target crosses a document boundary: the
+model shifts the labels by one), ``position_ids`` restarting at 0 on every piece, and
+``cu_seqlens``, the boundaries of the pieces (and of each sequence's padding) in the batch
+flattened to one row, as varlen attention takes them (FlashAttention's ``flash_attn_varlen``,
+Hugging Face's ``DataCollatorWithFlattening``).
+
+Pure: numpy only, no I/O.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from ingest.core.errors import ConfigError
+
+Method = Literal["best_fit", "greedy"]
+IGNORE = -100
+"""The label of a token that is no target (Hugging Face's and torch's ignore index)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Tokens ``[start, stop)`` of document ``key``; ``last``: they end the document."""
+
+    key: int
+    start: int
+    stop: int
+    last: bool
+
+
+@dataclass(slots=True)
+class Packed:
+    """One sequence: its tokens (at most ``seq_len``, before padding) and its pieces."""
+
+    tokens: list[npt.NDArray[np.int64]] = field(default_factory=list)
+    pieces: list[Piece] = field(default_factory=list)
+    size: int = 0
+
+    def put(self, key: int, tokens: npt.NDArray[np.int64], start: int, last: bool) -> None:
+        self.tokens.append(tokens)
+        self.pieces.append(Piece(key, start, start + len(tokens), last))
+        self.size += len(tokens)
+
+
+class Packer:
+    """Packs documents into sequences of ``seq_len`` tokens (see the module docstring).
+
+    Args:
+        seq_len: Tokens per sequence.
+        method: ``"best_fit"`` (default) or ``"greedy"``.
+        max_open: Best-fit: sequences open at once (more: fuller sequences, more held).
+    """
+
+    def __init__(self, seq_len: int, method: Method = "best_fit", max_open: int = 64) -> None:
+        if seq_len < 1:
+            raise ConfigError(f"seq_len={seq_len} must be at least 1")
+        if method not in ("best_fit", "greedy"):
+            raise ConfigError(f'method={method!r} must be "best_fit" or "greedy"')
+        if max_open < 1:
+            raise ConfigError(f"max_open={max_open} must be at least 1")
+        self.seq_len = seq_len
+        self.method = method
+        self.max_open = max_open
+        self._open: list[Packed] = []
+        self._rooms: list[tuple[int, int]] = []
+        """Best-fit: ``(room, serial)`` of each open sequence, sorted (room first)."""
+        self._by_serial: dict[int, Packed] = {}
+        self._serial = 0
+        self._out: list[Packed] = []
+        self._empty: list[Piece] = []
+        """Documents without a token left, acked with the next sequence out."""
+
+    def add(self, key: int, tokens: npt.ArrayLike, start: int = 0) -> list[Packed]:
+        """Pack document ``key``'s ``tokens``, which begin at its token ``start`` (after a
+        resume, the tokens before it were consumed); the sequences completed, in order."""
+        ids = np.asarray(tokens, dtype=np.int64)
+        if start < 0:
+            raise ConfigError(f"document {key}: start={start} must be at least 0")
+        if not len(ids):
+            self._empty.append(Piece(key, start, start, True))
+            return self._take()
+        if self.method == "greedy":
+            self._greedy(key, ids, start)
+        else:
+            self._best_fit(key, ids, start)
+        return self._take()
+
+    def flush(self) -> list[Packed]:
+        """Close every open sequence (the end of the input); the sequences, in order."""
+        if self.method == "greedy":
+            self._out.extend(self._open)
+        else:
+            self._out.extend(self._by_serial[serial] for serial in sorted(self._by_serial))
+            self._rooms.clear()
+            self._by_serial.clear()
+        self._open.clear()
+        if self._empty and not self._out:
+            self._out.append(Packed())  # no token: a sequence of padding acks them
+        return self._take()
+
+    @property
+    def held(self) -> int:
+        """Tokens in open sequences, not yet out."""
+        return sum(p.size for p in self._open) + sum(p.size for p in self._by_serial.values())
+
+    def _take(self) -> list[Packed]:
+        out, self._out = self._out, []
+        if out and self._empty:
+            out[0].pieces.extend(self._empty)
+            self._empty = []
+        return out
+
+    def _greedy(self, key: int, ids: npt.NDArray[np.int64], start: int) -> None:
+        at, total = 0, len(ids)
+        while at < total:
+            if not self._open:
+                self._open.append(Packed())
+            seq = self._open[0]
+            n = min(self.seq_len - seq.size, total - at)
+            seq.put(key, ids[at : at + n], start + at, at + n == total)
+            at += n
+            if seq.size == self.seq_len:
+                self._out.append(self._open.pop())
+
+    def _best_fit(self, key: int, ids: npt.NDArray[np.int64], start: int) -> None:
+        size, total = self.seq_len, len(ids)
+        whole = total - total % size
+        for at in range(0, whole, size):
+            seq = Packed()
+            seq.put(key, ids[at : at + size], start + at, at + size == total)
+            self._out.append(seq)
+        rest = total - whole
+        if not rest:
+            return
+        i = bisect.bisect_left(self._rooms, (rest, -1))
+        if i < len(self._rooms):
+            room, serial = self._rooms.pop(i)
+            seq = self._by_serial[serial]
+        else:
+            if len(self._rooms) >= self.max_open:
+                _, fullest = self._rooms.pop(0)
+                self._out.append(self._by_serial.pop(fullest))
+            serial, self._serial = self._serial, self._serial + 1
+            seq = self._by_serial[serial] = Packed()
+            room = size
+        seq.put(key, ids[whole:], start + whole, True)
+        room -= rest
+        if room:
+            bisect.insort(self._rooms, (room, serial))
+        else:
+            self._out.append(self._by_serial.pop(serial))
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Sequences as arrays (see the module docstring); ``pieces``: ``(sequence, key, start,
+    stop, last)`` per piece, in order."""
+
+    input_ids: npt.NDArray[np.int64]
+    labels: npt.NDArray[np.int64]
+    position_ids: npt.NDArray[np.int64]
+    cu_seqlens: npt.NDArray[np.int32]
+    max_seqlen: int
+    pieces: npt.NDArray[np.int64]
+
+    @property
+    def real_tokens(self) -> int:
+        """Tokens that are not padding."""
+        return int((self.pieces[:, 3] - self.pieces[:, 2]).sum()) if len(self.pieces) else 0
+
+
+def collate(sequences: Seq[Packed], seq_len: int, pad_id: int = 0) -> Batch:
+    """``sequences`` as one batch of ``(len(sequences), seq_len)`` arrays, padded with
+    ``pad_id`` (labels -100)."""
+    rows = len(sequences)
+    input_ids = np.full((rows, seq_len), pad_id, dtype=np.int64)
+    labels = np.full((rows, seq_len), IGNORE, dtype=np.int64)
+    position_ids = np.zeros((rows, seq_len), dtype=np.int64)
+    bounds: list[int] = [0]
+    pieces: list[tuple[int, int, int, int, int]] = []
+    for r, seq in enumerate(sequences):
+        at = 0
+        base = r * seq_len
+        for tokens in seq.tokens:  # (documents without a token have a piece, no tokens)
+            n = len(tokens)
+            input_ids[r, at : at + n] = tokens
+            labels[r, at + 1 : at + n] = tokens[1:]
+            position_ids[r, at : at + n] = np.arange(n)
+            at += n
+            bounds.append(base + at)
+        if at < seq_len:
+            position_ids[r, at:] = np.arange(seq_len - at)
+            bounds.append(base + seq_len)
+        pieces.extend((r, p.key, p.start, p.stop, int(p.last)) for p in seq.pieces)
+    cu = np.asarray(bounds, dtype=np.int32)
+    return Batch(
+        input_ids=input_ids,
+        labels=labels,
+        position_ids=position_ids,
+        cu_seqlens=cu,
+        max_seqlen=int(np.diff(cu).max()) if len(cu) > 1 else 0,
+        pieces=np.asarray(pieces, dtype=np.int64).reshape(-1, 5),
+    )
+
+
+def consumed(
+    pieces: npt.NDArray[np.int64], before: Mapping[int, int] | None = None
+) -> dict[int, int | None]:
+    """The tokens of each document that ``pieces`` (rows of :attr:`Batch.pieces`, every
+    sequence of a prefix of the output) consumed: its offset, or None when it is done.
+    ``before``: the offsets consumed before (a resumed run's documents start there).
+
+    Raises:
+        ValueError: If a document's pieces are not consecutive from its first token.
+    """
+    out: dict[int, int | None] = dict(before or {})
+    for _, key, start, stop, last in pieces.tolist():
+        at = out.get(key, 0)
+        if at is None or start != at:
+            raise ValueError(
+                f"document {key}: a piece [{start}, {stop}) after {at} tokens consumed; the "
+                "pieces of a document must follow each other"
+            )
+        out[key] = None if last else stop
+    return out
