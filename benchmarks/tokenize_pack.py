@@ -1,0 +1,119 @@
+"""Tokenize-and-pack against the tokenizer's own batch encoding, same texts, same process.
+
+A BPE tokenizer is trained here on generated text (nothing is downloaded); the corpus is
+generated documents of lognormal word counts. Three loops over the same batches of texts,
+in turn, ``--repeat`` times (medians):
+
+- the tokenizer alone: ``Tokenizer.encode_batch_fast`` on each batch;
+- ``ingest.engine.tokenize.Tokenize`` on each batch as an Arrow table (ids as ``list<int32>``);
+- the same, then packed into ``--seq-len`` sequences (``ingest.core.packing``, best-fit) and
+  collated into batches.
+
+Prints tokens/s, tokens/s per CPU second (this process's threads; the tokenizer's own
+threads included) and each loop's ratio to the tokenizer alone (issue 19's goal: >= 0.8x).
+
+    .venv/bin/python benchmarks/tokenize_pack.py [--docs 8000] [--batch 1024] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from ingest.core.packing import Packer, collate
+from ingest.engine.tokenize import Tokenize
+
+WORDS = [
+    "stream", "shard", "row", "token", "epoch", "resume", "exactly", "once", "reader",
+    "rank", "window", "shuffle", "batch", "mixture", "weight", "sequence", "document",
+    "the", "a", "of", "and", "to", "in", "is", "that", "for", "on", "with", "as", "by",
+]  # fmt: skip
+
+
+def corpus(docs: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    lengths = np.maximum(1, rng.lognormal(np.log(300), 1.0, docs).astype(int))
+    vocab = np.array(WORDS + [w + s for w in WORDS for s in ("s", "ed", "ing", "er")])
+    return [" ".join(rng.choice(vocab, n)) for n in lengths]
+
+
+def trained(texts: list[str]) -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(
+        texts[:2000], trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]", "[EOS]"])
+    )
+    return tok
+
+
+def timed(loops: dict[str, Callable[[], int]], repeat: int) -> dict[str, tuple[float, float]]:
+    """Median tokens/s and tokens per CPU second of each loop, the loops taking turns."""
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in loops}
+    for _ in range(repeat):
+        for name, loop in loops.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            tokens = loop()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            runs[name].append((tokens / wall, tokens / cpu))
+    return {
+        name: (statistics.median(r for r, _ in got), statistics.median(c for _, c in got))
+        for name, got in runs.items()
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--docs", type=int, default=8000)
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--seq-len", type=int, default=2048)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    texts = corpus(args.docs, 0)
+    tok = trained(texts)
+    batches = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
+    tables = [pa.table({"text": b}) for b in batches]
+    stage = Tokenize(tok, eos_id=tok.token_to_id("[EOS]"))
+
+    def alone() -> int:
+        return sum(len(e.ids) for b in batches for e in tok.encode_batch_fast(b))
+
+    def tokenize() -> int:
+        return sum(int(pa.compute.sum(stage(t).table.column("num_tokens")).as_py()) for t in tables)
+
+    def tokenize_pack() -> int:
+        packer, tokens, key = Packer(args.seq_len), 0, 0
+        for t in tables:
+            ids = stage(t).table.column("input_ids").combine_chunks()
+            flat, offsets = ids.values.to_numpy(), ids.offsets.to_numpy()
+            done = []
+            for i in range(len(ids)):
+                done += packer.add(key, flat[offsets[i] : offsets[i + 1]])
+                key += 1
+            if done:
+                tokens += collate(done, args.seq_len).real_tokens
+        return tokens + collate(packer.flush(), args.seq_len).real_tokens
+
+    loops = {
+        "tokenizer alone": alone,
+        "Tokenize stage": tokenize,
+        "Tokenize + pack + collate": tokenize_pack,
+    }
+    for loop in loops.values():
+        loop()  # warm up
+    print(f"{args.docs:,} documents in batches of {args.batch}; median of {args.repeat}, in turn")
+    figures = timed(loops, args.repeat)
+    base = figures["tokenizer alone"][0]
+    for name, (rate, per_cpu) in figures.items():
+        print(
+            f"{name:<28}{rate:>14,.0f} tokens/s{per_cpu:>14,.0f} tokens/CPU s{rate / base:>8.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""The tokenizing stage (ingest.engine.tokenize): the ids a tokenizer gives, from a
+``tokenizers`` tokenizer trained here, a ``transformers`` one loaded from a local directory,
+or a plain callable; one output row per input row; clear refusals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+from ingest.core.errors import ConfigError
+from ingest.engine.tokenize import Tokenize
+
+WORDS = [
+    "the",
+    "a",
+    "stream",
+    "of",
+    "rows",
+    "read",
+    "once",
+    "exactly",
+    "resumed",
+    "shard",
+    "token",
+    "pack",
+    "mixture",
+]
+
+
+def texts(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, int(rng.integers(0, 30)))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    """A small BPE tokenizer trained on the spot (nothing is downloaded)."""
+    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.train_from_iterator(
+        texts(500), trainers.BpeTrainer(vocab_size=120, special_tokens=["[UNK]", "[EOS]"])
+    )
+    return tok
+
+
+def test_the_ids_are_the_tokenizers_and_other_columns_stay(tokenizer: Tokenizer) -> None:
+    docs = texts(64, seed=1)
+    table = pa.table({"text": docs, "id": np.arange(64)})
+    staged = Tokenize(tokenizer, keep=["id"])(table)
+    staged.check(64, "Tokenize")
+    want = [e.ids for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
+    assert staged.table.column("input_ids").to_pylist() == want
+    assert staged.table.column("num_tokens").to_pylist() == [len(w) for w in want]
+    assert staged.table.column("id").to_pylist() == list(range(64))
+    assert staged.table.schema.field("input_ids").type == pa.list_(pa.int32())
+    assert staged.origin.tolist() == list(range(64)) and staged.part is None
+    assert "text" not in staged.table.column_names
+
+
+def test_an_end_of_text_token_closes_every_document(tokenizer: Tokenizer) -> None:
+    docs = ["the stream", "", "a shard of rows"]
+    eos = tokenizer.token_to_id("[EOS]")
+    got = Tokenize(tokenizer, eos_id=eos)(pa.table({"text": docs})).table
+    want = [[*e.ids, eos] for e in tokenizer.encode_batch(docs, add_special_tokens=False)]
+    assert got.column("input_ids").to_pylist() == want
+    assert got.column("num_tokens").to_pylist() == [len(w) for w in want]
+
+
+def test_a_transformers_tokenizer_from_a_local_directory(
+    tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    transformers = pytest.importorskip("transformers")
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+    fast.save_pretrained(tmp_path)
+    loaded = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    docs = texts(16, seed=2)
+    got = Tokenize(loaded)(pa.table({"text": docs})).table.column("input_ids").to_pylist()
+    assert got == loaded(docs, add_special_tokens=False)["input_ids"]
+
+
+def test_any_callable_from_texts_to_ids() -> None:
+    def by_chars(batch: list[str]) -> dict[str, list[list[int]]]:
+        return {"input_ids": [[ord(c) for c in t] for t in batch]}
+
+    got = Tokenize(by_chars)(pa.table({"text": ["ab", "c"]})).table
+    assert got.column("input_ids").to_pylist() == [[97, 98], [99]]
+
+
+def test_bad_input_is_refused(tokenizer: Tokenizer) -> None:
+    with pytest.raises(ConfigError, match=r"neither a tokenizers\.Tokenizer"):
+        Tokenize(42)
+    with pytest.raises(ConfigError, match=r"Tokenize\(column='body'\).*\['text'\]"):
+        Tokenize(tokenizer, "body")(pa.table({"text": ["a"]}))
+    with pytest.raises(ConfigError, match="null texts"):
+        Tokenize(tokenizer)(pa.table({"text": ["a", None]}))
