@@ -200,17 +200,18 @@ class EpochBook(Generic[L]):
                 "its end (its row counts are learnt by reading)"
             )
 
-        seen: list[tuple[L, tuple[tuple[Span, ...], Consumed]]] = []
+        last: tuple[L, tuple[tuple[Span, ...], Consumed]] | None = None  # wanted's last round
 
         def wanted(listing: L) -> bool:  # a followed round: a full step of new rows
+            nonlocal last
             if epoch in self._epochs:
                 return True
-            seen[:] = [(listing, self.plans.round_after(prev, listing))]
-            carry, main = seen[0][1]
+            last = (listing, self.plans.round_after(prev, listing))
+            carry, main = last[1]
             return self.plans.has_a_step(listing, main, carry)
 
         listing = self._list(wanted if self.config.follows else None)
-        made = seen[0][1] if seen and seen[0][0] is listing else None  # wanted's, of it
+        made = last[1] if last is not None and last[0] is listing else None
         carry, main = made or self.plans.round_after(prev, listing)
         drop = self.config.remainder == "drop"
         dropped = prev.dropped + (prev.assignment.remainder_rows if drop else 0)
