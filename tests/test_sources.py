@@ -378,3 +378,39 @@ def test_reading_an_s3_shard_sends_no_head(s3: Any) -> None:
                 data = f.read()
             assert proxy.counts()["requests"] - before == 1
             assert len(data) == shard.size and data.count(b"\n") == 10
+
+
+def test_local_path_is_given_for_files_read_in_place_only(local: Store, s3_store: Store) -> None:
+    """Formats may read a local shard natively (Source.local_path); a remote shard, or one
+    read through the node's cache, goes through Source.open."""
+    local.write("lp/a.jsonl", b'{"id": 0}\n')
+    (shard,) = Source(local.url("lp")).list_shards(FORMAT_RESOLVER)
+    assert Source(local.url("lp")).local_path(shard) == shard.url.removeprefix("file://")
+    s3_store.write("lp/a.jsonl", b'{"id": 0}\n')
+    remote = Source(s3_store.url("lp"), storage_options=s3_store.storage_options)
+    (far,) = remote.list_shards(FORMAT_RESOLVER)
+    assert remote.local_path(far) is None
+
+
+def test_a_local_parquet_shard_cut_short_after_listing_is_an_error_not_fewer_rows(
+    tmp_path: Path,
+) -> None:
+    """Read natively while its size is the listed one; cut short, it is read through
+    Source.open, which names the shard and the bytes it could not read."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # The first shard holds more than a window (16,384 rows) and the lane reads on demand
+    # (prefetch=0): the second shard is opened after it is cut.
+    pq.write_table(pa.table({"id": list(range(40_000))}), tmp_path / "0.parquet")
+    pq.write_table(pa.table({"id": list(range(40_000, 40_100))}), tmp_path / "1.parquet")
+    stream = ingest.Stream(str(tmp_path), batch_size=10, read=ingest.ReadOptions(prefetch=0))
+    batches = iter(stream)
+    first = next(batches)
+    assert first["id"].tolist() == list(range(10))
+    cut = tmp_path / "1.parquet"
+    cut.write_bytes(cut.read_bytes()[:200])
+    with pytest.raises(ingest.IngestError, match=r"1\.parquet"):
+        for _ in batches:
+            pass
+    stream.close()
