@@ -2,11 +2,12 @@
 
 :class:`Stream` plans epochs with an :class:`ingest.core.book.EpochBook` of one rank, reads its
 share with an :class:`ingest.engine.feed.Feed` (lanes that read and decode ahead in their own
-threads; shuffle windows, batches and the transform in the loop's thread, or a thread of their
-own with a transform: see :meth:`~ingest.engine.feed.Feed.ahead`), and runs the rank's loop (:class:`ingest.engine.loop.RankLoop`) over
-its items in the process: each batch is converted to torch tensors and acked to the book as
-it is handed to the user's loop. Its state is the book's snapshot at the last batch handed
-out, in the same layout as :class:`ingest.RayStream`'s, and loads into either.
+threads; shuffle windows and batches in the loop's thread, or in a thread of their own with a
+transform: see :meth:`~ingest.engine.feed.Feed.ahead`), and runs the rank's loop
+(:class:`ingest.engine.loop.RankLoop`) over its items in the process: each batch is
+converted to torch tensors and acked to the book as it is handed to the user's loop. Its
+state is the book's snapshot at the last batch handed out, in the same layout as
+:class:`ingest.RayStream`'s, and loads into either.
 """
 
 from __future__ import annotations
