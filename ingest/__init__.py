@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.ray_stream import RayStream
-    from ingest.engine.stage import Stage, Staged
+    from ingest.engine.stage import Filter, FlatMap, Stage, Staged
     from ingest.engine.stream import Stream
     from ingest.formats import get_format, register_format, registered_formats
     from ingest.formats.base import ReadOptions, ShardInfo
@@ -55,6 +55,8 @@ __all__ = [
     "ConfigError",
     "CoordinatorLostError",
     "DataLoader",
+    "Filter",
+    "FlatMap",
     "Follow",
     "IOStats",
     "IndexConfig",
@@ -100,6 +102,8 @@ _LAZY = {
     "ReadOptions": "ingest.formats.base",
     "ShardInfo": "ingest.formats.base",
     "Stage": "ingest.engine.stage",
+    "Filter": "ingest.engine.stage",
+    "FlatMap": "ingest.engine.stage",
     "Staged": "ingest.engine.stage",
     "Listing": "ingest.planner.catalog",
     "IndexConfig": "ingest.planner.index",

@@ -37,6 +37,22 @@ class Halves(ingest.Stage):
         return ingest.Staged(pa.table({"id": ids, "part": part[:, 0]}), origin, part)
 
 
+def _even_ids(table: pa.Table) -> Any:
+    return pc.equal(pc.bit_wise_and(table["id"], 1), 0)
+
+
+def _halves(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"id": row["id"], "part": 0}, {"id": row["id"], "part": 1}]
+
+
+# The library's helpers, each the same stage as a class above: a table predicate, a per-row
+# predicate, and a per-row one-to-many function.
+FILTER = ingest.Filter(_even_ids)
+FILTER_ROWS = ingest.Filter(lambda row: row["id"] % 2 == 0, per_row=True)
+FLAT_MAP = ingest.FlatMap(_halves)
+FILTERS = (KeepEven, FILTER, FILTER_ROWS)
+
+
 @pytest.fixture
 def data(local: Store) -> str:
     write_dataset(local.fs, local.url("d"), "parquet", SHARDS, ROWS, row_group_rows=15)
@@ -57,12 +73,16 @@ def _outputs(batch: dict[str, Any]) -> list[tuple[int, int]]:
 
 def _expected(stage: Any) -> Counter[tuple[int, int]]:
     ids = range(SHARDS * ROWS)
-    if stage is KeepEven:
+    if any(stage is f for f in FILTERS):
         return Counter((i, 0) for i in ids if i % 2 == 0)
     return Counter((i, p) for i in ids for p in (0, 1))
 
 
-@pytest.mark.parametrize("stage", [KeepEven, Halves], ids=["filter", "split"])
+@pytest.mark.parametrize(
+    "stage",
+    [KeepEven, Halves, FILTER, FILTER_ROWS, FLAT_MAP],
+    ids=["filter", "split", "Filter", "Filter-per-row", "FlatMap"],
+)
 @pytest.mark.parametrize("stops", [[1], [3, 2], [5, 1, 4]])
 def test_a_stage_delivers_each_output_once_across_stops(
     data: str, stage: Any, stops: list[int]
@@ -158,7 +178,7 @@ def test_a_plain_transform_that_changes_the_row_count_is_told_about_stages(data:
 
 
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("stage", [KeepEven, Halves], ids=["filter", "split"])
+@pytest.mark.parametrize("stage", [KeepEven, Halves, FLAT_MAP], ids=["filter", "split", "FlatMap"])
 def test_a_stage_runs_in_the_reader_pool_and_resumes_at_another_world_size(
     data: str, stage: Any
 ) -> None:
@@ -200,3 +220,14 @@ def test_a_stage_runs_in_the_reader_pool_and_resumes_at_another_world_size(
     carried = _carried(end)
     assert len(carried) < 3 * BATCH, "only the remainder of the 3-rank epoch is carried"
     assert both == Counter({o: n for o, n in _expected(stage).items() if o[0] not in carried})
+
+
+def test_the_helpers_refuse_what_does_not_fit(data: str) -> None:
+    wrong = ingest.Filter(lambda t: [True])
+    stream = ingest.Stream(data, columns=["id"], batch_size=BATCH, transform=wrong)
+    with pytest.raises(ingest.ConfigError, match=r"Filter: keep returned .* shape \(1,\) for 16"):
+        next(iter(stream))
+    # A batch whose rows all map to nothing: the schema given keeps its columns.
+    none = ingest.FlatMap(lambda row: [], schema=pa.schema([("id", pa.int64())]))
+    staged = none(pa.table({"id": [1, 2]}))
+    assert staged.table.schema.names == ["id"] and staged.table.num_rows == 0

@@ -20,7 +20,9 @@ parts of input rows: that is the language-model data's issue, built on this seam
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -97,4 +99,55 @@ class Stage(ABC):
         """The rows made of ``table`` (one input batch), with where each came from."""
 
 
-__all__ = ["Stage", "Staged"]
+class Filter(Stage):
+    """Keep the rows ``keep`` says. ``keep(table)`` returns a boolean per row of the batch (a
+    pyarrow or numpy array, e.g. ``lambda t: pc.greater(t["n"], 3)``); with ``per_row=True``,
+    ``keep(row)`` takes one row as a dict and returns a bool (simpler, slower). A row left
+    out is consumed with its step, like any other."""
+
+    def __init__(self, keep: Callable[[Any], Any], *, per_row: bool = False) -> None:
+        self.keep = keep
+        self.per_row = per_row
+
+    def __call__(self, table: pa.Table) -> Staged:
+        if self.per_row:
+            mask = np.fromiter((bool(self.keep(r)) for r in table.to_pylist()), bool, len(table))
+        else:
+            got = self.keep(table)
+            mask = np.asarray(
+                got.to_numpy(zero_copy_only=False) if hasattr(got, "to_numpy") else got
+            )
+        if mask.shape != (table.num_rows,) or mask.dtype != np.bool_:
+            raise ConfigError(
+                f"Filter: keep returned {mask.dtype} of shape {mask.shape} for {table.num_rows} "
+                "rows; return one boolean per row"
+            )
+        rows = np.flatnonzero(mask).astype(np.int64)
+        kept = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+        return Staged(table.take(kept), rows)
+
+
+class FlatMap(Stage):
+    """Each row, as a dict, becomes the rows ``fn(row)`` returns (dicts, none or several),
+    in order: a document split into chunks, a sample into crops. ``schema``: the outputs'
+    columns; without it they are inferred from each batch's outputs, and a batch with none
+    has no columns."""
+
+    def __init__(
+        self, fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]]], schema: Any = None
+    ) -> None:
+        self.fn = fn
+        self.schema = schema
+
+    def __call__(self, table: pa.Table) -> Staged:
+        out: list[dict[str, Any]] = []
+        origin: list[int] = []
+        for i, row in enumerate(table.to_pylist()):
+            made = list(self.fn(row))
+            out += made
+            origin += [i] * len(made)
+        made_table = pa.Table.from_pylist(out, schema=self.schema)
+        return Staged(made_table, np.asarray(origin, dtype=np.int64).reshape(-1))
+
+
+__all__ = ["Filter", "FlatMap", "Stage", "Staged"]
