@@ -97,3 +97,46 @@ def test_bad_input_is_refused(tokenizer: Tokenizer) -> None:
         Tokenize(tokenizer, "body")(pa.table({"text": ["a"]}))
     with pytest.raises(ConfigError, match="null texts"):
         Tokenize(tokenizer)(pa.table({"text": ["a", None]}))
+
+
+def test_a_stream_tokenizes_in_its_feed_and_resumes_exactly(
+    tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """JSONL documents through a Stream with Tokenize as its transform, stopped and resumed:
+    every document's token ids arrive once, as the tokenizer gives them."""
+    import json
+
+    import ingest
+
+    docs = texts(90, seed=3)
+    for shard in range(3):
+        lines = [json.dumps({"id": i, "text": docs[i]}) for i in range(shard * 30, shard * 30 + 30)]
+        (tmp_path / f"{shard}.jsonl").write_text("\n".join(lines) + "\n")
+    want = {i: e.ids for i, e in enumerate(tokenizer.encode_batch(docs, add_special_tokens=False))}
+
+    def stream() -> ingest.Stream:
+        return ingest.Stream(
+            str(tmp_path),
+            batch_size=8,
+            shuffle_seed=1,
+            remainder="drop",
+            transform=Tokenize(tokenizer, keep=["id"]),
+        )
+
+    got: dict[int, list[int]] = {}
+    first = stream()
+    for n, batch in enumerate(first):
+        for i, ids in zip(batch["id"].tolist(), batch["input_ids"], strict=True):
+            assert i not in got
+            got[i] = ids.tolist()
+        if n == 4:
+            break
+    state = first.state_dict()
+    second = stream()
+    second.load_state_dict(state)
+    for batch in second:
+        for i, ids in zip(batch["id"].tolist(), batch["input_ids"], strict=True):
+            assert i not in got
+            got[i] = ids.tolist()
+    assert len(got) == 88  # 11 batches of 8; the 2 rows left over are dropped
+    assert all(got[i] == want[i] for i in got)
