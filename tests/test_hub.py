@@ -204,7 +204,10 @@ def test_hub_requests_do_not_grow_with_ranks_or_readers(hub: HubStub, tmp_path: 
         f"hub requests: 1 reader {dict(one)}; 8 readers {dict(eight)}; 4 ranks {dict(four_ranks)}"
     )
     listing = [sum(c[k] for k in META) for c in (one, eight, four_ranks)]
-    assert listing[0] > 1 and listing == [listing[0]] * 3, (
+    # One listing, by the coordinator: more readers or ranks add no listing request. A later
+    # run may send one fewer ([6, 5, 5] in one full run, [6, 6, 6] alone; likely a lookup
+    # kept by a worker process that Ray reuses for the coordinator), never more.
+    assert listing[0] > 1 and max(listing[1:]) <= listing[0], (
         "one listing, by the coordinator",
         listing,
     )
