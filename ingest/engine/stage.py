@@ -29,6 +29,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError
+from ingest.engine.window import indices
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,8 +124,7 @@ class Filter(Stage):
                 "rows; return one boolean per row"
             )
         rows = np.flatnonzero(mask).astype(np.int64)
-        kept = pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
-        return Staged(table.take(kept), rows)
+        return Staged(table.take(indices(rows)), rows)
 
 
 class FlatMap(Stage):
