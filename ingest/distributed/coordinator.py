@@ -83,7 +83,11 @@ class _Coordinator:
     """See the module docstring. Created by :class:`ingest.RayStream`."""
 
     def __init__(
-        self, spec: StreamSpec, world_size: int, placement: dict[str, Any] | None = None
+        self,
+        spec: StreamSpec,
+        world_size: int,
+        placement: dict[str, Any] | None = None,
+        listing_wait_s: float = 0.0,
     ) -> None:
         # Shards to index (new ones, in later epochs) are read by Ray tasks placed like the
         # reader pool, not in this actor's process.
@@ -104,6 +108,21 @@ class _Coordinator:
         self._joined: set[int] = set()
         self._touched = False
         self._leases: dict[int, int] = {}
+        wait = listing_wait_s > 0 and not self._restarted  # a restarted actor gets none
+        self._listing_due = time.monotonic() + listing_wait_s if wait else None
+        """While the driver lists the source (:meth:`prepare` brings the listing), until
+        when a call that plans waits for it instead of listing a second time: the readers'
+        first calls (warmed as the stream starts) may come before it."""
+
+    def _await_listing(self) -> None:
+        """Wait (the lock free meanwhile) for the driver's listing, if one is coming; past
+        the wait, the book lists itself."""
+        while self._listing_due is not None:
+            left = self._listing_due - time.monotonic()
+            if left <= 0:
+                self._listing_due = None
+                break
+            self._lock.wait(timeout=left)
 
     def session(self) -> int:
         with self._lock:
@@ -170,6 +189,7 @@ class _Coordinator:
     def upcoming_epoch(self, rank: int) -> int:
         """The epoch a new iterator of ``rank`` starts with (see EpochBook.upcoming_epoch)."""
         with self._lock:
+            self._await_listing()
             return self._book.upcoming_epoch(rank)
 
     def claim(
@@ -193,6 +213,7 @@ class _Coordinator:
         epoch: having acked every step of it, it has yet to take the epoch's end.
         """
         with self._lock:
+            self._await_listing()
             self._check(session)
             book = self._book
             upcoming, next_step, cursor = book.position(rank)
@@ -213,20 +234,26 @@ class _Coordinator:
     def world_size(self) -> int:
         return self._book.world_size
 
-    def prepare(self, listing: Listing | None = None) -> None:
+    def prepare(self, listing: Listing | None = None, *, plan: bool = True) -> None:
         """Plan the first epoch now so that the first batch comes sooner.
 
         Args:
             listing: The source's listing, made by the driver while this actor started
                 (None: list here).
+            plan: False: only stop waiting for the driver's listing (a followed source with
+                no shard yet: the first round waits for one when a rank asks).
         """
         with self._lock:
+            self._listing_due = None
+            self._lock.notify_all()
             if listing is not None:
                 self._book.adopt(listing)
-            self._book.plan(self._book.first_epoch)
+            if plan:
+                self._book.plan(self._book.first_epoch)
 
     def rank_plan(self, rank: int, epoch: int | None, session: int) -> FeedPlan[Listing]:
         with self._lock:
+            self._await_listing()
             self._check(session)
             return self._book.rank_plan(rank, self._book.first_epoch if epoch is None else epoch)
 
@@ -234,6 +261,7 @@ class _Coordinator:
         self, rank: int, epoch: int, next_step: int, cursor: Cursor | None, session: int
     ) -> FeedPlan[Listing]:
         with self._lock:
+            self._await_listing()
             self._check(session)
             return self._book.rank_resume(rank, epoch, next_step, cursor)
 

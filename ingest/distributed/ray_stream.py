@@ -136,7 +136,7 @@ class RayStream:
         }
         self.coordinator = Coordinator.options(
             name=self.name, **self.pool.coordinator_options()
-        ).remote(self.spec, world_size, placement)
+        ).remote(self.spec, world_size, placement, timeout_s)
         # Start the pool and plan the first epoch now, while the trainers start; the source
         # is listed here while the actors' processes start.
         size = self.pool.size(world_size)
@@ -161,7 +161,9 @@ class RayStream:
             listing = self.spec.catalog(indexer).scan(progress=progress, index=world_size > 1)
         except BaseException as e:
             if follow is not None and isinstance(e, NoShardsError):
-                return  # followed: the coordinator's first round waits for a first shard
+                # Followed: the coordinator's first round waits for a first shard.
+                self.coordinator.prepare.remote(None, plan=False)
+                return
             self.shutdown()  # no actor outlives a stream that could not start
             raise
         self.coordinator.prepare.remote(listing)
