@@ -94,6 +94,27 @@ def test_a_loop_left_early_goes_on_after_its_last_batch(data: str) -> None:
     assert state["progress"]["epoch"] == 0
 
 
+def test_a_loop_left_early_shuts_its_workers_down_at_once(data: str) -> None:
+    """A ``break`` drops the loop, and the loop's workers stop then, without the garbage
+    collector (the loader held its loop, a cycle: its workers stopped only when a
+    collection came, and then after torch's 5 s join timeout each)."""
+    import gc
+    import multiprocessing
+
+    loader = ingest.DataLoader(stream_of(data), num_workers=2)
+    before = set(multiprocessing.active_children())
+    gc.disable()
+    try:
+        for n, _ in enumerate(loader):
+            if n == 1:
+                workers = set(multiprocessing.active_children()) - before
+                break
+        assert len(workers) == 2
+        assert not any(w.is_alive() for w in workers), "the workers of a dropped loop stopped"
+    finally:
+        gc.enable()
+
+
 def test_the_state_loads_into_a_stream(data: str) -> None:
     loader = ingest.DataLoader(stream_of(data), num_workers=2)
     it = iter(loader)

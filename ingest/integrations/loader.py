@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -176,7 +177,14 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._ranks: dict[int, RankLoop] = {}
         """Each worker's (rank's) loop: its batches handed out and their acks
         (:mod:`ingest.engine.loop`)."""
-        self._running: Iterator[Batch] | None = None
+        self._running: weakref.ref[Iterator[Batch]] | None = None
+        """The loop last started, held weakly, so that a loop the caller drops (a ``break``)
+        is closed at once and shuts its workers down. The loop refers to this loader: held
+        strongly, the two made a cycle, and a loop left early kept its workers until the
+        cyclic garbage collector came. That collector runs the index queues' finalizers (each
+        feeder thread is told to stop) before torch's shutdown puts its stop messages behind
+        them, so every worker ran out torch's 5 s join timeout: 10 s for a loader of two
+        workers, over 70 s in a test where one collection found several loaders."""
         super().__init__(
             self._shares,
             batch_size=None,
@@ -188,7 +196,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
         self._stop()
         loop = self._loop()
-        self._running = loop
+        self._running = weakref.ref(loop)
         return loop
 
     def _loop(self) -> Iterator[Batch]:
@@ -238,7 +246,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
 
     def _stop(self) -> None:
         """End a loop left early; the stream goes on right after its last batch."""
-        running, self._running = self._running, None
+        ref, self._running = self._running, None
+        running = ref() if ref is not None else None
         if running is not None:
             close = getattr(running, "close", None)
             if close is not None:
