@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.ray_stream import RayStream
+    from ingest.engine.pack import Pack
     from ingest.engine.stage import Filter, FlatMap, Stage, Staged
     from ingest.engine.stream import Stream
+    from ingest.engine.tokenize import Tokenize
     from ingest.formats import get_format, register_format, registered_formats
     from ingest.formats.base import ReadOptions, ShardInfo
     from ingest.integrations.loader import DataLoader
@@ -64,6 +66,7 @@ __all__ = [
     "IngestError",
     "Listing",
     "NoShardsError",
+    "Pack",
     "Quarantined",
     "RankIterator",
     "RankOptions",
@@ -84,6 +87,7 @@ __all__ = [
     "Stream",
     "StreamTimeoutError",
     "SupersededError",
+    "Tokenize",
     "__version__",
     "decode",
     "get_format",
@@ -105,6 +109,8 @@ _LAZY = {
     "Filter": "ingest.engine.stage",
     "FlatMap": "ingest.engine.stage",
     "Staged": "ingest.engine.stage",
+    "Pack": "ingest.engine.pack",
+    "Tokenize": "ingest.engine.tokenize",
     "Listing": "ingest.planner.catalog",
     "IndexConfig": "ingest.planner.index",
     "IndexStore": "ingest.planner.index",

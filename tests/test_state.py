@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -303,3 +304,24 @@ def test_a_change_the_hashes_miss_is_still_refused() -> None:
     )
     with pytest.raises(StateError, match="rewritten in place"):
         match_listing(saved, SHARDS)
+
+
+def test_rows_consumed_in_part_round_trip_as_version_5_and_are_checked() -> None:
+    state = make_state()
+    state.progress.tokens = [(1, 4, 200, 17), (1, 5, 0, 2048)]
+    data = json.loads(json.dumps(state.to_json()))
+    assert data["version"] == 5 and data["progress"]["tokens"] == [[1, 4, 200, 17], [1, 5, 0, 2048]]
+    assert StreamState.from_json(data).progress.tokens == state.progress.tokens
+    bad = {
+        "[1, 4, 300, 5]": [[1, 4, 300, 5]],  # a row consumed whole already
+        "segment must be 0 or 1": [[2, 4, 200, 5]],
+        "offset at least 1": [[1, 4, 200, 0]],
+        "below the 500 rows": [[1, 4, 500, 5]],
+        "once, in sorted order": [[1, 5, 0, 2], [1, 4, 200, 17]],
+        "[segment, shard, row, offset]": [[1, 4, 200]],
+    }
+    for rule, tokens in bad.items():
+        edited = json.loads(json.dumps(data))
+        edited["progress"]["tokens"] = tokens
+        with pytest.raises(StateError, match=re.escape(rule)):
+            StreamState.from_json(edited)

@@ -10,6 +10,7 @@ listing part of the state as made once, when the epoch was planned.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -119,4 +120,25 @@ def state_acked(
     )
 
 
-__all__ = ["state_acked", "state_after", "state_in"]
+def state_with_tokens(
+    state: StreamState, tokens: Sequence[tuple[int, int, int, int]]
+) -> StreamState:
+    """``state`` (a rank's book at its last step acked) with the rows after it that reached a
+    batch in part or whole, ``tokens`` (``(segment, shard, row, offset)``: tokens ``[0,
+    offset)`` of the row were handed out; all of them for a row done).
+
+    For a stage that holds rows across steps (packing documents into sequences,
+    :mod:`ingest.engine.pack`): its rank acks a step to the book only when every row of it
+    was handed out whole, so the book's steps stay whole and a resume reads its steps
+    again as the book has them (in the same order, when the settings are the same); the
+    rows these tokens name are packed again from their offsets.
+
+    Raises:
+        StateError: If a row of ``tokens`` is among the rows consumed.
+    """
+    out = replace(state, progress=replace(state.progress, tokens=sorted(tokens)))
+    out.check_tokens()
+    return out
+
+
+__all__ = ["state_acked", "state_after", "state_in", "state_with_tokens"]

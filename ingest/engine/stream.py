@@ -22,12 +22,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from ingest.core.book import Remainder
-from ingest.core.errors import ConfigError, IngestError, SupersededError
+from ingest.core.errors import ConfigError, IngestError, StateError, SupersededError
 from ingest.core.quarantine import Quarantined, summary
 from ingest.core.state import StreamState
 from ingest.engine.convert import Batch, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.loop import BookLink, RankLoop
+from ingest.engine.pack import Pack, PackedRank, with_origin
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform
 from ingest.formats.base import ReadOptions
@@ -74,6 +75,10 @@ class Stream:
         follow: Read a dataset written while the stream runs: each epoch is a round over
             the shards that appeared since the last one, which waits for new shards
             (``ingest.Follow(poll_s, idle_timeout_s, manifest)``, see :mod:`ingest.storage.follow`).
+        pack: Pack the documents' token ids (``transform=ingest.Tokenize(...)``, or a column
+            of them) into sequences: ``ingest.Pack(seq_len, ...)``. ``batch_size`` is then
+            sequences per batch, and a state records the tokens of each document cut
+            across batches (see :mod:`ingest.engine.pack`).
     """
 
     def __init__(
@@ -93,14 +98,20 @@ class Stream:
         transform: Transform | None = None,
         progress: bool = False,
         follow: Follow | None = None,
+        pack: Pack | None = None,
     ) -> None:
+        if pack is not None and read is not None and read.on_error != "raise":
+            raise ConfigError(
+                f'pack with ReadOptions(on_error="{read.on_error}"): packing does not take '
+                'quarantined rows yet; read with on_error="raise"'
+            )
         self.spec = StreamSpec.of(
             source,
             storage_options=storage_options,
             columns=columns,
             read=read,
             format=format,
-            batch_size=batch_size,
+            batch_size=batch_size if pack is None else pack.read_rows,
             shuffle_seed=shuffle_seed,
             shuffle_window=shuffle_window,
             shuffle_bytes=shuffle_bytes,
@@ -110,12 +121,21 @@ class Stream:
         )
         fn = build_transform(transform)
         # Checked as in the reader pool: one row per input row (a stage: its origins).
-        self._transform = None if fn is None else functools.partial(apply, fn)
+        self._transform: Callable[[Any], Any] | None = None
+        if fn is not None:
+            self._transform = functools.partial(apply, fn)
+        if pack is not None:  # each row's origin kept, for the documents' provenance
+            self._transform = with_origin(fn)
         self._planner = self.spec.planner(progress=progress)
         self._book = self.spec.book(1, self._planner)
         self._next_epoch = 0
         self._rank = RankLoop(0, BookLink(self._book), on_quarantined=self._log)
         """The one rank's loop: batches handed out and their acks (:mod:`ingest.engine.loop`)."""
+        self._batch_size = batch_size
+        self._packed = (
+            None if pack is None else PackedRank(pack, batch_size, self._rank, self._book)
+        )
+        """With ``pack``: the rank's packing, between its read steps and the batches."""
         self._delivered = 0
         self._reading: tuple[Feed, Any] | None = None
         """The last loop's feed and its read-ahead, for the bytes they hold (:attr:`stats`)."""
@@ -137,7 +157,8 @@ class Stream:
 
     @property
     def batch_size(self) -> int:
-        return self.spec.batch_size
+        """Rows per batch (sequences, with ``pack``)."""
+        return self._batch_size
 
     @property
     def shuffle_seed(self) -> int | None:
@@ -217,9 +238,15 @@ class Stream:
         self._held()  # the last loop's peak is kept
         with feed.ahead(self.spec.urls[0]) as items:
             self._reading = (feed, items)
-            for ready, batch in self._rank.batches(epoch, items, _ready_to_torch, Tail):
-                self._delivered += self.spec.batch_size if ready.rows < 0 else ready.rows
-                yield batch
+            if self._packed is not None:
+                urls = [s.url for s in plan.listing.shards]
+                for batch in self._packed.batches(epoch, items, urls):
+                    self._delivered += len(batch["input_ids"])
+                    yield batch
+            else:
+                for ready, batch in self._rank.batches(epoch, items, _ready_to_torch, Tail):
+                    self._delivered += self.spec.batch_size if ready.rows < 0 else ready.rows
+                    yield batch
             self._report(epoch)
             self._next_epoch = epoch + 1
             self._running = False
@@ -247,10 +274,12 @@ class Stream:
         self._stop_active()
         self._rank.flush()
         book = self._book
-        state = book.snapshot(self._rank.step)
+        state = book.snapshot(self._rank.step) if self._packed is None else self._packed.state()
         listing = book.plan(state.progress.epoch).listing if state.started else None
         told = book.quarantined()
         book.load(state, listing)  # fails if a shard is gone: the next loop tries again
+        if self._packed is not None:
+            self._packed.load(state)
         # The state keeps its epoch's quarantines; those of earlier epochs stay listed.
         book.note_quarantined(q for q in told if q.epoch != state.progress.epoch)
         self._running = False
@@ -259,6 +288,8 @@ class Stream:
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`."""
         self._rank.flush()
+        if self._packed is not None:
+            return self._packed.state().to_json()
         state = self._book.snapshot(self._rank.step).to_json()
         self._book.fold(self._rank.step)
         return state
@@ -283,7 +314,15 @@ class Stream:
         self._stop_active(superseded=True)
         self._rank.restart(parsed.progress.step - 1)  # acks of the position left behind: gone
         self._running = False
+        if parsed.progress.tokens and self._packed is None:
+            raise StateError(
+                f"the state has {len(parsed.progress.tokens)} document(s) cut across batches "
+                "(progress.tokens): it was saved by a stream with pack=ingest.Pack(...); load "
+                "it into one"
+            )
         self._book.load(parsed, listing)
+        if self._packed is not None:
+            self._packed.load(parsed)
         self._next_epoch = parsed.progress.epoch
         self._delivered = parsed.progress.delivered
 

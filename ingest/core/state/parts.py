@@ -27,6 +27,10 @@ class ProgressState:
     consumed: Consumed = field(default_factory=Consumed)
     quarantined: list[Quarantined] = field(default_factory=list)
     """Rows skipped in this epoch under ``on_error="skip"`` (they are in ``consumed``)."""
+    tokens: list[tuple[int, int, int, int]] = field(default_factory=list)
+    """``(segment, shard, row, offset)``: rows whose tokens ``[0, offset)`` reached a step and
+    the rest not (a document packed into sequences, :mod:`ingest.engine.pack`); such a row is
+    not in ``consumed``, and a resume reads it again from ``offset``. Sorted; version 5."""
 
     def to_json(self, dataset: DatasetState) -> dict[str, Any]:
         out = {
@@ -41,6 +45,8 @@ class ProgressState:
         }
         if self.quarantined:
             out["quarantined"] = [q.to_json() for q in self.quarantined]
+        if self.tokens:
+            out["tokens"] = [list(t) for t in self.tokens]
         return out
 
     @classmethod
@@ -53,6 +59,7 @@ class ProgressState:
             dropped=_int(data.get("dropped", 0), "progress.dropped"),
             consumed=Consumed.from_json(data.get("consumed", {}), shards),
             quarantined=_quarantined(data.get("quarantined", [])),
+            tokens=_tokens(data.get("tokens", []), shards),
         )
         if out.first_step > out.step:
             raise StateError(
@@ -61,6 +68,32 @@ class ProgressState:
             )
         _check_bounds(out.consumed, shards, "progress.consumed")
         return out
+
+
+def _tokens(data: Any, shards: Sequence[ShardRecord]) -> list[tuple[int, int, int, int]]:
+    """``progress.tokens`` checked: each ``[segment, shard, row, offset]`` names a row of a
+    listed shard once, with an offset past its first token."""
+    out: list[tuple[int, int, int, int]] = []
+    for n, entry in enumerate(_list(data, "progress.tokens")):
+        what = f"progress.tokens[{n}]"
+        if not isinstance(entry, list) or len(entry) != 4:
+            raise refuse(what, entry, "it must be [segment, shard, row, offset]")
+        segment = _int(entry[0], f"{what} segment")
+        shard = _index(entry[1], shards)
+        row = _int(entry[2], f"{what} row")
+        offset = _int(entry[3], f"{what} offset")
+        rows = shards[shard].rows
+        if segment > 1 or offset < 1 or (rows is not None and row >= rows):
+            raise refuse(
+                what,
+                entry,
+                f"its segment must be 0 or 1, its offset at least 1, and its row below the "
+                f"{rows} rows of {shards[shard].url}",
+            )
+        out.append((segment, shard, row, offset))
+    if len({t[:3] for t in out}) != len(out) or out != sorted(out):
+        raise refuse("progress.tokens", data, "each row must appear once, in sorted order")
+    return out
 
 
 def _quarantined(data: Any) -> list[Quarantined]:

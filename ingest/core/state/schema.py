@@ -62,7 +62,7 @@ class StreamState:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "version": 3 if self.dataset.packed else 2,
+            "version": 5 if self.progress.tokens else 3 if self.dataset.packed else 2,
             "dataset": self.dataset.to_json(),
             "progress": self.progress.to_json(self.dataset),
             "distributed": self.distributed.to_json(packed=self.dataset.packed),
@@ -134,6 +134,7 @@ class StreamState:
             ) from None
         state.check_counts()
         state.check_quarantined()
+        state.check_tokens()
         return state
 
     @classmethod
@@ -204,6 +205,24 @@ class StreamState:
                 s.url: p.consumed.rows_of(i, shards) for i, s in enumerate(shards) if s.url in urls
             },
         )
+
+    def check_tokens(self) -> None:
+        """Refuse a row consumed in part (``progress.tokens``) that is also consumed whole.
+
+        Raises:
+            StateError: Naming the row and its shard.
+        """
+        for segment, shard, row, offset in self.progress.tokens:
+            sets = (
+                self.distributed.carry_consumed if segment == 0 else self.progress.consumed
+            ).sets
+            done = sets.get(shard)
+            if done is not None and row in done:
+                raise refuse(
+                    "progress.tokens",
+                    [segment, shard, row, offset],
+                    f"row {row} of {self.shards[shard].url} is consumed whole already",
+                )
 
     def consumed_rows(self) -> int:
         """Rows consumed in the epoch (its own and the ones carried in)."""

@@ -1,0 +1,339 @@
+"""Packing a rank's documents into sequences of ``seq_len`` tokens, exact across stops.
+
+A packing rank (:class:`PackedRank`) sits between its feed and the user's loop. The feed
+reads the rank's share in *read steps* of :attr:`Pack.read_rows` documents (the book's
+steps: equal on every rank, acked and folded as any stream's), with their token ids (a
+``Tokenize`` transform, or a column of them). Every document goes into a
+:class:`~ingest.core.packing.Packer` at once; the rank hands out batches of ``batch_size``
+sequences as the packer closes them. A sequence holds pieces of documents from several read
+steps, and a document may be cut across sequences, so what a batch consumed is tokens of
+documents, not the rows of a read step:
+
+- A document whose last piece reached a batch is done. A read step is acked to the book
+  (:class:`~ingest.engine.loop.RankLoop`) once every document of it is done, and of the
+  earlier ones too: the book's steps stay whole and in order.
+- A state (:meth:`PackedRank.state`) is the book's snapshot at the last read step acked,
+  with the documents done after it counted as consumed, and the documents cut by the
+  batches handed out recorded as ``(segment, shard, row, offset)``: the tokens ``[0,
+  offset)`` reached a batch, the rest did not (``progress.tokens``, state version 5). Tokens
+  still in open sequences, and in sequences closed but not handed out, are not consumed: no
+  token buffer is saved. See :func:`ingest.core.snapshot.state_with_tokens`.
+- A resume shares the rest of the epoch anew (the state has no cursors), reads every
+  document not done again, and packs a cut one from its offset (``Packer.add(start=)``).
+  Best-fit and greedy packing hand out the pieces of a document in token order, so what
+  any prefix of the batches consumed of a document is a prefix of its tokens: one offset.
+- The epoch's end closes the open sequences (padded); its last batch may hold fewer than
+  ``batch_size`` sequences. Rows the book carries into the next epoch (the epoch's
+  remainder, fewer than a read step) are packed there, as any stream reads them.
+
+Transforms before packing may drop documents (an :class:`ingest.Filter`): a dropped document
+is consumed with its read step. They may not make several rows of one.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+import pyarrow.compute as pc
+import torch
+
+from ingest.core.book import EpochBook
+from ingest.core.errors import ConfigError, IngestError, StateError
+from ingest.core.packing import Method, Packed, Packer, collate
+from ingest.core.snapshot import state_with_tokens
+from ingest.core.state import StreamState
+from ingest.engine.convert import Batch
+from ingest.engine.feed import Ready, Tail
+from ingest.engine.loop import RankLoop
+from ingest.engine.stage import Staged
+from ingest.engine.transform import as_table
+
+ORIGIN = "__ingest_origin"
+"""The column a packing stream's transform adds: each row's position in its read step (the
+row it came from), so that a filter's survivors keep their provenance."""
+
+_SHIFT, _MASK = 31, (1 << 31) - 1
+"""A packed row (:func:`ingest.core.ledger.pack_base`): ``segment << 62 | shard << 31 | row``."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pack:
+    """Pack token ids into sequences of ``seq_len`` (``ingest.Stream(..., pack=Pack(...))``).
+
+    The stream's ``batch_size`` is then sequences per batch. Each batch holds ``input_ids``,
+    ``labels`` (-100 on the first token of every document piece and on padding: no target
+    crosses a document boundary), ``position_ids`` (from 0 at every piece), ``cu_seqlens``
+    (int32 boundaries of the pieces in the batch flattened to one row, as FlashAttention's
+    varlen kernels and Hugging Face's ``DataCollatorWithFlattening`` take them) and
+    ``max_seqlen``; see :mod:`ingest.core.packing`.
+
+    Attributes:
+        seq_len: Tokens per sequence.
+        method: ``"best_fit"`` (documents longer than ``seq_len`` cut at ``seq_len`` first,
+            then each remainder into the open sequence it fills best) or ``"greedy"``
+            (concatenate and cut every ``seq_len`` tokens).
+        max_open: Best-fit: sequences open at once (more: fuller, more tokens held).
+        column: The token id column (a list of integers per row): ``Tokenize``'s output, or
+            a column of the data.
+        pad_id: The token id of padding (its labels are -100).
+        read_rows: Documents per read step (the book's step, acked whole; see the module
+            docstring). The epoch's last fewer than ``read_rows`` documents are carried into
+            the next epoch, as a stream's remainder is.
+    """
+
+    seq_len: int
+    method: Method = "best_fit"
+    max_open: int = 64
+    column: str = "input_ids"
+    pad_id: int = 0
+    read_rows: int = 256
+
+    def __post_init__(self) -> None:
+        Packer(self.seq_len, self.method, self.max_open)  # checks the three
+        if self.read_rows < 1:
+            raise ConfigError(f"Pack(read_rows={self.read_rows}) must be at least 1")
+
+
+def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa.Table]:
+    """The transform of a packing stream: ``fn``'s rows (all the batch's, without ``fn``)
+    with each one's input row in :data:`ORIGIN`.
+
+    Raises:
+        ConfigError: If ``fn`` makes several rows of one input row, or another number of rows
+            without being a stage.
+    """
+
+    def call(table: pa.Table) -> pa.Table:
+        if fn is None:
+            out, origin = table, np.arange(table.num_rows, dtype=np.int64)
+        else:
+            name = getattr(fn, "__qualname__", type(fn).__qualname__)
+            got = fn(table)
+            if isinstance(got, Staged):
+                got.check(table.num_rows, name)
+                out, origin = as_table(got.table, f"stage {name}"), np.asarray(got.origin)
+                if got.part is not None or (len(origin) > 1 and not np.diff(origin).all()):
+                    raise ConfigError(
+                        f"stage {name} made several rows of one input row, before Pack: "
+                        "packing cuts documents itself; pass Pack whole documents (filter "
+                        "them if need be, do not split them)"
+                    )
+            else:
+                out = as_table(got, f"transform {name}")
+                if out.num_rows != table.num_rows:
+                    raise ConfigError(
+                        f"transform {name} returned {out.num_rows} rows for {table.num_rows}; "
+                        "make it an ingest.Stage returning ingest.Staged to drop rows"
+                    )
+                origin = np.arange(table.num_rows, dtype=np.int64)
+        return out.append_column(ORIGIN, pa.array(origin.astype(np.int64), pa.int64()))
+
+    return call
+
+
+@dataclass(slots=True)
+class _Step:
+    """A read step in flight: its item, its documents not done, and the ones done."""
+
+    item: Ready
+    open: int = 0
+    done: list[tuple[int, int]] = field(default_factory=list)
+    """``(packed row, tokens)`` of its documents done (all of its rows are, once it is
+    acked)."""
+
+
+def _tokens_of(table: pa.Table, column: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
+    """Each row's token count, and all the tokens one after another."""
+    if column not in table.column_names:
+        raise ConfigError(
+            f"Pack(column={column!r}): the batch has columns "
+            f"{[c for c in table.column_names if c != ORIGIN]}; tokenize first "
+            "(transform=ingest.Tokenize(...)) or name the token id column"
+        )
+    ids = table.column(column)
+    if not (pa.types.is_list(ids.type) or pa.types.is_large_list(ids.type)):
+        raise ConfigError(f"Pack(column={column!r}) is {ids.type}, not a list of token ids")
+    lengths = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
+    flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
+    return lengths, flat
+
+
+class PackedRank:
+    """One rank's packing: read steps in, batches of sequences out (see the module docstring).
+
+    Args:
+        pack: The packing settings.
+        batch_size: Sequences per batch.
+        rank: The rank's loop, which acks read steps to its book.
+        book: The rank's book (for :meth:`state`).
+    """
+
+    def __init__(self, pack: Pack, batch_size: int, rank: RankLoop, book: EpochBook[Any]) -> None:
+        self.pack = pack
+        self.batch_size = batch_size
+        self.rank = rank
+        self.book = book
+        self._steps: deque[_Step] = deque()
+        self._docs: dict[int, tuple[_Step, int, int]] = {}
+        """Documents in the packer, by serial: their read step, packed row and tokens."""
+        self._serial = 0
+        self._closed: list[Packed] = []
+        """Sequences the packer closed, not handed out yet."""
+        self._offsets: dict[int, int] = {}
+        """Packed row -> tokens handed out, of documents cut (loaded ones included until read)."""
+        self._loaded: list[tuple[int, str, int, int]] = []
+        """A loaded state's cut documents by shard URL, until the epoch's listing is known."""
+        self._urls: Sequence[str] = ()
+        self.packer = Packer(pack.seq_len, pack.method, pack.max_open)
+        self.tokens = 0
+        """Tokens handed out (not padding)."""
+        self.padding = 0
+        """Padding tokens handed out."""
+
+    def load(self, state: StreamState) -> None:
+        """Go on after ``state`` (loaded into the book): its cut documents start at their
+        offsets; nothing in flight is kept."""
+        self._reset()
+        self._loaded = [
+            (segment, state.shards[shard].url, row, offset)
+            for segment, shard, row, offset in state.progress.tokens
+        ]
+
+    def _reset(self) -> None:
+        self._steps.clear()
+        self._docs.clear()
+        self._closed = []
+        self._offsets = {}
+        self._loaded = []
+        self.packer = Packer(self.pack.seq_len, self.pack.method, self.pack.max_open)
+
+    def batches(
+        self, epoch: int, items: Iterable[Ready | Tail], urls: Sequence[str]
+    ) -> Iterator[Batch]:
+        """The batches of ``epoch`` from the feed's ``items``; ``urls``: its listing's shards."""
+        self._begin(urls)
+        size = self.batch_size
+        for item in items:
+            if isinstance(item, Tail):
+                self._closed.extend(self.packer.flush())
+                while self._closed:
+                    yield self._hand_out(size)
+                if self._steps or self._docs:  # pragma: no cover - the packer holds none
+                    raise IngestError(
+                        f"epoch {epoch} ended with {len(self._docs)} documents not packed"
+                    )
+                self.rank.end(epoch, item)
+                return
+            self._take(item)
+            while len(self._closed) >= size:
+                yield self._hand_out(size)
+
+    def _begin(self, urls: Sequence[str]) -> None:
+        self._urls = urls
+        if not self._loaded:
+            return
+        by_url = {url: n for n, url in enumerate(urls)}
+        for segment, url, row, offset in self._loaded:
+            shard = by_url.get(url)
+            if shard is None:
+                raise StateError(
+                    f"the state cut row {row} of {url}, which this epoch's listing does not "
+                    "hold; resume on the dataset the state was saved on"
+                )
+            self._offsets[segment << 62 | shard << _SHIFT | row] = offset
+        self._loaded = []
+
+    def _take(self, item: Ready) -> None:
+        keys = item.runs
+        if keys.ndim != 1:
+            raise IngestError(
+                "Pack needs each row's place (shards and rows below 2**31); this epoch's "
+                f"read step {item.step} has rows past it"
+            )
+        if item.rows >= 0:
+            raise ConfigError(
+                "Pack does not take read steps with quarantined rows yet; read with "
+                'ReadOptions(on_error="raise") when packing'
+            )
+        table = item.table
+        origin = table.column(ORIGIN).to_numpy()
+        lengths, flat = _tokens_of(table, self.pack.column)
+        ends = np.cumsum(lengths)
+        step = _Step(item)
+        self._steps.append(step)
+        for j, key in enumerate(keys[origin].tolist()):
+            end = int(ends[j])
+            n = int(lengths[j])
+            start = self._offsets.get(key, 0)
+            if start > n:
+                raise StateError(
+                    f"row {key & _MASK} of {self._urls[(key >> _SHIFT) & _MASK]} has {n} "
+                    f"tokens, and the state consumed {start} of them: the data or the "
+                    "tokenizer changed since the state was saved; resume with the same ones"
+                )
+            serial, self._serial = self._serial, self._serial + 1
+            self._docs[serial] = (step, key, n)
+            step.open += 1
+            self._closed.extend(self.packer.add(serial, flat[end - n + start : end], start))
+        self._ack()
+
+    def _hand_out(self, size: int) -> Batch:
+        sequences, self._closed = self._closed[:size], self._closed[size:]
+        batch = collate(sequences, self.pack.seq_len, self.pack.pad_id)
+        for _, serial, _, stop, last in batch.pieces.tolist():
+            step, key, n = self._docs[serial]
+            if last:
+                del self._docs[serial]
+                self._offsets.pop(key, None)
+                step.open -= 1
+                step.done.append((key, n))
+            else:
+                self._offsets[key] = stop
+        real = batch.real_tokens
+        self.tokens += real
+        self.padding += batch.input_ids.size - real
+        self._ack()
+        return {
+            "input_ids": torch.from_numpy(batch.input_ids),
+            "labels": torch.from_numpy(batch.labels),
+            "position_ids": torch.from_numpy(batch.position_ids),
+            "cu_seqlens": torch.from_numpy(batch.cu_seqlens),
+            "max_seqlen": batch.max_seqlen,
+        }
+
+    def _ack(self) -> None:
+        """Ack the read steps whose documents are all done, oldest first."""
+        while self._steps and self._steps[0].open == 0:
+            self.rank.hand_out(self._steps.popleft().item, _nothing)
+
+    def state(self) -> StreamState:
+        """The state after the last batch handed out (see the module docstring)."""
+        self.rank.flush()
+        base = self.book.snapshot(self.rank.step)
+        # Documents of read steps not acked yet: done (all their tokens), or cut.
+        handed = [(key, n) for s in self._steps for key, n in s.done if n]
+        handed += self._offsets.items()
+        if not handed and not self._loaded:
+            return base
+        by_url = {s.url: n for n, s in enumerate(base.shards)}
+        tokens = []
+        for key, offset in handed:
+            url = self._urls[(key >> _SHIFT) & _MASK]
+            if url not in by_url:  # pragma: no cover - an epoch's listing is its state's
+                raise StateError(f"{url} is not in the state's listing")
+            tokens.append((key >> 62, by_url[url], key & _MASK, offset))
+        tokens += [(s, by_url[url], row, off) for s, url, row, off in self._loaded if url in by_url]
+        return state_with_tokens(base, tokens)
+
+
+def _nothing(_: Ready) -> None:
+    return None
+
+
+__all__ = ["ORIGIN", "Pack", "PackedRank", "with_origin"]

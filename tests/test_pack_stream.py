@@ -1,0 +1,258 @@
+"""Documents tokenized and packed into sequences by a Stream (ingest.engine.pack): every token
+once per epoch, checked token by token, across stops at any batch, loops left early, a
+filter before packing, both packing methods and two epochs; on local disk and loopback S3.
+
+Each document's tokens say where they came from: token ``j`` of document ``d`` is
+``d * 10_000 + j + 1`` (no 0: the padding), so the tokens handed out name every document and
+token, and a token lost or repeated shows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+
+import ingest
+from ingest.core.errors import StateError
+from ingest.engine.pack import Pack
+from ingest.testing import Store
+
+SEQ_LEN = 64
+DOCS = 192  # 12 read steps of 16: no remainder
+READ_ROWS = 16
+SHARDS = 3
+
+
+def lengths(n: int = DOCS, seed: int = 0) -> list[int]:
+    """Token counts: lognormal (median ~25), some empty, some beyond ``SEQ_LEN`` (up to 4x)."""
+    rng = np.random.default_rng(seed)
+    out = np.minimum(rng.lognormal(np.log(25), 1.0, n).astype(int), 4 * SEQ_LEN)
+    out[rng.choice(n, 5, replace=False)] = 0
+    return [int(x) for x in out]
+
+
+def write_corpus(store: Store, n: int = DOCS) -> str:
+    """JSONL shards of ``{"doc": d, "text": "<d> <tokens>"}``; the glob."""
+    per = -(-n // SHARDS)
+    for s, first in enumerate(range(0, n, per)):
+        lines = [
+            json.dumps({"doc": d, "text": f"{d} {k}"})
+            for d, k in zip(
+                range(first, min(first + per, n)), lengths(n)[first : first + per], strict=True
+            )
+        ]
+        store.write(f"docs/part-{s}.jsonl", ("\n".join(lines) + "\n").encode())
+    return store.url("docs/*.jsonl")
+
+
+def tokenize(texts: list[str]) -> list[list[int]]:
+    """Text ``"<d> <k>"`` -> the ``k`` tokens of document ``d``."""
+    out = []
+    for text in texts:
+        d, k = map(int, text.split())
+        out.append([d * 10_000 + j + 1 for j in range(k)])
+    return out
+
+
+def every_token(n: int = DOCS) -> Counter[int]:
+    return Counter(t for d, k in enumerate(lengths(n)) for t in tokenize([f"{d} {k}"])[0])
+
+
+def stream(url: str, store: Store, **options: Any) -> ingest.Stream:
+    pack = options.pop("pack", Pack(seq_len=SEQ_LEN, read_rows=READ_ROWS))
+    return ingest.Stream(
+        url,
+        batch_size=options.pop("batch_size", 4),
+        transform=options.pop("transform", ingest.Tokenize(tokenize)),
+        pack=pack,
+        storage_options=store.storage_options,
+        **options,
+    )
+
+
+def tokens_of(batches: Sequence[dict[str, Any]]) -> Counter[int]:
+    return Counter(t for b in batches for t in b["input_ids"].flatten().tolist() if t)
+
+
+def run_with_stops(make: Any, stops: Sequence[int]) -> tuple[list[dict[str, Any]], list[Any]]:
+    """One epoch, stopped after the batches ``stops`` (counted from the start): each stop
+    saves a state (through JSON) and a new stream loads it. The batches, and the states."""
+    s = make()
+    got: list[dict[str, Any]] = []
+    states = []
+    it: Iterator[dict[str, Any]] = iter(s)
+    for batch in it:
+        got.append(batch)
+        if len(got) in stops:
+            state = json.loads(json.dumps(s.state_dict()))
+            states.append(state)
+            s.close()
+            s = make()
+            s.load_state_dict(state)
+            it = iter(s)
+            got.extend(it)
+            break
+    return got, states
+
+
+@pytest.mark.parametrize("method", ["best_fit", "greedy"])
+@pytest.mark.parametrize("seed", [None, 7])
+def test_every_token_once_through_stops_at_any_batch(
+    local: Store, method: str, seed: int | None
+) -> None:
+    url = write_corpus(local)
+    pack = Pack(seq_len=SEQ_LEN, method=method, max_open=8, read_rows=READ_ROWS)  # type: ignore[arg-type]
+
+    def make() -> ingest.Stream:
+        return stream(url, local, pack=pack, shuffle_seed=seed, shuffle_window=48)
+
+    whole = list(make())
+    assert tokens_of(whole) == every_token()
+    total = len(whole)
+    cut = 0
+    rng = np.random.default_rng(0 if seed is None else seed)
+    for stop in sorted({1, 2, total - 1, *rng.integers(1, total, 6).tolist()}):
+        got, states = [], []
+        s = make()
+        at = 0
+        # Stop after `stop` batches, then twice more further on, each through a new stream.
+        marks = {stop, min(stop + 3, total - 1), min(stop + 7, total - 1)}
+        while True:
+            batches = list(_take(s, marks, at))
+            got.extend(batches)
+            at += len(batches)
+            if at not in marks:
+                break
+            state = json.loads(json.dumps(s.state_dict()))
+            states.append(state)
+            cut += len(state["progress"].get("tokens", []))
+            s = make()
+            s.load_state_dict(state)
+            marks.discard(at)
+        assert tokens_of(got) == every_token(), (stop, method, seed)
+    assert cut, "some state recorded a document cut across batches"
+
+
+def _take(s: ingest.Stream, marks: set[int], at: int) -> Iterator[dict[str, Any]]:
+    """The batches of the rest of ``s``'s epoch, up to the next mark after ``at``."""
+    for batch in s:
+        yield batch
+        at += 1
+        if at in marks:
+            return
+
+
+def test_a_batch_is_sequences_with_labels_positions_and_boundaries(local: Store) -> None:
+    url = write_corpus(local)
+    batches = list(stream(url, local))
+    for b in batches:
+        ids, labels, pos, cu = b["input_ids"], b["labels"], b["position_ids"], b["cu_seqlens"]
+        assert ids.dtype == torch.int64 and ids.shape[1] == SEQ_LEN and cu.dtype == torch.int32
+        flat_ids, flat_pos, flat_labels = ids.flatten(), pos.flatten(), labels.flatten()
+        starts = cu[:-1].long()
+        assert (flat_pos[starts] == 0).all() and int(cu[-1]) == ids.numel()
+        assert int(b["max_seqlen"]) == int(torch.diff(cu).max())
+        # A label is its own token, except at a piece's first token and on padding.
+        mask = torch.ones_like(flat_ids, dtype=torch.bool)
+        mask[starts] = False
+        mask &= flat_ids != 0
+        assert (flat_labels[mask] == flat_ids[mask]).all()
+        assert (flat_labels[~mask] == -100).all()
+        # Within a piece, tokens of one document follow each other.
+        for a, z in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+            piece = flat_ids[a:z][flat_ids[a:z] != 0]
+            if len(piece) > 1:
+                assert set((piece // 10_000).tolist()) == {int(piece[0]) // 10_000}
+                assert (torch.diff(piece) == 1).all()
+    assert all(len(b["input_ids"]) == 4 for b in batches[:-1])
+    real = sum(int((b["input_ids"] != 0).sum()) for b in batches)
+    assert real == sum(every_token().values())
+
+
+def test_a_loop_left_early_goes_on_with_the_rest(local: Store) -> None:
+    url = write_corpus(local)
+    s = stream(url, local, shuffle_seed=1)
+    got: list[dict[str, Any]] = []
+    for stop in (3, 5, 1):
+        for batch in s:
+            got.append(batch)
+            if len(got) % 10 == stop:
+                break
+    got.extend(s)
+    assert tokens_of(got) == every_token()
+
+
+def test_two_epochs_each_token_once_with_a_state_in_the_second(s3_store: Store) -> None:
+    url = write_corpus(s3_store)
+    s = stream(url, s3_store, shuffle_seed=2)
+    first = list(s)
+    assert tokens_of(first) == every_token()
+    second: list[dict[str, Any]] = []
+    for batch in s:
+        second.append(batch)
+        if len(second) == 5:
+            break
+    state = s.state_dict()
+    assert state["version"] == 5 and state["progress"]["epoch"] == 1 and state["progress"]["tokens"]
+    t = stream(url, s3_store, shuffle_seed=2)
+    t.load_state_dict(state)
+    second.extend(t)
+    assert tokens_of(second) == every_token()
+    assert [b["input_ids"].tolist() for b in first] != [b["input_ids"].tolist() for b in second]
+
+
+class KeepEven(ingest.Stage):
+    """Drops odd documents, then tokenizes the rest (a filter before packing)."""
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        keep = np.flatnonzero(np.asarray(table.column("doc").to_pylist()) % 2 == 0)
+        kept = table.take(keep)
+        ids = tokenize(kept.column("text").to_pylist())
+        return ingest.Staged(pa.table({"input_ids": pa.array(ids, pa.list_(pa.int64()))}), keep)
+
+
+def test_documents_dropped_before_packing_are_consumed_with_their_step(local: Store) -> None:
+    url = write_corpus(local)
+    want = Counter({t: c for t, c in every_token().items() if (t // 10_000) % 2 == 0})
+    got, states = run_with_stops(lambda: stream(url, local, transform=KeepEven()), (4,))
+    assert tokens_of(got) == want and states
+
+
+def test_the_epochs_remainder_is_carried_into_the_next_epoch(local: Store) -> None:
+    url = write_corpus(local, DOCS + 5)  # 5 documents past the last read step
+    s = stream(url, local)
+    first = tokens_of(list(s))
+    carried = s.state_dict()["distributed"]["carry"]["spans"]
+    assert sum(stop - start for _, start, stop in carried) == 5
+    every = every_token(DOCS + 5)
+    late = every - first  # the carried documents' tokens, and nothing else
+    assert max(first.values()) == 1 and not first - every
+    assert 0 < len({t // 10_000 for t in late}) <= 5
+    second = tokens_of(list(s))  # they come in the next epoch, beside its own rows
+    assert all(second[t] >= 1 for t in late) and max(second.values()) <= 2
+
+
+def test_refusals_name_the_rule(local: Store) -> None:
+    url = write_corpus(local)
+    with pytest.raises(ingest.ConfigError, match="on_error"):
+        stream(url, local, read=ingest.ReadOptions(on_error="skip"))
+    with pytest.raises(ingest.ConfigError, match="name the token id column"):
+        next(iter(stream(url, local, transform=None)))
+    plain = ingest.Stream(url, batch_size=8, storage_options=local.storage_options)
+    s = stream(url, local)
+    next(iter(s))
+    next(iter(s))
+    state = s.state_dict()
+    assert state["progress"]["tokens"]
+    with pytest.raises(StateError, match="pack="):
+        plain.load_state_dict(state)
+    state["progress"]["tokens"] = state["progress"]["tokens"][::-1] * 2
+    with pytest.raises(StateError, match=r"progress\.tokens"):
+        stream(url, local).load_state_dict(state)
