@@ -151,7 +151,8 @@ def _take(s: ingest.Stream, marks: set[int], at: int) -> Iterator[dict[str, Any]
 
 def test_a_batch_is_sequences_with_labels_positions_and_boundaries(local: Store) -> None:
     url = write_corpus(local)
-    batches = list(stream(url, local))
+    s = stream(url, local)
+    batches = list(s)
     for b in batches:
         ids, labels, pos, cu = b["input_ids"], b["labels"], b["position_ids"], b["cu_seqlens"]
         assert ids.dtype == torch.int64 and ids.shape[1] == SEQ_LEN and cu.dtype == torch.int32
@@ -173,7 +174,9 @@ def test_a_batch_is_sequences_with_labels_positions_and_boundaries(local: Store)
                 assert (torch.diff(piece) == 1).all()
     assert all(len(b["input_ids"]) == 4 for b in batches[:-1])
     real = sum(int((b["input_ids"] != 0).sum()) for b in batches)
-    assert real == sum(every_token().values())
+    assert real == sum(every_token().values()) == s.stats["tokens"]
+    assert s.stats["padding_tokens"] == sum(b["input_ids"].numel() for b in batches) - real
+    assert s.stats["rows_delivered"] == sum(len(b["input_ids"]) for b in batches)
 
 
 def test_a_loop_left_early_goes_on_with_the_rest(local: Store) -> None:

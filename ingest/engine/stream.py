@@ -174,8 +174,20 @@ class Stream:
         """Requests sent to the store, rows delivered in the current epoch, the quarantines
         (``quarantined``, ``rows_skipped``) since the stream was made or loaded, and the
         bytes of rows held by the reading (``bytes_held``: shuffle window, lanes' read-ahead
-        and ready batches now; ``peak_bytes_held``: the most, at most, since it was made)."""
+        and ready batches now; ``peak_bytes_held``: the most, at most, since it was made).
+        With ``pack``, ``rows_delivered`` counts sequences, and ``tokens`` and
+        ``padding_tokens`` what the batches handed out since the stream was made held."""
         self._rank.flush()
+        packed = self._packed
+        if packed is not None:
+            return {
+                **self._planner.source.stats.as_dict(),
+                "rows_delivered": self._delivered,
+                "tokens": packed.tokens,
+                "padding_tokens": packed.padding,
+                **summary(self._book.quarantined()),
+                **self._held(),
+            }
         return {
             **self._planner.source.stats.as_dict(),
             "rows_delivered": self._delivered,
