@@ -248,6 +248,8 @@ def test_refusals_name_the_rule(local: Store) -> None:
         stream(url, local, read=ingest.ReadOptions(on_error="skip"))
     with pytest.raises(ingest.ConfigError, match="name the token id column"):
         next(iter(stream(url, local, transform=None)))
+    with pytest.raises(ingest.ConfigError, match="packing in DataLoader workers"):
+        ingest.DataLoader(stream(url, local), num_workers=2)
     plain = ingest.Stream(url, batch_size=8, storage_options=local.storage_options)
     s = stream(url, local)
     next(iter(s))

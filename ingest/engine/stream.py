@@ -156,6 +156,11 @@ class Stream:
         return StreamParts(self.spec, self._planner, self._transform)
 
     @property
+    def packs(self) -> bool:
+        """Whether the stream packs token ids into sequences (``pack=``)."""
+        return self._packed is not None
+
+    @property
     def batch_size(self) -> int:
         """Rows per batch (sequences, with ``pack``)."""
         return self._batch_size

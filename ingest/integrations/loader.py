@@ -171,6 +171,12 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             )
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        if stream.packs:
+            raise ConfigError(
+                "ingest.DataLoader over a Stream with pack=: packing in DataLoader workers is "
+                "not built yet; iterate the Stream itself (its tokenizing runs in a thread "
+                "ahead of the loop)"
+            )
         self.stream = stream
         self._shares = _Shares(stream.spec, stream.parts.transform)
         self._book: EpochBook[Listing] | None = None
