@@ -118,13 +118,27 @@ class PackMachine(RuleBasedStateMachine):
         batch=st.integers(1, 4),
         read_rows=st.sampled_from([7, 16, 60]),
         seed=st.sampled_from([None, 11]),
+        lag=st.integers(0, 3),
     )
     def setup(
-        self, method: str, max_open: int, seq_len: int, batch: int, read_rows: int, seed: Any
+        self,
+        method: str,
+        max_open: int,
+        seq_len: int,
+        batch: int,
+        read_rows: int,
+        seed: Any,
+        lag: int,
     ) -> None:
         root = Path(os.environ["PACK_MODEL_ROOT"])
         url = corpus(root) if not (root / "part-0.jsonl").exists() else str(root / "*.jsonl")
-        pack = ingest.Pack(seq_len=seq_len, method=method, max_open=max_open, read_rows=read_rows)  # type: ignore[arg-type]
+        pack = ingest.Pack(
+            seq_len=seq_len,
+            method=method,  # type: ignore[arg-type]
+            max_open=max_open,
+            read_rows=read_rows,
+            max_lag=lag,
+        )
 
         def make() -> ingest.Stream:
             return ingest.Stream(

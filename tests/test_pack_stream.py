@@ -261,3 +261,17 @@ def test_refusals_name_the_rule(local: Store) -> None:
     state["progress"]["tokens"] = state["progress"]["tokens"][::-1] * 2
     with pytest.raises(StateError, match=r"progress\.tokens"):
         stream(url, local).load_state_dict(state)
+
+
+def test_max_lag_bounds_the_documents_a_state_lists(local: Store) -> None:
+    url = write_corpus(local)
+
+    def most_listed(lag: int) -> int:
+        pack = Pack(seq_len=SEQ_LEN, max_open=16, read_rows=READ_ROWS, max_lag=lag)
+        s = stream(url, local, pack=pack, shuffle_seed=3)
+        most = 0
+        for _ in s:
+            most = max(most, len(s.state_dict()["progress"].get("tokens", [])))
+        return most
+
+    assert most_listed(1) <= 3 * READ_ROWS < most_listed(10**6)

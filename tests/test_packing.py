@@ -162,3 +162,18 @@ def test_bad_settings_and_pieces_are_refused() -> None:
     pieces = np.array([[0, 7, 0, 4, 0], [1, 7, 8, 10, 1]])
     with pytest.raises(ValueError, match=r"document 7: a piece \[8, 10\) after 4 tokens"):
         consumed(pieces)
+
+
+def test_close_before_closes_the_sequences_of_older_documents() -> None:
+    packer = Packer(100, "best_fit", max_open=8)
+    out = [s for key, n in enumerate([30, 80, 50, 60]) for s in packer.add(key, np.ones(n))]
+    assert not out  # open: [0, 2] (room 20), [1] (room 20), [3] (room 40)
+    closed = packer.close_before(2)  # documents 0 and 1 wait no longer
+    assert [[p.key for p in s.pieces] for s in closed] == [[0, 2], [1]]
+    assert [[p.key for p in s.pieces] for s in packer.add(4, np.ones(40))] == [[3, 4]]
+    assert packer.close_before(5) == [] and packer.flush() == []
+    greedy = Packer(100, "greedy")
+    out = [s for key, n in enumerate([30, 80, 50, 60]) for s in greedy.add(key, np.ones(n))]
+    assert [[p.key for p in s.pieces] for s in out] == [[0, 1], [1, 2, 3]]
+    assert greedy.close_before(3) == []  # the open sequence holds only document 3
+    assert [[p.key for p in s.pieces] for s in greedy.close_before(4)] == [[3]]

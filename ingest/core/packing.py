@@ -127,6 +127,23 @@ class Packer:
             self._out.append(Packed())  # no token: a sequence of padding acks them
         return self._take()
 
+    def close_before(self, key: int) -> list[Packed]:
+        """Close the open sequences holding a document whose key is below ``key`` (keys in
+        the order documents were added: the ones added before it); the sequences, in order.
+
+        A caller whose documents wait in open sequences (a packing stream acks a read step
+        only when all its documents left) bounds their wait with it, for some padding."""
+        if self.method == "greedy":
+            if self._open and self._open[0].pieces and self._open[0].pieces[0].key < key:
+                self._out.append(self._open.pop())
+            return self._take()
+        old = sorted(s for s, seq in self._by_serial.items() if seq.pieces[0].key < key)
+        if old:
+            gone = set(old)
+            self._rooms = [r for r in self._rooms if r[1] not in gone]
+            self._out.extend(self._by_serial.pop(serial) for serial in old)
+        return self._take()
+
     @property
     def held(self) -> int:
         """Tokens in open sequences, not yet out."""

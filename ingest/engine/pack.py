@@ -85,6 +85,11 @@ class Pack:
         read_rows: Documents per read step (the book's step, acked whole; see the module
             docstring). The epoch's last fewer than ``read_rows`` documents are carried into
             the next epoch, as a stream's remainder is.
+        max_lag: Read steps a document may wait in an open sequence: a sequence holding one
+            from before the last ``max_lag`` read steps is closed (padded). A read step is
+            acked once all its documents left, so this bounds the documents a state lists
+            (about ``max_lag + 1`` read steps of them) and the acks held back, for some
+            padding (``benchmarks/pack_state.py``).
     """
 
     seq_len: int
@@ -93,11 +98,14 @@ class Pack:
     column: str = "input_ids"
     pad_id: int = 0
     read_rows: int = 256
+    max_lag: int = 2
 
     def __post_init__(self) -> None:
         Packer(self.seq_len, self.method, self.max_open)  # checks the three
         if self.read_rows < 1:
             raise ConfigError(f"Pack(read_rows={self.read_rows}) must be at least 1")
+        if self.max_lag < 0:
+            raise ConfigError(f"Pack(max_lag={self.max_lag}) must be at least 0")
 
 
 def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa.Table]:
@@ -142,6 +150,8 @@ class _Step:
     """A read step in flight: its item, its documents not done, and the ones done."""
 
     item: Ready
+    first: int = 0
+    """The serial of its first document (documents are numbered as they are packed)."""
     open: int = 0
     done: list[tuple[int, int]] = field(default_factory=list)
     """``(packed row, tokens)`` of its documents done (all of its rows are, once it is
@@ -265,7 +275,7 @@ class PackedRank:
         origin = table.column(ORIGIN).to_numpy()
         lengths, flat = _tokens_of(table, self.pack.column)
         ends = np.cumsum(lengths)
-        step = _Step(item)
+        step = _Step(item, self._serial)
         self._steps.append(step)
         for j, key in enumerate(keys[origin].tolist()):
             end = int(ends[j])
@@ -281,6 +291,10 @@ class PackedRank:
             self._docs[serial] = (step, key, n)
             step.open += 1
             self._closed.extend(self.packer.add(serial, flat[end - n + start : end], start))
+        lag = self.pack.max_lag
+        if len(self._steps) > lag:  # documents from before the last max_lag read steps go
+            first = self._steps[-lag].first if lag else self._serial
+            self._closed.extend(self.packer.close_before(first))
         self._ack()
 
     def _hand_out(self, size: int) -> Batch:
