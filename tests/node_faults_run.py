@@ -1,9 +1,10 @@
 """Run by test_node_faults.py in its own process: a node removed mid-epoch (issue 8, fault 2).
 
-A ``ray.cluster_utils.Cluster`` on this machine: a head, two "ingest" CPU nodes and two
-"trainer" nodes (one spare). A TorchTrainer with 2 workers and ``FailureConfig`` counts every
-row id it receives (summed across ranks like DDP gradients) and saves the counts with the
-stream state in every checkpoint. When rank 0 reaches step ``KILL_STEP`` of epoch 0, the
+A ``ray.cluster_utils.Cluster`` on this machine: a head, "ingest" CPU nodes and "trainer"
+nodes, two of the kind that loses a node (one to move to) and one of the other. A
+TorchTrainer with 2 workers and ``FailureConfig`` counts every row id it receives (summed
+across ranks like DDP gradients) and saves the counts with the stream state in every
+checkpoint. When rank 0 reaches step ``KILL_STEP`` of epoch 0, the
 driver removes one node, chosen by ``sys.argv[2]``:
 
 - ``reader``: an ingest node with a reader actor but not the coordinator. The readers move
@@ -117,8 +118,14 @@ def read_events(events: Path) -> list[dict[str, Any]]:
     return sorted(out, key=lambda e: e["t"])
 
 
-def start_cluster() -> tuple[Cluster, dict[str, Any], dict[str, Any]]:
-    """A head, two ingest nodes and two trainer nodes; node deaths noticed within seconds."""
+def start_cluster(which: str) -> tuple[Cluster, dict[str, Any], dict[str, Any]]:
+    """A head, ingest nodes and trainer nodes; node deaths noticed within seconds.
+
+    Two nodes of the kind that loses one (``which``), so that one is left to move to, and
+    one of the other kind: each node costs seconds to start on a small machine.
+    """
+    nodes = {"reader": (2, 1), "coordinator": (2, 1), "trainer": (1, 2)}
+    ingest_count, trainer_count = nodes[which]
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     system = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}
     cluster = Cluster(
@@ -126,16 +133,29 @@ def start_cluster() -> tuple[Cluster, dict[str, Any], dict[str, Any]]:
     )
     ingest_nodes = {
         n.node_id: n
-        for n in (cluster.add_node(num_cpus=2, resources={INGEST_RESOURCE: 100}) for _ in "ab")
+        for n in (
+            cluster.add_node(num_cpus=2, resources={INGEST_RESOURCE: 100})
+            for _ in range(ingest_count)
+        )
     }
     trainer_nodes = {
         n.node_id: n
-        for n in (cluster.add_node(num_cpus=2, resources={TRAINER_RESOURCE: 2}) for _ in "ab")
+        for n in (
+            cluster.add_node(num_cpus=2, resources={TRAINER_RESOURCE: 2})
+            for _ in range(trainer_count)
+        )
     }
     cluster.wait_for_nodes()
     # RAY_ADDRESS: Ray Train's helper actors call ray.init() and would otherwise join the
     # newest Ray instance on this machine, which may be another test's.
-    env = {"PYTHONPATH": root, "RAY_ADDRESS": cluster.address}
+    # RAY_TRAIN_HEALTH_CHECK_INTERVAL_S: how often the Ray Train controller polls its workers
+    # (default 2 s). A worker's ray.train.report waits for the poll that takes the previous
+    # report, so each checkpoint cost ~1.8 s; the poll also notices failures and the end.
+    env = {
+        "PYTHONPATH": root,
+        "RAY_ADDRESS": cluster.address,
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
+    }
     ray.init(address=cluster.address, runtime_env={"env_vars": env})
     return cluster, ingest_nodes, trainer_nodes
 
@@ -173,7 +193,7 @@ def main() -> int:
     events = work / "events"
     events.mkdir(parents=True)
     write_dataset(fsspec.filesystem("file"), data, "parquet", SHARDS, ROWS, row_group_rows=50)
-    cluster, ingest_nodes, trainer_nodes = start_cluster()
+    cluster, ingest_nodes, trainer_nodes = start_cluster(which)
     found: dict[str, Any] = {"which": which, "epochs": EPOCHS}
     found.update(ingest_nodes=sorted(ingest_nodes), trainer_nodes=sorted(trainer_nodes))
     try:
