@@ -2,14 +2,17 @@
 
 Hypothesis drives a packing ``Stream`` (JSONL documents, ``Tokenize`` by a function whose
 token ids name their document and position, ``Pack``) through random sequences of what users
-do: take k batches, take the state, leave a loop, resume from the last state in a new stream,
-run into an epoch's end, under random packing settings (best-fit or greedy, 1 to 8 open
+do: take k batches, take the state, leave a loop, resume from the last state in a new stream
+(or in an ``ingest.DataLoader`` over it, whose states have no cursors: the rest of the epoch
+is shared anew, and its remainder may hold documents cut before, carried with their
+offsets), run into an epoch's end, under random packing settings (best-fit or greedy, 1 to 8 open
 sequences, sequence lengths shorter and longer than most documents, 1 to 4 sequences per
 batch, read steps whose epochs leave a remainder, shuffled or not). A model counts every
 token handed out in the epoch and checks, token by token:
 
 - at every state: the tokens the state says the epoch consumed (the rows consumed whole, its
-  own and the carried ones, and the tokens ``[0, offset)`` of each row in ``progress.tokens``)
+  own and the carried ones, and the tokens ``[0, offset)`` of each row in ``progress.tokens``,
+  less what a carried row's offset at the epoch's start says the epoch before handed out)
   are exactly the tokens the model saw handed out in the epoch since its start;
 - at every epoch's end: each token of the corpus was handed out once in the epoch, but for
   the documents the epoch carried out (its remainder), and the ones carried in came too.
@@ -77,26 +80,43 @@ def doc_of(shard: int, row: int) -> int:
     return shard * PER + row  # shards list sorted by URL, as written
 
 
-def claimed(state: dict[str, Any]) -> Counter[int]:
-    """The tokens ``state`` says its epoch consumed."""
+def claimed(state: dict[str, Any], before: dict[tuple[int, int], int]) -> Counter[int]:
+    """The tokens ``state`` says its epoch consumed; ``before``: the offsets the carried rows
+    began the epoch at (their tokens before were handed out in the epoch before)."""
     parsed = StreamState.from_json(state)
     out: Counter[int] = Counter()
-    for consumed in (parsed.progress.consumed, parsed.distributed.carry_consumed):
+    for segment, consumed in (
+        (1, parsed.progress.consumed),
+        (0, parsed.distributed.carry_consumed),
+    ):
         for shard, rows in consumed.sets.items():
             for start, stop in rows:
                 for row in range(start, stop):
-                    out.update(doc_tokens(doc_of(shard, row)))
-    for _, shard, row, offset in parsed.progress.tokens:
-        out.update(doc_tokens(doc_of(shard, row), offset))
+                    first = before.get((shard, row), 0) if segment == 0 else 0
+                    out.update(doc_tokens(doc_of(shard, row))[first:])
+    for segment, shard, row, offset in parsed.progress.tokens:
+        first = before.get((shard, row), 0) if segment == 0 else 0
+        out.update(doc_tokens(doc_of(shard, row), offset)[first:])
     return out
 
 
+def carry_offsets(state: dict[str, Any]) -> dict[tuple[int, int], int]:
+    """The offsets the rows ``state`` (at an epoch's start) carries in begin at."""
+    return {
+        (shard, row): offset
+        for segment, shard, row, offset in state["progress"].get("tokens", [])
+        if segment == 0
+    }
+
+
 def carried(state: dict[str, Any]) -> Counter[int]:
-    """The tokens of the rows ``state`` (at an epoch's start) carries in."""
+    """The tokens of the rows ``state`` (at an epoch's start) carries in: from their offsets,
+    for the ones cut before (``progress.tokens`` of segment 0)."""
+    start = carry_offsets(state)
     out: Counter[int] = Counter()
-    for shard, start, stop in state["distributed"]["carry"]["spans"]:
-        for row in range(start, stop):
-            out.update(doc_tokens(doc_of(shard, row)))
+    for shard, first, stop in state["distributed"]["carry"]["spans"]:
+        for row in range(first, stop):
+            out.update(doc_tokens(doc_of(shard, row))[start.get((shard, row), 0) :])
     return out
 
 
@@ -104,11 +124,17 @@ class PackMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.stream: ingest.Stream | None = None
+        self.source: Any = None
+        """What is iterated: the stream, or an ingest.DataLoader over it (no cursors in its
+        states: a resume from one shares the rest anew, and the epoch's remainder may then
+        hold documents cut before the stop, carried with their offsets)."""
         self.loop: Iterator[dict[str, Any]] | None = None
         self.seen: Counter[int] = Counter()
         """Tokens handed out in the epoch in progress."""
         self.carried_in: Counter[int] = Counter()
-        self.saved: tuple[dict[str, Any], Counter[int], Counter[int]] | None = None
+        self.before: dict[tuple[int, int], int] = {}
+        """The offsets the epoch's carried rows began at."""
+        self.saved: tuple[Any, ...] | None = None
         self.epochs = 0
 
     @initialize(
@@ -151,14 +177,14 @@ class PackMachine(RuleBasedStateMachine):
             )
 
         self.make = make
-        self.stream = make()
+        self.stream = self.source = make()
 
-    @rule(k=st.integers(1, 7))
+    @rule(k=st.integers(1, 12))
     def take(self, k: int) -> None:
         assert self.stream is not None
         for _ in range(k):
             if self.loop is None:
-                self.loop = iter(self.stream)
+                self.loop = iter(self.source)
             batch = next(self.loop, None)
             if batch is None:
                 self._epoch_end()
@@ -168,32 +194,35 @@ class PackMachine(RuleBasedStateMachine):
     def _epoch_end(self) -> None:
         assert self.stream is not None
         self.loop = None
-        state = self.stream.state_dict()
+        state = self.source.state_dict()
         out = carried(state)
         assert self.seen == EVERY - out + self.carried_in, "every token once in the epoch"
-        self.carried_in, self.seen = out, Counter()
+        self.carried_in, self.seen, self.before = out, Counter(), carry_offsets(state)
         self.epochs += 1
 
     @rule()
     def state(self) -> None:
         assert self.stream is not None
-        state = json.loads(json.dumps(self.stream.state_dict()))
-        assert claimed(state) == self.seen, "the state claims what was handed out"
-        self.saved = (state, Counter(self.seen), Counter(self.carried_in))
+        state = json.loads(json.dumps(self.source.state_dict()))
+        assert claimed(state, self.before) == self.seen, "the state claims what was handed out"
+        self.saved = (state, Counter(self.seen), Counter(self.carried_in), dict(self.before))
 
     @rule()
     def leave(self) -> None:
         self.loop = None  # the next take starts a new loop, after the last batch
 
     @precondition(lambda self: self.saved is not None)
-    @rule()
-    def resume(self) -> None:
+    @rule(loader=st.booleans())
+    def resume(self, loader: bool) -> None:
         assert self.stream is not None and self.saved is not None
+        self.loop = None
         self.stream.close()
-        self.stream = self.make()
-        state, seen, carried_in = self.saved
+        self.stream = self.source = self.make()
+        state, seen, carried_in, before = self.saved
         self.stream.load_state_dict(state)
-        self.loop, self.seen, self.carried_in = None, Counter(seen), Counter(carried_in)
+        if loader:
+            self.source = ingest.DataLoader(self.stream, num_workers=0)
+        self.seen, self.carried_in, self.before = Counter(seen), Counter(carried_in), dict(before)
 
     def teardown(self) -> None:
         if self.stream is not None:
@@ -206,7 +235,7 @@ def test_packing_hands_out_every_token_once_whatever_the_user_does(tmp_path: Pat
         PackMachine,
         settings=settings(
             max_examples=EXAMPLES or 40,
-            stateful_step_count=14,
+            stateful_step_count=20,
             deadline=None,
             derandomize=not EXAMPLES,
             suppress_health_check=list(HealthCheck),

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -20,8 +21,9 @@ import pytest
 import torch
 
 import ingest
+from ingest.core.assign import Span
 from ingest.core.errors import StateError
-from ingest.engine.pack import Pack
+from ingest.engine.pack import Pack, PackedRank
 from ingest.testing import Store
 
 SEQ_LEN = 64
@@ -248,8 +250,6 @@ def test_refusals_name_the_rule(local: Store) -> None:
         stream(url, local, read=ingest.ReadOptions(on_error="skip"))
     with pytest.raises(ingest.ConfigError, match="name the token id column"):
         next(iter(stream(url, local, transform=None)))
-    with pytest.raises(ingest.ConfigError, match="packing in DataLoader workers"):
-        ingest.DataLoader(stream(url, local), num_workers=2)
     plain = ingest.Stream(url, batch_size=8, storage_options=local.storage_options)
     s = stream(url, local)
     next(iter(s))
@@ -275,3 +275,75 @@ def test_max_lag_bounds_the_documents_a_state_lists(local: Store) -> None:
         return most
 
     assert most_listed(1) <= 3 * READ_ROWS < most_listed(10**6)
+
+
+@pytest.mark.parametrize(("workers", "then"), [(2, 3), (0, 2), (3, -1)])
+def test_dataloader_workers_tokenize_and_the_main_process_packs(
+    local: Store, workers: int, then: int
+) -> None:
+    """Workers read and tokenize their shares; every token once across a stop that resumes
+    with another worker count (-1: in a Stream), and the state loads either way."""
+    url = write_corpus(local)
+    loader = ingest.DataLoader(stream(url, local, shuffle_seed=4), num_workers=workers)
+    got: list[dict[str, Any]] = []
+    for batch in loader:
+        got.append(batch)
+        if len(got) == 7:
+            break
+    state = json.loads(json.dumps(loader.state_dict()))
+    assert state["version"] == 5 and state["progress"]["tokens"]
+    resumed = stream(url, local, shuffle_seed=4)
+    resumed.load_state_dict(state)
+    source = resumed if then < 0 else ingest.DataLoader(resumed, num_workers=then)
+    rest = list(source)
+    assert all(b["input_ids"].shape[1] == SEQ_LEN for b in rest)
+    # Another worker count shares the rest in steps of its own: what does not fill one step
+    # on every worker is carried into the next epoch, as rows are.
+    carried = carried_tokens(source.state_dict())
+    assert tokens_of(got + rest) == every_token() - carried
+    # The next epoch packs the carried documents from their offsets, then its own.
+    second = tokens_of(list(source))
+    assert second == every_token() - carried_tokens(source.state_dict()) + carried
+
+
+def test_cut_documents_in_the_epochs_remainder_are_carried_with_their_offsets() -> None:
+    """A resume that shares the rest anew (another world size) may leave a document cut
+    before the stop in the epoch's remainder: at the epoch's end its offset moves to the
+    next epoch's carried row (segment 0); the other offsets are spent, and none is kept when
+    the remainder is dropped."""
+
+    class Plan:
+        assignment = SimpleNamespace(remainder=(Span(1, 10, 12), Span(0, 3, 4)))
+
+    def packing(remainder: str) -> PackedRank:
+        book = SimpleNamespace(config=SimpleNamespace(remainder=remainder), plan=lambda e: Plan)
+        packed = PackedRank(Pack(seq_len=8), 2, cast(Any, None), cast(Any, book))
+        packed.begin(["s3://b/a.jsonl", "s3://b/b.jsonl"])
+        for shard, row, offset in ((1, 11, 5), (1, 2, 7), (0, 3, 1)):
+            packed._offsets[1 << 62 | shard << 31 | row] = offset
+        return packed
+
+    carried = packing("carry")
+    carried._carry(0)
+    assert sorted(carried._loaded) == [(0, "s3://b/a.jsonl", 3, 1), (0, "s3://b/b.jsonl", 11, 5)]
+    assert not carried._offsets
+    dropped = packing("drop")
+    dropped._carry(0)
+    assert not dropped._loaded and not dropped._offsets
+
+
+def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
+    """The tokens of the documents ``state`` (at an epoch's start) carries into its epoch."""
+    per = -(-n // SHARDS)
+    docs = [
+        shard * per + row
+        for shard, start, stop in state["distributed"]["carry"]["spans"]
+        for row in range(start, stop)
+    ]
+    # A carried document cut before the stop carries only its tokens from its offset.
+    start = {
+        shard * per + row: offset
+        for segment, shard, row, offset in state["progress"].get("tokens", [])
+        if segment == 0
+    }
+    return Counter(t for d in docs for t in tokenize([f"{d} {lengths()[d]}"])[0][start.get(d, 0) :])

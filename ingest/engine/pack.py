@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
+from ingest.core.assign import CARRY
 from ingest.core.book import EpochBook
 from ingest.core.errors import ConfigError, IngestError, StateError
 from ingest.core.packing import Method, Packed, Packer, collate
@@ -50,7 +51,7 @@ from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
 from ingest.engine.convert import Batch
 from ingest.engine.feed import Ready, Tail
-from ingest.engine.loop import RankLoop
+from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.stage import Staged
 from ingest.engine.transform import as_table
 
@@ -149,7 +150,7 @@ def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa
 class _Step:
     """A read step in flight: its item, its documents not done, and the ones done."""
 
-    item: Ready
+    item: _ReadStep
     first: int = 0
     """The serial of its first document (documents are numbered as they are packed)."""
     open: int = 0
@@ -227,22 +228,51 @@ class PackedRank:
         self, epoch: int, items: Iterable[Ready | Tail], urls: Sequence[str]
     ) -> Iterator[Batch]:
         """The batches of ``epoch`` from the feed's ``items``; ``urls``: its listing's shards."""
-        self._begin(urls)
-        size = self.batch_size
+        self.begin(urls)
         for item in items:
             if isinstance(item, Tail):
-                self._closed.extend(self.packer.flush())
-                while self._closed:
-                    yield self._hand_out(size)
-                if self._steps or self._docs:  # pragma: no cover - the packer holds none
-                    raise IngestError(
-                        f"epoch {epoch} ended with {len(self._docs)} documents not packed"
-                    )
-                self.rank.end(epoch, item)
+                yield from self.finish(epoch, item)
                 return
-            self._take(item)
-            while len(self._closed) >= size:
-                yield self._hand_out(size)
+            yield from self.feed(item)
+
+    def feed(self, item: _ReadStep) -> Iterator[Batch]:
+        """Pack a read step's documents; the batches that fills."""
+        self._take(item)
+        while len(self._closed) >= self.batch_size:
+            yield self._hand_out(self.batch_size)
+
+    def finish(self, epoch: int, ending: Ending) -> Iterator[Batch]:
+        """The rank's feed of ``epoch`` ended: its open sequences closed, the last batches
+        (the last one may be short), then the end of the epoch for its book."""
+        self._closed.extend(self.packer.flush())
+        while self._closed:
+            yield self._hand_out(self.batch_size)
+        if self._steps or self._docs:  # pragma: no cover - the packer holds none
+            raise IngestError(f"epoch {epoch} ended with {len(self._docs)} documents not packed")
+        self.rank.end(epoch, ending)
+        self._carry(epoch)
+
+    def _carry(self, epoch: int) -> None:
+        """After ``epoch``'s end: the documents cut before a resume that the epoch did not
+        read again (its remainder, shared anew at the resume) start the next epoch's carried
+        rows at their offsets; the other offsets are spent."""
+        keep: list[tuple[int, str, int, int]] = []
+        if self._offsets and self.book.config.remainder == "carry":
+            carried = {
+                (s.segment, s.shard, row)
+                for s in self.book.plan(epoch).assignment.remainder
+                for row in range(s.start, s.stop)
+            }
+            for key, offset in self._offsets.items():
+                shard, row = (key >> _SHIFT) & _MASK, key & _MASK
+                if (key >> 62, shard, row) in carried:
+                    keep.append((CARRY, self._urls[shard], row, offset))
+        self._offsets = {}
+        self._loaded = keep
+
+    def begin(self, urls: Sequence[str]) -> None:
+        """An epoch (or the rest of one) whose listing's shards are ``urls`` begins."""
+        self._begin(urls)
 
     def _begin(self, urls: Sequence[str]) -> None:
         self._urls = urls
@@ -259,7 +289,7 @@ class PackedRank:
             self._offsets[segment << 62 | shard << _SHIFT | row] = offset
         self._loaded = []
 
-    def _take(self, item: Ready) -> None:
+    def _take(self, item: _ReadStep) -> None:
         keys = item.runs
         if keys.ndim != 1:
             raise IngestError(
@@ -330,11 +360,17 @@ class PackedRank:
         """The state after the last batch handed out (see the module docstring)."""
         self.rank.flush()
         base = self.book.snapshot(self.rank.step)
-        # Documents of read steps not acked yet: done (all their tokens), or cut.
+        tokens = self.entries(base)
+        return state_with_tokens(base, tokens) if tokens else base
+
+    def entries(self, base: StreamState) -> list[tuple[int, int, int, int]]:
+        """``(segment, shard, row, offset)`` of the documents of the read steps not acked yet
+        that reached a batch (all their tokens for a document done), and of a loaded state's
+        not read again yet, by ``base``'s shard indices."""
         handed = [(key, n) for s in self._steps for key, n in s.done if n]
         handed += self._offsets.items()
         if not handed and not self._loaded:
-            return base
+            return []
         by_url = {s.url: n for n, s in enumerate(base.shards)}
         tokens = []
         for key, offset in handed:
@@ -343,11 +379,29 @@ class PackedRank:
                 raise StateError(f"{url} is not in the state's listing")
             tokens.append((key >> 62, by_url[url], key & _MASK, offset))
         tokens += [(s, by_url[url], row, off) for s, url, row, off in self._loaded if url in by_url]
-        return state_with_tokens(base, tokens)
+        return tokens
 
 
-def _nothing(_: Ready) -> None:
+def merged(entries: Iterable[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """Several ranks' :meth:`PackedRank.entries`, one per row (the largest offset: each rank
+    starts from a loaded state's, and only the rank that reads a row moves it on)."""
+    most: dict[tuple[int, int, int], int] = {}
+    for segment, shard, row, offset in entries:
+        key = (segment, shard, row)
+        most[key] = max(most.get(key, 0), offset)
+    return sorted((*key, offset) for key, offset in most.items())
+
+
+class _ReadStep(BatchItem, Protocol):
+    """A read step as packing takes it: :class:`ingest.engine.feed.Ready`, or a DataLoader
+    worker's copy of one (its table holding the token ids and :data:`ORIGIN`)."""
+
+    @property
+    def table(self) -> Any: ...
+
+
+def _nothing(_: Any) -> None:
     return None
 
 
-__all__ = ["ORIGIN", "Pack", "PackedRank", "with_origin"]
+__all__ = ["ORIGIN", "Pack", "PackedRank", "merged", "with_origin"]

@@ -161,6 +161,11 @@ class Stream:
         return self._packed is not None
 
     @property
+    def pack(self) -> Pack | None:
+        """The packing settings (``pack=``), or None."""
+        return None if self._packed is None else self._packed.pack
+
+    @property
     def batch_size(self) -> int:
         """Rows per batch (sequences, with ``pack``)."""
         return self._batch_size

@@ -23,16 +23,19 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import torch.utils.data
 
 from ingest.core.book import EpochBook
 from ingest.core.errors import ConfigError, IngestError
 from ingest.core.ledger import Closed, Rows, Runs
 from ingest.core.quarantine import Quarantined
+from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import Cursor, StreamState
 from ingest.engine.convert import Batch, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.loop import BookLink, RankLoop
+from ingest.engine.pack import ORIGIN, Pack, PackedRank, merged
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
 from ingest.planner.catalog import Listing
@@ -54,6 +57,9 @@ class _Came:
     arrays: tuple[str, ...] = ()
     """Tensors sent as numpy arrays (see :meth:`_Shares.__iter__`), made tensors again."""
     closed: Closed | None = None
+    table: pa.Table | None = None
+    """A packing stream's read step: its token ids and each row's origin, packed in the
+    main process (:class:`ingest.engine.pack.PackedRank`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
     def __init__(self, spec: StreamSpec, transform: Any) -> None:
         self.spec = spec
         self.transform = transform
+        self.pack: Pack | None = None
         self.ranks = 1
         self.start: dict[str, Any] | None = None
         self.listing: Listing | None = None
@@ -109,6 +116,21 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                     yield {KEY: end}
                     return
                 assert isinstance(item, Ready)
+                if self.pack is not None:  # packed in the main process
+                    columns = [self.pack.column, ORIGIN]
+                    table = item.table.select([c for c in columns if c in item.table.column_names])
+                    came = _Came(
+                        rank,
+                        item.step,
+                        item.runs,
+                        item.rows,
+                        item.cursor,
+                        item.quarantined,
+                        closed=item.closed,
+                        table=table,
+                    )
+                    yield {KEY: came}
+                    continue
                 batch = to_torch(item.table)
                 arrays: tuple[str, ...] = ()
                 if info is not None:
@@ -171,18 +193,16 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             )
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
-        if stream.packs:
-            raise ConfigError(
-                "ingest.DataLoader over a Stream with pack=: packing in DataLoader workers is "
-                "not built yet; iterate the Stream itself (its tokenizing runs in a thread "
-                "ahead of the loop)"
-            )
         self.stream = stream
         self._shares = _Shares(stream.spec, stream.parts.transform)
         self._book: EpochBook[Listing] | None = None
         self._ranks: dict[int, RankLoop] = {}
         """Each worker's (rank's) loop: its batches handed out and their acks
         (:mod:`ingest.engine.loop`)."""
+        self._packs: dict[int, PackedRank] = {}
+        """With a packing stream: each worker's packing, in this process (the workers read,
+        decode and tokenize; see :mod:`ingest.engine.pack`)."""
+        self._shares.pack = stream.pack
         self._running: weakref.ref[Iterator[Batch]] | None = None
         """The loop last started, held weakly, so that a loop the caller drops (a ``break``)
         is closed at once and shuts its workers down. The loop refers to this loader: held
@@ -214,11 +234,12 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         book = stream.spec.book(ranks, stream.parts.planner)
         link = BookLink(book)
         self._ranks = {rank: RankLoop(rank, link) for rank in range(ranks)}
-        started = start.started or start.progress.epoch > 0
+        started = start.started or start.progress.epoch > 0 or bool(start.progress.tokens)
         if started:
             book.load(start)
         epoch = book.upcoming_epoch(0)
         listing = book.plan(epoch).listing  # one listing, made here, for every worker
+        self._packs = self._packings(book, start, listing)
         self._book = book
         self._shares.ranks = ranks
         self._shares.start = start.to_json() if started else None
@@ -229,6 +250,10 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             came = out.pop(KEY)
             if isinstance(came, _Failed):
                 raise came.error
+            if came.rank in self._packs:
+                yield from self._packed(epoch, came)
+                ended += isinstance(came, _Ended)
+                continue
             rank = self._ranks[came.rank]
             if isinstance(came, _Ended):
                 rank.end(epoch, came)
@@ -240,9 +265,31 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         if ended != ranks:
             raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
         # The epoch is done: the stream goes on from the next one (listed when it starts).
-        self._flush()
-        stream.load_state_dict(book.snapshot_acked(), listing=listing)
+        stream.load_state_dict(self._state(), listing=listing)
         self._book = None
+
+    def _packings(
+        self, book: EpochBook[Listing], start: StreamState, listing: Listing
+    ) -> dict[int, PackedRank]:
+        """With a packing stream, each worker's packing, from ``start``'s cut documents."""
+        pack = self.stream.pack
+        if pack is None:
+            return {}
+        urls = [s.url for s in listing.shards]
+        out = {}
+        for rank, loop in self._ranks.items():
+            packed = out[rank] = PackedRank(pack, self.stream.batch_size, loop, book)
+            packed.load(start)
+            packed.begin(urls)
+        return out
+
+    def _packed(self, epoch: int, came: _Came | _Ended) -> Iterator[Batch]:
+        """A packing worker's read step packed, or its end: the batches they make."""
+        packed = self._packs[came.rank]
+        if isinstance(came, _Ended):
+            yield from packed.finish(epoch, came)
+        else:
+            yield from packed.feed(came)
 
     def _flush(self) -> None:
         """Send every rank's held acks to the book (one call per rank for many batches)."""
@@ -260,21 +307,31 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                 with contextlib.suppress(Exception):
                     close()  # shuts its workers down
         if self._book is not None:
-            self._flush()
-            self.stream.load_state_dict(self._book.snapshot_acked())
+            self.stream.load_state_dict(self._state())
             self._book = None
+
+    def _state(self) -> StreamState:
+        """The book's state after every batch handed out; with packing, the documents the
+        workers' packings handed out in part or beyond their read steps acked."""
+        assert self._book is not None
+        self._flush()
+        state = self._book.snapshot_acked()
+        if self._packs:
+            tokens = merged(t for p in self._packs.values() for t in p.entries(state))
+            if tokens:
+                state = state_with_tokens(state, tokens)
+        return state
 
     def state_dict(self) -> dict[str, Any]:
         """The state after every batch this loader handed out (all workers); plain JSON."""
         if self._book is None:
             return self.stream.state_dict()
-        self._flush()
-        return self._book.snapshot_acked().to_json()
+        return self._state().to_json()
 
     def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
         """Start the next epoch exactly after ``state`` (from any loader, Stream or
         RayStream, any worker count or world size)."""
-        self._running, self._book, self._ranks = None, None, {}
+        self._running, self._book, self._ranks, self._packs = None, None, {}, {}
         self.stream.load_state_dict(state)
 
 
