@@ -61,6 +61,23 @@ class _Came:
     """A packing stream's read step: its token ids and each row's origin, packed in the
     main process (:class:`ingest.engine.pack.PackedRank`)."""
 
+    @classmethod
+    def of(
+        cls, rank: int, item: Ready, *, arrays: tuple[str, ...] = (), table: pa.Table | None = None
+    ) -> _Came:
+        """Where ``item``, a batch of ``rank``'s feed, came from."""
+        return cls(
+            rank,
+            item.step,
+            item.runs,
+            item.rows,
+            item.cursor,
+            item.quarantined,
+            arrays,
+            item.closed,
+            table,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class _Failed:
@@ -119,17 +136,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                 if self.pack is not None:  # packed in the main process
                     columns = [self.pack.column, ORIGIN]
                     table = item.table.select([c for c in columns if c in item.table.column_names])
-                    came = _Came(
-                        rank,
-                        item.step,
-                        item.runs,
-                        item.rows,
-                        item.cursor,
-                        item.quarantined,
-                        closed=item.closed,
-                        table=table,
-                    )
-                    yield {KEY: came}
+                    yield {KEY: _Came.of(rank, item, table=table)}
                     continue
                 batch = to_torch(item.table)
                 arrays: tuple[str, ...] = ()
@@ -140,16 +147,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                     # is the user's to set.
                     arrays = tuple(k for k, v in batch.items() if isinstance(v, torch.Tensor))
                     batch = {k: v.numpy() if k in arrays else v for k, v in batch.items()}
-                came = _Came(
-                    rank,
-                    item.step,
-                    item.runs,
-                    item.rows,
-                    item.cursor,
-                    item.quarantined,
-                    arrays,
-                    item.closed,
-                )
+                came = _Came.of(rank, item, arrays=arrays)
                 yield {**batch, KEY: came}
 
 
