@@ -347,3 +347,18 @@ def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
         if segment == 0
     }
     return Counter(t for d in docs for t in tokenize([f"{d} {lengths()[d]}"])[0][start.get(d, 0) :])
+
+
+def test_documents_without_a_token_at_the_end_make_no_batch_of_padding(local: Store) -> None:
+    # 16 documents of 4 tokens fill one sequence exactly; the 16 after them have none.
+    lines = [json.dumps({"text": f"{d} {4 if d < 16 else 0}"}) for d in range(32)]
+    local.write("empty/part-0.jsonl", ("\n".join(lines) + "\n").encode())
+    s = stream(local.url("empty/*.jsonl"), local)
+    batches = list(s)
+    assert all(bool((seq != 0).any()) for b in batches for seq in b["input_ids"])
+    assert tokens_of(batches) == Counter(d * 10_000 + j + 1 for d in range(16) for j in range(4))
+    assert s.state_dict()["progress"]["epoch"] == 1  # the empty documents were consumed
+    none = [json.dumps({"text": f"{d} 0"}) for d in range(16)]
+    local.write("none/part-0.jsonl", ("\n".join(none) + "\n").encode())
+    s = stream(local.url("none/*.jsonl"), local)
+    assert list(s) == [] and s.state_dict()["progress"]["epoch"] == 1

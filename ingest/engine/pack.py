@@ -244,7 +244,15 @@ class PackedRank:
     def finish(self, epoch: int, ending: Ending) -> Iterator[Batch]:
         """The rank's feed of ``epoch`` ended: its open sequences closed, the last batches
         (the last one may be short), then the end of the epoch for its book."""
-        self._closed.extend(self.packer.flush())
+        closed = self._closed + self.packer.flush()
+        # Documents without a token left at the end come in a sequence of padding alone:
+        # they go with the last sequence of tokens, or, with none, are done as they are.
+        empty = [p for seq in closed if not seq.size for p in seq.pieces]
+        self._closed = [seq for seq in closed if seq.size]
+        if empty and self._closed:
+            self._closed[-1].pieces.extend(empty)
+        elif empty:
+            self._done([(p.key, p.stop, p.last) for p in empty])
         while self._closed:
             yield self._hand_out(self.batch_size)
         if self._steps or self._docs:  # pragma: no cover - the packer holds none
@@ -330,7 +338,22 @@ class PackedRank:
     def _hand_out(self, size: int) -> Batch:
         sequences, self._closed = self._closed[:size], self._closed[size:]
         batch = collate(sequences, self.pack.seq_len, self.pack.pad_id)
-        for _, serial, _, stop, last in batch.pieces.tolist():
+        self._done([(serial, stop, last) for _, serial, _, stop, last in batch.pieces.tolist()])
+        real = batch.real_tokens
+        self.tokens += real
+        self.padding += batch.input_ids.size - real
+        return {
+            "input_ids": torch.from_numpy(batch.input_ids),
+            "labels": torch.from_numpy(batch.labels),
+            "position_ids": torch.from_numpy(batch.position_ids),
+            "cu_seqlens": torch.from_numpy(batch.cu_seqlens),
+            "max_seqlen": batch.max_seqlen,
+        }
+
+    def _done(self, pieces: Iterable[tuple[int, int, int]]) -> None:
+        """Pieces ``(serial, stop, last)`` handed out: their documents' offsets move on, a
+        document whose last piece it is is done, and the read steps now done are acked."""
+        for serial, stop, last in pieces:
             step, key, n = self._docs[serial]
             if last:
                 del self._docs[serial]
@@ -339,17 +362,7 @@ class PackedRank:
                 step.done.append((key, n))
             else:
                 self._offsets[key] = stop
-        real = batch.real_tokens
-        self.tokens += real
-        self.padding += batch.input_ids.size - real
         self._ack()
-        return {
-            "input_ids": torch.from_numpy(batch.input_ids),
-            "labels": torch.from_numpy(batch.labels),
-            "position_ids": torch.from_numpy(batch.position_ids),
-            "cu_seqlens": torch.from_numpy(batch.cu_seqlens),
-            "max_seqlen": batch.max_seqlen,
-        }
 
     def _ack(self) -> None:
         """Ack the read steps whose documents are all done, oldest first."""
