@@ -168,7 +168,9 @@ def _tokens_of(table: pa.Table, column: str) -> tuple[npt.NDArray[np.int64], npt
             "(transform=ingest.Tokenize(...)) or name the token id column"
         )
     ids = table.column(column)
-    if not (pa.types.is_list(ids.type) or pa.types.is_large_list(ids.type)):
+    kind = ids.type
+    lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+    if not any(is_list(kind) for is_list in lists):
         raise ConfigError(f"Pack(column={column!r}) is {ids.type}, not a list of token ids")
     lengths = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
     flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
