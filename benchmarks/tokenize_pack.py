@@ -11,7 +11,13 @@ in turn, ``--repeat`` times (medians):
 - the whole engine: an ``ingest.Stream`` over the corpus as JSONL shards on local disk (in
   the page cache), ``transform=Tokenize``, ``pack=Pack(seq_len)``, batches of 8 sequences as
   torch tensors (reading, decoding JSON, read-ahead, acks included); its tokenizing runs in
-  the feed's thread, beside the loop.
+  the feed's thread, beside the loop;
+- the same through an ``ingest.DataLoader`` with 2 worker processes, which read and
+  tokenize while the main process packs (its CPU figure counts the main process only).
+
+``--docs`` is a multiple of 2 x ``--batch`` (the read steps), so that no epoch carries a
+remainder: every loop hands out every token once, and the loaders' token count is the
+corpus's.
 
 It also prints the Stream's packing efficiency (non-padding tokens / all tokens).
 
@@ -88,9 +94,15 @@ def write_jsonl(texts: list[str], shards: int = 8) -> Path:
 
 
 def stream_loop(
-    root: Path, stage: Tokenize, seq_len: int, read_rows: int, packed: dict[str, int]
+    root: Path,
+    stage: Tokenize,
+    seq_len: int,
+    read_rows: int,
+    packed: dict[str, int],
+    workers: int | None = None,
 ) -> Callable[[], int]:
-    """An epoch of a packing Stream over ``root``'s shards; ``packed`` gets its token counts."""
+    """An epoch of a packing Stream over ``root``'s shards (``workers``: through an
+    ``ingest.DataLoader`` with that many worker processes); ``packed`` gets its token counts."""
 
     def loop() -> int:
         s = ingest.Stream(
@@ -99,6 +111,10 @@ def stream_loop(
             transform=stage,
             pack=ingest.Pack(seq_len=seq_len, read_rows=read_rows),
         )
+        if workers is not None:  # every token of the corpus, once (no remainder: see main)
+            for _ in ingest.DataLoader(s, num_workers=workers):
+                pass
+            return packed["real"]
         for _ in s:
             pass
         real, padding = s.stats["tokens"], s.stats["padding_tokens"]
@@ -108,10 +124,29 @@ def stream_loop(
     return loop
 
 
+def packer_loop(stage: Tokenize, tables: list[pa.Table], seq_len: int) -> Callable[[], int]:
+    """Tokenize each table, pack its documents and collate the sequences closed, in order."""
+
+    def loop() -> int:
+        packer, tokens, key = Packer(seq_len), 0, 0
+        for t in tables:
+            ids = stage(t).table.column("input_ids").combine_chunks()
+            flat, offsets = ids.values.to_numpy(), ids.offsets.to_numpy()
+            done = []
+            for i in range(len(ids)):
+                done += packer.add(key, flat[offsets[i] : offsets[i + 1]])
+                key += 1
+            if done:
+                tokens += collate(done, seq_len).real_tokens
+        return tokens + collate(packer.flush(), seq_len).real_tokens
+
+    return loop
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--docs", type=int, default=8000)
-    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
@@ -127,30 +162,24 @@ def main() -> None:
     def tokenize() -> int:
         return sum(int(pa.compute.sum(stage(t).table.column("num_tokens")).as_py()) for t in tables)
 
-    def tokenize_pack() -> int:
-        packer, tokens, key = Packer(args.seq_len), 0, 0
-        for t in tables:
-            ids = stage(t).table.column("input_ids").combine_chunks()
-            flat, offsets = ids.values.to_numpy(), ids.offsets.to_numpy()
-            done = []
-            for i in range(len(ids)):
-                done += packer.add(key, flat[offsets[i] : offsets[i + 1]])
-                key += 1
-            if done:
-                tokens += collate(done, args.seq_len).real_tokens
-        return tokens + collate(packer.flush(), args.seq_len).real_tokens
-
     packed: dict[str, int] = {}
-    stream = stream_loop(write_jsonl(texts), stage, args.seq_len, args.batch, packed)
+    root = write_jsonl(texts)
+    stream = stream_loop(root, stage, args.seq_len, args.batch, packed)
+    loader = stream_loop(root, stage, args.seq_len, args.batch, packed, workers=2)
 
     loops = {
         "tokenizer alone": alone,
         "Tokenize stage": tokenize,
-        "Tokenize + pack + collate": tokenize_pack,
+        "Tokenize + pack + collate": packer_loop(stage, tables, args.seq_len),
         "Stream(Tokenize, Pack)": stream,
+        "DataLoader, 2 workers": loader,
     }
+    if args.docs % (2 * args.batch):
+        raise SystemExit("--docs must be a multiple of 2 x --batch: no epoch remainder")
     for loop in loops.values():
         loop()  # warm up
+    if packed["real"] != tokenize():
+        raise SystemExit(f"the Stream packed {packed['real']} tokens of {tokenize()}")
     print(f"{args.docs:,} documents in batches of {args.batch}; median of {args.repeat}, in turn")
     figures = timed(loops, args.repeat)
     base = figures["tokenizer alone"][0]
