@@ -250,6 +250,9 @@ def test_refusals_name_the_rule(local: Store) -> None:
         stream(url, local, read=ingest.ReadOptions(on_error="skip"))
     with pytest.raises(ingest.ConfigError, match="name the token id column"):
         next(iter(stream(url, local, transform=None)))
+    halves = ingest.FlatMap(lambda row: [row, row])  # two rows of each document
+    with pytest.raises(ingest.ConfigError, match="several rows of one input row, before Pack"):
+        next(iter(stream(url, local, transform=halves)))
     plain = ingest.Stream(url, batch_size=8, storage_options=local.storage_options)
     s = stream(url, local)
     next(iter(s))

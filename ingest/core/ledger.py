@@ -227,6 +227,17 @@ _PACK_FROM_RUNS = 256
 """Messages of fewer runs are kept as they came (a few long runs: nothing to gain)."""
 
 
+def packed_row(segment: int, shard: int, row: int) -> int:
+    """One row as a packed row (``segment << 62 | shard << 31 | row``), as the feed's
+    provenance gives it."""
+    return segment << _SEGMENT_SHIFT | shard << _ROW_BITS | row
+
+
+def unpacked_row(value: int) -> tuple[int, int, int]:
+    """``(segment, shard, row)`` of a packed row (:func:`packed_row`)."""
+    return value >> _SEGMENT_SHIFT, (value >> _ROW_BITS) & _ROW_MASK, value & _ROW_MASK
+
+
 def pack_base(
     segments: npt.NDArray[np.int64],
     shards: npt.NDArray[np.int64],

@@ -13,18 +13,20 @@ documents, not the rows of a read step:
   (:class:`~ingest.engine.loop.RankLoop`) once every document of it is done, and of the
   earlier ones too: the book's steps stay whole and in order.
 - A state (:meth:`PackedRank.state`) is the book's snapshot at the last read step acked,
-  with the documents done after it counted as consumed, and the documents cut by the
-  batches handed out recorded as ``(segment, shard, row, offset)``: the tokens ``[0,
-  offset)`` reached a batch, the rest did not (``progress.tokens``, state version 5). Tokens
-  still in open sequences, and in sequences closed but not handed out, are not consumed: no
-  token buffer is saved. See :func:`ingest.core.snapshot.state_with_tokens`.
-- A resume shares the rest of the epoch anew (the state has no cursors), reads every
-  document not done again, and packs a cut one from its offset (``Packer.add(start=)``).
+  cursors included, with ``progress.tokens`` (state version 5): for every document of a
+  later read step that reached a batch, ``(segment, shard, row, offset)``, the tokens ``[0,
+  offset)`` handed out (all of them for a document done). Tokens still in open sequences,
+  and in sequences closed but not handed out, are not consumed: no token buffer is saved.
+  See :func:`ingest.core.snapshot.state_with_tokens`.
+- A resume reads the read steps after the snapshot again (in the same order, with the same
+  settings; shared anew otherwise), and packs each listed document from its offset
+  (``Packer.add(start=)``; a document done starts at its end, so nothing of it is packed).
   Best-fit and greedy packing hand out the pieces of a document in token order, so what
   any prefix of the batches consumed of a document is a prefix of its tokens: one offset.
 - The epoch's end closes the open sequences (padded); its last batch may hold fewer than
   ``batch_size`` sequences. Rows the book carries into the next epoch (the epoch's
-  remainder, fewer than a read step) are packed there, as any stream reads them.
+  remainder, fewer than a read step) are packed there, as any stream reads them; one cut
+  before a resume that shared the rest anew keeps its offset there (segment 0).
 
 Transforms before packing may drop documents (an :class:`ingest.Filter`): a dropped document
 is consumed with its read step. They may not make several rows of one.
@@ -46,21 +48,18 @@ import torch
 from ingest.core.assign import CARRY
 from ingest.core.book import EpochBook
 from ingest.core.errors import ConfigError, IngestError, StateError
+from ingest.core.ledger import packed_row, unpacked_row
 from ingest.core.packing import Method, Packed, Packer, collate
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
 from ingest.engine.convert import Batch
 from ingest.engine.feed import Ready, Tail
 from ingest.engine.loop import BatchItem, Ending, RankLoop
-from ingest.engine.stage import Staged
-from ingest.engine.transform import as_table
+from ingest.engine.transform import staged
 
 ORIGIN = "__ingest_origin"
 """The column a packing stream's transform adds: each row's position in its read step (the
 row it came from), so that a filter's survivors keep their provenance."""
-
-_SHIFT, _MASK = 31, (1 << 31) - 1
-"""A packed row (:func:`ingest.core.ledger.pack_base`): ``segment << 62 | shard << 31 | row``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,25 +121,15 @@ def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa
         if fn is None:
             out, origin = table, np.arange(table.num_rows, dtype=np.int64)
         else:
-            name = getattr(fn, "__qualname__", type(fn).__qualname__)
-            got = fn(table)
-            if isinstance(got, Staged):
-                got.check(table.num_rows, name)
-                out, origin = as_table(got.table, f"stage {name}"), np.asarray(got.origin)
-                if got.part is not None or (len(origin) > 1 and not np.diff(origin).all()):
-                    raise ConfigError(
-                        f"stage {name} made several rows of one input row, before Pack: "
-                        "packing cuts documents itself; pass Pack whole documents (filter "
-                        "them if need be, do not split them)"
-                    )
-            else:
-                out = as_table(got, f"transform {name}")
-                if out.num_rows != table.num_rows:
-                    raise ConfigError(
-                        f"transform {name} returned {out.num_rows} rows for {table.num_rows}; "
-                        "make it an ingest.Stage returning ingest.Staged to drop rows"
-                    )
-                origin = np.arange(table.num_rows, dtype=np.int64)
+            got = staged(fn, table)
+            out, origin = got.table, got.origin
+            if got.part is not None or (len(origin) > 1 and not np.diff(origin).all()):
+                name = getattr(fn, "__qualname__", type(fn).__qualname__)
+                raise ConfigError(
+                    f"stage {name} made several rows of one input row, before Pack: "
+                    "packing cuts documents itself; pass Pack whole documents (filter "
+                    "them if need be, do not split them)"
+                )
         return out.append_column(ORIGIN, pa.array(origin.astype(np.int64), pa.int64()))
 
     return call
@@ -274,17 +263,14 @@ class PackedRank:
                 for row in range(s.start, s.stop)
             }
             for key, offset in self._offsets.items():
-                shard, row = (key >> _SHIFT) & _MASK, key & _MASK
-                if (key >> 62, shard, row) in carried:
+                segment, shard, row = unpacked_row(key)
+                if (segment, shard, row) in carried:
                     keep.append((CARRY, self._urls[shard], row, offset))
         self._offsets = {}
         self._loaded = keep
 
     def begin(self, urls: Sequence[str]) -> None:
         """An epoch (or the rest of one) whose listing's shards are ``urls`` begins."""
-        self._begin(urls)
-
-    def _begin(self, urls: Sequence[str]) -> None:
         self._urls = urls
         if not self._loaded:
             return
@@ -296,7 +282,7 @@ class PackedRank:
                     f"the state cut row {row} of {url}, which this epoch's listing does not "
                     "hold; resume on the dataset the state was saved on"
                 )
-            self._offsets[segment << 62 | shard << _SHIFT | row] = offset
+            self._offsets[packed_row(segment, shard, row)] = offset
         self._loaded = []
 
     def _take(self, item: _ReadStep) -> None:
@@ -322,8 +308,9 @@ class PackedRank:
             n = int(lengths[j])
             start = self._offsets.get(key, 0)
             if start > n:
+                _, shard, row = unpacked_row(key)
                 raise StateError(
-                    f"row {key & _MASK} of {self._urls[(key >> _SHIFT) & _MASK]} has {n} "
+                    f"row {row} of {self._urls[shard]} has {n} "
                     f"tokens, and the state consumed {start} of them: the data or the "
                     "tokenizer changed since the state was saved; resume with the same ones"
                 )
@@ -389,10 +376,11 @@ class PackedRank:
         by_url = {s.url: n for n, s in enumerate(base.shards)}
         tokens = []
         for key, offset in handed:
-            url = self._urls[(key >> _SHIFT) & _MASK]
+            segment, shard, row = unpacked_row(key)
+            url = self._urls[shard]
             if url not in by_url:  # pragma: no cover - an epoch's listing is its state's
                 raise StateError(f"{url} is not in the state's listing")
-            tokens.append((key >> 62, by_url[url], key & _MASK, offset))
+            tokens.append((segment, by_url[url], row, offset))
         tokens += [(s, by_url[url], row, off) for s, url, row, off in self._loaded if url in by_url]
         return tokens
 

@@ -76,7 +76,7 @@ class Stream:
             the shards that appeared since the last one, which waits for new shards
             (``ingest.Follow(poll_s, idle_timeout_s, manifest)``, see :mod:`ingest.storage.follow`).
         pack: Pack the documents' token ids (``transform=ingest.Tokenize(...)``, or a column
-            of them) into sequences: ``ingest.Pack(seq_len, ...)``. ``batch_size`` is then
+            of them) into sequences: ``ingest.Pack(seq_len=...)``. ``batch_size`` is then
             sequences per batch, and a state records the tokens of each document cut
             across batches (see :mod:`ingest.engine.pack`).
     """
@@ -122,10 +122,10 @@ class Stream:
         fn = build_transform(transform)
         # Checked as in the reader pool: one row per input row (a stage: its origins).
         self._transform: Callable[[Any], Any] | None = None
-        if fn is not None:
-            self._transform = functools.partial(apply, fn)
         if pack is not None:  # each row's origin kept, for the documents' provenance
             self._transform = with_origin(fn)
+        elif fn is not None:
+            self._transform = functools.partial(apply, fn)
         self._planner = self.spec.planner(progress=progress)
         self._book = self.spec.book(1, self._planner)
         self._next_epoch = 0
@@ -156,11 +156,6 @@ class Stream:
         return StreamParts(self.spec, self._planner, self._transform)
 
     @property
-    def packs(self) -> bool:
-        """Whether the stream packs token ids into sequences (``pack=``)."""
-        return self._packed is not None
-
-    @property
     def pack(self) -> Pack | None:
         """The packing settings (``pack=``), or None."""
         return None if self._packed is None else self._packed.pack
@@ -189,18 +184,13 @@ class Stream:
         ``padding_tokens`` what the batches handed out since the stream was made held."""
         self._rank.flush()
         packed = self._packed
-        if packed is not None:
-            return {
-                **self._planner.source.stats.as_dict(),
-                "rows_delivered": self._delivered,
-                "tokens": packed.tokens,
-                "padding_tokens": packed.padding,
-                **summary(self._book.quarantined()),
-                **self._held(),
-            }
+        tokens = (
+            {} if packed is None else {"tokens": packed.tokens, "padding_tokens": packed.padding}
+        )
         return {
             **self._planner.source.stats.as_dict(),
             "rows_delivered": self._delivered,
+            **tokens,
             **summary(self._book.quarantined()),
             **self._held(),
         }
@@ -294,9 +284,8 @@ class Stream:
     def _rewind(self) -> None:
         """Drop the read-ahead of a loop left early; the next loop starts after its last batch."""
         self._stop_active()
-        self._rank.flush()
         book = self._book
-        state = book.snapshot(self._rank.step) if self._packed is None else self._packed.state()
+        state = self._snapshot()
         listing = book.plan(state.progress.epoch).listing if state.started else None
         told = book.quarantined()
         book.load(state, listing)  # fails if a shard is gone: the next loop tries again
@@ -309,12 +298,17 @@ class Stream:
 
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`."""
-        self._rank.flush()
-        if self._packed is not None:
-            return self._packed.state().to_json()
-        state = self._book.snapshot(self._rank.step).to_json()
+        state = self._snapshot().to_json()
         self._book.fold(self._rank.step)
         return state
+
+    def _snapshot(self) -> StreamState:
+        """The state after the last batch handed out, its acks sent first (with ``pack``:
+        the documents in flight too, see :meth:`ingest.engine.pack.PackedRank.state`)."""
+        if self._packed is not None:
+            return self._packed.state()
+        self._rank.flush()
+        return self._book.snapshot(self._rank.step)
 
     def load_state_dict(
         self, state: Mapping[str, Any] | str | StreamState, *, listing: Listing | None = None

@@ -76,9 +76,10 @@ def as_table(out: Any, what: str) -> pa.Table:
     )
 
 
-def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
-    """Run ``fn`` on ``table``; its result as an Arrow table with one row per input row, or,
-    from a stage (:mod:`ingest.engine.stage`), the rows it made with their origins checked.
+def staged(fn: Callable[[pa.Table], Any], table: pa.Table) -> Staged:
+    """Run ``fn`` on ``table``; its result as a :class:`Staged` table: a stage's
+    (:mod:`ingest.engine.stage`), its origins checked, or a transform's, one row per input
+    row (each its own origin).
 
     Raises:
         ConfigError: If the result is not table-like, has another number of rows (not a
@@ -88,7 +89,7 @@ def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
     got = fn(table)
     if isinstance(got, Staged):  # a stage: any number of rows, with their origins
         got.check(table.num_rows, name)
-        return as_table(got.table, f"stage {name}")
+        return Staged(as_table(got.table, f"stage {name}"), np.asarray(got.origin), got.part)
     out = as_table(got, f"transform {name}")
     if out.num_rows != table.num_rows:
         raise ConfigError(
@@ -97,7 +98,12 @@ def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
             "split them, make it an ingest.Stage returning ingest.Staged (each output row's "
             "input row)"
         )
-    return out
+    return Staged(out, np.arange(table.num_rows, dtype=np.int64))
+
+
+def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
+    """Run ``fn`` on ``table``; its rows as an Arrow table (see :func:`staged`)."""
+    return staged(fn, table).table
 
 
 def output_of_no_rows(fn: Callable[[pa.Table], Any], table: pa.Table) -> Any:

@@ -102,10 +102,10 @@ class _Ended:
 class _Shares(torch.utils.data.IterableDataset[Batch]):
     """What the DataLoader's workers iterate: their rank's share of one epoch."""
 
-    def __init__(self, spec: StreamSpec, transform: Any) -> None:
+    def __init__(self, spec: StreamSpec, transform: Any, pack: Pack | None) -> None:
         self.spec = spec
         self.transform = transform
-        self.pack: Pack | None = None
+        self.pack = pack
         self.ranks = 1
         self.start: dict[str, Any] | None = None
         self.listing: Listing | None = None
@@ -192,7 +192,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
         self.stream = stream
-        self._shares = _Shares(stream.spec, stream.parts.transform)
+        self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
         self._book: EpochBook[Listing] | None = None
         self._ranks: dict[int, RankLoop] = {}
         """Each worker's (rank's) loop: its batches handed out and their acks
@@ -200,7 +200,6 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._packs: dict[int, PackedRank] = {}
         """With a packing stream: each worker's packing, in this process (the workers read,
         decode and tokenize; see :mod:`ingest.engine.pack`)."""
-        self._shares.pack = stream.pack
         self._running: weakref.ref[Iterator[Batch]] | None = None
         """The loop last started, held weakly, so that a loop the caller drops (a ``break``)
         is closed at once and shuts its workers down. The loop refers to this loader: held
