@@ -298,7 +298,12 @@ def test_dataloader_workers_tokenize_and_the_main_process_packs(
     resumed = stream(url, local, shuffle_seed=4)
     resumed.load_state_dict(state)
     source = resumed if then < 0 else ingest.DataLoader(resumed, num_workers=then)
-    rest = list(source)
+    rest = []
+    for batch in source:
+        rest.append(batch)
+        # A state at every batch: a document cut before the stop and finished since is
+        # consumed whole, and no worker's packing may still list it with its old offset.
+        assert source.state_dict()["progress"]["step"] >= 0
     assert all(b["input_ids"].shape[1] == SEQ_LEN for b in rest)
     # Another worker count shares the rest in steps of its own: what does not fill one step
     # on every worker is carried into the next epoch, as rows are.

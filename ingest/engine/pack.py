@@ -368,7 +368,10 @@ class PackedRank:
     def entries(self, base: StreamState) -> list[tuple[int, int, int, int]]:
         """``(segment, shard, row, offset)`` of the documents of the read steps not acked yet
         that reached a batch (all their tokens for a document done), and of a loaded state's
-        not read again yet, by ``base``'s shard indices."""
+        not read again yet, by ``base``'s shard indices.
+
+        A row ``base`` consumed whole is left out: with several ranks, each starts from a
+        loaded state's offsets, and only the rank that reads a row finishes it."""
         handed = [(key, n) for s in self._steps for key, n in s.done if n]
         handed += self._offsets.items()
         if not handed and not self._loaded:
@@ -382,7 +385,7 @@ class PackedRank:
                 raise StateError(f"{url} is not in the state's listing")
             tokens.append((segment, by_url[url], row, offset))
         tokens += [(s, by_url[url], row, off) for s, url, row, off in self._loaded if url in by_url]
-        return tokens
+        return [t for t in tokens if not base.consumed_whole(t[0], t[1], t[2])]
 
 
 def merged(entries: Iterable[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:

@@ -213,16 +213,19 @@ class StreamState:
             StateError: Naming the row and its shard.
         """
         for segment, shard, row, offset in self.progress.tokens:
-            sets = (
-                self.distributed.carry_consumed if segment == 0 else self.progress.consumed
-            ).sets
-            done = sets.get(shard)
-            if done is not None and row in done:
+            if self.consumed_whole(segment, shard, row):
                 raise refuse(
                     "progress.tokens",
                     [segment, shard, row, offset],
                     f"row {row} of {self.shards[shard].url} is consumed whole already",
                 )
+
+    def consumed_whole(self, segment: int, shard: int, row: int) -> bool:
+        """Whether row ``row`` of shard ``shard`` (of ``segment``: carried in, or the epoch's
+        own) is among the rows consumed."""
+        consumed = self.distributed.carry_consumed if segment == 0 else self.progress.consumed
+        done = consumed.sets.get(shard)
+        return done is not None and row in done
 
     def consumed_rows(self) -> int:
         """Rows consumed in the epoch (its own and the ones carried in)."""
