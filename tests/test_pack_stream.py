@@ -354,7 +354,9 @@ def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
         for segment, shard, row, offset in state["progress"].get("tokens", [])
         if segment == 0
     }
-    return Counter(t for d in docs for t in tokenize([f"{d} {lengths()[d]}"])[0][start.get(d, 0) :])
+    return Counter(
+        t for d in docs for t in tokenize([f"{d} {lengths(n)[d]}"])[0][start.get(d, 0) :]
+    )
 
 
 def test_documents_without_a_token_at_the_end_make_no_batch_of_padding(local: Store) -> None:

@@ -222,6 +222,55 @@ def test_a_stage_runs_in_the_reader_pool_and_resumes_at_another_world_size(
     assert both == Counter({o: n for o, n in _expected(stage).items() if o[0] not in carried})
 
 
+@pytest.mark.parametrize("stage", [KeepEven, Halves], ids=["filter", "split"])
+def test_a_stage_in_the_pool_is_exact_through_a_reader_actor_killed_mid_epoch(
+    data: str, stage: Any, tmp_path: Any
+) -> None:
+    """The one reader actor (it holds both ranks' feeds and runs the stage) dies at its
+    third batch; Ray restarts it, each rank's feed goes on after its last batch acked, and
+    every output of the epoch arrives once."""
+    import ray
+
+    from tests.faults import fire_once
+
+    marker = str(tmp_path / "killed")
+
+    class Dies(stage):  # type: ignore[misc, valid-type]
+        calls = 0
+
+        def __call__(self, table: pa.Table) -> ingest.Staged:
+            Dies.calls += 1
+            if Dies.calls == 3 and fire_once(marker):
+                import os
+                import signal
+
+                os.kill(os.getpid(), signal.SIGKILL)
+            return super().__call__(table)  # type: ignore[no-any-return]
+
+    @ray.remote(num_cpus=0)
+    def rank(it: Any) -> list[tuple[int, int]]:
+        return [o for batch in it for o in _outputs(batch)]
+
+    pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
+    with ingest.RayStream(
+        data,
+        columns=["id"],
+        batch_size=BATCH,
+        shuffle_seed=5,
+        shuffle_window=32,
+        transform=Dies,
+        world_size=2,
+        readers=pool,
+    ) as stream:
+        got = ray.get([rank.remote(stream.rank_iterator(r)) for r in range(2)], timeout=240)
+        end = stream.state_dict()
+    assert (tmp_path / "killed").exists(), "the fault fired"
+    outputs = Counter(o for outs in got for o in outs)
+    assert max(outputs.values()) == 1
+    carried = _carried(end)
+    assert outputs == Counter({o: n for o, n in _expected(stage).items() if o[0] not in carried})
+
+
 def test_the_helpers_refuse_what_does_not_fit(data: str) -> None:
     wrong = ingest.Filter(lambda t: [True])
     stream = ingest.Stream(data, columns=["id"], batch_size=BATCH, transform=wrong)

@@ -24,6 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ingest.core.intervals import IntervalSet, stack
+from ingest.core.ledger import unpacked_row
 from ingest.core.plan import Unit, Units
 
 CARRY, MAIN = 0, 1
@@ -176,6 +177,19 @@ class Assignment:
     @property
     def remainder_rows(self) -> int:
         return sum(s.rows for s in self.remainder)
+
+
+def row_spans(rows: npt.NDArray[np.int64]) -> list[Span]:
+    """Packed rows (:func:`ingest.core.ledger.packed_row`) as spans, runs of rows merged."""
+    spans: list[Span] = []
+    for value in np.unique(rows).tolist():
+        segment, shard, row = unpacked_row(value)
+        last = spans[-1] if spans else None
+        if last is not None and (last.segment, last.shard, last.stop) == (segment, shard, row):
+            spans[-1] = last._replace(stop=row + 1)
+        else:
+            spans.append(Span(shard, row, row + 1, segment))
+    return spans
 
 
 def deal_lanes(spans: Sequence[Span], lanes: int) -> list[list[int]]:

@@ -25,10 +25,14 @@ the rows still to deliver are shared out again among the ranks there are now (el
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Generic
 
+import numpy as np
+import numpy.typing as npt
+
 from ingest.core.acks import Acks
-from ingest.core.assign import MAIN, Span
+from ingest.core.assign import MAIN, Span, row_spans
 from ingest.core.epoch import BookConfig, EpochPlans, PlannedEpoch, Remainder, resumed_in, settle
 from ingest.core.errors import ConfigError, StateError
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord
@@ -306,6 +310,26 @@ class EpochBook(Generic[L]):
         """Settle ``epoch`` when its row counts were unknown and its one rank read it all
         (:func:`ingest.core.epoch.settle`)."""
         settle(self.plan(epoch), steps, leftover, learned)
+
+    def carry_over(self, epoch: int, rows: npt.NDArray[np.int64]) -> None:
+        """Add ``rows`` (packed rows, by ``epoch``'s listing) to ``epoch``'s remainder, which
+        the next epoch carries in (or drops, and counts): a rank ended the epoch before it
+        handed them out (packing, where ranks make unequal numbers of batches from equal
+        shares and the epoch ends at the fewest; see :mod:`ingest.distributed.rank_pack`).
+
+        Raises:
+            StateError: If the next epoch is planned already (it would miss them).
+        """
+        if not len(rows):
+            return
+        if epoch + 1 in self._epochs:
+            raise StateError(
+                f"epoch {epoch + 1} was planned before every rank closed epoch {epoch}: the "
+                f"{len(rows)} rows a rank carries from it would be lost"
+            )
+        e = self.plan(epoch)
+        remainder = (*e.assignment.remainder, *row_spans(rows))
+        e.assignment = replace(e.assignment, remainder=remainder)
 
     # -- acks and snapshots ----------------------------------------------------------------
 

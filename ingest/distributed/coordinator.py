@@ -27,11 +27,12 @@ from typing import Any
 import ray
 
 from ingest.core.errors import IngestError, StateError, SupersededError
-from ingest.core.ledger import Run, Runs, StepRecord
+from ingest.core.ledger import Rows, Run, Runs, StepRecord
 from ingest.core.quarantine import Quarantined
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor, StreamState
 from ingest.distributed.index_tasks import ray_indexer
+from ingest.distributed.pack_coordinator import PackedRanks
 from ingest.engine.spec import StreamSpec
 from ingest.planner.catalog import Listing
 
@@ -88,6 +89,7 @@ class _Coordinator:
         world_size: int,
         placement: dict[str, Any] | None = None,
         listing_wait_s: float = 0.0,
+        packs: bool = False,
     ) -> None:
         # Shards to index (new ones, in later epochs) are read by Ray tasks placed like the
         # reader pool, not in this actor's process.
@@ -99,6 +101,9 @@ class _Coordinator:
         self._planner = spec.planner(indexer)
         self._planner.wait = self._wait
         self._book = spec.book(world_size, self._planner)
+        self._packs = packs
+        """The ranks pack documents into sequences (:mod:`ingest.distributed.rank_pack`)."""
+        self._packed = PackedRanks(world_size)
         self._lock = threading.Condition()
         self._initial: dict[str, Any] | None = None  # what a session without a state starts at
         self._life = secrets.randbits(31)
@@ -160,9 +165,11 @@ class _Coordinator:
 
     def _reset(self, world_size: int, state: Mapping[str, Any] | None) -> None:
         book = self._spec.book(world_size, self._planner)
-        if state is not None:
-            book.load(StreamState.from_json(state))
+        start = None if state is None else StreamState.from_json(state)
+        if start is not None:
+            book.load(start)
         self._book = book
+        self._packed = PackedRanks(world_size, start)
         self._session += 1
         self._joined = set()
         self._touched = False
@@ -255,7 +262,9 @@ class _Coordinator:
         with self._lock:
             self._await_listing()
             self._check(session)
-            return self._book.rank_plan(rank, self._book.first_epoch if epoch is None else epoch)
+            epoch = self._book.first_epoch if epoch is None else epoch
+            self._check_closed(epoch)
+            return self._book.rank_plan(rank, epoch)
 
     def rank_resume(
         self, rank: int, epoch: int, next_step: int, cursor: Cursor | None, session: int
@@ -263,6 +272,7 @@ class _Coordinator:
         with self._lock:
             self._await_listing()
             self._check(session)
+            self._check_closed(epoch)
             return self._book.rank_resume(rank, epoch, next_step, cursor)
 
     def close_epoch(
@@ -274,12 +284,115 @@ class _Coordinator:
         session: int,
         quarantined: Sequence[Quarantined],
         rank: int,
+        records: Sequence[StepRecord] = (),
+        carry: Rows | None = None,
+        cut: Sequence[tuple[int, int]] = (),
     ) -> None:
-        """``rank``'s loop reached the end of ``epoch`` (its feed's :class:`End`)."""
+        """``rank``'s loop reached the end of ``epoch`` (its feed's :class:`End`).
+
+        A packing rank (:mod:`ingest.distributed.rank_pack`) also brings, in this one call
+        (no state may fall between them), the acks of its read steps not acked yet with their
+        documents done only (``records``), the documents it did not hand out (``carry``),
+        which the epoch's remainder takes, and the offsets of those cut (``cut``).
+        """
         with self._lock:
             self._check(session)
-            self._book.finish(rank, epoch, steps, leftover, learned, quarantined)
+            book = self._book
+            if records:
+                book.ack(rank, records)
+            book.finish(rank, epoch, steps, leftover, learned, quarantined)
+            if carry is not None:
+                book.carry_over(epoch, carry)
+            if self._packs:
+                self._packed.closed(book, rank, epoch, cut)
+            book.fold_due()
             self._lock.notify_all()
+
+    # -- packing ranks (ingest.distributed.rank_pack) ----------------------------------------
+
+    def _check_closed(self, epoch: int) -> None:
+        """A packing stream plans an epoch only once every rank closed the one before (their
+        documents not handed out join its remainder)."""
+        book = self._book
+        if self._packs and epoch - 1 >= book.first_epoch and not book.acks.all_ended(epoch - 1):
+            raise IngestError(
+                f"epoch {epoch} was asked for before every rank closed epoch {epoch - 1}; a "
+                "packing rank starts an epoch only after pack_start answers"
+            )
+
+    def pack_start(self, rank: int, session: int) -> tuple[int, dict[int, int], bool] | None:
+        """Where a packing rank's next loop starts: its epoch, the documents cut it starts
+        with (packed row -> offset), and whether the rank made batches of it already; None
+        while another rank has not closed the epoch before (ask again)."""
+        with self._lock:
+            self._await_listing()
+            self._check(session)
+            book = self._book
+            epoch = book.upcoming_epoch(rank)
+            prev = epoch - 1
+            if prev >= book.first_epoch and not book.acks.all_ended(prev):
+                if not book.acks.reached_end(rank, prev):
+                    raise IngestError(
+                        f"rank {rank} left epoch {prev} after its last batch and before its "
+                        "end, and a new iterator took the rank over: a packing rank's epoch "
+                        "ends in the iterator that packed it. Loop over the same iterator "
+                        "again, or resume from the last state"
+                    )
+                return None
+            return epoch, self._packed.offsets(book, epoch), self._packed.busy(rank, epoch)
+
+    def made(
+        self, rank: int, epoch: int, session: int, count: int, ended: bool
+    ) -> tuple[int, int | None]:
+        """A packing rank made ``count`` batches of ``epoch``; see
+        :meth:`ingest.distributed.pack_coordinator.PackedRanks.made`."""
+        with self._lock:
+            self._check(session)
+            return self._packed.made(rank, epoch, count, ended)
+
+    def pack_entries(
+        self, rank: int, session: int, epoch: int, entries: Sequence[tuple[int, int]]
+    ) -> None:
+        """A packing rank's documents in flight, as its loop leaves (for the driver's state)."""
+        with self._lock:
+            self._check(session)
+            self._packed.entries(rank, epoch, entries)
+
+    def pack_state(
+        self,
+        rank: int,
+        session: int,
+        epoch: int,
+        step: int,
+        entries: Sequence[tuple[int, int]],
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        """The state after a packing rank's batch ``step`` of ``epoch``, once every rank
+        asked for it there (each flushed its acks and sent its documents in flight)."""
+        deadline = time.monotonic() + timeout_s
+        key = (epoch, step)
+        with self._lock:
+            self._check(session)
+            packed = self._packed
+            packed.entries(rank, epoch, entries)
+            asked = packed.asked.setdefault(key, set())
+            asked.add(rank)
+            self._lock.notify_all()
+            while key not in packed.states and len(asked) < self._book.world_size:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    lagging = sorted(set(range(self._book.world_size)) - asked)
+                    raise StateError(
+                        f"snapshot after batch {step} of epoch {epoch} timed out after "
+                        f"{timeout_s:.0f} s: rank(s) {lagging} have not asked for it; every "
+                        "rank must call its iterator's state_dict() at the same batch"
+                    )
+                self._lock.wait(timeout=min(left, 1.0))
+            if key not in packed.states:
+                packed.states[key] = packed.state(self._book).to_json()
+                for old in sorted(packed.states)[:-4]:  # the ranks asked for those already
+                    del packed.states[old]
+            return packed.states[key]
 
     def quarantined(self) -> list[Quarantined]:
         """What ``on_error="skip"`` skipped, oldest first (see :mod:`ingest.core.quarantine`)."""
@@ -332,6 +445,8 @@ class _Coordinator:
                     "until a state is loaded"
                 )
             book = self._book
+            if self._packs:  # after the ranks' loops left (see pack_entries)
+                return self._packed.state(book).to_json()
             if step is None:
                 step = min(book.ledger.acked(r) for r in range(book.world_size))
             while not book.ledger.ready(step):

@@ -22,6 +22,7 @@ from typing import Any
 import ray
 
 from ingest.core.errors import ConfigError, StreamTimeoutError, redact
+from ingest.distributed.unwrap import unwrap
 from ingest.formats.base import ReadContext, Seek, ShardInfo
 from ingest.planner.index import index_shard
 
@@ -170,8 +171,6 @@ class RayIndexer:
                 f"have free CPUs (`ray status`), or raise timeout_s"
             ) from None
         except Exception as e:
-            from ingest.distributed.rank import unwrap  # imports torch: not in Ray workers
-
             raise unwrap(e) from None
         return str(node), list(results)
 

@@ -44,6 +44,7 @@ from ingest.distributed.rank_feed import (
     RankFeed,
     TransformFailed,
 )
+from ingest.engine.pack import with_origin
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform, output_of_no_rows
 from ingest.storage.sources import Source
@@ -148,6 +149,7 @@ class _Reader:
         transform: Transform | None,
         pool: ReaderPool,
         timeout_s: float,
+        packs: bool = False,
     ) -> None:
         self.coordinator: Any = ray.get_actor(coordinator)
         self.spec = spec
@@ -162,8 +164,12 @@ class _Reader:
         )
         self._fn: Callable[[pa.Table], Any] | None = None
         self._unbuilt: ConfigError | None = None
+        self._packs = packs
+        """The ranks pack documents: each row keeps its input row (``with_origin``)."""
         try:
             self._fn = build_transform(transform)
+            if packs:
+                self._fn = with_origin(self._fn)
         except ConfigError as e:
             # Raised where a batch needs the transform, so that it reaches the rank as
             # itself: raised here, it killed the actor and the rank saw an ActorDiedError.
@@ -201,7 +207,7 @@ class _Reader:
         fn = self._fn
         assert fn is not None
         try:
-            return apply(fn, table)
+            return fn(table) if self._packs else apply(fn, table)
         except Exception as e:  # quarantined by the rank, which knows the step
             if self.spec.read.on_error != "skip":
                 raise

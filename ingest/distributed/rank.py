@@ -34,10 +34,14 @@ from ingest.core.ledger import StepRecord
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import Cursor
 from ingest.core.validate import COUNT, SECONDS, check_numbers
+from ingest.distributed import rank_pack
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.metrics import RankMeter
 from ingest.distributed.rank_feed import End, FeedLostError, Item, TransformFailed
+from ingest.distributed.rank_pack import RankPacking
+from ingest.distributed.unwrap import unwrap
 from ingest.engine.loop import REMOTE_ACK_EVERY, Ending, RankLoop
+from ingest.engine.pack import Pack
 
 if TYPE_CHECKING:
     from ingest.engine.convert import Batch
@@ -120,12 +124,17 @@ class RankIterator:
     """This iterator's lease of the rank (0: none yet; see :meth:`_take_over`)."""
     _superseded: bool = False
     """A newer iterator of the rank in this process took it over while this one's loop ran."""
+    pack: Pack | None = None
+    """The stream's packing (:mod:`ingest.distributed.rank_pack`), or None."""
+    pack_batch: int = 0
+    """Sequences per batch, with ``pack``."""
 
     _loop: RankLoop = field(init=False, repr=False)
     """The rank's loop: the batches this iterator handed out and their acks
     (:mod:`ingest.engine.loop`). It keeps empty steps: every rank has the same steps."""
     _waited_s: float = field(default=0.0, init=False, repr=False)
     """How long the last item took to come (:meth:`_items`), for the rank's metrics."""
+    _packing: RankPacking | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._loop = RankLoop(
@@ -142,7 +151,16 @@ class RankIterator:
         # with this one (a copy that carried them would hand out batches this one holds).
         return (
             _new_iterator,
-            (self.coordinator, self.reader, self.rank, self.options, self.session, self.stream),
+            (
+                self.coordinator,
+                self.reader,
+                self.rank,
+                self.options,
+                self.session,
+                self.stream,
+                self.pack,
+                self.pack_batch,
+            ),
         )
 
     def _get(self, ref: Any) -> Any:
@@ -289,13 +307,22 @@ class RankIterator:
 
     def __iter__(self) -> Iterator[Batch]:
         _import_torch_meanwhile()
-        epoch = self._take_over()
+        run = None
+        if self.pack is not None:
+            if self._packing is None:
+                self._packing = RankPacking.of(self.pack, self.pack_batch, self)
+            run = self._packing
+            epoch = rank_pack.begin(self, run)
+            got: Iterator[Batch] = rank_pack.batches(self, run, epoch)
+        else:
+            epoch = self._take_over()
+            got = (b for _, b in self._loop.batches(epoch, self._items(epoch), self._to_torch, End))
         done = False
         if self._meter is None:
             self._meter = RankMeter(self.stream, self.rank)
         meter = self._meter
         try:
-            for _, batch in self._loop.batches(epoch, self._items(epoch), self._to_torch, End):
+            for batch in got:
                 meter.batch(len(next(iter(batch.values()), ())), self._waited_s)
                 yield batch
             # The end reached: a new iterator of the rank runs the next epoch, even after an
@@ -309,6 +336,9 @@ class RankIterator:
             if not done:
                 with contextlib.suppress(Exception):
                     self.flush()
+                    if run is not None:  # for a state taken on the driver
+                        held = rank_pack.entries(run)
+                        self._call("pack_entries", self.rank, self._session(), epoch, held)
 
     def _items(self, epoch: int) -> Iterator[Item | End]:
         """The rank's items of ``epoch`` from its reader, up to its :class:`End`, each batch's
@@ -323,7 +353,10 @@ class RankIterator:
             if isinstance(item, End):
                 yield item
                 return
-            if self._loop.cursor is not None and item.step != self.step + 1:
+            if self._packing is not None:
+                if rank_pack.skip(self._packing, item):
+                    continue
+            elif self._loop.cursor is not None and item.step != self.step + 1:
                 # Never seen since take stopped making feeds; kept so that a feed that
                 # starts over fails loudly instead of delivering rows again.
                 raise IngestError(
@@ -401,6 +434,8 @@ class RankIterator:
         Every rank must call it at the same step: the snapshot waits until all ranks acked
         that step (up to ``RankOptions.timeout_s``).
         """
+        if self.pack is not None:
+            return rank_pack.state(self, self._packing)
         self.flush()
         return self._call(  # type: ignore[no-any-return]
             "state_dict",
@@ -450,31 +485,12 @@ def _new_iterator(
     options: RankOptions,
     session: int | None,
     stream: str,
+    pack: Pack | None = None,
+    pack_batch: int = 0,
 ) -> RankIterator:
-    return RankIterator(coordinator, reader, rank, options, session, stream=stream)
-
-
-def unwrap(error: BaseException) -> BaseException:
-    """The :class:`IngestError` inside Ray's wrappers (task errors, user code errors), if any.
-
-    A bad shard read in a reader actor reaches the rank as a chain of Ray exceptions; the user
-    should see the clear error raised where the shard was read.
-    """
-    seen: set[int] = set()
-    stack = [error]
-    while stack:
-        e = stack.pop()
-        if id(e) in seen:
-            continue
-        seen.add(id(e))
-        # Ray rethrows a remote IngestError as a class deriving from both RayError and the
-        # error's class ("RayTaskError(CoordinatorLostError)"): the original is its cause.
-        if isinstance(e, IngestError) and not isinstance(e, ray.exceptions.RayError):
-            return e
-        for nxt in (getattr(e, "cause", None), e.__cause__, e.__context__):
-            if isinstance(nxt, BaseException):
-                stack.append(nxt)
-    return error
+    return RankIterator(
+        coordinator, reader, rank, options, session, stream=stream, pack=pack, pack_batch=pack_batch
+    )
 
 
 __all__ = ["RankIterator", "RankOptions", "unwrap"]

@@ -67,6 +67,11 @@ class Item:
     """See :class:`ingest.engine.feed.Ready`."""
     closed: Closed | None = None
 
+    @property
+    def table(self) -> Any:
+        """The batch (a packing rank's read step: :mod:`ingest.distributed.rank_pack`)."""
+        return self.batch
+
 
 @dataclass(frozen=True, slots=True)
 class End:

@@ -16,6 +16,7 @@ from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
+from ingest.engine.pack import Pack
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform
 from ingest.formats.base import ReadOptions
@@ -67,6 +68,11 @@ class RayStream:
             (:mod:`ingest.storage.follow`); ``timeout_s`` must exceed its ``idle_timeout_s`` (a rank
             waits for the round's first batch while the round waits for new shards).
         progress: Show progress bars while footers are read and shards indexed at start.
+        pack: Pack the documents' token ids into sequences, as :class:`ingest.Stream` does
+            (``ingest.Pack(seq_len=...)``; ``batch_size`` is then sequences per batch). The
+            readers tokenize (the ``transform``); each rank packs its read steps in its own
+            process, and every rank takes the same number of batches: see
+            :mod:`ingest.distributed.rank_pack` for how an epoch ends.
     """
 
     def __init__(
@@ -91,6 +97,7 @@ class RayStream:
         timeout_s: float = 300.0,
         progress: bool = False,
         follow: Follow | None = None,
+        pack: Pack | None = None,
     ) -> None:
         if isinstance(world_size, bool) or world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
@@ -99,13 +106,21 @@ class RayStream:
                 f"transform={transform!r} is neither a function nor a class; pass a function "
                 "over a pyarrow Table, or a class whose instances are one"
             )
+        if pack is not None and read is not None and read.on_error != "raise":
+            raise ConfigError(
+                f'pack with ReadOptions(on_error="{read.on_error}"): packing does not take '
+                'quarantined rows yet; read with on_error="raise"'
+            )
+        self.pack = pack
+        self.batch_size = batch_size
+        """Rows per batch on every rank (sequences, with ``pack``)."""
         self.spec = StreamSpec.of(
             source,
             storage_options=storage_options,
             columns=columns,
             read=read,
             format=format,
-            batch_size=batch_size,
+            batch_size=batch_size if pack is None else pack.read_rows,
             shuffle_seed=shuffle_seed,
             shuffle_window=shuffle_window,
             shuffle_bytes=shuffle_bytes,
@@ -136,13 +151,13 @@ class RayStream:
         }
         self.coordinator = Coordinator.options(
             name=self.name, **self.pool.coordinator_options()
-        ).remote(self.spec, world_size, placement, timeout_s)
+        ).remote(self.spec, world_size, placement, timeout_s, pack is not None)
         # Start the pool and plan the first epoch now, while the trainers start; the source
         # is listed here while the actors' processes start.
         size = self.pool.size(world_size)
         self.readers = [
             Reader.options(**self.pool.actor_options()).remote(
-                self.name, self.spec, transform, self.pool, timeout_s
+                self.name, self.spec, transform, self.pool, timeout_s, pack is not None
             )
             for _ in range(size)
         ]
@@ -187,6 +202,8 @@ class RayStream:
             rank,
             options or RankOptions(timeout_s=self.timeout_s),
             stream=self.name,
+            pack=self.pack,
+            pack_batch=self.batch_size,
         )
 
     def reader_for(self, rank: int) -> Any:

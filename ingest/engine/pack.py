@@ -35,27 +35,28 @@ is consumed with its read step. They may not make several rows of one.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
-import torch
 
 from ingest.core.assign import CARRY
 from ingest.core.book import EpochBook
 from ingest.core.errors import ConfigError, IngestError, StateError
-from ingest.core.ledger import packed_row, unpacked_row
+from ingest.core.ledger import StepRecord, packed_row, unpacked_row
 from ingest.core.packing import Method, Packed, Packer, collate
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
-from ingest.engine.convert import Batch
 from ingest.engine.feed import Ready, Tail
 from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.transform import staged
+
+if TYPE_CHECKING:  # convert imports torch, which the Ray readers of a packing stream need not
+    from ingest.engine.convert import Batch
 
 ORIGIN = "__ingest_origin"
 """The column a packing stream's transform adds: each row's position in its read step (the
@@ -173,10 +174,13 @@ class PackedRank:
         pack: The packing settings.
         batch_size: Sequences per batch.
         rank: The rank's loop, which acks read steps to its book.
-        book: The rank's book (for :meth:`state`).
+        book: The rank's book (for :meth:`state` and the carry at an epoch's end); None: the
+            book is in another process (a Ray rank, :mod:`ingest.distributed.rank_pack`).
     """
 
-    def __init__(self, pack: Pack, batch_size: int, rank: RankLoop, book: EpochBook[Any]) -> None:
+    def __init__(
+        self, pack: Pack, batch_size: int, rank: RankLoop, book: EpochBook[Any] | None
+    ) -> None:
         self.pack = pack
         self.batch_size = batch_size
         self.rank = rank
@@ -197,6 +201,8 @@ class PackedRank:
         """Tokens handed out (not padding)."""
         self.padding = 0
         """Padding tokens handed out."""
+        self.handed = 0
+        """Batches handed out in the epoch (this run of it)."""
 
     def load(self, state: StreamState) -> None:
         """Go on after ``state`` (loaded into the book): its cut documents start at their
@@ -235,6 +241,16 @@ class PackedRank:
     def finish(self, epoch: int, ending: Ending) -> Iterator[Batch]:
         """The rank's feed of ``epoch`` ended: its open sequences closed, the last batches
         (the last one may be short), then the end of the epoch for its book."""
+        self.close_all()
+        while self._closed:
+            yield self._hand_out(self.batch_size)
+        if self._steps or self._docs:  # pragma: no cover - the packer holds none
+            raise IngestError(f"epoch {epoch} ended with {len(self._docs)} documents not packed")
+        self.rank.end(epoch, ending)
+        self._carry(epoch)
+
+    def close_all(self) -> None:
+        """The feed ended: close the open sequences (padded)."""
         closed = self._closed + self.packer.flush()
         # Documents without a token left at the end come in a sequence of padding alone:
         # they go with the last sequence of tokens, or, with none, are done as they are.
@@ -244,18 +260,77 @@ class PackedRank:
             self._closed[-1].pieces.extend(empty)
         elif empty:
             self._done([(p.key, p.stop, p.last) for p in empty])
-        while self._closed:
-            yield self._hand_out(self.batch_size)
-        if self._steps or self._docs:  # pragma: no cover - the packer holds none
-            raise IngestError(f"epoch {epoch} ended with {len(self._docs)} documents not packed")
-        self.rank.end(epoch, ending)
-        self._carry(epoch)
+
+    @property
+    def ready(self) -> int:
+        """Full batches closed and not handed out yet."""
+        return len(self._closed) // self.batch_size
+
+    def next_batch(self) -> Batch:
+        """Hand out the next full batch (:attr:`ready` must be at least 1)."""
+        return self._hand_out(self.batch_size)
+
+    def add(self, item: _ReadStep) -> None:
+        """Pack a read step's documents without handing out a batch (see :attr:`ready`)."""
+        self._take(item)
+
+    def surplus(
+        self, unread: Iterable[_ReadStep]
+    ) -> tuple[list[StepRecord], npt.NDArray[np.int64], list[tuple[int, int]]]:
+        """End the epoch before every document was handed out (ranks with equal steps: the
+        epoch ends at the fewest batches any rank made, :mod:`ingest.distributed.rank_pack`).
+
+        Args:
+            unread: The rank's read steps after the ones packed, not packed.
+
+        Returns:
+            The acks of every read step not acked yet, each with its documents done only
+            (and those a filter dropped), without the windows it closed (a fold must not
+            count a window's rows not done); the packed rows not done, which the book carries
+            into the next epoch (:meth:`ingest.core.book.EpochBook.carry_over`); and the
+            offsets of the ones cut, ``(packed row, tokens handed out)``.
+        """
+        records: list[StepRecord] = []
+        open_keys = {key for _, key, _ in self._docs.values()}
+        leftover: list[npt.NDArray[np.int64]] = []
+        for step in self._steps:
+            item = step.item
+            keys = np.asarray(item.runs, dtype=np.int64)
+            stays = np.isin(keys, np.fromiter(open_keys, np.int64, len(open_keys)))
+            records.append(StepRecord(item.step, keys[~stays], int((~stays).sum())))
+            leftover.append(keys[stays])
+        for item in unread:
+            keys = np.asarray(item.runs, dtype=np.int64)
+            stays = np.zeros(len(keys), dtype=bool)
+            stays[item.table.column(ORIGIN).to_numpy()] = True  # a filter's survivors
+            records.append(StepRecord(item.step, keys[~stays], int((~stays).sum())))
+            leftover.append(keys[stays])
+        cut = [(key, offset) for key, offset in self._offsets.items() if key in open_keys]
+        self._reset()
+        rows = np.concatenate(leftover) if leftover else np.zeros(0, np.int64)
+        return records, rows, cut
+
+    def load_offsets(self, offsets: Mapping[int, int]) -> None:
+        """Start an epoch with these documents cut before, ``packed row -> tokens handed
+        out``, by the epoch's listing (a Ray rank: its coordinator knows the listing)."""
+        self._reset()
+        self._offsets = dict(offsets)
+        self.handed = 0
+
+    def in_flight(self) -> list[tuple[int, int]]:
+        """``(packed row, offset)`` of the documents of the read steps not acked yet that
+        reached a batch (the length of a document done), by the epoch's listing."""
+        handed = [(key, n) for s in self._steps for key, n in s.done if n]
+        return handed + list(self._offsets.items())
 
     def _carry(self, epoch: int) -> None:
         """After ``epoch``'s end: the documents cut before a resume that the epoch did not
         read again (its remainder, shared anew at the resume) start the next epoch's carried
         rows at their offsets; the other offsets are spent."""
         keep: list[tuple[int, str, int, int]] = []
+        if self.book is None:  # the book carries them (a Ray rank's coordinator)
+            self._offsets = {}
+            return
         if self._offsets and self.book.config.remainder == "carry":
             carried = {
                 (s.segment, s.shard, row)
@@ -272,6 +347,7 @@ class PackedRank:
     def begin(self, urls: Sequence[str]) -> None:
         """An epoch (or the rest of one) whose listing's shards are ``urls`` begins."""
         self._urls = urls
+        self.handed = 0
         if not self._loaded:
             return
         by_url = {url: n for n, url in enumerate(urls)}
@@ -310,7 +386,7 @@ class PackedRank:
             if start > n:
                 _, shard, row = unpacked_row(key)
                 raise StateError(
-                    f"row {row} of {self._urls[shard]} has {n} "
+                    f"row {row} of {self._url(shard)} has {n} "
                     f"tokens, and the state consumed {start} of them: the data or the "
                     "tokenizer changed since the state was saved; resume with the same ones"
                 )
@@ -324,10 +400,18 @@ class PackedRank:
             self._closed.extend(self.packer.close_before(first))
         self._ack()
 
+    def _url(self, shard: int) -> str:
+        if shard < len(self._urls):
+            return self._urls[shard]
+        return f"shard {shard} of the epoch's listing"
+
     def _hand_out(self, size: int) -> Batch:
+        self.handed += 1
         sequences, self._closed = self._closed[:size], self._closed[size:]
         batch = collate(sequences, self.pack.seq_len, self.pack.pad_id)
         self._done([(serial, stop, last) for _, serial, _, stop, last in batch.pieces.tolist()])
+        import torch  # here: the readers of a Ray stream import this module, not torch
+
         real = batch.real_tokens
         self.tokens += real
         self.padding += batch.input_ids.size - real
@@ -361,6 +445,8 @@ class PackedRank:
     def state(self) -> StreamState:
         """The state after the last batch handed out (see the module docstring)."""
         self.rank.flush()
+        if self.book is None:
+            raise IngestError("a Ray rank's state comes from its coordinator")
         base = self.book.snapshot(self.rank.step)
         tokens = self.entries(base)
         return state_with_tokens(base, tokens) if tokens else base

@@ -1,0 +1,140 @@
+"""The coordinator's part of packing across Ray ranks (see :mod:`ingest.distributed.rank_pack`).
+
+Pure bookkeeping around the coordinator's book, run under its lock:
+
+- **Equal output steps.** Each rank reports how many batches it has made in the epoch (handed
+  out, and full ones ready) and whether its feed ended (:meth:`PackedRanks.made`). A rank
+  hands out batch ``k`` only when every rank has made ``k + 1``; the epoch ends at the fewest
+  batches a rank whose feed ended made, once every other rank has made as many.
+- **Documents cut.** A document handed out in part keeps its offset: a loaded state's, and
+  the ones a rank carries into the next epoch when the epoch ended before it handed them out
+  whole. A rank starts each epoch with them (:meth:`PackedRanks.offsets`).
+- **States.** Every rank sends the documents in flight it handed out (``(packed row, offset)``
+  by its epoch's listing) with its state call at output step ``k``; the state is the book's
+  snapshot of the read steps acked, with all of them (:meth:`PackedRanks.state`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ingest.core.assign import CARRY
+from ingest.core.book import EpochBook
+from ingest.core.ledger import packed_row, unpacked_row
+from ingest.core.snapshot import state_with_tokens
+from ingest.core.state import StreamState
+
+Cut = dict[tuple[int, str, int], int]
+"""``(segment, shard URL, row) -> tokens handed out`` of documents cut."""
+
+
+class PackedRanks:
+    """See the module docstring; one per coordinator session."""
+
+    def __init__(self, world_size: int, start: StreamState | None = None) -> None:
+        self.world_size = world_size
+        self._made: dict[int, dict[int, tuple[int, bool]]] = {}
+        self._cut: dict[int, Cut] = {}
+        if start is not None and start.progress.tokens:
+            self._cut[start.progress.epoch] = {
+                (segment, start.shards[shard].url, row): offset
+                for segment, shard, row, offset in start.progress.tokens
+            }
+        self._entries: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+        """Each rank's documents in flight, by its epoch's listing, as it last sent them."""
+        self.states: dict[tuple[int, int], dict[str, Any]] = {}
+        """States made at ``(epoch, output step)``, for the ranks that ask after the first."""
+        self.asked: dict[tuple[int, int], set[int]] = {}
+
+    def made(self, rank: int, epoch: int, count: int, ended: bool) -> tuple[int, int | None]:
+        """``rank`` made ``count`` batches of ``epoch`` (``ended``: its feed ended, so it
+        makes no more). Returns the fewest batches any rank made, and the epoch's batch
+        count once it is known (None before)."""
+        reports = self._made.setdefault(epoch, {})
+        before = reports.get(rank, (0, False))
+        reports[rank] = (max(count, before[0]), ended or before[1])
+        counts = [reports.get(r, (0, False)) for r in range(self.world_size)]
+        low = min(c for c, _ in counts)
+        ends = [c for c, e in counts if e]
+        final = min(ends) if ends and low >= min(ends) else None
+        return low, final
+
+    def busy(self, rank: int, epoch: int) -> bool:
+        """Whether ``rank`` made batches of ``epoch`` already (in this session)."""
+        return self._made.get(epoch, {}).get(rank, (0, False))[0] > 0
+
+    def offsets(self, book: EpochBook[Any], epoch: int) -> dict[int, int]:
+        """The documents cut that ``epoch`` starts with, by its listing's packed rows."""
+        cut = self._cut.get(epoch)
+        if not cut:
+            return {}
+        by_url = {s.url: n for n, s in enumerate(book.plan(epoch).listing.shards)}
+        return {
+            packed_row(segment, by_url[url], row): offset
+            for (segment, url, row), offset in cut.items()
+            if url in by_url
+        }
+
+    def entries(self, rank: int, epoch: int, entries: Sequence[tuple[int, int]]) -> None:
+        """``rank``'s documents in flight in ``epoch`` (see the module docstring)."""
+        self._entries[rank] = (epoch, list(entries))
+
+    def closed(
+        self,
+        book: EpochBook[Any],
+        rank: int,
+        epoch: int,
+        cut: Sequence[tuple[int, int]],
+    ) -> None:
+        """``rank`` ended ``epoch``; ``cut``: its documents carried into the next epoch after
+        part of them was handed out. Once every rank ended it, the loaded offsets of rows
+        no rank read (the epoch's own remainder) move on to the next epoch too."""
+        self._entries.pop(rank, None)
+        if book.config.remainder != "carry":
+            return
+        urls = [s.url for s in book.plan(epoch).listing.shards]
+        nxt = self._cut.setdefault(epoch + 1, {})
+        for key, offset in cut:
+            _, shard, row = unpacked_row(key)
+            place = (CARRY, urls[shard], row)
+            nxt[place] = max(nxt.get(place, 0), offset)
+        if not book.acks.all_ended(epoch):
+            return
+        e = book.plan(epoch)
+        left = {
+            (urls[s.shard], row) for s in e.assignment.remainder for row in range(s.start, s.stop)
+        }
+        for (_, url, row), offset in self._cut.pop(epoch, {}).items():
+            if (url, row) in left:
+                place = (CARRY, url, row)
+                nxt[place] = max(nxt.get(place, 0), offset)
+
+    def state(self, book: EpochBook[Any]) -> StreamState:
+        """The book's state after every read step acked, with the documents in flight (each
+        rank's as last sent, and the cut ones of the state's epoch not read again yet)."""
+        base = book.snapshot_acked()
+        by_url = {s.url: n for n, s in enumerate(base.shards)}
+        most: dict[tuple[int, int, int], int] = {}
+
+        def note(segment: int, url: str, row: int, offset: int) -> None:
+            shard = by_url.get(url)
+            if shard is None or base.consumed_whole(segment, shard, row):
+                return
+            key = (segment, shard, row)
+            most[key] = max(most.get(key, 0), offset)
+
+        for epoch, entries in self._entries.values():
+            if epoch != base.progress.epoch:
+                continue
+            urls = [s.url for s in book.plan(epoch).listing.shards]
+            for key, offset in entries:
+                segment, shard, row = unpacked_row(key)
+                note(segment, urls[shard], row, offset)
+        for (segment, url, row), offset in self._cut.get(base.progress.epoch, {}).items():
+            note(segment, url, row, offset)
+        tokens = sorted((*key, offset) for key, offset in most.items())
+        return state_with_tokens(base, tokens) if tokens else base
+
+
+__all__ = ["PackedRanks"]
