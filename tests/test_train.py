@@ -121,3 +121,98 @@ def test_rerun_of_the_same_run_with_another_worker_count(data: str, tmp_path: Pa
     counts, state = final_counts(result)
     assert torch.all(counts == EPOCHS), torch.bincount(counts).tolist()
     assert state["distributed"]["world_size"] == 3
+
+
+PACK_DOCS, SEQ_LEN, SEQS = 480, 64, 4
+
+
+def token_counting_loop(config: dict[str, Any]) -> None:
+    """As counting_loop, with one counter per token of the corpus (token ``j`` of document
+    ``d`` is ``d * 10_000 + j + 1``; ``offsets[d]`` is where ``d``'s counters start)."""
+    import ray.train
+    import torch.distributed as dist
+
+    it, checkpoint = ingest.train.rank_iterator(config["stream"])
+    offsets = torch.tensor(config["offsets"], dtype=torch.int64)
+    counts = torch.zeros(int(offsets[-1]), dtype=torch.int64)
+    if checkpoint:
+        with checkpoint.as_directory() as directory:
+            counts = torch.load(os.path.join(directory, "counts.pt"))
+    rank = ray.train.get_context().get_world_rank()
+
+    def save(directory: str) -> None:
+        torch.save(counts, os.path.join(directory, "counts.pt"))
+
+    while it.upcoming_epoch() < EPOCHS:
+        for batch in it:
+            assert batch["input_ids"].shape == (SEQS, SEQ_LEN)
+            ids = batch["input_ids"].flatten()
+            ids = ids[ids > 0] - 1
+            where = offsets[ids // 10_000] + ids % 10_000
+            delta = torch.zeros(len(counts), dtype=torch.int64)
+            delta.index_add_(0, where, torch.ones(len(where), dtype=torch.int64))
+            dist.all_reduce(delta)
+            counts += delta
+            if rank == 1 and it.step == config["die_at"] and not os.path.exists(config["marker"]):
+                Path(config["marker"]).touch()
+                os._exit(1)
+            if it.step % 3 == 2:
+                ingest.train.report(it, {"step": it.step}, save=save)
+    ingest.train.report(it, {"step": it.step}, save=save)
+
+
+def test_packed_documents_every_token_once_through_a_death_and_another_worker_count(
+    local: Store, tmp_path: Path
+) -> None:
+    """The readers tokenize, the ranks pack; 2 workers, one dies mid-epoch (the run fails),
+    the same run again with 3 workers finishes both epochs from its last checkpoint: every
+    token of the corpus is trained on twice, but the last epoch's carried ones once."""
+    from ray.train import TrainingFailedError
+
+    from tests.test_pack_stream import carried_tokens, lengths, tokenize, write_corpus
+
+    url = write_corpus(local, PACK_DOCS)
+    sizes = lengths(PACK_DOCS)
+    offsets = [0]
+    for n in sizes:
+        offsets.append(offsets[-1] + n)
+
+    def stream(workers: int) -> ingest.RayStream:
+        return ingest.RayStream(
+            url,
+            batch_size=SEQS,
+            transform=ingest.Tokenize(tokenize),
+            pack=ingest.Pack(seq_len=SEQ_LEN, read_rows=16, max_open=8),
+            shuffle_seed=1,
+            world_size=workers,
+        )
+
+    def run(workers: int, max_failures: int, die_at: int) -> Any:
+        from ray.train import FailureConfig, RunConfig, ScalingConfig
+        from ray.train.torch import TorchTrainer
+
+        with stream(workers) as s:
+            config = {"stream": s, "die_at": die_at, "marker": str(tmp_path / "died")}
+            return TorchTrainer(
+                token_counting_loop,
+                train_loop_config={**config, "offsets": offsets},
+                scaling_config=ScalingConfig(num_workers=workers),
+                run_config=RunConfig(
+                    name="packed",
+                    storage_path=str(tmp_path / "runs"),
+                    failure_config=FailureConfig(max_failures=max_failures),
+                ),
+            ).fit()
+
+    with pytest.raises(TrainingFailedError):
+        run(2, 0, die_at=7)
+    assert (tmp_path / "died").exists(), "a worker died"
+    result = run(3, 0, die_at=-1)
+    counts, state = final_counts(result)
+    assert state["progress"]["epoch"] == EPOCHS and state["distributed"]["world_size"] == 3
+    once = carried_tokens(state, PACK_DOCS)
+    expected = torch.full_like(counts, EPOCHS)
+    for token in once:
+        d, j = divmod(token - 1, 10_000)
+        expected[offsets[d] + j] -= 1
+    assert torch.equal(counts, expected), torch.bincount(counts).tolist()

@@ -17,6 +17,7 @@ loop received, and a new loop over the same iterator continues right after them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
 import threading
@@ -135,6 +136,7 @@ class RankIterator:
     _waited_s: float = field(default=0.0, init=False, repr=False)
     """How long the last item took to come (:meth:`_items`), for the rank's metrics."""
     _packing: RankPacking | None = field(default=None, init=False, repr=False)
+    _yielded: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self._loop = RankLoop(
@@ -143,25 +145,18 @@ class RankIterator:
 
     @property
     def step(self) -> int:
-        """The global step of the last batch yielded (-1 before any)."""
-        return self._loop.step
+        """The global step of the last batch yielded (-1 before any); with packing, this
+        iterator's batches less one (equal on every rank)."""
+        return self._loop.step if self.pack is None else self._yielded - 1
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy is a new iterator of the rank: the batches, acks and lease held here stay
         # with this one (a copy that carried them would hand out batches this one holds).
-        return (
-            _new_iterator,
-            (
-                self.coordinator,
-                self.reader,
-                self.rank,
-                self.options,
-                self.session,
-                self.stream,
-                self.pack,
-                self.pack_batch,
-            ),
+        args = (self.coordinator, self.reader, self.rank, self.options, self.session)
+        new = functools.partial(
+            _new_iterator, stream=self.stream, pack=self.pack, pack_batch=self.pack_batch
         )
+        return (new, args)
 
     def _get(self, ref: Any) -> Any:
         try:
@@ -240,7 +235,9 @@ class RankIterator:
                 other.flush()  # its loop's acks: this loop goes on after its last batch
             other._superseded = True
         self.flush()
-        claim = self._call("claim", self.rank, self._session(), self.lease, self.step, self.epoch)
+        claim = self._call(
+            "claim", self.rank, self._session(), self.lease, self._loop.step, self.epoch
+        )
         self.lease, self.epoch, self._superseded = claim.lease, claim.epoch, False
         if not claim.kept:
             self._held.clear()
@@ -253,7 +250,7 @@ class RankIterator:
         """Have the reader serve this iterator from its next step (see
         :meth:`ingest.distributed.pool._Reader.adopt`)."""
         cursor = self._loop.cursor
-        next_step = self.step + 1 if cursor is not None else None
+        next_step = self._loop.step + 1 if cursor is not None else None
         args = (self.rank, self._session(), epoch, self.lease, next_step, cursor)
         self._answer(self.reader.adopt.remote(*args), "adopt", args, actor=self.reader)
 
@@ -324,6 +321,7 @@ class RankIterator:
         try:
             for batch in got:
                 meter.batch(len(next(iter(batch.values()), ())), self._waited_s)
+                self._yielded += 1
                 yield batch
             # The end reached: a new iterator of the rank runs the next epoch, even after an
             # epoch with no step (EpochBook.upcoming_epoch).
@@ -484,9 +482,10 @@ def _new_iterator(
     rank: int,
     options: RankOptions,
     session: int | None,
+    *,
     stream: str,
-    pack: Pack | None = None,
-    pack_batch: int = 0,
+    pack: Pack | None,
+    pack_batch: int,
 ) -> RankIterator:
     return RankIterator(
         coordinator, reader, rank, options, session, stream=stream, pack=pack, pack_batch=pack_batch

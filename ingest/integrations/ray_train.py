@@ -84,6 +84,8 @@ def rank_iterator(
         options or RankOptions(timeout_s=stream.timeout_s),
         session=session,
         stream=stream.name,
+        pack=stream.pack,
+        pack_batch=stream.batch_size,
     )
     return it, checkpoint
 
