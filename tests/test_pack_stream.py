@@ -372,3 +372,24 @@ def test_documents_without_a_token_at_the_end_make_no_batch_of_padding(local: St
     local.write("none/part-0.jsonl", ("\n".join(none) + "\n").encode())
     s = stream(local.url("none/*.jsonl"), local)
     assert list(s) == [] and s.state_dict()["progress"]["epoch"] == 1
+
+
+def test_provenance_names_every_piece_of_every_sequence(local: Store) -> None:
+    """``Pack(provenance=True)``: each batch's ``pieces`` say which tokens of which row fill
+    each sequence, in order; together they are the sequence's tokens."""
+    url = write_corpus(local)
+    per = -(-DOCS // SHARDS)
+    pack = Pack(seq_len=SEQ_LEN, read_rows=READ_ROWS, provenance=True)
+    seen = 0
+    for batch in stream(url, local, pack=pack, shuffle_seed=2):
+        for seq, ids in enumerate(batch["input_ids"].tolist()):
+            named = [
+                d * 10_000 + j + 1
+                for s, shard, row, start, stop in batch["pieces"].tolist()
+                if s == seq
+                for d in [shard * per + row]
+                for j in range(start, stop)
+            ]
+            assert [t for t in ids if t] == named
+            seen += len(named)
+    assert seen == sum(every_token().values())

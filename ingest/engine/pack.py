@@ -91,6 +91,10 @@ class Pack:
             acked once all its documents left, so this bounds the documents a state lists
             (about ``max_lag + 1`` read steps of them) and the acks held back, for some
             padding (``benchmarks/pack_state.py``).
+        provenance: Add ``pieces`` to every batch: an int64 tensor of one row per document
+            piece, ``(sequence, shard, row, start, stop)``: tokens ``[start, stop)`` of row
+            ``row`` of the epoch listing's shard ``shard`` (:func:`ingest.list_shards` order)
+            fill that part of the sequence. A job can count every token it trained on.
     """
 
     seq_len: int
@@ -100,6 +104,7 @@ class Pack:
     pad_id: int = 0
     read_rows: int = 256
     max_lag: int = 2
+    provenance: bool = False
 
     def __post_init__(self) -> None:
         Packer(self.seq_len, self.method, self.max_open)  # checks the three
@@ -409,19 +414,31 @@ class PackedRank:
         self.handed += 1
         sequences, self._closed = self._closed[:size], self._closed[size:]
         batch = collate(sequences, self.pack.seq_len, self.pack.pad_id)
+        pieces = self._provenance(batch.pieces) if self.pack.provenance else None
         self._done([(serial, stop, last) for _, serial, _, stop, last in batch.pieces.tolist()])
         import torch  # here: the readers of a Ray stream import this module, not torch
 
         real = batch.real_tokens
         self.tokens += real
         self.padding += batch.input_ids.size - real
-        return {
+        out: Batch = {
             "input_ids": torch.from_numpy(batch.input_ids),
             "labels": torch.from_numpy(batch.labels),
             "position_ids": torch.from_numpy(batch.position_ids),
             "cu_seqlens": torch.from_numpy(batch.cu_seqlens),
             "max_seqlen": batch.max_seqlen,
         }
+        if pieces is not None:
+            out["pieces"] = torch.from_numpy(pieces)
+        return out
+
+    def _provenance(self, pieces: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """``(sequence, shard, row, start, stop)`` per piece (see :attr:`Pack.provenance`)."""
+        out = np.empty((len(pieces), 5), dtype=np.int64)
+        for n, (seq, serial, start, stop, _) in enumerate(pieces.tolist()):
+            _, shard, row = unpacked_row(self._docs[serial][1])
+            out[n] = (seq, shard, row, start, stop)
+        return out
 
     def _done(self, pieces: Iterable[tuple[int, int, int]]) -> None:
         """Pieces ``(serial, stop, last)`` handed out: their documents' offsets move on, a
