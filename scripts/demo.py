@@ -11,6 +11,11 @@ TorchTrainer on a laptop-local Ray, reading token shards from the same S3 server
 ``ingest.RayStream``: one training worker exits mid-epoch, Ray Train restarts the worker
 group from the last checkpoint (model + stream state), and the job prints its per-epoch
 throughput, its data-stall share and the exactly-once check.
+
+Part 3, ``python train/pretrain.py``: two raw-text JSONL corpora on the same S3 server,
+tokenized in the reader pool and packed into sequences on the workers. A worker exits, the
+run fails; the same run goes on with 3 workers from its last checkpoint, and the job prints
+the token-level exactly-once check and each corpus's share of the tokens.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 SHARDS, ROWS, ROW_GROUP = 8, 20_480, 2_560
 URL = "s3://demo/train/*.parquet"
 LM_JOB = Path(__file__).resolve().parent.parent / "train" / "lm.py"
+PRETRAIN_JOB = LM_JOB.parent / "pretrain.py"
 
 
 def consume(args: argparse.Namespace) -> None:
@@ -114,7 +120,7 @@ def main() -> int:
         print("FAILED: rows were not delivered exactly once")
         return 1
     print("exactly once: every row arrived once across the stop and the resume")
-    return language_model_job(out)
+    return language_model_job(out) or pretrain_job(out)
 
 
 def language_model_job(out: Path) -> int:
@@ -154,6 +160,58 @@ def language_model_job(out: Path) -> int:
         print(job.stderr[-3000:])
         print("FAILED: the language-model job did not pass its exactly-once check")
     return job.returncode
+
+
+def _lines(job: subprocess.CompletedProcess[str], tag: str) -> None:
+    seen: set[str] = set()
+    for line in job.stdout.splitlines() + job.stderr.splitlines():
+        if tag in line:
+            text = line[line.index(tag) :]
+            if text not in seen:
+                seen.add(text)
+                print("  " + text)
+
+
+def pretrain_job(out: Path) -> int:
+    """Part 3: train/pretrain.py on two raw-text corpora, tokenized in the readers and packed
+    on the workers; a worker dies (the run fails), the same run again with 3 workers."""
+    from ingest.testing import LoopbackS3
+
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    print(
+        "\npart 3: train/pretrain.py: two JSONL corpora on S3, tokenized in the reader pool "
+        "(a BPE trained on the spot) and packed into sequences of 128 tokens on 2 workers; "
+        "rank 1 exits at step 8 and the run fails, then the same run goes on with 3 workers"
+    )
+    with LoopbackS3() as s3:
+        s3.create_bucket("demo")
+        overrides = [
+            "data.corpora.web=s3://demo/corpora/web",
+            "data.corpora.code=s3://demo/corpora/code",
+            f"data.storage_options={json.dumps(s3.storage_options())}",
+            f"run.storage_path={out.resolve()}/runs",
+            f"run.name=pretrain-{stamp}",
+        ]
+        command = [sys.executable, str(PRETRAIN_JOB), *overrides]
+        first = subprocess.run(
+            [*command, "fault.die_at_step=8", f"fault.marker={out.resolve()}/died-pt-{stamp}"],
+            text=True,
+            capture_output=True,
+            timeout=900,
+            check=False,
+        )
+        _lines(first, "[pretrain]")
+        if first.returncode == 0:
+            print("FAILED: the first run was to lose a worker and stop")
+            return 1
+        second = subprocess.run(
+            [*command, "train.workers=3"], text=True, capture_output=True, timeout=900, check=False
+        )
+        _lines(second, "[pretrain]")
+    if second.returncode != 0:
+        print(second.stderr[-3000:])
+        print("FAILED: the pretraining job did not pass its token-level exactly-once check")
+    return second.returncode
 
 
 if __name__ == "__main__":

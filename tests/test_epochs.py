@@ -384,3 +384,33 @@ def test_a_resent_ack_counts_nothing_twice(spec: StreamSpec) -> None:
     remainder = resumed.plan(0).assignment.remainder_rows
     assert len(done + rest) == len(set(done + rest))
     assert len(done + rest) + remainder == SHARDS * ROWS
+
+
+def test_once_per_row_drops_a_carried_copy_whose_own_copy_is_carried_too() -> None:
+    from ingest.core.assign import once_per_row
+
+    spans = [Span(0, 0, 10, CARRY), Span(0, 3, 4, MAIN), Span(0, 9, 10, MAIN), Span(1, 0, 2)]
+    kept, dropped = once_per_row(spans)
+    rows = [(s.segment, s.shard, r) for s in kept for r in range(s.start, s.stop)]
+    assert dropped == 2
+    assert sorted(rows) == sorted(
+        [(CARRY, 0, r) for r in range(10) if r not in (3, 9)]
+        + [(MAIN, 0, 3), (MAIN, 0, 9), (MAIN, 1, 0), (MAIN, 1, 1)]
+    )
+
+
+def test_carry_over_adds_to_the_remainder_before_the_next_epoch_only(spec: StreamSpec) -> None:
+    """What a packing rank did not hand out joins the epoch's remainder (carried next)."""
+    import numpy as np
+
+    from ingest.core.ledger import packed_row
+
+    book = spec.book(2)
+    e = book.plan(0)
+    before = e.assignment.remainder_rows
+    rows = np.array([packed_row(MAIN, 0, 1), packed_row(MAIN, 0, 2), packed_row(CARRY, 0, 5)])
+    assert book.carry_over(0, rows) == 0
+    assert e.assignment.remainder_rows == before + 3
+    book.plan(1)
+    with pytest.raises(StateError, match="planned before every rank closed"):
+        book.carry_over(0, rows)

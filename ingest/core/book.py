@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ingest.core.acks import Acks
-from ingest.core.assign import MAIN, Span, row_spans
+from ingest.core.assign import MAIN, Span, once_per_row, row_spans
 from ingest.core.epoch import BookConfig, EpochPlans, PlannedEpoch, Remainder, resumed_in, settle
 from ingest.core.errors import ConfigError, StateError
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord
@@ -311,25 +311,29 @@ class EpochBook(Generic[L]):
         (:func:`ingest.core.epoch.settle`)."""
         settle(self.plan(epoch), steps, leftover, learned)
 
-    def carry_over(self, epoch: int, rows: npt.NDArray[np.int64]) -> None:
-        """Add ``rows`` (packed rows, by ``epoch``'s listing) to ``epoch``'s remainder, which
-        the next epoch carries in (or drops, and counts): a rank ended the epoch before it
-        handed them out (packing, where ranks make unequal numbers of batches from equal
-        shares and the epoch ends at the fewest; see :mod:`ingest.distributed.rank_pack`).
+    def carry_over(self, epoch: int, rows: npt.NDArray[np.int64]) -> int:
+        """Add ``rows`` (packed rows, by ``epoch``'s listing) to ``epoch``'s remainder: a
+        packing rank ended the epoch before it handed them out (:mod:`ingest.distributed.
+        rank_pack`). A carried row whose own copy is carried too is carried once: that
+        carried copy is dropped and counted (``dropped``, :func:`~ingest.core.assign.
+        once_per_row`). Returns the rows dropped so.
 
         Raises:
             StateError: If the next epoch is planned already (it would miss them).
         """
         if not len(rows):
-            return
+            return 0
         if epoch + 1 in self._epochs:
             raise StateError(
                 f"epoch {epoch + 1} was planned before every rank closed epoch {epoch}: the "
                 f"{len(rows)} rows a rank carries from it would be lost"
             )
         e = self.plan(epoch)
-        remainder = (*e.assignment.remainder, *row_spans(rows))
-        e.assignment = replace(e.assignment, remainder=remainder)
+        spans = [*e.assignment.remainder, *row_spans(rows)]
+        kept, dropped = once_per_row(spans)
+        e.assignment = replace(e.assignment, remainder=tuple(kept))
+        e.dropped += dropped
+        return dropped
 
     # -- acks and snapshots ----------------------------------------------------------------
 

@@ -17,6 +17,7 @@ whose acks cannot be recorded), and its state is the one the next worker group o
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -35,6 +36,8 @@ from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pack_coordinator import PackedRanks
 from ingest.engine.spec import StreamSpec
 from ingest.planner.catalog import Listing
+
+log = logging.getLogger(__name__)
 
 _SESSION_BITS = 20
 """Sessions of one life of the actor: ``life << _SESSION_BITS`` onwards."""
@@ -301,8 +304,16 @@ class _Coordinator:
             if records:
                 book.ack(rank, records)
             book.finish(rank, epoch, steps, leftover, learned, quarantined)
-            if carry is not None:
-                book.carry_over(epoch, carry)
+            if carry is not None and (dropped := book.carry_over(epoch, carry)):
+                log.warning(
+                    "epoch %d: %d rows carried into it were not handed out in it either, and "
+                    "their own copies are carried too; a row is carried once, so those carried "
+                    "copies are dropped (counted in the state's progress.dropped). Epochs this "
+                    "short for their world size leave more to carry: use fewer ranks, or a "
+                    "smaller shuffle_window, so that carried rows are read first",
+                    epoch,
+                    dropped,
+                )
             if self._packs:
                 self._packed.closed(book, rank, epoch, cut)
             book.fold_due()

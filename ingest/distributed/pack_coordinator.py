@@ -41,6 +41,8 @@ class PackedRanks:
                 (segment, start.shards[shard].url, row): offset
                 for segment, shard, row, offset in start.progress.tokens
             }
+        self._surplus: dict[int, Cut] = {}
+        """The ranks' documents cut and carried, by epoch, until every rank ended it."""
         self._entries: dict[int, tuple[int, list[tuple[int, int]]]] = {}
         """Each rank's documents in flight, by its epoch's listing, as it last sent them."""
         self.states: dict[tuple[int, int], dict[str, Any]] = {}
@@ -88,25 +90,29 @@ class PackedRanks:
         cut: Sequence[tuple[int, int]],
     ) -> None:
         """``rank`` ended ``epoch``; ``cut``: its documents carried into the next epoch after
-        part of them was handed out. Once every rank ended it, the loaded offsets of rows
-        no rank read (the epoch's own remainder) move on to the next epoch too."""
+        part of them was handed out. Once every rank ended it, the offsets of the rows the
+        epoch's remainder holds (those, and the loaded ones no rank read) move on to the next
+        epoch: a carried copy the book dropped (its row's own copy is carried) keeps none."""
         self._entries.pop(rank, None)
-        if book.config.remainder != "carry":
-            return
         urls = [s.url for s in book.plan(epoch).listing.shards]
-        nxt = self._cut.setdefault(epoch + 1, {})
+        mine = self._surplus.setdefault(epoch, {})
         for key, offset in cut:
-            _, shard, row = unpacked_row(key)
-            place = (CARRY, urls[shard], row)
-            nxt[place] = max(nxt.get(place, 0), offset)
+            segment, shard, row = unpacked_row(key)
+            mine[(segment, urls[shard], row)] = offset
         if not book.acks.all_ended(epoch):
             return
-        e = book.plan(epoch)
+        surplus = self._surplus.pop(epoch)
+        loaded = self._cut.pop(epoch, {})
+        if book.config.remainder != "carry":
+            return
         left = {
-            (urls[s.shard], row) for s in e.assignment.remainder for row in range(s.start, s.stop)
+            (s.segment, urls[s.shard], row)
+            for s in book.plan(epoch).assignment.remainder
+            for row in range(s.start, s.stop)
         }
-        for (_, url, row), offset in self._cut.pop(epoch, {}).items():
-            if (url, row) in left:
+        nxt = self._cut.setdefault(epoch + 1, {})
+        for (segment, url, row), offset in [*loaded.items(), *surplus.items()]:
+            if (segment, url, row) in left:
                 place = (CARRY, url, row)
                 nxt[place] = max(nxt.get(place, 0), offset)
 

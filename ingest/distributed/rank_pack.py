@@ -19,7 +19,10 @@ rest of its share (the feed must reach its end), and in one call to the coordina
 its read steps not acked yet with their documents done only, and gives the documents not
 handed out to the epoch's remainder: the next epoch carries them in first (or, with
 ``remainder="drop"``, drops and counts them), a document cut keeping its offset. The next
-epoch starts on a rank only once every rank closed this one (``pack_start``).
+epoch starts on a rank only once every rank closed this one (``pack_start``). A row carried
+into the epoch that falls in the surplus again, while its own copy of the epoch does too, is
+carried once: the carried copy is dropped and counted (``EpochBook.carry_over``; see
+ARCHITECTURE.md, "the gap left").
 
 **States.** At batch ``k`` every rank sends the documents in flight it handed out (in part,
 or whole in a read step not acked) with its state call; the coordinator answers, once all

@@ -1,0 +1,100 @@
+"""The settings of packing (:class:`Pack`) and what a packing stream's transform adds to each
+row (:func:`with_origin`); the packing itself is :mod:`ingest.engine.pack`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from ingest.core.errors import ConfigError
+from ingest.core.packing import Method, Packer
+from ingest.engine.transform import staged
+
+ORIGIN = "__ingest_origin"
+"""The column a packing stream's transform adds: each row's position in its read step (the
+row it came from), so that a filter's survivors keep their provenance."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Pack:
+    """Pack token ids into sequences of ``seq_len`` (``ingest.Stream(..., pack=Pack(...))``).
+
+    The stream's ``batch_size`` is then sequences per batch. Each batch holds ``input_ids``,
+    ``labels`` (-100 on the first token of every document piece and on padding: no target
+    crosses a document boundary), ``position_ids`` (from 0 at every piece), ``cu_seqlens``
+    (int32 boundaries of the pieces in the batch flattened to one row, as FlashAttention's
+    varlen kernels and Hugging Face's ``DataCollatorWithFlattening`` take them) and
+    ``max_seqlen``; see :mod:`ingest.core.packing`.
+
+    Attributes:
+        seq_len: Tokens per sequence.
+        method: ``"best_fit"`` (documents longer than ``seq_len`` cut at ``seq_len`` first,
+            then each remainder into the open sequence it fills best) or ``"greedy"``
+            (concatenate and cut every ``seq_len`` tokens).
+        max_open: Best-fit: sequences open at once (more: fuller, more tokens held).
+        column: The token id column (a list of integers per row): ``Tokenize``'s output, or
+            a column of the data.
+        pad_id: The token id of padding (its labels are -100).
+        read_rows: Documents per read step (the book's step, acked whole; see the module
+            docstring). The epoch's last fewer than ``read_rows`` documents are carried into
+            the next epoch, as a stream's remainder is.
+        max_lag: Read steps a document may wait in an open sequence: a sequence holding one
+            from before the last ``max_lag`` read steps is closed (padded). A read step is
+            acked once all its documents left, so this bounds the documents a state lists
+            (about ``max_lag + 1`` read steps of them) and the acks held back, for some
+            padding (``benchmarks/pack_state.py``).
+        provenance: Add ``pieces`` to every batch: an int64 tensor of one row per document
+            piece, ``(sequence, shard, row, start, stop)``: tokens ``[start, stop)`` of row
+            ``row`` of the epoch listing's shard ``shard`` (:func:`ingest.list_shards` order)
+            fill that part of the sequence. A job can count every token it trained on.
+    """
+
+    seq_len: int
+    method: Method = "best_fit"
+    max_open: int = 64
+    column: str = "input_ids"
+    pad_id: int = 0
+    read_rows: int = 256
+    max_lag: int = 2
+    provenance: bool = False
+
+    def __post_init__(self) -> None:
+        Packer(self.seq_len, self.method, self.max_open)  # checks the three
+        if self.read_rows < 1:
+            raise ConfigError(f"Pack(read_rows={self.read_rows}) must be at least 1")
+        if self.max_lag < 0:
+            raise ConfigError(f"Pack(max_lag={self.max_lag}) must be at least 0")
+
+
+def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa.Table]:
+    """The transform of a packing stream: ``fn``'s rows (all the batch's, without ``fn``)
+    with each one's input row in :data:`ORIGIN`.
+
+    Raises:
+        ConfigError: If ``fn`` makes several rows of one input row, or another number of rows
+            without being a stage.
+    """
+
+    def call(table: pa.Table) -> pa.Table:
+        if fn is None:
+            out, origin = table, np.arange(table.num_rows, dtype=np.int64)
+        else:
+            got = staged(fn, table)
+            out, origin = got.table, got.origin
+            if got.part is not None or (len(origin) > 1 and not np.diff(origin).all()):
+                name = getattr(fn, "__qualname__", type(fn).__qualname__)
+                raise ConfigError(
+                    f"stage {name} made several rows of one input row, before Pack: "
+                    "packing cuts documents itself; pass Pack whole documents (filter "
+                    "them if need be, do not split them)"
+                )
+        return out.append_column(ORIGIN, pa.array(origin.astype(np.int64), pa.int64()))
+
+    return call
+
+
+__all__ = ["ORIGIN", "Pack", "with_origin"]
