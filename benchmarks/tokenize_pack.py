@@ -13,7 +13,10 @@ in turn, ``--repeat`` times (medians):
   torch tensors (reading, decoding JSON, read-ahead, acks included); its tokenizing runs in
   the feed's thread, beside the loop;
 - the same through an ``ingest.DataLoader`` with 2 worker processes, which read and
-  tokenize while the main process packs (its CPU figure counts the main process only).
+  tokenize while the main process packs (its CPU figure counts the main process only);
+- with ``--ray``, the same through an ``ingest.RayStream``: 2 reader actors read and
+  tokenize, one rank iterated in this process packs (a warm epoch of a stream made once;
+  its CPU figure counts this process only; its epoch carries its last short batch on).
 
 ``--docs`` is a multiple of 2 x ``--batch`` (the read steps), so that no epoch carries a
 remainder: every loop hands out every token once, and the loaders' token count is the
@@ -24,7 +27,7 @@ It also prints the Stream's packing efficiency (non-padding tokens / all tokens)
 Prints tokens/s, tokens/s per CPU second (this process's threads; the tokenizer's own
 threads included) and each loop's ratio to the tokenizer alone (issue 19's goal: >= 0.8x).
 
-    .venv/bin/python benchmarks/tokenize_pack.py [--docs 8000] [--batch 1024] [--repeat 5]
+    .venv/bin/python benchmarks/tokenize_pack.py [--docs 8000] [--batch 1024] [--repeat 5] [--ray]
 """
 
 from __future__ import annotations
@@ -124,6 +127,29 @@ def stream_loop(
     return loop
 
 
+def ray_loop(root: Path, stage: Tokenize, seq_len: int, read_rows: int) -> Callable[[], int]:
+    """A warm epoch of a packing ``ingest.RayStream`` (1 rank, iterated here; 2 reader
+    actors read and tokenize, this process packs); the tokens its batches hand out (the
+    epoch's last short batch is carried into the next, so a few fewer than the corpus)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    stream = ingest.RayStream(
+        str(root / "*.jsonl"),
+        batch_size=8,
+        transform=stage,
+        pack=ingest.Pack(seq_len=seq_len, read_rows=read_rows, provenance=True),
+        readers=ingest.ReaderPool(min_size=2, max_size=2, num_cpus=1),
+    )
+    it = stream.rank_iterator(0)
+
+    def loop() -> int:
+        return sum(int((b["pieces"][:, 4] - b["pieces"][:, 3]).sum()) for b in it)
+
+    return loop
+
+
 def packer_loop(stage: Tokenize, tables: list[pa.Table], seq_len: int) -> Callable[[], int]:
     """Tokenize each table, pack its documents and collate the sequences closed, in order."""
 
@@ -149,6 +175,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--ray", action="store_true", help="also an ingest.RayStream")
     args = parser.parse_args()
     texts = corpus(args.docs, 0)
     tok = trained(texts)
@@ -174,6 +201,8 @@ def main() -> None:
         "Stream(Tokenize, Pack)": stream,
         "DataLoader, 2 workers": loader,
     }
+    if args.ray:  # a local Ray's own processes take CPU from every loop: a run of its own
+        loops["RayStream, 2 readers"] = ray_loop(root, stage, args.seq_len, args.batch)
     if args.docs % (2 * args.batch):
         raise SystemExit("--docs must be a multiple of 2 x --batch: no epoch remainder")
     for loop in loops.values():
