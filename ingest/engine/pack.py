@@ -112,6 +112,8 @@ class PackedRank:
         self._docs: dict[int, tuple[_Step, int, int]] = {}
         """Documents in the packer, by serial: their read step, packed row and tokens."""
         self._serial = 0
+        self._firsts: deque[int] = deque(maxlen=pack.max_lag + 1)
+        """The first serials of the last read steps packed."""
         self._closed: list[Packed] = []
         """Sequences the packer closed, not handed out yet."""
         self._offsets: dict[int, int] = {}
@@ -138,6 +140,7 @@ class PackedRank:
 
     def _reset(self) -> None:
         self._steps.clear()
+        self._firsts.clear()
         self._docs.clear()
         self._closed = []
         self._offsets = {}
@@ -165,6 +168,7 @@ class PackedRank:
         """The rank's feed of ``epoch`` ended: its open sequences closed, the last batches
         (the last one may be short), then the end of the epoch for its book."""
         self.close_all()
+        self._firsts.clear()
         while self._closed:
             yield self._hand_out(self.batch_size)
         if self._steps or self._docs:  # pragma: no cover - the packer holds none
@@ -318,8 +322,11 @@ class PackedRank:
             step.open += 1
             self._closed.extend(self.packer.add(serial, flat[end - n + start : end], start))
         lag = self.pack.max_lag
-        if len(self._steps) > lag:  # documents from before the last max_lag read steps go
-            first = self._steps[-lag].first if lag else self._serial
+        self._firsts.append(step.first)
+        if len(self._firsts) > lag:  # documents from before the last max_lag read steps go
+            # (counted in read steps packed, not in steps not acked yet: what is packed with
+            # what is then a function of the read steps alone, whenever batches are taken)
+            first = self._firsts[-lag] if lag else self._serial
             self._closed.extend(self.packer.close_before(first))
         self._ack()
 
