@@ -34,11 +34,17 @@ def poll_often(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def counting_loop(config: dict[str, Any]) -> None:
+    count(config, TOTAL, lambda batch: batch["id"])
+
+
+def count(config: dict[str, Any], size: int, where: Any) -> None:
+    """Every epoch of the stream, adding 1 to the counters at ``where(batch)`` (summed over
+    the ranks, like DDP gradients); the counters go into every checkpoint."""
     import ray.train
     import torch.distributed as dist
 
     it, checkpoint = ingest.train.rank_iterator(config["stream"])
-    counts = torch.zeros(TOTAL, dtype=torch.int64)
+    counts = torch.zeros(size, dtype=torch.int64)
     if checkpoint:
         with checkpoint.as_directory() as directory:
             counts = torch.load(os.path.join(directory, "counts.pt"))
@@ -49,8 +55,9 @@ def counting_loop(config: dict[str, Any]) -> None:
 
     while it.upcoming_epoch() < EPOCHS:
         for batch in it:
-            delta = torch.zeros(TOTAL, dtype=torch.int64)
-            delta.index_add_(0, batch["id"], torch.ones(len(batch["id"]), dtype=torch.int64))
+            at = where(batch)
+            delta = torch.zeros(size, dtype=torch.int64)
+            delta.index_add_(0, at, torch.ones(len(at), dtype=torch.int64))
             dist.all_reduce(delta)
             counts += delta
             if rank == 1 and it.step == config["die_at"] and not os.path.exists(config["marker"]):
@@ -129,36 +136,16 @@ PACK_DOCS, SEQ_LEN, SEQS = 480, 64, 4
 def token_counting_loop(config: dict[str, Any]) -> None:
     """As counting_loop, with one counter per token of the corpus (token ``j`` of document
     ``d`` is ``d * 10_000 + j + 1``; ``offsets[d]`` is where ``d``'s counters start)."""
-    import ray.train
-    import torch.distributed as dist
-
-    it, checkpoint = ingest.train.rank_iterator(config["stream"])
     offsets = torch.tensor(config["offsets"], dtype=torch.int64)
-    counts = torch.zeros(int(offsets[-1]), dtype=torch.int64)
-    if checkpoint:
-        with checkpoint.as_directory() as directory:
-            counts = torch.load(os.path.join(directory, "counts.pt"))
-    rank = ray.train.get_context().get_world_rank()
 
-    def save(directory: str) -> None:
-        torch.save(counts, os.path.join(directory, "counts.pt"))
+    def where(batch: dict[str, Any]) -> torch.Tensor:
+        assert batch["input_ids"].shape == (SEQS, SEQ_LEN)
+        ids = batch["input_ids"].flatten()
+        ids = ids[ids > 0] - 1
+        at: torch.Tensor = offsets[ids // 10_000] + ids % 10_000
+        return at
 
-    while it.upcoming_epoch() < EPOCHS:
-        for batch in it:
-            assert batch["input_ids"].shape == (SEQS, SEQ_LEN)
-            ids = batch["input_ids"].flatten()
-            ids = ids[ids > 0] - 1
-            where = offsets[ids // 10_000] + ids % 10_000
-            delta = torch.zeros(len(counts), dtype=torch.int64)
-            delta.index_add_(0, where, torch.ones(len(where), dtype=torch.int64))
-            dist.all_reduce(delta)
-            counts += delta
-            if rank == 1 and it.step == config["die_at"] and not os.path.exists(config["marker"]):
-                Path(config["marker"]).touch()
-                os._exit(1)
-            if it.step % 3 == 2:
-                ingest.train.report(it, {"step": it.step}, save=save)
-    ingest.train.report(it, {"step": it.step}, save=save)
+    count(config, int(offsets[-1]), where)
 
 
 def test_packed_documents_every_token_once_through_a_death_and_another_worker_count(
