@@ -14,7 +14,7 @@ in turn, ``--repeat`` times (medians):
   the feed's thread, beside the loop;
 - the same through an ``ingest.DataLoader`` with 2 worker processes, which read and
   tokenize while the main process packs (its CPU figure counts the main process only);
-- with ``--ray``, the same through an ``ingest.RayStream``: 2 reader actors read and
+- with ``--ray``, the same through an ``ingest.RayStream``: ``--readers`` actors read and
   tokenize, one rank iterated in this process packs (a warm epoch of a stream made once;
   its CPU figure counts this process only; its epoch carries its last short batch on).
 
@@ -27,7 +27,8 @@ It also prints the Stream's packing efficiency (non-padding tokens / all tokens)
 Prints tokens/s, tokens/s per CPU second (this process's threads; the tokenizer's own
 threads included) and each loop's ratio to the tokenizer alone (issue 19's goal: >= 0.8x).
 
-    .venv/bin/python benchmarks/tokenize_pack.py [--docs 8000] [--batch 1024] [--repeat 5] [--ray]
+    .venv/bin/python benchmarks/tokenize_pack.py [--docs 8000] [--batch 1024] [--repeat 5]
+        [--ray [--readers 2]]
 """
 
 from __future__ import annotations
@@ -127,10 +128,12 @@ def stream_loop(
     return loop
 
 
-def ray_loop(root: Path, stage: Tokenize, seq_len: int, read_rows: int) -> Callable[[], int]:
-    """A warm epoch of a packing ``ingest.RayStream`` (1 rank, iterated here; 2 reader
-    actors read and tokenize, this process packs); the tokens its batches hand out (the
-    epoch's last short batch is carried into the next, so a few fewer than the corpus)."""
+def ray_loop(
+    root: Path, stage: Tokenize, seq_len: int, read_rows: int, readers: int
+) -> Callable[[], int]:
+    """A warm epoch of a packing ``ingest.RayStream`` (1 rank, iterated here; ``readers``
+    reader actors read and tokenize, this process packs); the tokens its batches hand out
+    (the epoch's last short batch is carried into the next, so a few fewer than the corpus)."""
     import ray
 
     if not ray.is_initialized():
@@ -140,7 +143,7 @@ def ray_loop(root: Path, stage: Tokenize, seq_len: int, read_rows: int) -> Calla
         batch_size=8,
         transform=stage,
         pack=ingest.Pack(seq_len=seq_len, read_rows=read_rows, provenance=True),
-        readers=ingest.ReaderPool(min_size=2, max_size=2, num_cpus=1),
+        readers=ingest.ReaderPool(min_size=readers, max_size=readers, num_cpus=1),
     )
     it = stream.rank_iterator(0)
 
@@ -176,6 +179,7 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--ray", action="store_true", help="also an ingest.RayStream")
+    parser.add_argument("--readers", type=int, default=2, help="its reader actors")
     args = parser.parse_args()
     texts = corpus(args.docs, 0)
     tok = trained(texts)
@@ -202,7 +206,8 @@ def main() -> None:
         "DataLoader, 2 workers": loader,
     }
     if args.ray:  # a local Ray's own processes take CPU from every loop: a run of its own
-        loops["RayStream, 2 readers"] = ray_loop(root, stage, args.seq_len, args.batch)
+        name = f"RayStream, {args.readers} reader{'s' if args.readers > 1 else ''}"
+        loops[name] = ray_loop(root, stage, args.seq_len, args.batch, args.readers)
     if args.docs % (2 * args.batch):
         raise SystemExit("--docs must be a multiple of 2 x --batch: no epoch remainder")
     for loop in loops.values():
