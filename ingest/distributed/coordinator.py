@@ -324,8 +324,7 @@ class _Coordinator:
     def _check_closed(self, epoch: int) -> None:
         """A packing stream plans an epoch only once every rank closed the one before (their
         documents not handed out join its remainder)."""
-        book = self._book
-        if self._packs and epoch - 1 >= book.first_epoch and not book.acks.all_ended(epoch - 1):
+        if self._packs and self._packed.waits(self._book, epoch):
             raise IngestError(
                 f"epoch {epoch} was asked for before every rank closed epoch {epoch - 1}; a "
                 "packing rank starts an epoch only after pack_start answers"
@@ -341,7 +340,7 @@ class _Coordinator:
             book = self._book
             epoch = book.upcoming_epoch(rank)
             prev = epoch - 1
-            if prev >= book.first_epoch and not book.acks.all_ended(prev):
+            if self._packed.waits(book, epoch):
                 if not book.acks.reached_end(rank, prev):
                     raise IngestError(
                         f"rank {rank} left epoch {prev} after its last batch and before its "

@@ -24,6 +24,7 @@ from ingest.core.book import EpochBook
 from ingest.core.ledger import packed_row, unpacked_row
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
+from ingest.engine.pack import merged
 
 Cut = dict[tuple[int, str, int], int]
 """``(segment, shard URL, row) -> tokens handed out`` of documents cut."""
@@ -61,6 +62,12 @@ class PackedRanks:
         ends = [c for c, e in counts if e]
         final = min(ends) if ends and low >= min(ends) else None
         return low, final
+
+    @staticmethod
+    def waits(book: EpochBook[Any], epoch: int) -> bool:
+        """Whether ``epoch`` waits for a rank to close the epoch before it (in this run): its
+        plan takes the documents the ranks carry from there."""
+        return epoch - 1 >= book.first_epoch and not book.acks.all_ended(epoch - 1)
 
     def busy(self, rank: int, epoch: int) -> bool:
         """Whether ``rank`` made batches of ``epoch`` already (in this session)."""
@@ -120,26 +127,20 @@ class PackedRanks:
         """The book's state after every read step acked, with the documents in flight (each
         rank's as last sent, and the cut ones of the state's epoch not read again yet)."""
         base = book.snapshot_acked()
+        epoch = base.progress.epoch
         by_url = {s.url: n for n, s in enumerate(base.shards)}
-        most: dict[tuple[int, int, int], int] = {}
-
-        def note(segment: int, url: str, row: int, offset: int) -> None:
-            shard = by_url.get(url)
-            if shard is None or base.consumed_whole(segment, shard, row):
-                return
-            key = (segment, shard, row)
-            most[key] = max(most.get(key, 0), offset)
-
-        for epoch, entries in self._entries.values():
-            if epoch != base.progress.epoch:
-                continue
-            urls = [s.url for s in book.plan(epoch).listing.shards]
-            for key, offset in entries:
-                segment, shard, row = unpacked_row(key)
-                note(segment, urls[shard], row, offset)
-        for (segment, url, row), offset in self._cut.get(base.progress.epoch, {}).items():
-            note(segment, url, row, offset)
-        tokens = sorted((*key, offset) for key, offset in most.items())
+        cut = list(self._cut.get(epoch, {}).items())
+        for got, entries in self._entries.values():
+            if got == epoch:
+                urls = [s.url for s in book.plan(epoch).listing.shards]
+                for key, offset in entries:
+                    segment, shard, row = unpacked_row(key)
+                    cut.append(((segment, urls[shard], row), offset))
+        tokens = merged(
+            (segment, by_url[url], row, offset)
+            for (segment, url, row), offset in cut
+            if url in by_url and not base.consumed_whole(segment, by_url[url], row)
+        )
         return state_with_tokens(base, tokens) if tokens else base
 
 

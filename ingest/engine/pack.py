@@ -219,11 +219,12 @@ class PackedRank:
         """
         records: list[StepRecord] = []
         open_keys = {key for _, key, _ in self._docs.values()}
+        not_done = np.fromiter(open_keys, np.int64, len(open_keys))
         leftover: list[npt.NDArray[np.int64]] = []
         for step in self._steps:
             item = step.item
             keys = np.asarray(item.runs, dtype=np.int64)
-            stays = np.isin(keys, np.fromiter(open_keys, np.int64, len(open_keys)))
+            stays = np.isin(keys, not_done)
             records.append(StepRecord(item.step, keys[~stays], int((~stays).sum())))
             leftover.append(keys[stays])
         for item in unread:
@@ -400,8 +401,7 @@ class PackedRank:
 
         A row ``base`` consumed whole is left out: with several ranks, each starts from a
         loaded state's offsets, and only the rank that reads a row finishes it."""
-        handed = [(key, n) for s in self._steps for key, n in s.done if n]
-        handed += self._offsets.items()
+        handed = self.in_flight()
         if not handed and not self._loaded:
             return []
         by_url = {s.url: n for n, s in enumerate(base.shards)}
