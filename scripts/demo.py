@@ -149,13 +149,7 @@ def language_model_job(out: Path) -> int:
             timeout=900,
             check=False,
         )
-    seen: set[str] = set()
-    for line in job.stdout.splitlines() + job.stderr.splitlines():
-        if "[lm]" in line:
-            text = line[line.index("[lm]") :]
-            if text not in seen:
-                seen.add(text)
-                print("  " + text)
+    _lines(job, "[lm]")
     if job.returncode != 0:
         print(job.stderr[-3000:])
         print("FAILED: the language-model job did not pass its exactly-once check")
@@ -163,6 +157,7 @@ def language_model_job(out: Path) -> int:
 
 
 def _lines(job: subprocess.CompletedProcess[str], tag: str) -> None:
+    """Print a job's lines from ``tag`` on, each once (Ray repeats a worker's lines)."""
     seen: set[str] = set()
     for line in job.stdout.splitlines() + job.stderr.splitlines():
         if tag in line:

@@ -36,18 +36,18 @@ class Identity:
 
 
 class KillActorOnce:
-    """A decode-pool transform whose actor dies on its third block, once.
+    """A decode-pool transform whose actor dies on its ``at``-th block (the third), once.
 
     ``how`` is ``"os.kill"`` (SIGKILL to its own process) or ``"ray.kill"`` (ray.kill of its
     own actor handle, restart allowed).
     """
 
-    def __init__(self, marker: str, how: str) -> None:
-        self.marker, self.how, self.calls = marker, how, 0
+    def __init__(self, marker: str, how: str = "os.kill", at: int = 3) -> None:
+        self.marker, self.how, self.at, self.calls = marker, how, at, 0
 
     def __call__(self, table: pa.Table) -> pa.Table:
         self.calls += 1
-        if self.calls == 3 and fire_once(self.marker):
+        if self.calls == self.at and fire_once(self.marker):
             if self.how == "ray.kill":
                 import ray
 

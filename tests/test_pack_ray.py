@@ -115,19 +115,13 @@ class DiesOnce:
     marker = ""
 
     def __init__(self) -> None:
-        self.calls = 0
+        from tests.faults import KillActorOnce
+
+        self.kill = KillActorOnce(self.marker, at=12)
         self.tokenize = ingest.Tokenize(tokenize)
 
     def __call__(self, table: Any) -> Any:
-        from tests.faults import fire_once
-
-        self.calls += 1
-        if self.calls == 12 and fire_once(self.marker):
-            import os
-            import signal
-
-            os.kill(os.getpid(), signal.SIGKILL)
-        return self.tokenize(table)
+        return self.tokenize(self.kill(table))
 
 
 def test_a_reader_killed_mid_epoch_loses_and_repeats_no_token(

@@ -108,6 +108,20 @@ def test_a_stage_delivers_each_output_once_across_stops(
     assert got == Counter({o: n for o, n in _expected(stage).items() if o[0] not in carried})
 
 
+def _ray_stream(data: str, stage: Any, world_size: int, **options: Any) -> ingest.RayStream:
+    """The stage's stream as a RayStream (its batches as _stream's)."""
+    return ingest.RayStream(
+        data,
+        columns=["id"],
+        batch_size=BATCH,
+        shuffle_seed=5,
+        shuffle_window=32,
+        transform=stage,
+        world_size=world_size,
+        **options,
+    )
+
+
 def _carried(state: dict[str, Any]) -> set[int]:
     """The ids of the rows a state at an epoch's start carries into it (whole input rows:
     none of their outputs was delivered)."""
@@ -196,15 +210,7 @@ def test_a_stage_runs_in_the_reader_pool_and_resumes_at_another_world_size(
         return out, None
 
     def ranks(world_size: int, stop: int | None, state: Any = None) -> tuple[Counter[Any], Any]:
-        with ingest.RayStream(
-            data,
-            columns=["id"],
-            batch_size=BATCH,
-            shuffle_seed=5,
-            shuffle_window=32,
-            transform=stage,
-            world_size=world_size,
-        ) as stream:
+        with _ray_stream(data, stage, world_size) as stream:
             if state is not None:
                 stream.load_state_dict(state)
             its = [stream.rank_iterator(r) for r in range(world_size)]
@@ -222,6 +228,7 @@ def test_a_stage_runs_in_the_reader_pool_and_resumes_at_another_world_size(
     assert both == Counter({o: n for o, n in _expected(stage).items() if o[0] not in carried})
 
 
+@pytest.mark.usefixtures("ray_session")
 @pytest.mark.parametrize("stage", [KeepEven, Halves], ids=["filter", "split"])
 def test_a_stage_in_the_pool_is_exact_through_a_reader_actor_killed_mid_epoch(
     data: str, stage: Any, tmp_path: Any
@@ -231,37 +238,23 @@ def test_a_stage_in_the_pool_is_exact_through_a_reader_actor_killed_mid_epoch(
     every output of the epoch arrives once."""
     import ray
 
-    from tests.faults import fire_once
+    from tests.faults import KillActorOnce
 
     marker = str(tmp_path / "killed")
 
     class Dies(stage):  # type: ignore[misc, valid-type]
-        calls = 0
+        def __init__(self) -> None:
+            self.kill = KillActorOnce(marker)
 
         def __call__(self, table: pa.Table) -> ingest.Staged:
-            Dies.calls += 1
-            if Dies.calls == 3 and fire_once(marker):
-                import os
-                import signal
-
-                os.kill(os.getpid(), signal.SIGKILL)
-            return super().__call__(table)  # type: ignore[no-any-return]
+            return super().__call__(self.kill(table))  # type: ignore[no-any-return]
 
     @ray.remote(num_cpus=0)
     def rank(it: Any) -> list[tuple[int, int]]:
         return [o for batch in it for o in _outputs(batch)]
 
     pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
-    with ingest.RayStream(
-        data,
-        columns=["id"],
-        batch_size=BATCH,
-        shuffle_seed=5,
-        shuffle_window=32,
-        transform=Dies,
-        world_size=2,
-        readers=pool,
-    ) as stream:
+    with _ray_stream(data, Dies, 2, readers=pool) as stream:
         got = ray.get([rank.remote(stream.rank_iterator(r)) for r in range(2)], timeout=240)
         end = stream.state_dict()
     assert (tmp_path / "killed").exists(), "the fault fired"

@@ -231,8 +231,7 @@ def run(config: Config) -> dict[str, Any]:
     eos = tokenizer.token_to_id(EOS) if hasattr(tokenizer, "token_to_id") else None
     tokenize = ingest.Tokenize(tokenizer, eos_id=eos)
     # Every document's tokens, as the readers will make them: the witness's map.
-    lengths = [[len(ids) for ids in tokenize.encode(shard)] for shard in texts]
-    lengths = [[n + (eos is not None) for n in shard] for shard in lengths]
+    lengths = [[len(ids) + (eos is not None) for ids in tokenize.encode(shard)] for shard in texts]
     flat = [n for shard in lengths for n in shard]
     base = np.concatenate([[0], np.cumsum(flat)[:-1]]).astype(np.int64).tolist()
     shard_base = np.concatenate([[0], np.cumsum([len(s) for s in lengths])[:-1]]).tolist()
@@ -285,7 +284,14 @@ def run(config: Config) -> dict[str, Any]:
     with result.checkpoint.as_directory() as d:
         seen = torch.load(os.path.join(d, "model.pt"))["seen"]
         state = json.loads(Path(d, ingest.train.STATE_FILE).read_text())
-    return {"seen": seen, "state": state, "urls": urls, "lengths": lengths, "base": base}
+    return {
+        "seen": seen,
+        "state": state,
+        "urls": urls,
+        "lengths": lengths,
+        "base": base,
+        "shard_base": shard_base,
+    }
 
 
 def check(config: Config, found: dict[str, Any]) -> bool:
@@ -296,13 +302,13 @@ def check(config: Config, found: dict[str, Any]) -> bool:
     expected = torch.full_like(seen, epochs)
     parsed = StreamState.from_json(state)
     where = {url: n for n, url in enumerate(urls)}
-    shard_first = np.concatenate([[0], np.cumsum([len(s) for s in lengths])[:-1]])
+    shard_first = found["shard_base"]  # the first document of each shard
     offsets = {(s, r): o for seg, s, r, o in parsed.progress.tokens if seg == 0}
     carried = 0
     for shard, start, stop in parsed.distributed.carry:
         n = where[parsed.shards[shard].url]
         for row in range(start, stop):
-            first = base[int(shard_first[n]) + row]
+            first = base[shard_first[n] + row]
             skip = offsets.get((shard, row), 0)
             expected[first + skip : first + lengths[n][row]] -= 1
             carried += lengths[n][row] - skip
@@ -321,9 +327,7 @@ def check(config: Config, found: dict[str, Any]) -> bool:
     for name, pattern in zip(config["data"]["corpora"], sources(config), strict=True):
         mine = {s.url for s in ingest.list_shards(pattern, storage_options=options).shards}
         spans = [
-            (base[int(shard_first[n])], sum(lengths[n]))
-            for n, url in enumerate(urls)
-            if url in mine
+            (base[shard_first[n]], sum(lengths[n])) for n, url in enumerate(urls) if url in mine
         ]
         got = sum(int(seen[a : a + n].sum()) for a, n in spans)
         own = sum(n for _, n in spans)
