@@ -414,3 +414,20 @@ def test_carry_over_adds_to_the_remainder_before_the_next_epoch_only(spec: Strea
     book.plan(1)
     with pytest.raises(StateError, match="planned before every rank closed"):
         book.carry_over(0, rows)
+
+
+def test_carry_over_counts_a_carried_row_whose_own_copy_is_carried_too(spec: StreamSpec) -> None:
+    """Both copies of a row left over by a packing epoch: the next epoch carries it once, and
+    the carried copy is counted as dropped."""
+    import numpy as np
+
+    from ingest.core.ledger import packed_row
+
+    book = spec.book(2)
+    e = book.plan(0)
+    before, dropped = e.assignment.remainder_rows, e.dropped
+    both = np.array([packed_row(CARRY, 0, 7), packed_row(MAIN, 0, 7)])
+    assert book.carry_over(0, both) == 1
+    assert e.assignment.remainder_rows == before + 1
+    assert e.dropped == dropped + 1
+    assert [(s.segment, s.shard, s.start) for s in e.assignment.remainder[-1:]] == [(MAIN, 0, 7)]
