@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.ray_stream import RayStream
+    from ingest.engine.mix import Mix
     from ingest.engine.pack import Pack
     from ingest.engine.stage import Filter, FlatMap, Stage, Staged
     from ingest.engine.stream import Stream
@@ -65,6 +66,7 @@ __all__ = [
     "IndexStore",
     "IngestError",
     "Listing",
+    "Mix",
     "NoShardsError",
     "Pack",
     "Quarantined",
@@ -110,6 +112,7 @@ _LAZY = {
     "FlatMap": "ingest.engine.stage",
     "Staged": "ingest.engine.stage",
     "Pack": "ingest.engine.pack",
+    "Mix": "ingest.engine.mix",
     "Tokenize": "ingest.engine.tokenize",
     "Listing": "ingest.planner.catalog",
     "IndexConfig": "ingest.planner.index",

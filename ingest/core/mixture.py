@@ -71,6 +71,8 @@ class Mixture:
             are cut at it before they are drawn); the bound on every source's deviation.
         seed: Orders the ties.
         schedule: Later stages: ``(global count, weights)`` pairs, counts increasing.
+        ranks: Ranks that draw alike (every rank the same sources, :mod:`ingest.engine.mix`):
+            a draw counts this many times towards the global count the stages begin at.
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class Mixture:
         max_draw: int | None = None,
         seed: int = 0,
         schedule: Sequence[tuple[int, Mapping[str, float]]] = (),
+        ranks: int = 1,
     ) -> None:
         if unit not in ("documents", "tokens"):
             raise ConfigError(f'unit={unit!r} must be "documents" or "tokens"')
@@ -95,6 +98,9 @@ class Mixture:
             )
         self.max_draw = 1 if unit == "documents" else int(max_draw or 1)
         self.seed = seed
+        if ranks < 1:
+            raise ConfigError(f"ranks={ranks} must be >= 1")
+        self.ranks = ranks
         self.stages: list[Stage] = [Stage(0, _normalised(self.names, weights))]
         for start, later in schedule:
             if start <= self.stages[-1].start:
@@ -104,7 +110,7 @@ class Mixture:
                 )
             self.stages.append(Stage(int(start), _normalised(self.names, later)))
         self.total = 0
-        """Documents or tokens drawn since the start, all stages."""
+        """Documents or tokens drawn since the start, all stages, by all ranks."""
         self._stage = 0
         self._counts = np.zeros(len(self.names), dtype=np.int64)
         self._ties = self._order()
@@ -146,7 +152,7 @@ class Mixture:
                 "cut documents at the sequence length before they are drawn"
             )
         self._counts[self.names.index(name)] += size
-        self.total += size
+        self.total += size * self.ranks
         following = self._stage + 1
         if following < len(self.stages) and self.total >= self.stages[following].start:
             self._begin(following)

@@ -28,6 +28,8 @@ from ingest.core.state import StreamState
 from ingest.engine.convert import Batch, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.loop import BookLink, RankLoop
+from ingest.engine.mix import Mix
+from ingest.engine.mixed_stream import MixedStream, not_for_a_mixture
 from ingest.engine.pack import Pack, PackedRank, with_origin
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform
@@ -47,7 +49,10 @@ class Stream:
     batch it handed out.
 
     Args:
-        source: URL, glob or directory, or a list of them (any fsspec protocol).
+        source: URL, glob or directory, or a list of them (any fsspec protocol); or an
+            :class:`ingest.Mix` of named sources with weights, each read as a stream of its
+            own with these options, their rows (or sequences, with ``pack``) drawn by weight
+            (see :mod:`ingest.engine.mix`).
         format: Format name for every shard; None infers it from each file's extension.
         columns: Columns to read; None reads all.
         batch_size: Rows per batch. Every batch is full: the rows of an epoch that do not
@@ -83,7 +88,7 @@ class Stream:
 
     def __init__(
         self,
-        source: str | Sequence[str],
+        source: str | Sequence[str] | Mix,
         *,
         format: str | None = None,
         columns: Sequence[str] | None = None,
@@ -100,6 +105,22 @@ class Stream:
         follow: Follow | None = None,
         pack: Pack | None = None,
     ) -> None:
+        self._batch_size = batch_size
+        self.mixed: MixedStream | None = None
+        """Over an :class:`ingest.Mix`: its sources' streams and the mixer; else None."""
+        if isinstance(source, Mix):
+            options: dict[str, Any] = dict(
+                format=format, columns=columns, batch_size=1, shuffle_seed=shuffle_seed,
+                shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes,
+                shuffle_lanes=shuffle_lanes, remainder=remainder, read=read,
+                storage_options=storage_options, transform=transform, progress=progress,
+                follow=follow, pack=pack,
+            )  # fmt: skip
+            seq_len = None if pack is None else pack.seq_len
+            self.mixed = MixedStream(
+                source, lambda urls: Stream(urls, **options), batch_size, seq_len
+            )
+            return
         if pack is not None and read is not None and read.on_error != "raise":
             raise ConfigError(
                 f'pack with ReadOptions(on_error="{read.on_error}"): packing does not take '
@@ -131,7 +152,6 @@ class Stream:
         self._next_epoch = 0
         self._rank = RankLoop(0, BookLink(self._book), on_quarantined=self._log)
         """The one rank's loop: batches handed out and their acks (:mod:`ingest.engine.loop`)."""
-        self._batch_size = batch_size
         self._packed = (
             None if pack is None else PackedRank(pack, batch_size, self._rank, self._book)
         )
@@ -153,11 +173,15 @@ class Stream:
         """What another loop over this stream's engine reads with: the spec, the planner
         (footers read once for all) and the built transform (an :class:`ingest.DataLoader`
         runs its workers with them)."""
+        if self.mixed is not None:
+            raise not_for_a_mixture("Stream.parts (and so ingest.DataLoader)")
         return StreamParts(self.spec, self._planner, self._transform)
 
     @property
     def pack(self) -> Pack | None:
         """The packing settings (``pack=``), or None."""
+        if self.mixed is not None:
+            return next(iter(self.mixed.streams.values())).pack
         return None if self._packed is None else self._packed.pack
 
     @property
@@ -171,8 +195,8 @@ class Stream:
 
     @property
     def epoch(self) -> int:
-        """The epoch in progress, or the next one to run."""
-        return self._next_epoch
+        """The epoch in progress, or the next one to run (of the mixture, over a Mix)."""
+        return self._next_epoch if self.mixed is None else self.mixed.mixer.epoch
 
     @property
     def stats(self) -> dict[str, int]:
@@ -181,7 +205,10 @@ class Stream:
         bytes of rows held by the reading (``bytes_held``: shuffle window, lanes' read-ahead
         and ready batches now; ``peak_bytes_held``: the most, at most, since it was made).
         With ``pack``, ``rows_delivered`` counts sequences, and ``tokens`` and
-        ``padding_tokens`` what the batches handed out since the stream was made held."""
+        ``padding_tokens`` what the batches handed out since the stream was made held. Over
+        a Mix: the sources' figures summed, and the draws (``drawn``, ``drawn[name]``)."""
+        if self.mixed is not None:
+            return self.mixed.stats()
         self._rank.flush()
         packed = self._packed
         tokens = (
@@ -208,11 +235,15 @@ class Stream:
     def quarantined(self) -> list[Quarantined]:
         """What ``ReadOptions(on_error="skip")`` skipped since the stream was made or its
         state loaded: shard URL, rows and reason, oldest first (also in the state)."""
+        if self.mixed is not None:
+            return self.mixed.quarantined()
         self._rank.flush()
         return self._book.quarantined()
 
     def listing(self) -> Listing:
         """List the source now (one listing; footers read once per shard)."""
+        if self.mixed is not None:
+            raise not_for_a_mixture("Stream.listing()")
         return self._planner.scan()
 
     def __len__(self) -> int:
@@ -224,7 +255,9 @@ class Stream:
 
     def __iter__(self) -> Iterator[Batch]:
         """One epoch, or the rest of the one a loop left; a loop still held stops (see
-        :class:`_Loop`)."""
+        :class:`_Loop`). Over a Mix: one epoch of the mixture (:mod:`ingest.engine.mix`)."""
+        if self.mixed is not None:
+            return iter(self.mixed)
         self._stop_active(superseded=True)
         if self._running:
             self._rewind()
@@ -297,7 +330,10 @@ class Stream:
         self._next_epoch = state.progress.epoch
 
     def state_dict(self) -> dict[str, Any]:
-        """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`."""
+        """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`
+        (over a Mix, a state of several sources: :mod:`ingest.engine.mix`)."""
+        if self.mixed is not None:
+            return self.mixed.state_dict()
         state = self._snapshot().to_json()
         self._book.fold(self._rank.step)
         return state
@@ -326,6 +362,8 @@ class Stream:
             StateError: If the state is malformed, of another version, another seed, or a
                 dataset whose shards are gone or changed (new shards join next epoch).
         """
+        if self.mixed is not None:
+            return self.mixed.load_state_dict(state)  # type: ignore[arg-type]
         parsed = state if isinstance(state, StreamState) else StreamState.from_json(state)
         self._stop_active(superseded=True)
         self._rank.restart(parsed.progress.step - 1)  # acks of the position left behind: gone
@@ -348,6 +386,8 @@ class Stream:
         Never raises for a dataset that changed under the stream (a shard gone): the next
         loop says so, or resumes if the shard was restored.
         """
+        if self.mixed is not None:
+            return self.mixed.close()
         self._stop_active()
         if self._running:
             with contextlib.suppress(IngestError):

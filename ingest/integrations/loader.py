@@ -191,6 +191,12 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             )
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        if stream.mixed is not None:
+            raise ConfigError(
+                "ingest.DataLoader over an ingest.Mix is not built yet: iterate the Stream "
+                "itself (each source reads and decodes in threads of its own), or read the "
+                "mixture with an ingest.RayStream's reader pool"
+            )
         self.stream = stream
         self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
         self._book: EpochBook[Listing] | None = None

@@ -14,7 +14,11 @@ counter resumes with the same choices), and ``taken``, how many of them each sou
      "sources": {"web": {"version": 2, "dataset": ..., "progress": ..., ...},
                  "code": {"version": 3, ...}},
      "drawn": 120,
-     "taken": {"web": 90, "code": 30}}
+     "taken": {"web": 90, "code": 30},
+     "mixture": {"unit": "tokens", "counts": [...], "stages": [...], "epoch": 0, ...}}
+
+``mixture``, written by a mixed stream (:mod:`ingest.engine.mix`), is the rule's counts and
+stages and the mixture's epoch; it is checked by the mixture that loads it.
 
 Every source's part is a whole state of version 2 or 3, read by
 :meth:`StreamState.from_json` with its own checks; a state of one source (version 2 or 3)
@@ -47,11 +51,13 @@ class SourcesState:
         parts: Each source's state, by name, in the stream's order of sources.
         drawn: Items drawn from the sources together.
         taken: Items drawn from each source; they add up to ``drawn``.
+        mixture: The drawing rule's own state (:meth:`ingest.engine.mix.Mixer.state`), if any.
     """
 
     parts: dict[str, StreamState]
     drawn: int = 0
     taken: dict[str, int] = field(default_factory=dict)
+    mixture: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.taken:
@@ -71,12 +77,13 @@ class SourcesState:
             )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "version": SOURCES_VERSION,
             "sources": {name: part.to_json() for name, part in self.parts.items()},
             "drawn": self.drawn,
             "taken": dict(self.taken),
         }
+        return out if self.mixture is None else {**out, "mixture": dict(self.mixture)}
 
     @classmethod
     def from_json(cls, data: object, *, max_bytes: int = MAX_STATE_BYTES) -> SourcesState:
@@ -107,10 +114,14 @@ class SourcesState:
         taken = data.get("taken")
         if not isinstance(taken, Mapping):
             raise refuse("taken", taken, "it must map each source to the items taken from it")
+        mixture = data.get("mixture")
+        if mixture is not None and not isinstance(mixture, Mapping):
+            raise refuse("mixture", mixture, "it must be the mixture's object")
         return cls(
             parts,
             _int(data.get("drawn"), "drawn"),
             {str(name): _int(n, f"taken[{name!r}]") for name, n in taken.items()},
+            None if mixture is None else dict(mixture),
         )
 
 

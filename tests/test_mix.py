@@ -1,0 +1,240 @@
+"""Weighted mixtures in a stream (ingest.Mix, ingest.engine.mix): every source within one draw
+of its weight at every prefix, every token once per epoch of its own source through stops,
+the uninterrupted run's draws after a resume, and a weight change at resume.
+
+Two JSONL corpora: ``web`` (documents 0 to 239) and ``code`` (documents 100,000 to 100,031),
+tokens ``d * 10_000 + j + 1`` (see ``test_pack_stream``), so that every token names its
+document and source.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ingest
+from ingest.core.errors import ConfigError, StateError
+from ingest.testing import Store
+from tests.test_pack_stream import lengths, tokenize
+
+SEQ_LEN, READ_ROWS, BATCH = 64, 16, 4
+CORPORA = {"web": (0, 240), "code": (100_000, 32)}
+NAMES = list(CORPORA)
+
+
+def write_corpora(store: Store, corpora: Mapping[str, tuple[int, int]] = CORPORA) -> dict[str, str]:
+    """Each corpus as 2 JSONL shards of ``{"text": "<d> <tokens>"}``; name -> glob."""
+    urls = {}
+    for n, (name, (first, count)) in enumerate(corpora.items()):
+        docs = list(zip(range(first, first + count), lengths(count, seed=n), strict=True))
+        half = count // 2
+        for s, part in enumerate((docs[:half], docs[half:])):
+            lines = [json.dumps({"text": f"{d} {k}"}) for d, k in part]
+            store.write(f"{name}/part-{s}.jsonl", ("\n".join(lines) + "\n").encode())
+        urls[name] = store.url(f"{name}/*.jsonl")
+    return urls
+
+
+def every_token(name: str) -> Counter[int]:
+    first, count = CORPORA[name]
+    n = NAMES.index(name)
+    return Counter(
+        t
+        for d, k in zip(range(first, first + count), lengths(count, seed=n), strict=True)
+        for t in tokenize([f"{d} {k}"])[0]
+    )
+
+
+def mixed(urls: Mapping[str, str], store: Store, **options: Any) -> ingest.Stream:
+    mix = ingest.Mix(
+        urls,
+        weights=options.pop("weights", {"web": 3, "code": 1}),
+        schedule=options.pop("schedule", ()),
+    )
+    return ingest.Stream(
+        mix,
+        batch_size=BATCH,
+        transform=ingest.Tokenize(tokenize),
+        pack=ingest.Pack(seq_len=SEQ_LEN, read_rows=READ_ROWS, max_open=8),
+        shuffle_seed=options.pop("shuffle_seed", 1),
+        shuffle_window=48,
+        storage_options=store.storage_options,
+        **options,
+    )
+
+
+def draws(batches: Iterable[Mapping[str, Any]]) -> list[tuple[str, int, list[int]]]:
+    """Each sequence of the batches: its source, its source's epoch and its tokens."""
+    out = []
+    for b in batches:
+        for seq, source, epoch in zip(
+            b["input_ids"].tolist(), b["source"].tolist(), b["source_epoch"].tolist(), strict=True
+        ):
+            out.append((NAMES[source], epoch, [t for t in seq if t]))
+    return out
+
+
+def check_once_per_source_epoch(got: Sequence[tuple[str, int, list[int]]]) -> dict[str, int]:
+    """Every source's epochs but its last hand out each of its tokens once, the last at most
+    once; returns each source's epochs begun."""
+    per: dict[tuple[str, int], Counter[int]] = {}
+    for name, epoch, tokens in got:
+        per.setdefault((name, epoch), Counter()).update(tokens)
+    last = {name: max(e for n, e in per if n == name) for name in {n for n, _ in per}}
+    for (name, epoch), counted in per.items():
+        whole = every_token(name)
+        repeated = {t: c for t, c in counted.items() if c > 1}
+        assert not repeated, f"{name} epoch {epoch} repeated {len(repeated)} tokens"
+        assert not counted - whole, f"{name} epoch {epoch} handed out tokens not of {name}"
+        if epoch < last[name]:
+            lost = whole - counted
+            assert not lost, f"{name} epoch {epoch} lost {sum(lost.values())} tokens"
+    return {name: e + 1 for name, e in last.items()}
+
+
+def deviation(sources: Sequence[str], weights: Mapping[str, float]) -> float:
+    """The largest |draws of a source - its weight's share| over every prefix, in draws."""
+    total = sum(weights.values())
+    worst = 0.0
+    for name, w in weights.items():
+        counts = np.cumsum([s == name for s in sources])
+        expected = w / total * np.arange(1, len(sources) + 1)
+        worst = max(worst, float(np.abs(counts - expected).max()))
+    return worst
+
+
+def run(urls: Mapping[str, str], store: Store, stops: Sequence[int], epochs: int, **kw: Any):
+    """``epochs`` epochs of the mixture, a state saved (through JSON) and loaded into a new
+    stream after each batch count in ``stops``; the batches."""
+    s = mixed(urls, store, **kw)
+    got: list[dict[str, Any]] = []
+    for _ in range(epochs):
+        while True:
+            stopped = False
+            for batch in s:
+                got.append(batch)
+                if len(got) in stops:
+                    state = json.loads(json.dumps(s.state_dict()))
+                    s.close()
+                    s = mixed(urls, store, **kw)
+                    s.load_state_dict(state)
+                    stopped = True
+                    break
+            if not stopped:
+                break
+    s.close()
+    return got
+
+
+def test_every_token_once_per_source_epoch_and_within_one_sequence_of_the_weights(
+    local: Store,
+) -> None:
+    urls = write_corpora(local)
+    whole = run(urls, local, (), epochs=2)
+    stopped = run(urls, local, (1, 5, 6, 13, 30, 31), epochs=2)
+    for got in (whole, stopped):
+        seqs = draws(got)
+        epochs = check_once_per_source_epoch(seqs)
+        # code is an eighth of web's documents at a third of its weight: it repeats, web is read
+        # about once an epoch of the mixture.
+        assert epochs["code"] > epochs["web"] >= 2
+        sources = [name for name, _, _ in seqs]
+        assert deviation(sources, {"web": 3, "code": 1}) <= 1.0
+    # A resume goes on with the uninterrupted run's draws (not its sequences: a sequence
+    # left open at a stop is packed anew).
+    assert [d[:2] for d in draws(whole)] == [d[:2] for d in draws(stopped)]
+    # An epoch of the mixture ends with the batch in which both sources ended one of theirs.
+    first = run(urls, local, (), epochs=1)
+    begun = {name: max(e for n, e, _ in draws(first) if n == name) for name in NAMES}
+    assert min(begun.values()) >= 1
+
+
+def test_a_weight_change_at_resume_starts_a_stage_there_and_loses_nothing(local: Store) -> None:
+    urls = write_corpora(local)
+    s = mixed(urls, local)
+    got = []
+    for batch in s:
+        got.append(batch)
+        if len(got) == 12:
+            break
+    state = json.loads(json.dumps(s.state_dict()))
+    s.close()
+    before = [name for name, _, _ in draws(got)]
+    assert deviation(before, {"web": 3, "code": 1}) <= 1.0
+    after_stream = mixed(urls, local, weights={"web": 1, "code": 1})
+    after_stream.load_state_dict(state)
+    after = []
+    for batch in after_stream:
+        after.append(batch)
+        if len(after) == 20:
+            break
+    sources = [name for name, _, _ in draws(after)]
+    assert deviation(sources, {"web": 1, "code": 1}) <= 1.0
+    mixture = after_stream.state_dict()["mixture"]
+    assert mixture["stages"][1]["start"] == 12 * BATCH * SEQ_LEN  # its exact count
+    assert mixture["stages"][1]["weights"] == [0.5, 0.5]
+    check_once_per_source_epoch(draws(got + after))
+
+
+def test_a_schedule_changes_the_weights_at_its_global_count(local: Store) -> None:
+    urls = write_corpora(local)
+    at = 10 * BATCH * SEQ_LEN
+    s = mixed(urls, local, schedule=[(at, {"web": 1, "code": 3})])
+    got = []
+    for batch in s:
+        got.append(batch)
+        if len(got) == 24:
+            break
+    sources = [name for name, _, _ in draws(got)]
+    cut = 10 * BATCH
+    assert deviation(sources[:cut], {"web": 3, "code": 1}) <= 1.0
+    assert deviation(sources[cut:], {"web": 1, "code": 3}) <= 1.0
+    s.close()
+
+
+def test_rows_without_packing_are_drawn_one_document_at_a_time(local: Store) -> None:
+    urls = write_corpora(local)
+    s = ingest.Stream(
+        ingest.Mix(urls, weights={"web": 2, "code": 1}),
+        batch_size=8,
+        shuffle_seed=2,
+        storage_options=local.storage_options,
+    )
+    got = list(s)
+    texts = [
+        (NAMES[src], ep, t)
+        for b in got
+        for src, ep, t in zip(
+            b["source"].tolist(), b["source_epoch"].tolist(), b["text"], strict=True
+        )
+    ]
+    assert deviation([n for n, _, _ in texts], {"web": 2, "code": 1}) <= 1.0
+    per = Counter((n, ep, t) for n, ep, t in texts)
+    assert max(per.values()) == 1  # no row twice in an epoch of its source
+    web = [t for n, ep, t in texts if n == "web" and ep == 0]
+    assert len(web) == CORPORA["web"][1]  # web's first epoch whole: the mixture's epoch ends
+
+
+def test_states_from_another_stream_or_mixture_are_refused(local: Store) -> None:
+    urls = write_corpora(local)
+    s = mixed(urls, local)
+    next(iter(s))
+    state = s.state_dict()
+    one = ingest.Stream(urls["web"], storage_options=local.storage_options)
+    with pytest.raises(StateError, match="several sources"):
+        one.load_state_dict(state)
+    with pytest.raises(StateError, match="not a mixture's"):
+        mixed(urls, local).load_state_dict(one.state_dict())
+    swapped = mixed({"code": urls["code"], "web": urls["web"]}, local)
+    with pytest.raises(StateError, match="sources"):
+        swapped.load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"ingest\.Mix"):
+        ingest.DataLoader(s, num_workers=1)
+    with pytest.raises(ConfigError, match="one weight per source"):
+        ingest.Mix(urls, weights={"web": 1, "books": 1})
+    s.close()
