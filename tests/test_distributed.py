@@ -316,6 +316,7 @@ def test_a_take_that_reaches_a_restarted_reader_never_starts_the_feed_over(
     pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
     with make(s3_data, "parquet", 1, readers=pool) as stream:
         it = stream.rank_iterator(0)
+        assert isinstance(it, ingest.RankIterator)  # one source: no Mix
         loop = iter(it)
         head = [int(i) for _ in range(3) for i in next(loop)["id"].tolist()]
         reader = stream.readers[0]
@@ -379,6 +380,7 @@ def test_an_actor_unreachable_for_a_moment_is_asked_again_with_every_row_once(
     # count nothing twice, and a take whose answer was lost must not lose its batches.
     with make(s3_data, "parquet", 1) as stream:
         it = stream.rank_iterator(0, options=ingest.RankOptions(ack_every=2, timeout_s=60))
+        assert isinstance(it, ingest.RankIterator)  # one source: no Mix
         it.coordinator = coordinator = _Unreachable(
             it.coordinator, {"session": {0}, "ack": {0, 3, 4}, "state_dict": {0}}, ran=ran
         )

@@ -2,7 +2,7 @@
 of its weight at every prefix, every token once per epoch of its own source through stops,
 the uninterrupted run's draws after a resume, and a weight change at resume.
 
-Two JSONL corpora: ``web`` (documents 0 to 239) and ``code`` (documents 100,000 to 100,031),
+Two JSONL corpora: ``web`` (documents 0 to 479) and ``code`` (documents 100,000 to 100,095),
 tokens ``d * 10_000 + j + 1`` (see ``test_pack_stream``), so that every token names its
 document and source.
 """
@@ -23,7 +23,7 @@ from ingest.testing import Store
 from tests.test_pack_stream import lengths, tokenize
 
 SEQ_LEN, READ_ROWS, BATCH = 64, 16, 4
-CORPORA = {"web": (0, 240), "code": (100_000, 32)}
+CORPORA = {"web": (0, 480), "code": (100_000, 96)}
 NAMES = list(CORPORA)
 
 
@@ -140,7 +140,7 @@ def test_every_token_once_per_source_epoch_and_within_one_sequence_of_the_weight
     for got in (whole, stopped):
         seqs = draws(got)
         epochs = check_once_per_source_epoch(seqs)
-        # code is an eighth of web's documents at a third of its weight: it repeats, web is read
+        # code is a fifth of web's documents at a third of its weight: it repeats, web is read
         # about once an epoch of the mixture.
         assert epochs["code"] > epochs["web"] >= 2
         sources = [name for name, _, _ in seqs]
@@ -230,8 +230,11 @@ def test_states_from_another_stream_or_mixture_are_refused(local: Store) -> None
         one.load_state_dict(state)
     with pytest.raises(StateError, match="not a mixture's"):
         mixed(urls, local).load_state_dict(one.state_dict())
-    swapped = mixed({"code": urls["code"], "web": urls["web"]}, local)
+    renamed = mixed({"web": urls["web"], "books": urls["code"]}, local, weights=None)
     with pytest.raises(StateError, match="sources"):
+        renamed.load_state_dict(state)
+    swapped = mixed({"code": urls["code"], "web": urls["web"]}, local)
+    with pytest.raises(StateError, match="names"):  # the ties are ordered by the sources'
         swapped.load_state_dict(state)
     with pytest.raises(ConfigError, match=r"ingest\.Mix"):
         ingest.DataLoader(s, num_workers=1)

@@ -140,21 +140,26 @@ def test_a_reader_killed_mid_epoch_loses_and_repeats_no_token(
     assert tokens(got) == every_token(DOCS) - carried_tokens(end, DOCS)
 
 
-def test_a_row_carried_twice_drops_its_carried_copy_and_counts_it(s3: Any) -> None:
+def test_what_ranks_leave_over_is_the_same_every_run_and_nothing_is_repeated(s3: Any) -> None:
     """An epoch of few read steps per rank (read steps of 48 on 3 ranks: 3 each), and a
-    shuffle window as large as a share (carried rows anywhere in rank 0's read order): a row
-    carried into the second epoch can fall in a rank's surplus again, with its own copy of
-    that epoch. The next epoch carries a row once, so such a carried copy is dropped: every
-    document short of its tokens is one progress.dropped counts, and no token is repeated.
-    (Whether a row is carried twice here varies from run to run: which documents a rank
-    leaves over is not yet reproducible under Ray. The book's count of such a row is
-    tested alone in test_epochs.)"""
+    shuffle window as large as a share (carried rows anywhere in rank 0's read order). Which
+    documents each rank leaves over at an epoch's end, and so the next epoch's plan, is the
+    same on every run (the book keeps the carried rows in their order, not in the order the
+    ranks close in): two runs hand out the same batches on every rank, the same states. A row
+    carried into the second epoch may fall in a rank's surplus again with its own copy; the
+    next epoch carries a row once, so such a carried copy is dropped: every document short of
+    its tokens is one progress.dropped counts, and no token is repeated (the book's count of
+    such a row is tested alone in test_epochs)."""
     store = Store("s3", s3.filesystem(), "s3://ingest-test/carried-twice", s3.storage_options())
     url = write_corpus(store, DOCS)
     pack = ingest.Pack(seq_len=SEQ_LEN, read_rows=48, max_open=8)
-    with make(url, store, 3, pack=pack, shuffle_window=16_384, shuffle_seed=2) as s:
-        first, second = run(s), run(s)
-        end = s.state_dict()
+    runs = []
+    for _ in range(2):
+        with make(url, store, 3, pack=pack, shuffle_window=16_384, shuffle_seed=2) as s:
+            first, second = run(s), run(s)
+            runs.append(([r["batches"] for r in first + second], s.state_dict()))
+    assert runs[0] == runs[1], "the same batches on every rank, and the same state, each run"
+    end = runs[0][1]
     owed = every_token(DOCS) + every_token(DOCS) - carried_tokens(end, DOCS)
     handed = tokens(first) + tokens(second)
     assert not handed - owed, "no token repeated"

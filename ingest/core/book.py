@@ -314,9 +314,9 @@ class EpochBook(Generic[L]):
     def carry_over(self, epoch: int, rows: npt.NDArray[np.int64]) -> int:
         """Add ``rows`` (packed rows, by ``epoch``'s listing) to ``epoch``'s remainder: a
         packing rank ended the epoch before it handed them out (:mod:`ingest.distributed.
-        rank_pack`). A carried row whose own copy is carried too is carried once: that
-        carried copy is dropped and counted (``dropped``, :func:`~ingest.core.assign.
-        once_per_row`). Returns the rows dropped so.
+        rank_pack`), in the rows' order, not the closing ranks' (that varies by run). A
+        carried row whose own copy is carried too is carried once: that carried copy is
+        dropped, counted (``dropped``, :func:`~ingest.core.assign.once_per_row`) and returned.
 
         Raises:
             StateError: If the next epoch is planned already (it would miss them).
@@ -331,6 +331,7 @@ class EpochBook(Generic[L]):
         e = self.plan(epoch)
         spans = [*e.assignment.remainder, *row_spans(rows)]
         kept, dropped = once_per_row(spans)
+        kept.sort(key=lambda s: (s.segment, s.shard, s.start))
         e.assignment = replace(e.assignment, remainder=tuple(kept))
         e.dropped += dropped
         return dropped

@@ -115,6 +115,11 @@ class Mixture:
         self._counts = np.zeros(len(self.names), dtype=np.int64)
         self._ties = self._order()
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # Unpickled by Ray, the counts' array is a read-only view of the object store's copy.
+        self.__dict__.update(state)
+        self._counts = self._counts.copy()
+
     def _order(self) -> np.ndarray:
         """Tie rank of each source in this stage (lower wins)."""
         order = permutation(len(self.names), "mixture", self.seed, self._stage, 0, 0)

@@ -16,7 +16,10 @@ from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
+from ingest.distributed.ray_mix import MixedRankIterator, MixedRayStream
+from ingest.engine.mix import Mix
 from ingest.engine.pack import Pack
+from ingest.engine.pack_settings import check_read
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform
 from ingest.formats.base import ReadOptions
@@ -36,7 +39,10 @@ class RayStream:
     The pool starts, and the first epoch is planned, when the stream is created.
 
     Args:
-        source: URL, glob or directory, or a list of them (any fsspec protocol).
+        source: URL, glob or directory, or a list of them (any fsspec protocol); or an
+            :class:`ingest.Mix` of named sources with weights: each source is a stream of its
+            own with these options (its coordinator and reader pool), and every rank draws
+            its batches' sequences (or rows) from them alike (:mod:`ingest.distributed.ray_mix`).
         format: Format name for every shard; None infers it from extensions.
         columns: Columns to read; None reads all.
         batch_size: Rows per batch on every rank.
@@ -77,7 +83,7 @@ class RayStream:
 
     def __init__(
         self,
-        source: str | Sequence[str],
+        source: str | Sequence[str] | Mix,
         *,
         format: str | None = None,
         columns: Sequence[str] | None = None,
@@ -106,14 +112,29 @@ class RayStream:
                 f"transform={transform!r} is neither a function nor a class; pass a function "
                 "over a pyarrow Table, or a class whose instances are one"
             )
-        if pack is not None and read is not None and read.on_error != "raise":
-            raise ConfigError(
-                f'pack with ReadOptions(on_error="{read.on_error}"): packing does not take '
-                'quarantined rows yet; read with on_error="raise"'
-            )
+        check_read(pack, read)
         self.pack = pack
         self.batch_size = batch_size
         """Rows per batch on every rank (sequences, with ``pack``)."""
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.name = name or f"ingest-coordinator-{uuid.uuid4().hex[:12]}"
+        self.loaded_state: dict[str, Any] | None = None
+        """The state given to :meth:`load_state_dict`, if any: where a worker group starts
+        when there is no checkpoint yet, also on a coordinator restarted since."""
+        self.mixed: MixedRayStream | None = None
+        """Over an :class:`ingest.Mix`: the sources' streams; else None."""
+        if isinstance(source, Mix):
+            options: dict[str, Any] = dict(
+                format=format, columns=columns, batch_size=1, shuffle_seed=shuffle_seed,
+                shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes,
+                shuffle_lanes=shuffle_lanes, remainder=remainder, world_size=world_size,
+                readers=readers, storage_options=storage_options, read=read,
+                transform=transform, index=index, timeout_s=timeout_s, progress=progress,
+                follow=follow, pack=pack,
+            )  # fmt: skip
+            self._start_mix(source, options)
+            return
         self.spec = StreamSpec.of(
             source,
             storage_options=storage_options,
@@ -135,14 +156,8 @@ class RayStream:
                 f"{follow.idle_timeout_s}) + poll_s ({follow.poll_s}): a rank waits for a "
                 "round's first batch while the round waits for new shards"
             )
-        self.world_size = world_size
         self.pool = readers or ReaderPool()
         self.transform = transform
-        self.timeout_s = timeout_s
-        self.name = name or f"ingest-coordinator-{uuid.uuid4().hex[:12]}"
-        self.loaded_state: dict[str, Any] | None = None
-        """The state given to :meth:`load_state_dict`, if any: where a worker group starts
-        when there is no checkpoint yet, also on a coordinator restarted since."""
         if not ray.is_initialized():
             ray.init()
         placement = {
@@ -183,6 +198,16 @@ class RayStream:
             raise
         self.coordinator.prepare.remote(listing)
 
+    def _start_mix(self, mix: Mix, options: dict[str, Any]) -> None:
+        """Start a stream per source (``batch_size`` 1: a draw is a batch of one)."""
+        self.mixed = MixedRayStream(
+            mix,
+            lambda part, urls: RayStream(urls, name=f"{self.name}-{part}", **options),
+            self.batch_size,
+            None if self.pack is None else self.pack.seq_len,
+            self.world_size,
+        )
+
     def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
         try:
             return ray.get(ref, timeout=timeout_s or self.timeout_s)
@@ -192,10 +217,14 @@ class RayStream:
     def _reader(self, rank: int) -> Any:
         return self.readers[rank % len(self.readers)]
 
-    def rank_iterator(self, rank: int, *, options: RankOptions | None = None) -> RankIterator:
+    def rank_iterator(
+        self, rank: int, *, options: RankOptions | None = None
+    ) -> RankIterator | MixedRankIterator:
         """The iterator of ``rank`` (0 <= rank < world_size); picklable."""
         if not 0 <= rank < self.world_size:
             raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
+        if self.mixed is not None:
+            return self.mixed.rank_iterator(rank, options)
         return RankIterator(
             self.coordinator,
             self._reader(rank),
@@ -214,8 +243,10 @@ class RayStream:
         """The state after ``step`` on every rank; None: after the last step all ranks acked.
 
         It covers every batch the ranks' iterators handed out up to that step (an iterator
-        left early sends its acks as it returns).
+        left early sends its acks as it returns). Over a Mix, states are taken on the ranks.
         """
+        if self.mixed is not None:
+            return self.mixed.state_dict()
         ref = self.coordinator.state_dict.remote(step, self.timeout_s)
         try:
             return ray.get(ref, timeout=self.timeout_s + 30)  # type: ignore[no-any-return]
@@ -227,6 +258,10 @@ class RayStream:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue after ``state``, which may come from another world size, pool size or a
         single-process :class:`ingest.Stream`. Load before any rank iterates."""
+        if self.mixed is not None:
+            self.mixed.load_state_dict(state)
+            self.loaded_state = dict(state)
+            return
         deadline = time.monotonic() + self.timeout_s
         while True:  # a coordinator that is restarting takes the state once it is back
             try:
@@ -243,7 +278,10 @@ class RayStream:
 
     def stats(self) -> dict[str, int]:
         """Requests and bytes the pool sent to the store, summed over its readers, and the
-        quarantines (``quarantined``, ``rows_skipped``) the ranks acked."""
+        quarantines (``quarantined``, ``rows_skipped``) the ranks acked; over a Mix, summed
+        over its sources."""
+        if self.mixed is not None:
+            return self.mixed.stats()
         out: dict[str, int] = {}
         for part in self._get([r.stats.remote() for r in self.readers]):
             for key, value in part.items():
@@ -253,11 +291,15 @@ class RayStream:
     def quarantined(self) -> list[Quarantined]:
         """What ``ReadOptions(on_error="skip")`` skipped and the ranks acked: shard URL, rows
         and reason, oldest first (also in the state; see :mod:`ingest.core.quarantine`)."""
+        if self.mixed is not None:
+            return self.mixed.quarantined()
         got: list[Quarantined] = self._get(self.coordinator.quarantined.remote())
         return got
 
     def shutdown(self) -> None:
-        """Stop the reader pool and the coordinator actor."""
+        """Stop the reader pool and the coordinator actor (every source's, over a Mix)."""
+        if self.mixed is not None:
+            return self.mixed.shutdown()
         for actor in [*self.readers, self.coordinator]:
             ray.kill(actor)
 

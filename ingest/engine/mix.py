@@ -186,7 +186,7 @@ class Mixer:
         self.epoch = epoch
         self.ended = set(ended)
         self.drawn = drawn
-        self.taken = dict(taken)
+        self.taken = {name: int(taken[name]) for name in self.names}
 
 
 class Draws:
@@ -218,7 +218,9 @@ class Draws:
                 if began:
                     raise ConfigError(
                         f"source {name!r} of the mixture ({self._describe(name)}) has nothing "
-                        "to draw in a whole epoch of its own; give it data, or weight 0"
+                        "to draw in a whole epoch of its own: an epoch needs rows for one "
+                        "read step on every rank (Pack.read_rows, or 1 row, times world_size; "
+                        "the rest is carried). Give it more data, or weight 0"
                     ) from None
                 began = True
 
@@ -253,10 +255,10 @@ def load_mixed(state: Any, mixer: Mixer) -> SourcesState:
             "this state is not a mixture's (no 'sources' and 'mixture'): it was saved by a "
             "stream of one source; load it into one, or start the mixture anew"
         )
-    if list(parsed.parts) != list(mixer.names):
+    if set(parsed.parts) != set(mixer.names):
         raise StateError(
-            f"the state's sources are {list(parsed.parts)}, this mixture's "
-            f"{list(mixer.names)}; resume with the sources (and their order) it was saved with"
+            f"the state's sources are {sorted(parsed.parts)}, this mixture's "
+            f"{sorted(mixer.names)}; resume with the sources the state was saved with"
         )
     mixer.load(parsed.mixture, parsed.drawn, parsed.taken)
     return parsed

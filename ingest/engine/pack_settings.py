@@ -97,4 +97,13 @@ def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa
     return call
 
 
-__all__ = ["ORIGIN", "Pack", "with_origin"]
+def check_read(pack: Pack | None, read: Any) -> None:
+    """Refuse a packing stream whose ``ReadOptions`` quarantine rows."""
+    if pack is not None and read is not None and read.on_error != "raise":
+        raise ConfigError(
+            f'pack with ReadOptions(on_error="{read.on_error}"): packing does not take '
+            'quarantined rows yet; read with on_error="raise"'
+        )
+
+
+__all__ = ["ORIGIN", "Pack", "check_read", "with_origin"]

@@ -31,6 +31,7 @@ from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.mixed_stream import MixedStream, not_for_a_mixture
 from ingest.engine.pack import Pack, PackedRank, with_origin
+from ingest.engine.pack_settings import check_read
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, apply, build_transform
 from ingest.formats.base import ReadOptions
@@ -121,11 +122,7 @@ class Stream:
                 source, lambda urls: Stream(urls, **options), batch_size, seq_len
             )
             return
-        if pack is not None and read is not None and read.on_error != "raise":
-            raise ConfigError(
-                f'pack with ReadOptions(on_error="{read.on_error}"): packing does not take '
-                'quarantined rows yet; read with on_error="raise"'
-            )
+        check_read(pack, read)
         self.spec = StreamSpec.of(
             source,
             storage_options=storage_options,

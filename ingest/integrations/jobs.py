@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ray.train.torch import TorchTrainer
 
     from ingest.distributed.rank import RankIterator
+    from ingest.distributed.ray_mix import MixedRankIterator
     from ingest.distributed.ray_stream import RayStream
 
 INGEST_RESOURCE = "ingest"
@@ -239,7 +240,11 @@ class _EpochTimes:
 
 
 def _train_epoch(
-    job: Job, worker: _Worker, it: RankIterator, cfg: Config, ddp: torch.nn.Module
+    job: Job,
+    worker: _Worker,
+    it: RankIterator | MixedRankIterator,
+    cfg: Config,
+    ddp: torch.nn.Module,
 ) -> _EpochTimes:
     """Run one epoch of ``it`` on this rank; checkpoint every ``train.checkpoint_every``."""
     import ray.train

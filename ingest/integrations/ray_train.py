@@ -36,9 +36,11 @@ from typing import Any
 import ray
 import ray.train
 
-from ingest.core.state import StreamState
+from ingest.core.errors import StateError
+from ingest.core.state import MAX_STATE_BYTES, read_state
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
+from ingest.distributed.ray_mix import MixedRankIterator
 from ingest.distributed.ray_stream import RayStream
 
 STATE_FILE = "ingest_stream_state.json"
@@ -54,22 +56,47 @@ def load_state(checkpoint: ray.train.Checkpoint | None) -> dict[str, Any] | None
             return None
         # Size-limited and validated before use (ingest.core.state.MAX_STATE_BYTES).
         with open(path, "rb") as f:
-            return StreamState.read(f).to_json()
+            text = f.read(MAX_STATE_BYTES + 1)
+        try:  # one source's state, or a mixture's (several sources)
+            return read_state(text).to_json()
+        except StateError as e:
+            raise StateError(f"{STATE_FILE} of checkpoint {checkpoint.path}: {e}") from None
 
 
 def rank_iterator(
     stream: RayStream, *, options: RankOptions | None = None
-) -> tuple[RankIterator, ray.train.Checkpoint | None]:
+) -> tuple[RankIterator | MixedRankIterator, ray.train.Checkpoint | None]:
     """This worker's iterator, restored from the latest checkpoint; and that checkpoint.
 
     Call once at the start of ``train_loop_per_worker``. The rank and world size come from
     Ray Train's context; the world size may differ from the one the checkpoint was saved
-    with (the rest of the epoch is shared out again).
+    with (the rest of the epoch is shared out again). Over an :class:`ingest.Mix`, every
+    source's stream is restored from its part of the state, and the mixture's draws go on
+    from its counts.
     """
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     checkpoint = ray.train.get_checkpoint()
     state = load_state(checkpoint)
+    if stream.mixed is None:
+        return _rank_iterator(stream, rank, world_size, state, options), checkpoint
+    parts = {
+        name: _rank_iterator(
+            part, rank, world_size, None if state is None else state["sources"][name], options
+        )
+        for name, part in stream.mixed.streams.items()
+    }
+    return MixedRankIterator(parts, stream.mixed.mixer(state)), checkpoint
+
+
+def _rank_iterator(
+    stream: RayStream,
+    rank: int,
+    world_size: int,
+    state: dict[str, Any] | None,
+    options: RankOptions | None,
+) -> RankIterator:
+    """A one-source stream's iterator of ``rank``, its coordinator joined from ``state``."""
     ref = stream.coordinator.join.remote(rank, world_size, state, stream.loaded_state)
     try:
         session = ray.get(ref, timeout=stream.timeout_s)
@@ -77,7 +104,7 @@ def rank_iterator(
         raise CoordinatorLostError(e) from None
     except Exception as e:
         raise unwrap(e) from None
-    it = RankIterator(
+    return RankIterator(
         stream.coordinator,
         stream.reader_for(rank),
         rank,
@@ -87,11 +114,13 @@ def rank_iterator(
         pack=stream.pack,
         pack_batch=stream.batch_size,
     )
-    return it, checkpoint
 
 
 def report(
-    it: RankIterator, metrics: dict[str, Any], *, save: Callable[[str], None] | None = None
+    it: RankIterator | MixedRankIterator,
+    metrics: dict[str, Any],
+    *,
+    save: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """``ray.train.report`` with a checkpoint of the model and the stream at ``it.step``.
 

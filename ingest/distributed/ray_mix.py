@@ -1,0 +1,156 @@
+"""A :class:`ingest.RayStream` over an :class:`ingest.Mix`: one one-source stream per source
+(its coordinator, its reader pool, its book and equal steps), and on every rank an iterator
+that draws from the sources' rank iterators by :class:`ingest.engine.mix.Mixer`.
+
+Every rank draws alike (:mod:`ingest.engine.mix`): the same sources in the same order, so each
+rank takes as many sequences (or rows) from each source as every other rank, and each source
+stream's own rules hold as in a one-source stream: equal steps per rank, an epoch's end at
+the same draw on every rank, states consistent across ranks. A rank takes each draw as a
+batch of one from its source's iterator (``batch_size`` 1 in the source's stream: one
+sequence, or one row); the sources read, tokenize and pack as one-source streams do.
+
+States are taken on the ranks (:meth:`MixedRankIterator.state_dict`, called by every rank
+at the same step, as :func:`ingest.train.report` does): each source's state at the draws the
+rank took from it, and the mixture's counts (the same on every rank).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from ingest.core.errors import ConfigError
+from ingest.core.quarantine import Quarantined
+from ingest.engine.mix import Draws, Mix, Mixer, load_mixed, mixed_state
+
+Batch = dict[str, Any]
+
+
+class MixedRankIterator:
+    """A rank's batches of a mixed stream, one epoch of the mixture per loop; picklable.
+
+    Args:
+        parts: The rank's iterator of each source (``batch_size`` 1).
+        mixer: The mixture's draws, loaded from the state the run resumes from.
+    """
+
+    def __init__(self, parts: Mapping[str, Any], mixer: Mixer) -> None:
+        self.parts = dict(parts)
+        self.mixer = mixer
+        self.draws = Draws(self._start, self._epoch, lambda name: f"rank {self.rank}'s {name}")
+        self._yielded = 0
+
+    def _start(self, name: str) -> Iterator[Batch]:
+        return iter(self.parts[name])
+
+    def _epoch(self, name: str) -> int:
+        return int(self.parts[name].epoch)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # A copy is new iterators of the rank's sources (RankIterator.__reduce__), with the
+        # mixture's counts as they are now.
+        return (MixedRankIterator, (self.parts, self.mixer))
+
+    @property
+    def rank(self) -> int:
+        return int(next(iter(self.parts.values())).rank)
+
+    @property
+    def step(self) -> int:
+        """This iterator's batches less one (equal on every rank)."""
+        return self._yielded - 1
+
+    def upcoming_epoch(self) -> int:
+        """The mixture's epoch in progress, or the next one to run."""
+        return self.mixer.epoch
+
+    def __iter__(self) -> Iterator[Batch]:
+        for batch in self.mixer.epoch_batches(self.draws.pull):
+            self._yielded += 1
+            yield batch
+
+    def flush(self) -> None:
+        for it in self.parts.values():
+            it.flush()
+
+    def state_dict(self) -> dict[str, Any]:
+        """Flush, then the state after this rank's last batch (the same on every rank): every
+        rank calls it at the same step."""
+        return mixed_state({name: it.state_dict() for name, it in self.parts.items()}, self.mixer)
+
+
+class MixedRayStream:
+    """The sources' one-source streams of a :class:`ingest.RayStream` over a mix.
+
+    Args:
+        mix: The mixture.
+        make: Builds a source's stream from its name and URLs.
+        batch_size: Draws per batch on every rank.
+        seq_len: With packing, the sequence length; None: rows.
+        world_size: Number of ranks.
+    """
+
+    def __init__(
+        self,
+        mix: Mix,
+        make: Callable[[str, str | Sequence[str]], Any],
+        batch_size: int,
+        seq_len: int | None,
+        world_size: int,
+    ) -> None:
+        self.mix = mix
+        self.batch_size, self.seq_len, self.world_size = batch_size, seq_len, world_size
+        self.loaded_state: dict[str, Any] | None = None
+        """The state given to :meth:`load_state_dict`, if any (each source's stream keeps its
+        part)."""
+        self.mixer(None)  # the weights checked before any actor starts
+        self.streams: dict[str, Any] = {}
+        try:
+            for name, urls in mix.sources.items():
+                self.streams[name] = make(name, urls)
+        except BaseException:
+            self.shutdown()  # no actor outlives a stream that could not start
+            raise
+
+    def mixer(self, state: Mapping[str, Any] | None) -> Mixer:
+        """A rank's mixer, from ``state`` (None: the state loaded on the driver, if any)."""
+        mixer = Mixer(self.mix, self.batch_size, self.seq_len, self.world_size)
+        state = state if state is not None else self.loaded_state
+        if state is not None:
+            load_mixed(state, mixer)
+        return mixer
+
+    def rank_iterator(self, rank: int, options: Any) -> MixedRankIterator:
+        parts = {n: s.rank_iterator(rank, options=options) for n, s in self.streams.items()}
+        return MixedRankIterator(parts, self.mixer(None))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        parsed = load_mixed(state, Mixer(self.mix, self.batch_size, self.seq_len, self.world_size))
+        for name, stream in self.streams.items():
+            stream.load_state_dict(parsed.parts[name].to_json())
+        self.loaded_state = dict(state)
+
+    @staticmethod
+    def state_dict() -> dict[str, Any]:
+        raise ConfigError(
+            "a RayStream over an ingest.Mix gives its state on the ranks, where each "
+            "source's draws are known: it.state_dict() on every rank at the same step (as "
+            "ingest.train.report does)"
+        )
+
+    def stats(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for stream in self.streams.values():
+            for key, value in stream.stats().items():
+                out[key] = out.get(key, 0) + int(value)
+        return out
+
+    def quarantined(self) -> list[Quarantined]:
+        return [q for s in self.streams.values() for q in s.quarantined()]
+
+    def shutdown(self) -> None:
+        for stream in self.streams.values():
+            stream.shutdown()
+
+
+__all__ = ["MixedRankIterator", "MixedRayStream"]
