@@ -12,10 +12,11 @@ TorchTrainer on a laptop-local Ray, reading token shards from the same S3 server
 group from the last checkpoint (model + stream state), and the job prints its per-epoch
 throughput, its data-stall share and the exactly-once check.
 
-Part 3, ``python train/pretrain.py``: two raw-text JSONL corpora on the same S3 server,
-tokenized in the reader pool and packed into sequences on the workers. A worker exits, the
-run fails; the same run goes on with 3 workers from its last checkpoint, and the job prints
-the token-level exactly-once check and each corpus's share of the tokens.
+Part 3, ``python train/pretrain.py``: a weighted mixture (60/40 in tokens) of two raw-text
+JSONL corpora on the same S3 server, tokenized in the reader pool and packed into sequences
+on the workers. A worker exits, the run fails; the same run goes on with 3 workers from its
+last checkpoint, and the job prints the token-level exactly-once check, each corpus's share
+of the tokens against its weight and the mixture's largest deviation at any step.
 """
 
 from __future__ import annotations
@@ -174,8 +175,9 @@ def pretrain_job(out: Path) -> int:
 
     stamp = time.strftime("%Y%m%d-%H%M%S")
     print(
-        "\npart 3: train/pretrain.py: two JSONL corpora on S3, tokenized in the reader pool "
-        "(a BPE trained on the spot) and packed into sequences of 128 tokens on 2 workers; "
+        "\npart 3: train/pretrain.py: two JSONL corpora on S3 mixed 60/40 by tokens, tokenized "
+        "in the reader pool (a BPE trained on the spot) and packed into sequences of 128 "
+        "tokens on 2 workers; "
         "rank 1 exits at step 8 and the run fails, then the same run goes on with 3 workers"
     )
     with LoopbackS3() as s3:

@@ -9,14 +9,18 @@ The config is train/configs/pretrain.yaml unless --config names another. The rea
 or a ``transformers`` tokenizer directory); each training worker packs its documents into
 sequences of ``pack.seq_len`` (best-fit, ``ingest.Pack``) under Ray Train's TorchTrainer.
 
-The token witness: one counter per token of the corpora, summed over the workers at every
-step from the batches' ``pieces`` (``Pack(provenance=True)``) and checkpointed with the
-model, so it survives restarts as the model does. At the end every token must have been
-trained on once per epoch, but the ones the last epoch carried into the next (once less).
-The job prints that check and each corpus's share of the tokens trained on.
+The corpora are a weighted mixture (``ingest.Mix``, ``data.weights``, in tokens): every
+sequence is drawn from one corpus, each corpus within one sequence of its weight at every
+step on every rank, and each corpus has its own epochs (the smaller one against its weight
+repeats, in a new order each time); an epoch of the mixture ends once each corpus ended one.
 
-The corpora are read as one source (their shards side by side), so each one's share is its
-share of the tokens; weighted mixtures are not wired into the streams yet.
+The token witness: one counter per token of the corpora, summed over the workers at every
+step from the batches' ``pieces`` (``Pack(provenance=True)``) and ``source``, and
+checkpointed with the model, so it survives restarts as the model does. At the end every
+token must have been trained on once per epoch of its corpus: the epochs it finished, and
+what the last state says of the one in progress (its rows consumed, the tokens of rows cut,
+the rows carried into it). The job prints that check, each corpus's share of the tokens
+trained on against its weight, and the largest deviation from the weights at any step.
 """
 
 from __future__ import annotations
@@ -115,8 +119,8 @@ def write_corpora(config: Config) -> None:
                 f.write("\n".join(lines[n : n + per]) + "\n")
 
 
-def sources(config: Config) -> list[str]:
-    return [f"{url.rstrip('/')}/*.jsonl" for url in config["data"]["corpora"].values()]
+def sources(config: Config) -> dict[str, str]:
+    return {name: f"{url.rstrip('/')}/*.jsonl" for name, url in config["data"]["corpora"].items()}
 
 
 def tokenizer_of(config: Config, texts: list[str]) -> Any:
@@ -146,10 +150,14 @@ def tokenizer_of(config: Config, texts: list[str]) -> Any:
 
 
 def corpus(config: Config) -> tuple[list[str], list[list[str]]]:
-    """The shard URLs in listing order, and each shard's texts."""
+    """The shard URLs, corpus after corpus, each in listing order; and each shard's texts."""
     data = config["data"]
-    listing = ingest.list_shards(sources(config), storage_options=data.get("storage_options"))
-    urls = [s.url for s in listing.shards]
+    options = data.get("storage_options")
+    urls = [
+        s.url
+        for pattern in sources(config).values()
+        for s in ingest.list_shards(pattern, storage_options=options).shards
+    ]
     texts = []
     for url in urls:
         with fsspec.open(url, "r", **(data.get("storage_options") or {})) as f:
@@ -167,25 +175,40 @@ def train_loop(config: dict[str, Any]) -> None:
 
     cfg: Config = config["config"]
     it, checkpoint = ingest.train.rank_iterator(config["stream"])
-    base = torch.tensor(config["base"], dtype=torch.int64)  # first token of (shard, row)
-    shard_base = torch.tensor(config["shard_base"], dtype=torch.int64)
+    maps = {
+        key: torch.tensor(config[key], dtype=torch.float64 if key == "weights" else torch.int64)
+        for key in ("base", "shard_base", "first_shard", "weights")
+    }
+    weights = maps["weights"]
     m, pack = cfg["model"], cfg["pack"]
     model = CausalLM(int(config["vocab"]), int(m["dim"]), int(m["heads"]), int(pack["seq_len"]))
     optimizer = torch.optim.AdamW(model.parameters(), lr=float(cfg["train"]["lr"]))
     seen = torch.zeros(int(config["tokens"]), dtype=torch.int32)
+    # Per corpus: sequences drawn on each rank (the same on all), real tokens on all ranks;
+    # and the largest deviation from the weights at any step (sequences, real tokens).
+    mix = {
+        "drawn": torch.zeros(len(weights), dtype=torch.int64),
+        "real": torch.zeros(len(weights), dtype=torch.int64),
+        "worst": torch.zeros(2, dtype=torch.float64),
+    }
     if checkpoint:
         with checkpoint.as_directory() as directory:
             saved = torch.load(os.path.join(directory, "model.pt"))
         model.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
-        seen = saved["seen"]
+        seen, mix = saved["seen"], saved["mix"]
     ddp = DistributedDataParallel(model) if dist.get_world_size() > 1 else model
     rank = ray.train.get_context().get_world_rank()
     fault = _Fault.from_config("pretrain", cfg)
     every = int(cfg["train"]["checkpoint_every"])
 
     def save(directory: str) -> None:
-        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "seen": seen}
+        state = {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "seen": seen,
+            "mix": mix,
+        }
         torch.save(state, os.path.join(directory, "model.pt"))
 
     loss = torch.zeros(())
@@ -196,27 +219,51 @@ def train_loop(config: dict[str, Any]) -> None:
             optimizer.zero_grad()
             torch.autograd.backward(loss)
             optimizer.step()
-            _, shard, row, first, stop = batch["pieces"].unbind(1)
-            where = base[shard_base[shard] + row] + first
-            lengths = stop - first
-            index = torch.repeat_interleave(where - torch.cumsum(lengths, 0) + lengths, lengths)
-            index += torch.arange(int(lengths.sum()))
-            delta = torch.zeros(len(seen), dtype=torch.int32)
-            delta.index_add_(0, index, torch.ones(len(index), dtype=torch.int32))
-            dist.all_reduce(delta)
-            seen += delta
-            tokens += int(lengths.sum())
+            tokens += count(batch, maps, seen, mix)
             fault.maybe_exit(rank, it.step)
             if it.step % every == every - 1:
-                ingest.train.report(it, {"loss": float(loss), "epoch": epoch}, save=save)
+                ingest.train.report(it, {"loss": loss.item(), "epoch": epoch}, save=save)
         if rank == 0:
             took = time.perf_counter() - start
             print(
-                f"[pretrain] epoch {epoch}: loss {float(loss):.3f}, {tokens / took:,.0f} "
+                f"[pretrain] epoch {epoch}: loss {loss.item():.3f}, {tokens / took:,.0f} "
                 "tokens/s on rank 0",
                 flush=True,
             )
-    ingest.train.report(it, {"loss": float(loss), "done": True}, save=save)
+    ingest.train.report(it, {"loss": loss.item(), "done": True}, save=save)
+
+
+def count(
+    batch: dict[str, Any],
+    maps: dict[str, torch.Tensor],
+    seen: torch.Tensor,
+    mix: dict[str, torch.Tensor],
+) -> int:
+    """Count the batch's tokens, every rank's, in the witness ``seen`` and the mixture's
+    figures ``mix``; returns this rank's tokens. ``maps``: the first token of each document
+    (``base``, by ``shard_base`` of each shard, by ``first_shard`` of each corpus), and the
+    corpora's weights."""
+    import torch.distributed as dist
+
+    weights = maps["weights"]
+    seq, shard, row, first, stop = batch["pieces"].unbind(1)
+    source = batch["source"][seq]
+    where = maps["base"][maps["shard_base"][maps["first_shard"][source] + shard] + row] + first
+    lengths = stop - first
+    index = torch.repeat_interleave(where - torch.cumsum(lengths, 0) + lengths, lengths)
+    index += torch.arange(int(lengths.sum()))
+    delta = torch.zeros(len(seen), dtype=torch.int32)
+    delta.index_add_(0, index, torch.ones(len(index), dtype=torch.int32))
+    real = torch.zeros(len(weights), dtype=torch.int64).index_add_(0, source, lengths)
+    dist.all_reduce(delta)
+    dist.all_reduce(real)
+    seen += delta
+    mix["drawn"] += torch.bincount(batch["source"], minlength=len(weights))
+    mix["real"] += real
+    for n, counts in enumerate((mix["drawn"], mix["real"])):
+        off = (counts - weights * counts.sum()).abs().max()
+        mix["worst"][n] = max(float(mix["worst"][n]), float(off))
+    return int(lengths.sum())
 
 
 def run(config: Config) -> dict[str, Any]:
@@ -235,10 +282,19 @@ def run(config: Config) -> dict[str, Any]:
     flat = [n for shard in lengths for n in shard]
     base = np.concatenate([[0], np.cumsum(flat)[:-1]]).astype(np.int64).tolist()
     shard_base = np.concatenate([[0], np.cumsum([len(s) for s in lengths])[:-1]]).tolist()
-    _init_ray(config)
     data = config["data"]
+    names = list(sources(config))
+    weights = {name: float(w) for name, w in (data.get("weights") or {}).items()}
+    mix = ingest.Mix(sources(config), weights=weights or None)
+    total = sum(weights.values()) if weights else len(names)
+    options = data.get("storage_options")
+    counts = [
+        len(ingest.list_shards(p, storage_options=options).shards) for p in mix.sources.values()
+    ]
+    first_shard = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
+    _init_ray(config)
     with ingest.RayStream(
-        sources(config),
+        mix,
         batch_size=int(train_cfg["batch_size"]),
         shuffle_seed=train_cfg.get("seed", 0),
         shuffle_window=int(train_cfg.get("shuffle_window", 16_384)),
@@ -260,6 +316,8 @@ def run(config: Config) -> dict[str, Any]:
                 "stream": stream,
                 "base": base,
                 "shard_base": shard_base,
+                "first_shard": first_shard,
+                "weights": [weights.get(n, 1.0) / total for n in names],
                 "tokens": int(sum(flat)),
                 "vocab": tokenizer.get_vocab_size()
                 if hasattr(tokenizer, "get_vocab_size")
@@ -282,10 +340,12 @@ def run(config: Config) -> dict[str, Any]:
     if result.checkpoint is None:
         raise SystemExit("[pretrain] the run finished without a checkpoint")
     with result.checkpoint.as_directory() as d:
-        seen = torch.load(os.path.join(d, "model.pt"))["seen"]
+        saved = torch.load(os.path.join(d, "model.pt"))
         state = json.loads(Path(d, ingest.train.STATE_FILE).read_text())
     return {
-        "seen": seen,
+        "seen": saved["seen"],
+        "mix": saved["mix"],
+        "first_shard": first_shard,
         "state": state,
         "urls": urls,
         "lengths": lengths,
@@ -295,47 +355,75 @@ def run(config: Config) -> dict[str, Any]:
 
 
 def check(config: Config, found: dict[str, Any]) -> bool:
-    """Print the token-level exactly-once check and each corpus's share; True if exact."""
-    seen, state, urls = found["seen"], found["state"], found["urls"]
-    lengths, base = found["lengths"], found["base"]
-    epochs = int(config["train"]["epochs"])
-    expected = torch.full_like(seen, epochs)
-    parsed = StreamState.from_json(state)
-    where = {url: n for n, url in enumerate(urls)}
-    shard_first = found["shard_base"]  # the first document of each shard
-    offsets = {(s, r): o for seg, s, r, o in parsed.progress.tokens if seg == 0}
-    carried = 0
-    for shard, start, stop in parsed.distributed.carry:
-        n = where[parsed.shards[shard].url]
-        for row in range(start, stop):
-            first = base[shard_first[n] + row]
-            skip = offsets.get((shard, row), 0)
-            expected[first + skip : first + lengths[n][row]] -= 1
-            carried += lengths[n][row] - skip
+    """Print the token-level exactly-once check, each corpus's share against its weight and
+    the largest deviation at any step; True if exact."""
+    seen, state = found["seen"], found["state"]
+    names = list(sources(config))
+    expected = torch.zeros_like(seen)
+    own: dict[str, int] = {}
+    epochs: dict[str, int] = {}
+    dropped = 0
+    for k, name in enumerate(names):
+        part = StreamState.from_json(state["sources"][name])
+        shards = range(found["first_shard"][k], found["first_shard"][k] + len(part.shards))
+        own[name], epochs[name] = _expect(part, found, shards, expected), part.progress.epoch
+        dropped += part.progress.dropped
     lost = int((seen < expected).sum())
     repeated = int((seen > expected).sum())
-    total = len(seen)
-    dropped = parsed.progress.dropped
     print(
-        f"[pretrain] token-level exactly once: {total:,} tokens of the corpora, each trained "
-        f"on {epochs}x but the {carried:,} the last epoch carried into the next (once less); "
-        f"{lost} lost, {repeated} repeated, {dropped} carried rows dropped -> "
+        f"[pretrain] token-level exactly once: {len(seen):,} tokens of the corpora, each "
+        "trained on once per epoch of its corpus (and the epoch in progress as its state "
+        f"says): {lost} lost, {repeated} repeated, {dropped} carried rows dropped -> "
         f"{'OK' if lost == repeated == dropped == 0 else 'FAILED'}"
     )
+    weights = config["data"].get("weights") or dict.fromkeys(names, 1.0)
+    total_w = sum(float(weights[n]) for n in names)
     trained = int(seen.sum())
-    options = config["data"].get("storage_options")
-    for name, pattern in zip(config["data"]["corpora"], sources(config), strict=True):
-        mine = {s.url for s in ingest.list_shards(pattern, storage_options=options).shards}
-        spans = [
-            (base[shard_first[n]], sum(lengths[n])) for n, url in enumerate(urls) if url in mine
-        ]
-        got = sum(int(seen[a : a + n].sum()) for a, n in spans)
-        own = sum(n for _, n in spans)
+    mix = found["mix"]
+    for name in names:
         print(
-            f"[pretrain] {name}: {got / max(trained, 1):.1%} of the tokens trained on "
-            f"({own / total:.1%} of the corpora's tokens)"
+            f"[pretrain] {name}: {own[name] / max(trained, 1):.1%} of the tokens trained on, "
+            f"weight {float(weights[name]) / total_w:.1%}; {state['taken'][name]:,} sequences "
+            f"on each rank; epoch {epochs[name]} of its own in progress"
         )
+    seq_len = int(config["pack"]["seq_len"])
+    print(
+        f"[pretrain] mixture: at every step within {float(mix['worst'][0]):.2f} sequences of "
+        f"the weights on each rank (the bound: 1), and within "
+        f"{float(mix['worst'][1]):,.0f} real tokens ({float(mix['worst'][1]) / seq_len:.1f} "
+        "sequences' worth: padding counts as its corpus's) on all ranks together"
+    )
     return lost == repeated == dropped == 0
+
+
+def _expect(part: StreamState, found: dict[str, Any], shards: range, expected: torch.Tensor) -> int:
+    """Add to ``expected`` the times each token of one corpus (its flat ``shards``) was due:
+    once per epoch it finished, less its rows carried into the epoch in progress (not yet
+    handed out), plus what that epoch consumed (whole rows; cut rows up to their offsets).
+    Returns the corpus's tokens trained on, by the witness."""
+    lengths, base, shard_first = found["lengths"], found["base"], found["shard_base"]
+    by_url = {found["urls"][n]: n for n in shards}
+    cut = {(seg, s, r): o for seg, s, r, o in part.progress.tokens}
+    trained = 0
+    for shard, info in enumerate(part.shards):
+        n = by_url[info.url]
+        first = base[shard_first[n]]
+        size = sum(lengths[n])
+        expected[first : first + size] += part.progress.epoch
+        trained += int(found["seen"][first : first + size].sum())
+        for row, length in enumerate(lengths[n]):
+            at = base[shard_first[n] + row]
+            for segment in (0, 1):
+                if part.consumed_whole(segment, shard, row):
+                    expected[at : at + length] += 1
+                elif (segment, shard, row) in cut:
+                    expected[at : at + cut[segment, shard, row]] += 1
+    for shard, start, stop in part.distributed.carry:  # due in the epoch before
+        n = by_url[part.shards[shard].url]
+        for row in range(start, stop):
+            at = base[shard_first[n] + row]
+            expected[at : at + lengths[n][row]] -= 1
+    return trained
 
 
 def main(argv: list[str] | None = None) -> int:
