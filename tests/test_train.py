@@ -17,6 +17,7 @@ import pytest
 import torch
 
 import ingest
+from ingest.core.state import StreamState
 from ingest.testing import Store, write_dataset
 
 SHARDS, ROWS, BATCH, EPOCHS = 6, 200, 50, 2
@@ -203,3 +204,87 @@ def test_packed_documents_every_token_once_through_a_death_and_another_worker_co
         d, j = divmod(token - 1, 10_000)
         expected[offsets[d] + j] -= 1
     assert torch.equal(counts, expected), torch.bincount(counts).tolist()
+
+
+MIX_CORPORA = {"web": (0, 192), "code": (100_000, 64)}
+
+
+def test_a_mixture_every_token_once_per_epoch_of_its_source_through_a_death(
+    local: Store, tmp_path: Path
+) -> None:
+    """ingest.train over an ingest.Mix: 2 workers draw 3:1 from two corpora, one dies (the
+    run fails), the same run goes on with 3 workers from its checkpoint. Each token is
+    trained on once per epoch of its own corpus: the epochs each finished, and the one in
+    progress as the final state's part for that corpus says (rows consumed, documents cut,
+    rows carried into it)."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+    from ray.train.torch import TorchTrainer
+
+    from tests.test_mix import write_corpora
+    from tests.test_pack_stream import lengths, tokenize
+
+    urls = write_corpora(local, MIX_CORPORA)
+    docs = {  # source -> its documents' (id, tokens), in shard order (2 shards each)
+        name: list(zip(range(first, first + n), lengths(n, seed=k), strict=True))
+        for k, (name, (first, n)) in enumerate(MIX_CORPORA.items())
+    }
+    table = [0] * (max(first + n for first, n in MIX_CORPORA.values()) + 1)
+    at = 0
+    for pairs in docs.values():
+        for d, k in pairs:
+            table[d], at = at, at + k
+    table[-1] = at
+
+    def run(workers: int, die_at: int) -> Any:
+        with ingest.RayStream(
+            ingest.Mix(urls, weights={"web": 3, "code": 1}),
+            batch_size=SEQS,
+            transform=ingest.Tokenize(tokenize),
+            pack=ingest.Pack(seq_len=SEQ_LEN, read_rows=8, max_open=8),
+            shuffle_seed=1,
+            world_size=workers,
+            readers=ingest.ReaderPool(max_size=1, num_cpus=0.5),
+        ) as s:
+            config = {"stream": s, "die_at": die_at, "marker": str(tmp_path / "died")}
+            return TorchTrainer(
+                token_counting_loop,
+                train_loop_config={**config, "offsets": table},
+                scaling_config=ScalingConfig(num_workers=workers),
+                run_config=RunConfig(
+                    name="mixed",
+                    storage_path=str(tmp_path / "runs"),
+                    failure_config=FailureConfig(max_failures=0),
+                ),
+            ).fit()
+
+    with pytest.raises(TrainingFailedError):
+        run(2, die_at=7)
+    assert (tmp_path / "died").exists(), "a worker died"
+    counts, state = final_counts(run(3, die_at=-1))
+    assert state["mixture"]["epoch"] == EPOCHS and set(state["sources"]) == set(docs)
+    expected = torch.zeros_like(counts)
+    for name, pairs in docs.items():
+        part = StreamState.from_json(state["sources"][name])
+        due(part, pairs, table, expected)
+        assert part.progress.epoch >= 1, f"{name} finished an epoch of its own"
+    assert torch.equal(counts, expected), (counts - expected).abs().sum()
+
+
+def due(part: StreamState, pairs: list[tuple[int, int]], table: list[int], expected: Any) -> None:
+    """Add to ``expected`` the times each token of one corpus (its documents ``pairs``, in
+    2 shards) was due by its part of the state: once per epoch it finished, less its rows
+    carried into the epoch in progress, plus what that epoch consumed (cut rows in part)."""
+    half = len(pairs) // 2
+    shards = [pairs[:half] if s.url.endswith("part-0.jsonl") else pairs[half:] for s in part.shards]
+    cut = {(seg, s, r): o for seg, s, r, o in part.progress.tokens}
+    for shard, rows in enumerate(shards):
+        for row, (d, k) in enumerate(rows):
+            expected[table[d] : table[d] + k] += part.progress.epoch
+            for segment in (0, 1):
+                if part.consumed_whole(segment, shard, row):
+                    expected[table[d] : table[d] + k] += 1
+                elif (segment, shard, row) in cut:
+                    expected[table[d] : table[d] + cut[segment, shard, row]] += 1
+    for shard, start, stop in part.distributed.carry:  # due in the epoch before
+        for d, k in shards[shard][start:stop]:
+            expected[table[d] : table[d] + k] -= 1

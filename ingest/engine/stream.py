@@ -188,6 +188,8 @@ class Stream:
 
     @property
     def shuffle_seed(self) -> int | None:
+        if self.mixed is not None:
+            return next(iter(self.mixed.streams.values())).shuffle_seed
         return self.spec.shuffle_seed
 
     @property
