@@ -8,8 +8,7 @@ weights changed at the last resume, every token is handed out once per epoch of 
 from __future__ import annotations
 
 import json
-from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ import ray
 
 import ingest
 from ingest.testing import Store
-from tests.test_mix import NAMES, deviation, every_token, write_corpora
+from tests.test_mix import NAMES, check_carried, deviation, write_corpora
 from tests.test_pack_stream import tokenize
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -61,28 +60,6 @@ def make(urls: Mapping[str, str], store: Store, world_size: int, weights: Any) -
     )
 
 
-def check_carried(draws: Sequence[tuple[str, int, list[int]]]) -> dict[str, int]:
-    """Each source's epochs hand out its every token once, but for the few an epoch carries
-    into its source's next epoch (a remainder, a rank's surplus), which that epoch hands out
-    besides its own; the last epoch at most once. Returns each source's epochs begun."""
-    per: dict[str, dict[int, Counter[int]]] = {}
-    for name, epoch, tokens in draws:
-        per.setdefault(name, {}).setdefault(epoch, Counter()).update(tokens)
-    for name, epochs in per.items():
-        whole, owed = every_token(name), Counter[int]()
-        last = max(epochs)
-        assert sorted(epochs) == list(range(last + 1)), f"{name}: an epoch with no draw"
-        for epoch in range(last + 1):
-            counted, allowed = epochs[epoch], whole + owed
-            assert not counted - allowed, f"{name} epoch {epoch}: tokens repeated"
-            owed = allowed - counted
-            if epoch < last:  # a whole epoch: what it did not hand out is carried (a token
-                # owed twice was lost: a carried copy not handed out in the epoch after)
-                assert not owed - whole, f"{name} epoch {epoch}: tokens lost"
-                assert sum(owed.values()) < sum(whole.values()) // 2, f"{name}: carried most"
-    return {name: max(epochs) + 1 for name, epochs in per.items()}
-
-
 def test_ranks_draw_alike_and_every_token_once_through_3_2_4_ranks_and_new_weights(
     s3_store: Store,
 ) -> None:
@@ -113,7 +90,8 @@ def test_ranks_draw_alike_and_every_token_once_through_3_2_4_ranks_and_new_weigh
     assert state is not None and state["mixture"]["stages"][1]["start"] == (
         (3 * 5 + 2 * 7) * BATCH * SEQ_LEN
     )
-    epochs = check_carried(rank_draws)
+    check_carried(rank_draws)
+    epochs = {name: 1 + max(e for n, e, _ in rank_draws if n == name) for name in NAMES}
     assert epochs["code"] > epochs["web"] >= 1
     assert state["mixture"]["epoch"] == 1  # one epoch of the mixture, web's first whole
 

@@ -38,6 +38,7 @@ from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.pack import ORIGIN, Pack, PackedRank, merged
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
+from ingest.integrations.mixed_loader import MixedLoader, Nothing
 from ingest.planner.catalog import Listing
 
 KEY = "__ingest__"
@@ -175,6 +176,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
 
     With ``num_workers`` ranks, an epoch has equal steps per worker: the rows that cannot
     fill a step on every worker are carried into the next epoch, as on a ``RayStream``.
+    Over a stream of an :class:`ingest.Mix`, each source has a loader of its own with
+    ``num_workers`` workers, and this process draws from them as the stream does
+    (:mod:`ingest.integrations.mixed_loader`).
     """
 
     def __init__(self, stream: Stream, *, num_workers: int = 0, **kwargs: Any) -> None:
@@ -191,13 +195,15 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             )
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
-        if stream.mixed is not None:
-            raise ConfigError(
-                "ingest.DataLoader over an ingest.Mix is not built yet: iterate the Stream "
-                "itself (each source reads and decodes in threads of its own), or read the "
-                "mixture with an ingest.RayStream's reader pool"
-            )
         self.stream = stream
+        self._mix: MixedLoader | None = None
+        """Over an ingest.Mix: a loader per source (:mod:`ingest.integrations.mixed_loader`)."""
+        if stream.mixed is not None:
+            self._mix = MixedLoader(
+                stream.mixed, lambda part: DataLoader(part, num_workers=num_workers, **kwargs)
+            )
+            super().__init__(Nothing(), batch_size=None)
+            return
         self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
         self._book: EpochBook[Listing] | None = None
         self._ranks: dict[int, RankLoop] = {}
@@ -223,6 +229,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         )
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
+        if self._mix is not None:
+            return iter(self._mix)
         self._stop()
         loop = self._loop()
         self._running = weakref.ref(loop)
@@ -327,6 +335,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
 
     def state_dict(self) -> dict[str, Any]:
         """The state after every batch this loader handed out (all workers); plain JSON."""
+        if self._mix is not None:
+            return self._mix.state_dict()
         if self._book is None:
             return self.stream.state_dict()
         return self._state().to_json()
@@ -334,6 +344,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
     def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
         """Start the next epoch exactly after ``state`` (from any loader, Stream or
         RayStream, any worker count or world size)."""
+        if self._mix is not None:
+            return self._mix.load_state_dict(state)
         self._running, self._book, self._ranks, self._packs = None, None, {}, {}
         self.stream.load_state_dict(state)
 
