@@ -117,3 +117,62 @@ def test_a_checkpoint_without_the_data_state_is_refused(tmp_path: Path) -> None:
             args=transformers.TrainingArguments(output_dir=str(tmp_path), report_to=[]),
             train_stream=ingest.Stream(url, batch_size=BATCH),
         )
+
+
+class RecordingSources(Recording):
+    """Records each batch's rows as (source, source epoch, id)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.drawn: list[tuple[int, list[tuple[int, int, int]]]] = []
+
+    def training_step(self, model: Any, inputs: dict[str, Any], *args: Any) -> Any:
+        if self.crash_after is not None and self.state.global_step == self.crash_after:
+            raise CrashError(f"crashed at step {self.state.global_step}")
+        rows = zip(
+            inputs["source"].tolist(),
+            inputs["source_epoch"].tolist(),
+            inputs.pop("id").tolist(),
+            strict=True,
+        )
+        self.drawn.append((self.state.global_step, list(rows)))
+        return super(Recording, self).training_step(model, inputs, *args)
+
+
+def test_a_trainer_over_a_mix_resumes_exactly_with_another_worker_count(tmp_path: Path) -> None:
+    """Two sources (shards 0-1 and 2-3 of the tokens), equal weights, 2 workers per source;
+    a crash at step 25, resumed from step 20's checkpoint with 1 worker: no batch replayed,
+    every row once per epoch of its source, the sources' rows within one of equal."""
+    (tmp_path / "data").mkdir()
+    root = tmp_path / "data"
+    write_tokens(root)
+    mix = ingest.Mix(
+        {"a": [f"file://{root}/part-0.parquet", f"file://{root}/part-1.parquet"],
+         "b": [f"file://{root}/part-2.parquet", f"file://{root}/part-3.parquet"]}
+    )  # fmt: skip
+
+    def trainer(workers: int, **kwargs: Any) -> RecordingSources:
+        made = make(f"file://{root}", tmp_path / "out", workers, **kwargs)
+        stream = ingest.Stream(mix, batch_size=BATCH, shuffle_seed=5)
+        return RecordingSources(model=made.model, args=made.args, train_stream=stream, **kwargs)
+
+    first = trainer(2, crash_after=25)
+    with pytest.raises(CrashError):
+        first.train()
+    kept = [rows for step, rows in first.drawn if step < 20]
+    second = trainer(1)
+    second.train(resume_from_checkpoint=True)
+    assert [step for step, _ in second.drawn] == list(range(20, 40)), "no batch replayed"
+    rows = [r for batch in kept + [rows for _, rows in second.drawn] for r in batch]
+    assert len(rows) == 40 * BATCH
+    per: dict[tuple[int, int], list[int]] = {}
+    for source, epoch, row in rows:
+        per.setdefault((source, epoch), []).append(row)
+    for (source, epoch), ids in per.items():
+        assert len(ids) == len(set(ids)), f"source {source} epoch {epoch} repeated a row"
+        own = set(range(source * 2 * ROWS, (source + 1) * 2 * ROWS))
+        assert set(ids) <= own
+        if (source, epoch + 1) in per:
+            assert set(ids) == own, f"source {source} epoch {epoch} lost rows"
+    a = np.cumsum([s == 0 for s, _, _ in rows])
+    assert np.abs(a - np.arange(1, len(rows) + 1) / 2).max() <= 1.0

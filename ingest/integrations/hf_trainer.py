@@ -27,6 +27,7 @@ import transformers
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 from ingest.core.errors import ConfigError
+from ingest.engine.mix import SOURCE, SOURCE_EPOCH
 from ingest.engine.stream import Stream
 from ingest.integrations.loader import DataLoader
 
@@ -42,7 +43,8 @@ class Trainer(transformers.Trainer):
 
     Args:
         *args: As ``transformers.Trainer`` (model, args, ...).
-        train_stream: The training data; not ``train_dataset``.
+        train_stream: The training data; not ``train_dataset``. Over an :class:`ingest.Mix`,
+            the batches' ``source`` and ``source_epoch`` are dropped before the model.
         **kwargs: As ``transformers.Trainer``.
 
     Raises:
@@ -68,6 +70,12 @@ class Trainer(transformers.Trainer):
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory,
         )
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        # A mixture's batches say each row's source; the model takes no such argument.
+        for key in (SOURCE, SOURCE_EPOCH):
+            inputs.pop(key, None)
+        return super()._prepare_inputs(inputs)  # type: ignore[no-any-return]
 
     def get_train_dataloader(self) -> DataLoader:
         # Not prepared by accelerate: it would wrap the loader in one that shards and
