@@ -19,6 +19,7 @@ import pytest
 
 import ingest
 from ingest.core.errors import ConfigError, StateError
+from ingest.core.state import StreamState
 from ingest.testing import Store
 from tests.test_pack_stream import lengths, tokenize
 
@@ -97,25 +98,55 @@ def check_once_per_source_epoch(got: Sequence[tuple[str, int, list[int]]]) -> di
     return {name: e + 1 for name, e in last.items()}
 
 
-def check_carried(got: Sequence[tuple[str, int, list[int]]]) -> None:
-    """Every token once per epoch of its source, but a few an epoch carries into its
-    source's next (a remainder, a worker's surplus), which that epoch hands out besides its
-    own; the last epoch at most once."""
+def check_carried(got: Sequence[tuple[str, int, list[int]]], final: Mapping[str, Any]) -> None:
+    """Token by token, each source's epochs hand out no token twice but for the ones an
+    epoch carries into its source's next (a remainder, a rank's surplus); and
+    all of them together hand out each token exactly as often as the ``final`` state of the
+    mixture says was due (:func:`due`)."""
     per: dict[str, dict[int, Counter[int]]] = {}
     for name, epoch, tokens in got:
         per.setdefault(name, {}).setdefault(epoch, Counter()).update(tokens)
     for name, epochs in per.items():
         whole, owed = every_token(name), Counter[int]()
-        last = max(epochs)
-        assert sorted(epochs) == list(range(last + 1)), f"{name}: an epoch with no draw"
-        for epoch in range(last + 1):
+        assert sorted(epochs) == list(range(max(epochs) + 1)), f"{name}: an epoch with no draw"
+        for epoch in sorted(epochs):
             counted, allowed = epochs[epoch], whole + owed
             assert not counted - allowed, f"{name} epoch {epoch}: tokens repeated"
             owed = allowed - counted
-            if epoch < last:  # a whole epoch: what it did not hand out is carried (a token
-                # owed twice was lost: a carried copy not handed out in the epoch after)
-                assert not owed - whole, f"{name} epoch {epoch}: tokens lost"
-                assert sum(owed.values()) < sum(whole.values()) // 2, f"{name}: carried most"
+        handed = sum(epochs.values(), Counter[int]())
+        assert handed == due(name, final["sources"][name]), f"{name}: lost or repeated tokens"
+
+
+def due(name: str, part: Mapping[str, Any]) -> Counter[int]:
+    """How often each token of source ``name`` was due by its ``part`` of a state: once per
+    epoch before the state's, less the rows carried into its epoch (not handed out yet), plus
+    what its epoch consumed (cut documents up to their offsets)."""
+    state = StreamState.from_json(part)
+    first, count = CORPORA[name]
+    docs = list(
+        zip(range(first, first + count), lengths(count, seed=NAMES.index(name)), strict=True)
+    )
+    half = len(docs) // 2
+    shards = [docs[:half] if s.url.endswith("part-0.jsonl") else docs[half:] for s in state.shards]
+    cut = {(seg, s, r): o for seg, s, r, o in state.progress.tokens}
+    times: Counter[tuple[int, int]] = Counter()  # (document, tokens) -> times due
+    for shard, rows in enumerate(shards):
+        for row, (d, _) in enumerate(rows):
+            times[d, -1] += state.progress.epoch
+            for segment in (0, 1):
+                if state.consumed_whole(segment, shard, row):
+                    times[d, -1] += 1
+                elif (segment, shard, row) in cut:
+                    times[d, cut[segment, shard, row]] += 1
+    for shard, start, stop in state.distributed.carry:
+        for d, _ in shards[shard][start:stop]:
+            times[d, -1] -= 1
+    length = dict(docs)
+    out: Counter[int] = Counter()
+    for (d, upto), n in times.items():
+        for t in tokenize([f"{d} {length[d]}"])[0][: None if upto < 0 else upto]:
+            out[t] += n
+    return +out
 
 
 def deviation(sources: Sequence[str], weights: Mapping[str, float]) -> float:
@@ -289,4 +320,4 @@ def test_a_dataloader_over_a_mix_draws_as_the_stream_through_stops_at_other_work
     # shares carry a remainder and the rows packed past their last common step).
     n = min(len(seqs), len(whole))
     assert [d[0] for d in seqs[:n]] == [d[0] for d in whole[:n]]
-    check_carried(seqs)
+    check_carried(seqs, loader.state_dict())

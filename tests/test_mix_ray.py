@@ -90,7 +90,7 @@ def test_ranks_draw_alike_and_every_token_once_through_3_2_4_ranks_and_new_weigh
     assert state is not None and state["mixture"]["stages"][1]["start"] == (
         (3 * 5 + 2 * 7) * BATCH * SEQ_LEN
     )
-    check_carried(rank_draws)
+    check_carried(rank_draws, state)
     epochs = {name: 1 + max(e for n, e, _ in rank_draws if n == name) for name in NAMES}
     assert epochs["code"] > epochs["web"] >= 1
     assert state["mixture"]["epoch"] == 1  # one epoch of the mixture, web's first whole
