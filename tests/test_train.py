@@ -149,6 +149,31 @@ def token_counting_loop(config: dict[str, Any]) -> None:
     count(config, int(offsets[-1]), where)
 
 
+def fit_tokens(
+    stream: ingest.RayStream,
+    tmp: Path,
+    name: str,
+    offsets: list[int],
+    max_failures: int,
+    die_at: int,
+) -> Any:
+    """``token_counting_loop`` over ``stream`` on its world size of workers."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    config = {"stream": stream, "die_at": die_at, "marker": str(tmp / "died")}
+    return TorchTrainer(
+        token_counting_loop,
+        train_loop_config={**config, "offsets": offsets},
+        scaling_config=ScalingConfig(num_workers=stream.world_size),
+        run_config=RunConfig(
+            name=name,
+            storage_path=str(tmp / "runs"),
+            failure_config=FailureConfig(max_failures=max_failures),
+        ),
+    ).fit()
+
+
 def test_packed_documents_every_token_once_through_a_death_and_another_worker_count(
     local: Store, tmp_path: Path
 ) -> None:
@@ -176,21 +201,8 @@ def test_packed_documents_every_token_once_through_a_death_and_another_worker_co
         )
 
     def run(workers: int, max_failures: int, die_at: int) -> Any:
-        from ray.train import FailureConfig, RunConfig, ScalingConfig
-        from ray.train.torch import TorchTrainer
-
         with stream(workers) as s:
-            config = {"stream": s, "die_at": die_at, "marker": str(tmp_path / "died")}
-            return TorchTrainer(
-                token_counting_loop,
-                train_loop_config={**config, "offsets": offsets},
-                scaling_config=ScalingConfig(num_workers=workers),
-                run_config=RunConfig(
-                    name="packed",
-                    storage_path=str(tmp_path / "runs"),
-                    failure_config=FailureConfig(max_failures=max_failures),
-                ),
-            ).fit()
+            return fit_tokens(s, tmp_path, "packed", offsets, max_failures, die_at)
 
     with pytest.raises(TrainingFailedError):
         run(2, 0, die_at=7)
@@ -217,8 +229,7 @@ def test_a_mixture_every_token_once_per_epoch_of_its_source_through_a_death(
     trained on once per epoch of its own corpus: the epochs each finished, and the one in
     progress as the final state's part for that corpus says (rows consumed, documents cut,
     rows carried into it)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
-    from ray.train.torch import TorchTrainer
+    from ray.train import TrainingFailedError
 
     from tests.test_mix import write_corpora
     from tests.test_pack_stream import lengths, tokenize
@@ -245,17 +256,7 @@ def test_a_mixture_every_token_once_per_epoch_of_its_source_through_a_death(
             world_size=workers,
             readers=ingest.ReaderPool(max_size=1, num_cpus=0.5),
         ) as s:
-            config = {"stream": s, "die_at": die_at, "marker": str(tmp_path / "died")}
-            return TorchTrainer(
-                token_counting_loop,
-                train_loop_config={**config, "offsets": table},
-                scaling_config=ScalingConfig(num_workers=workers),
-                run_config=RunConfig(
-                    name="mixed",
-                    storage_path=str(tmp_path / "runs"),
-                    failure_config=FailureConfig(max_failures=0),
-                ),
-            ).fit()
+            return fit_tokens(s, tmp_path, "mixed", table, 0, die_at)
 
     with pytest.raises(TrainingFailedError):
         run(2, die_at=7)
