@@ -121,15 +121,25 @@ def due(name: str, part: Mapping[str, Any]) -> Counter[int]:
     """How often each token of source ``name`` was due by its ``part`` of a state: once per
     epoch before the state's, less the rows carried into its epoch (not handed out yet), plus
     what its epoch consumed (cut documents up to their offsets)."""
-    state = StreamState.from_json(part)
     first, count = CORPORA[name]
     docs = list(
         zip(range(first, first + count), lengths(count, seed=NAMES.index(name)), strict=True)
     )
+    length = dict(docs)
+    out: Counter[int] = Counter()
+    for (d, upto), n in times_due(StreamState.from_json(part), docs).items():
+        for t in tokenize([f"{d} {length[d]}"])[0][: None if upto < 0 else upto]:
+            out[t] += n
+    return +out
+
+
+def times_due(state: StreamState, docs: Sequence[tuple[int, int]]) -> Counter[tuple[int, int]]:
+    """``(document, tokens) -> times due`` (tokens -1: all of them) by one source's ``state``,
+    its documents ``docs`` ``(id, tokens)`` written as 2 shards by :func:`write_corpora`."""
     half = len(docs) // 2
     shards = [docs[:half] if s.url.endswith("part-0.jsonl") else docs[half:] for s in state.shards]
     cut = {(seg, s, r): o for seg, s, r, o in state.progress.tokens}
-    times: Counter[tuple[int, int]] = Counter()  # (document, tokens) -> times due
+    times: Counter[tuple[int, int]] = Counter()
     for shard, rows in enumerate(shards):
         for row, (d, _) in enumerate(rows):
             times[d, -1] += state.progress.epoch
@@ -138,15 +148,10 @@ def due(name: str, part: Mapping[str, Any]) -> Counter[int]:
                     times[d, -1] += 1
                 elif (segment, shard, row) in cut:
                     times[d, cut[segment, shard, row]] += 1
-    for shard, start, stop in state.distributed.carry:
+    for shard, start, stop in state.distributed.carry:  # due in the epoch before
         for d, _ in shards[shard][start:stop]:
             times[d, -1] -= 1
-    length = dict(docs)
-    out: Counter[int] = Counter()
-    for (d, upto), n in times.items():
-        for t in tokenize([f"{d} {length[d]}"])[0][: None if upto < 0 else upto]:
-            out[t] += n
-    return +out
+    return times
 
 
 def deviation(sources: Sequence[str], weights: Mapping[str, float]) -> float:

@@ -291,19 +291,9 @@ def test_a_mixture_every_token_once_per_epoch_of_its_source_through_a_death(
 
 def due(part: StreamState, pairs: list[tuple[int, int]], table: list[int], expected: Any) -> None:
     """Add to ``expected`` the times each token of one corpus (its documents ``pairs``, in
-    2 shards) was due by its part of the state: once per epoch it finished, less its rows
-    carried into the epoch in progress, plus what that epoch consumed (cut rows in part)."""
-    half = len(pairs) // 2
-    shards = [pairs[:half] if s.url.endswith("part-0.jsonl") else pairs[half:] for s in part.shards]
-    cut = {(seg, s, r): o for seg, s, r, o in part.progress.tokens}
-    for shard, rows in enumerate(shards):
-        for row, (d, k) in enumerate(rows):
-            expected[table[d] : table[d] + k] += part.progress.epoch
-            for segment in (0, 1):
-                if part.consumed_whole(segment, shard, row):
-                    expected[table[d] : table[d] + k] += 1
-                elif (segment, shard, row) in cut:
-                    expected[table[d] : table[d] + cut[segment, shard, row]] += 1
-    for shard, start, stop in part.distributed.carry:  # due in the epoch before
-        for d, k in shards[shard][start:stop]:
-            expected[table[d] : table[d] + k] -= 1
+    2 shards) was due by its part of the state (:func:`tests.test_mix.times_due`)."""
+    from tests.test_mix import times_due
+
+    length = dict(pairs)
+    for (d, upto), n in times_due(part, pairs).items():
+        expected[table[d] : table[d] + (length[d] if upto < 0 else upto)] += n

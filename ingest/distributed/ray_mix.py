@@ -21,7 +21,7 @@ from typing import Any
 
 from ingest.core.errors import ConfigError
 from ingest.core.quarantine import Quarantined
-from ingest.engine.mix import Draws, Mix, Mixer, load_mixed, mixed_state
+from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
 
 Batch = dict[str, Any]
 
@@ -114,18 +114,21 @@ class MixedRayStream:
 
     def mixer(self, state: Mapping[str, Any] | None) -> Mixer:
         """A rank's mixer, from ``state`` (None: the state loaded on the driver, if any)."""
-        mixer = Mixer(self.mix, self.batch_size, self.seq_len, self.world_size)
+        mixer = self._fresh()
         state = state if state is not None else self.loaded_state
         if state is not None:
             load_mixed(state, mixer)
         return mixer
+
+    def _fresh(self) -> Mixer:
+        return Mixer(self.mix, self.batch_size, self.seq_len, self.world_size)
 
     def rank_iterator(self, rank: int, options: Any) -> MixedRankIterator:
         parts = {n: s.rank_iterator(rank, options=options) for n, s in self.streams.items()}
         return MixedRankIterator(parts, self.mixer(None))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        parsed = load_mixed(state, Mixer(self.mix, self.batch_size, self.seq_len, self.world_size))
+        parsed = load_mixed(state, self._fresh())  # checked before any source loads its part
         for name, stream in self.streams.items():
             stream.load_state_dict(parsed.parts[name].to_json())
         self.loaded_state = dict(state)
@@ -139,11 +142,7 @@ class MixedRayStream:
         )
 
     def stats(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for stream in self.streams.values():
-            for key, value in stream.stats().items():
-                out[key] = out.get(key, 0) + int(value)
-        return out
+        return added(s.stats() for s in self.streams.values())
 
     def quarantined(self) -> list[Quarantined]:
         return [q for s in self.streams.values() for q in s.quarantined()]

@@ -37,7 +37,7 @@ Pure: the streams are given as a ``pull`` function.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,6 +264,15 @@ def load_mixed(state: Any, mixer: Mixer) -> SourcesState:
     return parsed
 
 
+def added(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """The sources' figures (``stats``), key by key."""
+    out: dict[str, int] = {}
+    for part in parts:
+        for key, value in part.items():
+            out[key] = out.get(key, 0) + int(value)
+    return out
+
+
 def join(parts: Sequence[Batch], sources: Sequence[tuple[int, int]], *, packed: bool) -> Batch:
     """One batch of single draws, with each draw's source and source epoch (:data:`SOURCE`,
     :data:`SOURCE_EPOCH`)."""
@@ -304,4 +313,14 @@ def _rows(batch: Batch) -> int:
     return len(next(iter(batch.values())))
 
 
-__all__ = ["SOURCE", "SOURCE_EPOCH", "Draws", "Mix", "Mixer", "join", "load_mixed", "mixed_state"]
+__all__ = [
+    "SOURCE",
+    "SOURCE_EPOCH",
+    "Draws",
+    "Mix",
+    "Mixer",
+    "added",
+    "join",
+    "load_mixed",
+    "mixed_state",
+]

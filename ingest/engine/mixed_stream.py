@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ingest.core.errors import IngestError
 from ingest.core.quarantine import Quarantined
-from ingest.engine.mix import Draws, Mix, Mixer, load_mixed, mixed_state
+from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
 
 if TYPE_CHECKING:
     from ingest.engine.convert import Batch
@@ -77,10 +77,7 @@ class MixedStream:
 
     def stats(self) -> dict[str, int]:
         """The sources' figures summed, and the draws from each (``drawn[name]``)."""
-        out: dict[str, int] = {}
-        for stream in self.streams.values():
-            for key, value in stream.stats.items():
-                out[key] = out.get(key, 0) + int(value)
+        out = added(stream.stats for stream in self.streams.values())
         out["drawn"] = self.mixer.drawn
         out.update({f"drawn[{n}]": k for n, k in self.mixer.taken.items()})
         return out
