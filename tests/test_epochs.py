@@ -386,19 +386,6 @@ def test_a_resent_ack_counts_nothing_twice(spec: StreamSpec) -> None:
     assert len(done + rest) + remainder == SHARDS * ROWS
 
 
-def test_once_per_row_drops_a_carried_copy_whose_own_copy_is_carried_too() -> None:
-    from ingest.core.assign import once_per_row
-
-    spans = [Span(0, 0, 10, CARRY), Span(0, 3, 4, MAIN), Span(0, 9, 10, MAIN), Span(1, 0, 2)]
-    kept, dropped = once_per_row(spans)
-    rows = [(s.segment, s.shard, r) for s in kept for r in range(s.start, s.stop)]
-    assert dropped == 2
-    assert sorted(rows) == sorted(
-        [(CARRY, 0, r) for r in range(10) if r not in (3, 9)]
-        + [(MAIN, 0, 3), (MAIN, 0, 9), (MAIN, 1, 0), (MAIN, 1, 1)]
-    )
-
-
 def test_carry_over_adds_to_the_remainder_before_the_next_epoch_only(spec: StreamSpec) -> None:
     """What a packing rank did not hand out joins the epoch's remainder (carried next)."""
     import numpy as np
@@ -409,33 +396,64 @@ def test_carry_over_adds_to_the_remainder_before_the_next_epoch_only(spec: Strea
     e = book.plan(0)
     before = e.assignment.remainder_rows
     rows = np.array([packed_row(MAIN, 0, 1), packed_row(MAIN, 0, 2), packed_row(CARRY, 0, 5)])
-    assert book.carry_over(0, rows) == 0
+    book.carry_over(0, rows)
     assert e.assignment.remainder_rows == before + 3
     book.plan(1)
     with pytest.raises(StateError, match="planned before every rank closed"):
         book.carry_over(0, rows)
 
 
-def test_carry_over_counts_a_carried_row_whose_own_copy_is_carried_too(spec: StreamSpec) -> None:
-    """Both copies of a row left over by a packing epoch: the next epoch carries it once, and
-    the carried copy is counted as dropped."""
+def test_a_row_left_over_with_its_carried_copy_is_carried_once_and_owed_once(
+    spec: StreamSpec,
+) -> None:
+    """Both copies of a row left over by a packing epoch (the one carried in and its own):
+    the next epoch carries it once and owes the other copy, each with its own offset; the
+    state keeps the owed copy (version 6, through JSON and another world size), and the
+    epoch after carries it out at its end. No copy is dropped."""
     import numpy as np
 
     from ingest.core.ledger import packed_row
 
     book = spec.book(2)
-    e = book.plan(0)
-    before, dropped = e.assignment.remainder_rows, e.dropped
-    both = np.array([packed_row(CARRY, 0, 7), packed_row(MAIN, 0, 7)])
-    assert book.carry_over(0, both) == 1
-    assert e.assignment.remainder_rows == before + 1
-    assert e.dropped == dropped + 1
-    held = [
-        (s.segment, row)
-        for s in e.assignment.remainder
-        if s.shard == 0
-        for row in range(s.start, s.stop)
-    ]
-    assert (MAIN, 7) in held and (CARRY, 7) not in held
+    run_epoch(book, 0)
+    book.carry_over(0, np.array([packed_row(MAIN, 0, 7)]))
+    url = book.plan(0).listing.shards[0].url
+    run_epoch(book, 1)
+    shard = next(n for n, s in enumerate(book.plan(1).listing.shards) if s.url == url)
+    assert any(s.shard == shard and s.start <= 7 < s.stop for s in book.plan(1).carry)
+    before = book.plan(1).assignment.remainder_rows
+    book.carry_over(1, np.array([packed_row(CARRY, shard, 7), packed_row(MAIN, shard, 7)]))
+    e = book.plan(1)
+    assert e.assignment.remainder_rows == before + 2, "both copies"
     spans = [(s.segment, s.shard, s.start) for s in e.assignment.remainder]
     assert spans == sorted(spans), "in the rows' order, whichever rank closes first"
+    offsets = book.plan(1).cut_at_end({(CARRY, shard, 7): 5, (MAIN, shard, 7): 3})
+    assert offsets[shard, 7] == 3, "the epoch's own copy is carried, with its offset"
+    end = e.end_step
+    assert end is not None
+    state = StreamState.from_json(json.loads(json.dumps(book.snapshot(end - 1).to_json())))
+    assert state.to_json()["version"] == 6
+    assert state.progress.epoch == 2 and state.progress.dropped == e.dropped == 0
+    assert state.distributed.owed == [(shard, 7, 5)], "the carried-in copy, with its offset"
+    carried = [(i, r) for i, a, b in state.distributed.carry for r in range(a, b)]
+    assert len(carried) == len(set(carried)) and (shard, 7) in carried
+    assert len(carried) + 1 == e.assignment.remainder_rows, "every copy, once"
+
+    resumed = spec.book(3)
+    resumed.load(state)
+    e2 = resumed.plan(2)
+    (owed,) = e2.owed
+    assert resumed.plan(2).listing.shards[owed[0]].url == url and owed[1:] == (7, 5)
+    run_epoch(resumed, 2, stop_after=1)
+    mid = json.loads(json.dumps(resumed.snapshot(e2.first_step).to_json()))
+    assert mid["distributed"]["owed"] == [list(owed)], "a state mid-epoch keeps it"
+    again = spec.book(2)
+    again.load(StreamState.from_json(mid))
+    run_epoch(again, 2)
+    e2 = again.plan(2)
+    after = e2.carried_out()
+    copies = [(s.shard, r) for s in after.spans for r in range(s.start, s.stop)]
+    copies += [(i, r) for i, r, _ in after.owed]
+    left = [(s.shard, r) for s in e2.assignment.remainder for r in range(s.start, s.stop)]
+    assert Counter(copies) == Counter([*left, owed[:2]]), "the owed copy is carried out"
+    assert (owed[0], 7, 5) in after.owed or after.offsets.get(owed[:2]) == 5, "with its offset"

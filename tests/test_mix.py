@@ -151,6 +151,11 @@ def times_due(state: StreamState, docs: Sequence[tuple[int, int]]) -> Counter[tu
     for shard, start, stop in state.distributed.carry:  # due in the epoch before
         for d, _ in shards[shard][start:stop]:
             times[d, -1] -= 1
+    for shard, row, offset in state.distributed.owed:  # due before, but for [0, offset)
+        d = shards[shard][row][0]
+        times[d, -1] -= 1
+        if offset:
+            times[d, offset] += 1
     return times
 
 

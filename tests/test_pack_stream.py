@@ -317,14 +317,23 @@ def test_dataloader_workers_tokenize_and_the_main_process_packs(
 def test_cut_documents_in_the_epochs_remainder_are_carried_with_their_offsets() -> None:
     """A resume that shares the rest anew (another world size) may leave a document cut
     before the stop in the epoch's remainder: at the epoch's end its offset moves to the
-    next epoch's carried row (segment 0); the other offsets are spent, and none is kept when
-    the remainder is dropped."""
+    next epoch's carried row (segment 0), as a copy owed does; the other offsets are spent,
+    and none is kept when the remainder is dropped."""
 
-    class Plan:
+    from ingest.core.epoch import PlannedEpoch
+
+    class Plan:  # the parts of a PlannedEpoch the carry takes; a copy owed, at its offset
         assignment = SimpleNamespace(remainder=(Span(1, 10, 12), Span(0, 3, 4)))
+        owed = ((0, 5, 2),)
+        cut_at_end = PlannedEpoch.cut_at_end
+        carried_out = PlannedEpoch.carried_out
+
+        def __init__(self) -> None:
+            self.cut: dict[tuple[int, int, int], int] = {}
 
     def packing(remainder: str) -> PackedRank:
-        book = SimpleNamespace(config=SimpleNamespace(remainder=remainder), plan=lambda e: Plan)
+        plan = Plan()
+        book = SimpleNamespace(config=SimpleNamespace(remainder=remainder), plan=lambda e: plan)
         packed = PackedRank(Pack(seq_len=8), 2, cast(Any, None), cast(Any, book))
         packed.begin(["s3://b/a.jsonl", "s3://b/b.jsonl"])
         for shard, row, offset in ((1, 11, 5), (1, 2, 7), (0, 3, 1)):
@@ -333,7 +342,11 @@ def test_cut_documents_in_the_epochs_remainder_are_carried_with_their_offsets() 
 
     carried = packing("carry")
     carried._carry(0)
-    assert sorted(carried._loaded) == [(0, "s3://b/a.jsonl", 3, 1), (0, "s3://b/b.jsonl", 11, 5)]
+    assert sorted(carried._loaded) == [
+        (0, "s3://b/a.jsonl", 3, 1),
+        (0, "s3://b/a.jsonl", 5, 2),
+        (0, "s3://b/b.jsonl", 11, 5),
+    ]
     assert not carried._offsets
     dropped = packing("drop")
     dropped._carry(0)
@@ -341,7 +354,8 @@ def test_cut_documents_in_the_epochs_remainder_are_carried_with_their_offsets() 
 
 
 def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
-    """The tokens of the documents ``state`` (at an epoch's start) carries into its epoch."""
+    """The tokens of the documents ``state`` (at an epoch's start) carries into its epoch, and
+    of the copies it owes."""
     per = -(-n // SHARDS)
     docs = [
         shard * per + row
@@ -354,8 +368,14 @@ def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
         for segment, shard, row, offset in state["progress"].get("tokens", [])
         if segment == 0
     }
+    owed = [
+        (shard * per + row, offset)
+        for shard, row, offset in state["distributed"].get("owed", [])  # copies due again
+    ]
     return Counter(
-        t for d in docs for t in tokenize([f"{d} {lengths(n)[d]}"])[0][start.get(d, 0) :]
+        t
+        for d, at in [*((d, start.get(d, 0)) for d in docs), *owed]
+        for t in tokenize([f"{d} {lengths(n)[d]}"])[0][at:]
     )
 
 

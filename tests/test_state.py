@@ -325,3 +325,26 @@ def test_rows_consumed_in_part_round_trip_as_version_5_and_are_checked() -> None
         edited["progress"]["tokens"] = tokens
         with pytest.raises(StateError, match=re.escape(rule)):
             StreamState.from_json(edited)
+
+
+def test_copies_owed_round_trip_as_version_6_and_are_checked() -> None:
+    state = make_state()
+    state.distributed.owed = [(4, 200, 0), (4, 200, 17), (5, 3, 2)]  # a row owed twice
+    data = json.loads(json.dumps(state.to_json()))
+    assert data["version"] == 6 and data["distributed"]["owed"] == [
+        list(o) for o in state.distributed.owed
+    ]
+    assert StreamState.from_json(data).distributed.owed == state.distributed.owed
+    assert "owed" not in make_state().to_json()["distributed"], "none: the field is left out"
+    bad = {
+        "below the shard's 500 rows": [[4, 500, 0]],
+        "in sorted order": [[5, 3, 2], [4, 200, 0]],
+        "[shard, row, offset]": [[4, 200]],
+        "out of range": [[99, 0, 0]],
+        "an integer from 0": [[4, 1, -1]],
+    }
+    for rule, owed in bad.items():
+        edited = json.loads(json.dumps(data))
+        edited["distributed"]["owed"] = owed
+        with pytest.raises(StateError, match=re.escape(rule)):
+            StreamState.from_json(edited)

@@ -88,6 +88,13 @@ def test_any_callable_from_texts_to_ids() -> None:
 
     got = Tokenize(by_chars)(pa.table({"text": ["ab", "c"]})).table
     assert got.column("input_ids").to_pylist() == [[97, 98], [99]]
+    # numpy arrays per text (an empty one too), and a batch of no text
+    arrays = Tokenize(lambda b: [np.frombuffer(t.encode(), np.uint8) for t in b], eos_id=0)
+    got = arrays(pa.table({"text": ["ab", "", "c"]})).table
+    assert got.column("input_ids").to_pylist() == [[97, 98, 0], [0], [99, 0]]
+    assert got.column("num_tokens").to_pylist() == [3, 1, 2]
+    none = arrays(pa.table({"text": pa.array([], pa.string())})).table
+    assert none.num_rows == 0 and none.column("input_ids").type == pa.list_(pa.int32())
 
 
 def test_bad_input_is_refused(tokenizer: Tokenizer) -> None:

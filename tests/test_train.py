@@ -179,8 +179,8 @@ def test_packed_documents_every_token_once_through_a_death_and_another_worker_co
 ) -> None:
     """The readers tokenize, the ranks pack; 2 workers, one dies mid-epoch (the run fails),
     the same run again with 3 workers finishes both epochs from its last checkpoint: every
-    token of the corpus is trained on twice, but the last epoch's carried ones once, and a
-    carried copy the book dropped and counted (:func:`exact_or_counted`)."""
+    token of the corpus is trained on twice, but the tokens the final state carries or owes
+    (:func:`exact`)."""
     from ray.train import TrainingFailedError
 
     from tests.test_pack_stream import carried_tokens, lengths, tokenize, write_corpus
@@ -216,21 +216,24 @@ def test_packed_documents_every_token_once_through_a_death_and_another_worker_co
     for token in once:
         d, j = divmod(token - 1, 10_000)
         expected[offsets[d] + j] -= 1
-    exact_or_counted(counts, expected, offsets, state["progress"]["dropped"])
+    exact(counts, expected, offsets, state["progress"]["dropped"])
 
 
-def exact_or_counted(counts: Any, expected: Any, offsets: list[int], dropped: int) -> None:
-    """Every token trained on as often as due, none more; a document short of it is a carried
-    copy the book dropped and counted (``progress.dropped``: a row carried twice, the gap
-    ARCHITECTURE.md names). Which rows a death's restart leaves over depends on the
-    checkpoint the group resumes from, so a run may drop one, or none."""
-    assert not bool((counts > expected).any()), "tokens trained on more often than due"
-    short = torch.nonzero(counts < expected).flatten()
+def exact(counts: Any, expected: Any, offsets: list[int], dropped: int) -> None:
+    """Every token trained on exactly as often as due, and no row dropped (a row left over
+    with its carried copy is carried once and owed once, :mod:`ingest.core.carry`); a
+    failure names the documents (``offsets``: each one's first token) short or over."""
     firsts = torch.tensor(offsets[:-1], dtype=torch.int64)
-    docs = set((torch.searchsorted(firsts, short, right=True) - 1).tolist())
-    # (A dropped copy may hold no token left: a document handed out whole before a resume
-    # at another world size is carried with its full offset. So at most as many.)
-    assert len(docs) <= dropped, f"{len(docs)} documents short, {dropped} counted as dropped"
+
+    def docs(where: Any) -> list[int]:
+        found = torch.nonzero(where).flatten()
+        return sorted(set((torch.searchsorted(firsts, found, right=True) - 1).tolist()))
+
+    assert dropped == 0, f"{dropped} rows dropped"
+    assert not docs(counts > expected), f"documents trained on too often: {docs(counts > expected)}"
+    assert not docs(counts < expected), (
+        f"documents short of their tokens: {docs(counts < expected)}"
+    )
 
 
 MIX_CORPORA = {"web": (0, 192), "code": (100_000, 64)}
@@ -286,7 +289,7 @@ def test_a_mixture_every_token_once_per_epoch_of_its_source_through_a_death(
         assert part.progress.epoch >= 1, f"{name} finished an epoch of its own"
         dropped += part.progress.dropped
     firsts = sorted({table[d] for pairs in docs.values() for d, k in pairs if k})
-    exact_or_counted(counts, expected, [*firsts, table[-1]], dropped)
+    exact(counts, expected, [*firsts, table[-1]], dropped)
 
 
 def due(part: StreamState, pairs: list[tuple[int, int]], table: list[int], expected: Any) -> None:

@@ -423,6 +423,10 @@ def _expect(part: StreamState, found: dict[str, Any], shards: range, expected: t
         for row in range(start, stop):
             at = base[shard_first[n] + row]
             expected[at : at + lengths[n][row]] -= 1
+    for shard, row, offset in part.distributed.owed:  # due before, but for [0, offset)
+        n = by_url[part.shards[shard].url]
+        at = base[shard_first[n] + row]
+        expected[at + offset : at + lengths[n][row]] -= 1
     return trained
 
 

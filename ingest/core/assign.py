@@ -192,26 +192,6 @@ def row_spans(rows: npt.NDArray[np.int64]) -> list[Span]:
     return spans
 
 
-def once_per_row(spans: Sequence[Span]) -> tuple[list[Span], int]:
-    """``spans`` with every row once: a row in a carried span (:data:`CARRY`) that another
-    span holds too is left out. Returns the spans and the rows left out."""
-    main = {(s.shard, row) for s in spans if s.segment != CARRY for row in range(s.start, s.stop)}
-    kept: list[Span] = []
-    dropped = 0
-    for s in spans:
-        if s.segment != CARRY:
-            kept.append(s)
-            continue
-        start = s.start
-        for row in range(s.start, s.stop + 1):
-            if row == s.stop or (s.shard, row) in main:
-                if row > start:
-                    kept.append(s._replace(start=start, stop=row))
-                dropped += row < s.stop
-                start = row + 1
-    return kept, dropped
-
-
 def deal_lanes(spans: Sequence[Span], lanes: int) -> list[list[int]]:
     """The indices of ``spans`` that each lane reads, in order, as a rank's feed deals them.
 

@@ -25,15 +25,23 @@ the rows still to deliver are shared out again among the ranks there are now (el
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from typing import Generic
 
 import numpy as np
 import numpy.typing as npt
 
 from ingest.core.acks import Acks
-from ingest.core.assign import MAIN, Span, once_per_row, row_spans
-from ingest.core.epoch import BookConfig, EpochPlans, PlannedEpoch, Remainder, resumed_in, settle
+from ingest.core.assign import MAIN, Span
+from ingest.core.carry import Copy
+from ingest.core.epoch import (
+    BookConfig,
+    EpochPlans,
+    PlannedEpoch,
+    Remainder,
+    owed_in,
+    resumed_in,
+    settle,
+)
 from ingest.core.errors import ConfigError, StateError
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord
 from ingest.core.listing import L, Lister
@@ -204,25 +212,26 @@ class EpochBook(Generic[L]):
                 "its end (its row counts are learnt by reading)"
             )
 
-        last: tuple[L, tuple[tuple[Span, ...], Consumed]] | None = None  # wanted's last round
+        last: tuple[L, tuple[tuple[Span, ...], Consumed, tuple[Copy, ...]]] | None = None
 
         def wanted(listing: L) -> bool:  # a followed round: a full step of new rows
             nonlocal last
             if epoch in self._epochs:
                 return True
             last = (listing, self.plans.round_after(prev, listing))
-            carry, main = last[1]
-            return self.plans.has_a_step(listing, main, carry)
+            return self.plans.has_a_step(listing, last[1][1], last[1][0])
 
         listing = self._list(wanted if self.config.follows else None)
         made = last[1] if last is not None and last[0] is listing else None
-        carry, main = made or self.plans.round_after(prev, listing)
+        carry, main, owed = made or self.plans.round_after(prev, listing)
         drop = self.config.remainder == "drop"
-        dropped = prev.dropped + (prev.assignment.remainder_rows if drop else 0)
+        dropped = prev.dropped + (prev.assignment.remainder_rows + len(prev.owed) if drop else 0)
         first = prev.first_step + prev.steps
-        return self.plans.plan(
+        planned = self.plans.plan(
             epoch, first, listing, carry, main, Consumed(), 0, dropped, first, None
         )
+        planned.owed = owed
+        return planned
 
     def _make_first(self, epoch: int) -> PlannedEpoch[L]:
         start = self._start
@@ -269,10 +278,12 @@ class EpochBook(Generic[L]):
             planned.main, planned.carried = main, carried
             planned.delivered, planned.based, planned.opened = p.delivered, p.step, p.step
             planned.skip = (dict(carried.sets), dict(main.sets))
-            return planned
-        return self.plans.plan(
-            epoch, step, listing, carry, main, carried, p.delivered, p.dropped, step, None
-        )
+        else:
+            planned = self.plans.plan(
+                epoch, step, listing, carry, main, carried, p.delivered, p.dropped, step, None
+            )
+        planned.owed = owed_in(start, listing)
+        return planned
 
     def rank_plan(self, rank: int, epoch: int) -> FeedPlan[L]:
         """What ``rank`` reads in ``epoch``."""
@@ -311,30 +322,18 @@ class EpochBook(Generic[L]):
         (:func:`ingest.core.epoch.settle`)."""
         settle(self.plan(epoch), steps, leftover, learned)
 
-    def carry_over(self, epoch: int, rows: npt.NDArray[np.int64]) -> int:
-        """Add ``rows`` (packed rows, by ``epoch``'s listing) to ``epoch``'s remainder: a
-        packing rank ended the epoch before it handed them out (:mod:`ingest.distributed.
-        rank_pack`), in the rows' order, not the closing ranks' (that varies by run). A
-        carried row whose own copy is carried too is carried once: that carried copy is
-        dropped, counted (``dropped``, :func:`~ingest.core.assign.once_per_row`) and returned.
+    def carry_over(self, epoch: int, rows: npt.NDArray[np.int64]) -> None:
+        """Add ``rows`` to ``epoch``'s remainder (:meth:`PlannedEpoch.left_over`).
 
         Raises:
             StateError: If the next epoch is planned already (it would miss them).
         """
-        if not len(rows):
-            return 0
-        if epoch + 1 in self._epochs:
+        if len(rows) and epoch + 1 in self._epochs:
             raise StateError(
                 f"epoch {epoch + 1} was planned before every rank closed epoch {epoch}: the "
                 f"{len(rows)} rows a rank carries from it would be lost"
             )
-        e = self.plan(epoch)
-        spans = [*e.assignment.remainder, *row_spans(rows)]
-        kept, dropped = once_per_row(spans)
-        kept.sort(key=lambda s: (s.segment, s.shard, s.start))
-        e.assignment = replace(e.assignment, remainder=tuple(kept))
-        e.dropped += dropped
-        return dropped
+        self.plan(epoch).left_over(rows)
 
     # -- acks and snapshots ----------------------------------------------------------------
 

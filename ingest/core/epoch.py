@@ -14,7 +14,7 @@ made once. :meth:`EpochPlans.round_after` says what the next epoch starts with,
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal
 
 import numpy as np
@@ -29,8 +29,10 @@ from ingest.core.assign import (
     Spans,
     cycle_collection_paused,
     remaining,
+    row_spans,
     split,
 )
+from ingest.core.carry import Carried, Copy, carried_out
 from ingest.core.errors import StateError
 from ingest.core.intervals import IntervalSet
 from ingest.core.ledger import Run, Runs, as_runs
@@ -104,6 +106,37 @@ class PlannedEpoch(Generic[L]):
     """Rows per shuffle window in this epoch (:meth:`Lister.window_rows` of its listing)."""
     merged: tuple[int, int, Consumed, Consumed] | None = None
     """``(based, step, main, carried)``: the last snapshot's progress, for the fold after."""
+    owed: tuple[Copy, ...] = ()
+    """Copies of rows due again that the epoch carries out at its end (:mod:`ingest.core.carry`)."""
+    cut: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    """Offsets of the remainder's copies cut before, noted by the packing ranks at its end."""
+
+    def carried_out(self) -> Carried:
+        """What the next epoch takes of this one's remainder and owed copies (an epoch with
+        no step: every copy, :func:`~ingest.core.carry.carried_out`'s ``whole``)."""
+        whole = self.steps == 0
+        return carried_out(self.assignment.remainder, self.owed, self.cut, whole=whole)
+
+    def left_over(self, rows: npt.NDArray[np.int64]) -> None:
+        """Add ``rows`` (packed rows, by the epoch's listing) to its remainder: a packing rank
+        ended the epoch before it handed them out (:mod:`ingest.distributed.rank_pack`); kept
+        in the rows' order, not the closing ranks' (that varies by run). A row's two copies
+        may both be there: the next epoch carries one and owes the other
+        (:mod:`ingest.core.carry`)."""
+        if len(rows):
+            spans = sorted(
+                [*self.assignment.remainder, *row_spans(rows)],
+                key=lambda s: (s.segment, s.shard, s.start),
+            )
+            self.assignment = replace(self.assignment, remainder=tuple(spans))
+
+    def cut_at_end(self, cut: Mapping[tuple[int, int, int], int]) -> dict[tuple[int, int], int]:
+        """Note the offsets of the remainder's copies cut before (``(segment, shard, row) ->
+        offset``, the largest kept); returns the offsets the next epoch's carried rows start
+        at, ``(shard, row) -> offset`` by this epoch's listing."""
+        for key, offset in cut.items():
+            self.cut[key] = max(self.cut.get(key, 0), offset)
+        return self.carried_out().offsets
 
     @property
     def end_step(self) -> int | None:
@@ -225,29 +258,29 @@ class EpochPlans(Generic[L]):
             self.window_rows(listing),
         )
 
-    def round_after(self, prev: PlannedEpoch[L], listing: L) -> tuple[tuple[Span, ...], Consumed]:
+    def round_after(
+        self, prev: PlannedEpoch[L], listing: L
+    ) -> tuple[tuple[Span, ...], Consumed, tuple[Copy, ...]]:
         """What the epoch after ``prev`` starts with in ``listing``: the rows ``prev`` carries
-        into it, and (following a dataset) the shards earlier rounds consumed."""
+        into it, (following a dataset) the shards earlier rounds consumed, and the copies of
+        rows it owes (:mod:`ingest.core.carry`)."""
         carry: tuple[Span, ...] = ()
+        owed: tuple[Copy, ...] = ()
         if self.config.remainder == "carry":
+            out = prev.carried_out()
             by_url = {s.url: n for n, s in enumerate(listing.shards)}
-            missing = [
-                prev.listing.shards[s.shard].url
-                for s in prev.assignment.remainder
-                if prev.listing.shards[s.shard].url not in by_url
-            ]
-            if missing:
+            urls = [s.url for s in prev.listing.shards]
+            held = {s.shard for s in out.spans} | {shard for shard, _, _ in out.owed}
+            if any(urls[shard] not in by_url for shard in held):
                 consumed_before(prev.listing.shards, listing.shards)  # says what vanished
-            carry = tuple(
-                Span(by_url[prev.listing.shards[s.shard].url], s.start, s.stop, CARRY)
-                for s in prev.assignment.remainder
-            )
+            carry = tuple(s._replace(shard=by_url[urls[s.shard]]) for s in out.spans)
+            owed = tuple(sorted((by_url[urls[i]], row, off) for i, row, off in out.owed))
         main = Consumed()
         if self.config.follows:
             # A round: the shards the rounds before read are consumed (they only grow).
             done = consumed_before(prev.listing.shards, listing.shards)
             main = all_of(listing, done, learnt(prev))
-        return carry, main
+        return carry, main, owed
 
     def has_a_step(self, listing: Listed, main: Consumed, carry: Sequence[Span]) -> bool:
         """Whether a round of a followed dataset has a full step of rows to read: rows of shards
@@ -307,6 +340,14 @@ def resumed_in(start: StreamState, listing: Listed) -> tuple[tuple[Span, ...], C
     return carry, main, carried
 
 
+def owed_in(start: StreamState, listing: Listed) -> tuple[Copy, ...]:
+    """The copies of rows a loaded ``start`` owes (:mod:`ingest.core.carry`), by ``listing``'s
+    shard indices."""
+    by_url = {s.url: n for n, s in enumerate(listing.shards)}
+    urls = [s.url for s in start.shards]
+    return tuple(sorted((by_url[urls[i]], row, off) for i, row, off in start.distributed.owed))
+
+
 def settle(
     e: PlannedEpoch[Any], steps: int, leftover: Runs | Sequence[Run], learned: Mapping[int, int]
 ) -> None:
@@ -339,6 +380,7 @@ __all__ = [
     "PlannedEpoch",
     "Remainder",
     "learnt",
+    "owed_in",
     "resumed_in",
     "settle",
 ]

@@ -16,6 +16,7 @@ from typing import Any
 
 from ingest.core.acks import Acks
 from ingest.core.assign import cycle_collection_paused
+from ingest.core.carry import Copy
 from ingest.core.epoch import BookConfig, PlannedEpoch, learnt
 from ingest.core.errors import StateError
 from ingest.core.progress import add_runs, all_of
@@ -65,7 +66,9 @@ def state_in(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int) ->
     return StreamState(
         e.dataset,
         ProgressState(e.epoch, e.first_step, step + 1, delivered, e.dropped, main, quarantined),
-        DistributedState(acks.world_size, [(s.shard, s.start, s.stop) for s in e.carry], carried),
+        DistributedState(
+            acks.world_size, [(s.shard, s.start, s.stop) for s in e.carry], carried, list(e.owed)
+        ),
         _position(config, acks, step, restored, e.window),
     )
 
@@ -74,11 +77,13 @@ def state_after(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int)
     """The state after ``step``, the last step of epoch ``e``: the next epoch's, at its start
     (the remainder carried or dropped, counts learnt by reading kept with the listing)."""
     carry: list[tuple[int, int, int]] = []
+    owed: list[Copy] = []
     dropped = e.dropped
     if config.remainder == "drop":
-        dropped += e.assignment.remainder_rows
+        dropped += e.assignment.remainder_rows + len(e.owed)
     else:
-        carry = [(s.shard, s.start, s.stop) for s in e.assignment.remainder]
+        out = e.carried_out()
+        carry, owed = [(s.shard, s.start, s.stop) for s in out.spans], list(out.owed)
     dataset = e.dataset
     counted = {i: n for i, n in e.main.rows.items() if e.counts[i] < 0}
     if counted:  # counts learnt by reading: recorded with the listing from now on
@@ -92,7 +97,7 @@ def state_after(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int)
     return StreamState(
         dataset,
         ProgressState(e.epoch + 1, step + 1, step + 1, 0, dropped, following),
-        DistributedState(acks.world_size, carry, Consumed()),
+        DistributedState(acks.world_size, carry, Consumed(), owed),
         _position(config, acks, step, None, e.window),
     )
 

@@ -304,16 +304,8 @@ class _Coordinator:
             if records:
                 book.ack(rank, records)
             book.finish(rank, epoch, steps, leftover, learned, quarantined)
-            if carry is not None and (dropped := book.carry_over(epoch, carry)):
-                log.warning(
-                    "epoch %d: %d rows carried into it were not handed out in it either, and "
-                    "their own copies are carried too; a row is carried once, so those carried "
-                    "copies are dropped (counted in the state's progress.dropped). Epochs this "
-                    "short for their world size leave more to carry: use fewer ranks, or a "
-                    "smaller shuffle_window, so that carried rows are read first",
-                    epoch,
-                    dropped,
-                )
+            if carry is not None:
+                book.carry_over(epoch, carry)
             if self._packs:
                 self._packed.closed(book, rank, epoch, cut)
             book.fold_due()

@@ -97,9 +97,9 @@ class PackedRanks:
         cut: Sequence[tuple[int, int]],
     ) -> None:
         """``rank`` ended ``epoch``; ``cut``: its documents carried into the next epoch after
-        part of them was handed out. Once every rank ended it, the offsets of the rows the
-        epoch's remainder holds (those, and the loaded ones no rank read) move on to the next
-        epoch: a carried copy the book dropped (its row's own copy is carried) keeps none."""
+        part of them was handed out. Once every rank ended it, the book takes the offsets of
+        the copies the epoch's remainder holds (those, and the loaded ones no rank read), and
+        the next epoch's carried rows start at their copies' (:mod:`ingest.core.carry`)."""
         self._entries.pop(rank, None)
         urls = [s.url for s in book.plan(epoch).listing.shards]
         mine = self._surplus.setdefault(epoch, {})
@@ -112,16 +112,15 @@ class PackedRanks:
         loaded = self._cut.pop(epoch, {})
         if book.config.remainder != "carry":
             return
-        left = {
-            (s.segment, urls[s.shard], row)
-            for s in book.plan(epoch).assignment.remainder
-            for row in range(s.start, s.stop)
-        }
-        nxt = self._cut.setdefault(epoch + 1, {})
+        index = {url: n for n, url in enumerate(urls)}
+        noted: dict[tuple[int, int, int], int] = {}
         for (segment, url, row), offset in [*loaded.items(), *surplus.items()]:
-            if (segment, url, row) in left:
-                place = (CARRY, url, row)
-                nxt[place] = max(nxt.get(place, 0), offset)
+            if url in index:
+                copy = (segment, index[url], row)
+                noted[copy] = max(noted.get(copy, 0), offset)
+        nxt = self._cut.setdefault(epoch + 1, {})
+        for (shard, row), offset in book.plan(epoch).cut_at_end(noted).items():
+            nxt[(CARRY, urls[shard], row)] = offset
 
     def state(self, book: EpochBook[Any]) -> StreamState:
         """The book's state after every read step acked, with the documents in flight (each

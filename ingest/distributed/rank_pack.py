@@ -21,8 +21,7 @@ handed out to the epoch's remainder: the next epoch carries them in first (or, w
 ``remainder="drop"``, drops and counts them), a document cut keeping its offset. The next
 epoch starts on a rank only once every rank closed this one (``pack_start``). A row carried
 into the epoch that falls in the surplus again, while its own copy of the epoch does too, is
-carried once: the carried copy is dropped and counted (``EpochBook.carry_over``; see
-ARCHITECTURE.md, "the gap left").
+carried once and its other copy owed, with its offset (:mod:`ingest.core.carry`).
 
 **States.** At batch ``k`` every rank sends the documents in flight it handed out (in part,
 or whole in a read step not acked) with its state call; the coordinator answers, once all

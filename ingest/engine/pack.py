@@ -252,23 +252,18 @@ class PackedRank:
         return handed + list(self._offsets.items())
 
     def _carry(self, epoch: int) -> None:
-        """After ``epoch``'s end: the documents cut before a resume that the epoch did not
-        read again (its remainder, shared anew at the resume) start the next epoch's carried
-        rows at their offsets; the other offsets are spent."""
+        """After ``epoch``'s end: the book takes the offsets of the documents cut before a
+        resume that the epoch did not read again (its remainder, shared anew at the resume),
+        and the next epoch's carried rows start at their copies' (:mod:`ingest.core.carry`);
+        the other offsets are spent."""
         keep: list[tuple[int, str, int, int]] = []
         if self.book is None:  # the book carries them (a Ray rank's coordinator)
             self._offsets = {}
             return
-        if self._offsets and self.book.config.remainder == "carry":
-            carried = {
-                (s.segment, s.shard, row)
-                for s in self.book.plan(epoch).assignment.remainder
-                for row in range(s.start, s.stop)
-            }
-            for key, offset in self._offsets.items():
-                segment, shard, row = unpacked_row(key)
-                if (segment, shard, row) in carried:
-                    keep.append((CARRY, self._urls[shard], row, offset))
+        if self.book.config.remainder == "carry":
+            noted = {unpacked_row(key): offset for key, offset in self._offsets.items()}
+            for (shard, row), offset in self.book.plan(epoch).cut_at_end(noted).items():
+                keep.append((CARRY, self._urls[shard], row, offset))
         self._offsets = {}
         self._loaded = keep
 

@@ -23,7 +23,12 @@ Layout, one part per concern, each validated by its own class::
 rank). ``position`` says where each rank's reading order stood: with the same seed, shuffle
 and world size a restored stream continues with exactly the batches of the uninterrupted
 run; without it the rest of the epoch is shared out again. Exactly-once rests on
-``progress`` and ``carry`` alone, never on the position.
+``progress``, ``carry`` and ``owed`` alone, never on the position.
+
+Version 6: ``distributed.owed``, ``[[shard, row, offset], ...]``, copies of rows due again
+beyond the carried ones (a packing epoch left a row over with its carried copy: the next
+epoch carries one and owes the other, :mod:`ingest.core.carry`), carried out at the epoch's
+end; the tokens ``[0, offset)`` of each were handed out already.
 
 A set of consumed rows (``partial``, ``carry.consumed``) is ``[[start, stop], ...]`` or,
 when shorter, a bitmap ``{"from": a, "to": b, "bits": base64}``

@@ -11,12 +11,13 @@ from ingest.core.errors import StateError
 from ingest.core.intervals import MAX_ROW
 from ingest.core.state.shards import ShardRecord
 
-STATE_VERSION = 5
+STATE_VERSION = 6
 """The newest version this ingest writes; it reads :data:`READ_VERSIONS`. A state is
-written as version 2 (its listing as records), 3 (its listing packed) or 5 (either, with
-rows consumed in part: ``progress.tokens``), the lowest that holds it; 4 is a state of
-several sources (:mod:`ingest.core.state.sources`)."""
-READ_VERSIONS = (2, 3, 5)
+written as version 2 (its listing as records), 3 (its listing packed), 5 (either, with
+rows consumed in part: ``progress.tokens``) or 6 (with copies of rows owed:
+``distributed.owed``), the lowest that holds it; 4 is a state of several sources
+(:mod:`ingest.core.state.sources`)."""
+READ_VERSIONS = (2, 3, 5, 6)
 MAX_STATE_BYTES = 256 << 20
 """States larger than this are refused before parsing (a state is O(shards))."""
 MAX_OFFSET = MAX_ROW

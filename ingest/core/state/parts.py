@@ -110,9 +110,12 @@ class DistributedState:
     carry: list[tuple[int, int, int]] = field(default_factory=list)
     """Spans ``(shard, start, stop)`` carried in from the previous epoch (equal steps)."""
     carry_consumed: Consumed = field(default_factory=Consumed)
+    owed: list[tuple[int, int, int]] = field(default_factory=list)
+    """``(shard, row, offset)``: copies of rows due again beyond the carried ones, carried out
+    at the epoch's end (:mod:`ingest.core.carry`); sorted; version 6."""
 
     def to_json(self, *, packed: bool = False) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "world_size": self.world_size,
             "carry": {
                 "spans": [list(s) for s in self.carry],
@@ -123,6 +126,9 @@ class DistributedState:
                 },
             },
         }
+        if self.owed:
+            out["owed"] = [list(o) for o in self.owed]
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> DistributedState:
@@ -146,7 +152,26 @@ class DistributedState:
             spans.append((shard, start, stop))
         consumed = Consumed.from_json({"partial": carry.get("consumed", {})}, shards)
         _check_bounds(consumed, shards, "distributed.carry.consumed")
-        return cls(world_size, spans, consumed)
+        return cls(world_size, spans, consumed, _owed(data.get("owed", []), shards))
+
+
+def _owed(data: Any, shards: Sequence[ShardRecord]) -> list[tuple[int, int, int]]:
+    """``distributed.owed`` checked: each ``[shard, row, offset]`` names a row of a listed
+    shard; sorted (a row may be owed more than once)."""
+    out = []
+    for n, entry in enumerate(_list(data, "distributed.owed")):
+        what = f"distributed.owed[{n}]"
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise refuse(what, entry, "it must be [shard, row, offset]")
+        shard = _index(entry[0], shards)
+        row, offset = _int(entry[1], f"{what} row"), _int(entry[2], f"{what} offset")
+        rows = shards[shard].rows
+        if rows is not None and row >= rows:
+            raise refuse(what, entry, f"its row must be below the shard's {rows} rows")
+        out.append((shard, row, offset))
+    if out != sorted(out):
+        raise refuse("distributed.owed", data, "it must be in sorted order")
+    return out
 
 
 Cursor = dict[str, Any]

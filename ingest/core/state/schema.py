@@ -62,7 +62,15 @@ class StreamState:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "version": 5 if self.progress.tokens else 3 if self.dataset.packed else 2,
+            "version": (
+                6
+                if self.distributed.owed
+                else 5
+                if self.progress.tokens
+                else 3
+                if self.dataset.packed
+                else 2
+            ),
             "dataset": self.dataset.to_json(),
             "progress": self.progress.to_json(self.dataset),
             "distributed": self.distributed.to_json(packed=self.dataset.packed),
