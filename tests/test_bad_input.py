@@ -628,3 +628,20 @@ def test_a_shard_rewritten_with_the_same_size_is_refused(s3_store: Store) -> Non
         ingest.StateError, match=r"1 shard\(s\) changed: \S+/p1\.jsonl \(version '\w+' -> '\w+'\)"
     ):
         again.load_state_dict(state)
+
+
+def test_too_deep_measures_the_first_line_past_the_limit_strings_left_out() -> None:
+    import json
+
+    from ingest.formats.jsonl import too_deep
+
+    def nested(depth: int) -> str:
+        return "[" * depth + "]" * depth
+
+    shallow = [json.dumps({"a": nested(3)}), json.dumps({"s": "[[[[[[[[[[{{{{{"})]
+    assert too_deep("\n".join(shallow * 50).encode(), 4) is None, "brackets in strings"
+    lines = [*shallow, nested(5), nested(9)]
+    assert too_deep("\n".join(lines).encode(), 4) == 5, "the first line past it"
+    assert too_deep("\r\n".join(lines).encode(), 9) is None, "a depth of the limit is allowed"
+    assert too_deep(nested(7).encode(), 6) == 7, "no newline at all"
+    assert too_deep(b"", 1) is None
