@@ -427,8 +427,9 @@ def test_a_row_left_over_with_its_carried_copy_is_carried_once_and_owed_once(
     assert e.assignment.remainder_rows == before + 2, "both copies"
     spans = [(s.segment, s.shard, s.start) for s in e.assignment.remainder]
     assert spans == sorted(spans), "in the rows' order, whichever rank closes first"
-    offsets = book.plan(1).cut_at_end({(CARRY, shard, 7): 5, (MAIN, shard, 7): 3})
-    assert offsets[shard, 7] == 3, "the epoch's own copy is carried, with its offset"
+    out = book.plan(1).cut_at_end({(CARRY, shard, 7): 5, (MAIN, shard, 7): 3})
+    assert out.offsets[shard, 7] == 3, "the epoch's own copy is carried, with its offset"
+    assert out.owed == ((shard, 7, 5),), "the other owed, with its own"
     end = e.end_step
     assert end is not None
     state = StreamState.from_json(json.loads(json.dumps(book.snapshot(end - 1).to_json())))

@@ -325,6 +325,7 @@ def test_cut_documents_in_the_epochs_remainder_are_carried_with_their_offsets() 
     class Plan:  # the parts of a PlannedEpoch the carry takes; a copy owed, at its offset
         assignment = SimpleNamespace(remainder=(Span(1, 10, 12), Span(0, 3, 4)))
         owed = ((0, 5, 2),)
+        steps = 3  # an epoch with steps (one with none carries every copy)
         cut_at_end = PlannedEpoch.cut_at_end
         carried_out = PlannedEpoch.carried_out
 

@@ -130,13 +130,13 @@ class PlannedEpoch(Generic[L]):
             )
             self.assignment = replace(self.assignment, remainder=tuple(spans))
 
-    def cut_at_end(self, cut: Mapping[tuple[int, int, int], int]) -> dict[tuple[int, int], int]:
+    def cut_at_end(self, cut: Mapping[tuple[int, int, int], int]) -> Carried:
         """Note the offsets of the remainder's copies cut before (``(segment, shard, row) ->
-        offset``, the largest kept); returns the offsets the next epoch's carried rows start
-        at, ``(shard, row) -> offset`` by this epoch's listing."""
+        offset``, the largest kept); returns what the next epoch takes, its carried rows'
+        offsets by this epoch's listing."""
         for key, offset in cut.items():
             self.cut[key] = max(self.cut.get(key, 0), offset)
-        return self.carried_out().offsets
+        return self.carried_out()
 
     @property
     def end_step(self) -> int | None:

@@ -16,6 +16,7 @@ Pure bookkeeping around the coordinator's book, run under its lock:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,8 @@ from ingest.core.ledger import packed_row, unpacked_row
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
 from ingest.engine.pack import merged
+
+log = logging.getLogger(__name__)
 
 Cut = dict[tuple[int, str, int], int]
 """``(segment, shard URL, row) -> tokens handed out`` of documents cut."""
@@ -118,8 +121,18 @@ class PackedRanks:
             if url in index:
                 copy = (segment, index[url], row)
                 noted[copy] = max(noted.get(copy, 0), offset)
+        out = book.plan(epoch).cut_at_end(noted)
+        if out.owed:
+            log.info(
+                "epoch %d: %d rows were left over together with their copies carried into "
+                "it; epoch %d carries one copy of each and owes the other, to carry out at "
+                "its end (distributed.owed in its states)",
+                epoch,
+                len(out.owed),
+                epoch + 1,
+            )
         nxt = self._cut.setdefault(epoch + 1, {})
-        for (shard, row), offset in book.plan(epoch).cut_at_end(noted).items():
+        for (shard, row), offset in out.offsets.items():
             nxt[(CARRY, urls[shard], row)] = offset
 
     def state(self, book: EpochBook[Any]) -> StreamState:

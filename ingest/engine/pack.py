@@ -262,7 +262,7 @@ class PackedRank:
             return
         if self.book.config.remainder == "carry":
             noted = {unpacked_row(key): offset for key, offset in self._offsets.items()}
-            for (shard, row), offset in self.book.plan(epoch).cut_at_end(noted).items():
+            for (shard, row), offset in self.book.plan(epoch).cut_at_end(noted).offsets.items():
                 keep.append((CARRY, self._urls[shard], row, offset))
         self._offsets = {}
         self._loaded = keep
