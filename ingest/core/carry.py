@@ -41,7 +41,7 @@ class Carried:
 
     spans: tuple[Span, ...] = ()
     """Every row once (segment ``CARRY``), in shard and row order, runs merged (after an
-    epoch with no step: every copy, one span each)."""
+    epoch with no step: every copy, in layers of one copy of each row, each so ordered)."""
     offsets: dict[tuple[int, int], int] = field(default_factory=dict)
     """``(shard, row) -> offset`` of the carried copies cut before (offsets above 0)."""
     owed: tuple[Copy, ...] = ()

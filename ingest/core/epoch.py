@@ -13,7 +13,7 @@ made once. :meth:`EpochPlans.round_after` says what the next epoch starts with,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Generic, Literal
 
@@ -274,7 +274,7 @@ class EpochPlans(Generic[L]):
             if any(urls[shard] not in by_url for shard in held):
                 consumed_before(prev.listing.shards, listing.shards)  # says what vanished
             carry = tuple(s._replace(shard=by_url[urls[s.shard]]) for s in out.spans)
-            owed = tuple(sorted((by_url[urls[i]], row, off) for i, row, off in out.owed))
+            owed = _moved(out.owed, urls, by_url)
         main = Consumed()
         if self.config.follows:
             # A round: the shards the rounds before read are consumed (they only grow).
@@ -344,8 +344,14 @@ def owed_in(start: StreamState, listing: Listed) -> tuple[Copy, ...]:
     """The copies of rows a loaded ``start`` owes (:mod:`ingest.core.carry`), by ``listing``'s
     shard indices."""
     by_url = {s.url: n for n, s in enumerate(listing.shards)}
-    urls = [s.url for s in start.shards]
-    return tuple(sorted((by_url[urls[i]], row, off) for i, row, off in start.distributed.owed))
+    return _moved(start.distributed.owed, [s.url for s in start.shards], by_url)
+
+
+def _moved(
+    owed: Iterable[Copy], urls: Sequence[str], by_url: Mapping[str, int]
+) -> tuple[Copy, ...]:
+    """Copies owed by the shard indices of ``urls``, by those of ``by_url``, sorted."""
+    return tuple(sorted((by_url[urls[i]], row, offset) for i, row, offset in owed))
 
 
 def settle(

@@ -86,12 +86,12 @@ def too_deep(chunk: bytes, limit: int) -> int | None:
     neither pyarrow nor the json module stops at a depth: pyarrow crashes, json raises
     RecursionError.
     """
-    opens = chunk.translate(None, _NOT_OPENS).split(b"\n")
+    opens = chunk.translate(None, _NOT_OPENS).split(b"\n")  # each line's opening brackets
     if max(map(len, opens)) <= limit:
         return None
     lines = chunk.split(b"\n")
-    for n, count in enumerate(opens):
-        if len(count) > limit and (depth := _depth(lines[n])) > limit:
+    for n, line_opens in enumerate(opens):
+        if len(line_opens) > limit and (depth := _depth(lines[n])) > limit:
             return depth
     return None
 
