@@ -183,7 +183,7 @@ def test_packed_documents_every_token_once_through_a_death_and_another_worker_co
     (:func:`exact`)."""
     from ray.train import TrainingFailedError
 
-    from tests.test_pack_stream import carried_tokens, lengths, tokenize, write_corpus
+    from tests.test_pack_stream import lengths, tokenize, tokens_due, write_corpus
 
     url = write_corpus(local, PACK_DOCS)
     sizes = lengths(PACK_DOCS)
@@ -211,11 +211,10 @@ def test_packed_documents_every_token_once_through_a_death_and_another_worker_co
     result = run(3, 0, die_at=-1)
     counts, state = final_counts(result)
     assert state["progress"]["epoch"] == EPOCHS and state["distributed"]["world_size"] == 3
-    once = carried_tokens(state, PACK_DOCS)
-    expected = torch.full_like(counts, EPOCHS)
-    for token in once:
+    expected = torch.zeros_like(counts)
+    for token, times in tokens_due(state, PACK_DOCS, EPOCHS).items():
         d, j = divmod(token - 1, 10_000)
-        expected[offsets[d] + j] -= 1
+        expected[offsets[d] + j] = times
     exact(counts, expected, offsets, state["progress"]["dropped"])
 
 
