@@ -27,7 +27,8 @@ It also prints the Stream's packing efficiency (non-padding tokens / all tokens)
 Prints tokens/s, tokens per CPU second (every process of the loop: this one and its
 threads, the tokenizer's included; a DataLoader's workers; a local Ray's processes, its
 reader actors among them, which also count their idle polling) and each loop's ratio to
-the tokenizer alone (issue 19's goal: >= 0.8x).
+the tokenizer alone (issue 19's goal: >= 0.8x): the median over rounds of its tokens/s
+over the tokenizer's in the same round, seconds apart.
 
     .venv/bin/python benchmarks/tokenize_pack.py [--docs 8000] [--batch 1024] [--repeat 5]
         [--ray [--readers 2]]
@@ -93,9 +94,13 @@ def cpu_seconds() -> float:
     return time.process_time() + live + ended.children_user + ended.children_system
 
 
-def timed(loops: dict[str, Callable[[], int]], repeat: int) -> dict[str, tuple[float, float]]:
+def timed(
+    loops: dict[str, Callable[[], int]], repeat: int
+) -> dict[str, tuple[float, float, float]]:
     """Median tokens/s and tokens per CPU second (every process of the loop: this one, its
-    DataLoader workers, the local Ray's processes) of each loop, the loops taking turns."""
+    DataLoader workers, the local Ray's processes) of each loop, the loops taking turns; and
+    the median of its ratio to the first loop's tokens/s of the same round (this machine's
+    speed drifts by a third over minutes: a ratio of rounds taken seconds apart holds)."""
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in loops}
     for _ in range(repeat):
         for name, loop in loops.items():
@@ -103,8 +108,13 @@ def timed(loops: dict[str, Callable[[], int]], repeat: int) -> dict[str, tuple[f
             tokens = loop()
             wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
             runs[name].append((tokens / wall, tokens / cpu))
+    base = runs[next(iter(loops))]
     return {
-        name: (statistics.median(r for r, _ in got), statistics.median(c for _, c in got))
+        name: (
+            statistics.median(r for r, _ in got),
+            statistics.median(c for _, c in got),
+            statistics.median(r / b for (r, _), (b, _) in zip(got, base, strict=True)),
+        )
         for name, got in runs.items()
     }
 
@@ -245,11 +255,9 @@ def main() -> None:
         raise SystemExit(f"the Stream packed {packed['real']} tokens of {tokenize()}")
     print(f"{args.docs:,} documents in batches of {args.batch}; median of {args.repeat}, in turn")
     figures = timed(loops, args.repeat)
-    base = figures["tokenizer alone"][0]
-    for name, (rate, per_cpu) in figures.items():
-        print(
-            f"{name:<28}{rate:>14,.0f} tokens/s{per_cpu:>14,.0f} tokens/CPU s{rate / base:>8.2f}x"
-        )
+    print(f"{'':<28}{'tokens/s':>14}{'tokens/CPU s':>16}{'ratio':>8}  (medians; ratio: per round)")
+    for name, (rate, per_cpu, ratio) in figures.items():
+        print(f"{name:<28}{rate:>14,.0f}{per_cpu:>16,.0f}{ratio:>7.2f}x")
     efficiency = packed["real"] / packed["all"]
     print(f"Stream packing efficiency (non-padding / all tokens): {efficiency:.4f}")
 

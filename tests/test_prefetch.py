@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from ingest.core.errors import StreamTimeoutError
-from ingest.engine.prefetch import Prefetcher
+from ingest.engine.prefetch import Prefetcher, in_order
 
 
 class Counting:
@@ -93,3 +93,51 @@ def test_close_stops_the_thread_and_closes_the_iterator() -> None:
     ahead.close()
     assert closed.wait(5)
     assert not ahead._thread.is_alive()
+
+
+def test_in_order_runs_calls_at_once_and_hands_results_on_in_order() -> None:
+    # Two calls at once: each waits at a barrier of 2, which one call alone never passes.
+    both = threading.Barrier(2, timeout=5)
+
+    def slow_first(n: int) -> int:
+        if n < 2:
+            both.wait()
+        time.sleep(0.02 if n % 2 == 0 else 0)  # the later call of a pair ends first
+        return n * 10
+
+    assert list(in_order(slow_first, iter(range(6)), 2, "test")) == [0, 10, 20, 30, 40, 50]
+    one = threading.Barrier(2, timeout=0.2)
+
+    def alone(n: int) -> int:
+        if n == 0:
+            with pytest.raises(threading.BrokenBarrierError):
+                one.wait()  # no second call runs meanwhile
+        return n
+
+    assert list(in_order(alone, iter(range(3)), 1, "test")) == [0, 1, 2]
+
+
+def test_in_order_raises_a_calls_error_in_its_place_and_closes_its_items() -> None:
+    closed = threading.Event()
+
+    def items() -> Iterator[int]:
+        try:
+            yield from range(100)
+        finally:
+            closed.set()
+
+    def fails_at_3(n: int) -> int:
+        if n == 3:
+            raise ValueError("bad batch 3")
+        return n
+
+    got = []
+    with pytest.raises(ValueError, match="bad batch 3"):
+        for n in in_order(fails_at_3, items(), 2, "test"):
+            got.append(n)
+    assert got == [0, 1, 2] and closed.is_set()
+    closed.clear()
+    early = in_order(lambda n: n, items(), 2, "test")
+    assert next(early) == 0
+    early.close()  # left early: the items are closed, the calls not started dropped
+    assert closed.is_set()

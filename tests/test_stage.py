@@ -3,6 +3,8 @@ output row mapped to its input row (and part), exact across stops, resumes and w
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from typing import Any
 
@@ -273,3 +275,63 @@ def test_the_helpers_refuse_what_does_not_fit(data: str) -> None:
     none = ingest.FlatMap(lambda row: [], schema=pa.schema([("id", pa.int64())]))
     staged = none(pa.table({"id": [1, 2]}))
     assert staged.table.schema.names == ["id"] and staged.table.num_rows == 0
+
+
+class SlowHalves(Halves):
+    """Halves, two batches at once (``parallel_batches``), each call sleeping a time of its
+    own so that they end out of order; the batch holding id 100 raises."""
+
+    parallel_batches = 2
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running = self.most = 0
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        try:
+            ids = table["id"].to_numpy()
+            time.sleep(0.002 * int(ids.sum() % 7) + 0.005 if len(ids) else 0)
+            if 100 in ids:
+                raise RuntimeError("bad row 100")
+            return super().__call__(table)
+        finally:
+            with self.lock:
+                self.running -= 1
+
+
+def test_a_stage_on_two_batches_at_once_gives_the_batches_and_states_of_one_at_a_time(
+    data: str,
+) -> None:
+    """A stage that runs on two batches at once (in threads of the feed) hands them on in
+    order: the same batches, the same state after every batch, and a failing batch
+    quarantined at its own step (``on_error="skip"``), as the same stage one at a time."""
+
+    class OneAtATime(SlowHalves):
+        parallel_batches = 1
+
+    def run(stage: Any) -> tuple[list[list[tuple[int, int]]], list[dict[str, Any]], Any]:
+        stream = ingest.Stream(
+            data,
+            columns=["id"],
+            batch_size=BATCH,
+            shuffle_seed=5,
+            shuffle_window=32,
+            transform=stage,
+            read=ingest.ReadOptions(on_error="skip"),
+        )
+        batches, states = [], []
+        for batch in stream:
+            batches.append(_outputs(batch))
+            states.append(stream.state_dict())
+        return batches, states, stream.quarantined
+
+    two, one = SlowHalves(), OneAtATime()
+    parallel, serial = run(two), run(one)
+    assert (two.most, one.most) == (2, 1), "two calls at once, and one"
+    assert parallel[0] == serial[0] and parallel[1] == serial[1]
+    [q] = parallel[2]
+    assert q == serial[2][0] and q.reason == "RuntimeError: bad row 100"
+    assert sum(len(b) for b in parallel[0]) == 2 * (SHARDS * ROWS - 4 - BATCH)

@@ -4,7 +4,12 @@ or a plain callable; one output row per input row; clear refusals."""
 
 from __future__ import annotations
 
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -147,3 +152,38 @@ def test_a_stream_tokenizes_in_its_feed_and_resumes_exactly(
             got[i] = ids.tolist()
     assert len(got) == 88  # 11 batches of 8; the 2 rows left over are dropped
     assert all(got[i] == want[i] for i in got)
+
+
+class _Counting:
+    """A batch encoder that records how many of its calls run at once."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.most = 0
+        self.lock = threading.Lock()
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool = False) -> list[Any]:
+        with self.lock:
+            self.running += 1
+            self.most = max(self.most, self.running)
+        time.sleep(0.02)
+        with self.lock:
+            self.running -= 1
+        return [SimpleNamespace(ids=[len(t)] * len(t)) for t in texts]
+
+
+def test_batches_tokenized_at_once_encode_one_at_a_time_and_keep_their_rows() -> None:
+    """Tokenize runs on two batches at once in a feed (parallel_batches), but their
+    encodings run one at a time: a Rust encoding already takes every core."""
+    encoder = _Counting()
+    stage = Tokenize(encoder)
+    assert stage.parallel_batches == 2
+    tables = [pa.table({"text": [f"{'x' * (n % 5)}" for n in range(b, b + 8)]}) for b in range(6)]
+    with ThreadPoolExecutor(3) as pool:
+        got = list(pool.map(stage, tables))
+    assert encoder.most == 1
+    for table, out in zip(tables, got, strict=True):
+        lengths = [len(t) for t in table.column("text").to_pylist()]
+        assert out.table.column("input_ids").to_pylist() == [[n] * n for n in lengths]
+    with pytest.raises(ConfigError, match="parallel_batches"):
+        Tokenize(encoder, parallel_batches=0)

@@ -237,16 +237,23 @@ class Quarantine:
         self._lock = threading.Lock()
 
     def add(self, error: BaseException, **where: Any) -> Quarantined:
-        """Record the rows ``error`` stopped (``where``: the :class:`Quarantined` fields).
+        """Record the rows ``error`` stopped (``where``: the :class:`Quarantined` fields),
+        for the next :meth:`take`.
 
         Raises:
             IngestError: If this is one more than ``max_errors``, listing what was skipped.
         """
+        return self.record(error, taken=False, **where)
+
+    def record(self, error: BaseException, *, taken: bool = True, **where: Any) -> Quarantined:
+        """As :meth:`add`; ``taken``: the caller hands the record out itself (a batch
+        transformed in another thread carries its own), so :meth:`take` leaves it out."""
         record = Quarantined(reason_of(error), self.epoch, self.rank, **where)
         with self._lock:
             check_bound([*self._all, record], self.max_errors, error)
             self._all.append(record)
-            self._new.append(record)
+            if not taken:
+                self._new.append(record)
         return record
 
     def take(self) -> tuple[Quarantined, ...]:

@@ -46,7 +46,13 @@ from ingest.distributed.rank_feed import (
 )
 from ingest.engine.pack import with_origin
 from ingest.engine.spec import StreamSpec
-from ingest.engine.transform import Transform, apply, build_transform, output_of_no_rows
+from ingest.engine.transform import (
+    Transform,
+    apply,
+    build_transform,
+    output_of_no_rows,
+    parallel_batches,
+)
 from ingest.storage.sources import Source
 
 
@@ -197,6 +203,11 @@ class _Reader:
     def node(self) -> str:
         """The id of the node this reader runs on."""
         return str(ray.get_runtime_context().get_node_id())
+
+    @property
+    def parallel_batches(self) -> int:
+        """Batches one feed decodes at once (the transform's ``parallel_batches``)."""
+        return parallel_batches(self._fn)
 
     def decode(self, table: pa.Table) -> pa.Table:
         """Run the transform on one batch (called by the pool's feeds, in turn)."""

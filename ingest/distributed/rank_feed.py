@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +22,7 @@ from ingest.core.ledger import Closed, Rows, Runs
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import Cursor
 from ingest.engine.feed import Feed, Ready, Tail
+from ingest.engine.prefetch import in_order
 from ingest.engine.spec import StreamSpec
 from ingest.storage.sources import Source
 
@@ -46,6 +48,11 @@ class FeedHost(Protocol):
     def wait_for_budget(self, nbytes: int, stopped: Any) -> bool: ...
     def release(self, nbytes: int) -> None: ...
     def decoded(self, table: pa.Table) -> Any: ...
+
+    @property
+    def parallel_batches(self) -> int:
+        """Batches a feed may decode at once (its transform's ``parallel_batches``)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,27 +186,49 @@ class RankFeed:
                 raise CoordinatorLostError(e) from None
             feed = Feed(plan, reader.spec.feed_config(), reader.source)
             try:
-                for out in feed:
+                # Batches are decoded in order, up to the transform's parallel_batches at once.
+                decoded = in_order(
+                    self._decode, self._reserved(feed), reader.parallel_batches, "decode"
+                )
+                for got in decoded:
+                    if isinstance(got, End):
+                        self._put(got)
+                        return
+                    if isinstance(got, tuple):  # the decode raised: its bytes go back
+                        self._unreserve(got[1])
+                        raise got[0]
+                    if not self._put(got):
+                        return
                     if self._stop:
-                        return
-                    if isinstance(out, Tail):
-                        end = End(self.epoch, out.steps, out.leftover, out.learned, out.quarantined)
-                        self._put(end)
-                        return
-                    nbytes = int(out.table.nbytes)
-                    if not self._reserve(nbytes):
-                        return
-                    try:
-                        item = self._item(out, nbytes)
-                    except BaseException:
-                        self._unreserve(nbytes)
-                        raise
-                    if not self._put(item):
                         return
             finally:
                 feed.close()
         except BaseException as e:  # forwarded to the rank, which re-raises it
             self._put(e)
+
+    def _reserved(self, feed: Feed) -> Iterator[tuple[Ready, int] | End]:
+        """The feed's batches, each with its bytes reserved in the reader's budget, then its
+        end; stops early when the feed is stopped."""
+        for out in feed:
+            if self._stop:
+                return
+            if isinstance(out, Tail):
+                yield End(self.epoch, out.steps, out.leftover, out.learned, out.quarantined)
+                return
+            nbytes = int(out.table.nbytes)
+            if not self._reserve(nbytes):
+                return
+            yield out, nbytes
+
+    def _decode(self, got: tuple[Ready, int] | End) -> Item | End | tuple[BaseException, int]:
+        """A batch decoded (in a thread of :func:`in_order`), or what its decode raised."""
+        if isinstance(got, End):
+            return got
+        ready, nbytes = got
+        try:
+            return self._item(ready, nbytes)
+        except BaseException as e:
+            return e, nbytes
 
     def _unreserve(self, nbytes: int) -> None:
         with self._cond:

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -62,8 +62,8 @@ from ingest.core.quarantine import Quarantine, Quarantined, skippable
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor
 from ingest.engine.lanes import LaneReader, make_lanes
-from ingest.engine.prefetch import read_ahead
-from ingest.engine.transform import output_of_no_rows, split_failures
+from ingest.engine.prefetch import in_order, read_ahead
+from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures
 from ingest.engine.window import Hole, Origin, Piece, Window, indices, piece_rows
 from ingest.formats.base import ReadOptions, RowBatch
 from ingest.planner.catalog import Listing
@@ -316,6 +316,13 @@ class Feed:
         return windows + sum(lane.held_bytes() for lane in self._lanes)
 
     def __iter__(self) -> Iterator[Ready | Tail]:
+        """The feed's batches, transformed (up to the transform's ``parallel_batches`` at
+        once, in order: see :class:`ingest.engine.stage.Stage`), then its :class:`Tail`."""
+        calls = parallel_batches(self.transform)
+        yield from in_order(self._transformed, self._items(), calls, "transform")
+
+    def _items(self) -> Iterator[tuple[Ready | Tail, list[tuple[Window, int, int]]]]:
+        """The batches cut, not transformed, each with the window rows it was cut from."""
         size = self.config.batch_size
         step = self.plan.next_step
         held = self._held  # (window, start, stop) of rows not yet cut
@@ -343,11 +350,13 @@ class Feed:
                     f"planned {self.plan.steps} batches exactly; a shard changed while it was "
                     "read (its row count differs from the listing). Restart the epoch"
                 )
-            yield Tail(steps, leftover, dict(self._reader.learned), self.quarantine.take())
+            yield Tail(steps, leftover, dict(self._reader.learned), self.quarantine.take()), []
         finally:
             self.close()
 
-    def _cut(self, held: list[tuple[Window, int, int]], size: int, step: int) -> Ready:
+    def _cut(
+        self, held: list[tuple[Window, int, int]], size: int, step: int
+    ) -> tuple[Ready, list[tuple[Window, int, int]]]:
         parts: list[tuple[Window, int, int]] = []
         need = size
         while need:
@@ -362,22 +371,6 @@ class Feed:
         cursor = held[0][0].start if held else window.end
         tables = [w.rows(lo, hi) for w, lo, hi in parts]
         table: Any = (pa.concat_tables(tables) if len(tables) > 1 else tables[0]).combine_chunks()
-        rows = int(table.num_rows)
-        if self.transform is not None:
-            try:
-                table = self.transform(table)
-            except Exception as e:
-                if not self._skip:
-                    raise
-                if skippable(e):  # a data error (a file that does not decode): its rows alone
-                    table, bad = split_failures(self.transform, table)
-                    for index, error in bad:
-                        url, row = self._origin_of(parts, index)
-                        self.quarantine.add(error, url=url, start=row, stop=row + 1, rows=1)
-                    rows -= len(bad)
-                else:
-                    self.quarantine.add(e, step=step, rows=rows)
-                    table, rows = output_of_no_rows(self.transform, table), 0
         acked = self._acked(parts)
         closed = None
         if acked.ndim == 1:
@@ -386,14 +379,39 @@ class Feed:
             closed = Closed(
                 np.concatenate(done) if done else as_runs(()), 0 if hi == last.size else hi - lo
             )
-        return Ready(
-            step,
-            table,
-            acked,
-            cursor,
-            self.quarantine.take(),
-            -1 if rows == size else rows,
-            closed,
+        rows = int(table.num_rows)  # fewer than the batch size where it held holes
+        rows = -1 if rows == size else rows
+        return Ready(step, table, acked, cursor, self.quarantine.take(), rows, closed), parts
+
+    def _transformed(self, cut: tuple[Ready | Tail, list[tuple[Window, int, int]]]) -> Ready | Tail:
+        """A batch with the transform applied (in a thread of :func:`in_order`); its
+        quarantines (``on_error="skip"``) go with it."""
+        item, parts = cut
+        if isinstance(item, Tail) or self.transform is None:
+            return item
+        table = item.table
+        rows = int(table.num_rows)
+        failed: list[Quarantined] = []
+        try:
+            table = self.transform(table)
+        except Exception as e:
+            if not self._skip:
+                raise
+            if skippable(e):  # a data error (a file that does not decode): its rows alone
+                table, bad = split_failures(self.transform, table)
+                for index, error in bad:
+                    url, row = self._origin_of(parts, index)
+                    failed.append(
+                        self.quarantine.record(error, url=url, start=row, stop=row + 1, rows=1)
+                    )
+                rows -= len(bad)
+            else:
+                failed.append(self.quarantine.record(e, step=item.step, rows=rows))
+                table, rows = output_of_no_rows(self.transform, table), 0
+        size = self.config.batch_size
+        quarantined = (*item.quarantined, *failed)
+        return replace(
+            item, table=table, quarantined=quarantined, rows=-1 if rows == size else rows
         )
 
     def _origin_of(self, parts: Sequence[tuple[Window, int, int]], index: int) -> tuple[str, int]:

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError
 from ingest.core.packing import Method, Packer
-from ingest.engine.transform import staged
+from ingest.engine.transform import parallel_batches, staged
 
 ORIGIN = "__ingest_origin"
 """The column a packing stream's transform adds: each row's position in its read step (the
@@ -72,14 +72,22 @@ class Pack:
 
 def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa.Table]:
     """The transform of a packing stream: ``fn``'s rows (all the batch's, without ``fn``)
-    with each one's input row in :data:`ORIGIN`.
+    with each one's input row in :data:`ORIGIN` (as many batches at once as ``fn`` allows).
 
     Raises:
         ConfigError: If ``fn`` makes several rows of one input row, or another number of rows
             without being a stage.
     """
+    return _WithOrigin(fn, parallel_batches(fn))
 
-    def call(table: pa.Table) -> pa.Table:
+
+@dataclass(frozen=True, slots=True)
+class _WithOrigin:
+    fn: Callable[[pa.Table], Any] | None
+    parallel_batches: int
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        fn = self.fn
         if fn is None:
             out, origin = table, np.arange(table.num_rows, dtype=np.int64)
         else:
@@ -93,8 +101,6 @@ def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa
                     "them if need be, do not split them)"
                 )
         return out.append_column(ORIGIN, pa.array(origin.astype(np.int64), pa.int64()))
-
-    return call
 
 
 def check_read(pack: Pack | None, read: Any) -> None:

@@ -14,12 +14,15 @@ import contextlib
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Iterator
+from collections import deque
+from collections.abc import Callable, Generator, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, Protocol, TypeVar
 
 from ingest.core.errors import StreamTimeoutError
 
 T = TypeVar("T")
+R = TypeVar("R")
 _POLL_S = 0.1
 
 
@@ -200,3 +203,33 @@ def read_ahead(
         if close is not None:
             close()
         feed.close()
+
+
+def in_order(
+    fn: Callable[[T], R], items: Iterable[T], calls: int, name: str
+) -> Generator[R, None, None]:
+    """``fn`` of each of ``items``, up to ``calls`` at once in threads of their own, the
+    results in the items' order (1: one after another, in the caller's thread).
+
+    For work that releases the GIL for most of its time (a tokenizer's batch encoding): one
+    call's Python part, and the caller's making of the next item, overlap the others.
+    Closing the iterator closes ``items`` and drops the calls not started."""
+    if calls <= 1:
+        yield from map(fn, items)
+        return
+    pool = ThreadPoolExecutor(calls, thread_name_prefix=f"ingest-{name}")
+    pending: deque[Future[R]] = deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= calls:
+                yield pending.popleft().result()  # no timeout: as long as fn's own call
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=False)
+        close = getattr(items, "close", None)
+        if close is not None:
+            close()

@@ -95,6 +95,12 @@ class Stage(ABC):
     Subclasses implement :meth:`__call__`. See the module docstring for what stays exact.
     """
 
+    parallel_batches: int = 1
+    """Batches a feed may run this stage on at once, in threads of its process, handed on
+    in order (1: one after another). A stage whose calls are thread-safe and release the
+    GIL for most of their time (a Rust tokenizer's batch encoding) sets more: one batch's
+    Python work, and the feed's cutting of the next, overlap another batch's encoding."""
+
     @abstractmethod
     def __call__(self, table: pa.Table) -> Staged:
         """The rows made of ``table`` (one input batch), with where each came from."""

@@ -13,7 +13,6 @@ state is the book's snapshot at the last batch handed out, in the same layout as
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import threading
 import weakref
@@ -33,7 +32,7 @@ from ingest.engine.mixed_stream import MixedStream, not_for_a_mixture
 from ingest.engine.pack import Pack, PackedRank, with_origin
 from ingest.engine.pack_settings import check_read
 from ingest.engine.spec import StreamSpec
-from ingest.engine.transform import Transform, apply, build_transform
+from ingest.engine.transform import Transform, applying, build_transform
 from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Listing
 from ingest.planner.planner import Planner
@@ -143,7 +142,7 @@ class Stream:
         if pack is not None:  # each row's origin kept, for the documents' provenance
             self._transform = with_origin(fn)
         elif fn is not None:
-            self._transform = functools.partial(apply, fn)
+            self._transform = applying(fn)
         self._planner = self.spec.planner(progress=progress)
         self._book = self.spec.book(1, self._planner)
         self._next_epoch = 0

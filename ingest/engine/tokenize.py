@@ -10,6 +10,7 @@ next stage.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -20,6 +21,20 @@ import pyarrow as pa
 from ingest.core.errors import ConfigError
 from ingest.engine.stage import Stage, Staged
 
+_ENCODING = threading.Lock()
+"""One Rust batch encoding at a time in a process: one already runs on every core (rayon),
+and two at once contend for them (measured: a third more CPU for the same tokens). Batches
+tokenized at once (``parallel_batches``) overlap the rest: the ids made Python lists and
+arrays, the feed's cutting."""
+
+
+def _ids(batch: Callable[..., Any], texts: list[str]) -> list[list[int]]:
+    """``batch`` (a Rust tokenizer's batch encoding) of ``texts``, as id lists. A function of
+    the module, not a closure: a closure is pickled with the globals it names (the lock)."""
+    with _ENCODING:
+        encodings = batch(texts, add_special_tokens=False)
+    return [e.ids for e in encodings]
+
 
 def _encoder(tokenizer: Any) -> Callable[[list[str]], Sequence[Sequence[int]]]:
     """A function from texts to token id lists, for ``tokenizer``."""
@@ -29,7 +44,7 @@ def _encoder(tokenizer: Any) -> Callable[[list[str]], Sequence[Sequence[int]]]:
     fast = getattr(tokenizer, "encode_batch_fast", None)  # tokenizers: no offsets computed
     batch = fast or getattr(tokenizer, "encode_batch", None)
     if batch is not None:
-        return lambda texts: [e.ids for e in batch(texts, add_special_tokens=False)]
+        return lambda texts: _ids(batch, texts)
     if not callable(tokenizer):
         raise ConfigError(
             f"tokenizer {tokenizer!r} is neither a tokenizers.Tokenizer, a transformers fast "
@@ -50,8 +65,29 @@ def _int_array(values: npt.NDArray[Any], kind: pa.DataType) -> pa.Array:
     return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
+def _flat(ids: Sequence[Sequence[int]]) -> npt.NDArray[np.int32]:
+    """Every document's ids, one after another.
+
+    Python lists (a Rust tokenizer's) are joined into one list, then converted once: 8.7 ms
+    for 1,000 documents (457 k tokens), against 11.5 ms for an array per document and a
+    concatenation, and 16.5 ms for ``np.fromiter`` over a chain of them. Anything else (a
+    callable's arrays) goes one array per document."""
+    if all(type(i) is list for i in ids):
+        every: list[int] = []
+        for i in ids:
+            every.extend(i)
+        return np.fromiter(every, np.int32, len(every))
+    parts = [np.asarray(i, dtype=np.int32) for i in ids]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+
 class Tokenize(Stage):
     """Token ids of a text column (see the module docstring).
+
+    Two batches are tokenized at once (``parallel_batches``): while a Rust tokenizer encodes
+    one on every core without the GIL, the other's ids become arrays and the feed cuts the
+    next batch (one encoding runs at a time). Pass ``parallel_batches=1`` for a callable
+    that is not thread-safe.
 
     Args:
         tokenizer: The tokenizer (see the module docstring).
@@ -60,6 +96,7 @@ class Tokenize(Stage):
         eos_id: A token appended to every document (an end of text), or None.
         keep: Other input columns kept beside the ids (the text column is dropped unless
             named here).
+        parallel_batches: Batches tokenized at once, in threads (see above).
     """
 
     def __init__(
@@ -70,7 +107,11 @@ class Tokenize(Stage):
         output: str = "input_ids",
         eos_id: int | None = None,
         keep: Sequence[str] = (),
+        parallel_batches: int = 2,
     ) -> None:
+        if parallel_batches < 1:
+            raise ConfigError(f"Tokenize(parallel_batches={parallel_batches}) must be at least 1")
+        self.parallel_batches = parallel_batches
         self.encode = _encoder(tokenizer)
         self.column = column
         self.output = output
@@ -90,10 +131,7 @@ class Tokenize(Stage):
             )
         ids = self.encode(texts)
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
-        # One array per document, then one copy: twice as fast as iterating every token
-        # (np.fromiter over a chain), which cost a fifth of the tokenizer's own time.
-        parts = [np.asarray(i, dtype=np.int32) for i in ids]
-        flat = np.concatenate(parts) if parts else np.zeros(0, np.int32)
+        flat = _flat(ids)
         if self.eos_id is not None:  # one more token at the end of every document
             lengths += 1
             ends = np.cumsum(lengths) - 1

@@ -10,6 +10,7 @@ record batch or a dict of arrays/tensors, with one row per input row, in order; 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,12 @@ def build_transform(transform: Transform | None) -> Callable[[pa.Table], Any] | 
             "over a pyarrow Table, or a class whose instances are one"
         )
     return transform
+
+
+def parallel_batches(fn: Any) -> int:
+    """Batches ``fn`` may transform at once (its ``parallel_batches``, see
+    :class:`ingest.engine.stage.Stage`; 1 for a plain function)."""
+    return max(1, int(getattr(fn, "parallel_batches", 1)))
 
 
 def as_table(out: Any, what: str) -> pa.Table:
@@ -104,6 +111,20 @@ def staged(fn: Callable[[pa.Table], Any], table: pa.Table) -> Staged:
 def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
     """Run ``fn`` on ``table``; its rows as an Arrow table (see :func:`staged`)."""
     return staged(fn, table).table
+
+
+def applying(fn: Callable[[pa.Table], Any]) -> Callable[[pa.Table], pa.Table]:
+    """:func:`apply` with ``fn``, as one callable that keeps ``fn``'s ``parallel_batches``."""
+    return _Applied(fn, parallel_batches(fn))
+
+
+@dataclass(frozen=True, slots=True)
+class _Applied:
+    fn: Callable[[pa.Table], Any]
+    parallel_batches: int
+
+    def __call__(self, table: pa.Table) -> pa.Table:
+        return apply(self.fn, table)
 
 
 def output_of_no_rows(fn: Callable[[pa.Table], Any], table: pa.Table) -> Any:
