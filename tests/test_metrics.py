@@ -86,6 +86,7 @@ def test_a_running_stream_exports_its_metrics(s3_store: Any) -> None:
     # The readers' store counts grow as their stats do (the last second may not be out yet).
     assert 0 < found["ingest_bytes_read_total"][""] <= io["bytes_read"]
     assert 0 < found["ingest_requests_total"][""] <= io["opens"] + io["reads"] + io["listings"]
+    assert found["ingest_pool_size"] == {"": len(stream.readers)}, "one reader reports the size"
 
 
 @ray.remote(num_cpus=0)

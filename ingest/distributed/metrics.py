@@ -18,7 +18,12 @@ name                            kind    what
 ``ingest_retries_total``        counter requests sent again after a transient fault
 ``ingest_cache_hits_total``     counter shard opens served by the node's shard cache
 ``ingest_cache_misses_total``   counter shard opens that fetched into the shard cache
+``ingest_pool_size``            gauge   reader actors in the stream's pool (reported by the
+                                        first of them)
 =============================== ======= =======================================================
+
+``cluster/grafana/ingest.json`` is a Grafana dashboard over them (every panel's query names
+metrics of this table: ``tests/test_dashboard.py``).
 
 Reports are made at most every :data:`REPORT_EVERY_S` per process, so the cost per batch is
 a clock read. Outside Ray (a ``Stream`` in a notebook) nothing is exported.
@@ -54,8 +59,11 @@ _KINDS = {
     "ingest_retries_total": ("counter", "requests sent again after a fault", ("stream",)),
     "ingest_cache_hits_total": ("counter", "opens served by the shard cache", ("stream",)),
     "ingest_cache_misses_total": ("counter", "opens that fetched into the cache", ("stream",)),
+    "ingest_pool_size": ("gauge", "reader actors in the stream's pool", ("stream",)),
 }
 NAMES = tuple(_KINDS)
+KINDS = {name: kind for name, (kind, _, _) in _KINDS.items()}
+"""``name -> "counter" or "gauge"``."""
 
 
 def _metric(name: str) -> Any:
@@ -132,9 +140,15 @@ class StoreMeter:
         gathers the counts only then, not on every call of its hot path."""
         return time.monotonic() - self._since >= REPORT_EVERY_S and _exporting()
 
-    def report(self, stats: Mapping[str, int], depths: Mapping[int, int]) -> None:
-        """Export what grew since the last report, and the ready batches held per rank."""
+    def report(
+        self, stats: Mapping[str, int], depths: Mapping[int, int], pool: int | None = None
+    ) -> None:
+        """Export what grew since the last report, the ready batches held per rank, and the
+        pool's size (``pool``: given by one reader of the pool only, so that a sum over the
+        readers is the size)."""
         self._since = time.monotonic()
+        if pool is not None:
+            _metric("ingest_pool_size").set(pool, tags=self.tags)
         for name, keys in self._FROM.items():
             total = sum(int(stats.get(k, 0)) for k in keys)
             grew = total - self._last.get(name, 0)
@@ -145,4 +159,4 @@ class StoreMeter:
             _metric("ingest_queue_depth").set(depth, tags={**self.tags, "rank": str(rank)})
 
 
-__all__ = ["NAMES", "REPORT_EVERY_S", "RankMeter", "StoreMeter"]
+__all__ = ["KINDS", "NAMES", "REPORT_EVERY_S", "RankMeter", "StoreMeter"]

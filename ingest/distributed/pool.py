@@ -182,6 +182,7 @@ class _Reader:
             self._unbuilt = e
         self._meter = StoreMeter(coordinator)
         self._peers: list[Any] = []
+        self._reports_pool = False
         self._turn = 0
         self._budget = pool.object_store_bytes
         self._feeds: dict[int, RankFeed] = {}
@@ -196,6 +197,9 @@ class _Reader:
         """The pool's actors (this one included), and this actor's share of the budget."""
         self._peers = peers
         self._budget = budget
+        me = ray.get_runtime_context().get_actor_id()
+        self._reports_pool = bool(peers) and peers[0]._actor_id.hex() == me
+        """The pool's first actor reports its size (``ingest_pool_size``)."""
 
     def ping(self) -> bool:
         return True
@@ -361,7 +365,8 @@ class _Reader:
             raise FeedLostError(f"the feed of rank {rank} serves lease {feed.lease}, not {lease}")
         out = feed.take(most, wait_s)
         if self._meter.due():
-            self._meter.report(self.source.stats.as_dict(), {rank: feed.depth})
+            pool = len(self._peers) if self._reports_pool else None
+            self._meter.report(self.source.stats.as_dict(), {rank: feed.depth}, pool)
         return out
 
     def stats(self) -> dict[str, int]:
