@@ -31,7 +31,7 @@ from ingest.core.quarantine import Quarantined
 from ingest.core.state import STATE_VERSION
 
 if TYPE_CHECKING:
-    from ingest import decode, testing, train
+    from ingest import decode, ray_data, testing, train
     from ingest.distributed.coordinator import CoordinatorLostError
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
@@ -94,6 +94,7 @@ __all__ = [
     "decode",
     "get_format",
     "list_shards",
+    "ray_data",
     "register_format",
     "registered_formats",
     "testing",
@@ -137,7 +138,7 @@ def __getattr__(name: str) -> Any:
     # torch and ray take seconds to import, and the pure core (ingest.core) imports this
     # package first and needs no storage, formats or engine: everything above the core
     # loads on first use.
-    if name in ("train", "testing", "hf", "decode"):
+    if name in ("train", "testing", "hf", "decode", "ray_data"):
         import importlib
 
         return importlib.import_module(f"ingest.{name}")
