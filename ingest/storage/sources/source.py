@@ -101,6 +101,14 @@ class Source:
                         from ingest.storage.sources.s3 import s3_filesystem
 
                         fs = s3_filesystem(_strip_userinfo(url), options)
+                    elif protocol in ("gs", "gcs") and options.get("endpoint_url"):
+                        # gcsfs's default filesystem first asks a bucket's storage layout
+                        # over gRPC, which an emulator or a private endpoint does not serve
+                        # (a 60 s wait per bucket); its core filesystem asks nothing more.
+                        # On Google's own endpoint (no endpoint_url), gcsfs's default.
+                        from gcsfs.core import GCSFileSystem
+
+                        fs = GCSFileSystem(**options)
                     else:
                         fs, _ = url_to_fs(_strip_userinfo(url), **options)
                 except (ImportError, ValueError) as e:
