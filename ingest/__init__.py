@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from ingest.storage.cache import CacheOptions
     from ingest.storage.follow import Follow
     from ingest.storage.sources import IOStats, RetryPolicy, Shard, Source
+    from ingest.storage.sources.url_list import urls_from
 
 __version__ = "0.1.0"
 
@@ -99,6 +100,7 @@ __all__ = [
     "registered_formats",
     "testing",
     "train",
+    "urls_from",
 ]
 
 
@@ -131,6 +133,7 @@ _LAZY = {
     "RankIterator": "ingest.distributed.rank",
     "RankOptions": "ingest.distributed.rank",
     "CoordinatorLostError": "ingest.distributed.coordinator",
+    "urls_from": "ingest.storage.sources.url_list",
 }
 
 

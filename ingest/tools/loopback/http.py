@@ -1,0 +1,126 @@
+"""A static-file HTTP server on 127.0.0.1 with range reads, as a CDN or a web server serves
+shards: ``HEAD`` (size, ``ETag``, ``Last-Modified``), ``GET`` of a whole file, ``GET`` with
+one ``Range: bytes=a-b`` (``206``, ``Content-Range``), and a count of the requests.
+
+Python's ``http.server`` answers every ``GET`` whole (no ranges), so a reader that seeks
+would fetch the whole file for every read: this handler serves ranges.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import os
+import re
+import threading
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        return
+
+    def _file(self) -> Path | None:
+        path = Path(self.translate_path(self.path))
+        return path if path.is_file() else None
+
+    def _headers(self, path: Path, length: int) -> None:
+        stat = path.stat()
+        tag = hashlib.md5(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+        self.send_header("Content-Length", str(length))
+        self.send_header("Accept-Ranges", "bytes")
+        self.send_header("ETag", f'"{tag}"')
+        self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
+        self.send_header("Content-Type", "application/octet-stream")
+
+    def do_HEAD(self) -> None:
+        self.server.count("HEAD")
+        path = self._file()
+        if path is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self._headers(path, path.stat().st_size)
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        path = self._file()
+        if path is None:
+            self.server.count("GET")
+            self.send_error(404)
+            return
+        size = path.stat().st_size
+        wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
+        if wanted is None:
+            self.server.count("GET")
+            self.send_response(200)
+            self._headers(path, size)
+            self.end_headers()
+            self.wfile.write(path.read_bytes())
+            return
+        self.server.count("GET range")
+        a, b = wanted.groups()
+        start = int(a) if a else max(size - int(b), 0)
+        stop = min(int(b) + 1, size) if a and b else size
+        if start >= size:
+            self.send_response(416)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.end_headers()
+            return
+        self.send_response(206)
+        self._headers(path, stop - start)
+        self.send_header("Content-Range", f"bytes {start}-{stop - 1}/{size}")
+        self.end_headers()
+        with path.open("rb") as f:
+            f.seek(start)
+            self.wfile.write(f.read(stop - start))
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.requests: dict[str, int] = {}
+        self._lock = threading.Lock()
+        super().__init__(
+            ("127.0.0.1", 0),
+            lambda *a: _Handler(*a, directory=root),  # type: ignore[arg-type]
+        )
+
+    def count(self, kind: str) -> None:
+        with self._lock:
+            self.requests[kind] = self.requests.get(kind, 0) + 1
+
+
+class LoopbackHTTP:
+    """Serves the files under ``root`` at :attr:`endpoint` for the life of a ``with`` block."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._server = _Server(str(root))
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def url(self, relative: str) -> str:
+        return f"{self.endpoint}/{relative.lstrip('/')}"
+
+    def requests(self) -> dict[str, int]:
+        """Requests answered so far, by kind (``HEAD``, ``GET``, ``GET range``)."""
+        with self._server._lock:
+            return dict(self._server.requests)
+
+    def __enter__(self) -> LoopbackHTTP:
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=10)
