@@ -21,6 +21,9 @@ $(STAMP): pyproject.toml Makefile
 	# else can pull the CUDA wheels in through the unpinned `torch>=` requirement.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
 	$(PY) -m pip install -q -e ".[dev,bench,hf,media]"
+	# Azurite, the Azure Blob server the tests run on 127.0.0.1 (npm; skipped without npm).
+	command -v npm >/dev/null && npm install --silent --no-audit --no-fund \
+		--prefix $(VENV)/azurite azurite@3 || echo "npm not found: the Azure tests will be skipped"
 	touch $(STAMP)
 
 demo: $(STAMP)

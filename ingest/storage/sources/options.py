@@ -20,6 +20,11 @@ _SECRET_OPTION_NAMES = (
     "aws_secret_access_key",
     "aws_access_key_id",
     "aws_session_token",
+    "account_key",  # Azure (adlfs)
+    "sas_token",
+    "client_secret",
+    "connection_string",
+    "credential",
 )
 
 
@@ -123,6 +128,20 @@ def _s3_userinfo(urls: Sequence[str]) -> tuple[str, str] | None:
             "key= and secret= in storage_options, or read them as separate streams"
         )
     return found.pop() if found else None
+
+
+def _option_secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
+    """The keys an Azure connection string carries (``AccountKey=``,
+    ``SharedAccessSignature=``), to scrub from text on their own too."""
+    text = options.get("connection_string")
+    if not isinstance(text, str):
+        return ()
+    out = []
+    for part in text.split(";"):
+        name, _, value = part.partition("=")
+        if name.strip() in ("AccountKey", "SharedAccessSignature") and len(value) >= 4:
+            out.append(value)
+    return tuple(out)
 
 
 def _url_secrets(urls: Sequence[str]) -> tuple[str, ...]:

@@ -24,6 +24,7 @@ from ingest.storage.sources.hubfs import hub_http
 from ingest.storage.sources.listing import list_url
 from ingest.storage.sources.options import (
     _SECRET_OPTION_NAMES,
+    _option_secrets,
     _s3_userinfo,
     _strip_userinfo,
     _url_secrets,
@@ -78,7 +79,7 @@ class Source:
         self.cache = cache
         self._shard_cache: ShardCache | None = None
         self._options = dict(storage_options or {})
-        self._secrets = _url_secrets(self.urls)
+        self._secrets = _url_secrets(self.urls) + _option_secrets(self._options)
         self._userinfo = _s3_userinfo(self.urls)
         # Listed URL (secrets shown as ***) -> the URL to open, for URLs whose secrets are
         # part of the request (HTTP user or query).
