@@ -61,9 +61,15 @@ def data(local: Store) -> str:
     return local.url("d")
 
 
-def _stream(url: str, stage: Any) -> ingest.Stream:
+def _stream(url: str, stage: Any, **options: Any) -> ingest.Stream:
     return ingest.Stream(
-        url, columns=["id"], batch_size=BATCH, shuffle_seed=5, shuffle_window=32, transform=stage
+        url,
+        columns=["id"],
+        batch_size=BATCH,
+        shuffle_seed=5,
+        shuffle_window=32,
+        transform=stage,
+        **options,
     )
 
 
@@ -313,15 +319,7 @@ def test_a_stage_on_two_batches_at_once_gives_the_batches_and_states_of_one_at_a
         parallel_batches = 1
 
     def run(stage: Any) -> tuple[list[list[tuple[int, int]]], list[dict[str, Any]], Any]:
-        stream = ingest.Stream(
-            data,
-            columns=["id"],
-            batch_size=BATCH,
-            shuffle_seed=5,
-            shuffle_window=32,
-            transform=stage,
-            read=ingest.ReadOptions(on_error="skip"),
-        )
+        stream = _stream(data, stage, read=ingest.ReadOptions(on_error="skip"))
         batches, states = [], []
         for batch in stream:
             batches.append(_outputs(batch))
