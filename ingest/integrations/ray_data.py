@@ -79,7 +79,7 @@ class _Shards(Datasource):
         # part of a shard would open its footer once per part.
         shards = self.listing.shards
         count = len(shards)
-        per = max(self.per_task, -(-count // max(parallelism, 1)) if parallelism > 0 else 1)
+        per = max(self.per_task, -(-count // parallelism)) if parallelism > 0 else self.per_task
         tasks = []
         for first in range(0, count, per):
             group = list(range(first, min(first + per, count)))
