@@ -32,6 +32,7 @@ from ingest.core.state import STATE_VERSION
 
 if TYPE_CHECKING:
     from ingest import decode, ray_data, testing, train
+    from ingest.core.sizing import Autoscale
     from ingest.distributed.coordinator import CoordinatorLostError
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
@@ -55,6 +56,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "STATE_VERSION",
+    "Autoscale",
     "CacheOptions",
     "ConfigError",
     "CoordinatorLostError",
@@ -130,6 +132,7 @@ _LAZY = {
     "DataLoader": "ingest.integrations.loader",
     "RayStream": "ingest.distributed.ray_stream",
     "ReaderPool": "ingest.distributed.pool",
+    "Autoscale": "ingest.core.sizing",
     "RankIterator": "ingest.distributed.rank",
     "RankOptions": "ingest.distributed.rank",
     "CoordinatorLostError": "ingest.distributed.coordinator",

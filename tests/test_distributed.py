@@ -353,6 +353,8 @@ class _Unreachable:
 
     def __getattr__(self, name: str) -> Any:
         method = getattr(self.handle, name)
+        if name.startswith("_"):  # the handle's own fields (its _actor_id)
+            return method
         outer = self
 
         class _Method:

@@ -319,3 +319,33 @@ def test_a_shard_that_fails_to_read_from_two_fresh_copies_is_blamed(
         r for r in hub.records if r.kind == "resolve" and r.path.endswith(path) and not r.range
     ]
     assert len(downloads) == 2, "fetched again once, then blamed"
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ray_data_read_takes_fewer_hub_requests_than_read_parquet(hub: HubStub) -> None:
+    """ingest.ray_data.read on the Hub: the same rows as ray.data.read_parquet over
+    huggingface_hub's filesystem, with fewer requests (one listing pinned to a commit, footers
+    read once by the driver, range reads)."""
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+    import ray.data
+    from huggingface_hub import HfFileSystem
+
+    def table(dataset: ray.data.Dataset) -> pa.Table:
+        got = pa.concat_tables(ray.get(ref) for ref in dataset.to_arrow_refs())
+        return got.select(["id", "text"]).sort_by("id")
+
+    hub.reset_counts()
+    ours = table(
+        ingest.ray_data.read(f"hf://datasets/{REPO}/data/*.parquet", storage_options=options(hub))
+    )
+    mine = counts(hub)
+    hub.reset_counts()
+    fs = HfFileSystem(endpoint=hub.endpoint, token=TOKEN)
+    paths = sorted(fs.glob(f"datasets/{REPO}/data/*.parquet"))
+    handler = pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+    theirs = table(ray.data.read_parquet(paths, filesystem=handler))
+    others = counts(hub)
+    print(f"hub requests: ingest.ray_data.read {dict(mine)}; ray.data.read_parquet {dict(others)}")
+    assert ours.num_rows == SHARDS * ROWS and ours.equals(theirs)
+    assert sum(mine.values()) < sum(others.values()), (dict(mine), dict(others))

@@ -32,6 +32,7 @@ from ingest.core.ledger import Rows, Run, Runs, StepRecord
 from ingest.core.quarantine import Quarantined
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor, StreamState
+from ingest.distributed.directory import PoolDirectory
 from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pack_coordinator import PackedRanks
 from ingest.engine.spec import StreamSpec
@@ -83,8 +84,9 @@ class Claim:
     goes on with the batches it holds."""
 
 
-class _Coordinator:
-    """See the module docstring. Created by :class:`ingest.RayStream`."""
+class _Coordinator(PoolDirectory):
+    """See the module docstring. Created by :class:`ingest.RayStream`; it also holds the pool's
+    directory (:mod:`ingest.distributed.directory`)."""
 
     def __init__(
         self,
@@ -108,6 +110,7 @@ class _Coordinator:
         """The ranks pack documents into sequences (:mod:`ingest.distributed.rank_pack`)."""
         self._packed = PackedRanks(world_size)
         self._lock = threading.Condition()
+        self._init_directory()
         self._initial: dict[str, Any] | None = None  # what a session without a state starts at
         self._life = secrets.randbits(31)
         self._session = self._life << _SESSION_BITS

@@ -20,6 +20,8 @@ name                            kind    what
 ``ingest_cache_misses_total``   counter shard opens that fetched into the shard cache
 ``ingest_pool_size``            gauge   reader actors in the stream's pool (reported by the
                                         first of them)
+``ingest_pool_resizes_total``   counter the pool's resizes (``direction``: ``grow`` or
+                                        ``shrink``; :mod:`ingest.core.sizing`)
 =============================== ======= =======================================================
 
 ``cluster/grafana/ingest.json`` is a Grafana dashboard over them (every panel's query names
@@ -33,7 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 REPORT_EVERY_S = 1.0
@@ -60,6 +62,11 @@ _KINDS = {
     "ingest_cache_hits_total": ("counter", "opens served by the shard cache", ("stream",)),
     "ingest_cache_misses_total": ("counter", "opens that fetched into the cache", ("stream",)),
     "ingest_pool_size": ("gauge", "reader actors in the stream's pool", ("stream",)),
+    "ingest_pool_resizes_total": (
+        "counter",
+        "the reader pool's resizes",
+        ("stream", "direction"),
+    ),
 }
 NAMES = tuple(_KINDS)
 KINDS = {name: kind for name, (kind, _, _) in _KINDS.items()}
@@ -88,8 +95,16 @@ def _exporting() -> bool:
 class RankMeter:
     """The per-rank metrics, fed by the rank iterator as it hands out batches."""
 
-    def __init__(self, stream: str, rank: int) -> None:
+    def __init__(
+        self,
+        stream: str,
+        rank: int,
+        on_report: Callable[[float, float, int], None] | None = None,
+    ) -> None:
         self.tags = {"stream": stream, "rank": str(rank)}
+        self._on_report = on_report
+        """Also given each report's seconds waited, seconds spanned and rows (the reader
+        pool sizes itself on them: :mod:`ingest.distributed.sizer`)."""
         self._rows = 0
         self._batches = 0
         self._waited = 0.0
@@ -116,6 +131,8 @@ class RankMeter:
                 _metric("ingest_batches_total").inc(self._batches, tags=self.tags)
             share = min(1.0, self._waited / span) if span > 0 else 0.0
             _metric("ingest_data_wait_share").set(share, tags=self.tags)
+        if self._on_report is not None and span > 0:
+            self._on_report(self._waited, span, self._rows)
         self._rows, self._batches, self._waited, self._since = 0, 0, 0.0, now
 
 
@@ -157,6 +174,13 @@ class StoreMeter:
                 _metric(name).inc(grew, tags=self.tags)
         for rank, depth in depths.items():
             _metric("ingest_queue_depth").set(depth, tags={**self.tags, "rank": str(rank)})
+
+    def resized(self, size: int, grew: bool) -> None:
+        """The pool is now ``size`` readers, one more (``grew``) or one fewer."""
+        if _exporting():
+            _metric("ingest_pool_size").set(size, tags=self.tags)
+            direction = "grow" if grew else "shrink"
+            _metric("ingest_pool_resizes_total").inc(1, tags={**self.tags, "direction": direction})
 
 
 __all__ = ["KINDS", "NAMES", "REPORT_EVERY_S", "RankMeter", "StoreMeter"]

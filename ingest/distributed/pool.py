@@ -34,6 +34,7 @@ import ray
 
 from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.quarantine import reason_of
+from ingest.core.sizing import Autoscale
 from ingest.core.state import Cursor
 from ingest.distributed.metrics import StoreMeter
 from ingest.distributed.rank_feed import (
@@ -82,6 +83,11 @@ class ReaderPool:
         spread: Place the readers on as many of the allowed nodes as possible (Ray's
             ``"SPREAD"`` strategy), so that a lost node takes few of them and the rest of
             the pool keeps reading while Ray restarts those on the remaining nodes.
+        autoscale: Size the pool while it runs (:class:`ingest.Autoscale`): it starts at
+            ``min_size`` readers, adds one while the ranks wait for data on busy readers,
+            and removes one when fewer would do; feeds and decode work move between readers
+            without losing or repeating a row (:mod:`ingest.distributed.sizer`). None: the
+            pool keeps ``size(world_size)`` readers.
     """
 
     min_size: int = 1
@@ -92,6 +98,7 @@ class ReaderPool:
     prefetch_batches: int = 32
     object_store_bytes: int = 1 << 30
     spread: bool = True
+    autoscale: Autoscale | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_size <= self.max_size:
@@ -110,7 +117,10 @@ class ReaderPool:
             )
 
     def size(self, world_size: int) -> int:
-        """Reader actors for ``world_size`` ranks."""
+        """Reader actors for ``world_size`` ranks at the start (``min_size`` when the pool
+        sizes itself)."""
+        if self.autoscale is not None:
+            return self.min_size
         return max(self.min_size, min(self.max_size, world_size))
 
     def actor_options(self) -> dict[str, Any]:
@@ -192,14 +202,54 @@ class _Reader:
         self._budget_cond = threading.Condition()
         self._held_bytes = 0
         self._peak_bytes = 0
+        self._decoding = 0
+        """Decode calls from peers under way here (:meth:`retire` waits for them)."""
+        self._busy_s, self._cpu_s = 0.0, time.process_time()
 
     def connect(self, peers: list[Any], budget: int) -> None:
-        """The pool's actors (this one included), and this actor's share of the budget."""
+        """The pool's actors (this one included), and this actor's share of the budget;
+        again whenever the pool grows or shrinks (:mod:`ingest.distributed.sizer`)."""
+        before = len(self._peers)
         self._peers = peers
-        self._budget = budget
+        with self._budget_cond:
+            self._budget = budget
+            self._budget_cond.notify_all()
         me = ray.get_runtime_context().get_actor_id()
         self._reports_pool = bool(peers) and peers[0]._actor_id.hex() == me
-        """The pool's first actor reports its size (``ingest_pool_size``)."""
+        """The pool's first actor reports its size (``ingest_pool_size``) and resizes."""
+        if self._reports_pool and before and before != len(peers):
+            self._meter.resized(len(peers), len(peers) > before)
+
+    def drop(self, rank: int) -> None:
+        """Stop serving ``rank``: its feed moved to another reader of the pool. The rank's
+        next take here fails with :class:`FeedLostError`, and the rank adopts its feed on
+        the reader that hosts it now, after the last batch it handed out."""
+        with self._lock:
+            feed = self._feeds.pop(rank, None)
+        if feed is not None:
+            feed.drop()
+
+    def load(self) -> tuple[float, float]:
+        """Seconds spent in the transform (summed over calls) and CPU seconds of this
+        process, since the last call: how busy this reader was (:mod:`ingest.core.sizing`)."""
+        with self._lock:
+            cpu = time.process_time()
+            out = (self._busy_s, cpu - self._cpu_s)
+            self._busy_s, self._cpu_s = 0.0, cpu
+            return out
+
+    def retire(self, wait_s: float) -> dict[str, int]:
+        """Leaving the pool (no peer sends it work any more): stop every feed it still
+        hosts, wait up to ``wait_s`` for the decodes under way here to end, and give its
+        store counts."""
+        with self._lock:
+            feeds, self._feeds = list(self._feeds.values()), {}
+        for feed in feeds:
+            feed.drop()
+        deadline = time.monotonic() + wait_s
+        while self._decoding and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.source.stats.as_dict()
 
     def ping(self) -> bool:
         return True
@@ -216,11 +266,18 @@ class _Reader:
     def decode(self, table: pa.Table) -> pa.Table:
         """Run the transform on one batch (called by the pool's feeds, in turn)."""
         assert self._fn is not None
-        return self._transform(table)
+        with self._lock:
+            self._decoding += 1
+        try:
+            return self._transform(table)
+        finally:
+            with self._lock:
+                self._decoding -= 1
 
     def _transform(self, table: pa.Table) -> Any:
         fn = self._fn
         assert fn is not None
+        began = time.monotonic()
         try:
             return fn(table) if self._packs else apply(fn, table)
         except Exception as e:  # quarantined by the rank, which knows the step
@@ -228,6 +285,9 @@ class _Reader:
                 raise
             empty = output_of_no_rows(lambda t: apply(fn, t), table)
             return TransformFailed(reason_of(e), int(table.num_rows), empty)
+        finally:
+            with self._lock:
+                self._busy_s += time.monotonic() - began
 
     def decoded(self, table: pa.Table) -> Any:
         """The batch decoded, by the pool's actors in turn: a table made here, or a ref.

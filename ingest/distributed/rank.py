@@ -247,8 +247,12 @@ class RankIterator:
         return int(claim.epoch)
 
     def _adopt(self, epoch: int) -> None:
-        """Have the reader serve this iterator from its next step (see
+        """Have the reader that hosts the rank's feed now (the pool may have resized:
+        :mod:`ingest.distributed.directory`) serve this iterator from its next step (see
         :meth:`ingest.distributed.pool._Reader.adopt`)."""
+        home = self._call("reader_of", self.rank)
+        if home is not None and home._actor_id != self.reader._actor_id:
+            self.reader = home
         cursor = self._loop.cursor
         next_step = self._loop.step + 1 if cursor is not None else None
         args = (self.rank, self._session(), epoch, self.lease, next_step, cursor)
@@ -316,7 +320,7 @@ class RankIterator:
             got = (b for _, b in self._loop.batches(epoch, self._items(epoch), self._to_torch, End))
         done = False
         if self._meter is None:
-            self._meter = RankMeter(self.stream, self.rank)
+            self._meter = RankMeter(self.stream, self.rank, self._waited_report)
         meter = self._meter
         try:
             for batch in got:
@@ -338,17 +342,24 @@ class RankIterator:
                         held = rank_pack.entries(run)
                         self._call("pack_entries", self.rank, self._session(), epoch, held)
 
+    def _waited_report(self, waited_s: float, span_s: float, rows: int) -> None:
+        """To the pool's sizer, through the coordinator (not waited for: a lost report is
+        one interval's figure less)."""
+        self.coordinator.waited.remote(self.rank, waited_s, span_s, rows)
+
     def _items(self, epoch: int) -> Iterator[Item | End]:
         """The rank's items of ``epoch`` from its reader, up to its :class:`End`, each batch's
         table in hand (fetched from the actor that decoded it; a failed transform's empty
-        step, with its quarantine); ``_waited_s``: how long the last one took to come."""
+        step, with its quarantine); ``_waited_s``: how long the last one took to come, its
+        table fetched (a batch another reader decodes comes as a reference at once, then
+        the wait is for its decode)."""
+        asked = time.monotonic()
         while True:
-            asked = time.monotonic()
             item = self._next(epoch)
-            self._waited_s = time.monotonic() - asked
             if self._superseded:  # a newer iterator of this process took the rank over
                 raise SupersededError.of_rank(self.rank)
             if isinstance(item, End):
+                self._waited_s = time.monotonic() - asked
                 yield item
                 return
             if self._packing is not None:
@@ -377,26 +388,14 @@ class RankIterator:
                 item = replace(
                     item, batch=table.empty, rows=0, quarantined=(*item.quarantined, failed)
                 )
+            self._waited_s = time.monotonic() - asked
             yield item
+            asked = time.monotonic()
 
     def _to_torch(self, item: Item) -> Batch:
-        import torch
+        from ingest.engine.convert import placed, to_torch
 
-        from ingest.engine.convert import to_torch
-
-        batch = to_torch(item.batch)
-        if not (self.options.pin_memory or self.options.device):
-            return batch
-        pin = self.options.pin_memory and torch.cuda.is_available()
-        out: Batch = {}
-        for name, value in batch.items():
-            if isinstance(value, torch.Tensor):
-                if pin:
-                    value = value.pin_memory()
-                if self.options.device:
-                    value = value.to(self.options.device, non_blocking=pin)
-            out[name] = value
-        return out
+        return placed(to_torch(item.batch), self.options.pin_memory, self.options.device)
 
     def flush(self) -> None:
         """Send the acks held back, and wait until the coordinator has every ack sent."""

@@ -128,6 +128,7 @@ class RankFeed:
         self._queue: deque[Item | End | BaseException] = deque()
         self._cond = threading.Condition()
         self._stop = False
+        self._moved = False
         self.queued_bytes = 0
         """Bytes of this feed's batches held within the reader's budget: queued, and the one
         being decoded (reserved by :meth:`_reserve`, released by :meth:`take` and
@@ -253,6 +254,8 @@ class RankFeed:
         deadline = time.monotonic() + wait_s
         with self._cond:
             while not self._queue:
+                if self._moved:
+                    raise FeedLostError(f"the feed of rank {self.rank} moved to another reader")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return []
@@ -281,6 +284,13 @@ class RankFeed:
     def depth(self) -> int:
         """Ready batches held for the rank now."""
         return sum(isinstance(item, Item) for item in self._queue)
+
+    def drop(self) -> None:
+        """Stop, and fail the rank's takes here with :class:`FeedLostError`: the feed moved
+        to another reader (a take waiting now fails at once, not after its wait)."""
+        with self._cond:
+            self._moved = True
+        self.stop()
 
     def stop(self) -> None:
         with self._cond:

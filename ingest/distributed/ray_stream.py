@@ -17,6 +17,7 @@ from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.distributed.ray_mix import MixedRankIterator, MixedRayStream
+from ingest.distributed.sizer import PoolSizer, Readers
 from ingest.engine.mix import Mix
 from ingest.engine.pack import Pack
 from ingest.engine.pack_settings import check_read
@@ -169,16 +170,19 @@ class RayStream:
         ).remote(self.spec, world_size, placement, timeout_s, pack is not None)
         # Start the pool and plan the first epoch now, while the trainers start; the source
         # is listed here while the actors' processes start.
-        size = self.pool.size(world_size)
-        self.readers = [
-            Reader.options(**self.pool.actor_options()).remote(
+        self._pool = Readers(
+            lambda: Reader.options(**self.pool.actor_options()).remote(
                 self.name, self.spec, transform, self.pool, timeout_s, pack is not None
-            )
-            for _ in range(size)
-        ]
-        budget = max(self.pool.object_store_bytes // size, 1)
-        for reader in self.readers:
-            reader.connect.remote(self.readers, budget)
+            ),
+            self.pool,
+            world_size,
+            self.coordinator,
+            timeout_s,
+        )
+        self.sizer: PoolSizer | None = None
+        """With ``ReaderPool(autoscale=...)``, what sizes the pool (its ``history``)."""
+        if self.pool.autoscale is not None:
+            self.sizer = PoolSizer(self._pool, self.coordinator, self.pool.autoscale, self.name)
         for rank in range(world_size):  # in the coordinator's first session
             self._reader(rank).warm.remote(rank, None, 0)
         # The source is listed here while the actors' processes start; a bad URL fails here.
@@ -214,8 +218,17 @@ class RayStream:
         except Exception as e:
             raise unwrap(e) from None
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy sent to a task never sizes the pool: the driver's sizer alone does.
+        return {**self.__dict__, "sizer": None}
+
+    @property
+    def readers(self) -> list[Any]:
+        """The pool's reader actors now, in order (rank ``r``'s feed on ``r % len``)."""
+        return self._pool.actors
+
     def _reader(self, rank: int) -> Any:
-        return self.readers[rank % len(self.readers)]
+        return self._pool.of(rank)
 
     def rank_iterator(
         self, rank: int, *, options: RankOptions | None = None
@@ -283,7 +296,7 @@ class RayStream:
         if self.mixed is not None:
             return self.mixed.stats()
         out: dict[str, int] = {}
-        for part in self._get([r.stats.remote() for r in self.readers]):
+        for part in self._pool.stats():
             for key, value in part.items():
                 out[key] = out.get(key, 0) + int(value)
         return {**out, **summary(self.quarantined())}
@@ -300,8 +313,10 @@ class RayStream:
         """Stop the reader pool and the coordinator actor (every source's, over a Mix)."""
         if self.mixed is not None:
             return self.mixed.shutdown()
-        for actor in [*self.readers, self.coordinator]:
-            ray.kill(actor)
+        if self.sizer is not None:
+            self.sizer.stop()
+        self._pool.kill()
+        ray.kill(self.coordinator)
 
     def __enter__(self) -> RayStream:
         return self

@@ -113,3 +113,20 @@ def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:
         else:
             out[name] = value
     return out
+
+
+def placed(batch: Batch, pin_memory: bool, device: str | None) -> Batch:
+    """``batch``'s tensors in pinned memory (``pin_memory``, with CUDA) and/or moved to
+    ``device`` (asynchronously from pinned memory)."""
+    if not (pin_memory or device):
+        return batch
+    pin = pin_memory and torch.cuda.is_available()
+    out: Batch = {}
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            if pin:
+                value = value.pin_memory()
+            if device:
+                value = value.to(device, non_blocking=pin)
+        out[name] = value
+    return out

@@ -321,11 +321,14 @@ def _reader_pool(config: Config) -> ingest.ReaderPool:
     """The stream's reader pool from ``readers`` and ``placement.ingest_nodes``."""
     readers = config.get("readers", {})
     on_ingest_nodes = config.get("placement", {}).get("ingest_nodes")
+    # readers.autoscale: true sizes the pool between min_size and max_size while the job
+    # runs (ingest.Autoscale's defaults); on an autoscaling cluster its readers bring nodes.
     return ingest.ReaderPool(
-        min_size=1,
+        min_size=int(readers.get("min_size", 1)),
         max_size=int(readers.get("max_size", 2)),
         num_cpus=float(readers.get("num_cpus", 1)),
         resources={INGEST_RESOURCE: 0.001} if on_ingest_nodes else None,
+        autoscale=ingest.Autoscale() if readers.get("autoscale") else None,
     )
 
 

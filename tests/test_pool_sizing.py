@@ -1,0 +1,175 @@
+"""A reader pool that sizes itself (ReaderPool(autoscale=...)), on a real local Ray.
+
+The transform costs a fixed time per batch and runs one batch at a time per reader process
+(a lock held while it sleeps: the shape of a GIL-bound decode, without using the machine's
+two cores), so the pool needs more readers, not more cores; the local Ray declares more CPUs
+than the machine has. Two ranks train at a fixed step time. The pool grows from one reader
+until the ranks' wait share falls under 5% and the rows/s rise with it; then the transform
+turns cheap and the pool shrinks back to one reader. Every epoch delivers every row once,
+through every resize (feeds move between readers as it grows and shrinks).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import ray
+
+import ingest
+from ingest.distributed.sizer import PoolTick
+from ingest.testing import Store, write_dataset
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+SHARDS, ROWS, BATCH, WORLD = 8, 8000, 100, 2
+TOTAL = SHARDS * ROWS
+DECODE_S, STEP_S = 0.15, 0.1
+"""A reader decodes 6.7 batches/s; two ranks take 20: the pool needs 3 or 4 readers. A
+step is long enough that fetching a batch (a few ms) is not most of a 5% wait, and an epoch
+(32 s at full speed) long enough that the resizes fall in it rather than its start (a
+rank's feed starts with the epoch: its first batch is a wait the pool cannot remove)."""
+
+
+def slow_transform(cheap: str) -> type:
+    class Slow:
+        """``DECODE_S`` per batch, one batch at a time per process; nothing once ``cheap``
+        exists."""
+
+        def __init__(self) -> None:  # once per reader actor
+            self.lock = threading.Lock()
+
+        def __call__(self, table: pa.Table) -> pa.Table:
+            if not os.path.exists(cheap):
+                with self.lock:
+                    time.sleep(DECODE_S)
+            return table
+
+    return Slow
+
+
+@ray.remote(num_cpus=0)
+def train(it: Any, stop: str, limit_s: float, step_s: float = STEP_S) -> list[list[int]]:
+    """Epochs at ``step_s`` per step until ``stop`` exists (the last one left where it was
+    then); each epoch's ids."""
+    epochs: list[list[int]] = []
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(stop) and time.monotonic() < deadline:
+        ids: list[int] = []
+        epochs.append(ids)
+        for batch in it:
+            ids += [int(i) for i in batch["id"].tolist()]
+            time.sleep(step_s)
+            if os.path.exists(stop):
+                break
+    return epochs
+
+
+def test_a_rank_waiting_for_a_batch_another_reader_decodes_counts_it_as_waiting(
+    local: Store, tmp_path: Any
+) -> None:
+    """The wait share (the metric, and what the pool sizes itself on) covers the wait for
+    a batch's table, also when another reader of the pool decodes it: the rank gets a
+    reference at once, then waits on the decode."""
+    write_dataset(local.fs, local.url("parquet"), "parquet", 2, 500, row_group_rows=100)
+    pool = ingest.ReaderPool(min_size=2, max_size=2, num_cpus=0.5, prefetch_batches=2)
+    cheap = str(tmp_path / "never")
+    with ingest.RayStream(
+        local.url("parquet"), batch_size=BATCH, readers=pool, transform=slow_transform(cheap)
+    ) as stream:
+        it = stream.rank_iterator(0)
+        for _ in range(2):  # the first epoch's figures hold the worker's start (torch)
+            waited, span, rows = ray.get(stream.coordinator.take_waits.remote(), timeout=60)
+            ray.get(train.remote(it, str(tmp_path / "stop"), 0.01, step_s=0.0), timeout=120)
+        waited, span, rows = ray.get(stream.coordinator.take_waits.remote(), timeout=60)
+    # 10 batches, decoded one at a time per reader in 0.75 s in all, and steps that take no
+    # time: the rank waits for most of its time, not for none of it.
+    assert rows == 1000
+    assert waited / span > 0.5, (waited, span)
+
+
+def _timeline(history: list[PoolTick]) -> str:
+    return "\n".join(
+        f"{t.at_s:6.1f} s  {t.size} -> {t.to} readers  wait {t.wait_share:6.1%}  "
+        f"load {t.load:4.2f}  {t.rows_per_s:7.0f} rows/s  {t.reason}"
+        for t in history
+    )
+
+
+def _rows(history: list[PoolTick]) -> float:
+    """Rows the ranks got so far, about."""
+    return sum(t.rows_per_s * (t.at_s - s.at_s) for s, t in itertools.pairwise(history))
+
+
+def _wait_for(stream: ingest.RayStream, done: Any, what: str, limit_s: float) -> None:
+    assert stream.sizer is not None
+    deadline = time.monotonic() + limit_s
+    while not done(stream.sizer.history):
+        assert time.monotonic() < deadline, f"{what} within {limit_s:.0f} s:\n" + _timeline(
+            stream.sizer.history
+        )
+        time.sleep(0.5)
+
+
+@pytest.mark.system
+def test_the_pool_grows_while_ranks_wait_then_shrinks_with_every_row_once(
+    local: Store, tmp_path: Any
+) -> None:
+    write_dataset(local.fs, local.url("parquet"), "parquet", SHARDS, ROWS, row_group_rows=100)
+    cheap, stop = str(tmp_path / "cheap"), str(tmp_path / "stop")
+    pool = ingest.ReaderPool(
+        min_size=1,
+        max_size=6,
+        num_cpus=0.5,
+        prefetch_batches=4,  # a small head start, so that the ranks soon wait on the pool
+        autoscale=ingest.Autoscale(interval_s=2.0, shrink_after_s=4.0),
+    )
+    stream = ingest.RayStream(
+        local.url("parquet"),
+        columns=["id"],
+        batch_size=BATCH,
+        shuffle_seed=3,
+        world_size=WORLD,
+        readers=pool,
+        transform=slow_transform(cheap),
+    )
+    with stream:
+        assert len(stream.readers) == 1, "an autoscaled pool starts at min_size"
+        ranks = [train.remote(stream.rank_iterator(r), stop, 240) for r in range(WORLD)]
+
+        def fed(history: list[PoolTick]) -> bool:  # two intervals fed after growing
+            last = history[-2:]
+            return len(last) == 2 and all(t.size > 1 and t.wait_share < 0.05 for t in last)
+
+        _wait_for(stream, fed, "the ranks fed by a grown pool", 90)
+        grown = stream.sizer.history[-1].size if stream.sizer else 0
+        open(cheap, "w").close()
+        _wait_for(stream, lambda h: h[-1].to == 1, "the pool back to 1 reader", 60)
+        _wait_for(stream, lambda h: _rows(h) > TOTAL * 1.1, "the second epoch", 60)
+        open(stop, "w").close()
+        got = ray.get(ranks, timeout=120)
+        history = list(stream.sizer.history) if stream.sizer else []
+    print("\n" + _timeline(history))
+
+    sizes = [1, *(t.to for t in history)]
+    resizes = sum(a != b for a, b in itertools.pairwise(sizes))
+    assert grown >= 3 and resizes >= 2 * (grown - 1), _timeline(history)
+    assert sizes[: sizes.index(grown) + 1] == sorted(sizes[: sizes.index(grown) + 1])
+    # The first epoch, through the resizes: every row once over the ranks; the one the stop
+    # cut: no row twice.
+    assert all(len(g) >= 2 for g in got), "the ranks went on into a second epoch"
+    seen = Counter(got[0][0] + got[1][0])
+    assert sorted(seen) == list(range(TOTAL)) and set(seen.values()) == {1}
+    cut = got[0][1] + got[1][1]
+    assert len(cut) == len(set(cut))
+    # The rows/s rose as the pool grew: the intervals at 1 reader against the grown size.
+    slow = [t for t in history if t.size == 1 and t.wait_share > 0.05 and t.rows_per_s > 0]
+    fast = [t for t in history if t.size == grown and t.wait_share < 0.05]
+    assert slow and fast, _timeline(history)
+    assert min(t.rows_per_s for t in fast) > 1.5 * max(t.rows_per_s for t in slow)
