@@ -1,11 +1,11 @@
 """Render the dashboard's panels (``ingest.json``) as a PNG from a real run's metrics.
 
 A local Ray (its Prometheus endpoint), a loopback S3 server holding a generated Parquet
-dataset, a ``RayStream`` with a shard cache and a transform that costs a fixed time per
-batch, and ranks that train for a fixed time per batch, over a few epochs. The node's
-``/metrics`` is scraped every second while it runs; each panel is drawn as its query
-computes it (counters as rates over ``--rate-s`` seconds, not Grafana's minute: the run
-lasts about a minute). Writes ``docs/dashboard.png``.
+dataset, a ``RayStream`` with a shard cache, a pool that sizes itself and a transform that
+costs a fixed time per batch, and ranks that train for a fixed time per batch, over a few
+epochs. The node's ``/metrics`` is scraped every second while it runs; each panel is drawn
+as its query computes it (counters as rates over ``--rate-s`` seconds, not Grafana's minute:
+the run lasts about a minute). Writes ``docs/dashboard.png``.
 
     .venv/bin/python cluster/grafana/render.py [--epochs 3] [--out docs/dashboard.png]
 """
@@ -46,11 +46,15 @@ def scrape(port: int, stream: str) -> Sample:
 
 
 class Costly:
-    """A transform that costs a fixed time per batch (a decode): more readers, not more
-    cores, feed the ranks faster."""
+    """A transform that costs a fixed time per batch, one batch at a time per reader (a
+    GIL-bound decode): more readers, not more cores, feed the ranks faster."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
 
     def __call__(self, table: Any) -> Any:
-        time.sleep(0.012)
+        with self.lock:
+            time.sleep(0.012)
         return table
 
 
@@ -90,7 +94,10 @@ def run(epochs: int, period_s: float) -> tuple[list[float], list[Sample], int]:
             transform=Costly,
             storage_options=s3.storage_options(),
             read=ingest.ReadOptions(cache=ingest.CacheOptions(cache, 1 << 30)),
-            readers=ingest.ReaderPool(prefetch_batches=4),
+            # From one reader, sizing itself (the pool panel shows it grow).
+            readers=ingest.ReaderPool(
+                prefetch_batches=4, max_size=4, autoscale=ingest.Autoscale(interval_s=2.0)
+            ),
         ) as stream:
             one = ingest.RankOptions(fetch_batches=1)  # a take leaves the rest queued
             its = [stream.rank_iterator(r, options=one) for r in range(2)]
@@ -159,7 +166,12 @@ def draw(times: list[float], samples: list[Sample], rate_s: float, out: Path) ->
         else:
             for name in names:
                 label = name.removeprefix("ingest_").removesuffix("_total").replace("_", " ")
-                ax.plot(*series(times, samples, name, None, rate_s), label=label)
+                x, y = series(times, samples, name, None, rate_s)
+                if any(
+                    t["expr"].startswith("60 * ") and name in t["expr"] for t in panel["targets"]
+                ):
+                    y, label = [60 * v for v in y], f"{label} per minute"
+                ax.plot(x, y, label=label)
         ax.set_title(panel["title"], fontsize=10)
         ax.legend(fontsize=8, loc="upper right")
         ax.grid(alpha=0.3)

@@ -175,6 +175,12 @@ class StoreMeter:
         for rank, depth in depths.items():
             _metric("ingest_queue_depth").set(depth, tags={**self.tags, "rank": str(rank)})
 
+    def moved(self, rank: int) -> None:
+        """``rank``'s feed left this reader: its queue depth here is 0 (a gauge left at its
+        last value would count the rank's batches twice in a sum over the readers)."""
+        if _exporting():
+            _metric("ingest_queue_depth").set(0, tags={**self.tags, "rank": str(rank)})
+
     def resized(self, size: int, grew: bool) -> None:
         """The pool is now ``size`` readers, one more (``grew``) or one fewer."""
         if _exporting():

@@ -228,6 +228,7 @@ class _Reader:
             feed = self._feeds.pop(rank, None)
         if feed is not None:
             feed.drop()
+            self._meter.moved(rank)
 
     def load(self) -> tuple[float, float]:
         """Seconds spent in the transform (summed over calls) and CPU seconds of this
