@@ -102,3 +102,32 @@ def _report_nothing() -> None:
 def test_a_rank_with_no_rows_to_report_reports_without_error() -> None:
     # Ray's Counter.inc(0) raises: it did, in the rank's loop, at the end of an empty epoch.
     ray.get(_report_nothing.remote(), timeout=60)
+
+
+def test_a_feed_moved_to_a_new_reader_is_counted_once_in_the_queue_depth(s3_store: Any) -> None:
+    # The pool grew while the ranks ran: rank 1's feed moved to the new reader. The old
+    # reader's gauge for rank 1 stayed at its last value, and a sum over the readers showed
+    # rank 1 with twice the batches a feed may hold (6 of 3).
+    write_dataset(s3_store.fs, s3_store.url("m"), "parquet", 4, 600, row_group_rows=100)
+    with ingest.RayStream(
+        s3_store.url("m"),
+        columns=["id"],
+        batch_size=30,
+        world_size=2,
+        storage_options=s3_store.storage_options,
+        readers=ingest.ReaderPool(min_size=1, max_size=1, prefetch_batches=PREFETCH),
+    ) as stream:
+        one = ingest.RankOptions(fetch_batches=1)
+        refs = [train.remote(stream.rank_iterator(r, options=one)) for r in range(2)]
+        deadline = time.monotonic() + 30  # the one reader reports rank 1's queue
+        while not scrape(stream.name).get("ingest_queue_depth", {}).get("1"):
+            assert time.monotonic() < deadline, "rank 1's queue depth was never reported"
+            time.sleep(0.2)
+        stream._pool.add(stream._pool.make())  # what the sizer does when it grows the pool
+        depths = []
+        while ray.wait(refs, num_returns=2, timeout=0.5)[1]:
+            depths.append(scrape(stream.name).get("ingest_queue_depth", {}).get("1", 0.0))
+        rows = ray.get(refs, timeout=120)
+        assert len(stream.readers) == 2
+    assert sum(rows) == 2400, "every row once through the move"
+    assert depths and max(depths) <= PREFETCH, depths

@@ -425,9 +425,11 @@ class _Reader:
                 raise SupersededError.of_rank(rank)
             raise FeedLostError(f"the feed of rank {rank} serves lease {feed.lease}, not {lease}")
         out = feed.take(most, wait_s)
-        if self._meter.due():
+        if self._meter.due():  # every feed's depth: the rank taking now may always be one
             pool = len(self._peers) if self._reports_pool else None
-            self._meter.report(self.source.stats.as_dict(), {rank: feed.depth}, pool)
+            with self._lock:
+                depths = {r: f.depth for r, f in self._feeds.items()}
+            self._meter.report(self.source.stats.as_dict(), depths, pool)
         return out
 
     def stats(self) -> dict[str, int]:
