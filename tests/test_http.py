@@ -16,7 +16,7 @@ import ray
 
 import ingest
 from ingest.core.errors import ConfigError, SourceError
-from ingest.testing import write_dataset
+from ingest.testing import FaultProxy, Faults, write_dataset
 from ingest.tools.loopback.http import LoopbackHTTP
 
 SHARDS, ROWS, BATCH = 4, 250, 50
@@ -99,3 +99,91 @@ def test_the_reader_pool_reads_http_exactly_once(web: tuple[LoopbackHTTP, list[s
     with ingest.RayStream(urls, columns=["id"], batch_size=BATCH, world_size=2) as stream:
         got = ray.get([consume.remote(stream.rank_iterator(r)) for r in range(2)], timeout=120)
     assert Counter(got[0] + got[1]) == Counter(range(SHARDS * ROWS))
+
+
+def test_the_shard_cache_fetches_each_shard_once_and_serves_the_second_epoch(
+    web: tuple[LoopbackHTTP, list[str]], tmp_path: Path
+) -> None:
+    server, urls = web
+    cache = ingest.CacheOptions(str(tmp_path / "cache"), 1 << 30)
+    stream = ingest.Stream(
+        urls, columns=["id"], batch_size=BATCH, read=ingest.ReadOptions(cache=cache)
+    )
+    start = server.requests()
+    assert ids(stream) == Counter(range(SHARDS * ROWS))
+    mid, after_one = server.requests(), dict(stream.stats)
+    assert ids(stream) == Counter(range(SHARDS * ROWS))
+    end = server.requests()
+    assert after_one["cache_misses"] == SHARDS, after_one
+    assert stream.stats["cache_hits"] == SHARDS, stream.stats
+    assert stream.stats["bytes_read"] == after_one["bytes_read"], "epoch 2: no byte from the store"
+    # Epoch 2 asks the server for its listing (a HEAD per URL) and nothing else.
+    assert {k: end[k] - mid.get(k, 0) for k in end if end[k] != mid.get(k, 0)} == {"HEAD": SHARDS}
+    assert sum(mid.values()) > sum(start.values())
+
+
+def test_throttling_answers_are_retried_and_every_row_arrives_once(
+    web: tuple[LoopbackHTTP, list[str]],
+) -> None:
+    """A proxy answers 429 (Retry-After: 0) to a fifth of the requests, 3 times at most."""
+    server, urls = web
+    faults = Faults(throttle=0.2, retry_after_s=0, limit=3, seed=4)
+    with FaultProxy(server.endpoint, faults) as proxy:
+        through = [u.replace(server.endpoint, proxy.endpoint) for u in urls]
+        stream = ingest.Stream(through, columns=["id"], batch_size=BATCH)
+        got = ids(stream)
+        counts = proxy.counts()
+    assert got == Counter(range(SHARDS * ROWS))
+    assert counts["throttle"] == 3, counts
+    # A throttled HEAD of the listing is asked again by fsspec with a GET, the rest by this
+    # project's retry policy (fsspec reported a throttled info as a FileNotFoundError, and
+    # the listing failed with "not found": a 429's cause now marks it transient).
+    assert 1 <= stream.stats["retries"] <= counts["throttle"], (stream.stats, counts)
+
+
+def test_a_throttled_info_reported_as_not_found_is_transient() -> None:
+    """fsspec's HTTP info raises FileNotFoundError for any failed HEAD and GET; the
+    response's status, kept as its cause, says whether the file is gone or the server busy."""
+    import aiohttp
+
+    from ingest.storage.sources.faults import _not_found, _transient
+
+    def reported(status: int) -> FileNotFoundError:
+        try:
+            try:
+                raise aiohttp.ClientResponseError(None, (), status=status)  # type: ignore[arg-type]
+            except aiohttp.ClientResponseError as cause:
+                raise FileNotFoundError("http://127.0.0.1/x.parquet") from cause
+        except FileNotFoundError as e:
+            return e
+
+    for status in (429, 503, 500):
+        assert _transient(reported(status)) and not _not_found(reported(status)), status
+    assert not _transient(reported(404)) and _not_found(reported(404))
+    assert not _transient(FileNotFoundError("x")) and _not_found(FileNotFoundError("x"))
+
+
+SECRET = "Bearer s3cr3t-http-t0ken"
+
+
+def test_a_header_credential_reaches_no_state_error_or_log(
+    web: tuple[LoopbackHTTP, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A token sent as a header (fsspec's ``headers`` option) is used and never kept or
+    shown: not in the state, not in the error for a URL that is not there."""
+    server, urls = web
+    options = {"headers": {"Authorization": SECRET}}
+    caplog.set_level("DEBUG")
+    stream = ingest.Stream(urls, columns=["id"], batch_size=BATCH, storage_options=options)
+    assert ids(stream) == Counter(range(SHARDS * ROWS))
+    assert SECRET not in json.dumps(stream.state_dict())
+    assert server.headers_seen("Authorization") == {SECRET}
+    missing = server.url("data/missing.parquet")
+    with pytest.raises(SourceError) as err:
+        list(ingest.Stream([missing], batch_size=BATCH, storage_options=options))
+    assert "missing.parquet" in str(err.value)
+    assert SECRET not in str(err.value) and "s3cr3t" not in str(err.value)
+    assert "s3cr3t" not in caplog.text
+    # Were a message to quote it, a source scrubs a header's value.
+    source = ingest.Source(urls, storage_options=options)
+    assert source.scrub(f"sent {SECRET} to the server") == "sent *** to the server"

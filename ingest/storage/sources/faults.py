@@ -84,10 +84,18 @@ def _http_status(error: BaseException) -> tuple[int | None, Mapping[str, Any]]:
     return None, {}
 
 
+def _busy(error: BaseException) -> bool:
+    """Whether ``error``'s chain holds an answer that asks to try again (429, 503, any 5xx).
+    fsspec's HTTP filesystem reports every failed HEAD or GET of a file's info as a
+    ``FileNotFoundError``, a throttled one too: its cause says which it was."""
+    status, _ = _http_status(error)
+    return status is not None and (status in _TRANSIENT_STATUSES or status >= 500)
+
+
 def _not_found(error: BaseException) -> bool:
-    """Whether ``error`` says the object is not there; not a connection that failed, which
-    fsspec's HTTP filesystem reports as a ``FileNotFoundError`` too."""
-    if _refused(error) is not None:
+    """Whether ``error`` says the object is not there; not a connection that failed, nor a
+    busy store, which fsspec's HTTP filesystem reports as a ``FileNotFoundError`` too."""
+    if _refused(error) is not None or _busy(error):
         return False
     return isinstance(error, FileNotFoundError) or _http_status(error)[0] in _GONE_STATUSES
 
@@ -107,7 +115,11 @@ def _transient(error: BaseException) -> bool:
     (a store restarting), a missing object or a full local disk may not."""
     if _refused(error) is not None:
         return True
-    if isinstance(error, _PERMANENT_ERRORS) or not is_store_error(error):
+    if not is_store_error(error):
+        return False
+    if _busy(error):  # also under a FileNotFoundError (fsspec's HTTP info)
+        return True
+    if isinstance(error, _PERMANENT_ERRORS):
         return False
     if isinstance(error, OSError) and error.errno in DISK_FULL:
         return False  # a local disk that cannot take a fetch into the cache: no retry mends it

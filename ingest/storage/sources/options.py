@@ -132,11 +132,19 @@ def _s3_userinfo(urls: Sequence[str]) -> tuple[str, str] | None:
 
 def _option_secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
     """The keys an Azure connection string carries (``AccountKey=``,
-    ``SharedAccessSignature=``), to scrub from text on their own too."""
+    ``SharedAccessSignature=``) and the values of HTTP headers (``headers``,
+    ``client_kwargs.headers``: an ``Authorization`` token), to scrub from text too."""
+    out: list[str] = []
+    client = options.get("client_kwargs")
+    for headers in (
+        options.get("headers"),
+        client.get("headers") if isinstance(client, Mapping) else None,
+    ):
+        if isinstance(headers, Mapping):
+            out += [v for v in headers.values() if isinstance(v, str) and len(v) >= 4]
     text = options.get("connection_string")
     if not isinstance(text, str):
-        return ()
-    out = []
+        return tuple(out)
     for part in text.split(";"):
         name, _, value = part.partition("=")
         if name.strip() in ("AccountKey", "SharedAccessSignature") and len(value) >= 4:

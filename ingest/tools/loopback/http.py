@@ -38,7 +38,14 @@ class _Handler(SimpleHTTPRequestHandler):
         self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
         self.send_header("Content-Type", "application/octet-stream")
 
+    def _seen(self) -> None:
+        for name in ("Authorization",):
+            value = self.headers.get(name)
+            if value is not None:
+                self.server.seen(name, value)
+
     def do_HEAD(self) -> None:
+        self._seen()
         self.server.count("HEAD")
         path = self._file()
         if path is None:
@@ -49,6 +56,7 @@ class _Handler(SimpleHTTPRequestHandler):
         self.end_headers()
 
     def do_GET(self) -> None:
+        self._seen()
         path = self._file()
         if path is None:
             self.server.count("GET")
@@ -87,6 +95,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, root: str) -> None:
         self.root = root
         self.requests: dict[str, int] = {}
+        self.headers: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         super().__init__(
             ("127.0.0.1", 0),
@@ -96,6 +105,10 @@ class _Server(ThreadingHTTPServer):
     def count(self, kind: str) -> None:
         with self._lock:
             self.requests[kind] = self.requests.get(kind, 0) + 1
+
+    def seen(self, header: str, value: str) -> None:
+        with self._lock:
+            self.headers.setdefault(header, set()).add(value)
 
 
 class LoopbackHTTP:
@@ -113,6 +126,11 @@ class LoopbackHTTP:
         """Requests answered so far, by kind (``HEAD``, ``GET``, ``GET range``)."""
         with self._server._lock:
             return dict(self._server.requests)
+
+    def headers_seen(self, header: str) -> set[str]:
+        """The values of ``header`` (``Authorization``) that requests carried so far."""
+        with self._server._lock:
+            return set(self._server.headers.get(header, set()))
 
     def __enter__(self) -> LoopbackHTTP:
         self._thread.start()
