@@ -526,6 +526,22 @@ class RayMachine(RuleBasedStateMachine):
         reader = data.draw(st.sampled_from(sut.stream.readers))
         ray.kill(reader, no_restart=False)
 
+    @precondition(lambda self: self.sut is not None and len(self.sut.stream.readers) < 3)
+    @rule()
+    def grow_the_pool(self) -> None:
+        """A reader joins the pool as its sizer adds one (loops held here go on): feeds
+        whose home changed move to it, decode work spreads over it."""
+        assert self.sut is not None
+        pool = self.sut.stream._pool
+        pool.add(pool.make())
+
+    @precondition(lambda self: self.sut is not None and len(self.sut.stream.readers) > 1)
+    @rule()
+    def shrink_the_pool(self) -> None:
+        """The newest reader leaves the pool as its sizer removes one."""
+        assert self.sut is not None
+        self.sut.stream._pool.remove()
+
     @precondition(lambda self: self.model.saved is not None)
     @rule(world=st.integers(1, 3), batch=st.sampled_from(BATCHES))
     def restore(self, world: int, batch: int) -> None:
