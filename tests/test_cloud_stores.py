@@ -128,7 +128,7 @@ def test_the_reader_pool_reads_every_row_once(cloud: Cloud) -> None:
 def test_gcs_throttling_answers_are_retried_and_every_row_arrives_once(cloud: Cloud) -> None:
     """A proxy answers 429 (with Retry-After) to a fifth of the requests, 12 times at most."""
     if not isinstance(cloud.server, LoopbackGCS):
-        pytest.skip("Azure throttling: see the module docstring")
+        pytest.skip("Azure throttling: the test below")
     faults = Faults(throttle=0.2, retry_after_s=0, limit=12, seed=5)
     with FaultProxy(cloud.server.endpoint, faults) as proxy:
         options = {**cloud.options(), "endpoint_url": proxy.endpoint}

@@ -147,9 +147,9 @@ class Readers:
         with self._lock:
             before = list(self._actors)
             gone = self._actors.pop()
-        self._connect(wait=True)  # from here no peer sends it a decode
-        self._move(before, self.actors)
-        try:
+        try:  # out of the list, it is killed whatever fails here (nothing else would)
+            self._connect(wait=True)  # from here no peer sends it a decode
+            self._move(before, self.actors)
             counts = ray.get(gone.retire.remote(self.timeout_s / 2), timeout=self.timeout_s)
             for key, value in counts.items():
                 self._gone[key] = self._gone.get(key, 0) + int(value)
@@ -254,7 +254,11 @@ class PoolSizer:
                     self.settings.start_timeout_s,
                 )
                 return False
-        ray.get(ping, timeout=self.readers.timeout_s)
+        try:
+            ray.get(ping, timeout=self.readers.timeout_s)
+        except Exception:  # it could not start: nothing holds it, the next decision may retry
+            ray.kill(actor)
+            raise
         self.readers.add(actor)
         self._grew_at = time.monotonic()
         return True
