@@ -244,9 +244,9 @@ class _Reader:
         hosts, wait up to ``wait_s`` for the decodes under way here to end, and give its
         store counts."""
         with self._lock:
-            feeds, self._feeds = list(self._feeds.values()), {}
-        for feed in feeds:
-            feed.drop()
+            ranks = list(self._feeds)
+        for rank in ranks:
+            self.drop(rank)
         deadline = time.monotonic() + wait_s
         while self._decoding and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -296,7 +296,7 @@ class RayStream:
         if self.mixed is not None:
             return self.mixed.stats()
         out: dict[str, int] = {}
-        for part in self._pool.stats():
+        for part in [*self._get([r.stats.remote() for r in self.readers]), self._pool.gone]:
             for key, value in part.items():
                 out[key] = out.get(key, 0) + int(value)
         return {**out, **summary(self.quarantined())}

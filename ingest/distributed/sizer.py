@@ -92,7 +92,7 @@ class Readers:
         self._lock = threading.Lock()
         self._actors: list[Any] = [make() for _ in range(pool.size(world_size))]
         self._gone: dict[str, int] = {}
-        """Store counts of the readers retired (:meth:`stats` adds them)."""
+        """Store counts of the readers retired (``RayStream.stats()`` adds them)."""
         self._connect(wait=False)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -156,12 +156,10 @@ class Readers:
         finally:
             ray.kill(gone)
 
-    def stats(self) -> list[dict[str, int]]:
-        """Each reader's ``stats()``, and the retired readers' store counts."""
-        got: list[dict[str, int]] = ray.get(
-            [r.stats.remote() for r in self.actors], timeout=self.timeout_s
-        )
-        return [*got, dict(self._gone)]
+    @property
+    def gone(self) -> dict[str, int]:
+        """The store counts of the readers retired so far, summed."""
+        return dict(self._gone)
 
     def kill(self) -> None:
         for actor in self.actors:
