@@ -67,7 +67,13 @@ def ray_session() -> Iterator[None]:
 
     import ray
 
+    # The workers import this repository's tests (functions defined there), so they need it
+    # on their path. Set in the environment the local Ray inherits, not as the job's
+    # runtime_env: a runtime_env makes every worker wait on the runtime env agent and leaves
+    # the workers Ray starts ahead unused (an actor started in ~2 s instead of ~0.4-1.3 s).
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    paths = [root, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     ray.init(
         # Always a new local instance, never a `ray start` cluster found on this machine
         # (the job-submit tests start one).
@@ -75,7 +81,6 @@ def ray_session() -> Iterator[None]:
         num_cpus=8,
         include_dashboard=False,
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": root}},
         # Metrics reach the node's Prometheus endpoint within a second (test_metrics.py).
         _system_config={"metrics_report_interval_ms": 1000},
     )

@@ -131,7 +131,7 @@ def test_rerun_of_the_same_run_with_another_worker_count(data: str, tmp_path: Pa
     assert state["distributed"]["world_size"] == 3
 
 
-PACK_DOCS, SEQ_LEN, SEQS = 480, 64, 4
+SEQ_LEN, SEQS = 64, 4
 
 
 def token_counting_loop(config: dict[str, Any]) -> None:
@@ -174,50 +174,6 @@ def fit_tokens(
     ).fit()
 
 
-def test_packed_documents_every_token_once_through_a_death_and_another_worker_count(
-    local: Store, tmp_path: Path
-) -> None:
-    """The readers tokenize, the ranks pack; 2 workers, one dies mid-epoch (the run fails),
-    the same run again with 3 workers finishes both epochs from its last checkpoint: every
-    token of the corpus is trained on twice, but the tokens the final state carries or owes
-    (:func:`exact`)."""
-    from ray.train import TrainingFailedError
-
-    from tests.test_pack_stream import lengths, tokenize, tokens_due, write_corpus
-
-    url = write_corpus(local, PACK_DOCS)
-    sizes = lengths(PACK_DOCS)
-    offsets = [0]
-    for n in sizes:
-        offsets.append(offsets[-1] + n)
-
-    def stream(workers: int) -> ingest.RayStream:
-        return ingest.RayStream(
-            url,
-            batch_size=SEQS,
-            transform=ingest.Tokenize(tokenize),
-            pack=ingest.Pack(seq_len=SEQ_LEN, read_rows=16, max_open=8),
-            shuffle_seed=1,
-            world_size=workers,
-        )
-
-    def run(workers: int, max_failures: int, die_at: int) -> Any:
-        with stream(workers) as s:
-            return fit_tokens(s, tmp_path, "packed", offsets, max_failures, die_at)
-
-    with pytest.raises(TrainingFailedError):
-        run(2, 0, die_at=7)
-    assert (tmp_path / "died").exists(), "a worker died"
-    result = run(3, 0, die_at=-1)
-    counts, state = final_counts(result)
-    assert state["progress"]["epoch"] == EPOCHS and state["distributed"]["world_size"] == 3
-    expected = torch.zeros_like(counts)
-    for token, times in tokens_due(state, PACK_DOCS, EPOCHS).items():
-        d, j = divmod(token - 1, 10_000)
-        expected[offsets[d] + j] = times
-    exact(counts, expected, offsets, state["progress"]["dropped"])
-
-
 def exact(counts: Any, expected: Any, offsets: list[int], dropped: int) -> None:
     """Every token trained on exactly as often as due, and no row dropped (a row left over
     with its carried copy is carried once and owed once, :mod:`ingest.core.carry`); a
@@ -245,7 +201,11 @@ def test_a_mixture_every_token_once_per_epoch_of_its_source_through_a_death(
     run fails), the same run goes on with 3 workers from its checkpoint. Each token is
     trained on once per epoch of its own corpus: the epochs each finished, and the one in
     progress as the final state's part for that corpus says (rows consumed, documents cut,
-    rows carried into it)."""
+    rows carried into it).
+
+    The readers tokenize and the ranks pack, so this is also the test of packed documents
+    under Ray Train through a death and another worker count (a one-source packed run takes
+    the same path; tests/test_pack_ray.py stops and resumes one at 3 -> 2 -> 4 ranks)."""
     from ray.train import TrainingFailedError
 
     from tests.test_mix import write_corpora
