@@ -204,8 +204,11 @@ def test_a_mixture_every_token_once_per_epoch_of_its_source_through_a_death(
     rows carried into it).
 
     The readers tokenize and the ranks pack, so this is also the test of packed documents
-    under Ray Train through a death and another worker count (a one-source packed run takes
-    the same path; tests/test_pack_ray.py stops and resumes one at 3 -> 2 -> 4 ranks)."""
+    under Ray Train through a death and another worker count. A one-source packed stream
+    under Ray Train has no test of its own: each source here is a one-source packed stream
+    (batches of one sequence, states through the mixture's); tests/test_pack_ray.py stops
+    and resumes one with batches of several sequences at 3 -> 2 -> 4 ranks, and the tests
+    above take a one-source stream's checkpoints through Ray Train."""
     from ray.train import TrainingFailedError
 
     from tests.test_mix import write_corpora
