@@ -1,10 +1,21 @@
 """Tokenize-and-pack against the tokenizer's own batch encoding, same texts, same process.
 
-A BPE tokenizer is trained here on generated text (nothing is downloaded); the corpus is
-generated documents of lognormal word counts. Three loops over the same batches of texts,
-in turn, ``--repeat`` times (medians):
+A tokenizer is trained here (nothing is downloaded), on generated text, or loaded from a
+local path. ``--tokenizer``:
 
-- the tokenizer alone: ``Tokenizer.encode_batch_fast`` on each batch;
+- ``byte-level`` (the default): a GPT-2-style byte-level BPE (ByteLevel pre-tokenizer, a
+  16,000-token vocabulary) over documents of words drawn from 50,000 generated words by a
+  Zipf law (about 1.2 tokens per word, as GPT-2's tokenizer gives on English prose);
+- ``toy``: a BPE of 400 tokens with a whitespace pre-tokenizer over documents of 150 words.
+  Its encoding is about 4 times cheaper per token (every word hits the BPE's word cache):
+  the worst case for the ratio, as everything beside the encoding weighs more;
+- a path: ``tokenizer.json``, or a ``transformers`` tokenizer's folder (its fast tokenizer),
+  over the Zipf documents.
+
+Document lengths are lognormal (a median of 300 words). Loops over the same batches of
+texts, in turn, ``--repeat`` times (medians):
+
+- the tokenizer alone: ``Tokenizer.encode_batch_fast`` on each batch, its ids as lists;
 - ``ingest.engine.tokenize.Tokenize`` on each batch as an Arrow table (ids as ``list<int32>``);
 - the same, then packed into ``--seq-len`` sequences (``ingest.core.packing``, best-fit) and
   collated into batches;
@@ -30,13 +41,14 @@ reader actors among them, which also count their idle polling) and each loop's r
 the tokenizer alone (issue 19's goal: >= 0.8x): the median over rounds of its tokens/s
 over the tokenizer's in the same round, seconds apart.
 
-    .venv/bin/python benchmarks/tokenize_pack.py [--docs 8000] [--batch 1024] [--repeat 5]
-        [--ray [--readers 2]]
+    .venv/bin/python benchmarks/tokenize_pack.py [--tokenizer byte-level|toy|PATH]
+        [--docs 4000] [--batch 1000] [--repeat 5] [--ray [--readers 2]]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import statistics
@@ -44,11 +56,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import psutil
 import pyarrow as pa
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 import ingest
 from ingest.core.packing import Packer, collate
@@ -60,22 +74,64 @@ WORDS = [
     "rank", "window", "shuffle", "batch", "mixture", "weight", "sequence", "document",
     "the", "a", "of", "and", "to", "in", "is", "that", "for", "on", "with", "as", "by",
 ]  # fmt: skip
+LETTERS = "etaoinshrdlcumwfgypbvkjxqz"
+"""By English frequency: the generated words' letters are drawn with weights 1/rank."""
 
 
-def corpus(docs: int, seed: int) -> list[str]:
+def lengths(docs: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """Words per document: lognormal, a median of 300."""
+    return np.maximum(1, rng.lognormal(np.log(300), 1.0, docs).astype(np.int64))
+
+
+def toy_corpus(docs: int, seed: int) -> list[str]:
+    """Documents of the 150 words of ``WORDS`` and their inflections, drawn uniformly."""
     rng = np.random.default_rng(seed)
-    lengths = np.maximum(1, rng.lognormal(np.log(300), 1.0, docs).astype(int))
     vocab = np.array(WORDS + [w + s for w in WORDS for s in ("s", "ed", "ing", "er")])
-    return [" ".join(rng.choice(vocab, n)) for n in lengths]
+    return [" ".join(rng.choice(vocab, n)) for n in lengths(docs, rng)]
 
 
-def trained(texts: list[str]) -> Tokenizer:
-    tok = Tokenizer(models.BPE(unk_token="[UNK]"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(
-        texts[:2000], trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]", "[EOS]"])
+def zipf_corpus(docs: int, seed: int, words: int = 50_000) -> list[str]:
+    """Documents of ``words`` generated words (2 to 10 letters), drawn by a Zipf law
+    (exponent 1.05, as English word counts follow), each ending with a full stop."""
+    rng = np.random.default_rng(seed)
+    weights = 1 / np.arange(1, len(LETTERS) + 1)
+    letters = rng.choice(list(LETTERS), (words, 10), p=weights / weights.sum())
+    vocab = ["".join(row[:n]) for row, n in zip(letters, rng.integers(2, 11, words), strict=True)]
+    zipf = 1 / np.arange(1, words + 1) ** 1.05
+    counts = lengths(docs, rng)
+    picks = rng.choice(words, int(counts.sum()), p=zipf / zipf.sum()).tolist()
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    return [" ".join([vocab[i] for i in picks[a:b]]) + "." for a, b in itertools.pairwise(bounds)]
+
+
+def trained(texts: list[str], kind: str = "toy") -> Tokenizer:
+    """A BPE trained on ``texts[:3000]``: ``toy`` or ``byte-level`` (see the docstring)."""
+    if kind == "toy":
+        tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tok.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok.train_from_iterator(
+            texts[:2000], trainers.BpeTrainer(vocab_size=400, special_tokens=["[UNK]", "[EOS]"])
+        )
+        return tok
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=16_000,
+        special_tokens=["[EOS]"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
+    tok.train_from_iterator(texts[:3000], trainer)
     return tok
+
+
+def loaded(path: str) -> Any:
+    """A tokenizer from a local path: ``tokenizer.json``, or a transformers folder."""
+    if Path(path).is_file():
+        return Tokenizer.from_file(path)
+    from transformers import AutoTokenizer  # an optional extra (ingest[hf])
+
+    return AutoTokenizer.from_pretrained(path, local_files_only=True)
 
 
 def cpu_seconds() -> float:
@@ -213,21 +269,39 @@ def packer_loop(stage: Tokenize, tables: list[pa.Table], seq_len: int) -> Callab
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--docs", type=int, default=8000)
+    parser.add_argument(
+        "--tokenizer",
+        default="byte-level",
+        help="byte-level (default), toy, or a local tokenizer.json / transformers folder",
+    )
+    parser.add_argument("--docs", type=int, default=4000)
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--seq-len", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--ray", action="store_true", help="also an ingest.RayStream")
     parser.add_argument("--readers", type=int, default=2, help="its reader actors")
     args = parser.parse_args()
-    texts = corpus(args.docs, 0)
-    tok = trained(texts)
+    if args.docs % (2 * args.batch):
+        raise SystemExit("--docs must be a multiple of 2 x --batch: no epoch remainder")
+    texts = (toy_corpus if args.tokenizer == "toy" else zipf_corpus)(args.docs, 0)
+    if args.tokenizer in ("toy", "byte-level"):
+        tok = trained(texts, args.tokenizer)
+        eos_id = tok.token_to_id("[EOS]")
+    else:
+        tok = loaded(args.tokenizer)
+        eos_id = getattr(tok, "eos_token_id", None)
+    rust: Tokenizer = getattr(tok, "backend_tokenizer", tok)  # a transformers tokenizer's own
     batches = [texts[i : i + args.batch] for i in range(0, len(texts), args.batch)]
     tables = [pa.table({"text": b}) for b in batches]
-    stage = Tokenize(tok, eos_id=tok.token_to_id("[EOS]"))
+    stage = Tokenize(tok, eos_id=eos_id)
+    extra = 0 if eos_id is None else 1  # Tokenize's end-of-text token per document
 
     def alone() -> int:
-        return sum(len(e.ids) for b in batches for e in tok.encode_batch_fast(b))
+        return sum(
+            len(e.ids) + extra
+            for b in batches
+            for e in rust.encode_batch_fast(b, add_special_tokens=False)
+        )
 
     def tokenize() -> int:
         return sum(int(pa.compute.sum(stage(t).table.column("num_tokens")).as_py()) for t in tables)
@@ -247,13 +321,16 @@ def main() -> None:
     if args.ray:  # a local Ray's own processes take CPU from every loop: a run of its own
         name = f"RayStream, {args.readers} reader{'s' if args.readers > 1 else ''}"
         loops[name] = ray_loop(root, stage, args.seq_len, args.batch, args.readers)
-    if args.docs % (2 * args.batch):
-        raise SystemExit("--docs must be a multiple of 2 x --batch: no epoch remainder")
     for loop in loops.values():
         loop()  # warm up
     if packed["real"] != tokenize():
         raise SystemExit(f"the Stream packed {packed['real']} tokens of {tokenize()}")
-    print(f"{args.docs:,} documents in batches of {args.batch}; median of {args.repeat}, in turn")
+    words = sum(t.count(" ") + 1 for t in texts)
+    print(
+        f"{args.docs:,} documents ({tokenize() / args.docs:,.0f} tokens and "
+        f"{tokenize() / words:.2f} tokens per word on average; tokenizer {args.tokenizer}) "
+        f"in batches of {args.batch}; median of {args.repeat}, in turn"
+    )
     figures = timed(loops, args.repeat)
     print(f"{'':<28}{'tokens/s':>14}{'tokens/CPU s':>16}{'ratio':>8}  (medians; ratio: per round)")
     for name, (rate, per_cpu, ratio) in figures.items():
