@@ -115,6 +115,27 @@ def test_a_loop_left_early_shuts_its_workers_down_at_once(data: str) -> None:
         gc.enable()
 
 
+def test_a_state_loaded_ends_the_running_loop_and_its_workers(data: str) -> None:
+    """``load_state_dict`` while a loop runs ends that loop, as a new ``iter`` does: its
+    workers stop at once (they read on, for a state no longer the loader's, until a garbage
+    collection, which then joined each for up to torch's 5 s timeout in whichever thread ran
+    it: once fsspec's I/O thread, stalling every read of the process), and it hands out no
+    batch the loaded state does not count."""
+    import multiprocessing
+
+    loader = ingest.DataLoader(stream_of(data), num_workers=2)
+    before = set(multiprocessing.active_children())
+    it = iter(loader)
+    first = ids([next(it), next(it)])
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 2
+    loader.load_state_dict(loader.state_dict())
+    assert not any(w.is_alive() for w in workers), "the workers of the ended loop stopped"
+    assert next(it, None) is None, "the ended loop hands out nothing more"
+    rest = ids(loader)
+    assert sorted(first + rest) == list(range(TOTAL))
+
+
 def test_the_state_loads_into_a_stream(data: str) -> None:
     loader = ingest.DataLoader(stream_of(data), num_workers=2)
     it = iter(loader)

@@ -346,6 +346,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         RayStream, any worker count or world size)."""
         if self._mix is not None:
             return self._mix.load_state_dict(state)
+        self._stop()  # a running loop ends here, its workers with it (not at a collection)
         self._running, self._book, self._ranks, self._packs = None, None, {}, {}
         self.stream.load_state_dict(state)
 
