@@ -310,6 +310,13 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
 
     def _stop(self) -> None:
         """End a loop left early; the stream goes on right after its last batch."""
+        self._end_loop()
+        if self._book is not None:
+            self.stream.load_state_dict(self._state())
+            self._book = None
+
+    def _end_loop(self) -> None:
+        """Close the running loop, if any: its workers stop now, not at a collection."""
         ref, self._running = self._running, None
         running = ref() if ref is not None else None
         if running is not None:
@@ -317,9 +324,6 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             if close is not None:
                 with contextlib.suppress(Exception):
                     close()  # shuts its workers down
-        if self._book is not None:
-            self.stream.load_state_dict(self._state())
-            self._book = None
 
     def _state(self) -> StreamState:
         """The book's state after every batch handed out; with packing, the documents the
@@ -346,8 +350,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         RayStream, any worker count or world size)."""
         if self._mix is not None:
             return self._mix.load_state_dict(state)
-        self._stop()  # a running loop ends here, its workers with it (not at a collection)
-        self._running, self._book, self._ranks, self._packs = None, None, {}, {}
+        self._end_loop()  # its state is replaced: not saved into the stream first
+        self._book, self._ranks, self._packs = None, {}, {}
         self.stream.load_state_dict(state)
 
 
