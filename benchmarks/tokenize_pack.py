@@ -324,12 +324,13 @@ def main() -> None:
         loops[name] = ray_loop(root, stage, args.seq_len, args.batch, args.readers)
     for loop in loops.values():
         loop()  # warm up
-    if packed["real"] != tokenize():
-        raise SystemExit(f"the Stream packed {packed['real']} tokens of {tokenize()}")
+    total = tokenize()  # an epoch of tokenizing: once
+    if packed["real"] != total:
+        raise SystemExit(f"the Stream packed {packed['real']} tokens of {total}")
     words = sum(t.count(" ") + 1 for t in texts)
     print(
-        f"{args.docs:,} documents ({tokenize() / args.docs:,.0f} tokens and "
-        f"{tokenize() / words:.2f} tokens per word on average; tokenizer {args.tokenizer}) "
+        f"{args.docs:,} documents ({total / args.docs:,.0f} tokens and "
+        f"{total / words:.2f} tokens per word on average; tokenizer {args.tokenizer}) "
         f"in batches of {args.batch}; median of {args.repeat}, in turn"
     )
     figures = timed(loops, args.repeat)
