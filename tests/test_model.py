@@ -371,12 +371,24 @@ def test_stream_and_dataloader_deliver_every_row_once_whatever_the_user_does(dat
 def _in_a_task(it: Any, k: int) -> tuple[list[tuple[int, list[int]]], int]:
     """Up to ``k`` batches of a rank's iterator in another process, each with its epoch;
     and the epoch the iterator is in at the end (the next one once its loop ended)."""
+    return _taken(it, k)
+
+
+def _taken(it: Any, k: int) -> tuple[list[tuple[int, list[int]]], int]:
+    """See :func:`_in_a_task`."""
     out: list[tuple[int, list[int]]] = []
     for batch in it:
         out.append((it.epoch, ids_of(batch)))
         if len(out) == k:
             break
     return out, it.epoch
+
+
+@ray.remote(num_cpus=0)
+def _state_in_a_task(it: Any, k: int) -> tuple[list[tuple[int, list[int]]], int, dict[str, Any]]:
+    """:func:`_in_a_task`, then the rank's state (``it.state_dict()``) in that task."""
+    out, epoch = _taken(it, k) if k else ([], it.upcoming_epoch())
+    return out, epoch, it.state_dict()
 
 
 class Ranks:
@@ -519,6 +531,34 @@ class RayMachine(RuleBasedStateMachine):
             sut.at[rank] = max(sut.at[rank], at)
         self._settle()
 
+    @precondition(lambda self: self._even())
+    @rule(k=st.integers(1, 4))
+    def states_in_tasks(self, k: int) -> None:
+        """Each rank's iterator in a Ray task of its own: up to ``k`` batches, then the
+        rank's ``state_dict()`` there, every rank at the same step. Every rank's state is the
+        same (a trainer saves one of them), and it is a state of the model's."""
+        sut = self.sut
+        assert sut is not None
+        sut.loops = [None] * sut.world
+        got = ray.get([_state_in_a_task.remote(it, k) for it in sut.its], timeout=240)
+        for rank, (batches, at, _) in enumerate(got):
+            for epoch, ids in batches:
+                self._got(rank, epoch, ids)
+            sut.at[rank] = max(sut.at[rank], at)
+        states = [state for _, _, state in got]
+        assert all(s == states[0] for s in states), (
+            "the ranks' states at one step differ: "
+            f"{[(s['progress']['epoch'], s['progress']['step']) for s in states]}"
+        )
+        state = states[0]
+        if state["progress"]["epoch"] > self.model.epoch:
+            for epoch in range(self.model.epoch, state["progress"]["epoch"]):
+                counts = [b[epoch] for b in sut.batches]
+                assert len(set(counts)) == 1, f"ranks split in epoch {epoch}: {counts}"
+            self.model.end_epoch(state, jump=True)
+        else:
+            self.model.save(state)
+
     @rule(data=st.data())
     def kill_a_reader(self, data: st.DataObject) -> None:
         sut = self.sut
@@ -570,6 +610,79 @@ def test_raystream_ranks_deliver_every_row_once_whatever_the_user_does(data: Dat
         RayMachine,
         settings=bounded(6, 8),
     )
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
+def test_every_rank_s_state_at_a_step_is_the_same(data: Data) -> None:
+    """Issue 31, finding 12: the ranks of a ``RayStream`` each take a state in a Ray task of
+    their own at the same step, next to an epoch with no step (3 ranks of 48 rows: 144 rows,
+    more than the dataset's 120), one rank after another: each gets the same state. (The
+    first rank asked before the others reached the end of the epoch with no step and got a
+    state of that epoch; the last got one of the next.) Then again at the first batch of the
+    epoch after, the ranks side by side."""
+    sut = Ranks(data, 3, 48)
+    try:
+        first = [ray.get(_state_in_a_task.remote(it, 1), timeout=120) for it in sut.its]
+        states = [state for _, _, state in first]
+        assert all(not batches for batches, _, _ in first), "epoch 0 has no step"
+        assert [(s["progress"]["epoch"], s["progress"]["step"]) for s in states] == [(1, 0)] * 3
+        assert all(s == states[0] for s in states)
+        got = ray.get([_state_in_a_task.remote(it, 1) for it in sut.its], timeout=120)
+        assert [len(batches) for batches, _, _ in got] == [1, 1, 1]
+        after = [state for _, _, state in got]
+        assert all(s == after[0] for s in after) and after[0]["progress"]["step"] == 1
+        assert sum(len(b) for batches, _, _ in got for _, b in batches) == 144
+    finally:
+        sut.close()
+
+
+def _batches(source: Any, k: int, *, to_end: bool = False) -> int:
+    """Take ``k`` batches of ``source``, a loop after another (then, ``to_end``, the rest of
+    the epoch the last one is in); returns the batches taken."""
+    taken = 0
+    while taken < k:
+        got = 0
+        for _ in source:
+            taken, got = taken + 1, got + 1
+            if taken == k and not to_end:
+                break
+        assert got or taken, "an epoch with no batch and nothing before it"
+    return taken
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
+def test_the_ranks_states_agree_after_a_resume_from_a_dataloader_into_three_ranks(
+    data: Data,
+) -> None:
+    """Issue 31, finding 12, the sequence the report gives: a 1-rank ``RayStream`` takes 4
+    batches and saves; a 1-worker ``DataLoader`` resumes that, takes 4 batches, finishes the
+    epoch and saves; a 3-rank ``RayStream`` resumes that and takes the next epoch's first
+    batch in a task per rank, each rank taking its state there: the same on every rank."""
+    one = Ranks(data, 1, 48)
+    try:
+        _batches(one.its[0], 4)
+        one.its[0].flush()
+        state = one.stream.state_dict()
+    finally:
+        one.close()
+    stream = ingest.Stream(data.url, columns=["id"], batch_size=48, shuffle_seed=5)
+    loader = ingest.DataLoader(stream, num_workers=1)
+    loader.load_state_dict(state)
+    _batches(loader, 4, to_end=True)
+    state = loader.state_dict()
+    stream.close()
+    three = Ranks(data, 3, 48)
+    try:
+        three.stream.load_state_dict(state)
+        for _ in range(3):
+            got = ray.get([_state_in_a_task.remote(it, 1) for it in three.its], timeout=120)
+            states = [s for _, _, s in got]
+            where = [(s["progress"]["epoch"], s["progress"]["step"]) for s in states]
+            assert all(s == states[0] for s in states), f"the ranks' states differ: {where}"
+    finally:
+        three.close()
 
 
 # -- a followed dataset: rounds over the shards written since the last -------------------

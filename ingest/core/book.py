@@ -367,12 +367,24 @@ class EpochBook(Generic[L]):
         """Every quarantine this book knows of, oldest first (``on_error="skip"``)."""
         return self.acks.quarantined()
 
-    def snapshot(self, step: int) -> StreamState:
+    def snapshot(self, step: int, rank: int | None = None) -> StreamState:
         """The state after ``step`` (every rank's batches up to and including it).
+
+        Steps do not tell whether an epoch with no step is over: ``rank``, the rank that
+        asks, says it. Each rank of a Ray stream asks for the state at the same step, at the
+        same point of its loop, but not at the same moment: the epochs with no step whose
+        end ``rank`` reached count as over (every rank asking there reached them too), so
+        every rank gets the same state whenever the others reach them. None (the driver's
+        call): those whose end every rank reached.
 
         Raises:
             StateError: If a rank has not acked ``step`` yet, or the step was never planned.
         """
+        acks = self.acks
+
+        def over(epoch: int) -> bool:
+            return acks.all_ended(epoch) if rank is None else acks.reached_end(rank, epoch)
+
         if not self.ledger.ready(step):
             raise StateError(
                 f"not every rank has acked step {step} yet; flush the rank "
@@ -388,10 +400,10 @@ class EpochBook(Generic[L]):
             if nxt == end:
                 # An epoch with no step is over when every rank reached its end (steps do
                 # not tell), and so are those with no step right after it.
-                if end == e.first_step and not self.acks.all_ended(e.epoch):
+                if end == e.first_step and not over(e.epoch):
                     return state_in(self.config, self.acks, e, step)
                 while (f := self._epochs.get(e.epoch + 1)) is not None and (
-                    f.first_step == f.end_step == nxt and self.acks.all_ended(f.epoch)
+                    f.first_step == f.end_step == nxt and over(f.epoch)
                 ):
                     e = f
                 return state_after(self.config, self.acks, e, step)

@@ -46,6 +46,9 @@ _SESSION_BITS = 20
 
 _LOST = "the stream's coordinator actor died"
 
+_STATES_KEPT = 16
+"""The ranks' states kept for the ranks yet to ask (:meth:`_Coordinator.state_dict`)."""
+
 
 class CoordinatorLostError(IngestError):
     """The stream's coordinator actor died: the acks since then cannot be recorded."""
@@ -109,6 +112,9 @@ class _Coordinator(PoolDirectory):
         self._packs = packs
         """The ranks pack documents into sequences (:mod:`ingest.distributed.rank_pack`)."""
         self._packed = PackedRanks(world_size)
+        self._states: dict[tuple[int, int], tuple[dict[str, Any], set[int]]] = {}
+        """The ranks' states by ``(step, the asking rank's epoch)`` until every rank asked
+        (:meth:`state_dict`)."""
         self._lock = threading.Condition()
         self._init_directory()
         self._initial: dict[str, Any] | None = None  # what a session without a state starts at
@@ -176,6 +182,7 @@ class _Coordinator(PoolDirectory):
             book.load(start)
         self._book = book
         self._packed = PackedRanks(world_size, start)
+        self._states = {}
         self._session += 1
         self._joined = set()
         self._touched = False
@@ -434,11 +441,20 @@ class _Coordinator(PoolDirectory):
             return [self._book.ledger.acked(r) for r in range(self._book.world_size)]
 
     def state_dict(
-        self, step: int | None, timeout_s: float, session: int | None = None
+        self,
+        step: int | None,
+        timeout_s: float,
+        session: int | None = None,
+        rank: int | None = None,
     ) -> dict[str, Any]:
         """The state after ``step``; None: after the last step every rank acked.
 
-        ``session``: the asking rank's (None: the driver's call).
+        ``session``, ``rank``: the asking rank's (None: the driver's call). Every rank asks
+        at the same step, each at its own moment, and gets the same state: the first to ask
+        makes it (:meth:`EpochBook.snapshot` of the epochs with no step that rank reached the
+        end of) and the others at that step and that point of their loop get it as made
+        (their own calls came later: a rank already past the step has no position there
+        any more). It is kept until every rank asked for it.
         """
         deadline = time.monotonic() + timeout_s
         with self._lock:
@@ -465,9 +481,28 @@ class _Coordinator(PoolDirectory):
                         "its iterator's state_dict() (or flush()) at that step"
                     )
                 self._lock.wait(timeout=min(left, 1.0))
+            if rank is not None:
+                return self._rank_state(step, rank)
             state = book.snapshot(step).to_json()
             book.fold(step)
             return state
+
+    def _rank_state(self, step: int, rank: int) -> dict[str, Any]:
+        """The state after ``step`` that ``rank`` asked for (see :meth:`state_dict`)."""
+        book = self._book
+        key = (step, book.upcoming_epoch(rank))
+        made, asked = self._states.get(key) or (None, set())
+        if made is None:
+            made = book.snapshot(step, rank).to_json()
+            book.fold(step)
+            for old in list(self._states)[: max(0, len(self._states) - _STATES_KEPT + 1)]:
+                del self._states[old]  # asked for by some ranks only (a driver saves)
+        asked.add(rank)
+        if len(asked) < book.world_size:
+            self._states[key] = (made, asked)
+        else:
+            self._states.pop(key, None)
+        return made
 
     def load_state_dict(self, state: dict[str, Any]) -> int:
         """Restart from ``state`` in a new session; returns the session."""
