@@ -64,7 +64,7 @@ from ingest.core.state import Cursor
 from ingest.engine.lanes import LaneReader, make_lanes
 from ingest.engine.prefetch import in_order, read_ahead
 from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures
-from ingest.engine.window import Hole, Origin, Piece, Window, indices, piece_rows
+from ingest.engine.window import Hole, Lane, Origin, Piece, Window, indices, piece_rows
 from ingest.formats.base import ReadOptions, RowBatch
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source
@@ -223,11 +223,22 @@ class Feed:
             start = self._cursor(index)
             pieces: list[tuple[Span, Piece]] = []
             for lane in self._lanes:
-                pieces.extend(self._reader.take(lane, per_lane))
+                pieces.extend(self._reader.take(lane, per_lane if index else self._first(lane)))
             if not pieces:
                 break
             yield self._window(index, start, self._cursor(index + 1), pieces)
             index += 1
+
+    def _first(self, lane: Lane) -> int:
+        """Rows ``lane`` gives the first window: its share of the window, or all the rows
+        carried into the epoch it holds (they lead its spans), so that every carried row of
+        the rank is in the first window, where it goes first (:meth:`_window`)."""
+        spans, carried = self.plan.spans, 0
+        for k in lane.spans:
+            if spans[k].segment != CARRY:
+                break
+            carried += spans[k].rows
+        return max(carried, 1, self._window_rows // len(self._lanes))
 
     def _window(
         self, index: int, start: Cursor, end: Cursor, pieces: list[tuple[Span, Piece]]
@@ -240,6 +251,10 @@ class Feed:
             take = permutation(
                 len(keys), "window", self.config.seed, self.plan.epoch, self.plan.rank, index
             )
+            if index == 0:  # the rows carried in lead the epoch: its first steps, never its end
+                carried = origin.segments[origin.pieces[keys]] == CARRY
+                if carried.any():
+                    take = take[np.argsort(~carried[take], kind="stable")]
         seen = self._consumed(origin)
         if seen is not None:
             fresh = ~seen[keys]
