@@ -439,6 +439,7 @@ class RankIterator:
             self.step,
             self.options.timeout_s,
             self._session(),
+            self.rank,  # the same state on every rank at a step (Coordinator.state_dict)
             timeout_s=self.options.timeout_s + 30,
         )
 
