@@ -26,6 +26,7 @@ Modules, one concept each:
 from __future__ import annotations
 
 from ingest.storage.sources.faults import is_store_error
+from ingest.storage.sources.listing import UnversionedShardWarning
 from ingest.storage.sources.options import parse_storage_options
 from ingest.storage.sources.retry import RetryPolicy
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
@@ -39,6 +40,7 @@ __all__ = [
     "RetryPolicy",
     "Shard",
     "Source",
+    "UnversionedShardWarning",
     "is_store_error",
     "parse_storage_options",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import posixpath
 import re
+import warnings
 from collections.abc import Mapping
 from glob import has_magic
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -79,6 +80,7 @@ def list_url(
         )
     if not shards:
         _raise_no_match(fs, url, path, formats)
+    _warn_unversioned(url, shards)
     return shards
 
 
@@ -169,19 +171,52 @@ def _is_glob(path: str) -> bool:
     return has_magic(_without_query(path))
 
 
+_VERSION_KEYS = (
+    "ETag",  # S3 (s3fs), HTTP (fsspec's HTTPFileSystem)
+    "etag",  # GCS (gcsfs), Azure (adlfs)
+    "md5Hash",  # GCS, where no etag
+    "blob_id",  # the Hub (HfFileSystem): the git blob id
+    "sha",
+    "LastModified",  # S3, where no ETag
+    "mtime",  # local disks
+    "updated",  # GCS
+    "last_modified",  # Azure
+    "Content-MD5",  # HTTP without ETag (fsspec's HTTPFileSystem reports these three)
+    "Digest",
+    "Last-Modified",  # to the second
+)
+"""Keys of an fsspec info that tell one version of an object from another, best first. New
+keys go last: a state saved against a version a key gave must find the same version."""
+
+
+class UnversionedShardWarning(UserWarning):
+    """Shards were listed without a version (the store sent neither ETag nor a modification
+    time): a shard rewritten in place with the same size cannot be told from the one a state
+    was saved against. ``warnings.simplefilter("error", UnversionedShardWarning)`` makes it
+    an error."""
+
+
 def _version_of(info: Mapping[str, Any]) -> str:
-    for key in (
-        "ETag",
-        "etag",
-        "md5Hash",
-        "blob_id",
-        "sha",
-        "LastModified",
-        "mtime",
-        "updated",
-        "last_modified",
-    ):
+    for key in _VERSION_KEYS:
         value = info.get(key)
         if value not in (None, ""):
             return str(value).strip('"')
     return ""
+
+
+def _warn_unversioned(url: str, shards: list[Shard]) -> None:
+    """Say, naming the URLs, that ``shards`` have no version (none is local: a file's
+    modification time always is one)."""
+    bare = [s.url for s in shards if not s.version and not s.members]
+    if not bare:
+        return
+    named = ", ".join(bare[:3]) + (f" and {len(bare) - 3} more" if len(bare) > 3 else "")
+    warnings.warn(
+        f"{len(bare)} shard(s) listed by {redact(url)} have no version: the server sent "
+        f"neither ETag nor Last-Modified for {named}. A shard rewritten in place with the same "
+        "size cannot be told from the one a state was saved against: a resume checks only "
+        "their sizes. Have the server send ETag or Last-Modified headers, or write changed "
+        "data as new files",
+        UnversionedShardWarning,
+        stacklevel=2,
+    )

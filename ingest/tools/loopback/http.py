@@ -4,6 +4,10 @@ one ``Range: bytes=a-b`` (``206``, ``Content-Range``), and a count of the reques
 
 Python's ``http.server`` answers every ``GET`` whole (no ranges), so a reader that seeks
 would fetch the whole file for every read: this handler serves ranges.
+
+For tests of servers that do less, :class:`LoopbackHTTP` can leave out ``ETag`` or
+``Last-Modified`` (or both), and ignore ``Range`` (answer ``200`` with the whole file, as
+some servers and proxies do).
 """
 
 from __future__ import annotations
@@ -33,9 +37,12 @@ class _Handler(SimpleHTTPRequestHandler):
         stat = path.stat()
         tag = hashlib.md5(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
         self.send_header("Content-Length", str(length))
-        self.send_header("Accept-Ranges", "bytes")
-        self.send_header("ETag", f'"{tag}"')
-        self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
+        if self.server.ranges:
+            self.send_header("Accept-Ranges", "bytes")
+        if self.server.etag:
+            self.send_header("ETag", f'"{tag}"')
+        if self.server.last_modified:
+            self.send_header("Last-Modified", email.utils.formatdate(stat.st_mtime, usegmt=True))
         self.send_header("Content-Type", "application/octet-stream")
 
     def _seen(self) -> None:
@@ -64,8 +71,8 @@ class _Handler(SimpleHTTPRequestHandler):
             return
         size = path.stat().st_size
         wanted = re.fullmatch(r"bytes=(\d*)-(\d*)", self.headers.get("Range", ""))
-        if wanted is None:
-            self.server.count("GET")
+        if wanted is None or not self.server.ranges:
+            self.server.count("GET" if wanted is None else "GET range ignored")
             self.send_response(200)
             self._headers(path, size)
             self.end_headers()
@@ -75,6 +82,7 @@ class _Handler(SimpleHTTPRequestHandler):
         a, b = wanted.groups()
         start = int(a) if a else max(size - int(b), 0)
         stop = min(int(b) + 1, size) if a and b else size
+        self.server.ranged(self.path, start, stop, size)
         if start >= size:
             self.send_response(416)
             self.send_header("Content-Range", f"bytes */{size}")
@@ -92,9 +100,13 @@ class _Handler(SimpleHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, etag: bool, last_modified: bool, ranges: bool) -> None:
         self.root = root
+        self.etag = etag
+        self.last_modified = last_modified
+        self.ranges = ranges
         self.requests: dict[str, int] = {}
+        self.served: list[tuple[str, int, int, int]] = []
         self.headers: dict[str, set[str]] = {}
         self._lock = threading.Lock()
         super().__init__(
@@ -106,16 +118,36 @@ class _Server(ThreadingHTTPServer):
         with self._lock:
             self.requests[kind] = self.requests.get(kind, 0) + 1
 
+    def ranged(self, path: str, start: int, stop: int, size: int) -> None:
+        with self._lock:
+            self.served.append((path, start, stop, size))
+
     def seen(self, header: str, value: str) -> None:
         with self._lock:
             self.headers.setdefault(header, set()).add(value)
 
 
 class LoopbackHTTP:
-    """Serves the files under ``root`` at :attr:`endpoint` for the life of a ``with`` block."""
+    """Serves the files under ``root`` at :attr:`endpoint` for the life of a ``with`` block.
 
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self._server = _Server(str(root))
+    Args:
+        root: The directory served.
+        etag: Send an ``ETag`` (a hash of the path, size and modification time).
+        last_modified: Send ``Last-Modified`` (the modification time, to the second).
+        ranges: Serve ``Range`` requests (``206``); False answers them ``200`` with the whole
+            file and sends no ``Accept-Ranges``, counted as ``GET range ignored``.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        etag: bool = True,
+        last_modified: bool = True,
+        ranges: bool = True,
+    ) -> None:
+        self.root = Path(root)
+        self._server = _Server(str(root), etag=etag, last_modified=last_modified, ranges=ranges)
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
@@ -123,9 +155,15 @@ class LoopbackHTTP:
         return f"{self.endpoint}/{relative.lstrip('/')}"
 
     def requests(self) -> dict[str, int]:
-        """Requests answered so far, by kind (``HEAD``, ``GET``, ``GET range``)."""
+        """Requests answered so far, by kind (``HEAD``, ``GET``, ``GET range``, and ``GET range
+        ignored`` when ``ranges=False``)."""
         with self._server._lock:
             return dict(self._server.requests)
+
+    def ranges(self) -> list[tuple[str, int, int, int]]:
+        """The ranges served so far: ``(path, start, stop, file size)``, in order."""
+        with self._server._lock:
+            return list(self._server.served)
 
     def headers_seen(self, header: str) -> set[str]:
         """The values of ``header`` (``Authorization``) that requests carried so far."""
