@@ -5,6 +5,8 @@ through a stop and a resume, footers once, the Ray pool; requests counted at the
 from __future__ import annotations
 
 import json
+import re
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +17,9 @@ import pytest
 import ray
 
 import ingest
-from ingest.core.errors import ConfigError, SourceError
+import ingest.storage.sources.files
+from ingest.core.errors import ConfigError, SourceError, StoreError
+from ingest.storage.sources import RangeIgnoredWarning
 from ingest.testing import FaultProxy, Faults, write_dataset
 from ingest.tools.loopback.http import LoopbackHTTP
 
@@ -86,6 +90,46 @@ def test_an_index_file_without_urls_is_refused(tmp_path: Path) -> None:
     (tmp_path / "empty.txt").write_text("# nothing yet\n\n")
     with pytest.raises(ConfigError, match="names no URL"):
         ingest.urls_from(str(tmp_path / "empty.txt"))
+
+
+@pytest.fixture
+def no_ranges(tmp_path: Path) -> Iterator[tuple[LoopbackHTTP, list[str]]]:
+    """A server that ignores Range: every GET is answered 200 with the whole file."""
+    paths = write_dataset(
+        fsspec.filesystem("file"), str(tmp_path / "data"), "parquet", 2, ROWS, row_group_rows=50
+    )
+    with LoopbackHTTP(tmp_path, ranges=False) as server:
+        yield server, [server.url(f"data/{Path(p).name}") for p in paths]
+
+
+def test_a_small_shard_from_a_server_that_ignores_range_is_sliced_from_the_whole_body(
+    no_ranges: tuple[LoopbackHTTP, list[str]],
+) -> None:
+    """Under a few MiB, the range is taken from the whole body the server sent, at once:
+    every row, no retry (it was retried for the whole deadline, then called short)."""
+    server, urls = no_ranges
+    started = time.monotonic()
+    with pytest.warns(RangeIgnoredWarning, match=re.escape(server.endpoint)):
+        stream = ingest.Stream(urls, columns=["id"], batch_size=BATCH, shuffle_seed=1)
+        assert ids(stream) == Counter(range(2 * ROWS))
+    assert time.monotonic() - started < 10
+    assert stream.stats["retries"] == 0, stream.stats
+    assert server.requests().get("GET range ignored", 0) >= 2, server.requests()
+
+
+def test_a_large_shard_from_a_server_that_ignores_range_fails_at_once_naming_it(
+    no_ranges: tuple[LoopbackHTTP, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, urls = no_ranges
+    monkeypatch.setattr(ingest.storage.sources.files, "WHOLE_BODY_BYTES", 1000)
+    started = time.monotonic()
+    with pytest.raises(StoreError) as err:
+        list(ingest.Stream(urls, columns=["id"], batch_size=BATCH))
+    assert time.monotonic() - started < 5, "not retried for the deadline"
+    message = str(err.value)
+    assert "ignored the Range header" in message and server.endpoint in message, message
+    assert any(u.rsplit("/", 1)[1] in message for u in urls), message
+    assert "range requests" in message, message
 
 
 @pytest.mark.usefixtures("ray_session")

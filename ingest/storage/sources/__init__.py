@@ -26,6 +26,7 @@ Modules, one concept each:
 from __future__ import annotations
 
 from ingest.storage.sources.faults import is_store_error
+from ingest.storage.sources.files import WHOLE_BODY_BYTES, RangeIgnoredWarning
 from ingest.storage.sources.listing import UnversionedShardWarning
 from ingest.storage.sources.options import parse_storage_options
 from ingest.storage.sources.retry import RetryPolicy
@@ -34,9 +35,11 @@ from ingest.storage.sources.source import Source
 from ingest.storage.sources.stats import IOStats
 
 __all__ = [
+    "WHOLE_BODY_BYTES",
     "FormatResolver",
     "IOStats",
     "ListingStore",
+    "RangeIgnoredWarning",
     "RetryPolicy",
     "Shard",
     "Source",

@@ -57,6 +57,17 @@ class _ShortBodyError(OSError):
     """A response ended before the bytes asked for: never handed on as data."""
 
 
+class _RangeIgnoredError(Exception):
+    """The server answered a range request with the whole file (``200``, not ``206``): no
+    retry mends it (not a store error, so :func:`_attempt` raises it at once)."""
+
+
+def _range_ignored(error: BaseException) -> bool:
+    """Whether ``error`` is fsspec's HTTP file saying the server answered a range request
+    from past the start with the whole file (a ``ValueError``)."""
+    return isinstance(error, ValueError) and "support range requests" in str(error)
+
+
 def _chain(error: BaseException) -> list[BaseException]:
     """``error`` and its causes, outermost first."""
     seen: list[BaseException] = []

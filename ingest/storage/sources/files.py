@@ -3,14 +3,52 @@ whole or retried under the source's :class:`RetryPolicy`."""
 
 from __future__ import annotations
 
+import io
 import re
+import warnings
 from collections.abc import Callable
 from typing import IO, Any
 
-from ingest.storage.sources.faults import _ShortBodyError
+from ingest.core.errors import StoreError
+from ingest.storage.sources.faults import _range_ignored, _RangeIgnoredError, _ShortBodyError
 from ingest.storage.sources.retry import RetryPolicy, _attempt, _GaveUpError, _store_error
 from ingest.storage.sources.shard import Shard
 from ingest.storage.sources.stats import IOStats
+
+WHOLE_BODY_BYTES = 4 << 20
+"""A shard up to this size is read from the whole body when its server ignores ``Range``
+(answers ``200`` with the whole file); a larger one fails at once, naming the server."""
+
+
+class RangeIgnoredWarning(UserWarning):
+    """A server answered a range request with the whole file; the shard (small) is read from
+    that body, one whole-file request per read instead of a range."""
+
+
+def range_ignored(
+    url: str, endpoint: str, size: int, start: int, stop: int, *, whole: bool = True
+) -> RangeIgnoredWarning | StoreError:
+    """What a server that ignored ``Range`` for bytes ``[start, stop)`` of ``url`` gives:
+    a warning for a shard small enough to read from a whole body (``whole``: one can be
+    had), else the :class:`StoreError` (raised at once: no retry mends it)."""
+    said = f"the server {endpoint} ignored the Range header"
+    whole_file = f"with the whole file ({size} bytes)"
+    if whole and size <= WHOLE_BODY_BYTES:
+        return RangeIgnoredWarning(
+            f"{url}: {said}: it answers range requests {whole_file}; the shard is read from "
+            f"the whole body, as it is at most {WHOLE_BODY_BYTES} bytes. Serve the shards "
+            "from a server that honours range requests (answers 206) to read only the "
+            "bytes needed"
+        )
+    said = f"{said}: it answered a request for bytes [{start}, {stop}) {whole_file}"
+    return StoreError(
+        url,
+        f"{said}; a shard over {WHOLE_BODY_BYTES} bytes is read only with range requests "
+        "(it would be fetched whole for every read)",
+        "serve the shards from a server that honours range requests (answers 206 Partial "
+        "Content with Accept-Ranges: bytes), such as nginx, Apache, S3 or a CDN",
+        byte=start,
+    )
 
 
 class _CountingFile:
@@ -32,8 +70,10 @@ class _CountingFile:
         scrub: Callable[[str], str],
         policy: RetryPolicy | None,
         endpoint: str = "",
+        whole: Callable[[], bytes] | None = None,
     ) -> None:
         self._reopen = reopen
+        self._whole = whole
         self._endpoint = endpoint
         self._raw = raw
         self._stats = stats
@@ -54,8 +94,10 @@ class _CountingFile:
             if self._raw.tell() != pos:
                 self._raw.seek(pos)
             data = self._raw.read(want)
-        except Exception:
+        except Exception as e:
             self._broken = True
+            if _range_ignored(e):
+                raise _RangeIgnoredError(str(e)) from e
             raise
         if len(data) != want:
             self._broken = True
@@ -69,6 +111,8 @@ class _CountingFile:
             return b""
         try:
             data = _attempt(lambda: self._read_exactly(pos, want), self._policy, self._stats)
+        except _RangeIgnoredError:
+            data = self._from_whole_body(pos, want)
         except _GaveUpError as e:
             raise _store_error(
                 self._url,
@@ -84,6 +128,48 @@ class _CountingFile:
         if self._stats is not None:
             self._stats.add(reads=1, bytes_read=len(data))
         return data
+
+    def _from_whole_body(self, pos: int, want: int) -> bytes:
+        """Bytes ``[pos, pos + want)`` from the whole file, fetched once, for a server that
+        ignores ``Range`` (see :func:`range_ignored`); the file reads from memory after.
+
+        Raises:
+            StoreError: If the shard is too large to read so, or no whole body can be had.
+        """
+        fetch = self._whole
+        said = range_ignored(
+            self._url, self._endpoint, self.size, pos, pos + want, whole=fetch is not None
+        )
+        if isinstance(said, StoreError) or fetch is None:
+            raise said
+        try:
+            body = _attempt(fetch, self._policy, self._stats)
+        except _GaveUpError as e:
+            raise _store_error(
+                self._url,
+                "fetching the whole file (its server ignores Range) failed",
+                e,
+                "check the store and the network",
+                endpoint=self._endpoint,
+                scrub=self._scrub,
+            ) from None
+        if len(body) != self.size:
+            raise StoreError(
+                self._url,
+                f"the whole file its server sent (it ignores Range) holds {len(body)} bytes, "
+                f"not the {self.size} listed",
+                "the file changed since it was listed: restart the epoch",
+                byte=0,
+            )
+        warnings.warn(said, stacklevel=4)
+        if self._stats is not None:  # what was sent; the reads after it are from memory
+            self._stats.add(reads=1, bytes_read=len(body))
+        self._stats = None
+        self._raw.close()
+        self._raw = io.BytesIO(body)
+        self._reopen = lambda: io.BytesIO(body)
+        self._policy = None
+        return body[pos : pos + want]
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))

@@ -6,6 +6,7 @@ counted."""
 from __future__ import annotations
 
 import threading
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -19,7 +20,7 @@ from ingest.storage import hub
 from ingest.storage.cache import CacheOptions, ShardCache
 from ingest.storage.sources.cached import open_cached
 from ingest.storage.sources.faults import _ShortBodyError, _transient
-from ingest.storage.sources.files import _CountingFile, _listed
+from ingest.storage.sources.files import _CountingFile, _listed, range_ignored
 from ingest.storage.sources.hubfs import hub_http
 from ingest.storage.sources.listing import list_url
 from ingest.storage.sources.options import (
@@ -208,10 +209,17 @@ class Source:
             self.stats.add(opens=1)
             return _listed(fs.open(path, "rb", **kwargs), path, shard)
 
-        return self._counting(shard, reopen, self.stats)
+        def whole() -> bytes:  # for a server that ignores Range (small shards only)
+            return bytes(fs.cat_file(path))
+
+        return self._counting(shard, reopen, self.stats, whole)
 
     def _counting(
-        self, shard: Shard, reopen: Callable[[], IO[bytes]], stats: IOStats | None
+        self,
+        shard: Shard,
+        reopen: Callable[[], IO[bytes]],
+        stats: IOStats | None,
+        whole: Callable[[], bytes] | None = None,
     ) -> _CountingFile:
         policy = self._policy(shard.url)
         try:
@@ -224,7 +232,15 @@ class Source:
                 "check the credentials, the store and the network",
             ) from None
         return _CountingFile(
-            raw, reopen, stats, shard.size, shard.url, self.scrub, policy, self._endpoint(shard)
+            raw,
+            reopen,
+            stats,
+            shard.size,
+            shard.url,
+            self.scrub,
+            policy,
+            self._endpoint(shard),
+            whole,
         )
 
     def _gave_up(
@@ -313,10 +329,10 @@ class Source:
         fs, path = self._path(shard)
         ends = [min(e, shard.size) for e in ends]
         blobs: dict[int, bytes] = {}
-        sent = 0
+        sent = received = 0
 
         def missing() -> list[int]:
-            nonlocal sent
+            nonlocal sent, received
             todo = [n for n in range(len(starts)) if n not in blobs]
             sent += len(todo)
             try:
@@ -327,6 +343,9 @@ class Source:
                 got = [e] * len(todo)
             failed: BaseException | None = None
             for n, blob in zip(todo, got, strict=True):
+                if not isinstance(blob, BaseException):
+                    received += len(blob)
+                    blob = self._ranged(shard, blob, starts[n], ends[n])
                 if isinstance(blob, BaseException):
                     failed = _worst(failed, blob)
                 elif len(blob) != ends[n] - starts[n]:
@@ -349,7 +368,7 @@ class Source:
                 "set with ReadOptions(retry=ingest.RetryPolicy(...))",
                 byte=starts[n],
             ) from None
-        self.stats.add(reads=sent, bytes_read=sum(len(b) for b in blobs.values()))
+        self.stats.add(reads=sent, bytes_read=received)
         parts = {(starts[n], ends[n]): blobs[n] for n in range(len(starts))}
 
         def reopen() -> IO[bytes]:
@@ -363,6 +382,22 @@ class Source:
 
         # Reads of this file are served from memory: the fetch above is what was sent.
         return self._counting(shard, reopen, None)
+
+    def _ranged(self, shard: Shard, blob: bytes, start: int, end: int) -> bytes:
+        """The bytes ``[start, end)`` of a response to their range request: ``blob``, or its
+        slice where the server ignored the range and sent the whole file (a small shard;
+        see :func:`~ingest.storage.sources.files.range_ignored`).
+
+        Raises:
+            StoreError: At once, for a larger shard whose server ignores ``Range``.
+        """
+        if len(blob) <= end - start or len(blob) != shard.size:
+            return blob
+        said = range_ignored(shard.url, self._endpoint(shard), shard.size, start, end)
+        if isinstance(said, StoreError):
+            raise said
+        warnings.warn(said, stacklevel=6)
+        return blob[start:end]
 
     def __getstate__(self) -> dict[str, Any]:
         skip = ("_filesystems", "_fs_lock", "stats", "_shard_cache")
