@@ -92,6 +92,56 @@ def test_an_index_file_without_urls_is_refused(tmp_path: Path) -> None:
         ingest.urls_from(str(tmp_path / "empty.txt"))
 
 
+def test_an_index_over_http_names_no_other_scheme_unless_allowed(
+    web: tuple[LoopbackHTTP, list[str]], tmp_path: Path
+) -> None:
+    """A remote index must not reach the local disk (or another store): a line of another
+    scheme than the index's own is refused, naming the index, the line and the fix; the
+    user allows other schemes by name."""
+    server, urls = web
+    secret = tmp_path / "secret.parquet"
+    secret.write_bytes(b"PAR1 local data PAR1")
+    root = server.root / "data"
+    for name, line in [
+        ("local.txt", f"file://{secret}"),
+        ("bare.txt", f"file:{secret}"),
+        ("s3.txt", "s3://bucket/a.parquet"),
+    ]:
+        (root / name).write_text(f"{urls[0]}\n# a comment\n{line}\n")
+        with pytest.raises(ConfigError) as err:
+            ingest.urls_from(server.url(f"data/{name}"))
+        message = str(err.value)
+        assert f"data/{name}" in message and "line 3" in message, message
+        assert "schemes=" in message, message
+    (root / "mixed.txt").write_text(f"{urls[0]}\nhttps://example.invalid/b.parquet\n")
+    with pytest.raises(ConfigError, match="https"):
+        ingest.urls_from(server.url("data/mixed.txt"))
+    got = ingest.urls_from(server.url("data/local.txt"), schemes=("http", "file"))
+    assert got == [urls[0], f"file://{secret}"]
+    # A local index keeps local paths, relative or absolute.
+    (tmp_path / "index.txt").write_text("a.parquet\n/data/b.parquet\n")
+    assert ingest.urls_from(str(tmp_path / "index.txt")) == [
+        str(tmp_path / "a.parquet"),
+        "/data/b.parquet",
+    ]
+    with pytest.raises(ConfigError, match="schemes"):
+        ingest.urls_from(server.url("data/index.txt"), schemes=("ftp:",))
+
+
+def test_an_index_that_is_not_utf8_names_the_file_and_the_byte(
+    web: tuple[LoopbackHTTP, list[str]],
+) -> None:
+    server, urls = web
+    root = server.root / "data"
+    head = f"{urls[0]}\n".encode()
+    (root / "latin1.txt").write_bytes(head + b"caf\xe9.parquet\n")
+    with pytest.raises(ConfigError) as err:
+        ingest.urls_from(server.url("data/latin1.txt"))
+    message = str(err.value)
+    assert "latin1.txt" in message and f"byte {len(head) + 3}" in message, message
+    assert "UTF-8" in message, message
+
+
 @pytest.fixture
 def no_ranges(tmp_path: Path) -> Iterator[tuple[LoopbackHTTP, list[str]]]:
     """A server that ignores Range: every GET is answered 200 with the whole file."""
