@@ -89,6 +89,13 @@ def test_every_row_once_through_a_stop_and_a_resume(cloud: Cloud) -> None:
     assert not [s for s in cloud.secrets if s in text]
 
 
+@pytest.fixture
+def fresh_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shard index of the test's own: the footers the tests before kept are not found."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+
+
+@pytest.mark.usefixtures("fresh_index")
 def test_footers_once_and_the_shard_cache_serves_the_second_epoch(
     cloud: Cloud, tmp_path: Path
 ) -> None:
@@ -104,6 +111,10 @@ def test_footers_once_and_the_shard_cache_serves_the_second_epoch(
     assert stats["cache_hits"] == SHARDS and stats["cache_misses"] == SHARDS
     assert stats["opens"] == after_one["opens"], "footers once, data from the node's copies"
     assert stats["bytes_read"] == after_one["bytes_read"], "epoch 2 read no byte from the store"
+    # A restarted job plans from the footers the shard index kept: no request but the listing.
+    again = make(cloud, read=ingest.ReadOptions(cache=cache))
+    assert ids(list(again)) == Counter(range(SHARDS * ROWS))
+    assert again.stats["opens"] == 0 and again.stats["bytes_read"] == 0, again.stats
 
 
 @pytest.mark.usefixtures("ray_session")
@@ -138,6 +149,7 @@ def test_gcs_throttling_answers_are_retried_and_every_row_arrives_once(cloud: Cl
     assert counts["throttle"] > 0, counts
 
 
+@pytest.mark.usefixtures("fresh_index")  # its footers are read: the opens it counts
 def test_an_azure_throttling_answer_is_retried_by_the_sdk_and_every_row_arrives_once(
     cloud: Cloud,
 ) -> None:

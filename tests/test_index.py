@@ -138,6 +138,58 @@ def _entry(store: IndexStore, shard: Shard) -> Path:
     return Path(store.path(shard))
 
 
+def test_second_job_reads_no_parquet_footer(store: Store, tmp_path: Path) -> None:
+    """Footers are kept in the index (a restarted job read every footer again: on small
+    shards the whole shard); a shard rewritten in place is read again."""
+    write_dataset(store.fs, store.url("d"), "parquet", SHARDS, 200, row_group_rows=50)
+    first_cat, first_store = catalog(store, str(tmp_path / "idx"))
+    first = first_cat.scan()
+    assert first_cat.source.stats.opens == SHARDS and first_store.stats.footer_writes == SHARDS
+    again_cat, again_store = catalog(store, str(tmp_path / "idx"))
+    again = again_cat.scan()
+    assert again_cat.source.stats.opens == 0 and again_cat.source.stats.bytes_read == 0
+    assert (again_store.stats.footer_hits, again_store.stats.footer_writes) == (SHARDS, 0)
+    assert [(i.rows, i.blocks, i.schema) for i in again.infos] == [
+        (i.rows, i.blocks, i.schema) for i in first.infos
+    ]
+    assert again.infos[0].meta.to_dict() == first.infos[0].meta.to_dict()
+    time.sleep(0.01)  # another modification time (local), another ETag (S3)
+    store.fs.pipe(first.shards[0].url, encode(make_table(10_000, 200), "parquet"))
+    third_cat, third_store = catalog(store, str(tmp_path / "idx"))
+    third = third_cat.scan()
+    assert third_cat.source.stats.opens == 1 and third_store.stats.footer_hits == SHARDS - 1
+    assert third.infos[0].blocks == (0,) and third_store.stats.footer_writes == 1
+
+
+@pytest.mark.parametrize("damage", ["not-json", "other-shard", "not-a-footer"])
+def test_a_corrupt_footer_entry_is_ignored_and_rewritten(
+    local: Store, tmp_path: Path, damage: str
+) -> None:
+    from ingest.planner.index.entries import _footer_name
+
+    write_dataset(local.fs, local.url("d"), "parquet", 2, 200, row_group_rows=50)
+    first = catalog(local, str(tmp_path / "idx"))[0].scan()
+    victim, other = (tmp_path / "idx" / _footer_name(s) for s in first.shards)
+    good = victim.read_bytes()
+    doc = json.loads(good)
+    victim.write_bytes(
+        {
+            "not-json": good[: len(good) // 2],
+            "other-shard": other.read_bytes(),
+            "not-a-footer": json.dumps({**doc, "footer": "anVuaw=="}).encode(),  # b"junk"
+        }[damage]
+    )
+    again_cat, _ = catalog(local, str(tmp_path / "idx"))
+    with pytest.warns(IndexEntryWarning, match=r"part-00000\.parquet is ignored"):
+        again = again_cat.scan()
+    assert again_cat.source.stats.opens == 1  # the damaged one's footer, read again
+    assert again.infos[0].rows == 200
+    assert victim.read_bytes() == good  # rewritten
+    third_cat, third_store = catalog(local, str(tmp_path / "idx"))
+    third_cat.scan()
+    assert third_cat.source.stats.opens == 0 and third_store.stats.corrupt == 0
+
+
 @pytest.mark.parametrize(
     "damage",
     ["truncated", "empty", "not-an-object", "bad-rows", "unsorted-seeks", "other-shard"],

@@ -99,20 +99,37 @@ class ParquetFormat(Format):
                 "write the file again with its columns, or remove it from the dataset",
                 byte=size - need,
             )
-        starts: list[int] = []
-        offset = 0
-        for i in range(meta.num_row_groups):
-            starts.append(offset)
-            offset += meta.row_group(i).num_rows
-        return ShardInfo(
-            rows=meta.num_rows,
-            blocks=tuple(starts),
-            schema=meta.schema.to_arrow_schema(),
-            meta=meta,
-        )
+        return _info(meta)
+
+    # The shard index keeps the footer (ingest.planner.index.footers): a restarted job
+    # reads none again.
+    def footer_of(self, info: ShardInfo) -> bytes:
+        """The footer of ``info`` as a Parquet metadata file's bytes."""
+        sink = pa.BufferOutputStream()
+        info.meta.write_metadata_file(sink)  # PAR1, the footer, its length, PAR1
+        return bytes(sink.getvalue().to_pybytes())
+
+    def from_footer(self, shard: Shard, footer: bytes) -> ShardInfo:
+        """:meth:`inspect`'s result again from :meth:`footer_of`'s bytes."""
+        return _info(pq.read_metadata(pa.BufferReader(footer)))
 
     def open(self, ctx: ReadContext) -> ShardReader:
         return _ParquetReader(ctx)
+
+
+def _info(meta: Any) -> ShardInfo:
+    """A shard's inspection from its footer (``pq.FileMetaData``)."""
+    starts: list[int] = []
+    offset = 0
+    for i in range(meta.num_row_groups):
+        starts.append(offset)
+        offset += meta.row_group(i).num_rows
+    return ShardInfo(
+        rows=meta.num_rows,
+        blocks=tuple(starts),
+        schema=meta.schema.to_arrow_schema(),
+        meta=meta,
+    )
 
 
 def _open_native(ctx: ReadContext) -> Any:

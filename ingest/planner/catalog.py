@@ -31,6 +31,7 @@ from ingest.formats import FORMAT_RESOLVER, get_format
 from ingest.formats import folder as folders
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
 from ingest.planner.index import Indexer, IndexStore, local_indexer
+from ingest.planner.index.footers import keep_footers, stored_footers
 from ingest.storage.sources import Shard, Source
 
 _INSPECT_THREADS = 16
@@ -176,6 +177,7 @@ class Catalog:
         shards, classes = folders.group(
             self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store)
         )
+        known = self._recall_footers(shards)
         infos: list[ShardInfo]
         todo = sum(1 for s in shards if (s.url, s.size, s.version) not in self._cache)
         with tqdm(
@@ -199,6 +201,8 @@ class Catalog:
                     infos = list(pool.map(one, shards))
             else:
                 infos = [one(s) for s in shards]
+        if self.index_store is not None:  # footers read just now, for the next job
+            keep_footers(self.index_store, list(zip(shards, infos, strict=True)), known)
         if not schema:
             return Listing(tuple(shards), tuple(infos), None, "", classes)
         stream_schema, origin = self._schema(shards, infos)
@@ -208,6 +212,16 @@ class Catalog:
                     check_schema(shard.url, info.schema, stream_schema, origin, self.columns)
         listing = Listing(tuple(shards), tuple(infos), stream_schema, origin, classes)
         return self._index(listing, progress) if index else listing
+
+    def _recall_footers(self, shards: Sequence[Shard]) -> set[tuple[str, int, str]]:
+        """Take the footers the index store keeps of shards not inspected yet (a restarted
+        job reads none again: :mod:`ingest.planner.index.footers`); the keys known now."""
+        with self._lock:
+            fresh = [s for s in shards if (s.url, s.size, s.version) not in self._cache]
+        stored = stored_footers(self.index_store, fresh) if self.index_store and fresh else {}
+        with self._lock:
+            self._cache.update(stored)
+            return set(self._cache)
 
     def _index(self, listing: Listing, progress: bool) -> Listing:
         todo = [n for n, i in enumerate(listing.infos) if i.rows is None]

@@ -4,6 +4,8 @@ points), checked when it is read back."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 from typing import Any
@@ -120,6 +122,39 @@ def _seeks(raw_seeks: Any, rows: int) -> tuple[Seek, ...]:
     if seeks != sorted(seeks) or any(row > rows for row, _ in seeks):
         raise _CorruptEntryError("seek points are not in order within the row count")
     return tuple(seeks)
+
+
+def _footer_name(shard: Shard) -> str:
+    """Where ``shard``'s footer is kept: apart from its index entry, under the same key."""
+    digest = hashlib.sha256(
+        json.dumps({**_key(shard), "kind": "footer"}, sort_keys=True).encode()
+    ).hexdigest()
+    return f"footers/{digest[:2]}/{digest}.json"
+
+
+def _encode_footer(shard: Shard, footer: bytes) -> bytes:
+    """The JSON bytes stored for ``shard``'s footer (the format's own bytes, base64)."""
+    doc = {**_key(shard), "kind": "footer", "footer": base64.b64encode(footer).decode()}
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _decode_footer(shard: Shard, data: bytes) -> bytes:
+    """The footer bytes of an entry written by :func:`_encode_footer` for ``shard``.
+
+    Raises:
+        _CorruptEntryError: If it does not parse or belongs to another key.
+    """
+    doc = _json_object(data)
+    for name, want in {**_key(shard), "kind": "footer"}.items():
+        if doc.get(name) != want:
+            raise _CorruptEntryError(f"{name} is {doc.get(name)!r}, expected {want!r}")
+    footer = doc.get("footer")
+    if not isinstance(footer, str):
+        raise _CorruptEntryError(f"footer is {type(footer).__name__}, not a base64 string")
+    try:
+        return base64.b64decode(footer, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise _CorruptEntryError(f"footer is not base64 ({e})") from None
 
 
 def _listing_name(key: str) -> str:

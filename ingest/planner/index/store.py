@@ -11,7 +11,7 @@ import threading
 import warnings
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,10 @@ from ingest.planner.index.entries import (
     INDEX_VERSION,
     _CorruptEntryError,
     _decode_entry,
+    _decode_footer,
     _encode_entry,
+    _encode_footer,
+    _footer_name,
     _listing_name,
     _name,
     shard_identity,
@@ -92,12 +95,18 @@ class IndexStats:
         misses: Shards not found (new, changed, or with a corrupt entry).
         corrupt: Entries ignored because they did not parse or did not match their shard.
         written: Entries written.
+        footer_hits: Footers found in the index (the shard's footer not read again).
+        footer_misses: Footers looked up and not found.
+        footer_writes: Footers written (apart from ``written``, which counts entries).
     """
 
     hits: int = 0
     misses: int = 0
     corrupt: int = 0
     written: int = 0
+    footer_hits: int = 0
+    footer_misses: int = 0
+    footer_writes: int = 0
 
 
 class IndexStore:
@@ -136,7 +145,7 @@ class IndexStore:
                 ) from None
             self._root = str(self._fs._strip_protocol(location)).rstrip("/")
             self.location = self._opener.scrub(redact(location))
-        self._counts = {"hits": 0, "misses": 0, "corrupt": 0, "written": 0}
+        self._counts = {f.name: 0 for f in fields(IndexStats)}
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -230,6 +239,46 @@ class IndexStore:
             "network, or choose another index location",
         )
 
+    def get_footers(self, shards: Sequence[Shard]) -> list[bytes | None]:
+        """The footer kept for each shard (the bytes its format gave, see
+        :meth:`put_footers`), or None where none is; a corrupt one is a miss, with a warning.
+
+        Raises:
+            IndexStoreError: If the location cannot be read (permissions, network).
+        """
+        blobs = self._get_blobs([_footer_name(s) for s in shards])
+        out: list[bytes | None] = []
+        for shard, blob in zip(shards, blobs, strict=True):
+            footer = None
+            if blob is not None:
+                try:
+                    footer = _decode_footer(shard, blob)
+                except _CorruptEntryError as e:
+                    self._count(corrupt=1)
+                    warnings.warn(
+                        f"shard index footer {_footer_name(shard)} for "
+                        f"{shard_identity(shard.url)} is ignored ({e}); the footer is read "
+                        "again and kept",
+                        IndexEntryWarning,
+                        stacklevel=2,
+                    )
+            out.append(footer)
+        found = sum(1 for f in out if f is not None)
+        self._count(footer_hits=found, footer_misses=len(out) - found)
+        return out
+
+    def put_footers(self, items: Sequence[tuple[Shard, bytes]]) -> None:
+        """Keep each shard's footer (the bytes its format gives to inspect it again without
+        a request), under the shard's URL, size, version and format: a changed shard's
+        footer is never found.
+
+        Raises:
+            IndexStoreError: If the location cannot be written.
+        """
+        if items:
+            blobs = [(_footer_name(s), _encode_footer(s, f)) for s, f in items]
+            self._put_blobs(blobs, counter="footer_writes")
+
     # -- writing ---------------------------------------------------------------------------
 
     def put_many(self, items: Sequence[tuple[Shard, ShardInfo]]) -> None:
@@ -242,8 +291,9 @@ class IndexStore:
             return
         self._put_blobs([(_name(shard), _encode_entry(shard, info)) for shard, info in items])
 
-    def _put_blobs(self, blobs: Sequence[tuple[str, bytes]]) -> None:
-        """Store each ``(name, bytes)``, replacing any entry atomically; counted as written.
+    def _put_blobs(self, blobs: Sequence[tuple[str, bytes]], counter: str = "written") -> None:
+        """Store each ``(name, bytes)``, replacing any entry atomically; counted in
+        ``counter``.
 
         Raises:
             IndexStoreError: If the location cannot be written.
@@ -257,7 +307,7 @@ class IndexStore:
                     self._fs.pipe(batch)
                 except Exception as e:
                     raise self._store_error(e, "write") from None
-        self._count(written=len(blobs))
+        self._count(**{counter: len(blobs)})
 
     # -- listings ----------------------------------------------------------------------------
 
