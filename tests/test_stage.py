@@ -333,3 +333,28 @@ def test_a_stage_on_two_batches_at_once_gives_the_batches_and_states_of_one_at_a
     [q] = parallel[2]
     assert q == serial[2][0] and q.reason == "RuntimeError: bad row 100"
     assert sum(len(b) for b in parallel[0]) == 2 * (SHARDS * ROWS - 4 - BATCH)
+
+
+@pytest.mark.parametrize(
+    "origin",
+    [np.array([0.0, 1.0]), np.array([0, np.nan]), np.array([True, False]), np.array(["0", "1"])],
+    ids=["floats", "nan", "bools", "strings"],
+)
+@pytest.mark.parametrize("packed", [False, True], ids=["stream", "pack"])
+def test_origins_that_are_not_integers_are_refused(data: str, origin: Any, packed: bool) -> None:
+    """Float, NaN, bool and string origins were taken (under Pack, NaN was a bare
+    IndexError at engine/pack.py:305); issue 31, finding 11."""
+    pack = ingest.Pack(seq_len=8, read_rows=BATCH, column="ids", pad_id=0) if packed else None
+
+    class Origins(ingest.Stage):
+        def __call__(self, table: pa.Table) -> ingest.Staged:
+            out = table.slice(0, 2)
+            ids = pa.array([[1, 2]] * 2, pa.list_(pa.int32()))
+            return ingest.Staged(out.append_column("ids", ids), origin)
+
+    stream = ingest.Stream(data, columns=["id"], batch_size=BATCH, transform=Origins(), pack=pack)
+    with pytest.raises(
+        ingest.ConfigError, match=rf"with origins of {origin.dtype}.*an origin is an integer"
+    ):
+        next(iter(stream))
+    stream.close()

@@ -4,6 +4,8 @@ or a plain callable; one output row per input row; clear refusals."""
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -187,3 +189,203 @@ def test_batches_tokenized_at_once_encode_one_at_a_time_and_keep_their_rows() ->
         assert out.table.column("input_ids").to_pylist() == [[n] * n for n in lengths]
     with pytest.raises(ConfigError, match="parallel_batches"):
         Tokenize(encoder, parallel_batches=0)
+
+
+# -- ids that do not fit, outputs that are not ids (issue 31, findings 5 and 11) -----------
+
+
+BIG = 2**31 + 5
+
+
+@pytest.mark.parametrize(
+    ("ids", "message"),
+    [
+        (lambda t: [np.array([1, 2]), np.array([3, BIG], np.int64)], rf"id {BIG} is out of range"),
+        (lambda t: [[1, 2], [3, BIG]], rf"id {BIG} is out of range"),
+        (lambda t: [[1, 2], [3, 2**70]], r"id 1180591620717411303424 is out of range"),
+        (lambda t: [np.array([1], np.uint64), np.array([2**63], np.uint64)], rf"id {2**63} is"),
+        (lambda t: [[1, 2], [3, -4]], r"id -4 is out of range"),
+        (lambda t: [np.array([1, 2]), np.array([-4])], r"id -4 is out of range"),
+        (lambda t: [[1, 2], [3, 4.5]], r"id 4\.5 is not an integer"),
+        (lambda t: [np.array([1, 2]), np.array([3.0, 4.5])], r"ids are float64"),
+    ],
+    ids=[
+        "int64-array",
+        "list",
+        "list-past-int64",
+        "uint64",
+        "negative",
+        "negative-array",
+        "float",
+        "float-array",
+    ],
+)
+def test_ids_that_are_not_int32_token_ids_are_refused_naming_the_document(
+    ids: Any, message: str
+) -> None:
+    """Ids past int32 wrapped to negative ones silently (-2147483643), or raised a bare
+    OverflowError; float ids were truncated, negative ones passed."""
+    with pytest.raises(ConfigError, match=rf"row 1 of the batch: the tokenizer's {message}.*"):
+        Tokenize(ids)(pa.table({"text": ["ab", "cd"]}))
+
+
+def test_an_id_out_of_range_names_its_shard_and_row_through_a_stream(tmp_path: Path) -> None:
+    import json
+
+    import ingest
+
+    lines = [json.dumps({"text": "ok"}) for _ in range(5)] + [json.dumps({"text": "BIG"})]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+
+    def ids(texts: list[str]) -> list[np.ndarray]:
+        return [np.array([BIG if t == "BIG" else 7], np.int64) for t in texts]
+
+    stream = ingest.Stream(str(tmp_path), batch_size=6, transform=Tokenize(ids))
+    with pytest.raises(ConfigError, match=rf"a\.jsonl row 5: the tokenizer's id {BIG} is out"):
+        next(iter(stream))
+    stream.close()
+
+
+@pytest.mark.parametrize("eos", [-7, 2**31, 1.0, True, "2"])
+def test_an_eos_id_that_is_no_token_id_is_refused(eos: Any) -> None:
+    with pytest.raises(ConfigError, match=rf"Tokenize\(eos_id={eos!r}\) must be a token id"):
+        Tokenize(lambda t: [[1]] * len(t), eos_id=eos)
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        (lambda t: None, r"returned NoneType for 2 texts"),
+        (lambda t: 7, r"returned int for 2 texts"),
+        (lambda t: "ab", r"returned str for 2 texts"),
+        (lambda t: [[1]], r"returned 1 id lists for 2 texts"),
+        (lambda t: [[1], [2], [3]], r"returned 3 id lists for 2 texts"),
+        (lambda t: [[1], 5], r"row 1 of the batch: tokenizer .* returned int \(5\)"),
+        (lambda t: ["ab", "cd"], r"row 0 of the batch: tokenizer .* returned str \('ab'\)"),
+        (lambda t: {"input_ids": None}, r"returned NoneType"),
+        (lambda t: [np.zeros((2, 2), int)] * 2, r"row 0 of the batch: .*array of shape \(2, 2\)"),
+    ],
+    ids=["None", "int", "str", "too-few", "too-many", "int-in-list", "strings", "dict-None", "2d"],
+)
+def test_a_callable_that_returns_no_id_lists_is_refused(out: Any, message: str) -> None:
+    """These raised TypeError, ArrowInvalid or ValueError from deep inside."""
+    with pytest.raises(ConfigError, match=message):
+        Tokenize(out)(pa.table({"text": ["ab", "cd"]}))
+
+
+def test_a_tokenizers_tokenizer_refuses_a_column_that_is_not_text(tokenizer: Tokenizer) -> None:
+    """A TypeError from the Rust encoder before."""
+    with pytest.raises(ConfigError, match=r"Tokenize\(column='text'\) is int64, not text"):
+        Tokenize(tokenizer)(pa.table({"text": [1, 2]}))
+    got = Tokenize(tokenizer)(pa.table({"text": pa.array(["the a"], pa.large_string())}))
+    assert got.table.column("num_tokens").to_pylist() == [2]
+
+
+# -- a fork while an encoding runs; close() ends the encodings (issue 31, finding 3) -------
+
+
+class _Blocking:
+    """A batch encoder whose calls in the process that made it wait for ``release``."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.started = threading.Event()
+        self.release = threading.Event()
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool = False) -> list[Any]:
+        if os.getpid() == self.pid:
+            self.started.set()
+            self.release.wait(60)
+        return [SimpleNamespace(ids=[len(t)]) for t in texts]
+
+
+def test_a_process_forked_while_an_encoding_holds_the_lock_encodes() -> None:
+    """The encoding lock is the process's: a child forked while a thread held it (a
+    DataLoader forking its workers while a closed stream's encoding ran) inherited it held,
+    by no thread of its own, and its first encoding waited for ever."""
+    blocking = _Blocking()
+    table = pa.table({"text": ["ab", "c"]})
+    holder = threading.Thread(target=Tokenize(blocking), args=(table,), daemon=True)
+    holder.start()
+    try:
+        assert blocking.started.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: encode with the lock as forked
+            code = 1
+            try:
+                got = Tokenize(blocking)(table).table.column("input_ids").to_pylist()
+                code = 0 if got == [[2], [1]] else 2
+            finally:
+                os._exit(code)
+        deadline = time.monotonic() + 20
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child's encoding waited 20 s on the lock it inherited held")
+        assert os.waitstatus_to_exitcode(done[1]) == 0
+    finally:
+        blocking.release.set()
+        holder.join(10)
+
+
+class _Slow:
+    """A batch encoder taking ``seconds`` a call, counting the calls running."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.running = 0
+        self.calls = 0
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool = False) -> list[Any]:
+        self.running += 1
+        self.calls += 1
+        time.sleep(self.seconds)
+        self.running -= 1
+        return [SimpleNamespace(ids=[len(t)]) for t in texts]
+
+
+def test_closing_a_stream_ends_its_encodings_and_their_threads(tmp_path: Path) -> None:
+    """close() left the batch being encoded (and the next one's) running in the pool's
+    threads after it returned: the encoding held the process's lock across whatever came
+    next (a fork)."""
+    import json
+
+    import ingest
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": "ab"}) + "\n" for _ in range(40)))
+    slow = _Slow(0.5)
+    stream = ingest.Stream(str(tmp_path), batch_size=4, transform=Tokenize(slow))
+    assert next(iter(stream))["input_ids"][0].tolist() == [2]
+    began = time.monotonic()
+    stream.close()
+    assert time.monotonic() - began < 10 + 1  # bounded: in_order's END_S
+    assert slow.running == 0, "an encoding still ran after close()"
+    alive = [t.name for t in threading.enumerate() if t.name.startswith("ingest-transform")]
+    assert not alive, f"close() left threads running: {alive}"
+
+
+def test_a_dataloader_after_a_closed_stream_whose_encoding_ran(tmp_path: Path) -> None:
+    """The issue's reproduction: the first batch of a stream whose later batches take long to
+    encode, close(), then a DataLoader forking a worker over a new stream: its first batch
+    comes (it waited for StreamTimeoutError)."""
+    import json
+
+    import ingest
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": "ab"}) + "\n" for _ in range(40)))
+    first = ingest.Stream(str(tmp_path), batch_size=4, transform=Tokenize(_Slow(0.5)))
+    next(iter(first))
+    first.close()
+    second = ingest.Stream(
+        str(tmp_path),
+        batch_size=4,
+        transform=Tokenize(_Slow(0.0)),
+        read=ingest.ReadOptions(timeout_s=20),
+    )
+    loader = ingest.DataLoader(second, num_workers=1)
+    try:
+        assert next(iter(loader))["input_ids"][0].tolist() == [2]
+    finally:
+        loader.close() if hasattr(loader, "close") else None

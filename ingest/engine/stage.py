@@ -32,6 +32,27 @@ from ingest.core.errors import ConfigError
 from ingest.engine.window import indices
 
 
+class RowError(ConfigError):
+    """A stage refused one input row of its batch (a tokenizer's id out of range): the feed
+    that ran it names the row's shard URL and row (:meth:`at`).
+
+    Attributes:
+        row: The row's position in the batch the stage was given.
+        problem: What is wrong with what the stage made of it.
+        fix: What to do.
+    """
+
+    def __init__(self, row: int, problem: str, fix: str) -> None:
+        self.row = row
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"row {row} of the batch: {problem}; {fix}")
+
+    def at(self, url: str, row: int) -> ConfigError:
+        """The same error naming the document by its shard ``url`` and ``row``."""
+        return ConfigError(f"{url} row {row}: {self.problem}; {self.fix}")
+
+
 @dataclass(frozen=True, slots=True)
 class Staged:
     """What a :class:`Stage` made of a batch.
@@ -58,6 +79,12 @@ class Staged:
         rows = self.table.num_rows
         origin = np.asarray(self.origin)
         where = f"stage {name} returned {rows} rows for {inputs}"
+        if origin.size and origin.dtype.kind not in "iu":
+            raise ConfigError(
+                f"{where} with origins of {origin.dtype} ({origin.ravel()[:3].tolist()}...); "
+                "an origin is an integer, the position of an input row of the batch (numpy "
+                "int64, as np.flatnonzero gives)"
+            )
         if origin.shape != (rows,):
             raise ConfigError(
                 f"{where} with {origin.shape} origins; give one origin (input row) per output row"
@@ -75,6 +102,10 @@ class Staged:
         if self.part is None:
             return
         part = np.asarray(self.part)
+        if part.size and part.dtype.kind not in "iu":
+            raise ConfigError(
+                f"{where} with parts of {part.dtype}; a part is [start, stop) in integers"
+            )
         if part.shape != (rows, 2) or (rows and bool((part[:, 0] > part[:, 1]).any())):
             raise ConfigError(
                 f"{where} with parts of shape {part.shape}; give [start, stop) per output row, "
@@ -156,4 +187,4 @@ class FlatMap(Stage):
         return Staged(made_table, np.asarray(origin, dtype=np.int64).reshape(-1))
 
 
-__all__ = ["Filter", "FlatMap", "Stage", "Staged"]
+__all__ = ["Filter", "FlatMap", "RowError", "Stage", "Staged"]

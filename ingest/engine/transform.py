@@ -96,7 +96,8 @@ def staged(fn: Callable[[pa.Table], Any], table: pa.Table) -> Staged:
     got = fn(table)
     if isinstance(got, Staged):  # a stage: any number of rows, with their origins
         got.check(table.num_rows, name)
-        return Staged(as_table(got.table, f"stage {name}"), np.asarray(got.origin), got.part)
+        origin = np.asarray(got.origin, dtype=np.int64)  # checked: integers (or none)
+        return Staged(as_table(got.table, f"stage {name}"), origin, got.part)
     out = as_table(got, f"transform {name}")
     if out.num_rows != table.num_rows:
         raise ConfigError(
