@@ -4,11 +4,17 @@ that varlen attention takes, and best-fit's efficiency on a lognormal corpus."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import ingest
+from ingest import Pack, Tokenize
 from ingest.core.errors import ConfigError
 from ingest.core.packing import IGNORE, Packed, Packer, collate, consumed
 
@@ -177,3 +183,75 @@ def test_close_before_closes_the_sequences_of_older_documents() -> None:
     assert [[p.key for p in s.pieces] for s in out] == [[0, 1], [1, 2, 3]]
     assert greedy.close_before(3) == []  # the open sequence holds only document 3
     assert [[p.key for p in s.pieces] for s in greedy.close_before(4)] == [[3]]
+
+
+# -- Pack's settings, its pad id, a corpus under one read step (issue 31, findings 11, 14) --
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"seq_len": 10**9}, r"Pack\(seq_len=1000000000\) is more than 16,777,216 tokens"),
+        ({"seq_len": 16.5}, r"Pack\(seq_len=16\.5\) must be >= 1, a whole number \(got float\)"),
+        ({"seq_len": True}, r"Pack\(seq_len=True\) must be >= 1, a whole number \(got a bool\)"),
+        ({"seq_len": 0}, r"Pack\(seq_len=0\) must be >= 1"),
+        ({"seq_len": 8, "read_rows": 2.5}, r"Pack\(read_rows=2\.5\) must be >= 1.*read_rows=256"),
+        ({"seq_len": 8, "max_open": False}, r"Pack\(max_open=False\) must be >= 1"),
+        ({"seq_len": 8, "max_lag": -1}, r"Pack\(max_lag=-1\) must be >= 0"),
+        ({"seq_len": 8, "pad_id": -1}, r"Pack\(pad_id=-1\) must be >= 0.*or None"),
+        ({"seq_len": 8, "pad_id": 2**31}, r"Pack\(pad_id=2147483648\) must be a token id"),
+        ({"seq_len": 8, "method": "first_fit"}, r"method='first_fit'"),
+    ],
+)
+def test_pack_refuses_settings_that_cannot_work_when_made(
+    options: dict[str, object], message: str
+) -> None:
+    """seq_len=10**9 was a MemoryError (7.45 GiB) at the first batch; 16.5 and True failed
+    at iteration."""
+    with pytest.raises(ConfigError, match=message):
+        Pack(**options)  # type: ignore[arg-type]
+
+
+def _docs(tmp_path: Path, n: int) -> str:
+    """``n`` documents of 4 characters (5 tokens with an end of text)."""
+    lines = [json.dumps({"text": f"{i % 10}abc"}) for i in range(n)]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    return str(tmp_path)
+
+
+def _chars(texts: list[str]) -> list[list[int]]:
+    return [[100 + ord(c) for c in t] for t in texts]
+
+
+def _pads(batch: dict[str, Any]) -> set[int]:
+    """The ids at padding: after a sequence's last piece."""
+    ids, labels = batch["input_ids"].numpy(), batch["labels"].numpy()
+    return {int(v) for v in ids[:, -1][labels[:, -1] == IGNORE]}
+
+
+def test_pack_pads_with_the_end_of_text_id_unless_told(tmp_path: Path) -> None:
+    """pad_id defaulted to 0, a real token of most vocabularies."""
+    url = _docs(tmp_path, 12)
+    pack = Pack(seq_len=18, read_rows=4)  # 3 documents of 5 tokens a sequence (4 of 4)
+    stream = ingest.Stream(url, batch_size=2, transform=Tokenize(_chars, eos_id=7), pack=pack)
+    assert set().union(*map(_pads, stream)) == {7}
+    told = Pack(seq_len=18, read_rows=4, pad_id=9)
+    stream = ingest.Stream(url, batch_size=2, transform=Tokenize(_chars, eos_id=7), pack=told)
+    assert set().union(*map(_pads, stream)) == {9}
+    stream = ingest.Stream(url, batch_size=2, transform=Tokenize(_chars), pack=pack)
+    with pytest.warns(UserWarning, match=r"Pack\(pad_id=None\) pads with token id 0.*pad_id="):
+        assert set().union(*map(_pads, stream)) == {0}
+
+
+def test_a_corpus_under_one_read_step_warns_that_its_epoch_is_empty(tmp_path: Path) -> None:
+    """An epoch of 0 batches came with no word."""
+    url = _docs(tmp_path, 5)
+    pack = Pack(seq_len=16, read_rows=8, pad_id=0)
+    stream = ingest.Stream(url, batch_size=2, transform=Tokenize(_chars, eos_id=7), pack=pack)
+    with pytest.warns(
+        UserWarning,
+        match=r"epoch 0 of the packed stream gave no batch: the dataset \(5 rows listed\) "
+        r"holds fewer than one read step of Pack\.read_rows=8 documents x 1 ranks.*Lower "
+        r"Pack\.read_rows",
+    ):
+        assert list(stream) == []

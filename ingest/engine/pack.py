@@ -34,6 +34,7 @@ is consumed with its read step. They may not make several rows of one.
 
 from __future__ import annotations
 
+import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from ingest.core.state import StreamState
 from ingest.engine.feed import Ready, Tail
 from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.pack_settings import ORIGIN, Pack, with_origin
+from ingest.engine.tokenize import EOS_KEY
 
 if TYPE_CHECKING:  # convert imports torch, which the Ray readers of a packing stream need not
     from ingest.engine.convert import Batch
@@ -70,6 +72,26 @@ class _Step:
     done: list[tuple[int, int]] = field(default_factory=list)
     """``(packed row, tokens)`` of its documents done (all of its rows are, once it is
     acked)."""
+
+
+def _pad_of(pack: Pack, table: pa.Table) -> int:
+    """The pad id: ``pack.pad_id``, else the ``eos_id`` the token ids were made with (their
+    field's metadata, :data:`ingest.engine.tokenize.EOS_KEY`), else 0, with a warning."""
+    if pack.pad_id is not None:
+        return pack.pad_id
+    field_ = table.schema.field(pack.column) if pack.column in table.column_names else None
+    eos = (field_.metadata or {}).get(EOS_KEY) if field_ is not None else None
+    if eos is not None:
+        return int(eos)
+    warnings.warn(
+        f"Pack(pad_id=None) pads with token id 0: the ids of column {pack.column!r} were not "
+        "made by Tokenize(eos_id=...), whose end-of-text id would pad; id 0 is a real token "
+        "of most vocabularies (its labels are -100, but the model still embeds it). Pass "
+        "Pack(pad_id=...): your tokenizer's pad or end-of-text id",
+        UserWarning,
+        stacklevel=2,
+    )
+    return 0
 
 
 def _tokens_of(table: pa.Table, column: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
@@ -128,6 +150,8 @@ class PackedRank:
         """Padding tokens handed out."""
         self.handed = 0
         """Batches handed out in the epoch (this run of it)."""
+        self._pad = pack.pad_id
+        """The pad id (None: from the first read step's ids, :func:`_pad_of`)."""
 
     def load(self, state: StreamState) -> None:
         """Go on after ``state`` (loaded into the book): its cut documents start at their
@@ -173,6 +197,8 @@ class PackedRank:
             yield self._hand_out(self.batch_size)
         if self._steps or self._docs:  # pragma: no cover - the packer holds none
             raise IngestError(f"epoch {epoch} ended with {len(self._docs)} documents not packed")
+        if not self.handed and not ending.steps:
+            self._warn_empty(epoch, ending)
         self.rank.end(epoch, ending)
         self._carry(epoch)
 
@@ -251,6 +277,25 @@ class PackedRank:
         handed = [(key, n) for s in self._steps for key, n in s.done if n]
         return handed + list(self._offsets.items())
 
+    def _warn_empty(self, epoch: int, ending: Ending) -> None:
+        """Say that ``epoch`` gave this rank no batch: it read no whole read step."""
+        rows, ranks = "", ""
+        if self.book is not None:
+            counts = self.book.plan(epoch).counts.copy()
+            for shard, n in ending.learned.items():  # counted by reading (JSONL)
+                counts[shard] = n
+            if len(counts) and (counts >= 0).all():
+                rows = f" ({int(counts.sum()):,} rows listed)"
+            ranks = f" x {self.book.world_size} ranks"
+        warnings.warn(
+            f"epoch {epoch} of the packed stream gave no batch: the dataset{rows} holds fewer "
+            f"than one read step of Pack.read_rows={self.pack.read_rows} documents{ranks}, "
+            "and its rows are carried into the next epoch. Lower Pack.read_rows (to at most "
+            "the rows per rank), or add data",
+            UserWarning,
+            stacklevel=2,
+        )
+
     def _carry(self, epoch: int) -> None:
         """After ``epoch``'s end: the book takes the offsets of the documents cut before a
         resume that the epoch did not read again (its remainder, shared anew at the resume),
@@ -297,6 +342,8 @@ class PackedRank:
                 'ReadOptions(on_error="raise") when packing'
             )
         table = item.table
+        if self._pad is None:
+            self._pad = _pad_of(self.pack, table)
         origin = table.column(ORIGIN).to_numpy()
         lengths, flat = _tokens_of(table, self.pack.column)
         ends = np.cumsum(lengths)
@@ -334,7 +381,7 @@ class PackedRank:
     def _hand_out(self, size: int) -> Batch:
         self.handed += 1
         sequences, self._closed = self._closed[:size], self._closed[size:]
-        batch = collate(sequences, self.pack.seq_len, self.pack.pad_id)
+        batch = collate(sequences, self.pack.seq_len, self._pad or 0)
         pieces = self._provenance(batch.pieces) if self.pack.provenance else None
         self._done([(serial, stop, last) for _, serial, _, stop, last in batch.pieces.tolist()])
         import torch  # here: the readers of a Ray stream import this module, not torch

@@ -12,7 +12,13 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError
 from ingest.core.packing import Method, Packer
+from ingest.core.validate import COUNT, Number, check_numbers
+from ingest.engine.tokenize import MAX_ID
 from ingest.engine.transform import parallel_batches, staged
+
+MAX_SEQ_LEN = 1 << 24
+"""The longest sequence :class:`Pack` makes (16,777,216 tokens): longer is a mistake, not a
+context length (10**9 allocated 7.45 GiB a batch before failing)."""
 
 ORIGIN = "__ingest_origin"
 """The column a packing stream's transform adds: each row's position in its read step (the
@@ -38,7 +44,10 @@ class Pack:
         max_open: Best-fit: sequences open at once (more: fuller, more tokens held).
         column: The token id column (a list of integers per row): ``Tokenize``'s output, or
             a column of the data.
-        pad_id: The token id of padding (its labels are -100).
+        pad_id: The token id of padding (its labels are -100). None (the default): the
+            ``eos_id`` of the :class:`ingest.Tokenize` that made the ids; with none (ids
+            from a column of the data, or no ``eos_id``), 0, with a warning: id 0 is a
+            token of most vocabularies, so name your tokenizer's pad or end-of-text id.
         read_rows: Documents per read step (the book's step, acked whole; see the module
             docstring). The epoch's last fewer than ``read_rows`` documents are carried into
             the next epoch, as a stream's remainder is.
@@ -57,17 +66,30 @@ class Pack:
     method: Method = "best_fit"
     max_open: int = 64
     column: str = "input_ids"
-    pad_id: int = 0
+    pad_id: int | None = None
     read_rows: int = 256
     max_lag: int = 2
     provenance: bool = False
 
     def __post_init__(self) -> None:
-        Packer(self.seq_len, self.method, self.max_open)  # checks the three
-        if self.read_rows < 1:
-            raise ConfigError(f"Pack(read_rows={self.read_rows}) must be at least 1")
-        if self.max_lag < 0:
-            raise ConfigError(f"Pack(max_lag={self.max_lag}) must be at least 0")
+        check_numbers(
+            self,
+            "Pack",
+            seq_len=COUNT,
+            max_open=COUNT,
+            read_rows=COUNT,
+            max_lag=Number(0, whole=True),
+            pad_id=Number(0, whole=True, optional=True),
+        )
+        if self.seq_len > MAX_SEQ_LEN:
+            raise ConfigError(
+                f"Pack(seq_len={self.seq_len}) is more than {MAX_SEQ_LEN:,} tokens: a batch "
+                f"holds three int64 arrays of batch_size x seq_len ({self.seq_len * 8:,} bytes "
+                "a sequence each); pass the model's context length"
+            )
+        if self.pad_id is not None and self.pad_id > MAX_ID:
+            raise ConfigError(f"Pack(pad_id={self.pad_id}) must be a token id, at most {MAX_ID}")
+        Packer(self.seq_len, self.method, self.max_open)  # checks the method
 
 
 def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa.Table]:
@@ -112,4 +134,4 @@ def check_read(pack: Pack | None, read: Any) -> None:
         )
 
 
-__all__ = ["ORIGIN", "Pack", "check_read", "with_origin"]
+__all__ = ["MAX_SEQ_LEN", "ORIGIN", "Pack", "check_read", "with_origin"]
