@@ -5,6 +5,7 @@ exact count when the weights change, and a state of a few numbers per source."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import numpy as np
 import pytest
@@ -141,3 +142,131 @@ def test_bad_mixtures_and_states_are_refused() -> None:
         Mixture({"a": 1}, unit="tokens")
     with pytest.raises(ConfigError, match="more than max_draw=8"):
         Mixture({"a": 1}, unit="tokens", max_draw=8).record("a", 9)
+
+
+def test_a_schedule_stage_must_weigh_every_source() -> None:
+    """A stage leaving a source out gave it weight 0 silently (issue 31, finding 6)."""
+    with pytest.raises(
+        ConfigError,
+        match=r"the schedule's stage at 100: weights \{'a': 1\} give no weight to \['b'\]: "
+        r"give every source .* a weight \(0 to leave one out\)",
+    ):
+        Mixture({"a": 1, "b": 1}, schedule=[(100, {"a": 1})])
+    mix = Mixture({"a": 1, "b": 1}, schedule=[(4, {"a": 1, "b": 0})])  # 0 said: taken
+    assert mix.stages[1].weights == (1.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("weights", "schedule", "message"),
+    [
+        (
+            {"a": "x", "b": 1},
+            (),
+            r"mixture weights: 'a' has weight 'x' \(str\); a weight is a number",
+        ),
+        ({"a": True, "b": 1}, (), r"'a' has weight True \(bool\)"),
+        ({"a": None, "b": 1}, (), r"'a' has weight None"),
+        (
+            {"a": 1, "b": 1},
+            [(float("nan"), {"a": 1, "b": 1})],
+            r"stage at nan must begin at a global count",
+        ),
+        (
+            {"a": 1, "b": 1},
+            [(10.5, {"a": 1, "b": 1})],
+            r"stage at 10\.5 must begin at a global count",
+        ),
+        ({"a": 1, "b": 1}, [(-5, {"a": 1, "b": 1})], r"stage at -5 must begin at a global count"),
+        (
+            {"a": 1, "b": 1},
+            [(10, {"a": float("nan"), "b": 1})],
+            r"stage at 10: weights .* must be finite",
+        ),
+        (
+            {"a": 1, "b": 1},
+            [(10, [0.5, 0.5])],
+            r"stage at 10: weights \[0\.5, 0\.5\] must be a dict",
+        ),
+        ({"a": 1, "b": 1}, [10], r"schedule entry 10 must be a pair"),
+    ],
+    ids=[
+        "str",
+        "bool",
+        "None",
+        "nan-start",
+        "float-start",
+        "negative-start",
+        "nan-weight",
+        "list-weights",
+        "no-pair",
+    ],
+)
+def test_weights_and_schedules_that_are_not_numbers_are_refused(
+    weights: dict[str, Any], schedule: Any, message: str
+) -> None:
+    """A weight "x" was a bare ValueError; a stage at NaN passed the order check (NaN
+    compares false) and failed in int()."""
+    with pytest.raises(ConfigError, match=message):
+        Mixture(weights, schedule=schedule)
+
+
+def _edited(**changes: Any) -> dict[str, Any]:
+    mix = Mixture({"a": 1, "b": 1}, schedule=[(10, {"a": 1, "b": 3})])
+    for _ in range(12):
+        mix.record(mix.choose())
+    state = json.loads(json.dumps(mix.state_dict()))
+    for key, value in changes.items():
+        if value is _GONE:
+            del state[key]
+        else:
+            state[key] = value
+    return state
+
+
+_GONE = object()
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"stage": 7}, r"stage 7: the stage reached is a position in its 2 stages"),
+        ({"stage": -1}, r"stage -1"),
+        ({"stage": "1"}, r"stage '1'"),
+        ({"counts": [1]}, r"counts \[1\]: one whole number >= 0 per source \(2\)"),
+        ({"counts": [1, -3]}, r"counts \[1, -3\]"),
+        ({"counts": [1, 2.5]}, r"counts \[1, 2\.5\]"),
+        ({"total": -100}, r"total -100: the draws counted since the start are a whole number"),
+        ({"total": 5}, r"stage 1: its stage begins at 10, after total 5"),
+        ({"stages": _GONE}, r"stages '\(missing\)'"),
+        ({"stages": []}, r"stages \[\]"),
+        ({"stages": [{"start": 0, "weights": [1.0]}]}, r"stages .*2 numbers >= 0"),
+        (
+            {"stages": [{"start": 0, "weights": [1, 1]}, {"start": 0, "weights": [1, 1]}]},
+            r"stages .*a count after the last one's",
+        ),
+        ({"total": _GONE}, r"total '\(missing\)'"),
+    ],
+    ids=[
+        "stage-7",
+        "stage-negative",
+        "stage-str",
+        "counts-short",
+        "counts-negative",
+        "counts-float",
+        "total-negative",
+        "total-before-stage",
+        "stages-removed",
+        "stages-empty",
+        "weights-short",
+        "stages-unordered",
+        "total-removed",
+    ],
+)
+def test_an_edited_mixture_state_is_refused_naming_its_field(
+    changes: dict[str, Any], message: str
+) -> None:
+    """These were bare IndexError, ValueError or KeyError; negative counts were taken."""
+    state = _edited(**changes)
+    with pytest.raises(StateError, match=rf"the state's mixture has {message}"):
+        Mixture({"a": 1, "b": 1}, schedule=[(10, {"a": 1, "b": 3})]).load_state_dict(state)
+    Mixture({"a": 1, "b": 1}, schedule=[(10, {"a": 1, "b": 3})]).load_state_dict(_edited())

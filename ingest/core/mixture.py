@@ -24,6 +24,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -44,17 +45,36 @@ class Stage:
     weights: tuple[float, ...]
 
 
-def _normalised(names: Sequence[str], weights: Mapping[str, float]) -> tuple[float, ...]:
-    unknown = sorted(set(weights) - set(names))
+def _normalised(
+    names: Sequence[str], weights: Mapping[str, float], where: str = "mixture weights"
+) -> tuple[float, ...]:
+    if not isinstance(weights, Mapping):
+        raise ConfigError(
+            f"{where} {weights!r} must be a dict of source name -> weight, over {list(names)}"
+        )
+    unknown = sorted(set(weights) - set(names), key=repr)
     if unknown:
         raise ConfigError(
-            f"weights name {unknown}, which are not sources of the mixture {list(names)}; "
+            f"{where} name {unknown}, which are not sources of the mixture {list(names)}; "
             "give a weight per named source"
         )
-    values = [float(weights.get(name, 0.0)) for name in names]
+    missing = [name for name in names if name not in weights]
+    if missing:
+        raise ConfigError(
+            f"{where} {dict(weights)} give no weight to {missing}: give every source of the "
+            f"mixture {list(names)} a weight (0 to leave one out)"
+        )
+    for name in names:
+        value = weights[name]
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ConfigError(
+                f"{where}: {name!r} has weight {value!r} ({type(value).__name__}); a weight "
+                "is a number, at least 0"
+            )
+    values = [float(weights[name]) for name in names]
     if any(not np.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
         raise ConfigError(
-            f"mixture weights {dict(zip(names, values, strict=True))} must be finite, at least "
+            f"{where} {dict(zip(names, values, strict=True))} must be finite, at least "
             "0, and not all 0"
         )
     total = sum(values)
@@ -102,13 +122,24 @@ class Mixture:
             raise ConfigError(f"ranks={ranks} must be >= 1")
         self.ranks = ranks
         self.stages: list[Stage] = [Stage(0, _normalised(self.names, weights))]
-        for start, later in schedule:
+        for entry in schedule:
+            if not isinstance(entry, (tuple, list)) or len(entry) != 2:
+                raise ConfigError(
+                    f"schedule entry {entry!r} must be a pair (global count, weights)"
+                )
+            start, later = entry
+            if isinstance(start, bool) or not isinstance(start, numbers.Integral) or start < 0:
+                raise ConfigError(
+                    f"the schedule's stage at {start!r} must begin at a global count, a whole "
+                    f"number >= 0 (in {unit}, every rank's draws), not {type(start).__name__}"
+                )
             if start <= self.stages[-1].start:
                 raise ConfigError(
                     f"the schedule's stage at {start} does not come after the one at "
                     f"{self.stages[-1].start}; give the stages in increasing order"
                 )
-            self.stages.append(Stage(int(start), _normalised(self.names, later)))
+            where = f"the schedule's stage at {start}: weights"
+            self.stages.append(Stage(int(start), _normalised(self.names, later, where)))
         self.total = 0
         """Documents or tokens drawn since the start, all stages, by all ranks."""
         self._stage = 0
@@ -208,18 +239,79 @@ class Mixture:
                     f"the state's mixture has {key} {state.get(key)!r}, this one {ours!r}; "
                     f"resume with the {key} the state was saved with"
                 )
-        total = int(state["total"])
-        saved = [Stage(int(s["start"]), tuple(s["weights"])) for s in state["stages"]]
-        stage = int(state["stage"])
+        total, stage, saved, counts = self._parsed(state)
         mine = max((s for s in self.stages if s.start <= total), key=lambda s: s.start)
         later = [s for s in self.stages if s.start > total]
         self.total = total
         if saved[stage].weights == mine.weights:
             self.stages = [*saved[: stage + 1], *later]
             self._stage = stage
-            self._counts = np.asarray(state["counts"], dtype=np.int64).copy()
+            self._counts = np.asarray(counts, dtype=np.int64)
             self._ties = self._order()
             return
         # Other weights: a stage of them begins here; this mixture's later stages follow.
         self.stages = [*saved[: stage + 1], Stage(total, mine.weights), *later]
         self._begin(stage + 1)
+
+    def _parsed(self, state: Mapping[str, Any]) -> tuple[int, int, list[Stage], list[int]]:
+        """The state's ``(total, stage, stages, counts)``, checked against each other.
+
+        Raises:
+            StateError: Naming the field, its value and the rule (an edited or damaged state).
+        """
+        n = len(self.names)
+
+        def bad(key: str, rule: str) -> StateError:
+            value = repr(state.get(key, "(missing)"))
+            value = value if len(value) <= 80 else value[:77] + "..."
+            return StateError(
+                f"the state's mixture has {key} {value}: {rule}; resume from a state saved by "
+                "the stream (it was edited or damaged)"
+            )
+
+        def count(value: Any) -> bool:
+            return (
+                isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
+            )
+
+        total = state.get("total")
+        if not count(total):
+            raise bad("total", "the draws counted since the start are a whole number >= 0")
+        stages = state.get("stages")
+        saved: list[Stage] = []
+        if not isinstance(stages, list) or not stages:
+            raise bad("stages", "a list of the stages, each {'start', 'weights'}")
+        for entry in stages:
+            weights = entry.get("weights") if isinstance(entry, Mapping) else None
+            if (
+                not isinstance(entry, Mapping)
+                or not count(entry.get("start"))
+                or not isinstance(weights, list)
+                or len(weights) != n
+                or not all(_weight(w) for w in weights)
+                or (saved and entry["start"] <= saved[-1].start)
+            ):
+                raise bad(
+                    "stages",
+                    f"each stage is {{'start': a count after the last one's, 'weights': {n} "
+                    "numbers >= 0}",
+                )
+            saved.append(Stage(int(entry["start"]), tuple(float(w) for w in weights)))
+        stage = state.get("stage")
+        if not count(stage) or stage >= len(saved):
+            raise bad("stage", f"the stage reached is a position in its {len(saved)} stages")
+        if saved[stage].start > total:
+            raise bad("stage", f"its stage begins at {saved[stage].start}, after total {total}")
+        counts = state.get("counts")
+        if not isinstance(counts, list) or len(counts) != n or not all(map(count, counts)):
+            raise bad("counts", f"one whole number >= 0 per source ({n})")
+        return int(total), int(stage), saved, [int(c) for c in counts]
+
+
+def _weight(value: Any) -> bool:
+    return (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and bool(np.isfinite(value))
+        and value >= 0
+    )
