@@ -17,9 +17,12 @@ Building the missing entries is an :data:`Indexer`'s job: :func:`local_indexer` 
 shards in threads of this process; :func:`ingest.distributed.index_tasks.ray_indexer` in Ray
 tasks on the ingest nod
 
+Footers are kept too (:mod:`.footers`): a format whose inspection comes back from bytes
+(Parquet's footer) has them stored under the same key, so a restarted job reads no footer.
+
 Modules: :mod:`.store` (:class:`IndexStore` and where it keeps entries), :mod:`.entries` (an
-entry's key, name and JSON, checked when read) and :mod:`.build` (the :data:`Indexer` that
-reads the shards an index lacks).
+entry's key, name and JSON, checked when read), :mod:`.build` (the :data:`Indexer` that
+reads the shards an index lacks) and :mod:`.footers` (footers kept and taken back).
 """
 
 from __future__ import annotations
