@@ -334,8 +334,10 @@ class RankIterator:
             self.epoch = epoch + 1
         finally:
             # Left early: the acks of every batch handed out reach the coordinator (an error
-            # here would hide the one that left the loop, if any).
-            if not done:
+            # here would hide the one that left the loop, if any). Not once Ray is shut down
+            # (a generator closed at interpreter exit, after Ray's own exit hook): any call
+            # then would start a new local Ray, and the process would never end (issue 31).
+            if not done and ray.is_initialized():
                 with contextlib.suppress(Exception):
                     self.flush()
                     if run is not None:  # for a state taken on the driver
@@ -398,7 +400,16 @@ class RankIterator:
         return placed(to_torch(item.batch), self.options.pin_memory, self.options.device)
 
     def flush(self) -> None:
-        """Send the acks held back, and wait until the coordinator has every ack sent."""
+        """Send the acks held back, and wait until the coordinator has every ack sent.
+
+        Raises:
+            IngestError: If Ray is shut down in this process (a call would start a new one).
+        """
+        if not ray.is_initialized():
+            raise IngestError(
+                f"rank {self.rank}'s acks cannot reach the coordinator: Ray is shut down in "
+                "this process. Take states and leave loops before ray.shutdown()"
+            )
         self._loop.flush()
         self._drain_acks()
 
