@@ -23,10 +23,21 @@ import pytest
 import ray
 
 import ingest
+from ingest.core.errors import ConfigError
+from ingest.core.sizing import (
+    Autoscale,
+    Decision,
+    Measure,
+    decide,
+    due,
+    reader_cpus,
+    shortfall,
+    task_cpus,
+)
 from ingest.distributed.sizer import PoolTick
 from ingest.testing import Store, write_dataset
 
-pytestmark = pytest.mark.usefixtures("ray_session")
+ray_session = pytest.mark.usefixtures("ray_session")
 
 SHARDS, ROWS, BATCH, WORLD = 8, 8000, 100, 2
 TOTAL = SHARDS * ROWS
@@ -71,6 +82,7 @@ def train(it: Any, stop: str, limit_s: float, step_s: float = STEP_S) -> list[li
     return epochs
 
 
+@ray_session
 def test_a_rank_waiting_for_a_batch_another_reader_decodes_counts_it_as_waiting(
     local: Store, tmp_path: Any
 ) -> None:
@@ -117,6 +129,7 @@ def _wait_for(stream: ingest.RayStream, done: Any, what: str, limit_s: float) ->
         time.sleep(0.5)
 
 
+@ray_session
 @pytest.mark.system
 def test_the_pool_grows_while_ranks_wait_then_shrinks_with_every_row_once(
     local: Store, tmp_path: Any
@@ -176,3 +189,116 @@ def test_the_pool_grows_while_ranks_wait_then_shrinks_with_every_row_once(
     fast = [t for t in history if t.size == grown and t.wait_share < 0.05]
     assert slow and fast, _timeline(history)
     assert min(t.rows_per_s for t in fast) > 1.5 * max(t.rows_per_s for t in slow)
+
+
+def test_the_first_decision_comes_seconds_after_rows_flow_then_on_the_interval() -> None:
+    """Issue 31: the first growth came 13 s after rows started flowing (a whole interval
+    after the pool started, of which the ranks' start-up, then intervals pushed back by slow
+    decisions: ticks 10-13 s apart). Now: nothing before rows flow, the first decision
+    ``first_interval_s`` after they do, then every ``interval_s``."""
+    rules = Autoscale()  # interval_s=5, first_interval_s=2
+    held = Decision(1, "ranks waited 1.0% of their time, readers 20% busy")
+    assert not due(60.0, flowing=False, last=None, settings=rules)
+    assert not due(1.9, flowing=True, last=None, settings=rules)
+    assert due(2.0, flowing=True, last=None, settings=rules)
+    assert not due(4.9, flowing=True, last=held, settings=rules)
+    assert due(5.0, flowing=True, last=held, settings=rules)
+    short = Autoscale(interval_s=1.0)  # the first interval is never longer than the others
+    assert due(1.0, flowing=True, last=None, settings=short)
+    # A pool held below max_size with busy readers: the ranks live on the batches made
+    # ahead and wait once those are taken, so the next decision comes soon too.
+    busy = decide(1, 1, 3, Measure(0.02, 2.0, 1.0), rules, float("inf"))
+    assert busy.size == 1 and busy.soon
+    assert due(2.0, flowing=True, last=busy, settings=rules)
+    assert not decide(3, 1, 3, Measure(0.02, 2.0, 3.0), rules, float("inf")).soon  # at max
+    assert not decide(2, 1, 3, Measure(0.02, 2.0, 0.4), rules, float("inf")).soon  # idle
+    assert decide(1, 1, 3, Measure(1.0, 2.0, 1.0), rules, float("inf")).size == 2
+    with pytest.raises(ConfigError, match="first_interval_s=0"):
+        Autoscale(first_interval_s=0)
+
+
+def test_default_reservations_fit_a_laptop_and_are_whole_cpus_on_a_cluster() -> None:
+    # A 2-CPU ray.init: the pool at max_size 4 reserves half a CPU, an index task a quarter.
+    assert reader_cpus(2, 4) == 0.125 and reader_cpus(2, 4) * 4 <= 2 / 4
+    assert task_cpus(2) == 0.25
+    # A cluster: a CPU each (an autoscaler adds nodes as the pool grows).
+    assert reader_cpus(112, 4) == 1.0 and task_cpus(112) == 1.0
+    assert reader_cpus(8, 4) == 0.5 and task_cpus(8) == 1.0
+    # No CPU at all (a head of CPU 0 alone): nothing reserved rather than never placed.
+    assert reader_cpus(0, 4) == 0.0 and task_cpus(0) == 0.0
+    for cpus in (1, 2, 3, 4, 6, 8, 12, 16, 64):
+        for most in (1, 2, 4, 8):
+            assert 0 < reader_cpus(cpus, most) * most <= max(cpus / 4, 0.01 * most)
+
+
+def test_shortfall_names_the_resource_the_cluster_lacks() -> None:
+    total = {"CPU": 2.0, "memory": 1e9}
+    free = {"CPU": 0.5}
+    assert shortfall({"CPU": 0.5}, 4, total, free) is None
+    said = shortfall({"CPU": 1.0}, 3, total, free)
+    assert said == "3 x 1 CPU asked (3 in all), the cluster has 2 CPU (0.5 free)"
+    said = shortfall({"CPU": 0.1, "ingest": 0.001}, 2, total, free)
+    assert said is not None and "0.001 ingest" in said and "has 0 ingest" in said
+
+
+@ray_session
+def test_a_pool_the_cluster_cannot_hold_fails_at_once_naming_the_resource(
+    local: Store,
+) -> None:
+    """Issue 31: on a 2-CPU ray.init, a RayStream waited up to the index tasks' 600 s for
+    CPUs its readers held. A pool, or index tasks beside it, that the cluster's nodes cannot
+    hold fail within seconds, naming what was asked, what the cluster has and the fix."""
+    write_dataset(local.fs, local.url("jsonl"), "jsonl", 2, 100)
+    cpus = ray.cluster_resources()["CPU"]
+    url = local.url("jsonl")
+    began = time.monotonic()
+    whole = ingest.ReaderPool(num_cpus=cpus, min_size=2, max_size=2)
+    with pytest.raises(
+        ConfigError,
+        match=rf"2 x {cpus:g} CPU asked \({2 * cpus:g} in all\), the cluster has "
+        rf"{cpus:g} CPU .*lower ReaderPool\(num_cpus=\.\.\.\)",
+    ):
+        ingest.RayStream(url, batch_size=10, world_size=2, readers=whole)
+    with pytest.raises(ConfigError, match=r"0\.001 no-such-node asked.*has 0 no-such-node"):
+        ingest.RayStream(url, readers=ingest.ReaderPool(resources={"no-such-node": 0.001}))
+    half = ingest.ReaderPool(num_cpus=cpus / 2, min_size=2, max_size=2)  # all, in 2 readers
+    with pytest.raises(ConfigError, match=r"an index task .* cannot run beside the reader pool"):
+        ingest.RayStream(url, batch_size=10, world_size=2, readers=half, index=None)
+    assert time.monotonic() - began < 30
+
+
+@ray_session
+@pytest.mark.system
+def test_the_first_growth_comes_seconds_after_rows_flow(local: Store, tmp_path: Any) -> None:
+    """Issue 31: the first growth came 13 s after rows started flowing, ticks 10-13 s apart
+    under load. With the default rules (decisions every 5 s), the first comes
+    ``first_interval_s`` (2 s) after the ranks' first report, and the next on the beat."""
+    write_dataset(local.fs, local.url("parquet"), "parquet", SHARDS, ROWS, row_group_rows=100)
+    stop = str(tmp_path / "stop")
+    pool = ingest.ReaderPool(
+        min_size=1, max_size=3, num_cpus=0.5, prefetch_batches=4, autoscale=ingest.Autoscale()
+    )
+    stream = ingest.RayStream(
+        local.url("parquet"),
+        columns=["id"],
+        batch_size=BATCH,
+        world_size=WORLD,
+        readers=pool,
+        transform=slow_transform(str(tmp_path / "never")),
+    )
+    with stream:
+        ranks = [train.remote(stream.rank_iterator(r), stop, 120) for r in range(WORLD)]
+        _wait_for(stream, lambda h: any(t.to > t.size for t in h), "a first growth", 60)
+        open(stop, "w").close()
+        ray.get(ranks, timeout=120)
+        assert stream.sizer is not None
+        flowing, history = stream.sizer.flowing_at_s, list(stream.sizer.history)
+    print(f"\nrows flowing at {flowing} s\n" + _timeline(history))
+    assert flowing is not None
+    # The first decision 2 s after the first report, then every 2 s while the one reader
+    # is busy and the ranks live on its head start (prefetch_batches), until they wait.
+    assert history[0].at_s - flowing < 2.0 + 1.5, _timeline(history)
+    grew = next(t for t in history if t.to > t.size)
+    assert grew.at_s - flowing < 8.0, _timeline(history)
+    beats = [b.at_s - a.at_s for a, b in itertools.pairwise(history[: history.index(grew) + 1])]
+    assert all(b < 2.0 + 1.5 for b in beats), _timeline(history)

@@ -22,10 +22,23 @@ The rules, one step at a time:
   the pool is too large).
 - **Hold** otherwise, and when no rank reported in the interval (nothing is training: no
   figure to judge by).
+
+When: the first decision comes ``Autoscale.first_interval_s`` after the ranks' first report
+(rows flowing), not a whole ``interval_s`` after the pool started, and the figures of that
+first report (each rank's wait for its feed's first batch, which no reader added removes)
+are left out; so does the next after a decision that held a pool below ``max_size`` whose
+readers were busy (the ranks live on the batches made ahead, and wait once those are
+taken); later decisions come every ``interval_s``, on a fixed beat (a slow decision does
+not push the next one back). :func:`due` is that rule.
+
+What the pool reserves: :func:`reader_cpus` and :func:`task_cpus` give the CPUs a reader
+actor and an index task ask Ray for when the user names none, from the cluster's CPUs, and
+:func:`shortfall` says which resource a request cannot get from a cluster.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ingest.core.errors import ConfigError
@@ -47,6 +60,9 @@ class Autoscale:
         start_timeout_s: Longest wait for a new reader to start (for example while the Ray
             autoscaler adds a node for it); past it, the reader is given up and the pool
             may try again at its next decision.
+        first_interval_s: The first decision comes this long after the ranks' first
+            report (at most ``interval_s``): a pool too small from the start grows within
+            seconds of rows flowing, not after whole intervals of start-up.
     """
 
     target_wait: float = 0.05
@@ -55,6 +71,7 @@ class Autoscale:
     idle_load: float = 0.5
     shrink_after_s: float = 60.0
     start_timeout_s: float = 600.0
+    first_interval_s: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 < self.target_wait < 1:
@@ -65,6 +82,8 @@ class Autoscale:
             value = getattr(self, name)
             if not 0 <= value <= 1:
                 raise ConfigError(f"Autoscale {name}={value} must be in [0, 1]")
+        if not self.first_interval_s > 0:
+            raise ConfigError(f"Autoscale first_interval_s={self.first_interval_s} must be > 0")
         if self.shrink_after_s < 0 or self.start_timeout_s <= 0:
             raise ConfigError(
                 f"Autoscale shrink_after_s={self.shrink_after_s} must be >= 0 and "
@@ -100,10 +119,19 @@ class Measure:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """The pool's next size, and why (for the log)."""
+    """The pool's next size, and why (for the log).
+
+    Attributes:
+        size: Readers after the decision.
+        reason: Why, in words.
+        soon: Decide again after ``Autoscale.first_interval_s``, not ``interval_s``: the
+            pool held below ``max_size`` with its readers busy, so the ranks' wait may rise
+            as soon as the batches made ahead are taken (see :func:`due`).
+    """
 
     size: int
     reason: str
+    soon: bool = False
 
 
 def decide(
@@ -141,7 +169,86 @@ def decide(
         elif load <= settings.idle_load * (size - 1):
             fewer = f"{size - 1} reader" + ("s suffice" if size > 2 else " suffices")
             return Decision(size - 1, f"{said}: {fewer}")
-    return Decision(size, said)
+    return Decision(size, said, soon=size < high and load >= settings.busy_load * size)
 
 
-__all__ = ["Autoscale", "Decision", "Measure", "decide"]
+def due(held_s: float, flowing: bool, last: Decision | None, settings: Autoscale) -> bool:
+    """Whether the figures gathered over the last ``held_s`` seconds are enough to decide.
+
+    Args:
+        held_s: Seconds since the figures were last taken (a decision, the end of a
+            resize, or the ranks' first report, whose figures are dropped).
+        flowing: Whether the ranks have reported since the pool started (rows flow).
+        last: The last decision since rows started flowing, or None.
+        settings: ``first_interval_s`` before the first decision and after one that holds
+            a busy pool below ``max_size`` (:attr:`Decision.soon`); ``interval_s`` after
+            any other.
+    """
+    if not flowing:
+        return False
+    soon = last is None or last.soon
+    period = min(settings.first_interval_s, settings.interval_s) if soon else settings.interval_s
+    return held_s >= period
+
+
+def reader_cpus(cluster_cpus: float, max_size: int) -> float:
+    """CPUs a reader actor reserves when ``ReaderPool(num_cpus=None)``: one, or less on a
+    small cluster, so that the pool at ``max_size`` reserves at most a quarter of the
+    cluster's CPUs (a 2-CPU laptop: 0.125 per reader for ``max_size=4``; a cluster of
+    16 CPUs and more: 1).
+
+    A reservation is Ray's scheduling token, not a limit: a reader uses what it needs. A
+    pool that reserved whole CPUs held every CPU of a 2-CPU ``ray.init`` and left none for
+    the index tasks and the trainers (issue 31: the README's blocks hung). On a cluster
+    the readers run on CPU nodes of their own (``ReaderPool(resources=...)``), and one CPU
+    each is what makes an autoscaler add a node as the pool grows.
+    """
+    if cluster_cpus <= 0 or max_size < 1:
+        return 0.0
+    return max(0.01, min(1.0, math.floor(1000 * cluster_cpus / (4 * max_size)) / 1000))
+
+
+def task_cpus(cluster_cpus: float) -> float:
+    """CPUs an index task reserves when ``ray_indexer(num_cpus=None)``: one, or an eighth
+    of a cluster of fewer than 8 CPUs (a 2-CPU laptop: 0.25, so that tasks run beside a
+    pool that reserved its share)."""
+    if cluster_cpus <= 0:
+        return 0.0
+    return max(0.01, min(1.0, math.floor(1000 * cluster_cpus / 8) / 1000))
+
+
+def shortfall(
+    asked: dict[str, float], count: int, total: dict[str, float], free: dict[str, float]
+) -> str | None:
+    """Why ``count`` Ray workers asking ``asked`` each cannot all run, in words, or None.
+
+    Args:
+        asked: Resources each asks (``{"CPU": 0.25, "ingest": 0.001}``).
+        count: How many ask.
+        total: The cluster's resources (``ray.cluster_resources()``).
+        free: Those not reserved now (``ray.available_resources()``).
+
+    Returns:
+        For the first resource the cluster does not hold ``count`` times over: what was
+        asked, what the cluster has and what is free; None if every one fits the totals.
+    """
+    for name, each in sorted(asked.items()):
+        need = each * count
+        if each > 0 and need > total.get(name, 0.0) + 1e-9:
+            return (
+                f"{count} x {each:g} {name} asked ({need:g} in all), the cluster has "
+                f"{total.get(name, 0.0):g} {name} ({free.get(name, 0.0):g} free)"
+            )
+    return None
+
+
+__all__ = [
+    "Autoscale",
+    "Decision",
+    "Measure",
+    "decide",
+    "due",
+    "reader_cpus",
+    "shortfall",
+    "task_cpus",
+]

@@ -22,6 +22,7 @@ from typing import Any
 import ray
 
 from ingest.core.errors import ConfigError, StreamTimeoutError, redact
+from ingest.core.sizing import shortfall, task_cpus
 from ingest.distributed.unwrap import unwrap
 from ingest.formats.base import ReadContext, Seek, ShardInfo
 from ingest.planner.index import index_shard
@@ -65,14 +66,15 @@ class RayIndexer:
         *,
         resources: dict[str, float] | None,
         label_selector: dict[str, str] | None,
-        num_cpus: float,
+        num_cpus: float | None,
         shards_per_task: int | None,
         bytes_per_task: int,
         timeout_s: float,
         max_tasks_in_flight: int,
+        beside: dict[str, float] | None = None,
     ) -> None:
-        if num_cpus <= 0:
-            raise ConfigError(f"ray_indexer num_cpus={num_cpus} must be > 0")
+        if num_cpus is not None and not num_cpus > 0:
+            raise ConfigError(f"ray_indexer num_cpus={num_cpus} must be > 0, or None")
         if shards_per_task is not None and shards_per_task < 1:
             raise ConfigError(f"ray_indexer shards_per_task={shards_per_task} must be >= 1")
         if bytes_per_task < 1:
@@ -88,6 +90,7 @@ class RayIndexer:
         self.bytes_per_task = bytes_per_task
         self.timeout_s = timeout_s
         self.max_tasks_in_flight = max_tasks_in_flight
+        self.beside = dict(beside or {})
         self.tasks = 0
         self.nodes: set[str] = set()
         self._lock = threading.Lock()
@@ -98,8 +101,33 @@ class RayIndexer:
             f"num_cpus={self.num_cpus}, shards_per_task={self.shards_per_task})"
         )
 
-    def _options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"num_cpus": self.num_cpus}
+    def _cpus(self) -> float:
+        if self.num_cpus is not None:
+            return self.num_cpus
+        return task_cpus(ray.cluster_resources().get("CPU", 0.0))  # type: ignore[no-untyped-call]
+
+    def _check_fits(self, cpus: float) -> None:
+        """Refuse tasks that cannot run beside what ``beside`` holds (the stream's reader
+        pool, which keeps its reservation while the tasks run): they would wait for ever."""
+        if not self.beside:
+            return
+        asks = {"CPU": cpus, **self.resources}
+        both = {k: asks.get(k, 0.0) + self.beside.get(k, 0.0) for k in {*asks, *self.beside}}
+        short = shortfall(
+            both,
+            1,
+            ray.cluster_resources(),  # type: ignore[no-untyped-call]
+            ray.available_resources(),  # type: ignore[no-untyped-call]
+        )
+        if short is not None:
+            raise ConfigError(
+                f"an index task ({asks}) cannot run beside the reader pool ({self.beside}): "
+                f"{short}; lower ReaderPool(num_cpus=...) (None sizes it from the cluster) or "
+                "give Ray more CPUs (ray.init(num_cpus=N))"
+            )
+
+    def _options(self, cpus: float) -> dict[str, Any]:
+        options: dict[str, Any] = {"num_cpus": cpus}
         if self.resources:
             options["resources"] = self.resources
         if self.label_selector:
@@ -113,7 +141,9 @@ class RayIndexer:
             ShardError: The error of a shard a task could not read.
             StreamTimeoutError: If a task does not finish within ``timeout_s``.
         """
-        task = _index_group.options(**self._options())
+        cpus = self._cpus()
+        self._check_fits(cpus)
+        task = _index_group.options(**self._options(cpus))
         step = self.shards_per_task or self._group_size(contexts)
         groups = [list(contexts[i : i + step]) for i in range(0, len(contexts), step)]
         upcoming = iter(groups)
@@ -179,11 +209,12 @@ def ray_indexer(
     *,
     resources: dict[str, float] | None = None,
     label_selector: dict[str, str] | None = None,
-    num_cpus: float = 1.0,
+    num_cpus: float | None = None,
     shards_per_task: int | None = None,
     bytes_per_task: int = 256 << 20,
     timeout_s: float = 600.0,
     max_tasks_in_flight: int = 64,
+    beside: dict[str, float] | None = None,
 ) -> RayIndexer:
     """An :data:`~ingest.planner.index.Indexer` that reads shards in Ray tasks, for ``Catalog``.
 
@@ -193,13 +224,20 @@ def ray_indexer(
         resources: Custom resources every task asks for (``{"ingest": 0.001}`` keeps them on
             the ingest nodes, like the readers).
         label_selector: Node labels every task must match.
-        num_cpus: CPUs per task.
+        num_cpus: CPUs per task. None: one, or an eighth of a cluster of fewer than 8 CPUs
+            (:func:`ingest.core.sizing.task_cpus`: 0.25 on a 2-CPU ``ray.init``). Indexing
+            is mostly reads; a whole CPU per task left none for the tasks beside a reader
+            pool on a 2-CPU laptop (issue 31: ``RayStream`` waited 600 s).
         shards_per_task: Shards one task indexes, one after the other: more amortise the task
             start-up, fewer spread a small dataset over more nodes. None: groups of about
             ``bytes_per_task`` bytes, but at least two tasks per CPU of the cluster.
         bytes_per_task: Bytes one task reads, with ``shards_per_task=None``.
         timeout_s: Longest wait for one task, the next in line.
         max_tasks_in_flight: Tasks submitted at once; more wait in this process.
+        beside: Resources held for as long as the tasks run (a ``RayStream``'s reader
+            pool, all readers together): tasks that cannot run beside them on the cluster
+            are refused at once with a :class:`~ingest.core.errors.ConfigError` rather than
+            left waiting ``timeout_s``.
 
     Returns:
         The indexer; its ``tasks`` and ``nodes`` tell where it ran.
@@ -215,6 +253,7 @@ def ray_indexer(
         bytes_per_task=bytes_per_task,
         timeout_s=timeout_s,
         max_tasks_in_flight=max_tasks_in_flight,
+        beside=beside,
     )
 
 

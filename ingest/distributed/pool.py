@@ -26,15 +26,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
 import ray
 
-from ingest.core.errors import ConfigError, IngestError, SupersededError
+from ingest.core.errors import ConfigError, IngestError, StreamTimeoutError, SupersededError
 from ingest.core.quarantine import reason_of
-from ingest.core.sizing import Autoscale
+from ingest.core.sizing import Autoscale, reader_cpus, shortfall
 from ingest.core.state import Cursor
 from ingest.distributed.metrics import StoreMeter
 from ingest.distributed.rank_feed import (
@@ -65,7 +65,14 @@ class ReaderPool:
         min_size: Fewest reader actors.
         max_size: Most reader actors; the pool has ``world_size`` actors within these
             bounds (a rank's feed lives in one actor; decoding uses them all).
-        num_cpus: CPUs each reader actor reserves.
+        num_cpus: CPUs each reader actor reserves. None (the default): one, or less on a
+            small cluster, so that the pool at ``max_size`` reserves at most a quarter of
+            the cluster's CPUs (:func:`ingest.core.sizing.reader_cpus`: 0.125 per reader on
+            a 2-CPU ``ray.init``, 1 on a cluster of 16 CPUs and more with ``max_size=4``).
+            Whole CPUs per reader held every CPU of a 2-CPU laptop, and the index tasks and
+            the trainers waited for ever. A reservation is Ray's scheduling token, not a
+            limit; on a cluster, set it with ``resources`` to the CPUs a reader's transform
+            uses, so that an autoscaler adds nodes as the pool grows.
         resources: Custom resources every reader asks for, e.g. ``{"ingest": 0.001}`` to
             keep them on nodes that declare an ``ingest`` resource (never the trainers').
             The coordinator asks for a sliver of each (0.001) and the same labels: it runs
@@ -88,17 +95,24 @@ class ReaderPool:
             and removes one when fewer would do; feeds and decode work move between readers
             without losing or repeating a row (:mod:`ingest.distributed.sizer`). None: the
             pool keeps ``size(world_size)`` readers.
+        start_timeout_s: Longest wait for the pool's first readers to start once they fit
+            the cluster (another job may hold the CPUs for a while). A pool the cluster's
+            nodes cannot hold at all (``ray.cluster_resources()``: fewer CPUs, or no node
+            with a resource asked) fails at once, naming the resource and the fix; on a
+            cluster whose autoscaler starts the pool's nodes on demand, keep ``min_size``
+            readers' worth of them up (the launcher's ``min_workers``).
     """
 
     min_size: int = 1
     max_size: int = 4
-    num_cpus: float = 1.0
+    num_cpus: float | None = None
     resources: dict[str, float] | None = None
     label_selector: dict[str, str] | None = None
     prefetch_batches: int = 32
     object_store_bytes: int = 1 << 30
     spread: bool = True
     autoscale: Autoscale | None = None
+    start_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_size <= self.max_size:
@@ -106,8 +120,13 @@ class ReaderPool:
                 f"ReaderPool(min_size={self.min_size}, max_size={self.max_size}) "
                 "needs 1 <= min_size <= max_size"
             )
-        if self.num_cpus < 0:
-            raise ConfigError(f"ReaderPool num_cpus={self.num_cpus} must be >= 0")
+        if self.num_cpus is not None and not self.num_cpus >= 0:
+            raise ConfigError(
+                f"ReaderPool num_cpus={self.num_cpus} must be >= 0, or None (sized from the "
+                "cluster's CPUs)"
+            )
+        if not self.start_timeout_s > 0:
+            raise ConfigError(f"ReaderPool start_timeout_s={self.start_timeout_s} must be > 0")
         if self.prefetch_batches < 1:
             raise ConfigError(f"ReaderPool prefetch_batches={self.prefetch_batches} must be >= 1")
         if self.object_store_bytes < 1 << 20:
@@ -123,8 +142,19 @@ class ReaderPool:
             return self.min_size
         return max(self.min_size, min(self.max_size, world_size))
 
+    def on(self, cluster: dict[str, float]) -> ReaderPool:
+        """These settings with ``num_cpus`` set for ``cluster`` (``ray.cluster_resources()``)
+        if it is None."""
+        if self.num_cpus is not None:
+            return self
+        return replace(self, num_cpus=reader_cpus(cluster.get("CPU", 0.0), self.max_size))
+
+    def asks(self) -> dict[str, float]:
+        """The resources each reader asks Ray for (``num_cpus`` set: see :meth:`on`)."""
+        return {"CPU": self.num_cpus or 0.0, **(self.resources or {})}
+
     def actor_options(self) -> dict[str, Any]:
-        options: dict[str, Any] = {"num_cpus": self.num_cpus, "max_concurrency": 64}
+        options: dict[str, Any] = {"num_cpus": self.num_cpus or 0.0, "max_concurrency": 64}
         if self.resources:
             options["resources"] = dict(self.resources)
         if self.label_selector:
@@ -143,6 +173,52 @@ class ReaderPool:
         if self.label_selector:
             options["label_selector"] = dict(self.label_selector)
         return options
+
+
+_FIX = (
+    "lower ReaderPool(num_cpus=...) or max_size (num_cpus=None sizes it from the cluster), "
+    "give Ray more CPUs (ray.init(num_cpus=N)), or add nodes with the resources asked"
+)
+
+
+def check_fits(pool: ReaderPool, count: int) -> None:
+    """Refuse a pool of ``count`` readers that the cluster's nodes cannot hold at all.
+
+    Raises:
+        ConfigError: Naming the resource asked, what the cluster has and the fix.
+    """
+    short = shortfall(
+        pool.asks(),
+        count,
+        ray.cluster_resources(),  # type: ignore[no-untyped-call]
+        ray.available_resources(),  # type: ignore[no-untyped-call]
+    )
+    if short is not None:
+        raise ConfigError(f"the reader pool of {count} reader(s) cannot be placed: {short}; {_FIX}")
+
+
+def wait_started(pool: ReaderPool, actors: list[Any]) -> None:
+    """Wait until ``actors`` (the pool's readers) run, up to ``pool.start_timeout_s``.
+
+    Raises:
+        StreamTimeoutError: If some did not start, naming what they ask, what the cluster
+            has free and the fix.
+    """
+    refs = [a.ping.remote() for a in actors]
+    _, pending = ray.wait(refs, num_returns=len(refs), timeout=pool.start_timeout_s)
+    if pending:
+        total: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        free: dict[str, float] = ray.available_resources()  # type: ignore[no-untyped-call]
+        held = ", ".join(
+            f"{total.get(k, 0.0):g} {k} ({free.get(k, 0.0):g} free)" for k in pool.asks()
+        )
+        raise StreamTimeoutError(
+            f"{len(pending)} of the reader pool's {len(actors)} readers did not start within "
+            f"{pool.start_timeout_s:g} s (ReaderPool.start_timeout_s): each asks "
+            f"{pool.asks()}, the cluster has {held}; other work holds them (`ray status`): "
+            f"{_FIX}, or raise start_timeout_s"
+        )
+    ray.get(refs, timeout=pool.start_timeout_s)
 
 
 class _Reader:

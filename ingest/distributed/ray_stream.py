@@ -14,7 +14,7 @@ from ingest.core.errors import ConfigError, NoShardsError
 from ingest.core.quarantine import Quarantined, summary
 from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.index_tasks import ray_indexer
-from ingest.distributed.pool import Reader, ReaderPool
+from ingest.distributed.pool import Reader, ReaderPool, check_fits, wait_started
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.distributed.ray_mix import MixedRankIterator, MixedRayStream
 from ingest.distributed.sizer import PoolSizer, Readers
@@ -157,10 +157,14 @@ class RayStream:
                 f"{follow.idle_timeout_s}) + poll_s ({follow.poll_s}): a rank waits for a "
                 "round's first batch while the round waits for new shards"
             )
-        self.pool = readers or ReaderPool()
         self.transform = transform
         if not ray.is_initialized():
             ray.init()
+        # num_cpus=None is sized from the cluster's CPUs (ingest.core.sizing.reader_cpus); a
+        # pool the cluster's nodes cannot hold is refused here, naming the resource.
+        cluster: dict[str, float] = ray.cluster_resources()  # type: ignore[no-untyped-call]
+        self.pool = (readers or ReaderPool()).on(cluster)
+        check_fits(self.pool, self.pool.size(world_size))
         placement = {
             "resources": self.pool.resources,
             "label_selector": self.pool.label_selector,
@@ -188,11 +192,15 @@ class RayStream:
         # The source is listed here while the actors' processes start; a bad URL fails here.
         # Shards without row counts are indexed by Ray tasks on the pool's nodes (once: the
         # index persists, see StreamSpec.index).
+        held = self.pool.size(world_size)
         indexer = ray_indexer(
-            resources=self.pool.resources, label_selector=self.pool.label_selector
+            resources=self.pool.resources,
+            label_selector=self.pool.label_selector,
+            beside={k: v * held for k, v in self.pool.asks().items()},
         )
         try:
             listing = self.spec.catalog(indexer).scan(progress=progress, index=world_size > 1)
+            wait_started(self.pool, self._pool.actors)  # or say which resource is missing
         except BaseException as e:
             if follow is not None and isinstance(e, NoShardsError):
                 # Followed: the coordinator's first round waits for a first shard.

@@ -3,8 +3,8 @@
 :class:`Readers` holds a stream's reader actors in order; rank ``r``'s feed lives on reader
 ``r % len(readers)`` (:mod:`ingest.distributed.directory`). With
 ``ReaderPool(autoscale=Autoscale(...))``, a :class:`PoolSizer` thread of the driver measures
-every ``interval_s`` and grows or shrinks the pool by one reader (the rules:
-:mod:`ingest.core.sizing`). A resize, in order:
+every ``interval_s`` and grows or shrinks the pool by one reader (the rules, and when the
+first decision comes: :mod:`ingest.core.sizing`). A resize, in order:
 
 1. **Growing**: a new reader is started and waited for (up to ``start_timeout_s``: on a
    cluster with the Ray autoscaler, a reader that finds no free CPU makes it add a node).
@@ -39,10 +39,13 @@ from typing import Any
 
 import ray
 
-from ingest.core.sizing import Autoscale, Decision, Measure, decide
+from ingest.core.sizing import Autoscale, Decision, Measure, decide, due
 from ingest.distributed.pool import ReaderPool
 
 log = logging.getLogger(__name__)
+
+POLL_S = 0.5
+"""How often the sizer looks for the ranks' first report (rows flowing)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,16 +187,48 @@ class PoolSizer:
         self._started = self._last = time.monotonic()
         self._grew_at = float("-inf")
         self._settling = False
+        self._flowing = False
+        """The ranks have reported: rows flow (see :func:`ingest.core.sizing.due`)."""
+        self.flowing_at_s: float | None = None
+        """Seconds since the pool started when the ranks first reported (rows flowed)."""
+        self._decision: Decision | None = None
+        """The last decision since rows started flowing (when the next is due)."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"ingest-sizer-{name}")
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.settings.interval_s):
+        while not self._stop.wait(self._until_next()):
             try:
-                self._tick()
+                self._step()
             except Exception as e:  # a reader or the coordinator was slow: next interval
                 log.warning("reader pool of %s: no decision this interval: %r", self.name, e)
+                self._last = time.monotonic()
+
+    def _until_next(self) -> float:
+        """Seconds until the next look: every ``POLL_S`` until rows flow, then on a fixed
+        beat from the last figures taken (a slow decision does not push the next back)."""
+        if not self._flowing:
+            return POLL_S
+        period = self.settings.interval_s
+        if self._decision is None or self._decision.soon:
+            period = min(self.settings.first_interval_s, period)
+        return max(0.05, self._last + period - time.monotonic())
+
+    def _step(self) -> None:
+        if not ray.is_initialized():  # shut down (the driver's exit): a call would start Ray
+            self._stop.set()
+            return
+        if not self._flowing:
+            timeout = self.readers.timeout_s
+            _, span, _ = ray.get(self._coordinator.take_waits.remote(), timeout=timeout)
+            if span > 0:  # the ranks' first report: its figures are the feeds' start-up
+                self._flowing = True
+                self.flowing_at_s = round(time.monotonic() - self._started, 3)
+                self._measure()  # dropped: the first decision judges rows flowing only
+            return
+        if due(time.monotonic() - self._last, self._flowing, self._decision, self.settings):
+            self._decision = self._tick()
 
     def _measure(self) -> tuple[Measure, float]:
         """The interval's figures, and rows per second."""
@@ -205,7 +240,7 @@ class PoolSizer:
         load = sum(min(1.0, max(busy, cpu) / dt) for busy, cpu in loads)
         return Measure(waited, span, load), rows / dt
 
-    def _tick(self) -> None:
+    def _tick(self) -> Decision:
         measure, rows_per_s = self._measure()
         size = len(self.readers.actors)
         pool = self.readers.pool
@@ -236,6 +271,7 @@ class PoolSizer:
                 decision.reason,
             )
         )
+        return decision
 
     def _grow(self) -> bool:
         """Start a reader and join it to the pool; False if it did not start in time."""
