@@ -389,3 +389,21 @@ def test_a_dataloader_after_a_closed_stream_whose_encoding_ran(tmp_path: Path) -
         assert next(iter(loader))["input_ids"][0].tolist() == [2]
     finally:
         loader.close() if hasattr(loader, "close") else None
+
+
+def test_a_refused_output_is_raised_at_once_not_after_the_wait_for_encodings(
+    tmp_path: Path,
+) -> None:
+    """Closing in_order waited for every call not done, and a call cancelled before it
+    started is never done to futures.wait: an error came after the whole 10 s."""
+    import json
+
+    import ingest
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": "ab"}) + "\n" for _ in range(6)))
+    stream = ingest.Stream(str(tmp_path), batch_size=6, transform=Tokenize(lambda t: None))
+    began = time.monotonic()
+    with pytest.raises(ConfigError, match="returned NoneType"):
+        next(iter(stream))
+    stream.close()
+    assert time.monotonic() - began < 5
