@@ -238,6 +238,9 @@ def test_pack_pads_with_the_end_of_text_id_unless_told(tmp_path: Path) -> None:
     told = Pack(seq_len=18, read_rows=4, pad_id=9)
     stream = ingest.Stream(url, batch_size=2, transform=Tokenize(_chars, eos_id=7), pack=told)
     assert set().union(*map(_pads, stream)) == {9}
+    stream = ingest.Stream(url, batch_size=2, transform=Tokenize(_chars, eos_id=7), pack=pack)
+    loader = ingest.DataLoader(stream, num_workers=1)  # the ids' eos_id crosses processes
+    assert set().union(*map(_pads, loader)) == {7}
     stream = ingest.Stream(url, batch_size=2, transform=Tokenize(_chars), pack=pack)
     with pytest.warns(UserWarning, match=r"Pack\(pad_id=None\) pads with token id 0.*pad_id="):
         assert set().union(*map(_pads, stream)) == {0}
