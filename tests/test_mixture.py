@@ -214,7 +214,7 @@ def _edited(**changes: Any) -> dict[str, Any]:
     mix = Mixture({"a": 1, "b": 1}, schedule=[(10, {"a": 1, "b": 3})])
     for _ in range(12):
         mix.record(mix.choose())
-    state = json.loads(json.dumps(mix.state_dict()))
+    state: dict[str, Any] = json.loads(json.dumps(mix.state_dict()))
     for key, value in changes.items():
         if value is _GONE:
             del state[key]

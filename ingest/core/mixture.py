@@ -270,11 +270,10 @@ class Mixture:
             )
 
         def count(value: Any) -> bool:
-            return (
-                isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 0
-            )
+            ints = (int, np.integer)
+            return isinstance(value, ints) and not isinstance(value, bool) and bool(value >= 0)
 
-        total = state.get("total")
+        total: Any = state.get("total")
         if not count(total):
             raise bad("total", "the draws counted since the start are a whole number >= 0")
         stages = state.get("stages")
@@ -297,7 +296,7 @@ class Mixture:
                     "numbers >= 0}",
                 )
             saved.append(Stage(int(entry["start"]), tuple(float(w) for w in weights)))
-        stage = state.get("stage")
+        stage: Any = state.get("stage")
         if not count(stage) or stage >= len(saved):
             raise bad("stage", f"the stage reached is a position in its {len(saved)} stages")
         if saved[stage].start > total:
@@ -310,8 +309,8 @@ class Mixture:
 
 def _weight(value: Any) -> bool:
     return (
-        isinstance(value, numbers.Real)
+        isinstance(value, (int, float, np.integer, np.floating))
         and not isinstance(value, bool)
         and bool(np.isfinite(value))
-        and value >= 0
+        and bool(value >= 0)
     )
