@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,3 +197,11 @@ def test_a_server_without_etag_or_last_modified_is_named_in_a_warning(tmp_path: 
     assert listing.shards[0].version == ""
     message = str(caught[0].message)
     assert "neither ETag nor Last-Modified" in message and "size" in message, message
+    # Made an error by a warnings filter, a stream over such shards is refused.
+    with (
+        LoopbackHTTP(tmp_path, etag=False, last_modified=False) as server,
+        warnings.catch_warnings(),
+    ):
+        warnings.simplefilter("error", UnversionedShardWarning)
+        with pytest.raises(UnversionedShardWarning, match=NAMES[0]):
+            next(iter(ingest.Stream([server.url(NAMES[0])], batch_size=BATCH)))
