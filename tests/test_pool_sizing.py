@@ -302,3 +302,23 @@ def test_the_first_growth_comes_seconds_after_rows_flow(local: Store, tmp_path: 
     assert grew.at_s - flowing < 8.0, _timeline(history)
     beats = [b.at_s - a.at_s for a, b in itertools.pairwise(history[: history.index(grew) + 1])]
     assert all(b < 2.0 + 1.5 for b in beats), _timeline(history)
+
+
+@ray_session
+def test_a_reader_killed_for_good_stops_its_rank_with_a_clear_error(local: Store) -> None:
+    """Issue 31: ``ray.kill(reader)`` (Ray's default ``no_restart=True``) is a kill the pool
+    does not survive (docs/what-survives-what.md): Ray never restarts the reader. The rank
+    stops at once with an IngestError that says so and how to resume (it was a bare
+    ActorDiedError); a restartable kill is survived (test_distributed)."""
+    write_dataset(local.fs, local.url("parquet"), "parquet", 2, 500, row_group_rows=50)
+    pool = ingest.ReaderPool(min_size=1, max_size=1, prefetch_batches=2)
+    with ingest.RayStream(local.url("parquet"), batch_size=50, readers=pool) as stream:
+        it = stream.rank_iterator(0, options=ingest.RankOptions(fetch_batches=1))
+        batches = iter(it)
+        next(batches)
+        ray.kill(stream.readers[0])
+        began = time.monotonic()
+        with pytest.raises(ingest.IngestError, match=r"killed for good.*no_restart=False"):
+            for _ in batches:
+                pass
+        assert time.monotonic() - began < 30

@@ -256,7 +256,16 @@ class RankIterator:
         cursor = self._loop.cursor
         next_step = self._loop.step + 1 if cursor is not None else None
         args = (self.rank, self._session(), epoch, self.lease, next_step, cursor)
-        self._answer(self.reader.adopt.remote(*args), "adopt", args, actor=self.reader)
+        try:
+            self._answer(self.reader.adopt.remote(*args), "adopt", args, actor=self.reader)
+        except ray.exceptions.ActorDiedError as e:  # never restarted: no feed of the rank
+            raise IngestError(
+                f"the reader actor that hosts rank {self.rank}'s feed was killed for good "
+                f"({str(e).splitlines()[-1].strip()}): Ray restarts a reader whose process "
+                "dies or that ray.kill(reader, no_restart=False) ends, never one killed with "
+                "ray.kill(reader) (no_restart=True, Ray's default) or stream.shutdown(). "
+                "Resume from the last state on a new ingest.RayStream"
+            ) from None
 
     def _recover(self, epoch: int) -> None:
         """The reader that held this rank's feed died, or a take's answer (batches it handed
