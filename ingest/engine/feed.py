@@ -63,6 +63,7 @@ from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor
 from ingest.engine.lanes import LaneReader, make_lanes
 from ingest.engine.prefetch import in_order, read_ahead
+from ingest.engine.stage import RowError
 from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures
 from ingest.engine.window import Hole, Lane, Origin, Piece, Window, indices, piece_rows
 from ingest.formats.base import ReadOptions, RowBatch
@@ -409,6 +410,9 @@ class Feed:
         failed: list[Quarantined] = []
         try:
             table = self.transform(table)
+        except RowError as e:  # a stage refused a row of the batch: name its shard and row
+            url, row = self._origin_of(parts, e.row)
+            raise e.at(url, row) from e
         except Exception as e:
             if not self._skip:
                 raise

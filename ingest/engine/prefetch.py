@@ -13,9 +13,11 @@ import atexit
 import contextlib
 import queue
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, Protocol, TypeVar
 
@@ -213,7 +215,9 @@ def in_order(
 
     For work that releases the GIL for most of its time (a tokenizer's batch encoding): one
     call's Python part, and the caller's making of the next item, overlap the others.
-    Closing the iterator closes ``items`` and drops the calls not started."""
+    Closing the iterator closes ``items``, drops the calls not started and waits up to
+    :data:`END_S` for the ones running to end, and their threads: a call left running would
+    go on after the stream closed (holding the tokenizer's lock across a fork; issue 31)."""
     if calls <= 1:
         yield from map(fn, items)
         return
@@ -229,7 +233,22 @@ def in_order(
     finally:
         for future in pending:
             future.cancel()
-        pool.shutdown(wait=False)
+        pool.shutdown(wait=False, cancel_futures=True)
         close = getattr(items, "close", None)
         if close is not None:
             close()
+        _end(pool, pending, END_S)
+
+
+END_S = 10.0
+"""How long closing :func:`in_order` waits for the calls running (a batch's encoding)."""
+
+
+def _end(pool: ThreadPoolExecutor, running: Iterable[Future[R]], timeout_s: float) -> None:
+    """Wait up to ``timeout_s`` for ``running`` to end and for ``pool``'s threads (shut down)
+    to exit."""
+    deadline = time.monotonic() + timeout_s
+    # A cancelled call that never started is not "done" to futures.wait: left out.
+    futures.wait([f for f in running if not f.cancelled()], timeout=timeout_s)
+    for thread in list(getattr(pool, "_threads", ())):  # the executor's own; no public join
+        thread.join(timeout=max(0.0, deadline - time.monotonic()))
