@@ -278,6 +278,7 @@ class HubStub:
         self._snapshots: dict[str, _Snapshot] = {}
         self._rules: list[_ThrottleRule] = []
         self._corrupt = 0
+        self._unreadable: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self._seq = itertools.count()
         self._server: ThreadingHTTPServer | None = None
@@ -381,6 +382,12 @@ class HubStub:
                     files = {p: c for p, c in commit.files.items() if p != path}
                     repo.commits[sha] = dataclasses.replace(commit, files=files)
                     self._snapshots.pop(sha, None)
+
+    def unreadable(self, repo_id: str, path: str) -> None:
+        """Answer 404 `EntryNotFound` for `path`'s bytes (its `resolve` URL) while the tree
+        still lists it: a file gone between the listing and the read of its footer."""
+        with self._lock:
+            self._unreadable.add((repo_id, path))
 
     def corrupt(self, n: int) -> None:
         """Flip the middle byte of the next `n` whole-file downloads (`resolve` GETs without
@@ -857,6 +864,8 @@ class _HubHandler(BaseHTTPRequestHandler):
         revision, path = request.revision_and_path
         snapshot = self.hub._snapshot(request.repo_id, revision)
         content = snapshot.commit.files.get(path)
+        if (request.repo_id, path) in self.hub._unreadable:
+            content = None
         if content is None:
             commit = {
                 "X-Repo-Commit": snapshot.commit.sha

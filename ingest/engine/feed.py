@@ -41,6 +41,8 @@ a window's last position also carries the window's rows as a few runs
 Bad data. With ``ReadOptions(on_error="skip")`` the rest of a span that cannot be read
 becomes *holes*: window positions that are acked with their batch but carry no row, so the
 batches are cut at the same steps as without the error (see :mod:`ingest.core.quarantine`).
+A shard that could not be read while the listing was made has no rows in the plan: the feed
+of rank 0 records it whole, with its first batch (:mod:`ingest.planner.catalog`).
 """
 
 from __future__ import annotations
@@ -166,6 +168,9 @@ class Feed:
         self.transform = transform
         self._skip = config.read.on_error == "skip"
         self.quarantine = Quarantine(config.read.max_errors, plan.epoch, plan.rank)
+        if plan.rank == 0:  # shards quarantined while the listing was made: rank 0's to tell
+            for n, error in plan.listing.unread():
+                self.quarantine.add(error, url=plan.listing.shards[n].url)
         self._window_rows = config.window if plan.window is None else plan.window
         self._lanes = make_lanes(plan, 1 if config.seed is None else config.lanes)
         budget = config.read.prefetch_bytes

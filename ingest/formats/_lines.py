@@ -365,6 +365,20 @@ class LineReader(ShardReader):
             byte=byte,
         )
 
+    def without_bad_lines(self, body: bytes) -> bytes:
+        """``body`` with the lines that do not parse left out (found as
+        :meth:`_parse_skipping` finds them: the lines it would quarantine), for a schema
+        inferred under ``on_error="skip"``; empty if none parses."""
+        while body.strip():
+            try:
+                self.parse(body)
+                return body
+            except PARSE_ERRORS:
+                lines = self.split(body)
+                bad, _ = first_bad_line(self.parse, lines)
+                body = b"".join(lines[:bad] + lines[bad + 1 :])
+        return b""
+
     def _parse_or_locate(self, body: bytes, row: int, line: int | None, offset: int) -> pa.Table:
         try:
             return self.parse(body)

@@ -155,6 +155,10 @@ class ShardInfo:
     meta: Any = None
     seeks: tuple[Seek, ...] = ()
     """Seek points found by indexing the shard (line formats, tar, Arrow files)."""
+    unread: Exception | None = None
+    """Under ``ReadOptions(on_error="skip")``: why the shard could not be opened, counted or
+    typed while the listing was made. Such a shard is planned with no rows (``rows`` 0) and
+    quarantined whole, by the feed of rank 0 (:mod:`ingest.planner.catalog`)."""
 
     def seek_for(self, start: int, given: Seek | None) -> Seek | None:
         """The best seek point at or before ``start``: ``given`` or one from the index."""

@@ -2,7 +2,9 @@
 
 Row k is the k-th non-blank line. Uncompressed shards resume by byte offset; compressed ones
 decompress and skip within the shard. The schema is inferred from the first block of the
-first non-empty shard unless ``ReadOptions.schema`` gives it, and every shard must match it.
+first non-empty shard unless ``ReadOptions.schema`` gives it, and every shard must match it;
+under ``on_error="skip"`` from the lines of that block that parse (a bad one is quarantined
+alone when it is read).
 A line that nests deeper than ``ReadOptions.max_json_depth`` is refused before pyarrow sees
 it (:func:`too_deep`): pyarrow's recursion over 10,000 levels crashes the process.
 """
@@ -39,17 +41,19 @@ class JsonlFormat(Format):
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
+        reader = _JsonlReader(ReadContext(source, shard, info, options, None, shard.url, None))
         for _, chunk in iter_chunks(source, shard, 0, options.block_bytes, options.max_line_bytes):
             if chunk.strip():
                 try:
                     return _parse(chunk, None, None, options.max_json_depth).schema
                 except pa.ArrowInvalid:
-                    # Let the reader find and name the bad line.
-                    reader = _JsonlReader(
-                        ReadContext(source, shard, info, options, None, shard.url, None)
-                    )
-                    reader._parse_or_locate(chunk, 0, 1, 0)
-                    raise
+                    if options.on_error != "skip":
+                        reader._parse_or_locate(chunk, 0, 1, 0)  # names the bad line
+                        raise
+                # on_error="skip": from the lines a read does not quarantine.
+                good = reader.without_bad_lines(chunk)
+                if good.strip():
+                    return _parse(good, None, None, options.max_json_depth).schema
         raise ShardError(
             shard.url, "has no JSON lines to infer a schema from", "pass ReadOptions(schema=...)"
         )

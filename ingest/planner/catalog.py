@@ -9,6 +9,15 @@ Shards whose footer has no row count are indexed (read once for rows and seek po
 when a scan asks for it: from this catalog's memory, else from its persistent
 :class:`~ingest.planner.index.IndexStore`, else by its indexer (threads here, or Ray tasks), whose
 results go back to the store as they arrive.
+
+Under ``ReadOptions(on_error="skip")`` a shard that cannot be opened, counted or typed while
+the listing is made (its footer gone or corrupt, an empty file, its schema not inferable or
+not the stream's, its indexing failing) is quarantined as reading it would be: it stays in
+the listing with no rows and the error (:attr:`ShardInfo.unread
+<ingest.formats.base.ShardInfo.unread>`), rank 0's feed records it whole, and every other
+shard is planned as usual. A bad line among those the schema is inferred from is left out of
+the inference (the format's business); read, it is quarantined alone. A store that does not
+answer (:class:`~ingest.core.errors.StoreError`) is never skipped, here as anywhere.
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from tqdm.auto import tqdm
 
 from ingest.core.errors import IngestError, ShardError, redact
 from ingest.core.plan import PlanShard
+from ingest.core.quarantine import skippable
 from ingest.core.state import ShardRecord
 from ingest.formats import FORMAT_RESOLVER, get_format
 from ingest.formats import folder as folders
@@ -67,6 +77,11 @@ class Listing:
         """Total rows, or None if some shard's count is unknown."""
         counts = [i.rows for i in self.infos]
         return None if any(c is None for c in counts) else sum(c or 0 for c in counts)
+
+    def unread(self) -> list[tuple[int, Exception]]:
+        """``(shard index, error)`` of the shards quarantined while this listing was made
+        (``on_error="skip"``): planned with no rows, recorded whole by rank 0's feed."""
+        return [(n, i.unread) for n, i in enumerate(self.infos) if i.unread is not None]
 
     def subset(self, urls: Sequence[str]) -> Listing:
         """The shards named by ``urls``, in that order (all must be present)."""
@@ -152,6 +167,8 @@ class Catalog:
         """Keep the inspections of a listing made elsewhere (another process, same source)."""
         with self._lock:
             for shard, info in zip(listing.shards, listing.infos, strict=True):
+                if info.unread is not None:  # inspected again next time
+                    continue
                 key = (shard.url, shard.size, shard.version)
                 if info.rows is not None and info.rows and info.seeks:
                     self._index_cache[_index_key(shard)] = info
@@ -189,7 +206,10 @@ class Catalog:
         ) as bar:
 
             def one(shard: Shard) -> ShardInfo:
-                info = self.inspect(shard)
+                try:
+                    info = self.inspect(shard)
+                except Exception as e:
+                    info = self._unread(e)
                 bar.update(1)
                 return info
 
@@ -207,11 +227,29 @@ class Catalog:
             return Listing(tuple(shards), tuple(infos), None, "", classes)
         stream_schema, origin = self._schema(shards, infos)
         if stream_schema is not None:
-            for shard, info in zip(shards, infos, strict=True):
-                if info.schema is not None and info.rows:
-                    check_schema(shard.url, info.schema, stream_schema, origin, self.columns)
+            self._check_schemas(shards, infos, stream_schema, origin)
         listing = Listing(tuple(shards), tuple(infos), stream_schema, origin, classes)
         return self._index(listing, progress) if index else listing
+
+    def _check_schemas(
+        self, shards: Sequence[Shard], infos: list[ShardInfo], schema: pa.Schema, origin: str
+    ) -> None:
+        """Check every footer's schema against the stream's (a shard that differs is marked
+        unread in ``infos`` under ``on_error="skip"``)."""
+        for n, (shard, info) in enumerate(zip(shards, infos, strict=True)):
+            if info.schema is not None and info.rows:
+                try:
+                    check_schema(shard.url, info.schema, schema, origin, self.columns)
+                except Exception as e:
+                    infos[n] = self._unread(e)
+
+    def _unread(self, error: Exception) -> ShardInfo:
+        """The inspection of a shard that ``error`` stopped while listing: under
+        ``on_error="skip"`` (and a data error) no rows and the error, to be quarantined;
+        else the error is raised."""
+        if self.options.on_error != "skip" or not skippable(error):
+            raise error
+        return ShardInfo(rows=0, unread=error)
 
     def _recall_footers(self, shards: Sequence[Shard]) -> set[tuple[str, int, str]]:
         """Take the footers the index store keeps of shards not inspected yet (a restarted
@@ -256,35 +294,45 @@ class Catalog:
 
         What was built before an error is saved too, so a re-run resumes after it.
         """
-        contexts = [listing.context(n, self.source, self.options, None) for n in todo]
         indexer = self._indexer or local_indexer(min(_INSPECT_THREADS, len(todo)))
         unsaved: list[tuple[Shard, ShardInfo]] = []
         with tqdm(
             total=len(todo), desc="indexing shards", unit="shard", disable=not progress, leave=False
         ) as bar:
-            results = iter(indexer(contexts))
-            try:
-                for n in todo:
-                    info = next(results, None)
-                    if info is None or info.rows is None:
-                        raise ValueError(
-                            f"indexer {indexer!r} gave no row count for "
-                            f"{redact(listing.shards[n].url)}; an Indexer must yield one "
-                            "ShardInfo with rows set per ReadContext, in order"
-                        )
-                    infos[n] = self._keep(listing.shards[n], info)
-                    unsaved.append((listing.shards[n], info))
-                    bar.update(1)
-                    if len(unsaved) >= _SAVE_EVERY:
+            while todo:  # again after a shard quarantined (on_error="skip"), from the next
+                contexts = [listing.context(n, self.source, self.options, None) for n in todo]
+                results = iter(indexer(contexts))
+                done = 0
+                try:
+                    for n in todo:
+                        try:
+                            info = next(results, None)
+                        except Exception as e:
+                            infos[n] = self._unread(e)
+                            done += 1
+                            bar.update(1)
+                            break
+                        if info is None or info.rows is None:
+                            raise ValueError(
+                                f"indexer {indexer!r} gave no row count for "
+                                f"{redact(listing.shards[n].url)}; an Indexer must yield one "
+                                "ShardInfo with rows set per ReadContext, in order"
+                            )
+                        infos[n] = self._keep(listing.shards[n], info)
+                        unsaved.append((listing.shards[n], info))
+                        done += 1
+                        bar.update(1)
+                        if len(unsaved) >= _SAVE_EVERY:
+                            self._save(unsaved)
+                except BaseException:
+                    with contextlib.suppress(IngestError):
                         self._save(unsaved)
-            except BaseException:
-                with contextlib.suppress(IngestError):
-                    self._save(unsaved)
-                raise
-            finally:
-                close = getattr(results, "close", None)
-                if close is not None:
-                    close()
+                    raise
+                finally:
+                    close = getattr(results, "close", None)
+                    if close is not None:
+                        close()
+                todo = todo[done:]
         self._save(unsaved)
 
     def _keep(self, shard: Shard, info: ShardInfo) -> ShardInfo:
@@ -299,18 +347,30 @@ class Catalog:
 
     def shard_schema(self, shard: Shard, info: ShardInfo) -> tuple[pa.Schema | None, str]:
         """The schema of one shard on its own, and where it came from."""
-        return self._schema([shard], [info])
-
-    def _schema(
-        self, shards: Sequence[Shard], infos: Sequence[ShardInfo]
-    ) -> tuple[pa.Schema | None, str]:
         if self.options.schema is not None:
             return self.options.schema, "ReadOptions.schema"
-        for shard, info in zip(shards, infos, strict=True):
+        if shard.size == 0 or info.rows == 0:
+            return None, ""
+        return get_format(shard.format).infer_schema(self.source, shard, info, self.options), (
+            shard.url
+        )
+
+    def _schema(
+        self, shards: Sequence[Shard], infos: list[ShardInfo]
+    ) -> tuple[pa.Schema | None, str]:
+        """The stream schema: the explicit one, or that of the first non-empty shard whose
+        schema can be inferred (those that cannot are marked unread in ``infos`` under
+        ``on_error="skip"``)."""
+        if self.options.schema is not None:
+            return self.options.schema, "ReadOptions.schema"
+        for n, (shard, info) in enumerate(zip(shards, infos, strict=True)):
             if shard.size == 0 or info.rows == 0:
                 continue
             fmt = get_format(shard.format)
-            return fmt.infer_schema(self.source, shard, info, self.options), shard.url
+            try:
+                return fmt.infer_schema(self.source, shard, info, self.options), shard.url
+            except Exception as e:
+                infos[n] = self._unread(e)
         return None, ""
 
 
