@@ -6,10 +6,15 @@ the sequences (cases) and steps tried, and the rate. Any loss, repeat or rank sp
 with Hypothesis's shortest failing sequence and exit status 1.
 
 Machines: ``local`` (Stream and ingest.DataLoader), ``follow`` (a followed directory that
-grows between loops), ``ray`` (RayStream ranks in this process and in Ray tasks, readers
-killed, resumes with other world sizes; starts a local Ray of 8 logical CPUs).
+grows between loops), ``ray`` (RayStream ranks in this process and in Ray tasks, each rank's
+state taken in its task, readers killed, resumes with other world sizes; starts a local Ray
+of 8 logical CPUs), ``pack`` (Tokenize + Pack, resumed in a Stream or a DataLoader of 0-2
+workers, token by token), ``mix`` (a two-source ingest.Mix, tokenized and packed, the same
+stops and transports) and ``raypack`` (Tokenize + Pack resumed in a Stream, a DataLoader of 0
+or 2 workers or a RayStream of 1-3 ranks, each rank's state taken in its own process), the
+last three from tests/test_pack_model.py.
 
-    .venv/bin/python benchmarks/model_soak.py [--minutes 2] [--machines local,follow,ray]
+    .venv/bin/python benchmarks/model_soak.py [--minutes 2] [--machines local,ray,pack,mix]
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_mach
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tests import test_model  # noqa: E402  (the machines live with their tests)
+from tests import test_model, test_pack_model  # noqa: E402  (the machines live with their tests)
 
 ROUND = 10
 """Sequences per call of Hypothesis: the clock is checked between rounds."""
@@ -71,10 +76,11 @@ def soak(name: str, machine: type[RuleBasedStateMachine], minutes: float) -> dic
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--minutes", type=float, default=2.0, help="per machine")
-    parser.add_argument("--machines", default="local,follow,ray")
+    parser.add_argument("--machines", default="local,follow,ray,pack,mix,raypack")
     args = parser.parse_args()
     names = [m for m in args.machines.split(",") if m]
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["PACK_MODEL_ROOT"] = os.path.join(tmp, "pack")
         data = test_model.make_data(tmp)
         test_model.LocalMachine.data = data
         test_model.RayMachine.data = data
@@ -82,11 +88,14 @@ def main() -> int:
             "local": test_model.LocalMachine,
             "follow": test_model.FollowMachine,
             "ray": test_model.RayMachine,
+            "pack": test_pack_model.PackMachine,
+            "mix": test_pack_model.MixMachine,
+            "raypack": test_pack_model.RayPackMachine,
         }
         unknown = set(names) - set(machines)
         if unknown:
             parser.error(f"unknown machines {sorted(unknown)}; choose from {sorted(machines)}")
-        if "ray" in names:
+        if {"ray", "raypack"} & set(names):
             import ray
 
             ray.init(
