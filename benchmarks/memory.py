@@ -12,6 +12,12 @@ Issue 17 (finding 10): memory was bounded in rows only, so a window of 16,384 ro
 2. 1 GiB of 256 KiB rows (8 shards of 512 rows): MB/s delivered by the first epoch (files
    in the page cache, process cold) and the second, batches of 32 rows, shuffled.
 
+Issue 31 (finding 13): pyarrow kept a row group's pages (as read and decompressed, twice
+the row group) until its reader was asked for more, and a lane's read-ahead thread decoded
+its next row group while the item it held filled its budget. Arrow's peak for case 1 went
+704 -> 641 MiB shuffled and 512 -> 449 MiB unshuffled (2,072 -> 641 MiB with
+``ReadOptions(prefetch=0)``); tests/test_memory.py checks the bound.
+
     .venv/bin/python benchmarks/memory.py [--root /tmp/ingest-memory] [--case NAME]
 """
 

@@ -4,7 +4,9 @@ Reading and decoding release the GIL (network waits, pyarrow), so one thread ove
 with the consumer. Every wait has a timeout; an exception in the thread is raised in the
 consumer; closing the consumer stops the thread. Items of 1 MiB rows or more make a bound
 in items alone a bound of gigabytes: the thread also waits while the items it holds reach
-``max_bytes`` (one item is always let through, however large).
+``max_bytes`` (one item is always let through, however large), and it makes the next item
+only when one as large as the last would fit: an item made while the queue is full waits
+outside the bound, with what its making holds (a Parquet row group's pages).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ class Prefetcher(Generic[T]):
         )
         self._max_bytes = max_bytes
         self._size = size
+        self._last = 0  # bytes of the last item put: the next one is expected about as large
         self._room = threading.Condition()
         self.held_bytes = 0
         """Bytes of the items buffered now (0 without ``max_bytes``)."""
@@ -108,6 +111,7 @@ class Prefetcher(Generic[T]):
                     self._room.wait(_POLL_S)
                 self.held_bytes += size  # taken before the item can be: never below zero
                 self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+                self._last = size
         while not self._stop.is_set():
             try:
                 self._queue.put((item, size), timeout=_POLL_S)
@@ -116,14 +120,30 @@ class Prefetcher(Generic[T]):
                 continue
         return False
 
+    def _room_for_next(self) -> bool:
+        """Wait until an item as large as the last one put would fit in ``max_bytes`` (or
+        none is held); False if stopped meanwhile."""
+        if self._max_bytes is None:
+            return True
+        with self._room:
+            while self.held_bytes and self.held_bytes + self._last > self._max_bytes:
+                if self._stop.is_set():
+                    return False
+                self._room.wait(_POLL_S)
+        return True
+
     def _run(self, make: Callable[[], Iterator[T]]) -> None:
         it: Iterator[T] | None = None
         try:
             it = make()
-            for item in it:
+            while self._room_for_next():
+                try:
+                    item = next(it)
+                except StopIteration:
+                    self._put(_Done())
+                    return
                 if not self._put(item):
                     return
-            self._put(_Done())
         except BaseException as e:  # forwarded to the consumer, which re-raises it
             self._put(_Failed(e))
         finally:

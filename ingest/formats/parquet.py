@@ -40,6 +40,11 @@ _TAIL_BYTES = 64 << 10
 # _MAX_BLOCK pieces that cat_ranges fetches concurrently.
 _MAX_GAP = 1 << 20
 _MAX_BLOCK = 8 << 20
+_BUFFER_BYTES = 1 << 20
+"""Local files: bytes pyarrow reads at a time from a column chunk (a buffered stream). Without
+it pyarrow reads the whole column chunk first and keeps it beside its pages, decompressed,
+while it decodes them: a row group of 1 MiB rows written in one page (pyarrow's default for
+rows this large) held three times over: 64 rows of 1 MiB peaked at 256 MiB, 193 buffered."""
 _FIX = "check that the object is a complete Parquet file (re-upload it), or pass format="
 
 
@@ -179,7 +184,9 @@ class _ParquetReader(ShardReader):
                 # every row group of the call at once, in Arrow's memory.
                 starts, ends = self._ranges(groups)
                 self.ctx.source.stats.add(reads=len(starts), bytes_read=sum(ends) - sum(starts))
-                return pq.ParquetFile(self._file, metadata=meta, pre_buffer=False)
+                return pq.ParquetFile(
+                    self._file, metadata=meta, pre_buffer=False, buffer_size=_BUFFER_BYTES
+                )
             return pq.ParquetFile(self._file, metadata=meta, pre_buffer=self.ctx.options.pre_buffer)
         starts, ends = self._ranges(groups)
         f = self.ctx.source.fetch_ranges(self.ctx.shard, starts, ends)
@@ -235,8 +242,9 @@ class _ParquetReader(ShardReader):
                     batches = pf.iter_batches(
                         batch_size=size, row_groups=[g for _, g, _, _ in run], columns=columns
                     )
-                    for index, group, start, stop in run:
-                        for batch in self._group_of(batches, group, start, stop):
+                    for k, (index, group, start, stop) in enumerate(run):
+                        last = k == len(run) - 1
+                        for batch in self._group_of(batches, group, start, stop, last):
                             reached = batch.stop
                             yield index, batch
                         done += 1
@@ -270,16 +278,25 @@ class _ParquetReader(ShardReader):
             yield run, size
 
     def _group_of(
-        self, batches: Iterator[pa.RecordBatch], group: int, start: int, stop: int
+        self, batches: Iterator[pa.RecordBatch], group: int, start: int, stop: int, last: bool
     ) -> Iterator[RowBatch]:
         """Rows ``[start, stop)`` of row group ``group``, from ``batches`` (the next record
-        batches of an ``iter_batches`` call, which begin at the group's first row)."""
+        batches of an ``iter_batches`` call, which begin at the group's first row).
+
+        ``last``: the call's last row group. Its last record batch is handed out only once
+        ``batches`` has ended: until then pyarrow holds the pages it decoded the group from
+        (the column chunk as read and decompressed: twice the row group again, measured with
+        1 MiB rows), and a consumer that stops after that batch (a window full, a lane
+        waiting for room) would keep them while it waits.
+        """
         row = self._starts[group]
         end = row + self._group_rows[group]
         while row < end:
             batch = next(batches, None)
             if batch is None:
                 raise EOFError(f"row group {group} ends at row {row}, short of its {end} rows")
+            if last and row + batch.num_rows >= end:
+                next(batches, None)  # the end of the call: pyarrow lets its pages go
             lo, hi = max(start - row, 0), min(stop - row, batch.num_rows)
             if hi > lo:
                 whole = (lo, hi) == (0, batch.num_rows)
