@@ -235,3 +235,28 @@ def test_a_shard_whose_indexing_fails_is_quarantined_and_the_others_indexed(
     assert sum(ids_of(batches).values()) == 3 * ROWS
     [record] = saved
     assert record["url"] == f"file://{tmp_path}/part-1.jsonl.gz" and record["start"] == 0
+
+
+def _drain_rank(it: Any) -> list[int]:
+    return [int(v) for batch in it for v in batch["id"].tolist()]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_ray_ranks_plan_around_a_shard_quarantined_at_planning(tmp_path: Path) -> None:
+    # The coordinator plans; the listing's error crosses Ray to rank 0's feed, which records
+    # it; the stream's records hold it once.
+    import ray
+
+    drain = ray.remote(num_cpus=0)(_drain_rank)
+    paths = write_parquet(tmp_path)
+    corrupt_footer(paths[0])
+    with ingest.RayStream(
+        str(tmp_path), columns=["id"], batch_size=50, shuffle_seed=5, world_size=2, read=SKIP
+    ) as stream:
+        ranks = ray.get([drain.remote(stream.rank_iterator(r)) for r in range(2)], timeout=240)
+        records = stream.quarantined()
+    assert [len(r) for r in ranks] == [300, 300]
+    exactly_once_but(Counter(i for r in ranks for i in r), 4 * ROWS, set(range(ROWS)))
+    [record] = records
+    whole(record, f"file://{paths[0]}")
+    assert record.rank == 0 and "has no readable Parquet footer" in record.reason
