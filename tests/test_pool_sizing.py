@@ -322,3 +322,31 @@ def test_a_reader_killed_for_good_stops_its_rank_with_a_clear_error(local: Store
             for _ in batches:
                 pass
         assert time.monotonic() - began < 30
+
+
+@ray.remote
+class _Holder:
+    def ping(self) -> bool:
+        return True
+
+
+@ray_session
+def test_readers_that_find_no_free_cpu_fail_after_start_timeout_s(local: Store) -> None:
+    """A pool the cluster could hold, but whose CPUs another job holds, fails after
+    ``ReaderPool.start_timeout_s`` naming the CPUs free, not after a rank's 300 s."""
+    write_dataset(local.fs, local.url("parquet"), "parquet", 1, 100)
+    free = ray.available_resources().get("CPU", 0.0)
+    holder = _Holder.options(num_cpus=free).remote()  # every free CPU
+    try:
+        ray.get(holder.ping.remote(), timeout=60)
+        pool = ingest.ReaderPool(num_cpus=0.5, start_timeout_s=3)
+        began = time.monotonic()
+        with pytest.raises(
+            ingest.StreamTimeoutError,
+            match=r"1 of the reader pool's 1 readers did not start within 3 s .*"
+            r"\(0 free\).*raise start_timeout_s",
+        ):
+            ingest.RayStream(local.url("parquet"), batch_size=10, readers=pool)
+        assert time.monotonic() - began < 20
+    finally:
+        ray.kill(holder)
