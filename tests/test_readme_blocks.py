@@ -1,4 +1,5 @@
-"""The README's Ray blocks run as written on a laptop-sized Ray: ``ray.init(num_cpus=2)``.
+"""The README's Ray blocks run as written on a laptop-sized Ray: ``ray.init(num_cpus=2)``;
+and its DataLoader block, whose checkpoint ``torch.load`` must load.
 
 Each block is read from README.md (never copied here, so the two cannot drift) and run in
 a subprocess of its own that starts a fresh local Ray of 2 CPUs (the session's Ray of the
@@ -38,13 +39,17 @@ BLOCKS = {
     "pack": ("pack=ingest.Pack(seq_len=2048, provenance=True)", 300),
     "mix": ('weights={"web": 0.7, "code": 0.3}', 360),
     "ray_train": ("TorchTrainer(", 480),
+    "dataloader": ("ingest.DataLoader(stream, num_workers=4", 240),
 }
+NO_RAY = {"dataloader"}
+"""Blocks that run without Ray (the preamble starts none for them)."""
 
 PREAMBLE = """\
 import json, os, sys, ray, torch, ingest
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-ray.init(address="local", num_cpus=2, include_dashboard=False)  # a laptop
+if START_RAY:
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # a laptop
 
 tokenizer = Tokenizer(models.WordLevel(unk_token="[UNK]"))
 tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
@@ -87,6 +92,10 @@ print("STATE OK")
 found = [d for d, _, files in os.walk(RUNS) if "ingest_stream_state.json" in files]
 print("CHECKPOINTS", len(found))
 assert found, "no checkpoint with the stream state under " + RUNS
+""",
+    "dataloader": """
+assert torch.load("ckpt.pt")["data"]["version"] >= 2  # torch.load's weights_only default
+print("LOADED")
 """,
 }
 
@@ -132,6 +141,7 @@ def urls(tmp: Path) -> dict[str, str]:
     _jsonl(tmp / "code", 4, 500, seed=2)
     return {
         "s3://bucket/train/*.parquet": f"{tmp}/train/*.parquet",
+        "s3://bucket/train/": f"{tmp}/train/",
         "s3://bucket/tokens/": f"{tmp}/tokens/",
         "s3://bucket/runs": f"{tmp}/runs",
         "s3://corpora/web/*.jsonl": f"{tmp}/web/*.jsonl",
@@ -146,13 +156,13 @@ def script(name: str, tmp: Path) -> str:
         assert url in table, f"the README's {name} block reads {url}: give the test its data"
     for url, path in table.items():
         code = code.replace(f'"{url}"', repr(path))
-    runs = f"RUNS = {str(tmp / 'runs')!r}\n"
-    return PREAMBLE + runs + "\n# -- README.md --\n" + code + "\n# -- checks --\n" + CHECKS[name]
+    runs = f"RUNS = {str(tmp / 'runs')!r}\nSTART_RAY = {name not in NO_RAY}\n"
+    return runs + PREAMBLE + "\n# -- README.md --\n" + code + "\n# -- checks --\n" + CHECKS[name]
 
 
 @pytest.mark.system
 @pytest.mark.parametrize("name", list(BLOCKS))
-def test_the_readmes_ray_blocks_run_as_written_on_a_2_cpu_ray(name: str, tmp_path: Path) -> None:
+def test_the_readmes_blocks_run_as_written_on_a_2_cpu_laptop(name: str, tmp_path: Path) -> None:
     path = tmp_path / f"readme_{name}.py"
     path.write_text(script(name, tmp_path))
     env = dict(os.environ)
