@@ -324,10 +324,14 @@ def test_a_reader_killed_for_good_stops_its_rank_with_a_clear_error(local: Store
         assert time.monotonic() - began < 30
 
 
-@ray.remote
-class _Holder:
+class _Hold:
+    """An actor that holds the CPUs it asked for."""
+
     def ping(self) -> bool:
         return True
+
+
+_Holder: Any = ray.remote(_Hold)
 
 
 @ray_session
