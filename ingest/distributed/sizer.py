@@ -53,7 +53,8 @@ class PoolTick:
     """One decision of the sizer.
 
     Attributes:
-        at_s: Seconds since the pool started.
+        at_s: Seconds since the pool started, when the figures were taken (a resize then
+            takes longer: a new reader starts).
         size: Readers over the interval.
         to: Readers after the decision.
         wait_share: The ranks' wait share over the interval.
@@ -242,6 +243,7 @@ class PoolSizer:
 
     def _tick(self) -> Decision:
         measure, rows_per_s = self._measure()
+        at_s = round(time.monotonic() - self._started, 3)  # decided now; a resize takes longer
         size = len(self.readers.actors)
         pool = self.readers.pool
         since_grow = time.monotonic() - self._grew_at
@@ -262,7 +264,7 @@ class PoolSizer:
             self._settling = True
         self.history.append(
             PoolTick(
-                round(time.monotonic() - self._started, 3),
+                at_s,
                 size,
                 decision.size,
                 measure.wait_share,
