@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -458,3 +459,24 @@ def test_a_row_left_over_with_its_carried_copy_is_carried_once_and_owed_once(
     left = [(s.shard, r) for s in e2.assignment.remainder for r in range(s.start, s.stop)]
     assert Counter(copies) == Counter([*left, owed[:2]]), "the owed copy is carried out"
     assert (owed[0], 7, 5) in after.owed or after.offsets.get(owed[:2]) == 5, "with its offset"
+
+
+def test_a_rank_s_snapshot_counts_the_epochs_with_no_step_it_reached_the_end_of(
+    spec: StreamSpec,
+) -> None:
+    """Issue 31, finding 12, without Ray: steps do not tell whether an epoch with no step is
+    over. The state a rank asks for after one counts it over once that rank reached its end,
+    whatever the other ranks did, so every rank asking at that point gets the same state; the
+    driver's (no rank) once every rank did."""
+    book = dataclasses.replace(spec, batch_size=2000).book(3)
+    assert book.plan(0).steps == 0, "3 ranks of 2,000 rows over 5,000: no step"
+    ending = Tail(0, Feed._runs([]), {})
+    book.finish(0, 0, ending.steps, ending.leftover, ending.learned)
+    assert book.snapshot(-1, rank=0).progress.epoch == 1, "rank 0 reached the end"
+    assert book.snapshot(-1, rank=1).progress.epoch == 0, "rank 1 did not yet"
+    assert book.snapshot(-1).progress.epoch == 0, "the driver's: not every rank did"
+    for rank in (1, 2):
+        book.finish(rank, 0, ending.steps, ending.leftover, ending.learned)
+    got = [book.snapshot(-1, rank=r).to_json() for r in range(3)]
+    assert got[0] == got[1] == got[2] == book.snapshot(-1).to_json()
+    assert got[0]["progress"]["epoch"] == 1
