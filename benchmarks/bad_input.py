@@ -3,7 +3,9 @@
 Each case builds the same bad input as its test (tests/test_bad_input.py,
 tests/test_state_validation.py, tests/test_state.py, tests/test_storage_faults.py,
 tests/test_quarantine.py, tests/test_cache.py, tests/test_options.py, tests/test_follow.py,
-tests/test_errors.py, tests/test_formats.py, tests/test_folders.py) with real components:
+tests/test_errors.py, tests/test_formats.py, tests/test_folders.py, tests/test_http.py,
+tests/test_versions.py, tests/test_tokenize.py, tests/test_packing.py, tests/test_mixture.py,
+tests/test_stage.py, tests/test_plan_skip.py, tests/test_pool_sizing.py) with real components:
 local files under a temporary directory, or the loopback S3 server
 (:class:`ingest.testing.LoopbackS3`, a ``moto_server`` child process on 127.0.0.1; a second
 one that checks credentials for the wrong-credentials cases). It then creates an
@@ -27,7 +29,8 @@ line or an image that does not decode, quarantined alone; zoned timestamps and d
 integers) is shown as "not an error" and checked to give exactly what its test expects. A
 case this machine cannot build (no user namespaces for the read-only mount) is listed as
 skipped and not counted. A message that does not match its test's pattern is reported on
-stderr. Nothing leaves 127.0.0.1; Ray is not started. One to two minutes in all (the
+stderr. Nothing leaves 127.0.0.1; Ray is started only in the child processes of the
+reader-pool cases (a 2-CPU local Ray each, as on a laptop). One to two minutes in all (the
 refused endpoint retries to the default 20 s deadline, as in its test).
 
     .venv/bin/python benchmarks/bad_input.py
@@ -1494,6 +1497,442 @@ def batch_size_float(ctx: Context) -> Thunk:
 )
 def shuffle_bytes_zero(ctx: Context) -> Thunk:
     return stream_option(ctx, shuffle_bytes=0)
+
+
+# -- the stores: versions, Range, index files (engineer B; tests/test_http.py,
+# tests/test_versions.py) --------------------------------------------------------------------
+
+
+def web(ctx: Context, **options: bool) -> tuple[str, Any]:
+    """A directory served by the loopback HTTP server (options: etag, last_modified,
+    ranges), for the life of the run."""
+    from ingest.tools.loopback.http import LoopbackHTTP
+
+    root = ctx.local().root.removeprefix("file://")
+    return root, ctx.stack.enter_context(LoopbackHTTP(root, **options))
+
+
+@case(
+    "urls_from: an index over HTTP naming a file:// line",
+    ingest.ConfigError,
+    r"index\.txt line 2 names .*a file:// URL.*schemes=\('file', 'http'\)",
+)
+def index_names_local_file(ctx: Context) -> Thunk:
+    root, server = web(ctx)
+    with open(os.path.join(root, "index.txt"), "w") as f:
+        f.write(f"a.parquet\nfile://{root}/secret.parquet\n")
+    return lambda: ingest.urls_from(server.url("index.txt"))
+
+
+@case(
+    "urls_from: an index that is not UTF-8",
+    ingest.ConfigError,
+    r"latin1\.txt is not UTF-8: byte 3 \(line 1\)",
+)
+def index_not_utf8(ctx: Context) -> Thunk:
+    root, server = web(ctx)
+    with open(os.path.join(root, "latin1.txt"), "wb") as f:
+        f.write(b"caf\xe9.parquet\n")
+    return lambda: ingest.urls_from(server.url("latin1.txt"))
+
+
+@case("urls_from(schemes=('ftp://',))", ingest.ConfigError, r"give scheme names without '://'")
+def index_bad_schemes(ctx: Context) -> Thunk:
+    root, server = web(ctx)
+    with open(os.path.join(root, "index.txt"), "w") as f:
+        f.write("a.parquet\n")
+    return lambda: ingest.urls_from(server.url("index.txt"), schemes=("ftp://",))
+
+
+@case(
+    "HTTP server that ignores Range, a shard over 4 MiB",
+    ingest.StoreError,
+    r"ignored the Range header: it answered a request for bytes \[\d+, \d+\) with the whole",
+)
+def range_ignored_large(ctx: Context) -> Thunk:
+    root, server = web(ctx, ranges=False)
+    pq.write_table(make_table(0, 150_000), os.path.join(root, "big.parquet"), compression="none")
+    assert os.path.getsize(os.path.join(root, "big.parquet")) > 4 << 20
+    return lambda: first(ingest.Stream([server.url("big.parquet")], batch_size=10))
+
+
+@case("HTTP server that ignores Range, a small shard", None)
+def range_ignored_small(ctx: Context) -> Thunk:
+    """Valid input in the tests: read from the whole body at once, with a warning."""
+    root, server = web(ctx, ranges=False)
+    pq.write_table(make_table(0, 500), os.path.join(root, "small.parquet"), row_group_size=50)
+
+    def run() -> object:
+        import warnings
+
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            stream = ingest.Stream([server.url("small.parquet")], batch_size=50)
+            got = sorted(i for b in stream for i in b["id"].tolist())
+        if got != list(range(500)) or stream.stats["retries"]:
+            raise AssertionError(f"expected rows 0-499 and no retry, got {len(got)} rows")
+        if not any("ignored the Range header" in str(w.message) for w in said):
+            raise AssertionError("no RangeIgnoredWarning")
+        return "not an error: every row from the whole body, no retry, a RangeIgnoredWarning"
+
+    return run
+
+
+@case("HTTP server with neither ETag nor Last-Modified", None)
+def unversioned_http(ctx: Context) -> Thunk:
+    """Valid input: listed with a warning naming the URL (a resume checks sizes only)."""
+    root, server = web(ctx, etag=False, last_modified=False)
+    pq.write_table(make_table(0, 10), os.path.join(root, "a.parquet"))
+
+    def run() -> object:
+        import warnings
+
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            listing = ingest.list_shards([server.url("a.parquet")])
+        named = [
+            w for w in said if "a.parquet" in str(w.message) and "neither ETag" in str(w.message)
+        ]
+        if listing.shards[0].version or not named:
+            raise AssertionError("expected no version and an UnversionedShardWarning")
+        return "not an error: an UnversionedShardWarning naming the URL; sizes checked only"
+
+    return run
+
+
+@case(
+    "state over an HTTP shard rewritten with the same size (Last-Modified only)",
+    ingest.StateError,
+    r"1 shard\(s\) changed: http://127\.0\.0\.1:\d+/a\.parquet \(version",
+)
+def rewritten_http_shard(ctx: Context) -> Thunk:
+    root, server = web(ctx, etag=False)
+    path = os.path.join(root, "a.parquet")
+    pq.write_table(make_table(1000, 300), path, compression="none", use_dictionary=False)
+    stream = ingest.Stream([server.url("a.parquet")], batch_size=50)
+    it = iter(stream)
+    next(it)
+    state = stream.state_dict()
+    stream.close()
+    size = os.path.getsize(path)
+    pq.write_table(make_table(7000, 300), path, compression="none", use_dictionary=False)
+    assert os.path.getsize(path) == size
+    later = os.stat(path).st_mtime + 3  # Last-Modified counts whole seconds
+    os.utime(path, (later, later))
+
+    def run() -> object:
+        resumed = ingest.Stream([server.url("a.parquet")], batch_size=50)
+        resumed.load_state_dict(state)
+        return first(resumed)
+
+    return run
+
+
+# -- tokenizing, packing, mixtures (engineer C, issue 31: tests/test_tokenize.py,
+# tests/test_packing.py, tests/test_mixture.py, tests/test_stage.py) -----------------------
+
+
+def text_lines(ctx: Context, texts: list[str]) -> str:
+    """A local JSONL shard of ``{"text": ...}`` lines; its directory's URL."""
+    store = ctx.local()
+    store.write("t/a.jsonl", "".join(json.dumps({"text": t}) + "\n" for t in texts).encode())
+    return store.url("t")
+
+
+def tokenized(url: str, tokenizer: Any, **options: Any) -> Thunk:
+    """The first batch of ``url`` through ``Tokenize(tokenizer)``."""
+    return lambda: first(
+        ingest.Stream(url, batch_size=6, transform=ingest.Tokenize(tokenizer), **options)
+    )
+
+
+def _big_id(texts: list[str]) -> list[Any]:
+    return [[2**31 + 5] if t == "BIG" else [7] for t in texts]
+
+
+@case(
+    "token id 2**31 + 5 from a tokenizer (it wrapped to -2147483643)",
+    ingest.ConfigError,
+    r"a\.jsonl row 5: the tokenizer's id 2147483653 is out of range",
+)
+def token_id_past_int32(ctx: Context) -> Thunk:
+    return tokenized(text_lines(ctx, ["ok"] * 5 + ["BIG"]), _big_id)
+
+
+@case("float token ids", ingest.ConfigError, r"a\.jsonl row 0: the tokenizer's id 4\.5 is not")
+def token_id_float(ctx: Context) -> Thunk:
+    return tokenized(text_lines(ctx, ["ok"] * 6), lambda texts: [[4.5]] * len(texts))
+
+
+@case("Tokenize(eos_id=-7)", ingest.ConfigError, r"Tokenize\(eos_id=-7\) must be a token id")
+def eos_negative(ctx: Context) -> Thunk:
+    return lambda: ingest.Tokenize(lambda texts: [[1]] * len(texts), eos_id=-7)
+
+
+@case("tokenizer returning None", ingest.ConfigError, r"returned NoneType for 6 texts")
+def tokenizer_none(ctx: Context) -> Thunk:
+    return tokenized(text_lines(ctx, ["ok"] * 6), lambda texts: None)
+
+
+@case("tokenizer returning 1 list for 6 texts", ingest.ConfigError, r"returned 1 id lists for 6")
+def tokenizer_too_few(ctx: Context) -> Thunk:
+    return tokenized(text_lines(ctx, ["ok"] * 6), lambda texts: [[1]])
+
+
+@case("tokenizer returning strings", ingest.ConfigError, r"row 0: tokenizer .* returned str")
+def tokenizer_strings(ctx: Context) -> Thunk:
+    return tokenized(text_lines(ctx, ["ok"] * 6), list)
+
+
+@case(
+    "integer column given to a tokenizers tokenizer",
+    ingest.ConfigError,
+    r"Tokenize\(column='text'\) is int64, not text",
+)
+def tokenizer_not_text(ctx: Context) -> Thunk:
+    from tokenizers import Tokenizer, models
+
+    store = ctx.local()
+    store.write("t/a.jsonl", b"".join(b'{"text": %d}\n' % i for i in range(6)))
+    rust = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+    return tokenized(store.url("t"), rust)
+
+
+PACKS: list[tuple[str, Callable[[], object], str]] = [
+    (
+        "Pack(seq_len=10**9) (a MemoryError of 7.45 GiB)",
+        lambda: ingest.Pack(seq_len=10**9),
+        r"Pack\(seq_len=1000000000\) is more than 16,777,216 tokens",
+    ),
+    (
+        "Pack(seq_len=16.5)",
+        lambda: ingest.Pack(seq_len=16.5),  # type: ignore[arg-type]
+        r"Pack\(seq_len=16\.5\) must be >= 1, a whole number",
+    ),
+    (
+        "Pack(seq_len=True)",
+        lambda: ingest.Pack(seq_len=True),
+        r"Pack\(seq_len=True\) must be >= 1, a whole number \(got a bool\)",
+    ),
+    (
+        "Mix weight 'x'",
+        lambda: ingest.Mix({"a": "a/", "b": "b/"}, weights={"a": "x", "b": 1}),  # type: ignore[dict-item]
+        r"'a' has weight 'x' \(str\); a weight is a number",
+    ),
+    (
+        "Mix schedule leaving a source out (it was weight 0, silently)",
+        lambda: ingest.Mix({"a": "a/", "b": "b/"}, schedule=[(100, {"a": 1})]),
+        r"stage at 100: weights \{'a': 1\} give no weight to \['b'\]",
+    ),
+    (
+        "Mix schedule stage at NaN",
+        lambda: ingest.Mix({"a": "a/", "b": "b/"}, schedule=[(float("nan"), {"a": 1, "b": 1})]),  # type: ignore[list-item]
+        r"stage at nan must begin at a global count",
+    ),
+]
+
+for _name, _make, _pattern in PACKS:
+    case(_name, ingest.ConfigError, _pattern)(option_case(_make))
+
+
+class _NanOrigins(ingest.Stage):
+    """A stage whose origins are floats, one NaN."""
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        ids = pa.array([[1, 2]] * 2, pa.list_(pa.int32()))
+        out = table.slice(0, 2).append_column("ids", ids)
+        return ingest.Staged(out, [0.0, float("nan")])  # type: ignore[arg-type]
+
+
+@case(
+    "stage origins of NaN under Pack (a bare IndexError)",
+    ingest.ConfigError,
+    r"with origins of float64.*an origin is an integer",
+)
+def stage_origin_nan(ctx: Context) -> Thunk:
+    store = ctx.local()
+    write_dataset(store.fs, store.url("d"), "parquet", 1, 100)
+    pack = ingest.Pack(seq_len=8, read_rows=16, column="ids", pad_id=0)
+    return lambda: first(
+        ingest.Stream(store.url("d"), batch_size=2, transform=_NanOrigins(), pack=pack)
+    )
+
+
+def mixed_state(ctx: Context) -> tuple[Callable[[], ingest.Stream], dict[str, Any]]:
+    """A mixture of two local sources, and its state after 3 batches."""
+    store = ctx.local()
+    for name in ("a", "b"):
+        write_dataset(store.fs, store.url(name), "parquet", 1, 100)
+    mix = ingest.Mix({"a": store.url("a"), "b": store.url("b")}, schedule=[(20, {"a": 1, "b": 3})])
+
+    def make() -> ingest.Stream:
+        return ingest.Stream(mix, batch_size=4, shuffle_seed=1)
+
+    s = make()
+    for _ in itertools.islice(s, 3):
+        pass
+    state = s.state_dict()
+    s.close()
+    return make, state
+
+
+def load_edited(ctx: Context, key: str, value: Any) -> Thunk:
+    make, state = mixed_state(ctx)
+    state = json.loads(json.dumps(state))
+    if value is None:
+        del state["mixture"][key]
+    else:
+        state["mixture"][key] = value
+
+    def run() -> object:
+        s = make()
+        try:
+            s.load_state_dict(state)
+        finally:
+            s.close()
+        return None
+
+    return run
+
+
+for _key, _value, _pattern in [
+    ("stage", 7, r"the state's mixture has stage 7: the stage reached is a position"),
+    ("counts", [1], r"the state's mixture has counts \[1\]: one whole number >= 0 per source"),
+    ("counts", [4, -3], r"the state's mixture has counts \[4, -3\]"),
+    ("total", -100, r"the state's mixture has total -100"),
+    ("stages", None, r"the state's mixture has stages '\(missing\)'"),
+]:
+    _shown = " removed" if _value is None else f"={_value}"
+    case(f"edited mixture state: {_key}{_shown}", ingest.StateError, _pattern)(
+        lambda ctx, k=_key, v=_value: load_edited(ctx, k, v)
+    )
+
+
+# -- the reader pool on a laptop-sized Ray (engineer A, issue 31: tests/test_pool_sizing.py,
+# tests/test_readme_blocks.py) ---------------------------------------------------------------
+
+POOL_ON_TWO_CPUS = """
+import ray
+ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+pool = ingest.ReaderPool(num_cpus=float(sys.argv[2]), min_size=2, max_size=2)
+record(lambda: ingest.RayStream(sys.argv[1], batch_size=10, world_size=2, readers=pool))
+"""
+
+
+@case(
+    "a reader pool of 2 x 2 CPUs on a 2-CPU Ray (in a child process)",
+    ingest.ConfigError,
+    r"2 x 2 CPU asked \(4 in all\), the cluster has 2 CPU .*lower ReaderPool\(num_cpus=",
+)
+def pool_too_large(ctx: Context) -> Thunk:
+    store = ctx.local()
+    write_dataset(store.fs, store.url("d"), "parquet", 2, 100)
+    return lambda: in_child(POOL_ON_TWO_CPUS, store.url("d"), "2")
+
+
+@case(
+    "index tasks with no CPU left beside a 2 x 1 CPU pool on a 2-CPU Ray (in a child process)",
+    ingest.ConfigError,
+    r"an index task .* cannot run beside the reader pool .*2\.\d+ CPU asked",
+)
+def index_beside_full_pool(ctx: Context) -> Thunk:
+    store = ctx.local()
+    write_dataset(store.fs, store.url("d"), "jsonl", 2, 100)
+    return lambda: in_child(POOL_ON_TWO_CPUS, store.url("d"), "1")
+
+
+for _name, _make, _pattern in [
+    ("ReaderPool(num_cpus=nan)", lambda: ingest.ReaderPool(num_cpus=float("nan")), r"num_cpus=nan"),
+    (
+        "ReaderPool(start_timeout_s=0)",
+        lambda: ingest.ReaderPool(start_timeout_s=0),
+        r"start_timeout_s=0 must be > 0",
+    ),
+    (
+        "Autoscale(first_interval_s=0)",
+        lambda: ingest.Autoscale(first_interval_s=0),
+        r"first_interval_s=0 must be > 0",
+    ),
+]:
+    case(_name, ingest.ConfigError, _pattern)(option_case(_make))
+
+
+# -- planning under on_error="skip" (engineer E, issue 31: tests/test_plan_skip.py) ----------
+
+
+def planned_parquet(ctx: Context, damage: str) -> Store:
+    """4 Parquet shards of 100 rows; part-2 damaged as ``damage`` says."""
+    store = ctx.local()
+    for n in range(4):
+        store.write(f"d/part-{n}.parquet", encode(make_table(n * 100, 100), "parquet"))
+    path = store.url("d/part-2.parquet").removeprefix("file://")
+    if damage == "footer":
+        with open(path, "r+b") as f:
+            f.seek(-40, os.SEEK_END)
+            f.write(b"\xee" * 32)  # the footer's metadata no longer parses
+    elif damage == "empty":
+        open(path, "wb").close()
+    else:
+        pq.write_table(pa.table({"id": pa.array(["a"] * 100)}), path)
+    return store
+
+
+def skipped_whole(store: Store) -> Thunk:
+    def run() -> object:
+        stream = ingest.Stream(
+            store.url("d"), columns=["id"], batch_size=50, read=ingest.ReadOptions(on_error="skip")
+        )
+        ids = sorted(int(i) for b in stream for i in b["id"].tolist())
+        spans = [((q.url or "").rsplit("/", 1)[-1], q.start, q.stop) for q in stream.quarantined]
+        if ids != [*range(200), *range(300, 400)] or spans != [("part-2.parquet", 0, None)]:
+            raise AssertionError(f"{len(ids)} rows, quarantined {spans}")
+        return "not an error: 300 rows; part-2.parquet quarantined whole at planning"
+
+    return run
+
+
+@case(
+    "Parquet footer that does not parse (at planning)",
+    ingest.ShardError,
+    r"part-2\.parquet at byte \d+: has no readable Parquet footer",
+)
+def planned_footer(ctx: Context) -> Thunk:
+    store = planned_parquet(ctx, "footer")
+    return lambda: drain(ingest.Stream(store.url("d"), columns=["id"], batch_size=50))
+
+
+@case('Parquet footer that does not parse (at planning), on_error="skip"', None)
+def planned_footer_skipped(ctx: Context) -> Thunk:
+    return skipped_whole(planned_parquet(ctx, "footer"))
+
+
+@case('empty (0-byte) Parquet shard (at planning), on_error="skip"', None)
+def planned_empty_skipped(ctx: Context) -> Thunk:
+    return skipped_whole(planned_parquet(ctx, "empty"))
+
+
+@case('Parquet shard of another schema (at planning), on_error="skip"', None)
+def planned_schema_skipped(ctx: Context) -> Thunk:
+    return skipped_whole(planned_parquet(ctx, "schema"))
+
+
+@case('JSON line nested 10,001 levels deep among the schema\'s lines, on_error="skip"', None)
+def deep_json_schema_skipped(ctx: Context) -> Thunk:
+    store = ctx.local()
+    lines = encode(make_table(0, 100), "jsonl").split(b"\n")
+    lines[3] = DEEP.replace(b'"id": 60', b'"id": 3')
+    store.write("d/a.jsonl", b"\n".join(lines))
+
+    def run() -> object:
+        read = ingest.ReadOptions(on_error="skip")
+        stream = ingest.Stream(store.url("d"), batch_size=10, read=read)
+        ids = sorted(int(i) for b in stream for i in b["id"].tolist())
+        spans = [(q.start, q.stop) for q in stream.quarantined]
+        if ids != [i for i in range(100) if i != 3] or spans != [(3, 4)]:
+            raise AssertionError(f"{len(ids)} rows, quarantined {spans}")
+        return "not an error: 99 rows; row 3 quarantined alone (it raised at planning before)"
+
+    return run
 
 
 # -- running -------------------------------------------------------------------------------
