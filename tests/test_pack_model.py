@@ -419,8 +419,7 @@ WEB = {"web": MIX["web"]}
 """One source of the mixture's, alone (its tokens due: :func:`mix_due`)."""
 
 
-@ray.remote(num_cpus=0)
-class _PackingRank:
+class _HeldRank:
     """A packing rank's one iterator, held in a process of its own across batches and epochs
     (its documents in flight live in it: another iterator may not take the rank over in the
     middle of an epoch)."""
@@ -448,6 +447,9 @@ class _PackingRank:
 
     def state(self) -> dict[str, Any]:
         return self.it.state_dict()  # type: ignore[no-any-return]
+
+
+_PackingRank: Any = ray.remote(num_cpus=0)(_HeldRank)  # opaque to type checkers, hence Any
 
 
 PACK_TRANSPORTS = ["stream", "loader0", "loader2", "ray1", "ray2", "ray3"]
