@@ -5,6 +5,7 @@ that varlen attention takes, and best-fit's efficiency on a lognormal corpus."""
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +259,30 @@ def test_a_corpus_under_one_read_step_warns_that_its_epoch_is_empty(tmp_path: Pa
         r"Pack\.read_rows",
     ):
         assert list(stream) == []
+
+
+def test_an_epoch_resumed_after_its_last_batch_gives_no_batch_and_no_warning(
+    tmp_path: Path,
+) -> None:
+    """The warning is for a corpus under one read step, not for an epoch whose rows were
+    consumed before the state (a resume after its last batch): the soak saw it there."""
+    url = _docs(tmp_path, 60)
+    pack = Pack(seq_len=16, read_rows=7, pad_id=0)
+
+    def stream() -> ingest.Stream:
+        return ingest.Stream(url, batch_size=2, transform=Tokenize(_chars, eos_id=7), pack=pack)
+
+    first = stream()
+    batches = list(first)
+    assert batches
+    again = stream()
+    it = iter(again)
+    for _ in batches:
+        next(it)
+    state = again.state_dict()  # after the epoch's last batch, before its end
+    again.close()
+    resumed = stream()
+    resumed.load_state_dict(state)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*gave no batch")
+        assert list(resumed) == []

@@ -278,14 +278,19 @@ class PackedRank:
         return handed + list(self._offsets.items())
 
     def _warn_empty(self, epoch: int, ending: Ending) -> None:
-        """Say that ``epoch`` gave this rank no batch: it read no whole read step."""
+        """Say that ``epoch`` gave this rank no batch: it read no whole read step. Not when
+        the epoch's listing holds a read step for every rank: an epoch resumed near its end
+        (the rest consumed before the state) gives no batch too, and that is no fault."""
         rows, ranks = "", ""
         if self.book is not None:
             counts = self.book.plan(epoch).counts.copy()
             for shard, n in ending.learned.items():  # counted by reading (JSONL)
                 counts[shard] = n
             if len(counts) and (counts >= 0).all():
-                rows = f" ({int(counts.sum()):,} rows listed)"
+                total = int(counts.sum())
+                if total >= self.pack.read_rows * self.book.world_size:
+                    return
+                rows = f" ({total:,} rows listed)"
             ranks = f" x {self.book.world_size} ranks"
         warnings.warn(
             f"epoch {epoch} of the packed stream gave no batch: the dataset{rows} holds fewer "
