@@ -1499,7 +1499,7 @@ def shuffle_bytes_zero(ctx: Context) -> Thunk:
     return stream_option(ctx, shuffle_bytes=0)
 
 
-# -- the stores: versions, Range, index files (engineer B; tests/test_http.py,
+# -- the stores: versions, Range, index files (issue 31; tests/test_http.py,
 # tests/test_versions.py) --------------------------------------------------------------------
 
 
@@ -1628,7 +1628,7 @@ def rewritten_http_shard(ctx: Context) -> Thunk:
     return run
 
 
-# -- tokenizing, packing, mixtures (engineer C, issue 31: tests/test_tokenize.py,
+# -- tokenizing, packing, mixtures (issue 31: tests/test_tokenize.py,
 # tests/test_packing.py, tests/test_mixture.py, tests/test_stage.py) -----------------------
 
 
@@ -1795,20 +1795,27 @@ def load_edited(ctx: Context, key: str, value: Any) -> Thunk:
     return run
 
 
-for _key, _value, _pattern in [
+_EDITS: list[tuple[str, Any, str]] = [
     ("stage", 7, r"the state's mixture has stage 7: the stage reached is a position"),
     ("counts", [1], r"the state's mixture has counts \[1\]: one whole number >= 0 per source"),
     ("counts", [4, -3], r"the state's mixture has counts \[4, -3\]"),
     ("total", -100, r"the state's mixture has total -100"),
     ("stages", None, r"the state's mixture has stages '\(missing\)'"),
-]:
+]
+
+
+def _edited(key: str, value: Any) -> Callable[[Context], Thunk]:
+    return lambda ctx: load_edited(ctx, key, value)
+
+
+for _key, _value, _pattern in _EDITS:
     _shown = " removed" if _value is None else f"={_value}"
     case(f"edited mixture state: {_key}{_shown}", ingest.StateError, _pattern)(
-        lambda ctx, k=_key, v=_value: load_edited(ctx, k, v)
+        _edited(_key, _value)
     )
 
 
-# -- the reader pool on a laptop-sized Ray (engineer A, issue 31: tests/test_pool_sizing.py,
+# -- the reader pool on a laptop-sized Ray (issue 31: tests/test_pool_sizing.py,
 # tests/test_readme_blocks.py) ---------------------------------------------------------------
 
 POOL_ON_TWO_CPUS = """
@@ -1857,7 +1864,7 @@ for _name, _make, _pattern in [
     case(_name, ingest.ConfigError, _pattern)(option_case(_make))
 
 
-# -- planning under on_error="skip" (engineer E, issue 31: tests/test_plan_skip.py) ----------
+# -- planning under on_error="skip" (issue 31: tests/test_plan_skip.py) ----------
 
 
 def planned_parquet(ctx: Context, damage: str) -> Store:
