@@ -13,6 +13,7 @@ import pytest
 import ingest
 from ingest.core.errors import IngestError, SchemaMismatchError, ShardError, SourceError, StoreError
 from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionError
+from ingest.engine.stage import RowError
 from ingest.formats._lines import LineTooLongError
 from ingest.planner.index import IndexStoreError
 from ingest.testing import write_dataset
@@ -45,6 +46,7 @@ EXAMPLES: list[IngestError] = [
     StaleSessionError("session 3 was replaced"),
     ingest.SupersededError.of_rank(2),
     IndexStoreError("s3://bucket/index", "forbidden", "grant write access"),
+    RowError(3, "the tokenizer's id 2147483653 is out of range", "return the vocabulary's ids"),
 ]
 
 
