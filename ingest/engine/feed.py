@@ -168,7 +168,7 @@ class Feed:
         self.transform = transform
         self._skip = config.read.on_error == "skip"
         self.quarantine = Quarantine(config.read.max_errors, plan.epoch, plan.rank)
-        if plan.rank == 0:  # shards quarantined while the listing was made: rank 0's to tell
+        if self._skip and plan.rank == 0:  # shards quarantined at planning (only under skip)
             for n, error in plan.listing.unread():
                 self.quarantine.add(error, url=plan.listing.shards[n].url)
         self._window_rows = config.window if plan.window is None else plan.window
