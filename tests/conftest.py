@@ -79,6 +79,8 @@ def ray_session() -> Iterator[None]:
         # (the job-submit tests start one).
         address="local",
         num_cpus=8,
+        # One slot a test can hold to keep a pool from starting (test_pool_sizing).
+        resources={"test_slot": 1.0},
         include_dashboard=False,
         log_to_driver=False,
         # Metrics reach the node's Prometheus endpoint within a second (test_metrics.py).

@@ -335,20 +335,24 @@ _Holder: Any = ray.remote(_Hold)
 
 
 @ray_session
-def test_readers_that_find_no_free_cpu_fail_after_start_timeout_s(local: Store) -> None:
-    """A pool the cluster could hold, but whose CPUs another job holds, fails after
-    ``ReaderPool.start_timeout_s`` naming the CPUs free, not after a rank's 300 s."""
+def test_readers_that_find_nothing_free_fail_after_start_timeout_s(local: Store) -> None:
+    """A pool the cluster could hold, but whose resources another job holds, fails after
+    ``ReaderPool.start_timeout_s`` naming what is free, not after a rank's 300 s.
+
+    The session's Ray declares one ``test_slot`` (tests/conftest.py) and another actor holds
+    all of it but the sliver the coordinator takes. Holding every free CPU instead was not enough in
+    the full suite: the CPUs of other tests' actors, ending in the background, came free
+    within the 3 s and the reader started (DID NOT RAISE)."""
     write_dataset(local.fs, local.url("parquet"), "parquet", 1, 100)
-    free = ray.available_resources().get("CPU", 0.0)
-    holder = _Holder.options(num_cpus=free).remote()  # every free CPU
+    holder = _Holder.options(num_cpus=0, resources={"test_slot": 0.999}).remote()
     try:
         ray.get(holder.ping.remote(), timeout=60)
-        pool = ingest.ReaderPool(num_cpus=0.5, start_timeout_s=3)
+        pool = ingest.ReaderPool(num_cpus=0, resources={"test_slot": 1}, start_timeout_s=3)
         began = time.monotonic()
         with pytest.raises(
             ingest.StreamTimeoutError,
             match=r"1 of the reader pool's 1 readers did not start within 3 s .*"
-            r"\(0 free\).*raise start_timeout_s",
+            r"1 test_slot \(0 free\).*raise start_timeout_s",
         ):
             ingest.RayStream(local.url("parquet"), batch_size=10, readers=pool)
         assert time.monotonic() - began < 20
