@@ -94,17 +94,20 @@ def test_every_import_points_down_the_layers() -> None:
     assert not wrong, "\n".join(wrong)
 
 
-MAX_LINES = 500
-OVER: dict[str, int] = {}
-"""Modules allowed over :data:`MAX_LINES`, each at most its size when it was listed (none
-since issue 18 split the last three): a module that grows past the bound is split."""
+MAX_LINES = 800
+"""A backstop, not a target. Modules are cut around concepts, by review, and ruff's
+complexity rules (C901, PLR0911, PLR0912, PLR0915) split long functions; STYLE.md 19: a file
+held at 499 under a cap of 500 is a smell. The cap of 500 this replaced (issue 33, item 5)
+made modules split to the line count: four one-concept modules (the pool, the coordinator,
+the rank iterator, the book) reached 511-528 lines with issue 31's fixes. Past 800 lines a
+module is two concepts (STYLE.md: webdataset's and streaming's 1,500-line modules)."""
 
 
-def test_no_module_grows_past_500_lines() -> None:
+def test_no_module_is_two_concepts_by_its_size() -> None:
     root = Path(__file__).parents[1]
     sizes = {
         str(p.relative_to(root)): len(p.read_text().splitlines())
         for p in (root / "ingest").rglob("*.py")
     }
-    over = {p: n for p, n in sizes.items() if n > OVER.get(p, MAX_LINES)}
-    assert over == {}, f"modules over their bound (split them): {over}"
+    over = {p: n for p, n in sizes.items() if n > MAX_LINES}
+    assert over == {}, f"modules over {MAX_LINES} lines (cut them around their concepts): {over}"
