@@ -180,15 +180,18 @@ def due(held_s: float, flowing: bool, last: Decision | None, settings: Autoscale
             resize, or the ranks' first report, whose figures are dropped).
         flowing: Whether the ranks have reported since the pool started (rows flow).
         last: The last decision since rows started flowing, or None.
-        settings: ``first_interval_s`` before the first decision and after one that holds
-            a busy pool below ``max_size`` (:attr:`Decision.soon`); ``interval_s`` after
-            any other.
+        settings: The intervals (:func:`period`).
     """
-    if not flowing:
-        return False
-    soon = last is None or last.soon
-    period = min(settings.first_interval_s, settings.interval_s) if soon else settings.interval_s
-    return held_s >= period
+    return flowing and held_s >= period(last, settings)
+
+
+def period(last: Decision | None, settings: Autoscale) -> float:
+    """Seconds from ``last``'s figures to the next decision: ``first_interval_s`` (at most
+    ``interval_s``) before the first decision and after one that held a busy pool below
+    ``max_size`` (:attr:`Decision.soon`); ``interval_s`` after any other."""
+    if last is None or last.soon:
+        return min(settings.first_interval_s, settings.interval_s)
+    return settings.interval_s
 
 
 def reader_cpus(cluster_cpus: float, max_size: int) -> float:
@@ -248,6 +251,7 @@ __all__ = [
     "Measure",
     "decide",
     "due",
+    "period",
     "reader_cpus",
     "shortfall",
     "task_cpus",

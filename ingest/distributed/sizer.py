@@ -39,7 +39,7 @@ from typing import Any
 
 import ray
 
-from ingest.core.sizing import Autoscale, Decision, Measure, decide, due
+from ingest.core.sizing import Autoscale, Decision, Measure, decide, due, period
 from ingest.distributed.pool import ReaderPool
 
 log = logging.getLogger(__name__)
@@ -211,10 +211,8 @@ class PoolSizer:
         beat from the last figures taken (a slow decision does not push the next back)."""
         if not self._flowing:
             return POLL_S
-        period = self.settings.interval_s
-        if self._decision is None or self._decision.soon:
-            period = min(self.settings.first_interval_s, period)
-        return max(0.05, self._last + period - time.monotonic())
+        wait = period(self._decision, self.settings)
+        return max(0.05, self._last + wait - time.monotonic())
 
     def _step(self) -> None:
         if not ray.is_initialized():  # shut down (the driver's exit): a call would start Ray
