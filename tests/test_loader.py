@@ -94,10 +94,10 @@ def test_a_loop_left_early_goes_on_after_its_last_batch(data: str) -> None:
     assert state["progress"]["epoch"] == 0
 
 
-def test_a_loop_left_early_shuts_its_workers_down_at_once(data: str) -> None:
-    """A ``break`` drops the loop, and the loop's workers stop then, without the garbage
-    collector (the loader held its loop, a cycle: its workers stopped only when a
-    collection came, and then after torch's 5 s join timeout each)."""
+def test_a_loop_left_early_keeps_its_workers_for_the_next_loop(data: str) -> None:
+    """A ``break`` leaves the workers to the loader (issue 32: they are kept across loops and
+    epochs); the next loop goes on with them, right after the last batch handed out. They
+    stop when the loader goes (tests/test_loader_workers.py)."""
     import gc
     import multiprocessing
 
@@ -105,22 +105,26 @@ def test_a_loop_left_early_shuts_its_workers_down_at_once(data: str) -> None:
     before = set(multiprocessing.active_children())
     gc.disable()
     try:
-        for n, _ in enumerate(loader):
+        head = []
+        for n, batch in enumerate(loader):
+            head += batch["id"].tolist()
             if n == 1:
                 workers = set(multiprocessing.active_children()) - before
                 break
         assert len(workers) == 2
-        assert not any(w.is_alive() for w in workers), "the workers of a dropped loop stopped"
+        assert all(w.is_alive() for w in workers), "kept for the next loop"
+        rest = ids(loader)
+        assert set(multiprocessing.active_children()) - before == workers, "the same workers"
+        both = head + rest
+        assert len(both) == len(set(both)) and TOTAL - len(both) < 2 * BATCH
     finally:
         gc.enable()
 
 
-def test_a_state_loaded_ends_the_running_loop_and_its_workers(data: str) -> None:
-    """``load_state_dict`` while a loop runs ends that loop, as a new ``iter`` does: its
-    workers stop at once (they read on, for a state no longer the loader's, until a garbage
-    collection, which then joined each for up to torch's 5 s timeout in whichever thread ran
-    it: once fsspec's I/O thread, stalling every read of the process), and it hands out no
-    batch the loaded state does not count."""
+def test_a_state_loaded_ends_the_running_loop_its_workers_kept(data: str) -> None:
+    """``load_state_dict`` while a loop runs ends that loop, as a new ``iter`` does: it hands
+    out no batch the loaded state does not count, and the next loop begins the workers on the
+    loaded state (torch drops what they read ahead for the old one)."""
     import multiprocessing
 
     loader = ingest.DataLoader(stream_of(data), num_workers=2)
@@ -130,10 +134,11 @@ def test_a_state_loaded_ends_the_running_loop_and_its_workers(data: str) -> None
     workers = set(multiprocessing.active_children()) - before
     assert len(workers) == 2
     loader.load_state_dict(loader.state_dict())
-    assert not any(w.is_alive() for w in workers), "the workers of the ended loop stopped"
+    assert all(w.is_alive() for w in workers), "the workers are kept"
     assert next(it, None) is None, "the ended loop hands out nothing more"
     rest = ids(loader)
     assert sorted(first + rest) == list(range(TOTAL))
+    assert set(multiprocessing.active_children()) - before == workers, "the same workers"
 
 
 def test_the_state_loads_into_a_stream(data: str) -> None:
@@ -150,8 +155,25 @@ def test_the_state_loads_into_a_stream(data: str) -> None:
 def test_options_that_belong_to_the_stream_are_refused(data: str) -> None:
     with pytest.raises(ingest.ConfigError, match="batch_size"):
         ingest.DataLoader(stream_of(data), batch_size=4)
-    with pytest.raises(ingest.ConfigError, match="persistent_workers"):
-        ingest.DataLoader(stream_of(data), num_workers=2, persistent_workers=True)
+
+
+def test_persistent_workers_false_stops_the_workers_at_each_epochs_end(data: str) -> None:
+    """Kept by default (persistent_workers=True is accepted, issue 32); False stops them at
+    each epoch's end, as torch's own ``DataLoader`` does, and each epoch starts new ones."""
+    import multiprocessing
+
+    before = set(multiprocessing.active_children())
+    kept = ingest.DataLoader(stream_of(data), num_workers=2, persistent_workers=True)
+    assert TOTAL - len(ids(kept)) < 2 * BATCH
+    workers = set(multiprocessing.active_children()) - before
+    assert len(workers) == 2 and all(w.is_alive() for w in workers)
+    kept.close()
+    assert not any(w.is_alive() for w in workers)
+    loader = ingest.DataLoader(stream_of(data), num_workers=2, persistent_workers=False)
+    first = ids(loader)
+    assert set(multiprocessing.active_children()) == before, "stopped at the epoch's end"
+    both = Counter(first + ids(loader))
+    assert set(both) == set(range(TOTAL)) and set(both.values()) <= {1, 2}
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])

@@ -10,14 +10,25 @@ takes that off and hands the batch out through that worker's rank loop
 :meth:`DataLoader.state_dict` covers every batch handed out by any worker, at any moment,
 and loads with any worker count (or into a ``Stream`` or a ``RayStream``).
 
-Workers are never persistent: each epoch starts them from the state. ``batch_size`` is the
-stream's; the ``DataLoader`` does no batching or collation of its own.
+The workers are kept across epochs (torch's persistent workers): an epoch's start costs no
+process start, and each worker keeps its filesystems and the footers it read. The workers
+never list: each has a queue, made before it started, on which the main process sends it
+every epoch's order (:class:`_Order`: the state to start from and the epoch's listing)
+right before torch tells the workers to begin the epoch; a loop left early, or a state
+loaded, leaves the workers' read-ahead behind (torch drops what they send of it). The
+workers stop when the loader goes, on :meth:`DataLoader.close`, and at the interpreter's
+exit; ``persistent_workers=False`` stops them at each epoch's end instead. ``batch_size``
+is the stream's; the ``DataLoader`` does no batching or collation of its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import os
+import queue
+import time
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -40,9 +51,26 @@ from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
 from ingest.integrations.mixed_loader import MixedLoader, Nothing
 from ingest.planner.catalog import Listing
+from ingest.planner.planner import Planner
 
 KEY = "__ingest__"
 """The batch entry that carries a batch's provenance from a worker to the main process."""
+ORDER_WAIT_S = 120.0
+"""Seconds a worker waits for its epoch's order: the main process sends it before it tells
+the workers to start the epoch, so it is there at once unless the main process is gone."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Order:
+    """An epoch for the workers, from the main process: what each plans its share from."""
+
+    number: int
+    """The order's count among those sent to these workers (from 0)."""
+    ranks: int
+    start: dict[str, Any] | None
+    """The state to start from (JSON); None: the stream's first epoch."""
+    listing: Listing
+    """The epoch's listing, made by the main process (the workers never list)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,25 +129,39 @@ class _Ended:
 
 
 class _Shares(torch.utils.data.IterableDataset[Batch]):
-    """What the DataLoader's workers iterate: their rank's share of one epoch."""
+    """What the DataLoader's workers iterate: their rank's share of each epoch, by order."""
 
     def __init__(self, spec: StreamSpec, transform: Any, pack: Pack | None) -> None:
         self.spec = spec
         self.transform = transform
         self.pack = pack
-        self.ranks = 1
-        self.start: dict[str, Any] | None = None
-        self.listing: Listing | None = None
+        self.order: _Order | None = None
+        """The epoch to read with no worker processes (``num_workers=0``)."""
+        self.queues: list[Any] = []
+        """Each worker's queue of orders, made before the workers start."""
+        self._taken = 0
+        """In a worker: the number of the next order it takes."""
+        self._planner: tuple[int, Planner] | None = None
+        """The planner made in this process (its pid), kept across epochs: never one made
+        before a fork (fsspec's filesystems are not fork-safe)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_planner": None}  # spawn: the worker makes its own
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
         rank = 0 if info is None else info.id
-        planner = self.spec.planner()
-        book = self.spec.book(self.ranks, planner)
-        if self.start is not None:
-            book.load(StreamState.from_json(self.start), self.listing)
-        elif self.listing is not None:
-            book.adopt(self.listing)
+        order = self.order if info is None else self._receive(rank)
+        if isinstance(order, _Failed):
+            yield {KEY: order}
+            return
+        assert order is not None, "the main process sets the order before it iterates"
+        planner = self._planner_here()
+        book = self.spec.book(order.ranks, planner)
+        if order.start is not None:
+            book.load(StreamState.from_json(order.start), order.listing)
+        else:
+            book.adopt(order.listing)
         epoch = book.upcoming_epoch(rank)
         feed = Feed(
             book.rank_plan(rank, epoch), self.spec.feed_config(), planner.source, self.transform
@@ -150,6 +192,34 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                     batch = {k: v.numpy() if k in arrays else v for k, v in batch.items()}
                 came = _Came.of(rank, item, arrays=arrays)
                 yield {**batch, KEY: came}
+
+    def _planner_here(self) -> Planner:
+        pid = os.getpid()
+        if self._planner is None or self._planner[0] != pid:
+            self._planner = (pid, self.spec.planner())
+        return self._planner[1]
+
+    def _receive(self, rank: int) -> _Order | _Failed:
+        """In worker ``rank``: the order of the epoch torch just began (an older one, from a
+        loop that began and ended before this worker took its order, is passed over)."""
+        waited_until = time.monotonic() + ORDER_WAIT_S
+        while time.monotonic() < waited_until:
+            try:
+                order = self.queues[rank].get(timeout=1.0)
+            except queue.Empty:
+                continue
+            if order is None:  # the loader is closing
+                break
+            if order.number >= self._taken:
+                self._taken = order.number + 1
+                return order  # type: ignore[no-any-return]
+        return _Failed(
+            IngestError(
+                f"ingest.DataLoader worker {rank} got no epoch to read from its main process "
+                f"in {ORDER_WAIT_S:.0f} s (the loader was closed, or its process is stuck); "
+                "iterate the loader again"
+            )
+        )
 
 
 class DataLoader(torch.utils.data.DataLoader[Batch]):
@@ -188,11 +258,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                     f"ingest.DataLoader takes no {name}=: the stream batches and shuffles "
                     "(set batch_size, shuffle_seed on the Stream)"
                 )
-        if kwargs.get("persistent_workers"):
-            raise ConfigError(
-                "ingest.DataLoader(persistent_workers=True) is not supported: each epoch "
-                "starts its workers from the stream's state"
-            )
+        keep = kwargs.pop("persistent_workers", True)
         if num_workers < 0:
             raise ConfigError(f"num_workers={num_workers} must be >= 0")
         self.stream = stream
@@ -200,11 +266,18 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         """Over an ingest.Mix: a loader per source (:mod:`ingest.integrations.mixed_loader`)."""
         if stream.mixed is not None:
             self._mix = MixedLoader(
-                stream.mixed, lambda part: DataLoader(part, num_workers=num_workers, **kwargs)
+                stream.mixed,
+                lambda part: DataLoader(
+                    part, num_workers=num_workers, persistent_workers=keep, **kwargs
+                ),
             )
             super().__init__(Nothing(), batch_size=None)
             return
         self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
+        self._keep = bool(keep)
+        """Keep the workers across epochs (``persistent_workers``, default True)."""
+        self._workers = _Workers()
+        weakref.finalize(self, self._workers.close)  # the workers stop when the loader goes
         self._book: EpochBook[Listing] | None = None
         self._ranks: dict[int, RankLoop] = {}
         """Each worker's (rank's) loop: its batches handed out and their acks
@@ -214,17 +287,16 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         decode and tokenize; see :mod:`ingest.engine.pack`)."""
         self._running: weakref.ref[Iterator[Batch]] | None = None
         """The loop last started, held weakly, so that a loop the caller drops (a ``break``)
-        is closed at once and shuts its workers down. The loop refers to this loader: held
-        strongly, the two made a cycle, and a loop left early kept its workers until the
-        cyclic garbage collector came. That collector runs the index queues' finalizers (each
-        feeder thread is told to stop) before torch's shutdown puts its stop messages behind
-        them, so every worker ran out torch's 5 s join timeout: 10 s for a loader of two
-        workers, over 70 s in a test where one collection found several loaders."""
+        is closed at once. The loop refers to this loader: held strongly, the two made a
+        cycle, which only the cyclic garbage collector frees."""
         super().__init__(
             self._shares,
             batch_size=None,
             num_workers=num_workers,
             collate_fn=_as_is,
+            # torch keeps its iterator's workers between epochs; this loader holds that
+            # iterator (_Workers) and stops it at each epoch's end when not `keep`.
+            persistent_workers=num_workers > 0,
             **kwargs,
         )
 
@@ -235,6 +307,14 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         loop = self._loop()
         self._running = weakref.ref(loop)
         return loop
+
+    def close(self) -> None:
+        """Stop the worker processes now (the next loop starts new ones); the stream goes
+        on right after the last batch handed out."""
+        if self._mix is not None:
+            return self._mix.close()
+        self._stop()
+        self._workers.close()
 
     def _loop(self) -> Iterator[Batch]:
         ranks = max(1, self.num_workers)
@@ -252,12 +332,10 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         listing = book.plan(epoch).listing  # one listing, made here, for every worker
         self._packs = self._packings(book, start, listing)
         self._book = book
-        self._shares.ranks = ranks
-        self._shares.start = start.to_json() if started else None
-        self._shares.listing = listing
+        order = _Order(0, ranks, start.to_json() if started else None, listing)
         ended = 0
         pin = self.pin_memory and torch.cuda.is_available()
-        for out in super().__iter__():
+        for out in self._drawn(order):
             came = out.pop(KEY)
             if isinstance(came, _Failed):
                 raise came.error
@@ -278,6 +356,44 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         # The epoch is done: the stream goes on from the next one (listed when it starts).
         stream.load_state_dict(self._state(), listing=listing)
         self._book = None
+        if not self._keep:
+            self._workers.close()
+
+    def _drawn(self, order: _Order) -> Iterator[Batch]:
+        """What the workers send for ``order``'s epoch; if torch's iterator fails (a worker
+        died, its ``timeout``), the workers are stopped: the next loop starts new ones."""
+        try:
+            batches = self._begin(order)
+            while True:
+                try:
+                    out = next(batches)
+                except StopIteration:
+                    return
+                yield out
+        except GeneratorExit:
+            raise
+        except BaseException:
+            self._workers.close()
+            raise
+
+    def _begin(self, order: _Order) -> Iterator[Batch]:
+        """Torch's iterator over the workers, begun on ``order``'s epoch: its workers kept
+        from the last epoch (sent the order first), or started."""
+        if self.num_workers == 0:
+            self._shares.order = order
+            return super().__iter__()
+        workers = self._workers
+        if workers.iterator is None:  # the queues travel with the dataset to the workers
+            context = self.multiprocessing_context or torch.multiprocessing
+            workers.queues = [context.Queue() for _ in range(self.num_workers)]
+            self._shares.queues = workers.queues
+            workers.sent = 0
+            workers.send(order)
+            workers.iterator = self._get_iterator()
+        else:
+            workers.send(order)
+            workers.iterator._reset(self)  # what torch's own persistent __iter__ does
+        return workers.iterator  # type: ignore[no-any-return]
 
     def _packings(
         self, book: EpochBook[Listing], start: StreamState, listing: Listing
@@ -316,14 +432,17 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             self._book = None
 
     def _end_loop(self) -> None:
-        """Close the running loop, if any: its workers stop now, not at a collection."""
+        """Close the running loop, if any: what its workers read ahead is dropped when the
+        next loop begins (with ``persistent_workers=False``, they stop now)."""
         ref, self._running = self._running, None
         running = ref() if ref is not None else None
         if running is not None:
             close = getattr(running, "close", None)
             if close is not None:
                 with contextlib.suppress(Exception):
-                    close()  # shuts its workers down
+                    close()
+        if self._mix is None and not self._keep:
+            self._workers.close()
 
     def _state(self) -> StreamState:
         """The book's state after every batch handed out; with packing, the documents the
@@ -353,6 +472,37 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._end_loop()  # its state is replaced: not saved into the stream first
         self._book, self._ranks, self._packs = None, {}, {}
         self.stream.load_state_dict(state)
+
+
+class _Workers:
+    """The worker processes a loader keeps across epochs: torch's iterator over them, and
+    the queue each takes its epochs' orders from (held apart from the loader, so that a
+    finalizer of the loader can stop them)."""
+
+    def __init__(self) -> None:
+        self.iterator: Any = None
+        self.queues: list[Any] = []
+        self.sent = 0
+
+    def send(self, order: _Order) -> None:
+        """Send ``order`` to every worker, numbered after the ones sent before."""
+        numbered = dataclasses.replace(order, number=self.sent)
+        self.sent += 1
+        for q in self.queues:
+            q.put(numbered)
+
+    def close(self) -> None:
+        """Stop the workers (torch joins each for up to 5 s, then ends it)."""
+        iterator, self.iterator = self.iterator, None
+        queues, self.queues = self.queues, []
+        for q in queues:
+            with contextlib.suppress(Exception):
+                q.put(None)  # a worker waiting for an order stops waiting
+        if iterator is not None:
+            iterator._shutdown_workers()
+        for q in queues:
+            q.cancel_join_thread()
+            q.close()
 
 
 def _tensors(batch: Batch, came: _Came, *, pin: bool) -> Batch:

@@ -50,6 +50,12 @@ class MixedLoader:
         parts = {name: loader.state_dict() for name, loader in self.loaders.items()}
         return mixed_state(parts, self.mixed.mixer)
 
+    def close(self) -> None:
+        """Stop every source's worker processes (the next loop starts new ones)."""
+        self.draws.drop()
+        for loader in self.loaders.values():
+            loader.close()
+
     def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
         parsed = load_mixed(state, self.mixed.mixer)
         self.draws.drop()
