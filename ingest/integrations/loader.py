@@ -242,7 +242,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         **kwargs: Passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``prefetch_factor``, ``multiprocessing_context``, ``timeout``, ...); not
             ``batch_size``, ``shuffle``, ``sampler`` or ``collate_fn``: the stream batches and
-            shuffles.
+            shuffles. ``persistent_workers`` (default True): keep the workers across epochs
+            (until the loader goes, or :meth:`close`); False stops them at each epoch's end.
 
     With ``num_workers`` ranks, an epoch has equal steps per worker: the rows that cannot
     fill a step on every worker are carried into the next epoch, as on a ``RayStream``.
