@@ -1,0 +1,637 @@
+"""Resume is a seek (issue 32, item 1): the first batch after a resume, on every transport.
+
+Parquet shards of an int64 ``id`` and 128 int32 ``tokens`` (a fixed-size list column) on a
+loopback S3 server reached through the counting proxy of ``ingest bench``
+(:mod:`ingest.tools.bench.proxy`), batches of 1,024, ``shuffle_seed=0``. Each saving
+transport runs a fresh epoch and takes its state after 24 batches and after 45% of the
+epoch's batches (batches handed to the training loop, all ranks together; rounded down to a
+whole step of the saving transport); each state is then loaded into a new loader of the
+loading transport, which runs to the end of the epoch. Pairs, saved by -> loaded by:
+``Stream -> Stream``, ``DataLoader(2) -> DataLoader(2)``, ``-> DataLoader(1)``, ``->
+Stream``, and ``RayStream(2) -> RayStream(3)`` (a local Ray started here, each rank
+iterated in a thread of its own).
+
+For each resume it prints the state's JSON size (``len(json.dumps(state))``, and that over
+the world size at save), the seconds from building the resumed loader (``Stream(...)``,
+``DataLoader(...)`` or ``RayStream(...)``, then ``load_state_dict``) to its first batch (on
+every rank, for a ``RayStream``), that over a fresh epoch's first batch on the loading
+transport, the requests the store answered from that build to the end of the epoch, the
+shard opens and reads in ``stats`` (a ``Stream``'s and a ``RayStream``'s; a ``DataLoader``'s
+workers keep theirs), and whether the rows before the state, the rows after it and the rows
+carried to the next epoch (``distributed.carry`` of the state at the epoch's end: a 3-rank
+epoch cuts its rows into equal steps) are every id exactly once. It exits 1 when they are
+not. A warm-up of one batch is taken first (imports, the first connection).
+
+Goals (issue 32): a resume's first batch <= 1.2x a fresh epoch's on the loading transport
+and <= the faster peer's resume (fixed figures from the issue, Mosaic and LitData, unless
+``--peers-json`` names an ``ingest bench --json`` document); a state <= 8 KB per rank.
+Figures from a shared 2-core machine are noisy: compare the ratios of one run.
+
+    .venv/bin/python benchmarks/resume.py [--quick] [--json PATH] [--peers-json PATH]
+        [--pairs stream dl2 dl2-dl1 dl2-stream ray]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import platform
+import re
+import sys
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import ingest
+from ingest.testing import LoopbackS3
+from ingest.tools.bench.proxy import CountingProxy
+
+TOKENS = 128
+BUCKET = "resume-bench"
+VS_FRESH_MAX = 1.2
+STATE_PER_RANK_MAX = 8 * 1024
+ISSUE_PEERS: dict[str, dict[str, float]] = {
+    "Mosaic streaming": {"1": 2.1, "2": 3.8},
+    "LitData": {"1": 1.3, "2": 3.1},
+}
+"""Issue 32's resume first-batch seconds of the peers, with 1 and with 2 workers."""
+ISSUE_SOURCE = "issue 32 (fixed reference figures)"
+
+
+@dataclass(frozen=True, slots=True)
+class Transport:
+    """How batches reach the loop: ``stream``, ``loader`` (n workers) or ``ray`` (n ranks)."""
+
+    kind: str
+    n: int = 1
+
+    @property
+    def name(self) -> str:
+        return {
+            "stream": "Stream",
+            "loader": f"DataLoader({self.n})",
+            "ray": f"RayStream({self.n})",
+        }[self.kind]
+
+    @property
+    def readers(self) -> int:
+        """Processes that read in parallel: which peer figure (1 or 2 workers) applies."""
+        return 1 if self.kind == "stream" else max(1, self.n)
+
+
+STREAM = Transport("stream")
+PAIRS: dict[str, tuple[Transport, Transport]] = {
+    "stream": (STREAM, STREAM),
+    "dl2": (Transport("loader", 2), Transport("loader", 2)),
+    "dl2-dl1": (Transport("loader", 2), Transport("loader", 1)),
+    "dl2-stream": (Transport("loader", 2), STREAM),
+    "ray": (Transport("ray", 2), Transport("ray", 3)),
+}
+"""Every resume measured, by the name ``--pairs`` takes: (saved by, loaded by)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Settings:
+    """The data and the resume points.
+
+    Attributes:
+        shards: Parquet shards.
+        rows: Rows per shard.
+        row_group: Rows per Parquet row group.
+        batch_size: Rows per batch.
+        at: The first resume point, in batches handed to the loop.
+        fraction: The second resume point, as a fraction of the epoch's batches.
+        seed: ``shuffle_seed``.
+    """
+
+    shards: int
+    rows: int
+    row_group: int
+    batch_size: int
+    at: int
+    fraction: float
+    seed: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.shards * self.rows
+
+    @property
+    def batches(self) -> int:
+        return self.total // self.batch_size
+
+    def points(self, step: int) -> list[int]:
+        """The two resume points in batches, whole steps of ``step`` batches."""
+        first = self.at // step * step
+        second = round(self.fraction * self.batches) // step * step
+        if not 0 < first < second < self.batches:
+            raise SystemExit(
+                f"resume points {first} and {second} must lie inside the epoch's "
+                f"{self.batches} batches, the first before the second: change --at or "
+                "--fraction"
+            )
+        return [first, second]
+
+
+@dataclass(slots=True)
+class Env:
+    """Where the data is and how to reach it through the counting proxy."""
+
+    url: str
+    kwargs: dict[str, Any]
+    proxy: CountingProxy
+    settings: Settings
+
+
+@dataclass(slots=True)
+class Epoch:
+    """One epoch of one loader, fresh or resumed.
+
+    Attributes:
+        first_batch_s: From building the loader to its first batch (every rank's).
+        requests: Requests the store answered from the build to the epoch's end.
+        ids: Every id delivered, in arrival order per rank.
+        states: State after ``n`` batches handed out, by ``n``.
+        before: Ids delivered before each of ``states``.
+        end_state: The state after the epoch (it holds the rows carried to the next).
+        reads: Opens and reads from the loader's ``stats``; None where it keeps none.
+    """
+
+    first_batch_s: float
+    requests: int
+    ids: np.ndarray
+    states: dict[int, dict[str, Any]] = field(default_factory=dict)
+    before: dict[int, np.ndarray] = field(default_factory=dict)
+    end_state: dict[str, Any] = field(default_factory=dict)
+    reads: dict[str, int] | None = None
+
+
+# -- data -----------------------------------------------------------------------------------
+
+
+def write_shards(s3: LoopbackS3, settings: Settings) -> str:
+    """Write the shards (ids 0..N-1 in shard order) straight to the server; their URL."""
+    url = s3.create_bucket(BUCKET) + "/data"
+    fs = s3.filesystem()
+    rng = np.random.default_rng(0)
+    for shard in range(settings.shards):
+        ids = np.arange(shard * settings.rows, (shard + 1) * settings.rows, dtype=np.int64)
+        tokens = rng.integers(0, 50_000, size=settings.rows * TOKENS, dtype=np.int32)
+        table = pa.table(
+            {"id": ids, "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), TOKENS)}
+        )
+        sink = io.BytesIO()
+        pq.write_table(table, sink, row_group_size=settings.row_group)
+        fs.pipe(f"{url}/part-{shard:05d}.parquet", sink.getvalue())
+    return url + "/"
+
+
+# -- running one epoch ----------------------------------------------------------------------
+
+
+def _ids(batch: Any) -> np.ndarray:
+    """The batch's ids, copied out of the (read-only, Arrow-backed) tensor."""
+    return np.asarray(batch["id"].numpy(), dtype=np.int64).copy()
+
+
+def _reads(stats: dict[str, int]) -> dict[str, int]:
+    """The shard opens and reads of ``stats``, and any count of units the engine adds."""
+    keep = ("opens", "reads")
+    return {k: int(v) for k, v in stats.items() if k in keep or "unit" in k}
+
+
+def run_local(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) -> Epoch:
+    """One epoch of a ``Stream`` or a ``DataLoader``, from ``state`` (None: fresh)."""
+    save = set(save_at)
+    counted = env.proxy.counters()
+    start = time.perf_counter()
+    stream = ingest.Stream(env.url, **env.kwargs)
+    loader: Any = stream
+    if transport.kind == "loader":
+        loader = ingest.DataLoader(stream, num_workers=transport.n)
+    if state is not None:
+        loader.load_state_dict(state)
+    first = 0.0
+    chunks: list[np.ndarray] = []
+    out = Epoch(0.0, 0, np.empty(0, np.int64))
+    for batch in loader:
+        if not chunks:
+            first = time.perf_counter() - start
+        chunks.append(_ids(batch))
+        if len(chunks) in save:
+            out.states[len(chunks)] = loader.state_dict()
+            out.before[len(chunks)] = np.concatenate(chunks)
+    out.end_state = loader.state_dict()
+    out.requests = (env.proxy.counters() - counted).requests
+    out.first_batch_s, out.ids = first, np.concatenate(chunks)
+    if transport.kind == "stream":
+        out.reads = _reads(stream.stats)
+    stream.close()
+    return out
+
+
+@dataclass(slots=True)
+class _Rank:
+    first: float = 0.0
+    chunks: list[np.ndarray] = field(default_factory=list)
+    states: dict[int, dict[str, Any]] = field(default_factory=dict)
+    before: dict[int, np.ndarray] = field(default_factory=dict)
+    end_state: dict[str, Any] = field(default_factory=dict)
+
+
+def _iterate_rank(it: Any, save_steps: set[int]) -> _Rank:
+    """One rank's epoch, in a thread of its own: states after ``save_steps`` steps."""
+    out = _Rank()
+    for batch in it:
+        if not out.chunks:
+            out.first = time.perf_counter()
+        out.chunks.append(_ids(batch))
+        if len(out.chunks) in save_steps:
+            out.states[len(out.chunks)] = it.state_dict()  # waits for every rank's step
+            out.before[len(out.chunks)] = np.concatenate(out.chunks)
+    out.end_state = it.state_dict()
+    return out
+
+
+def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) -> Epoch:
+    """One epoch of a ``RayStream`` of ``transport.n`` ranks, from ``state`` (None: fresh)."""
+    world = transport.n
+    steps = {n // world: n for n in save_at}
+    counted = env.proxy.counters()
+    start = time.perf_counter()
+    stream = ingest.RayStream(env.url, world_size=world, **env.kwargs)
+    try:
+        if state is not None:
+            stream.load_state_dict(state)
+        its = [stream.rank_iterator(rank) for rank in range(world)]
+        with ThreadPoolExecutor(world) as pool:
+            ranks = list(pool.map(lambda it: _iterate_rank(it, set(steps)), its))
+        requests = (env.proxy.counters() - counted).requests
+        reads = _reads(stream.stats())
+    finally:
+        stream.shutdown()
+    return Epoch(
+        first_batch_s=max(r.first for r in ranks) - start,
+        requests=requests,
+        ids=np.concatenate([c for r in ranks for c in r.chunks]),
+        states={n: ranks[0].states[s] for s, n in steps.items()},
+        before={n: np.concatenate([r.before[s] for r in ranks]) for s, n in steps.items()},
+        end_state=ranks[0].end_state,
+        reads=reads,
+    )
+
+
+def run(env: Env, transport: Transport, state: Any = None, save_at: Iterable[int] = ()) -> Epoch:
+    """One epoch of ``transport``, from ``state`` (None: a fresh epoch)."""
+    start = time.perf_counter()
+    if transport.kind == "ray":
+        epoch = run_ray(env, transport, state, save_at)
+    else:
+        epoch = run_local(env, transport, state, save_at)
+    _log(
+        f"  first batch {epoch.first_batch_s:.2f} s, {epoch.requests} requests, epoch "
+        f"{time.perf_counter() - start:.1f} s"
+    )
+    return epoch
+
+
+def warm_up(env: Env) -> None:
+    """One batch of a ``Stream`` first: imports and the first connection are not measured."""
+    stream = ingest.Stream(env.url, **env.kwargs)
+    next(iter(stream))
+    stream.close()
+
+
+# -- checks and figures ---------------------------------------------------------------------
+
+
+def carried_ids(state: dict[str, Any], rows: int) -> np.ndarray:
+    """Ids of the rows ``state`` carries into its epoch (``distributed.carry.spans``)."""
+    shards = state["dataset"]["shards"]
+    spans = state.get("distributed", {}).get("carry", {}).get("spans", [])
+    parts = []
+    for shard, begin, end in spans:
+        number = int(re.search(r"part-(\d+)", shards[shard][0]).group(1))  # type: ignore[union-attr]
+        parts.append(np.arange(number * rows + begin, number * rows + end, dtype=np.int64))
+    return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+
+def exactly_once(
+    delivered: Sequence[np.ndarray], end_state: dict[str, Any], s: Settings
+) -> dict[str, Any]:
+    """Whether ``delivered`` and the rows carried to the next epoch are every id once."""
+    got = np.concatenate(delivered)
+    carried = carried_ids(end_state, s.rows)
+    every = np.concatenate([got, carried])
+    foreign = int(((every < 0) | (every >= s.total)).sum())
+    counts = np.bincount(every[(every >= 0) & (every < s.total)], minlength=s.total)
+    missing, duplicates = int((counts == 0).sum()), int((counts > 1).sum())
+    return {
+        "ok": missing == 0 and duplicates == 0 and foreign == 0,
+        "delivered": int(got.size),
+        "carried": int(carried.size),
+        "missing": missing,
+        "duplicates": duplicates,
+        "foreign": foreign,
+    }
+
+
+def peers(path: str | None) -> dict[str, Any]:
+    """The peers' resume first-batch seconds with 1 and 2 workers, and the faster of each.
+
+    From the issue's fixed figures, or from an ``ingest bench --json`` document: every
+    contender but this project's that measured ``resume_first_batch_s``, by its ranks (the
+    issue's figures, so labelled, when none did).
+    """
+    figures: dict[str, dict[str, float]] = {}
+    source = ISSUE_SOURCE
+    if path is None:
+        figures = {name: dict(f) for name, f in ISSUE_PEERS.items()}
+    else:
+        with open(path) as f:
+            document = json.load(f)
+        source = f"ingest bench results in {path}"
+        for c in document.get("contenders", []):
+            value = (c.get("figures") or {}).get("resume_first_batch_s")
+            if c.get("name") in ("stream", "raystream") or c.get("status") != "ok" or value is None:
+                continue
+            key = "1" if int(c.get("ranks", 1)) <= 1 else "2"
+            figures.setdefault(c.get("title", c["name"]), {})[key] = float(value)
+    if not figures:
+        source = f"{ISSUE_SOURCE}: no peer measured a resume in {path}"
+        figures = {name: dict(f) for name, f in ISSUE_PEERS.items()}
+    faster: dict[str, float] = {}
+    for each in figures.values():
+        for key, value in each.items():
+            faster[key] = min(faster.get(key, value), value)
+    return {"source": source, "figures": figures, "faster": faster}
+
+
+def resume_row(
+    saved: Transport,
+    loaded: Transport,
+    point: int,
+    origin: Epoch,
+    resumed: Epoch,
+    fresh: Epoch,
+    reference: dict[str, Any],
+    s: Settings,
+) -> dict[str, Any]:
+    """The figures of one resume, as printed and written to JSON."""
+    state = origin.states[point]
+    size = len(json.dumps(state))
+    world = int(state.get("distributed", {}).get("world_size", max(1, saved.n)))
+    peer = reference["faster"].get("1" if loaded.readers <= 1 else "2")
+    vs_fresh = resumed.first_batch_s / fresh.first_batch_s
+    return {
+        "saved_by": saved.name,
+        "loaded_by": loaded.name,
+        "at_batch": point,
+        "at_step": point // max(1, saved.n),
+        "epoch_fraction": point / s.batches,
+        "world_size_at_save": world,
+        "state_bytes": size,
+        "state_bytes_per_rank": size / world,
+        "first_batch_s": resumed.first_batch_s,
+        "fresh_first_batch_s": fresh.first_batch_s,
+        "vs_fresh": vs_fresh,
+        "peer_reference_s": peer,
+        "requests": resumed.requests,
+        "reads": resumed.reads,
+        "exactly_once": exactly_once([origin.before[point], resumed.ids], resumed.end_state, s),
+        "goals_met": {
+            "vs_fresh": vs_fresh <= VS_FRESH_MAX,
+            "vs_peer": None if peer is None else resumed.first_batch_s <= peer,
+            "state_per_rank": size / world <= STATE_PER_RANK_MAX,
+        },
+    }
+
+
+def fresh_row(transport: Transport, epoch: Epoch, s: Settings) -> dict[str, Any]:
+    return {
+        "transport": transport.name,
+        "first_batch_s": epoch.first_batch_s,
+        "requests": epoch.requests,
+        "reads": epoch.reads,
+        "exactly_once": exactly_once([epoch.ids], epoch.end_state, s),
+    }
+
+
+# -- the run --------------------------------------------------------------------------------
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure(
+    env: Env, pairs: list[tuple[Transport, Transport]], reference: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Fresh epochs of every transport, then every pair at both points."""
+    s = env.settings
+    points = s.points(2)
+    epochs: dict[Transport, Epoch] = {}
+    for saved, _ in pairs:
+        if saved not in epochs:
+            _log(f"fresh {saved.name}, states at batches {points}")
+            epochs[saved] = run(env, saved, None, points)
+    for _, loaded in pairs:
+        if loaded not in epochs:
+            _log(f"fresh {loaded.name}")
+            epochs[loaded] = run(env, loaded)
+    rows = []
+    for saved, loaded in pairs:
+        for point in points:
+            _log(f"{saved.name} at batch {point} -> {loaded.name}")
+            resumed = run(env, loaded, epochs[saved].states[point])
+            rows.append(
+                resume_row(
+                    saved, loaded, point, epochs[saved], resumed, epochs[loaded], reference, s
+                )
+            )
+    return [fresh_row(t, e, s) for t, e in epochs.items()], rows
+
+
+def _met(value: bool | None) -> str:
+    return "n/a" if value is None else ("met" if value else "NOT met")
+
+
+def _reads_text(reads: dict[str, int] | None) -> str:
+    if reads is None:
+        return "n/a"
+    return " ".join(f"{k} {v:,}" for k, v in reads.items())
+
+
+def _once_text(once: dict[str, Any]) -> str:
+    carried = f" ({once['carried']:,} carried)" if once["carried"] else ""
+    if once["ok"]:
+        return "OK" + carried
+    return (
+        f"VIOLATED: {once['missing']:,} missing, {once['duplicates']:,} duplicated, "
+        f"{once['foreign']:,} foreign{carried}"
+    )
+
+
+def report(
+    fresh: list[dict[str, Any]], rows: list[dict[str, Any]], reference: dict[str, Any], s: Settings
+) -> None:
+    """Print the fresh epochs, the resumes and the goals."""
+    print(
+        f"{s.shards} Parquet shards x {s.rows:,} rows (id, {TOKENS} int32 tokens; row groups of "
+        f"{s.row_group:,}), batch {s.batch_size:,}, shuffle_seed={s.seed}: {s.batches} batches "
+        "an epoch; loopback S3 through the counting proxy"
+    )
+    print("\nfresh epoch")
+    print("| transport | first batch s | requests (epoch) | stats reads | exactly once |")
+    print("|---|---|---|---|---|")
+    for f in fresh:
+        print(
+            f"| {f['transport']} | {f['first_batch_s']:.2f} | {f['requests']} | "
+            f"{_reads_text(f['reads'])} | {_once_text(f['exactly_once'])} |"
+        )
+    print("\nresume (requests: from building the resumed loader to the end of the epoch)")
+    print(
+        "| saved by -> loaded by | at batch (step, % epoch) | state KB (per rank) | first batch s"
+        " | x fresh | peer s | requests | stats reads | exactly once |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        peer = r["peer_reference_s"]
+        print(
+            f"| {r['saved_by']} -> {r['loaded_by']} | {r['at_batch']} ({r['at_step']}, "
+            f"{r['epoch_fraction']:.0%}) | {r['state_bytes'] / 1000:.1f} "
+            f"({r['state_bytes_per_rank'] / 1000:.1f}) | {r['first_batch_s']:.2f} | "
+            f"{r['vs_fresh']:.2f}x | {'n/a' if peer is None else f'{peer:.1f}'} | "
+            f"{r['requests']} | {_reads_text(r['reads'])} | {_once_text(r['exactly_once'])} |"
+        )
+    faster = ", ".join(f"{k} worker(s) {v:.1f} s" for k, v in sorted(reference["faster"].items()))
+    print(f"\npeer resume figures: {reference['source']}: the faster peer with {faster}")
+    for name, figures in reference["figures"].items():
+        each = ", ".join(f"{k} worker(s) {v:.1f} s" for k, v in sorted(figures.items()))
+        print(f"  {name}: {each}")
+    print(
+        f"\ngoals: first batch <= {VS_FRESH_MAX}x the loading transport's fresh one; <= the "
+        f"faster peer's (its 2-worker figure for 2 or more readers); state <= "
+        f"{STATE_PER_RANK_MAX:,} bytes per rank"
+    )
+    print("| saved by -> loaded by | at batch | x fresh | vs peer | state per rank |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        g = r["goals_met"]
+        print(
+            f"| {r['saved_by']} -> {r['loaded_by']} | {r['at_batch']} | {_met(g['vs_fresh'])} | "
+            f"{_met(g['vs_peer'])} | {_met(g['state_per_rank'])} |"
+        )
+
+
+def document(
+    s: Settings,
+    quick: bool,
+    fresh: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    reference: dict[str, Any],
+    wall_s: float,
+) -> dict[str, Any]:
+    """Everything measured, as the JSON ``--json`` writes."""
+    return {
+        "config": {
+            "shards": s.shards,
+            "rows_per_shard": s.rows,
+            "rows": s.total,
+            "row_group": s.row_group,
+            "batch_size": s.batch_size,
+            "batches": s.batches,
+            "tokens": TOKENS,
+            "shuffle_seed": s.seed,
+            "points": s.points(2),
+            "quick": quick,
+        },
+        "environment": {"python": platform.python_version(), "platform": platform.platform()},
+        "wall_s": wall_s,
+        "goals": {"vs_fresh_max": VS_FRESH_MAX, "state_bytes_per_rank_max": STATE_PER_RANK_MAX},
+        "peers": reference,
+        "fresh": fresh,
+        "resumes": rows,
+        "exactly_once_ok": all(r["exactly_once"]["ok"] for r in [*fresh, *rows]),
+    }
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    if args.quick:
+        # 8 batches of 1,024 would leave no point inside the epoch: batches of 256.
+        return Settings(shards=2, rows=4_096, row_group=1_024, batch_size=256, at=6, fraction=0.45)
+    return Settings(
+        shards=args.shards,
+        rows=args.rows,
+        row_group=args.row_group,
+        batch_size=args.batch_size,
+        at=args.at,
+        fraction=args.fraction,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shards", type=int, default=8)
+    parser.add_argument("--rows", type=int, default=16_384, help="rows per shard")
+    parser.add_argument("--row-group", type=int, default=4_096)
+    parser.add_argument("--batch-size", type=int, default=1_024)
+    parser.add_argument("--at", type=int, default=24, help="first resume point, in batches")
+    parser.add_argument("--fraction", type=float, default=0.45, help="second resume point")
+    parser.add_argument(
+        "--quick", action="store_true", help="2 shards x 4,096 rows, batches of 256 (a smoke run)"
+    )
+    parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS))
+    parser.add_argument("--json", metavar="PATH", help="write every figure here")
+    parser.add_argument(
+        "--peers-json", metavar="PATH", help="an `ingest bench --json` document: peer resumes"
+    )
+    args = parser.parse_args(argv)
+    s = settings_of(args)
+    reference = peers(args.peers_json)
+    chosen = [PAIRS[name] for name in PAIRS if name in args.pairs]
+    local = [p for p in chosen if "ray" not in (p[0].kind, p[1].kind)]
+    distributed = [p for p in chosen if p not in local]
+    start = time.perf_counter()
+    with LoopbackS3() as s3, CountingProxy(s3.endpoint) as proxy:
+        url = write_shards(s3, s)
+        options = s3.storage_options(endpoint=proxy.endpoint)
+        kwargs = {
+            "columns": ["id", "tokens"],
+            "batch_size": s.batch_size,
+            "shuffle_seed": s.seed,
+            "storage_options": options,
+        }
+        env = Env(url=url, kwargs=kwargs, proxy=proxy, settings=s)
+        warm_up(env)
+        # DataLoader workers fork: every local pair runs before Ray starts in this process.
+        fresh, rows = measure(env, local, reference) if local else ([], [])
+        if distributed:
+            import ray
+
+            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+            try:
+                more_fresh, more_rows = measure(env, distributed, reference)
+            finally:
+                ray.shutdown()
+            fresh, rows = fresh + more_fresh, rows + more_rows
+    out = document(s, args.quick, fresh, rows, reference, time.perf_counter() - start)
+    report(fresh, rows, reference, s)
+    print(f"\n{out['wall_s']:.0f} s in all; every row exactly once: {out['exactly_once_ok']}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+    return 0 if out["exactly_once_ok"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

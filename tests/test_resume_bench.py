@@ -1,0 +1,119 @@
+"""``benchmarks/resume.py --quick`` runs end to end and writes every row it promises.
+
+The benchmark measures resume (issue 32, item 1) on every transport; its timing goals are
+its own to print. This test runs its smoke size in a subprocess (a moto server and a local
+Ray started by the script: a system test) and checks the JSON: every transport's fresh
+epoch, every resume pair at both points, each with its figures, and every row exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "resume.py"
+
+# A moto server, DataLoader workers and a local Ray with five RayStreams: 2 to 3 minutes
+# on 2 busy cores.
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
+
+PAIRS = {
+    ("Stream", "Stream"),
+    ("DataLoader(2)", "DataLoader(2)"),
+    ("DataLoader(2)", "DataLoader(1)"),
+    ("DataLoader(2)", "Stream"),
+    ("RayStream(2)", "RayStream(3)"),
+}
+FRESH = {"Stream", "DataLoader(2)", "DataLoader(1)", "RayStream(2)", "RayStream(3)"}
+RESUME_FIELDS = {
+    "saved_by",
+    "loaded_by",
+    "at_batch",
+    "at_step",
+    "epoch_fraction",
+    "world_size_at_save",
+    "state_bytes",
+    "state_bytes_per_rank",
+    "first_batch_s",
+    "fresh_first_batch_s",
+    "vs_fresh",
+    "peer_reference_s",
+    "requests",
+    "reads",
+    "exactly_once",
+}
+
+
+@pytest.fixture(scope="module")
+def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("resume") / "resume.json"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "exactly once" in done.stdout
+    data: dict[str, Any] = json.loads(out.read_text())
+    return data
+
+
+def test_every_fresh_transport_is_measured(document: dict[str, Any]) -> None:
+    fresh = {f["transport"]: f for f in document["fresh"]}
+    assert set(fresh) == FRESH
+    for figures in fresh.values():
+        assert figures["first_batch_s"] > 0
+        assert figures["requests"] > 0
+        assert figures["exactly_once"]["ok"], figures["exactly_once"]
+
+
+def test_every_pair_is_resumed_at_both_points_with_its_figures(
+    document: dict[str, Any],
+) -> None:
+    rows = document["resumes"]
+    pairs = {(r["saved_by"], r["loaded_by"]) for r in rows}
+    assert pairs == PAIRS
+    for pair in PAIRS:
+        points = sorted(r["at_batch"] for r in rows if (r["saved_by"], r["loaded_by"]) == pair)
+        assert len(points) == 2 and points[0] < points[1], (pair, points)
+    for row in rows:
+        assert set(row) >= RESUME_FIELDS, RESUME_FIELDS - set(row)
+        assert row["state_bytes"] > 0
+        assert row["state_bytes_per_rank"] == row["state_bytes"] / row["world_size_at_save"]
+        assert row["first_batch_s"] > 0
+        assert row["vs_fresh"] == pytest.approx(row["first_batch_s"] / row["fresh_first_batch_s"])
+        assert row["requests"] > 0
+        assert 0 < row["epoch_fraction"] < 1
+
+
+def test_every_resume_delivers_every_row_exactly_once(document: dict[str, Any]) -> None:
+    for row in document["resumes"]:
+        once = row["exactly_once"]
+        assert once["ok"], row
+        assert once["missing"] == 0 and once["duplicates"] == 0
+        assert once["delivered"] + once["carried"] == document["config"]["rows"]
+    assert document["exactly_once_ok"] is True
+    # The 3-rank resume of a 2-rank state cannot cut the rest into equal steps: the rows
+    # carried to the next epoch are part of the check, not missing.
+    ray = [r for r in document["resumes"] if r["loaded_by"] == "RayStream(3)"]
+    assert any(r["exactly_once"]["carried"] > 0 for r in ray)
+
+
+def test_goals_and_peer_references_are_reported(document: dict[str, Any]) -> None:
+    goals = document["goals"]
+    assert goals["vs_fresh_max"] == 1.2
+    assert goals["state_bytes_per_rank_max"] == 8192
+    peers = document["peers"]
+    assert peers["source"] == "issue 32 (fixed reference figures)"
+    assert peers["faster"] == {"1": 1.3, "2": 3.1}
+    for row in document["resumes"]:
+        assert set(row["goals_met"]) == {"vs_fresh", "vs_peer", "state_per_rank"}
