@@ -54,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         url = s3.create_bucket("dataloader-bench") + "/data"
         write_dataset(s3.filesystem(), url, "parquet", args.shards, args.rows)
         print(f"{args.shards} shards x {args.rows:,} rows, batch {BATCH}, shuffled")
-        print(f"{'loader':<44} {'cold s':>7} {'warm s':>7} {'warm rows/s':>12} {'x Stream':>9}")
+        print(f"{'loader':<56} {'cold s':>7} {'warm s':>7} {'warm rows/s':>12} {'x Stream':>9}")
 
         def stream() -> ingest.Stream:
             return ingest.Stream(
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             rate = total / statistics.median(times)
             base = base or rate
             print(
-                f"{name:<44} {cold:>7.2f} {statistics.median(times):>7.2f} {rate:>12,.0f} "
+                f"{name:<56} {cold:>7.2f} {statistics.median(times):>7.2f} {rate:>12,.0f} "
                 f"{rate / base:>8.2f}x"
             )
     return 0

@@ -187,3 +187,27 @@ def test_an_abandoned_loop_does_not_hold_up_the_exit(data: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "done"
+
+
+def test_a_mixtures_loader_keeps_and_closes_every_sources_workers(tmp_path: Any) -> None:
+    """Over an ``ingest.Mix`` each source's loader keeps its own workers across loops, and
+    the mixture's ``close()`` stops them all."""
+    import fsspec
+
+    urls = {}
+    for name in ("a", "b"):
+        urls[name] = f"file://{tmp_path}/{name}"
+        write_dataset(fsspec.filesystem("file"), urls[name], "parquet", 2, 200)
+    mix = ingest.Mix(urls)
+    loader = ingest.DataLoader(
+        ingest.Stream(mix, columns=["id"], batch_size=BATCH, shuffle_seed=3), num_workers=2
+    )
+    before = set(multiprocessing.active_children())
+    head = [b for _, b in zip(range(3), loader, strict=False)]
+    workers = workers_of(loader, before)
+    assert len(workers) == 4, "two per source"
+    more = [b for _, b in zip(range(3), loader, strict=False)]
+    assert workers_of(loader, before) == workers, "the next loop, on the same workers"
+    assert [len(b["id"]) for b in head + more] == [BATCH] * 6
+    loader.close()
+    assert not any(w.is_alive() for w in workers), "close() stopped every source's workers"

@@ -11,7 +11,7 @@ takes that off and hands the batch out through that worker's rank loop
 and loads with any worker count (or into a ``Stream`` or a ``RayStream``).
 
 The workers are kept across epochs (torch's persistent workers): an epoch's start costs no
-process start, and each worker keeps its filesystems and the footers it read. The workers
+process start, and each worker keeps its planner (and so its fsspec filesystems). The workers
 never list: each has a queue, made before it started, on which the main process sends it
 every epoch's order (:class:`_Order`: the state to start from and the epoch's listing)
 right before torch tells the workers to begin the epoch; a loop left early, or a state
