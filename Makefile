@@ -11,7 +11,7 @@ STAMP := $(VENV)/.ingest-installed
 TORCH_SPEC ?= torch==2.13.0
 TORCH_PIP_ARGS ?=
 
-.PHONY: setup demo test lint typecheck unit unit-fast bench clean
+.PHONY: setup demo test lint typecheck unit unit-fast bench peers clean
 
 setup: $(STAMP)
 
@@ -20,7 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	# Keep a torch that is already installed; otherwise take the CPU build before anything
 	# else can pull the CUDA wheels in through the unpinned `torch>=` requirement.
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,bench,hf,media]"
+	$(PY) -m pip install -q -e ".[dev,bench,hf,media,peers]"
+	$(MAKE) --no-print-directory peers
 	# Azurite, the Azure Blob server the tests run on 127.0.0.1 (npm; skipped without npm).
 	command -v npm >/dev/null && npm install --silent --no-audit --no-fund \
 		--prefix $(VENV)/azurite azurite@3 || echo "npm not found: the Azure tests will be skipped"
@@ -47,8 +48,17 @@ unit-fast: $(STAMP)
 
 test: lint typecheck unit
 
-# ingest bench: this project against Ray Data, a torch DataLoader and HF datasets (< 10 min).
-bench: $(STAMP)
+# Mosaic Streaming and LitData for ingest bench, without their dependencies (pyproject.toml's
+# `peers` extra says why and lists what they need). Not fatal: the bench skips a peer that
+# is missing and prints this command.
+PEERS_SPEC := mosaicml-streaming==0.13.0 litdata==0.2.76
+peers:
+	$(PY) -m pip install -q -e ".[peers]" && $(PY) -m pip install -q --no-deps $(PEERS_SPEC) \
+		|| echo "make peers: installing $(PEERS_SPEC) failed; ingest bench will skip them"
+
+# ingest bench: this project against Ray Data, a torch DataLoader, HF datasets, Mosaic
+# Streaming and LitData (< 15 min).
+bench: $(STAMP) peers
 	$(VENV)/bin/ingest bench --json bench.json --plot bench.png
 	$(PY) benchmarks/stream_vs_pyarrow.py
 	$(PY) benchmarks/cold_start.py

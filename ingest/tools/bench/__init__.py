@@ -10,6 +10,8 @@ Contenders (``--contenders``, comma-separated, in this order by default):
   with pyarrow over s3fs, shards split across the workers of every rank.
 - ``hf``: Hugging Face ``datasets`` streaming (``split_dataset_by_node`` per rank) with
   torchdata's ``StatefulDataLoader`` (``pip install "ingest[bench]"``).
+- ``mosaic``, ``litdata``: Mosaic Streaming and LitData, each over its own format written
+  from the same rows with its own writer (conversion timed apart; ``make peers``).
 
 All read the same generated Parquet shards on a loopback S3 server (moto) through a
 counting proxy, all with the same shuffle window and seed, and every rank runs the same
@@ -23,7 +25,7 @@ consumer in its own process. Layout: :mod:`~ingest.tools.bench.config` (settings
 (phases and figures), :mod:`~ingest.tools.bench.quality` (shuffle quality),
 :mod:`~ingest.tools.bench.report` (table, JSON, plot) and :mod:`~ingest.tools.bench.run`.
 
-    ingest bench [--contenders stream,raystream,raydata,torch,hf] [--ranks 2] [--epochs 2]
+    ingest bench [--contenders stream,raystream,raydata,torch,hf,mosaic,litdata] [--epochs 2]
                  [--shards 32] [--rows 16384] [--json bench.json] [--plot bench.png]
 """
 
@@ -37,7 +39,7 @@ from ingest.tools.bench.config import BenchConfig, ShuffleSettings
 
 __all__ = ["BenchConfig", "ShuffleSettings", "main"]
 
-_ALL = "stream,raystream,raydata,torch,hf"
+_ALL = "stream,raystream,raydata,torch,hf,mosaic,litdata"
 
 
 def _seed(text: str) -> int | None:

@@ -17,7 +17,8 @@ class ShuffleSettings:
         seed: Seed of every contender's shuffle; None reads in listing order everywhere.
         window: Rows a shuffle mixes at once: ``shuffle_window`` of ingest, ``buffer_size`` of
             Hugging Face ``IterableDataset.shuffle``, ``local_shuffle_buffer_size`` of Ray
-            Data, and the permuted buffer of the torch DataLoader peer.
+            Data, the permuted buffer of the torch DataLoader peer, ``shuffle_block_size``
+            of Mosaic Streaming and ``item_shuffle_window`` of LitData.
         lanes: ingest's ``shuffle_lanes`` (shards read side by side into a window); None
             keeps the library default.
     """
@@ -56,7 +57,8 @@ class BenchConfig:
         row_group: Rows per Parquet row group.
         batch_size: Rows per batch on every rank.
         ranks: Ranks of the distributed contenders (the one-process ``Stream`` has one).
-        workers: DataLoader worker processes per rank of the torch and Hugging Face peers.
+        workers: DataLoader worker processes per rank of the torch, Hugging Face, Mosaic
+            Streaming and LitData peers (and LitData's ``optimize`` processes).
         epochs: Epochs measured per contender; the first is cold, the others warm.
         labels: Distinct labels of the shuffle-quality dataset (shard ``i`` holds label
             ``i % labels`` only: every shard sorted by label).

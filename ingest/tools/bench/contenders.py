@@ -11,7 +11,7 @@ import importlib
 import importlib.util
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from ingest.core.errors import ConfigError
 from ingest.tools.bench.config import BenchConfig
@@ -67,6 +67,22 @@ class Contender(Protocol):
         ...
 
 
+@runtime_checkable
+class Converter(Protocol):
+    """A contender that reads only its own format: the bench's rows are converted first.
+
+    The bench times :meth:`convert` apart (seconds and CPU) before the first epoch's clock
+    starts; ``start`` and ``resume`` then read what it wrote.
+    """
+
+    read_note: str | None
+    """Where the converted copy is read from when not from the bench's S3, and why."""
+
+    def convert(self, data: Dataset) -> None:
+        """Write ``data``'s rows in the contender's format with its own writer."""
+        ...
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Entry:
     """A registered contender.
@@ -77,6 +93,8 @@ class Entry:
         target: ``module:Class`` of its :class:`Contender`, built with the run's config.
         modules: Modules the rank processes import before timing starts.
         install: pip command that installs what it needs beyond this package.
+        requires: Further top-level packages it needs that the rank processes do not import
+            by name before timing (:attr:`modules` loads them its own way).
     """
 
     name: str
@@ -84,10 +102,11 @@ class Entry:
     target: str
     modules: tuple[str, ...]
     install: str | None = None
+    requires: tuple[str, ...] = ()
 
     def missing(self) -> list[str]:
-        """Top-level modules of :attr:`modules` that are not installed."""
-        tops = dict.fromkeys(m.split(".")[0] for m in self.modules)
+        """Top-level packages of :attr:`modules` and :attr:`requires` that are not installed."""
+        tops = dict.fromkeys(m.split(".")[0] for m in (*self.modules, *self.requires))
         return [m for m in tops if importlib.util.find_spec(m) is None]
 
     def build(self, config: BenchConfig) -> Contender:
@@ -99,6 +118,13 @@ class Entry:
 
 
 _BENCH_EXTRA = 'pip install "ingest[bench]"'
+# Both peers pin torchvision, whose only wheel for torch 2.13 is the CUDA build (it cannot be
+# imported beside the CPU torch): they are installed without their dependencies, which the
+# `peers` extra lists instead (see the Makefile's `peers` target).
+_PEERS_EXTRA = (
+    "pip install -e '.[peers]' && pip install --no-deps "
+    "mosaicml-streaming==0.13.0 litdata==0.2.76 (or: make peers)"
+)
 
 CONTENDERS: dict[str, Entry] = {
     e.name: e
@@ -133,6 +159,22 @@ CONTENDERS: dict[str, Entry] = {
             target="ingest.tools.bench.hf:HFContender",
             modules=("datasets", "torchdata.stateful_dataloader", "s3fs"),
             install=f"{_BENCH_EXTRA} (or pip install datasets torchdata)",
+        ),
+        Entry(
+            name="mosaic",
+            title="Mosaic Streaming (MDS)",
+            target="ingest.tools.bench.mosaic:MosaicContender",
+            modules=("ingest.tools.bench.mosaic", "streaming.base"),
+            install=_PEERS_EXTRA,
+            requires=("streaming", "xxhash", "zstd", "snappy", "brotli", "catalogue"),
+        ),
+        Entry(
+            name="litdata",
+            title="LitData (optimize)",
+            target="ingest.tools.bench.litdata:LitDataContender",
+            modules=("litdata",),
+            install=_PEERS_EXTRA,
+            requires=("lightning_utilities", "obstore", "tifffile"),
         ),
     )
 }

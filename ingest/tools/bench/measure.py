@@ -2,12 +2,19 @@
 
 Phases, each on fresh pipelines of the contender and in the same rank processes:
 
+0. Conversion, only for a contender that reads its own format (a
+   :class:`~ingest.tools.bench.contenders.Converter`): both datasets are written in it with
+   its own writer; seconds and CPU of the main dataset's conversion are reported apart, and
+   no epoch's clock includes them.
 1. ``epochs`` epochs over the main dataset. The clock of the first epoch starts before the
    contender builds anything (listing and start-up are part of its first batch); the
    ranks run each epoch together and the driver waits for all of them (an epoch-end
-   barrier, as in data-parallel training). Half-way through epoch 1 each rank takes the
-   contender's state (a checkpoint), where it has one.
-2. Resume: a new pipeline from those states; seconds until every rank has its first batch.
+   barrier, as in data-parallel training). At 45% of epoch 1 (:data:`RESUME_AT`: inside a
+   shuffle window, not at a shard's end) each rank takes the contender's state (a
+   checkpoint), where it has one.
+2. Resume: a new pipeline from those states, run to the end of the epoch; seconds until
+   every rank has its first batch, and whether the rows before the checkpoint and the rows
+   after the resume hold every id exactly once.
 3. Shuffle quality: one epoch over the labeled dataset.
 
 Requests and bytes come from the counting proxy; rank CPU from each rank process; run CPU
@@ -17,18 +24,20 @@ from ``psutil`` over every process of the run (see :func:`run_cpu_seconds`).
 from __future__ import annotations
 
 import contextlib
+import resource
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import numpy.typing as npt
 import psutil
 import ray
 
 from ingest.tools.bench.config import BenchConfig
-from ingest.tools.bench.consumer import EpochRecord, EpochSpec, FirstBatch, RankActor, error_line
-from ingest.tools.bench.contenders import Contender, Entry
+from ingest.tools.bench.consumer import EpochRecord, EpochSpec, RankActor, error_line
+from ingest.tools.bench.contenders import Contender, Converter, Entry
 from ingest.tools.bench.data import Dataset
 from ingest.tools.bench.proxy import Counters, CountingProxy
 
@@ -43,6 +52,10 @@ class PhaseListener(Protocol):
     def end(self) -> None:
         """The phase that began last is over."""
         ...
+
+
+RESUME_AT = 0.45
+"""Where in epoch 1 the checkpoint is taken, as a share of each rank's batches."""
 
 
 def phases(epochs: int) -> int:
@@ -84,6 +97,11 @@ class Measured:
     rank_peak_rss_bytes: int
     resume_first_batch_s: float | None = None
     resume_note: str | None = None
+    resume_duplicates: int | None = None
+    resume_missing: int | None = None
+    convert_s: float = 0.0
+    convert_cpu_s: float = 0.0
+    read_note: str | None = None
     mean_entropy: float | None = None
     quality_duplicates: int = 0
     quality_missing: int = 0
@@ -95,6 +113,16 @@ class _MainRun:
     epochs: list[EpochFigures]
     states: list[Any]
     state_error: str | None
+    seen: list[npt.NDArray[np.int64]]
+    """Each rank's ids up to the checkpoint."""
+
+
+@dataclass(slots=True)
+class _Resumed:
+    first_batch_s: float | None
+    note: str | None = None
+    duplicates: int | None = None
+    missing: int | None = None
 
 
 def run_cpu_seconds() -> float:
@@ -112,9 +140,31 @@ def run_cpu_seconds() -> float:
     return total
 
 
+def conversion_cpu_seconds() -> float:
+    """CPU seconds of this process, the children it has reaped (LitData's ``optimize``
+    workers) and its live children's own (the S3 server, the proxy, Ray's head processes).
+
+    Unlike :func:`run_cpu_seconds` this leaves out what processes further down reaped, so
+    the rank processes of the contender before, ending in the background as Ray reaps them,
+    neither add their lifetime nor, gone from the tree, take their CPU away.
+    """
+    self_usage = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = self_usage.ru_utime + self_usage.ru_stime + children.ru_utime + children.ru_stime
+    for proc in psutil.Process().children(recursive=False):
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            t = proc.cpu_times()
+            total += t.user + t.system
+    return total
+
+
 def _check_ids(records: Sequence[EpochRecord], total: int) -> tuple[int, int]:
     """Duplicated and missing ids over all ranks of one epoch (ids are 0..total-1)."""
-    ids = np.concatenate([r.ids for r in records])
+    return _check(np.concatenate([r.ids for r in records]), total)
+
+
+def _check(ids: npt.NDArray[np.int64], total: int) -> tuple[int, int]:
+    """Duplicated and missing ids among ``ids`` (ids are 0..total-1)."""
     unique = np.unique(ids)
     inside = int(np.count_nonzero((unique >= 0) & (unique < total)))
     return len(ids) - len(unique), total - inside
@@ -159,10 +209,13 @@ class _Run:
     def main(self, data: Dataset, progress: PhaseListener) -> _MainRun:
         """The epochs over ``data``, with a checkpoint half-way through the first."""
         per_rank = data.rows // (self.contender.ranks * self.config.batch_size)
-        checkpoint = per_rank // 2 if self.contender.resume_unsupported is None else None
+        checkpoint: int | None = None
+        if self.contender.resume_unsupported is None:
+            checkpoint = max(int(per_rank * RESUME_AT), 1)
         figures: list[EpochFigures] = []
         states: list[Any] = []
         state_error: str | None = None
+        seen: list[npt.NDArray[np.int64]] = []
         counters = self.proxy.counters()
         cpu = run_cpu_seconds()
         start = time.time()
@@ -188,6 +241,7 @@ class _Run:
                 first_batch_s = max(f for f in firsts if f is not None) - start
                 states = [r.state for r in records]
                 state_error = next((r.state_error for r in records if r.state_error), None)
+                seen = [r.ids[: (checkpoint or 0) * self.config.batch_size] for r in records]
             figures.append(
                 EpochFigures(
                     wall_s=end - start,
@@ -205,7 +259,11 @@ class _Run:
             counters, cpu, start = now_counters, now_cpu, time.time()
             progress.end()
         return _MainRun(
-            first_batch_s=first_batch_s, epochs=figures, states=states, state_error=state_error
+            first_batch_s=first_batch_s,
+            epochs=figures,
+            states=states,
+            state_error=state_error,
+            seen=seen,
         )
 
     def peak_rss(self) -> int:
@@ -213,28 +271,34 @@ class _Run:
         peaks: list[int] = ray.get([a.peak_rss_bytes.remote() for a in self.actors])
         return max(peaks)
 
-    def resume(self, data: Dataset, main: _MainRun) -> tuple[float | None, str | None]:
-        """Seconds from building a resumed pipeline to the first batch on every rank, or
-        None and the reason it could not be measured."""
+    def resume(self, data: Dataset, main: _MainRun) -> _Resumed:
+        """A pipeline resumed from the checkpoint, run to the end of the epoch: seconds from
+        building it to the first batch on every rank and the ids it got wrong, or the
+        reason it could not be measured."""
         states = main.states
         if self.contender.resume_unsupported is not None:
-            return None, self.contender.resume_unsupported
+            return _Resumed(None, self.contender.resume_unsupported)
         if main.state_error is not None:
-            return None, f"state_dict() at the checkpoint failed: {main.state_error}"
+            return _Resumed(None, f"state_dict() at the checkpoint failed: {main.state_error}")
         if any(s is None for s in states):
-            return None, "no checkpoint was taken half-way through epoch 1 (epoch too short)"
+            return _Resumed(None, "no checkpoint was taken in epoch 1 (epoch too short)")
         start = time.time()
         try:
             sources = self.contender.resume(data, states)
-            got: list[FirstBatch] = ray.get(
-                [a.first_batch.remote(s) for a, s in zip(self.actors, sources, strict=True)]
-            )
+            records = self._epoch(sources, EpochSpec(batch_size=self.config.batch_size))
+        except Exception as e:
+            return _Resumed(None, f"resuming from its state_dict() failed: {error_line(e)}")
         finally:
+            with contextlib.suppress(Exception):
+                ray.get([a.close.remote() for a in self.actors])
             self.contender.stop()
-        errors = [g.error for g in got if g.error is not None]
-        if errors:
-            return None, f"resuming from its state_dict() failed: {errors[0]}"
-        return max(g.at for g in got if g.at is not None) - start, None
+        firsts = [r.first_batch_at for r in records]
+        if any(f is None for f in firsts):
+            return _Resumed(None, "a rank received no batch after resuming")
+        ids = np.concatenate([*main.seen, *(r.ids for r in records)])
+        duplicates, missing = _check(ids, data.rows)
+        first = max(f for f in firsts if f is not None) - start
+        return _Resumed(first, duplicates=duplicates, missing=missing)
 
     def quality(self, data: Dataset) -> tuple[float, int, int]:
         """Mean full-batch label entropy over ``data``, duplicates and missing ids."""
@@ -275,6 +339,16 @@ def measure(
     """
     main, labeled = datasets
     contender = entry.build(config)
+    convert_s = convert_cpu_s = 0.0
+    read_note: str | None = None
+    if isinstance(contender, Converter):
+        read_note = contender.read_note
+        progress.begin("converting")
+        cpu, start = conversion_cpu_seconds(), time.perf_counter()
+        contender.convert(main)
+        convert_s = time.perf_counter() - start
+        convert_cpu_s = conversion_cpu_seconds() - cpu
+        contender.convert(labeled)
     run = _Run(contender, entry, config, proxy)
     try:
         progress.begin("epoch 1")
@@ -286,10 +360,17 @@ def measure(
             first_batch_s=done.first_batch_s,
             epochs=done.epochs,
             rank_peak_rss_bytes=rss,
+            convert_s=convert_s,
+            convert_cpu_s=convert_cpu_s,
+            read_note=read_note,
         )
-        progress.begin("resume at 50%")
+        progress.begin(f"resume at {RESUME_AT:.0%}")
         try:
-            measured.resume_first_batch_s, measured.resume_note = run.resume(main, done)
+            resumed = run.resume(main, done)
+            measured.resume_first_batch_s = resumed.first_batch_s
+            measured.resume_note = resumed.note
+            measured.resume_duplicates = resumed.duplicates
+            measured.resume_missing = resumed.missing
         except Exception as e:
             measured.resume_note = f"resume failed: {error_line(e)}"
         progress.end()

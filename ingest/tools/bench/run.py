@@ -29,7 +29,10 @@ from ingest.tools.bench.proxy import CountingProxy
 from ingest.tools.bench.quality import uniform_entropy
 from ingest.tools.bench.report import FIGURES, ContenderReport, contender_report, ratios
 
-_VERSIONS = ("ingest", "ray", "torch", "pyarrow", "s3fs", "datasets", "torchdata", "moto")
+_VERSIONS = (
+    *("ingest", "ray", "torch", "pyarrow", "s3fs", "datasets", "torchdata", "moto"),
+    *("mosaicml-streaming", "litdata"),
+)
 
 
 @dataclass(slots=True, kw_only=True)

@@ -1,0 +1,74 @@
+"""`ingest bench` with the peers that read their own format: Mosaic Streaming and LitData.
+
+Both run end to end on tiny data (conversion with their own writer, 2 ranks of 2 workers,
+shuffle on, resume at 45%). `make setup` installs them (`make peers`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ingest.tools.bench import main
+from ingest.tools.bench.contenders import CONTENDERS
+from ingest.tools.bench.report import FIGURES
+
+SHARDS, ROWS = 4, 256
+PEERS = ("mosaic", "litdata")
+# Whether the peer's own resume promises the rest of the epoch exactly once: Mosaic's
+# state is the global sample offset into a deterministic order (every rank and worker
+# recomputes it), LitData's the samples each worker has yielded of its chunks.
+EXACT_RESUME = {"mosaic": True, "litdata": True}
+
+
+# Two conversions each, then epochs through worker processes that import torch: minutes on
+# 2 busy cores.
+@pytest.mark.timeout(600)
+@pytest.mark.usefixtures("ray_session")
+def test_peers_convert_read_and_resume(tmp_path, capsys):
+    for name in PEERS:
+        assert not CONTENDERS[name].missing(), f"{name}: run `make peers`"
+    out = tmp_path / "bench.json"
+    argv = [
+        *("--contenders", ",".join(PEERS), "--shards", str(SHARDS)),
+        *("--rows", str(ROWS), "--row-group", "64", "--batch-size", "32"),
+        *("--ranks", "2", "--workers", "2", "--epochs", "2", "--labels", "2"),
+        *("--shuffle-window", "128", "--json", str(out), "--no-progress"),
+    ]
+    assert main(argv) == 0
+
+    doc = json.loads(out.read_text())
+    by_name = {c["name"]: c for c in doc["contenders"]}
+    for name in PEERS:
+        report = by_name[name]
+        assert report["status"] == "ok", report["reason"]
+        figures = report["figures"]
+        assert set(figures) == {f.key for f in FIGURES}
+        assert figures["convert_s"] > 0 and figures["convert_cpu_s"] > 0
+        assert report["ranks"] == 2
+        assert [e["rows"] for e in report["epochs"]] == [SHARDS * ROWS] * 2
+        assert figures["exactly_once"] is True
+        assert figures["epoch1_requests"] > 0, f"{name} did not read through the S3 proxy"
+        assert figures["resume_first_batch_s"] > 0, report["notes"]
+        assert figures["resume_exactly_once"] is EXACT_RESUME[name], report["notes"]
+        # LitData mixes items inside a chunk only: on label-sorted shards (a chunk each)
+        # every batch holds one label, quality 0.
+        assert 0 <= figures["shuffle_quality"] <= 1.05
+
+    printed = capsys.readouterr().out
+    assert "Mosaic Streaming (MDS)" in printed and "LitData (optimize)" in printed
+    assert "convert s" in printed
+
+
+def test_a_missing_peer_is_skipped_with_the_install_command(monkeypatch, capsys):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+
+    def without_streaming(name: str, *args: object):
+        return None if name == "streaming" else find_spec(name, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_streaming)
+    assert CONTENDERS["mosaic"].missing() == ["streaming"]
+    assert "make peers" in (CONTENDERS["mosaic"].install or "")
