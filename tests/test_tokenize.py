@@ -229,6 +229,45 @@ def test_ids_that_are_not_int32_token_ids_are_refused_naming_the_document(
         Tokenize(ids)(pa.table({"text": ["ab", "cd"]}))
 
 
+class _Lists:
+    """A batch encoder like a Rust tokenizer's (``encode_batch_fast``, encodings with
+    ``ids``), handing out the same id lists every call (they must come back unchanged)."""
+
+    def __init__(self, ids: list[list[Any]]) -> None:
+        self.ids = ids
+
+    def encode_batch_fast(self, texts: list[str], add_special_tokens: bool = False) -> list[Any]:
+        return [SimpleNamespace(ids=i) for i in self.ids[: len(texts)]]
+
+
+@pytest.mark.parametrize("eos", [None, 9])
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [(BIG, rf"id {BIG} is out of range"), (-4, r"id -4 is out of range")],
+    ids=["past-int32", "negative"],
+)
+def test_a_batch_encoders_ids_out_of_range_are_refused_naming_the_document(
+    bad: int, message: str, eos: int | None
+) -> None:
+    """The lists of a Rust tokenizer's encodings are joined with the end-of-text ids and
+    converted to int32 at once: the id that does not fit still names its document."""
+    stage = Tokenize(_Lists([[1, 2], [3], [4, bad, 5]]), eos_id=eos)
+    with pytest.raises(ConfigError, match=rf"row 2 of the batch: the tokenizer's {message}"):
+        stage(pa.table({"text": ["ab", "c", "def"]}))
+
+
+@pytest.mark.parametrize("eos", [None, 9])
+def test_a_batch_encoders_lists_come_back_unchanged_with_every_end_of_text(
+    eos: int | None,
+) -> None:
+    ids = [[1, 2], [], [3, 4, 5]]
+    got = Tokenize(_Lists(ids), eos_id=eos)(pa.table({"text": ["ab", "", "cde"]})).table
+    end = [] if eos is None else [eos]
+    assert got.column("input_ids").to_pylist() == [[1, 2, *end], end, [3, 4, 5, *end]]
+    assert got.column("num_tokens").to_pylist() == [2 + len(end), len(end), 3 + len(end)]
+    assert ids == [[1, 2], [], [3, 4, 5]]
+
+
 def test_an_id_out_of_range_names_its_shard_and_row_through_a_stream(tmp_path: Path) -> None:
     import json
 
