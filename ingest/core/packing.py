@@ -221,34 +221,41 @@ class Batch:
 
 def collate(sequences: Seq[Packed], seq_len: int, pad_id: int = 0) -> Batch:
     """``sequences`` as one batch of ``(len(sequences), seq_len)`` arrays, padded with
-    ``pad_id`` (labels -100)."""
+    ``pad_id`` (labels -100).
+
+    Python work per sequence, not per piece or token: each row's tokens are joined into it
+    in one call; the labels are the ids with -100 at every piece's first token and on the
+    padding, and the positions count from every boundary of ``cu_seqlens``, both over the
+    whole batch at once."""
     rows = len(sequences)
     input_ids = np.full((rows, seq_len), pad_id, dtype=np.int64)
-    labels = np.full((rows, seq_len), IGNORE, dtype=np.int64)
-    position_ids = np.zeros((rows, seq_len), dtype=np.int64)
-    bounds: list[int] = [0]
+    sizes: list[int] = []  # per span of the flattened batch: each piece, then its padding
     pieces: list[tuple[int, int, int, int, int]] = []
     for r, seq in enumerate(sequences):
-        at = 0
-        base = r * seq_len
-        for tokens in seq.tokens:  # (documents without a token have a piece, no tokens)
-            n = len(tokens)
-            input_ids[r, at : at + n] = tokens
-            labels[r, at + 1 : at + n] = tokens[1:]
-            position_ids[r, at : at + n] = np.arange(n)
-            at += n
-            bounds.append(base + at)
-        if at < seq_len:
-            position_ids[r, at:] = np.arange(seq_len - at)
-            bounds.append(base + seq_len)
-        pieces.extend((r, p.key, p.start, p.stop, int(p.last)) for p in seq.pieces)
-    cu = np.asarray(bounds, dtype=np.int32)
+        if seq.tokens:  # (documents without a token have a piece, no tokens)
+            np.concatenate(seq.tokens, out=input_ids[r, : seq.size], casting="unsafe")
+            sizes += [len(t) for t in seq.tokens]
+        if seq.size < seq_len:
+            sizes.append(seq_len - seq.size)
+        pieces += [(r, p.key, p.start, p.stop, int(p.last)) for p in seq.pieces]
+    spans = np.asarray(sizes, dtype=np.int64)
+    cu = np.zeros(len(spans) + 1, dtype=np.int64)
+    np.cumsum(spans, out=cu[1:])
+    starts = cu[:-1]
+    position_ids = (np.arange(rows * seq_len, dtype=np.int64) - np.repeat(starts, spans)).reshape(
+        rows, seq_len
+    )
+    labels = input_ids.copy()
+    flat = labels.reshape(-1)
+    flat[starts] = IGNORE
+    filled = np.fromiter((seq.size for seq in sequences), np.int64, rows)
+    labels[np.arange(seq_len) >= filled[:, None]] = IGNORE
     return Batch(
         input_ids=input_ids,
         labels=labels,
         position_ids=position_ids,
-        cu_seqlens=cu,
-        max_seqlen=int(np.diff(cu).max()) if len(cu) > 1 else 0,
+        cu_seqlens=cu.astype(np.int32),
+        max_seqlen=int(spans.max()) if len(spans) else 0,
         pieces=np.asarray(pieces, dtype=np.int64).reshape(-1, 5),
     )
 

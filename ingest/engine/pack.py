@@ -354,21 +354,25 @@ class PackedRank:
         ends = np.cumsum(lengths)
         step = _Step(item, self._serial)
         self._steps.append(step)
-        for j, key in enumerate(keys[origin].tolist()):
-            end = int(ends[j])
-            n = int(lengths[j])
-            start = self._offsets.get(key, 0)
+        # Per document: Python ints and bound methods, no numpy scalar (a third of the time)
+        docs, offsets, add, closed = self._docs, self._offsets, self.packer.add, self._closed
+        serial = self._serial
+        for key, n, end in zip(keys[origin].tolist(), lengths.tolist(), ends.tolist(), strict=True):
+            start = offsets.get(key, 0)
             if start > n:
+                step.open += serial - self._serial  # the documents packed so far
+                self._serial = serial
                 _, shard, row = unpacked_row(key)
                 raise StateError(
                     f"row {row} of {self._url(shard)} has {n} "
                     f"tokens, and the state consumed {start} of them: the data or the "
                     "tokenizer changed since the state was saved; resume with the same ones"
                 )
-            serial, self._serial = self._serial, self._serial + 1
-            self._docs[serial] = (step, key, n)
-            step.open += 1
-            self._closed.extend(self.packer.add(serial, flat[end - n + start : end], start))
+            docs[serial] = (step, key, n)
+            closed += add(serial, flat[end - n + start : end], start)
+            serial += 1
+        step.open += serial - self._serial
+        self._serial = serial
         lag = self.pack.max_lag
         self._firsts.append(step.first)
         if len(self._firsts) > lag:  # documents from before the last max_lag read steps go
