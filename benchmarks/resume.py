@@ -234,6 +234,8 @@ def run_local(env: Env, transport: Transport, state: Any, save_at: Iterable[int]
     out.first_batch_s, out.ids = first, np.concatenate(chunks)
     if transport.kind == "stream":
         out.reads = _reads(stream.stats)
+    else:
+        getattr(loader, "close", lambda: None)()  # its kept workers stop now
     stream.close()
     return out
 
@@ -348,8 +350,9 @@ def peers(path: str | None) -> dict[str, Any]:
     """The peers' resume first-batch seconds with 1 and 2 workers, and the faster of each.
 
     From the issue's fixed figures, or from an ``ingest bench --json`` document: every
-    contender but this project's that measured ``resume_first_batch_s``, by its ranks (the
-    issue's figures, so labelled, when none did).
+    contender but this project's that measured ``resume_first_batch_s``, filed under the
+    run's DataLoader workers per rank (``config.workers``; 1 for 0 or 1) as the issue's are
+    (the issue's figures, so labelled, when none did).
     """
     figures: dict[str, dict[str, float]] = {}
     source = ISSUE_SOURCE
@@ -359,11 +362,11 @@ def peers(path: str | None) -> dict[str, Any]:
         with open(path) as f:
             document = json.load(f)
         source = f"ingest bench results in {path}"
+        key = "1" if int(document.get("config", {}).get("workers", 1)) <= 1 else "2"
         for c in document.get("contenders", []):
             value = (c.get("figures") or {}).get("resume_first_batch_s")
             if c.get("name") in ("stream", "raystream") or c.get("status") != "ok" or value is None:
                 continue
-            key = "1" if int(c.get("ranks", 1)) <= 1 else "2"
             figures.setdefault(c.get("title", c["name"]), {})[key] = float(value)
     if not figures:
         source = f"{ISSUE_SOURCE}: no peer measured a resume in {path}"
@@ -380,18 +383,18 @@ def resume_row(
     loaded: Transport,
     point: int,
     origin: Epoch,
-    resumed: Epoch,
+    resumed: Epoch | str,
     fresh: Epoch,
     reference: dict[str, Any],
     s: Settings,
 ) -> dict[str, Any]:
-    """The figures of one resume, as printed and written to JSON."""
+    """The figures of one resume, as printed and written to JSON; ``resumed`` is the error
+    when the resumed epoch failed."""
     state = origin.states[point]
     size = len(json.dumps(state))
     world = int(state.get("distributed", {}).get("world_size", max(1, saved.n)))
     peer = reference["faster"].get("1" if loaded.readers <= 1 else "2")
-    vs_fresh = resumed.first_batch_s / fresh.first_batch_s
-    return {
+    row = {
         "saved_by": saved.name,
         "loaded_by": loaded.name,
         "at_batch": point,
@@ -400,10 +403,22 @@ def resume_row(
         "world_size_at_save": world,
         "state_bytes": size,
         "state_bytes_per_rank": size / world,
-        "first_batch_s": resumed.first_batch_s,
         "fresh_first_batch_s": fresh.first_batch_s,
-        "vs_fresh": vs_fresh,
         "peer_reference_s": peer,
+    }
+    if isinstance(resumed, str):
+        return {
+            **row,
+            **dict.fromkeys(("first_batch_s", "vs_fresh", "requests", "reads")),
+            "error": resumed,
+            "exactly_once": {"ok": False, "error": resumed},
+            "goals_met": dict.fromkeys(("vs_fresh", "vs_peer", "state_per_rank"), False),
+        }
+    vs_fresh = resumed.first_batch_s / fresh.first_batch_s
+    return {
+        **row,
+        "first_batch_s": resumed.first_batch_s,
+        "vs_fresh": vs_fresh,
         "requests": resumed.requests,
         "reads": resumed.reads,
         "exactly_once": exactly_once([origin.before[point], resumed.ids], resumed.end_state, s),
@@ -451,7 +466,12 @@ def measure(
     for saved, loaded in pairs:
         for point in points:
             _log(f"{saved.name} at batch {point} -> {loaded.name}")
-            resumed = run(env, loaded, epochs[saved].states[point])
+            resumed: Epoch | str
+            try:
+                resumed = run(env, loaded, epochs[saved].states[point])
+            except Exception as e:  # reported in its row; the other pairs still run
+                resumed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                _log(f"  failed: {resumed}")
             rows.append(
                 resume_row(
                     saved, loaded, point, epochs[saved], resumed, epochs[loaded], reference, s
@@ -471,6 +491,8 @@ def _reads_text(reads: dict[str, int] | None) -> str:
 
 
 def _once_text(once: dict[str, Any]) -> str:
+    if "error" in once:
+        return f"FAILED: {once['error']}"
     carried = f" ({once['carried']:,} carried)" if once["carried"] else ""
     if once["ok"]:
         return "OK" + carried
@@ -504,13 +526,15 @@ def report(
     )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        peer = r["peer_reference_s"]
+        peer, first, ratio = r["peer_reference_s"], r["first_batch_s"], r["vs_fresh"]
         print(
             f"| {r['saved_by']} -> {r['loaded_by']} | {r['at_batch']} ({r['at_step']}, "
             f"{r['epoch_fraction']:.0%}) | {r['state_bytes'] / 1000:.1f} "
-            f"({r['state_bytes_per_rank'] / 1000:.1f}) | {r['first_batch_s']:.2f} | "
-            f"{r['vs_fresh']:.2f}x | {'n/a' if peer is None else f'{peer:.1f}'} | "
-            f"{r['requests']} | {_reads_text(r['reads'])} | {_once_text(r['exactly_once'])} |"
+            f"({r['state_bytes_per_rank'] / 1000:.1f}) | "
+            f"{'-' if first is None else f'{first:.2f}'} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{'n/a' if peer is None else f'{peer:.1f}'} | {r['requests'] or '-'} | "
+            f"{_reads_text(r['reads'])} | {_once_text(r['exactly_once'])} |"
         )
     faster = ", ".join(f"{k} worker(s) {v:.1f} s" for k, v in sorted(reference["faster"].items()))
     print(f"\npeer resume figures: {reference['source']}: the faster peer with {faster}")

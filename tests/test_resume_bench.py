@@ -8,6 +8,7 @@ epoch, every resume pair at both points, each with its figures, and every row ex
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -19,9 +20,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "resume.py"
 
-# A moto server, DataLoader workers and a local Ray with five RayStreams: 2 to 3 minutes
-# on 2 busy cores.
-pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
+# The subprocess tests (system): a moto server, DataLoader workers and a local Ray with
+# six RayStreams, 2 to 3 minutes on 2 busy cores.
 
 PAIRS = {
     ("Stream", "Stream"),
@@ -67,6 +67,8 @@ def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.system
+@pytest.mark.timeout(600)
 def test_every_fresh_transport_is_measured(document: dict[str, Any]) -> None:
     fresh = {f["transport"]: f for f in document["fresh"]}
     assert set(fresh) == FRESH
@@ -76,6 +78,8 @@ def test_every_fresh_transport_is_measured(document: dict[str, Any]) -> None:
         assert figures["exactly_once"]["ok"], figures["exactly_once"]
 
 
+@pytest.mark.system
+@pytest.mark.timeout(600)
 def test_every_pair_is_resumed_at_both_points_with_its_figures(
     document: dict[str, Any],
 ) -> None:
@@ -95,6 +99,8 @@ def test_every_pair_is_resumed_at_both_points_with_its_figures(
         assert 0 < row["epoch_fraction"] < 1
 
 
+@pytest.mark.system
+@pytest.mark.timeout(600)
 def test_every_resume_delivers_every_row_exactly_once(document: dict[str, Any]) -> None:
     for row in document["resumes"]:
         once = row["exactly_once"]
@@ -108,6 +114,8 @@ def test_every_resume_delivers_every_row_exactly_once(document: dict[str, Any]) 
     assert any(r["exactly_once"]["carried"] > 0 for r in ray)
 
 
+@pytest.mark.system
+@pytest.mark.timeout(600)
 def test_goals_and_peer_references_are_reported(document: dict[str, Any]) -> None:
     goals = document["goals"]
     assert goals["vs_fresh_max"] == 1.2
@@ -117,3 +125,49 @@ def test_goals_and_peer_references_are_reported(document: dict[str, Any]) -> Non
     assert peers["faster"] == {"1": 1.3, "2": 3.1}
     for row in document["resumes"]:
         assert set(row["goals_met"]) == {"vs_fresh", "vs_peer", "state_per_rank"}
+
+
+def _peers(path: str | None) -> dict[str, Any]:
+    spec = importlib.util.spec_from_file_location("resume_bench", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    got: dict[str, Any] = module.peers(path)
+    return got
+
+
+def test_peer_resumes_come_from_ingest_bench_results_when_given(tmp_path: Path) -> None:
+    bench = {
+        "config": {"workers": 2},
+        "contenders": [
+            {"name": "stream", "status": "ok", "figures": {"resume_first_batch_s": 0.5}},
+            {
+                "name": "mosaic",
+                "title": "Mosaic",
+                "status": "ok",
+                "figures": {"resume_first_batch_s": 4.0},
+            },
+            {
+                "name": "litdata",
+                "title": "LitData",
+                "status": "ok",
+                "figures": {"resume_first_batch_s": 2.5},
+            },
+            {"name": "hf", "title": "HF", "status": "failed", "figures": {}},
+        ],
+    }
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps(bench))
+    got = _peers(str(path))
+    assert got["figures"] == {"Mosaic": {"2": 4.0}, "LitData": {"2": 2.5}}
+    assert got["faster"] == {"2": 2.5}
+    assert str(path) in got["source"]
+
+
+def test_peer_resumes_fall_back_to_the_issue_figures_labelled(tmp_path: Path) -> None:
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"config": {"workers": 2}, "contenders": []}))
+    got = _peers(str(path))
+    assert got["faster"] == {"1": 1.3, "2": 3.1}
+    assert got["source"].startswith("issue 32") and str(path) in got["source"]
