@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError, ShardError
 from ingest.core.validate import BYTES_OR_NONE, COUNT, SECONDS, Number, check_numbers
+from ingest.formats.spans import coalesce, cut
 from ingest.storage.cache import CacheOptions
 from ingest.storage.sources import RetryPolicy, Shard, Source
 
@@ -239,12 +240,18 @@ class ShardReader(ABC):
     ) -> Iterator[tuple[int, RowBatch]]:
         """Read several row ranges of the shard, in the order given.
 
-        Yields ``(index of the span, batch)``. ``seek`` applies to the first span. Formats
-        with random access override this to fetch the bytes of many spans at once.
+        Yields ``(index of the span, batch)``. ``seek`` applies to the first span. Spans a
+        few rows apart (what a resume inside a shuffle window leaves) are read as one range
+        and cut (:mod:`ingest.formats.spans`). Formats with random access override this to
+        fetch the bytes of many spans at once.
         """
-        for index, (start, stop) in enumerate(spans):
-            for batch in self.read(start, stop, seek if index == 0 else None):
-                yield index, batch
+        ranges = coalesce(spans)
+        read = (
+            (n, batch)
+            for n, r in enumerate(ranges)
+            for batch in self.read(r.start, r.stop, seek if n == 0 else None)
+        )
+        yield from cut(read, ranges, spans)
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and buffers."""

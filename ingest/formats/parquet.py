@@ -32,6 +32,7 @@ from ingest.formats.base import (
     ShardReader,
     check_schema,
 )
+from ingest.formats.spans import coalesce, cut
 from ingest.storage.sources import Shard, Source
 
 _TAIL_BYTES = 64 << 10
@@ -222,6 +223,14 @@ class _ParquetReader(ShardReader):
 
     def read_spans(
         self, spans: Sequence[tuple[int, int | None]], seek: Seek | None
+    ) -> Iterator[tuple[int, RowBatch]]:
+        # Spans a few rows apart in one row group (the rest of a shuffle window) are one
+        # range: the group is fetched and decoded once, not once per span.
+        ranges = coalesce(spans)
+        yield from cut(self._read_ranges([(r.start, r.stop) for r in ranges]), ranges, spans)
+
+    def _read_ranges(
+        self, spans: Sequence[tuple[int, int | None]]
     ) -> Iterator[tuple[int, RowBatch]]:
         rows = self.ctx.info.rows or 0
         items: list[tuple[int, int, int, int]] = []  # (span, row group, start, stop)
