@@ -59,6 +59,12 @@ def test_smoke_run_reports_every_figure(tmp_path, capsys, monkeypatch):
     assert by_name["stream"]["ranks"] == 1
     assert by_name["torch"]["ranks"] == 2
     assert by_name["stream"]["figures"]["resume_first_batch_s"] > 0
+    # Resumed at 45% and run to the epoch's end: the rest of the rows, each once.
+    assert by_name["stream"]["figures"]["resume_exactly_once"] is True
+    assert by_name["torch"]["figures"]["resume_exactly_once"] is None
+    # Both read the Parquet shards as they are: nothing to convert.
+    for name in ("stream", "torch"):
+        assert by_name[name]["figures"]["convert_s"] == 0
     assert by_name["torch"]["figures"]["resume_first_batch_s"] is None
     assert "no position" in by_name["torch"]["notes"]["resume_first_batch_s"]
     assert by_name["absent"]["status"] == "skipped"
