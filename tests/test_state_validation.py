@@ -162,10 +162,21 @@ def test_numbers_too_large_for_a_row_offset_are_refused(data: str, where: str) -
     state = saved(data)
     huge = 1 << 70
     if where == "partial":
-        state["progress"]["consumed"]["partial"]["0"] = [[0, huge]]
+        state["progress"]["consumed"]["partial"] = {"0": [[0, huge]]}
     else:
         state["progress"]["delivered"] = huge
     with pytest.raises(StateError, match=str(huge)):
+        StreamState.from_json(state)
+
+
+def test_a_packed_partial_beside_other_sets_is_refused(data: str) -> None:
+    """A state inside a window writes its partial sets packed (issue 32): a set added beside
+    the packed ones (an edit) would be read by nobody, so the state is refused."""
+    state = saved(data)
+    partial = state["progress"]["consumed"]["partial"]
+    assert list(partial) == ["packed"]
+    partial["0"] = [[0, 10]]
+    with pytest.raises(StateError, match="packed"):
         StreamState.from_json(state)
 
 

@@ -23,6 +23,15 @@ Intervals = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.i
 (:func:`ingest.core.intervals.stack`)."""
 
 
+PACK_FROM_INTERVALS = 64
+"""Partially consumed sets of more intervals than this, in all, are written as one
+compressed bitmap (``partial.packed``), whatever the size of the listing. A rank stopped
+inside a shuffle window consumed a random part of the window's rows: about one interval
+per two rows, 8 to 16 bytes each as pairs (47-87 KB for one window of 16,384 rows, issue
+32), against a bit per row of the window's extent, and consumed prefixes that zlib all but
+removes (2-3 KB per rank). Fewer intervals stay readable pairs."""
+
+
 @dataclass(frozen=True, slots=True)
 class Completion:
     """Which shards of a :class:`Consumed` are done, and which are consumed in part.
@@ -180,8 +189,8 @@ class Consumed:
         done_mask = completion.done | (self.counts(listed) == 0)
         done = IntervalSet.of_mask(done_mask)
         partial = sorted(k for k in completion.partial if not done_mask[k])
-        if packed:
-            sets = stack((k, self.sets[k]) for k in partial)
+        sets = stack((k, self.sets[k]) for k in partial)
+        if packed or len(sets[0]) > PACK_FROM_INTERVALS:
             partial_json: dict[str, Any] = {"packed": _pack_sets(*sets)}
         else:
             partial_json = {str(k): self.sets[k].to_json() for k in partial}
@@ -220,10 +229,7 @@ class Consumed:
                         f"({shards[index].url}) but its row count is unknown"
                     )
                 out.sets[index] = IntervalSet.span(0, rows)
-        partial = data.get("partial", {})
-        if isinstance(partial, Mapping) and "packed" in partial:
-            partial = _unpack_sets(partial["packed"], "progress.consumed.partial.packed")
-        for k, v in partial.items():
+        for k, v in _partial_sets(data.get("partial", {})).items():
             try:
                 got = v if isinstance(v, IntervalSet) else IntervalSet.from_json(v)
                 out.of(_index(k, shards)).update(got)
@@ -232,6 +238,19 @@ class Consumed:
                     f"progress.partial[{k}]: {e}; the state was edited or corrupted; {FIX}"
                 ) from None
         return out
+
+
+def _partial_sets(partial: Any) -> Mapping[str, Any]:
+    """The sets of ``partial`` by shard: the packed ones unpacked."""
+    if isinstance(partial, Mapping) and "packed" in partial:
+        if len(partial) > 1:
+            raise refuse(
+                "progress.consumed.partial",
+                sorted(partial),
+                "it holds either the packed sets or sets by shard, not both",
+            )
+        return _unpack_sets(partial["packed"], "progress.consumed.partial.packed")
+    return partial  # type: ignore[no-any-return]
 
 
 def _check_bounds(progress: Consumed, shards: Sequence[ShardRecord], what: str) -> None:

@@ -114,13 +114,13 @@ class DistributedState:
     """``(shard, row, offset)``: copies of rows due again beyond the carried ones, carried out
     at the epoch's end (:mod:`ingest.core.carry`); sorted; version 6."""
 
-    def to_json(self, *, packed: bool = False) -> dict[str, Any]:
+    def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "world_size": self.world_size,
             "carry": {
                 "spans": [list(s) for s in self.carry],
                 "consumed": {
-                    str(k): v.encode() if packed else v.to_json()
+                    str(k): v.encode()  # the shorter form: pairs, or a bitmap
                     for k, v in sorted(self.carry_consumed.sets.items())
                     if v
                 },

@@ -73,7 +73,7 @@ class StreamState:
             ),
             "dataset": self.dataset.to_json(),
             "progress": self.progress.to_json(self.dataset),
-            "distributed": self.distributed.to_json(packed=self.dataset.packed),
+            "distributed": self.distributed.to_json(),
             "position": self.position.to_json(),
         }
 

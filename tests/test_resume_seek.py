@@ -1,0 +1,200 @@
+"""Resume is a seek on every transport (issue 32, item 1): a state taken inside a shuffle
+window, by any transport, loaded by any transport at any world size, sends no more requests
+than a fresh epoch, stays small, and delivers the rest exactly once.
+
+The data is the bench's shape at a smaller scale: 8 Parquet shards on a loopback HTTP server
+that counts requests, a window of 16,384 rows (the default) over 8 lanes, batches of 1,024.
+A state at batch 24 is inside the second window of a one-rank stream and inside the first
+window of each rank of two. Behaviour only: the times are ``benchmarks/resume.py``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+import ray
+
+import ingest
+from ingest.testing import write_dataset
+from ingest.tools.loopback.http import LoopbackHTTP
+
+SHARDS, ROWS, BATCH, AT = 8, 16_384, 1024, 24
+TOTAL = SHARDS * ROWS
+STATE_BYTES_PER_RANK = 8 << 10
+"""The issue's bound on a state's size, per rank of the stream that saved it."""
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LoopbackHTTP, list[str]]]:
+    root = tmp_path_factory.mktemp("seek")
+    paths = write_dataset(
+        fsspec.filesystem("file"), str(root / "d"), "parquet", SHARDS, ROWS, row_group_rows=4096
+    )
+    with LoopbackHTTP(root) as server:
+        yield server, [server.url(f"d/{Path(p).name}") for p in paths]
+
+
+def stream(urls: list[str]) -> ingest.Stream:
+    return ingest.Stream(urls, columns=["id"], batch_size=BATCH, shuffle_seed=0)
+
+
+def requests(server: LoopbackHTTP) -> int:
+    return sum(server.requests().values())
+
+
+def ids(batch: Any) -> list[int]:
+    return [int(v) for v in batch["id"].tolist()]
+
+
+def carried(state: dict[str, Any]) -> set[int]:
+    """The ids a state at an epoch's start carries from the epoch before (left over by
+    unequal shares); ``[shard, start, stop]`` spans of the listing's shards in id order."""
+    return {
+        shard * ROWS + r
+        for shard, start, stop in state["distributed"]["carry"]["spans"]
+        for r in range(start, stop)
+    }
+
+
+class Epoch:
+    """One transport's epoch: the ids it delivered, the requests it sent, its end state."""
+
+    def __init__(self, server: LoopbackHTTP) -> None:
+        self.server = server
+        self.before = requests(server)
+        self.ids: list[int] = []
+
+    def done(self, end_state: dict[str, Any]) -> Epoch:
+        self.requests = requests(self.server) - self.before
+        self.carried = carried(end_state)
+        return self
+
+
+def on_stream(server: LoopbackHTTP, urls: list[str], state: dict[str, Any] | None) -> Epoch:
+    s = stream(urls)
+    out = Epoch(server)
+    if state is not None:
+        s.load_state_dict(state)
+    for batch in s:
+        out.ids += ids(batch)
+    return out.done(s.state_dict())
+
+
+def on_loader(
+    server: LoopbackHTTP, urls: list[str], state: dict[str, Any] | None, workers: int
+) -> Epoch:
+    s = stream(urls)
+    loader = ingest.DataLoader(s, num_workers=workers)
+    out = Epoch(server)
+    try:
+        if state is not None:
+            loader.load_state_dict(state)
+        for batch in loader:
+            out.ids += ids(batch)
+        return out.done(loader.state_dict())
+    finally:
+        loader.close()
+
+
+def saved_by_stream(urls: list[str]) -> tuple[list[int], dict[str, Any]]:
+    s = stream(urls)
+    head: list[int] = []
+    for n, batch in enumerate(s, 1):
+        head += ids(batch)
+        if n == AT:
+            break
+    return head, json.loads(json.dumps(s.state_dict()))
+
+
+def saved_by_loader(urls: list[str], workers: int) -> tuple[list[int], dict[str, Any]]:
+    loader = ingest.DataLoader(stream(urls), num_workers=workers)
+    head: list[int] = []
+    try:
+        for n, batch in enumerate(loader, 1):
+            head += ids(batch)
+            if n == AT:
+                break
+        return head, json.loads(json.dumps(loader.state_dict()))
+    finally:
+        loader.close()
+
+
+def check(head: list[int], state: dict[str, Any], rest: Epoch, fresh: Epoch) -> None:
+    """Every id once (the carried remainder aside); the state small; no more requests from
+    the resume to the epoch's end than a fresh epoch sent."""
+    size = len(json.dumps(state))
+    world = state["distributed"]["world_size"]
+    assert size <= STATE_BYTES_PER_RANK * world, f"{size} bytes for {world} rank(s)"
+    got = Counter(head + rest.ids)
+    assert max(got.values()) == 1, [i for i, n in got.items() if n > 1][:10]
+    assert set(got) | rest.carried == set(range(TOTAL))
+    assert not set(got) & rest.carried
+    assert rest.requests <= fresh.requests, (rest.requests, fresh.requests)
+
+
+def test_stream_to_stream(web: tuple[LoopbackHTTP, list[str]]) -> None:
+    server, urls = web
+    fresh = on_stream(server, urls, None)
+    head, state = saved_by_stream(urls)
+    check(head, state, on_stream(server, urls, state), fresh)
+
+
+@pytest.mark.parametrize("to", ["loader2", "loader1", "stream"])
+def test_loader_state_inside_a_window_to(web: tuple[LoopbackHTTP, list[str]], to: str) -> None:
+    server, urls = web
+    head, state = saved_by_loader(urls, 2)
+    if to == "stream":
+        fresh, rest = on_stream(server, urls, None), on_stream(server, urls, state)
+    else:
+        workers = int(to[-1])
+        fresh = on_loader(server, urls, None, workers)
+        rest = on_loader(server, urls, state, workers)
+    check(head, state, rest, fresh)
+
+
+@ray.remote(num_cpus=0)
+def _rank(it: Any, stop_after: int | None) -> tuple[list[int], dict[str, Any] | None]:
+    got: list[int] = []
+    for n, batch in enumerate(it, 1):
+        got += ids(batch)
+        if n == stop_after:
+            return got, it.state_dict()
+    return got, None
+
+
+def on_ray(
+    urls: list[str], world: int, state: dict[str, Any] | None, stop_after: int | None
+) -> tuple[list[int], dict[str, Any]]:
+    with ingest.RayStream(
+        urls, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=world
+    ) as s:
+        if state is not None:
+            s.load_state_dict(state)
+        out = ray.get(
+            [_rank.remote(s.rank_iterator(r), stop_after) for r in range(world)], timeout=300
+        )
+        end = out[0][1] if stop_after is not None else s.state_dict()
+        assert end is not None
+        return [i for got, _ in out for i in got], end
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
+def test_raystream_2_to_raystream_3(web: tuple[LoopbackHTTP, list[str]]) -> None:
+    server, urls = web
+    before = requests(server)
+    _, fresh_end = on_ray(urls, 3, None, None)
+    fresh = Epoch(server)
+    fresh.requests, fresh.carried = requests(server) - before, carried(fresh_end)
+    head, state = on_ray(urls, 2, None, AT // 2)
+    before = requests(server)
+    got, end = on_ray(urls, 3, json.loads(json.dumps(state)), None)
+    rest = Epoch(server)
+    rest.ids, rest.requests, rest.carried = got, requests(server) - before, carried(end)
+    check(head, state, rest, fresh)
