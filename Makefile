@@ -57,7 +57,8 @@ peers:
 		|| echo "make peers: installing $(PEERS_SPEC) failed; ingest bench will skip them"
 
 # ingest bench: this project against Ray Data, a torch DataLoader, HF datasets, Mosaic
-# Streaming and LitData (< 15 min).
+# Streaming and LitData (over 25 min on 2 busy cores: the last two convert and read sample
+# by sample; `ingest bench --contenders ...` runs a few).
 bench: $(STAMP) peers
 	$(VENV)/bin/ingest bench --json bench.json --plot bench.png
 	$(PY) benchmarks/stream_vs_pyarrow.py
