@@ -48,8 +48,13 @@ READ_NOTE = (
 def shard_samples(
     options: dict[str, Any], columns: list[str], path: str
 ) -> Iterator[dict[str, Any]]:
-    """``optimize``'s ``fn``: the rows of one Parquet shard, one sample each."""
-    yield from rows(read_shard(options, columns, path))
+    """``optimize``'s ``fn``: the rows of one Parquet shard, one sample each.
+
+    Integers go in as Python ints (LitData's integer serializer); a numpy scalar would be
+    pickled, and unpickled for every sample read.
+    """
+    for sample in rows(read_shard(options, columns, path)):
+        yield {k: v.item() if getattr(v, "ndim", None) == 0 else v for k, v in sample.items()}
 
 
 @contextlib.contextmanager
