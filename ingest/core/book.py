@@ -468,12 +468,24 @@ class EpochBook(Generic[L]):
 
     # -- restore ---------------------------------------------------------------------------
 
-    def load(self, state: StreamState, listing: L | None = None) -> None:
+    def first_listing(self) -> L | None:
+        """The listing handed to :meth:`adopt` for the first epoch, while no state is loaded:
+        a state loaded into a stream just made is planned from it (``load(state, listing,
+        listed_here=True)``), not from a second listing of the source."""
+        return self._start_listing if self._start is None else None
+
+    def load(
+        self, state: StreamState, listing: L | None = None, *, listed_here: bool = False
+    ) -> None:
         """Restore from ``state``; its world size may differ from this book's.
 
         Args:
             state: The state.
             listing: A listing of the source made this epoch (None: list now).
+            listed_here: ``listing`` came from this stream's own lister
+                (:meth:`first_listing`), not from a caller that planned with it (a
+                DataLoader's main process): a followed round loaded at its start may wait
+                for new shards and list again, as after a listing of its own.
 
         Raises:
             StateError: If the seed differs or the state's shards are gone or changed.
@@ -484,7 +496,7 @@ class EpochBook(Generic[L]):
                 f"has shuffle_seed={self.config.seed}; create the stream with the "
                 "same seed to resume it"
             )
-        handed = listing is not None
+        handed = listing is not None and not listed_here
         if listing is None:
             listing = self._list()
         match_listing(state.dataset, listing.records(), listing.classes)

@@ -175,11 +175,17 @@ class _Coordinator(PoolDirectory):
         """A followed round's wait for new shards: the lock is free meanwhile (acks go on)."""
         self._lock.wait(timeout=seconds)
 
-    def _reset(self, world_size: int, state: Mapping[str, Any] | None) -> None:
+    def _reset(
+        self, world_size: int, state: Mapping[str, Any] | None, *, relist: bool = True
+    ) -> None:
+        """A new book for ``world_size`` ranks from ``state``. ``relist`` False: a stream
+        made just before the state was loaded plans it from the listing it made at its start
+        (``HEAD`` per shard: a second listing sent them all again)."""
+        listing = None if relist else self._book.first_listing()
         book = self._spec.book(world_size, self._planner)
         start = None if state is None else StreamState.from_json(state)
         if start is not None:
-            book.load(start)
+            book.load(start, listing, listed_here=True)
         self._book = book
         self._packed = PackedRanks(world_size, start)
         self._states = {}
@@ -507,7 +513,9 @@ class _Coordinator(PoolDirectory):
     def load_state_dict(self, state: dict[str, Any]) -> int:
         """Restart from ``state`` in a new session; returns the session."""
         with self._lock:
-            self._reset(self._book.world_size, state)
+            self._await_listing()
+            relist = self._touched or self._restarted or bool(self._joined)
+            self._reset(self._book.world_size, state, relist=relist)
             self._initial = dict(state)
             return self._session
 
