@@ -277,6 +277,32 @@ def test_numeric_columns_are_zero_copy_views_of_arrow_buffers() -> None:
         to_torch(pa.record_batch({"v": pa.array([1, None])}))
 
 
+def test_the_first_batch_imports_no_pandas(local: Store) -> None:
+    """pyarrow's Array.to_numpy imports pandas to ask whether it may help: 0.4-0.8 s of CPU
+    on the first batch of every process that converts (a resumed rank's first batch among
+    them), for a library the conversion never uses (issue 32)."""
+    import subprocess
+    import sys
+
+    write(local, "parquet")
+    code = (
+        "import sys, ingest\n"
+        "s = ingest.Stream(sys.argv[1], batch_size=64, shuffle_seed=0)\n"
+        "b = next(iter(s))\n"
+        "assert b['id'].dtype.is_floating_point is False and b['tokens'].ndim == 2, b\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, local.url("parquet")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "False"
+
+
 def test_leaving_a_loop_early_and_exiting_is_clean(s3: Any, s3_store: Store) -> None:
     """Regression: a read-ahead thread still running at exit used to abort the interpreter."""
     import subprocess
