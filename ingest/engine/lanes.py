@@ -42,21 +42,31 @@ Read = tuple[int, Piece] | SpanEnd
 the end of its shard (the shard's row count, learnt)."""
 
 _BUNDLE_READS = 256
-_BUNDLE_BYTES = 1 << 20
-"""A lane's thread hands its reads over in bundles of up to this many reads or bytes. The
-rest of a window after a resume is hundreds of spans a few rows long, each its own piece:
-one queue handoff each between the lane's thread and the feed's took 2 of the 3.4 s to a
-resumed first batch (6,164 pieces, the two threads taking the GIL in turn); a record batch
-of a fresh epoch is a bundle of its own."""
+_BUNDLE_BYTES = 256 << 10
+"""A lane's thread hands its small reads over in bundles of up to this many reads or bytes.
+The rest of a window after a resume is hundreds of spans a few rows long, each its own
+piece: one queue handoff each between the lane's thread and the feed's took 2 of the 3.4 s
+to a resumed first batch (6,164 pieces, the two threads taking the GIL in turn). A read of
+more than :data:`_ALONE_BYTES` (a record batch of a fresh epoch) goes alone, so that the
+lane's byte bound, which always lets one item through, is overshot by one bundle at most."""
+_ALONE_BYTES = 64 << 10
 
 
 def bundled(reads: Iterator[Read]) -> Iterator[list[Read]]:
-    """``reads`` in lists of up to :data:`_BUNDLE_READS` reads or :data:`_BUNDLE_BYTES`."""
+    """``reads`` in lists: up to :data:`_BUNDLE_READS` small reads or :data:`_BUNDLE_BYTES`
+    together, a read of more than :data:`_ALONE_BYTES` on its own."""
     bundle: list[Read] = []
     size = 0
     for read in reads:
+        n = read_bytes(read)
+        if n > _ALONE_BYTES:
+            if bundle:
+                yield bundle
+                bundle, size = [], 0
+            yield [read]
+            continue
         bundle.append(read)
-        size += read_bytes(read)
+        size += n
         if size >= _BUNDLE_BYTES or len(bundle) >= _BUNDLE_READS:
             yield bundle
             bundle, size = [], 0
