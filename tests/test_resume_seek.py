@@ -171,8 +171,11 @@ def _rank(it: Any, stop_after: int | None) -> tuple[list[int], dict[str, Any] | 
 def on_ray(
     urls: list[str], world: int, state: dict[str, Any] | None, stop_after: int | None
 ) -> tuple[list[int], dict[str, Any]]:
+    # A pool of fixed size: a feed moved to another reader when the pool resizes (under a
+    # busy machine) opens its shards again, which would count against either epoch.
+    pool = ingest.ReaderPool(min_size=2, max_size=2, num_cpus=0.25)
     with ingest.RayStream(
-        urls, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=world
+        urls, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=world, readers=pool
     ) as s:
         if state is not None:
             s.load_state_dict(state)
