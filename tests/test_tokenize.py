@@ -395,13 +395,16 @@ def test_closing_a_stream_ends_its_encodings_and_their_threads(tmp_path: Path) -
 
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": "ab"}) + "\n" for _ in range(40)))
     slow = _Slow(0.5)
+    before = set(threading.enumerate())  # other tests' streams may still hold theirs
     stream = ingest.Stream(str(tmp_path), batch_size=4, transform=Tokenize(slow))
     assert next(iter(stream))["input_ids"][0].tolist() == [2]
     began = time.monotonic()
     stream.close()
     assert time.monotonic() - began < 10 + 1  # bounded: in_order's END_S
     assert slow.running == 0, "an encoding still ran after close()"
-    alive = [t.name for t in threading.enumerate() if t.name.startswith("ingest-transform")]
+    alive = [
+        t.name for t in set(threading.enumerate()) - before if t.name.startswith("ingest-transform")
+    ]
     assert not alive, f"close() left threads running: {alive}"
 
 
