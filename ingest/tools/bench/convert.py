@@ -75,11 +75,16 @@ def s3_variables(data: Dataset) -> dict[str, str]:
     }
 
 
-@contextlib.contextmanager
-def s3_environment(data: Dataset) -> Iterator[None]:
+def s3_environment(data: Dataset) -> contextlib.AbstractContextManager[None]:
     """Set :func:`s3_variables` for the block, then restore what was there."""
-    saved = {name: os.environ.get(name) for name in s3_variables(data)}
-    os.environ.update(s3_variables(data))
+    return environment(s3_variables(data))
+
+
+@contextlib.contextmanager
+def environment(variables: dict[str, str]) -> Iterator[None]:
+    """Set ``variables`` in ``os.environ`` for the block, then restore what was there."""
+    saved = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     try:
         yield
     finally:

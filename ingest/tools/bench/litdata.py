@@ -35,7 +35,7 @@ from typing import Any
 
 from ingest.tools.bench.config import BenchConfig
 from ingest.tools.bench.contenders import Loader, RankSource
-from ingest.tools.bench.convert import read_shard, rows, shard_paths
+from ingest.tools.bench.convert import environment, read_shard, rows, shard_paths
 from ingest.tools.bench.data import Dataset
 
 READ_NOTE = (
@@ -55,20 +55,6 @@ def shard_samples(
     """
     for sample in rows(read_shard(options, columns, path)):
         yield {k: v.item() if getattr(v, "ndim", None) == 0 else v for k, v in sample.items()}
-
-
-@contextlib.contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    saved = {name: os.environ.get(name) for name in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @contextlib.contextmanager
@@ -161,7 +147,7 @@ class LitDataContender:
         with (
             contextlib.redirect_stdout(io.StringIO()),
             _start_method(method),
-            _environment(
+            environment(
                 {
                     "DATA_OPTIMIZER_CACHE_FOLDER": os.path.join(self._root, "cache", "chunks"),
                     "DATA_OPTIMIZER_DATA_CACHE_FOLDER": os.path.join(self._root, "cache", "data"),
