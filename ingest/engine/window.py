@@ -61,20 +61,20 @@ def piece_rows(piece: Piece) -> int:
 def head_of(piece: Piece, n: int) -> Piece:
     if isinstance(piece, Hole):
         return Hole(piece.row, n)
-    return RowBatch(piece.row, piece.data.slice(0, n), piece.seek)
+    return piece.slice(0, n)
 
 
 def rest_of(piece: Piece, n: int) -> Piece:
     if isinstance(piece, Hole):
         return Hole(piece.row + n, piece.size - n)
-    return RowBatch(piece.row + n, piece.data.slice(n), piece.seek)
+    return piece.slice(n, piece_rows(piece) - n)
 
 
 def read_bytes(item: tuple[int, Piece] | SpanEnd) -> int:
     """Bytes of what a lane's reader yields."""
     if isinstance(item, SpanEnd) or isinstance(item[1], Hole):
         return 0
-    return int(item[1].data.nbytes)
+    return item[1].nbytes
 
 
 @dataclass(slots=True)

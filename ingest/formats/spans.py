@@ -15,7 +15,7 @@ a resume reads what the window read, once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 
@@ -30,6 +30,10 @@ class _Rows(Protocol):
 
     @property
     def data(self) -> Any: ...
+
+    def slice(self, offset: int, length: int) -> Any:
+        """Rows ``[offset, offset + length)`` of the batch, as a batch of the same type."""
+        ...
 
 
 B = TypeVar("B", bound=_Rows)
@@ -101,7 +105,7 @@ def cut(
             if (lo, hi) == (row, end):
                 yield index, batch
             else:
-                yield index, replace(batch, row=lo, data=batch.data.slice(lo - row, hi - lo))  # type: ignore[type-var]
+                yield index, batch.slice(lo - row, hi - lo)
 
 
 __all__ = ["GAP_ROWS", "Range", "coalesce", "cut"]
