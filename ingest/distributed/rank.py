@@ -45,6 +45,8 @@ from ingest.engine.loop import REMOTE_ACK_EVERY, Ending, RankLoop
 from ingest.engine.pack import Pack
 
 if TYPE_CHECKING:
+    import torch
+
     from ingest.engine.convert import Batch
 
 
@@ -77,15 +79,20 @@ class RankOptions:
             (:data:`ingest.engine.loop.REMOTE_ACK_EVERY`, 64, where a ``Stream`` or a
             ``DataLoader`` records every :data:`~ingest.engine.loop.ACK_EVERY` in its own
             process).
-        pin_memory: Pin tensors (when CUDA is available) for fast host-to-device copies.
-        device: Move tensors to this device (``"cuda"``, ``"cuda:1"``) before yielding.
+        pin_memory: Pin tensors (where torch has an accelerator to pin for) for fast
+            host-to-device copies.
+        device: Move tensors to this device (``"cuda"``, ``"cuda:1"``, a ``torch.device``
+            such as ``ray.train.torch.get_device()``) before yielding.
+
+    Both apply to every kind of batch (plain, packed, a mixture's) as it leaves the rank
+    (:func:`ingest.engine.convert.placed`).
         timeout_s: Longest wait for the coordinator, the pool or a snapshot.
     """
 
     fetch_batches: int = 16
     ack_every: int = REMOTE_ACK_EVERY
     pin_memory: bool = False
-    device: str | None = None
+    device: str | torch.device | None = None
     timeout_s: float = 300.0
 
     def __post_init__(self) -> None:
@@ -335,7 +342,7 @@ class RankIterator:
             for batch in got:
                 meter.batch(len(next(iter(batch.values()), ())), self._waited_s)
                 self._yielded += 1
-                yield batch
+                yield self._placed(batch)
             # The end reached: a new iterator of the rank runs the next epoch, even after an
             # epoch with no step (EpochBook.upcoming_epoch).
             meter.report()
@@ -404,9 +411,16 @@ class RankIterator:
             asked = time.monotonic()
 
     def _to_torch(self, item: Item) -> Batch:
-        from ingest.engine.convert import placed, to_torch
+        from ingest.engine.convert import to_torch
 
-        return placed(to_torch(item.batch), self.options.pin_memory, self.options.device)
+        return to_torch(item.batch)
+
+    def _placed(self, batch: Batch) -> Batch:
+        """``batch`` as it leaves the rank, any kind (plain or packed): pinned and on the
+        device of :class:`RankOptions`."""
+        from ingest.engine.convert import placed
+
+        return placed(batch, self.options.pin_memory, self.options.device)
 
     def flush(self) -> None:
         """Send the acks held back, and wait until the coordinator has every ack sent.

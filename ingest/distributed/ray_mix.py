@@ -12,11 +12,16 @@ sequence, or one row); the sources read, tokenize and pack as one-source streams
 States are taken on the ranks (:meth:`MixedRankIterator.state_dict`, called by every rank
 at the same step, as :func:`ingest.train.report` does): each source's state at the draws the
 rank took from it, and the mixture's counts (the same on every rank).
+
+``RankOptions.pin_memory`` and ``device`` apply to the mixture's batches as they leave the
+rank; the sources' iterators hand out their draws as they are (a join makes new tensors: it
+would lose the draws' pinning, and make the ``source`` columns on the CPU).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ingest.core.errors import ConfigError
@@ -30,12 +35,23 @@ class MixedRankIterator:
     """A rank's batches of a mixed stream, one epoch of the mixture per loop; picklable.
 
     Args:
-        parts: The rank's iterator of each source (``batch_size`` 1).
+        parts: The rank's iterator of each source (``batch_size`` 1). Their
+            ``RankOptions.pin_memory`` and ``device`` become this iterator's (see the module
+            docstring), and are turned off in the parts.
         mixer: The mixture's draws, loaded from the state the run resumes from.
+        placement: ``pin_memory`` and ``device`` (a copy's); None: the parts' options.
     """
 
-    def __init__(self, parts: Mapping[str, Any], mixer: Mixer) -> None:
+    def __init__(
+        self, parts: Mapping[str, Any], mixer: Mixer, placement: tuple[bool, Any] | None = None
+    ) -> None:
         self.parts = dict(parts)
+        if placement is None:
+            options = next(iter(self.parts.values())).options
+            placement = (options.pin_memory, options.device)
+            for it in self.parts.values():
+                it.options = replace(it.options, pin_memory=False, device=None)
+        self.placement = placement
         self.mixer = mixer
         self.draws = Draws(self._start, self._epoch, lambda name: f"rank {self.rank}'s {name}")
         self._yielded = 0
@@ -49,7 +65,7 @@ class MixedRankIterator:
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy is new iterators of the rank's sources (RankIterator.__reduce__), with the
         # mixture's counts as they are now.
-        return (MixedRankIterator, (self.parts, self.mixer))
+        return (MixedRankIterator, (self.parts, self.mixer, self.placement))
 
     @property
     def rank(self) -> int:
@@ -65,9 +81,12 @@ class MixedRankIterator:
         return self.mixer.epoch
 
     def __iter__(self) -> Iterator[Batch]:
+        from ingest.engine.convert import placed  # torch: on the rank, not the driver
+
+        pin_memory, device = self.placement
         for batch in self.mixer.epoch_batches(self.draws.pull):
             self._yielded += 1
-            yield batch
+            yield placed(batch, pin_memory, device)
 
     def flush(self) -> None:
         for it in self.parts.values():

@@ -131,12 +131,28 @@ def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:
     return out
 
 
-def placed(batch: Batch, pin_memory: bool, device: str | None) -> Batch:
-    """``batch``'s tensors in pinned memory (``pin_memory``, with CUDA) and/or moved to
-    ``device`` (asynchronously from pinned memory)."""
-    if not (pin_memory or device):
+def pinnable() -> bool:
+    """Whether tensors can be pinned in this process: torch has an accelerator to pin them
+    for, as torch's ``DataLoader`` asks (``torch.accelerator``: CUDA, ROCm, XPU, ...), other
+    than MPS, which does not pin (torch's ``DataLoader`` turns pinning off there too).
+    Torch's CPU build cannot pin at all (``Tensor.pin_memory()`` raises)."""
+    if not torch.accelerator.is_available():
+        return False
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and accelerator.type != "mps"
+
+
+def placed(batch: Batch, pin_memory: bool, device: str | torch.device | None) -> Batch:
+    """``batch``'s tensors in pinned memory (``pin_memory``, where :func:`pinnable`) and/or
+    moved to ``device`` (asynchronously from pinned memory).
+
+    The last step of every kind of batch (plain, packed, a mixture's), on every transport,
+    as it leaves its rank: after a mixture joins its draws (a join makes new tensors, on the
+    device of its parts, and would lose their pinning).
+    """
+    pin = pin_memory and pinnable()
+    if not (pin or device):
         return batch
-    pin = pin_memory and torch.cuda.is_available()
     out: Batch = {}
     for name, value in batch.items():
         if isinstance(value, torch.Tensor):

@@ -44,7 +44,7 @@ from ingest.core.ledger import Closed, Rows, Runs
 from ingest.core.quarantine import Quarantined
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import Cursor, StreamState
-from ingest.engine.convert import Batch, to_torch
+from ingest.engine.convert import Batch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.pack import ORIGIN, Pack, PackedRank, merged
@@ -336,13 +336,14 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._book = book
         order = _Order(0, ranks, start.to_json() if started else None, listing)
         ended = 0
-        pin = self.pin_memory and torch.cuda.is_available()
+        # Every kind of batch, as it leaves its rank (ingest.engine.convert.placed).
+        place = functools.partial(placed, pin_memory=self.pin_memory, device=None)
         for out in self._drawn(order):
             came = out.pop(KEY)
             if isinstance(came, _Failed):
                 raise came.error
             if came.rank in self._packs:
-                yield from self._packed(epoch, came)
+                yield from map(place, self._packed(epoch, came))
                 ended += isinstance(came, _Ended)
                 continue
             rank = self._ranks[came.rank]
@@ -350,9 +351,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                 rank.end(epoch, came)
                 ended += 1
                 continue
-            batch = rank.hand_out(came, functools.partial(_tensors, out, pin=pin))
+            batch = rank.hand_out(came, functools.partial(_tensors, out))
             if batch is not None:
-                yield batch
+                yield place(batch)
         if ended != ranks:
             raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
         # The epoch is done: the stream goes on from the next one (listed when it starts).
@@ -516,11 +517,10 @@ class _Workers:
             q.close()
 
 
-def _tensors(batch: Batch, came: _Came, *, pin: bool) -> Batch:
+def _tensors(batch: Batch, came: _Came) -> Batch:
     """``batch`` with the arrays a worker sent (``came.arrays``) made tensors again."""
     for name in came.arrays:
-        tensor = torch.from_numpy(batch[name])
-        batch[name] = tensor.pin_memory() if pin else tensor
+        batch[name] = torch.from_numpy(batch[name])
     return batch
 
 

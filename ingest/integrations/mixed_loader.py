@@ -7,6 +7,9 @@ Each source's loader hands out one sequence (or one row) at a time (its stream's
 ``batch_size`` is 1), so every slot of a batch is a draw from the source the mixture chose,
 as in the stream itself; states cover every source's loader and the mixture's counts, and
 load into any worker count, a ``Stream`` or a ``RayStream`` over the same mix.
+
+With ``pin_memory=True``, the mixture's batches are pinned as they leave (a join makes new
+tensors, which would lose the draws' pinning); the sources' loaders pin nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
-from ingest.engine.convert import Batch
+from ingest.engine.convert import Batch, placed
 from ingest.engine.mix import Draws, load_mixed, mixed_state
 
 if TYPE_CHECKING:
@@ -36,6 +39,11 @@ class MixedLoader:
     def __init__(self, mixed: MixedStream, make: Any) -> None:
         self.mixed = mixed
         self.loaders: dict[str, DataLoader] = {n: make(s) for n, s in mixed.streams.items()}
+        self.pin_memory = any(loader.pin_memory for loader in self.loaders.values())
+        """The loader's ``pin_memory``, taken from the sources' loaders (see the module
+        docstring)."""
+        for loader in self.loaders.values():
+            loader.pin_memory = False
         self.draws = Draws(
             lambda name: iter(self.loaders[name]),
             lambda name: mixed.streams[name].epoch,
@@ -44,7 +52,8 @@ class MixedLoader:
 
     def __iter__(self) -> Iterator[Batch]:
         """One epoch of the mixture, or the rest of the one a loop left."""
-        return self.mixed.mixer.epoch_batches(self.draws.pull)
+        for batch in self.mixed.mixer.epoch_batches(self.draws.pull):
+            yield placed(batch, self.pin_memory, None)
 
     def state_dict(self) -> dict[str, Any]:
         parts = {name: loader.state_dict() for name, loader in self.loaders.items()}
