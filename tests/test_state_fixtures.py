@@ -1,13 +1,32 @@
 """States written by an earlier main load and resume exactly as they did then.
 
-``tests/fixtures/states/make.py`` wrote each case at f5e380e (before the layers moved into
-folders): the options, the state after some batches and the ids two loops of a new stream
-delivered after loading it. A refactoring that changes what a state means, or the order a
-loaded state resumes in, fails here. One change of order was made on purpose: since issue
-31 the rows carried into an epoch lead its first window (finding 4), so an epoch that starts
-with carried rows comes in a new order; those cases keep the ids of f5e380e beside today's
-(``ids_after_at_f5e380e``), and the test checks the same rows, the same order up to that
-epoch, and today's order.
+``tests/fixtures/states/make.py`` wrote each case: its options, the state after some batches
+and what new streams delivered after loading it. A refactoring that changes what a state
+means, or the order a loaded state resumes in, fails here. Two generations:
+
+- Written at f5e380e (before the layers moved into folders): ``parquet_*``, ``jsonl_*``,
+  ``dataloader_two_workers``, each with the ids two loops of a one-rank Stream delivered
+  (``ids_after``). One change of order was made on purpose: since issue 31 the rows carried
+  into an epoch lead its first window (finding 4), so an epoch that starts with carried rows
+  comes in a new order; those cases keep the ids of f5e380e beside today's
+  (``ids_after_at_f5e380e``), and the test checks the same rows, the same order up to that
+  epoch, and today's order.
+- Written at 54d4ac5 (issue 33, item 3: before the state nests one part per node), the
+  commit in each case's ``written_at``: ``stream_*``, ``loader_*`` and ``ray_*``, taken from
+  ``Stream``, ``DataLoader(num_workers=2)`` and ``RayStream`` (2 ranks): plain, packed
+  (``Tokenize`` + ``Pack``) and mixed (``Mix`` of two sources), mid-epoch inside a shuffle
+  window and at an epoch's end with carried rows, schema versions 2 to 6 (``versions``: the
+  state's, and each source's part's; make.py's docstring says how each is made, 3 with the
+  packed-listing threshold lowered). ``resumed`` holds, per transport and world size (the
+  one it was taken at and, for DataLoader and Ray, another), what two loops of a new stream
+  delivered after loading it: each row's id, or each packed sequence's pieces
+  ``[doc, start token, stop token]``, with the source's name and epoch over a Mix; a Ray
+  case one list per rank. The Ray cases are system tests (``-m system``; the session's Ray).
+
+Regenerate the second generation (never the first) from the repository root, then commit
+``tests/fixtures/states``::
+
+    .venv/bin/python -m tests.fixtures.states.make
 """
 
 from __future__ import annotations
@@ -22,9 +41,15 @@ from typing import Any
 import pytest
 
 import ingest
+from ingest.core.state import StreamState
+from ingest.core.state.sources import SourcesState
+from tests.fixtures.states import make
 from tests.fixtures.states.make import DATA, HERE, MTIME
 
 CASES = sorted((HERE / "cases").glob("*.json"))
+SAVED = {p.stem: json.loads(p.read_text()) for p in CASES}
+OLD = [name for name, saved in SAVED.items() if "resumed" not in saved]
+NEW = [name for name, saved in SAVED.items() if "resumed" in saved]
 
 
 @pytest.fixture(scope="module")
@@ -56,18 +81,38 @@ def _epoch_starts(saved: dict[str, Any]) -> set[int]:
 
 
 def test_every_case_is_here() -> None:
-    assert [p.stem for p in CASES] == [
+    assert OLD == [
         "dataloader_two_workers",
         "jsonl_unindexed_skip_mid_epoch",
         "parquet_mid_epoch",
         "parquet_next_epoch_with_carry",
         "parquet_second_epoch",
     ]
+    assert sorted(NEW) == sorted(make.CASES)
 
 
-@pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
-def test_a_state_of_an_earlier_main_resumes_with_the_same_rows(data: Path, path: Path) -> None:
-    saved = json.loads(path.read_text())
+def test_the_cases_cover_every_version_transport_and_kind() -> None:
+    versions = {v for name in NEW for v in SAVED[name]["versions"]}
+    assert versions == {2, 3, 4, 5, 6}
+    kinds = {
+        (c["taken"]["transport"], "mixed" if c["mix"] else "packed" if c["pack"] else "plain")
+        for c in (SAVED[name]["case"] for name in NEW)
+    }
+    # Every transport packed and mixed; plain from each (the f5e380e cases add more).
+    assert {(t, k) for t in ("stream", "loader", "ray") for k in ("plain", "packed")} <= kinds
+    assert {(t, "mixed") for t in ("stream", "loader", "ray")} <= kinds
+    for name in NEW:
+        saved = SAVED[name]
+        assert make.versions(saved["state"]) == saved["versions"], name
+        assert make.carried(saved["state"]) == ("_end_" in name), name
+        if saved["case"]["taken"]["transport"] != "stream":
+            worlds = {on["world_size"] for on in saved["resumed"]}
+            assert len(worlds) > 1, f"{name}: resumed at one world size only"
+
+
+@pytest.mark.parametrize("name", OLD)
+def test_a_state_of_an_earlier_main_resumes_with_the_same_rows(data: Path, name: str) -> None:
+    saved = SAVED[name]
     stream = _stream(saved["case"])
     stream.load_state_dict(saved["state"])
     ids = [int(i) for _ in range(2) for b in stream for i in b["id"]]
@@ -82,22 +127,120 @@ def test_a_state_of_an_earlier_main_resumes_with_the_same_rows(data: Path, path:
         assert carried_epoch in _epoch_starts(saved), carried_epoch
 
 
+def _resumes(ray: bool) -> list[Any]:
+    out = []
+    for name in NEW:
+        for k, on in enumerate(SAVED[name]["resumed"]):
+            if (on["transport"] == "ray") == ray:
+                marks = [pytest.mark.system] if ray else []
+                label = f"{name}-on-{on['transport']}-{on['world_size']}"
+                out.append(pytest.param(name, k, marks=marks, id=label))
+    return out
+
+
+def _check_resume(name: str, k: int) -> None:
+    saved = SAVED[name]
+    on = saved["resumed"][k]
+    got = json.loads(json.dumps(make.resume(saved["case"], saved["state"], on)))
+    want = on["items"]
+    if on["transport"] == "ray":
+        assert len(got) == len(want) == on["world_size"]
+        pairs = [(f"rank {r}", g, w) for r, (g, w) in enumerate(zip(got, want, strict=True))]
+    else:
+        pairs = [("", got, want)]
+    for where, g, w in pairs:
+        first = next(
+            (n for n, (a, b) in enumerate(zip(g, w, strict=False)) if a != b), min(len(g), len(w))
+        )
+        assert g == w, (
+            f"{name} on {on['transport']} x{on['world_size']} {where}: {len(g)} items, "
+            f"{len(w)} recorded; item {first} is {g[first : first + 1]}, was {w[first : first + 1]}"
+        )
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
+@pytest.mark.parametrize(("name", "k"), _resumes(ray=False))
+def test_a_state_of_today_s_main_resumes_as_recorded(data: Path, name: str, k: int) -> None:
+    _check_resume(name, k)
+
+
+@pytest.mark.parametrize(("name", "k"), _resumes(ray=True))
+def test_a_ray_state_of_today_s_main_resumes_as_recorded(
+    data: Path, request: pytest.FixtureRequest, name: str, k: int
+) -> None:
+    request.getfixturevalue("ray_session")
+    _check_resume(name, k)
+
+
+@pytest.mark.parametrize("name", NEW)
+def test_a_state_of_today_s_main_reads_as_its_versions(name: str) -> None:
+    """Each state parses with the checks of its version (and its sources' parts theirs)."""
+    state = SAVED[name]["state"]
+    if "sources" in state:
+        parts = SourcesState.from_json(state).parts
+        assert list(parts) == list(SAVED[name]["case"]["mix"]["sources"])
+    else:
+        StreamState.from_json(state)
+
+
 @pytest.mark.parametrize("path", CASES, ids=[p.stem for p in CASES])
 def test_a_loaded_state_is_saved_again_as_it_was(data: Path, path: Path) -> None:
-    """A state loaded and taken again before any batch is the same JSON (nothing renamed).
+    """A state loaded into a one-rank Stream and taken again before any batch is the same
+    JSON (nothing renamed), in its version (3 under the threshold it was written with).
 
-    The DataLoader's state (world size 2) loaded into one rank is shared anew: the epoch's
-    rest starts a new run of steps there, so only what it consumed and saw is the same.
+    A state of world size 2 (DataLoader, Ray) loaded into one rank is shared anew: the
+    epoch's rest starts a new run of steps there, so only what it consumed and saw is the
+    same. A shard's row count learnt by reading a JSONL shard (``dataset.shards[i][3]``) is
+    not known to the new stream until it reads the shard again (a state of a new epoch, or
+    of several ranks, lists anew): unknown (None) there, it must be the same where known.
     """
     saved = json.loads(path.read_text())
-    stream = _stream(saved["case"])
-    stream.load_state_dict(saved["state"])
-    again = stream.state_dict()
-    if saved["state"]["distributed"]["world_size"] == 1:
-        assert again == saved["state"]
-        return
-    assert again["dataset"] == saved["state"]["dataset"]
-    for key in ("epoch", "step", "delivered", "dropped", "consumed"):
-        assert again["progress"][key] == saved["state"]["progress"][key], key
-    assert again["distributed"]["world_size"] == 1
-    assert again["progress"]["first_step"] == again["progress"]["step"]
+    if "resumed" in saved:
+        stream = make.stream(saved["case"])
+
+        def again() -> dict[str, Any]:
+            stream.load_state_dict(saved["state"])
+            return stream.state_dict()
+
+        now = make._with_threshold(saved["case"], again)
+    else:
+        stream = _stream(saved["case"])
+        stream.load_state_dict(saved["state"])
+        now = stream.state_dict()
+    stream.close()
+    assert make.versions(now) == make.versions(saved["state"])
+    for part, was in _parts(now, saved["state"]):
+        was = _unlearnt(part, was)
+        if was["distributed"]["world_size"] == 1:
+            assert part == was
+            continue
+        assert part["dataset"] == was["dataset"]
+        for key in ("epoch", "step", "delivered", "dropped", "consumed", "tokens"):
+            assert part["progress"].get(key) == was["progress"].get(key), key
+        for key in ("carry", "owed"):
+            assert part["distributed"].get(key) == was["distributed"].get(key), key
+        assert part["distributed"]["world_size"] == 1
+        assert part["progress"]["first_step"] == part["progress"]["step"]
+
+
+def _parts(now: dict[str, Any], was: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """The one-source states to compare: the states, or each source's part over a Mix."""
+    if "sources" not in was:
+        return [(now, was)]
+    assert {k: v for k, v in now.items() if k != "sources"} == {
+        k: v for k, v in was.items() if k != "sources"
+    }
+    assert list(now["sources"]) == list(was["sources"])
+    return [(now["sources"][name], part) for name, part in was["sources"].items()]
+
+
+def _unlearnt(now: dict[str, Any], was: dict[str, Any]) -> dict[str, Any]:
+    """``was`` with the row counts ``now`` has not learnt yet (None) set to None."""
+    shards = now["dataset"].get("shards")
+    if shards is None:  # packed (version 3): counts in a column, compared whole
+        return was
+    rows = [
+        [*w[:3], None if n[3] is None else w[3]]
+        for w, n in zip(was["dataset"]["shards"], shards, strict=True)
+    ]
+    return {**was, "dataset": {**was["dataset"], "shards": rows}}
