@@ -21,11 +21,15 @@ import pytest
 import ray
 
 import ingest
-from ingest.testing import write_dataset
+from ingest.testing import LoopbackS3, write_dataset
+from ingest.tools.bench.proxy import CountingProxy
 from ingest.tools.loopback.http import LoopbackHTTP
 
 SHARDS, ROWS, BATCH, AT = 8, 16_384, 1024, 24
 TOTAL = SHARDS * ROWS
+AT_45 = 58
+"""45% of the epoch's 128 batches, a whole step of two ranks: by then whole row groups of
+some shards were consumed between row groups that were not (the bench's second point)."""
 STATE_BYTES_PER_RANK = 8 << 10
 """The issue's bound on a state's size, per rank of the stream that saved it."""
 
@@ -72,6 +76,7 @@ class Epoch:
 
     def done(self, end_state: dict[str, Any]) -> Epoch:
         self.requests = requests(self.server) - self.before
+
         self.carried = carried(end_state)
         return self
 
@@ -102,23 +107,25 @@ def on_loader(
         loader.close()
 
 
-def saved_by_stream(urls: list[str]) -> tuple[list[int], dict[str, Any]]:
+def saved_by_stream(urls: list[str], at: int = AT) -> tuple[list[int], dict[str, Any]]:
     s = stream(urls)
     head: list[int] = []
     for n, batch in enumerate(s, 1):
         head += ids(batch)
-        if n == AT:
+        if n == at:
             break
     return head, json.loads(json.dumps(s.state_dict()))
 
 
-def saved_by_loader(urls: list[str], workers: int) -> tuple[list[int], dict[str, Any]]:
+def saved_by_loader(
+    urls: list[str], workers: int, at: int = AT
+) -> tuple[list[int], dict[str, Any]]:
     loader = ingest.DataLoader(stream(urls), num_workers=workers)
     head: list[int] = []
     try:
         for n, batch in enumerate(loader, 1):
             head += ids(batch)
-            if n == AT:
+            if n == at:
                 break
         return head, json.loads(json.dumps(loader.state_dict()))
     finally:
@@ -143,6 +150,82 @@ def test_stream_to_stream(web: tuple[LoopbackHTTP, list[str]]) -> None:
     fresh = on_stream(server, urls, None)
     head, state = saved_by_stream(urls)
     check(head, state, on_stream(server, urls, state), fresh)
+
+
+@pytest.fixture(scope="module")
+def wide(s3: LoopbackS3) -> Iterator[tuple[CountingProxy, str, dict[str, Any]]]:
+    """The bench's data on the session's loopback S3, reached through the bench's counting
+    proxy: 8 shards of ids and 96 int32 tokens a row, row groups of 4,096 rows (1.5 MiB,
+    more than the gap one request used to read through)."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    url = s3.create_bucket("resume-seek-wide") + "/d"
+    fs = s3.filesystem()
+    rng = np.random.default_rng(0)
+    for n in range(SHARDS):
+        tokens = rng.integers(0, 1 << 30, size=ROWS * 96, dtype=np.int32)
+        table = pa.table(
+            {
+                "id": np.arange(n * ROWS, (n + 1) * ROWS, dtype=np.int64),
+                "tokens": pa.FixedSizeListArray.from_arrays(pa.array(tokens), 96),
+            }
+        )
+        sink = io.BytesIO()
+        pq.write_table(table, sink, row_group_size=4096)
+        fs.pipe(f"{url}/part-{n:05d}.parquet", sink.getvalue())
+    with CountingProxy(s3.endpoint) as proxy:
+        yield proxy, url + "/", s3.storage_options(endpoint=proxy.endpoint)
+
+
+def on_s3(
+    wide: tuple[CountingProxy, str, dict[str, Any]],
+    state: dict[str, Any] | None,
+    workers: int | None = None,
+    stop_at: int | None = None,
+) -> tuple[list[int], int, dict[str, Any]]:
+    """An epoch of a Stream (``workers`` None) or a DataLoader over ``wide``, from
+    ``state``, to its end or ``stop_at`` batches: its ids, requests and state."""
+    proxy, url, options = wide
+    s = ingest.Stream(
+        url, columns=["id", "tokens"], batch_size=BATCH, shuffle_seed=0, storage_options=options
+    )
+    loader: Any = s if workers is None else ingest.DataLoader(s, num_workers=workers)
+    before = proxy.counters()
+    got: list[int] = []
+    try:
+        if state is not None:
+            loader.load_state_dict(state)
+        for n, batch in enumerate(loader, 1):
+            got += ids(batch)
+            if n == stop_at:
+                break
+        end = json.loads(json.dumps(loader.state_dict()))
+    finally:
+        getattr(loader, "close", lambda: None)()
+    return got, (proxy.counters() - before).requests, end
+
+
+@pytest.mark.parametrize("saved_by", ["stream", "loader2"])
+def test_a_state_at_45_percent_sends_no_more_requests_than_a_fresh_epoch(
+    wide: tuple[CountingProxy, str, dict[str, Any]], saved_by: str
+) -> None:
+    """By 45% of an epoch, whole row groups of some shards were consumed between row
+    groups that were not: the row groups left of a shard are still one request (see
+    ``test_formats``'s ``test_row_groups_left_around_a_consumed_one_are_one_request``), and
+    the rest comes exactly once, on the bench's data and store."""
+    workers = None if saved_by == "stream" else 2
+    head, _, state = on_s3(wide, None, workers, stop_at=AT_45)
+    fresh_ids, fresh, _ = on_s3(wide, None)
+    rest, requests, end = on_s3(wide, state)
+    got = Counter(head + rest)
+    assert max(got.values()) == 1
+    assert set(got) | carried(end) == set(range(TOTAL)), "every row once"
+    assert len(fresh_ids) + len(carried(end)) >= TOTAL - BATCH
+    assert requests <= fresh, (requests, fresh)
 
 
 @pytest.mark.parametrize("to", ["loader2", "loader1", "stream"])
