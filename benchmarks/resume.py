@@ -27,8 +27,12 @@ and <= the faster peer's resume (fixed figures from the issue, Mosaic and LitDat
 ``--peers-json`` names an ``ingest bench --json`` document); a state <= 8 KB per rank.
 Figures from a shared 2-core machine are noisy: compare the ratios of one run.
 
-    .venv/bin/python benchmarks/resume.py [--quick] [--json PATH] [--peers-json PATH]
-        [--pairs stream dl2 dl2-dl1 dl2-stream ray]
+    .venv/bin/python benchmarks/resume.py [--quick] [--repeat N] [--json PATH]
+        [--peers-json PATH] [--pairs stream dl2 dl2-dl1 dl2-stream ray]
+
+Each fresh and each resumed epoch runs ``--repeat`` times (default 3; 1 with ``--quick``):
+the first batch reported is the median, every run is checked for exactly once, and the
+requests are the first run's.
 """
 
 from __future__ import annotations
@@ -149,6 +153,8 @@ class Env:
     kwargs: dict[str, Any]
     proxy: CountingProxy
     settings: Settings
+    repeat: int = 1
+    """Runs of each epoch measured (``--repeat``): the median first batch is reported."""
 
 
 @dataclass(slots=True)
@@ -172,6 +178,10 @@ class Epoch:
     before: dict[int, np.ndarray] = field(default_factory=dict)
     end_state: dict[str, Any] = field(default_factory=dict)
     reads: dict[str, int] | None = None
+    runs: list[float] = field(default_factory=list)
+    """Every run's first-batch seconds (``--repeat``); ``first_batch_s`` is their median."""
+    every_once: bool = True
+    """Whether every repeated run delivered each id exactly once (checked per run)."""
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -291,7 +301,7 @@ def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) 
     )
 
 
-def run(env: Env, transport: Transport, state: Any = None, save_at: Iterable[int] = ()) -> Epoch:
+def run_once(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) -> Epoch:
     """One epoch of ``transport``, from ``state`` (None: a fresh epoch)."""
     start = time.perf_counter()
     if transport.kind == "ray":
@@ -303,6 +313,28 @@ def run(env: Env, transport: Transport, state: Any = None, save_at: Iterable[int
         f"{time.perf_counter() - start:.1f} s"
     )
     return epoch
+
+
+def run(
+    env: Env,
+    transport: Transport,
+    state: Any = None,
+    save_at: Iterable[int] = (),
+    *,
+    before: np.ndarray | None = None,
+) -> Epoch:
+    """``env.repeat`` epochs of ``transport`` from ``state``: the first one's figures and
+    states, with the median first batch of all. ``before``: the ids delivered before
+    ``state`` (every run is checked to deliver the rest exactly once)."""
+    first = run_once(env, transport, state, save_at)
+    first.runs = [first.first_batch_s]
+    for _ in range(env.repeat - 1):
+        again = run_once(env, transport, state, ())
+        first.runs.append(again.first_batch_s)
+        delivered = [again.ids] if before is None else [before, again.ids]
+        first.every_once &= bool(exactly_once(delivered, again.end_state, env.settings)["ok"])
+    first.first_batch_s = float(np.median(first.runs))
+    return first
 
 
 def warm_up(env: Env) -> None:
@@ -421,7 +453,11 @@ def resume_row(
         "vs_fresh": vs_fresh,
         "requests": resumed.requests,
         "reads": resumed.reads,
-        "exactly_once": exactly_once([origin.before[point], resumed.ids], resumed.end_state, s),
+        "first_batch_runs_s": resumed.runs,
+        "exactly_once": {
+            **exactly_once([origin.before[point], resumed.ids], resumed.end_state, s),
+            **({} if resumed.every_once else {"ok": False, "repeated_runs": "NOT exactly once"}),
+        },
         "goals_met": {
             "vs_fresh": vs_fresh <= VS_FRESH_MAX,
             "vs_peer": None if peer is None else resumed.first_batch_s <= peer,
@@ -434,9 +470,13 @@ def fresh_row(transport: Transport, epoch: Epoch, s: Settings) -> dict[str, Any]
     return {
         "transport": transport.name,
         "first_batch_s": epoch.first_batch_s,
+        "first_batch_runs_s": epoch.runs,
         "requests": epoch.requests,
         "reads": epoch.reads,
-        "exactly_once": exactly_once([epoch.ids], epoch.end_state, s),
+        "exactly_once": {
+            **exactly_once([epoch.ids], epoch.end_state, s),
+            **({} if epoch.every_once else {"ok": False, "repeated_runs": "NOT exactly once"}),
+        },
     }
 
 
@@ -468,7 +508,9 @@ def measure(
             _log(f"{saved.name} at batch {point} -> {loaded.name}")
             resumed: Epoch | str
             try:
-                resumed = run(env, loaded, epochs[saved].states[point])
+                resumed = run(
+                    env, loaded, epochs[saved].states[point], before=epochs[saved].before[point]
+                )
             except Exception as e:  # reported in its row; the other pairs still run
                 resumed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 _log(f"  failed: {resumed}")
@@ -614,12 +656,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--quick", action="store_true", help="2 shards x 4,096 rows, batches of 256 (a smoke run)"
     )
     parser.add_argument("--pairs", nargs="+", choices=list(PAIRS), default=list(PAIRS))
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=None,
+        help="runs of each fresh and resumed epoch; the median first batch is reported "
+        "(a shared 2-core machine: one run's figures vary by 20-50%%); default 3, 1 with "
+        "--quick",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every figure here")
     parser.add_argument(
         "--peers-json", metavar="PATH", help="an `ingest bench --json` document: peer resumes"
     )
     args = parser.parse_args(argv)
     s = settings_of(args)
+    repeat = max(1, args.repeat if args.repeat is not None else 1 if args.quick else 3)
     reference = peers(args.peers_json)
     chosen = [PAIRS[name] for name in PAIRS if name in args.pairs]
     local = [p for p in chosen if "ray" not in (p[0].kind, p[1].kind)]
@@ -634,7 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "shuffle_seed": s.seed,
             "storage_options": options,
         }
-        env = Env(url=url, kwargs=kwargs, proxy=proxy, settings=s)
+        env = Env(url=url, kwargs=kwargs, proxy=proxy, settings=s, repeat=repeat)
         warm_up(env)
         # DataLoader workers fork: every local pair runs before Ray starts in this process.
         fresh, rows = measure(env, local, reference) if local else ([], [])
@@ -648,6 +699,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ray.shutdown()
             fresh, rows = fresh + more_fresh, rows + more_rows
     out = document(s, args.quick, fresh, rows, reference, time.perf_counter() - start)
+    out["config"]["repeat"] = repeat
     report(fresh, rows, reference, s)
     print(f"\n{out['wall_s']:.0f} s in all; every row exactly once: {out['exactly_once_ok']}")
     if args.json:
