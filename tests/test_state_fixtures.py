@@ -11,8 +11,11 @@ means, or the order a loaded state resumes in, fails here. Two generations:
   comes in a new order; those cases keep the ids of f5e380e beside today's
   (``ids_after_at_f5e380e``), and the test checks the same rows, the same order up to that
   epoch, and today's order.
-- Written at 54d4ac5 (issue 33, item 3: before the state nests one part per node), the
-  commit in each case's ``written_at``: ``stream_*``, ``loader_*`` and ``ray_*``, taken from
+- Written for issue 33, item 3 (before the state nests one part per node) at the commit in
+  each case's ``written_at``: 54d4ac5, and f047816 for the three added after it
+  (``stream_mixed_packed_epoch_end_carried``, ``loader_mixed_plain_mid_epoch``,
+  ``ray_mixed_plain_after_two_loops``; ingest as at 3a3368f, which changed only where a
+  batch is placed): ``stream_*``, ``loader_*`` and ``ray_*``, taken from
   ``Stream``, ``DataLoader(num_workers=2)`` and ``RayStream`` (2 ranks): plain, packed
   (``Tokenize`` + ``Pack``) and mixed (``Mix`` of two sources), mid-epoch inside a shuffle
   window and at an epoch's end with carried rows, schema versions 2 to 6 (``versions``: the
