@@ -111,3 +111,67 @@ def test_no_module_is_two_concepts_by_its_size() -> None:
     }
     over = {p: n for p, n in sizes.items() if n > MAX_LINES}
     assert over == {}, f"modules over {MAX_LINES} lines (cut them around their concepts): {over}"
+
+
+ROOT_FACES = frozenset(
+    ["ingest"]
+    + [
+        f"ingest.{p.stem}"
+        for p in (Path(__file__).parents[1] / "ingest").glob("*.py")
+        if p.stem != "__init__"
+    ]
+)
+"""The package root and its public faces (``ingest.train``, ``ingest.testing``, ...): they
+re-export the layers for users and sit above every layer."""
+
+
+def _root_imports(path: Path) -> list[str]:
+    """The imports in ``path`` that reach the package root or one of its faces."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in ROOT_FACES:
+            names = ", ".join(a.name for a in node.names)
+            out.append(f"line {node.lineno}: from {node.module} import {names}")
+        elif isinstance(node, ast.Import):
+            out.extend(
+                f"line {node.lineno}: import {a.name}" for a in node.names if a.name in ROOT_FACES
+            )
+    return out
+
+
+def test_no_module_in_a_layer_imports_the_package_root() -> None:
+    """A module under ingest/<layer>/ imports from the module that defines a name, never from
+    ``ingest`` or its faces: the root imports the layers, so a layer importing it back is a
+    circle that only laziness keeps from breaking (issue 33, item 5)."""
+    root = Path(__file__).parents[1] / "ingest"
+    wrong = [
+        f"{path.relative_to(root.parent)} {found}: import from the defining module instead"
+        for path in sorted(root.glob("*/**/*.py"))
+        for found in _root_imports(path)
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_training_harness_is_not_in_the_library() -> None:
+    """The jobs' harness (YAML configs with overrides, fault injection, the exactly-once
+    report) lives with the job scripts in train/ (issue 33, item 5): no library module reads
+    YAML, and the package holds no job harness."""
+    root = Path(__file__).parents[1] / "ingest"
+    readers = [
+        str(path.relative_to(root.parent))
+        for path in sorted(root.rglob("*.py"))
+        if {"yaml"} & {name.split(".")[0] for name in _all_imports(path)}
+    ]
+    assert not readers, f"library modules that read YAML (job config belongs in train/): {readers}"
+    assert (root.parent / "train" / "harness.py").is_file()
+
+
+def _all_imports(path: Path) -> set[str]:
+    """Every module ``path`` imports, by absolute name."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+    return out

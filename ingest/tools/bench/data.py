@@ -17,8 +17,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ingest.testing import LoopbackS3, write_dataset
 from ingest.tools.bench.config import BenchConfig
+from ingest.tools.loopback.s3 import LoopbackS3
+from ingest.tools.loopback.shards import write_dataset
 
 BUCKET = "bench"
 

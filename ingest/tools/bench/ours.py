@@ -11,7 +11,6 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import ingest
 from ingest.tools.bench.config import BenchConfig
 from ingest.tools.bench.contenders import Loader, RankSource
 from ingest.tools.bench.data import Dataset
@@ -50,7 +49,9 @@ class StreamSource:
     state: Any = None
 
     def open(self) -> Loader:
-        stream = ingest.Stream(self.url, **self.kwargs)
+        from ingest.engine.stream import Stream  # torch: only in the rank process
+
+        stream = Stream(self.url, **self.kwargs)
         if self.state is not None:
             stream.load_state_dict(self.state)
         return _StreamLoader(stream)
@@ -119,7 +120,9 @@ class RayStreamContender:
 
     def _build(self, data: Dataset, state: Any) -> list[RankSource]:
         self.stop()
-        self._stream = ingest.RayStream(
+        from ingest.distributed.ray_stream import RayStream  # ray: only when it runs
+
+        self._stream = RayStream(
             data.url, world_size=self.ranks, **_stream_kwargs(data, self.config)
         )
         if state is not None:

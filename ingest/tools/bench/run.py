@@ -19,7 +19,6 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from ingest.core.errors import ConfigError
-from ingest.testing import LoopbackS3
 from ingest.tools.bench import data
 from ingest.tools.bench.config import BenchConfig
 from ingest.tools.bench.consumer import error_line
@@ -28,6 +27,7 @@ from ingest.tools.bench.measure import measure, phases
 from ingest.tools.bench.proxy import CountingProxy
 from ingest.tools.bench.quality import uniform_entropy
 from ingest.tools.bench.report import FIGURES, ContenderReport, contender_report, ratios
+from ingest.tools.loopback.s3 import LoopbackS3
 
 _VERSIONS = (
     *("ingest", "ray", "torch", "pyarrow", "s3fs", "datasets", "torchdata", "moto"),
