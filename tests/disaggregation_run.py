@@ -21,9 +21,9 @@ from ray._private.internal_api import memory_summary
 from ray.cluster_utils import Cluster
 
 import ingest
-from ingest.integrations.jobs import INGEST_RESOURCE, TRAINER_RESOURCE
 from ingest.testing import write_dataset
 from tests.faults import TagDecodeNode
+from tests.train_jobs import harness
 
 BUDGET = 64 << 20
 
@@ -61,9 +61,9 @@ def main() -> int:
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     ingest_nodes = [
-        cluster.add_node(num_cpus=2, resources={INGEST_RESOURCE: 100}) for _ in range(2)
+        cluster.add_node(num_cpus=2, resources={harness.INGEST_RESOURCE: 100}) for _ in range(2)
     ]
-    trainer_node = cluster.add_node(num_cpus=4, resources={TRAINER_RESOURCE: 4})
+    trainer_node = cluster.add_node(num_cpus=4, resources={harness.TRAINER_RESOURCE: 4})
     cluster.wait_for_nodes()
     # RAY_ADDRESS: Ray Train's helper actors call ray.init() and would otherwise join the
     # newest Ray instance on this machine, which may be another test's.
@@ -74,7 +74,7 @@ def main() -> int:
             min_size=2,
             max_size=4,
             num_cpus=1,
-            resources={INGEST_RESOURCE: 1},
+            resources={harness.INGEST_RESOURCE: 1},
             object_store_bytes=BUDGET,
         )
         with ingest.RayStream(
@@ -90,7 +90,7 @@ def main() -> int:
                 loop,
                 train_loop_config={"stream": stream, "out": str(work)},
                 scaling_config=ScalingConfig(
-                    num_workers=4, resources_per_worker={"CPU": 1, TRAINER_RESOURCE: 1}
+                    num_workers=4, resources_per_worker={"CPU": 1, harness.TRAINER_RESOURCE: 1}
                 ),
                 run_config=RunConfig(name="disagg", storage_path=str(work / "runs")),
             ).fit()

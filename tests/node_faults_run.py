@@ -35,8 +35,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 import ingest
-from ingest.integrations.jobs import INGEST_RESOURCE, TRAINER_RESOURCE
 from ingest.testing import write_dataset
+from tests.train_jobs import harness
 
 SHARDS, ROWS, BATCH, EPOCHS, RANKS = 8, 300, 50, 2, 2
 TOTAL = SHARDS * ROWS  # 24 steps of 2 x 50 rows per epoch
@@ -134,14 +134,14 @@ def start_cluster(which: str) -> tuple[Cluster, dict[str, Any], dict[str, Any]]:
     ingest_nodes = {
         n.node_id: n
         for n in (
-            cluster.add_node(num_cpus=2, resources={INGEST_RESOURCE: 100})
+            cluster.add_node(num_cpus=2, resources={harness.INGEST_RESOURCE: 100})
             for _ in range(ingest_count)
         )
     }
     trainer_nodes = {
         n.node_id: n
         for n in (
-            cluster.add_node(num_cpus=2, resources={TRAINER_RESOURCE: 2})
+            cluster.add_node(num_cpus=2, resources={harness.TRAINER_RESOURCE: 2})
             for _ in range(trainer_count)
         )
     }
@@ -198,7 +198,7 @@ def main() -> int:
     found.update(ingest_nodes=sorted(ingest_nodes), trainer_nodes=sorted(trainer_nodes))
     try:
         readers = ingest.ReaderPool(
-            min_size=2, max_size=2, num_cpus=1, resources={INGEST_RESOURCE: 1}
+            min_size=2, max_size=2, num_cpus=1, resources={harness.INGEST_RESOURCE: 1}
         )
         with ingest.RayStream(
             data,
@@ -233,7 +233,7 @@ def main() -> int:
                 loop,
                 train_loop_config={"stream": stream, "events": str(events)},
                 scaling_config=ScalingConfig(
-                    num_workers=RANKS, resources_per_worker={"CPU": 1, TRAINER_RESOURCE: 1}
+                    num_workers=RANKS, resources_per_worker={"CPU": 1, harness.TRAINER_RESOURCE: 1}
                 ),
                 run_config=RunConfig(
                     name=f"node-{which}",

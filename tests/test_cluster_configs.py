@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from ingest.integrations.jobs import INGEST_RESOURCE, TRAINER_RESOURCE, Job, load_config
+from tests.train_jobs import harness
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -57,10 +57,10 @@ def test_every_yaml_parses() -> None:
 
 def test_launcher_declares_the_resources_the_code_asks_for() -> None:
     types = load(CLUSTER / "ray-cluster.yaml")["available_node_types"]
-    assert INGEST_RESOURCE in types["ingest-cpu"]["resources"]
-    assert TRAINER_RESOURCE in types["trainer-gpu"]["resources"]
+    assert harness.INGEST_RESOURCE in types["ingest-cpu"]["resources"]
+    assert harness.TRAINER_RESOURCE in types["trainer-gpu"]["resources"]
     assert "GPU" in types["trainer-gpu"]["resources"]
-    assert INGEST_RESOURCE not in types["trainer-gpu"]["resources"]
+    assert harness.INGEST_RESOURCE not in types["trainer-gpu"]["resources"]
 
 
 @pytest.mark.parametrize("name", ["raycluster.yaml", "rayjob.yaml"])
@@ -68,8 +68,8 @@ def test_kuberay_groups_declare_the_resources(name: str) -> None:
     doc = load(CLUSTER / "kuberay" / name)
     spec = doc["spec"] if doc["kind"] == "RayCluster" else doc["spec"]["rayClusterSpec"]
     by_name = groups(spec)
-    assert INGEST_RESOURCE in start_resources(by_name["ingest"]["rayStartParams"])
-    assert TRAINER_RESOURCE in start_resources(by_name["trainer"]["rayStartParams"])
+    assert harness.INGEST_RESOURCE in start_resources(by_name["ingest"]["rayStartParams"])
+    assert harness.TRAINER_RESOURCE in start_resources(by_name["trainer"]["rayStartParams"])
     gpu = by_name["trainer"]["template"]["spec"]["containers"][0]["resources"]["limits"]
     assert "nvidia.com/gpu" in gpu
 
@@ -79,11 +79,11 @@ def test_rayjob_entrypoint_runs_an_existing_job_with_valid_overrides() -> None:
     assert entry[:2] == ["python", "train/lm.py"]
     assert "--config" not in entry, "the job's config lies next to the script"
     module = load_script(ROOT / entry[1])
-    assert isinstance(module.JOB, Job)
+    assert isinstance(module.JOB, harness.Job)
     config_path = module.CONFIG
     assert config_path == ROOT / "train" / "configs" / "lm.yaml"
     overrides = entry[2:]
-    base = load_config(config_path, [])
+    base = harness.load_config(config_path, [])
     for item in overrides:
         assert "=" in item, f"{item!r} in the entrypoint is not KEY=VALUE"
         node = base
@@ -91,7 +91,7 @@ def test_rayjob_entrypoint_runs_an_existing_job_with_valid_overrides() -> None:
         for part in parents:
             node = node[part]
         assert leaf in node, f"{item} overrides nothing in {config_path}"
-    config = load_config(config_path, overrides)
+    config = harness.load_config(config_path, overrides)
     assert config["placement"] == {"ingest_nodes": True, "trainer_nodes": True}
 
 
@@ -106,8 +106,10 @@ def test_the_training_jobs_are_scripts_left_out_of_the_package() -> None:
     assert packaged("ingest") and packaged("ingest.integrations")
     assert not any(packaged(d) for d in ("train", "tests", "benchmarks", "scripts", "cluster"))
     assert "package-data" not in setuptools
-    jobs = sorted(p.name for p in (ROOT / "train").glob("*.py"))
-    assert jobs == ["image.py", "lm.py", "pretrain.py"]
+    # The three jobs and the harness they share, all left out of the wheel.
+    scripts = sorted(p.name for p in (ROOT / "train").glob("*.py"))
+    assert scripts == ["harness.py", "image.py", "lm.py", "pretrain.py"]
+    assert not (ROOT / "ingest" / "integrations" / "jobs.py").exists()
 
 
 def project_dependencies_but_ray_and_torch() -> list[str]:

@@ -23,10 +23,10 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import torch
+from harness import Config, Job, main
 from torch import nn
 
 import ingest
-from ingest.integrations.jobs import Config, Job, main
 
 CONFIG = Path(__file__).parent / "configs" / "image.yaml"
 """The default config."""

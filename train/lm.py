@@ -19,9 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
+from harness import Config, Job, main
 from torch import nn
-
-from ingest.integrations.jobs import Config, Job, main
 
 CONFIG = Path(__file__).parent / "configs" / "lm.yaml"
 """The default config."""

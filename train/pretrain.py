@@ -35,12 +35,12 @@ from typing import Any
 import fsspec
 import numpy as np
 import torch
+from harness import Config, Fault, init_ray, parse_args, reader_pool
 from torch import nn
 
 import ingest
 import ingest.train
 from ingest.core.state import StreamState
-from ingest.integrations.jobs import Config, _Fault, _init_ray, _reader_pool, parse_args
 
 CONFIG = Path(__file__).parent / "configs" / "pretrain.yaml"
 EOS = "<eos>"
@@ -199,7 +199,7 @@ def train_loop(config: dict[str, Any]) -> None:
         seen, mix = saved["seen"], saved["mix"]
     ddp = DistributedDataParallel(model) if dist.get_world_size() > 1 else model
     rank = ray.train.get_context().get_world_rank()
-    fault = _Fault.from_config("pretrain", cfg)
+    fault = Fault.from_config("pretrain", cfg)
     every = int(cfg["train"]["checkpoint_every"])
 
     def save(directory: str) -> None:
@@ -292,7 +292,7 @@ def run(config: Config) -> dict[str, Any]:
         len(ingest.list_shards(p, storage_options=options).shards) for p in mix.sources.values()
     ]
     first_shard = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(int).tolist()
-    _init_ray(config)
+    init_ray(config)
     with ingest.RayStream(
         mix,
         batch_size=int(train_cfg["batch_size"]),
@@ -300,7 +300,7 @@ def run(config: Config) -> dict[str, Any]:
         shuffle_window=int(train_cfg.get("shuffle_window", 16_384)),
         world_size=int(train_cfg["workers"]),
         storage_options=data.get("storage_options"),
-        readers=_reader_pool(config),
+        readers=reader_pool(config),
         transform=tokenize,
         pack=ingest.Pack(
             seq_len=int(pack["seq_len"]),

@@ -1,2 +1,3 @@
-"""Integrations: Ray Train, ``ingest.DataLoader``, the Hugging Face Trainer, and the harness
-of the training jobs in ``train/`` (the metrics are the Ray service's: ingest.distributed)."""
+"""Integrations: Ray Train, ``ingest.DataLoader``, the Hugging Face Trainer and Ray Data (the
+metrics are the Ray service's: ingest.distributed; the training jobs' harness is not part of
+the library: ``train/harness.py``)."""

@@ -1,18 +1,30 @@
-"""Ray Train glue for training-job scripts: YAML config with overrides, the driver, the loop.
+"""The training jobs' harness: YAML config with overrides, the driver, the loop, the checks.
 
-A job (the scripts in the repository's ``train/``) is a model built per worker, a step
-function, a config file and a writer of synthetic data; :func:`main` does the rest. The
-driver builds the ``RayStream`` and the ``TorchTrainer``; the loop restores from the latest
-checkpoint, runs epochs, checkpoints every few steps (model + stream state of the same step)
-and reports per-epoch throughput and the data-stall share (time the rank waited for its next
-batch over the time of its steps). At the end :func:`report_exactly_once` checks, from a
-per-row counter kept in the checkpoint, that every row was trained on once per epoch.
+Not part of the library: the job scripts next to this file import it as their sibling
+module (``python train/lm.py`` puts ``train/`` first on ``sys.path``; so does
+``ray job submit --working-dir . -- python train/lm.py`` in the uploaded copy) and it uses
+only ``ingest``'s public API. The Ray workers may not have ``train/`` on their path (under
+a runtime env's ``working_dir`` only the working dir is), so this module registers itself
+to be pickled by value: what the workers run from it travels with the task.
+
+A job is a model built per worker, a step function, a config file and a writer of
+synthetic data; :func:`main` does the rest. The driver builds the ``RayStream`` and the
+``TorchTrainer``; the loop restores from the latest checkpoint, runs epochs, checkpoints
+every few steps (model + stream state of the same step) and reports per-epoch throughput and
+the data-stall share (time the rank waited for its next batch over the time of its steps).
+At the end :func:`report_exactly_once` checks, from a per-row counter kept in the
+checkpoint, that every row was trained on once per epoch.
 
     # train/lm.py
+    from harness import Config, Job, main
+
     CONFIG = Path(__file__).parent / "configs" / "lm.yaml"
     JOB = Job("lm", build, step, columns=["id", "tokens"])
     if __name__ == "__main__":
         sys.exit(main(JOB, CONFIG, "*.parquet", _generate, description=__doc__))
+
+A job with a loop of its own (``train/pretrain.py``) takes the pieces: :func:`parse_args`,
+:func:`init_ray`, :func:`reader_pool` and :class:`Fault`.
 """
 
 from __future__ import annotations
@@ -21,6 +33,7 @@ import argparse
 import copy
 import json
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import fsspec
 import torch
 import yaml
+from ray import cloudpickle
 
 import ingest
 import ingest.train
@@ -41,6 +55,9 @@ if TYPE_CHECKING:
     from ingest.distributed.rank import RankIterator
     from ingest.distributed.ray_mix import MixedRankIterator
     from ingest.distributed.ray_stream import RayStream
+
+# Workers import nothing from train/: what they run from here is pickled with the task.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
 
 INGEST_RESOURCE = "ingest"
 """Custom resource of the CPU nodes that run read tasks and decode actors (see cluster/)."""
@@ -135,7 +152,7 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class _Fault:
+class Fault:
     """An injected failure: rank 1 exits at ``die_at_step`` once (``marker`` remembers it).
 
     Attributes:
@@ -149,7 +166,16 @@ class _Fault:
     marker: str
 
     @classmethod
-    def from_config(cls, name: str, cfg: Config) -> _Fault:
+    def from_config(cls, name: str, cfg: Config) -> Fault:
+        """The fault a job's config asks for (``fault.die_at_step``, ``fault.marker``).
+
+        Args:
+            name: The job name, for the log line.
+            cfg: The job's config; no ``fault`` section: never.
+
+        Returns:
+            The fault.
+        """
         fault = cfg.get("fault", {})
         return cls(
             name=name,
@@ -251,7 +277,7 @@ def _train_epoch(
 
     rank = ray.train.get_context().get_world_rank()
     every = int(cfg["train"]["checkpoint_every"])
-    fault = _Fault.from_config(job.name, cfg)
+    fault = Fault.from_config(job.name, cfg)
     epoch = it.upcoming_epoch()
     times = _EpochTimes()
     mark = time.perf_counter()
@@ -302,8 +328,13 @@ def train_loop(config: Config) -> None:
     ingest.train.report(it, {"loss": loss, "done": True}, save=worker.save)
 
 
-def _init_ray(config: Config) -> None:
-    """Join the cluster at ``RAY_ADDRESS``, or start a local Ray big enough for the job."""
+def init_ray(config: Config) -> None:
+    """Join the cluster at ``RAY_ADDRESS``, or start a local Ray big enough for the job.
+
+    Args:
+        config: The job's config: ``train.workers`` and ``readers.max_size`` size a local
+            Ray (room for the workers, the read tasks and the decode actors).
+    """
     import ray
 
     if ray.is_initialized():
@@ -317,8 +348,17 @@ def _init_ray(config: Config) -> None:
     ray.init(num_cpus=max(os.cpu_count() or 1, 2 * workers + readers_max + 2))
 
 
-def _reader_pool(config: Config) -> ingest.ReaderPool:
-    """The stream's reader pool from ``readers`` and ``placement.ingest_nodes``."""
+def reader_pool(config: Config) -> ingest.ReaderPool:
+    """The stream's reader pool from ``readers`` and ``placement.ingest_nodes``.
+
+    Args:
+        config: The job's config: ``readers.min_size``, ``max_size``, ``num_cpus`` and
+            ``autoscale``; ``placement.ingest_nodes: true`` puts the pool on the nodes that
+            declare :data:`INGEST_RESOURCE`.
+
+    Returns:
+        The pool, for ``ingest.RayStream(readers=...)``.
+    """
     readers = config.get("readers", {})
     on_ingest_nodes = config.get("placement", {}).get("ingest_nodes")
     # readers.autoscale: true sizes the pool between min_size and max_size while the job
@@ -373,7 +413,7 @@ def run(job: Job, config: Config) -> dict[str, Any]:
     Raises:
         SystemExit: If the run ended without a checkpoint.
     """
-    _init_ray(config)
+    init_ray(config)
     data, train_cfg = config["data"], config["train"]
     listing = ingest.list_shards(
         data["url"], storage_options=data.get("storage_options"), format=job.format
@@ -387,7 +427,7 @@ def run(job: Job, config: Config) -> dict[str, Any]:
         shuffle_seed=train_cfg.get("seed", 0),
         world_size=int(train_cfg["workers"]),
         storage_options=data.get("storage_options"),
-        readers=_reader_pool(config),
+        readers=reader_pool(config),
         transform=job.transform,
     ) as stream:
         result = _trainer(job, config, stream, total).fit()
