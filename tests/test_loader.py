@@ -279,3 +279,37 @@ def test_a_dataloader_round_with_nothing_new_waits_for_the_next_shard(local: Any
     assert second, "the round waited for the shard written after it started"
     got = first + second
     assert len(got) == len(set(got)) and 200 - len(got) < 2 * BATCH
+
+
+def test_a_state_saved_again_before_any_batch_keeps_the_row_counts_it_knew(
+    tmp_path: Any,
+) -> None:
+    """Row counts of unindexed JSONL shards are known to a state taken with two workers
+    (several ranks count them); a Stream that loaded it and was saved again before its
+    first batch wrote them as unknown, so the next load at two workers counted every shard
+    again (a whole read of the dataset). The counts it knew are kept."""
+    import fsspec
+
+    root = f"file://{tmp_path}/j"
+    write_dataset(fsspec.filesystem("file"), root, "jsonl", 3, 200)
+    loader = ingest.DataLoader(stream_of(root), num_workers=2)
+    try:
+        for n, _ in enumerate(loader, 1):
+            if n == 5:
+                break
+        state = loader.state_dict()
+    finally:
+        loader.close()
+    counts = [shard[3] for shard in state["dataset"]["shards"]]
+    assert counts == [200, 200, 200]
+    again = stream_of(root)
+    again.load_state_dict(state)
+    saved = again.state_dict()
+    assert [shard[3] for shard in saved["dataset"]["shards"]] == counts
+    rest = ingest.DataLoader(stream_of(root), num_workers=2)
+    try:
+        rest.load_state_dict(saved)
+        got = Counter(ids(rest))
+    finally:
+        rest.close()
+    assert max(got.values()) == 1

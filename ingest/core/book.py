@@ -283,6 +283,7 @@ class EpochBook(Generic[L]):
                 epoch, step, listing, carry, main, carried, p.delivered, p.dropped, step, None
             )
         planned.owed = owed_in(start, listing)
+        planned.dataset = planned.dataset.with_counts_of(start.dataset)
         return planned
 
     def rank_plan(self, rank: int, epoch: int) -> FeedPlan[L]:

@@ -50,6 +50,23 @@ class DatasetState:
             self._counts = counts
         return self._counts
 
+    def with_counts_of(self, other: DatasetState) -> DatasetState:
+        """These shards with the row counts ``other`` knew where these say none (``other``
+        is a state's listing that this one matched: the same shards, unchanged). A stream
+        of one rank lists without counting, so a state it loaded and saved again before a
+        batch said "unknown" for counts the state knew, and the next load at several ranks
+        counted every shard again: a whole read of an unindexed dataset."""
+        mine = self.counts
+        if not (mine < 0).any() or not (other.counts >= 0).any():
+            return self
+        theirs = zip(other.shards, other.counts.tolist(), strict=True)
+        known = {r.url: n for r, n in theirs if n >= 0}
+        records = [
+            r._replace(rows=known[r.url]) if n < 0 and r.url in known else r
+            for r, n in zip(self.shards, mine.tolist(), strict=True)
+        ]
+        return DatasetState(list(self.sources), records, classes=self.classes)
+
     @property
     def packed(self) -> bool:
         """Whether the JSON is the packed form (version 3)."""
