@@ -358,3 +358,60 @@ def test_origins_that_are_not_integers_are_refused(data: str, origin: Any, packe
     ):
         next(iter(stream))
     stream.close()
+
+
+# -- stages in a list: each runs on what the one before made (issue 33, item 1) -------------
+
+
+def _plus_thousand(table: pa.Table) -> pa.Table:
+    """A plain transform: one row per row, ``id + 1000`` as ``shifted``."""
+    return table.append_column("shifted", pc.add(table["id"], 1000))
+
+
+def test_a_list_of_stages_chains_them_exact_through_a_stop_at_another_world_size(
+    data: str,
+) -> None:
+    """``transform=[filter, split, plain]``: a filter before a one-to-many stage and a plain
+    transform, with no composite written by hand. Every output comes once through a stop
+    with two DataLoader workers resumed on one Stream; the plain transform saw the split
+    rows (``shifted`` is on every output), and the chain's origins are the first input rows
+    (the state consumes input rows only)."""
+    chain = [ingest.Filter(_even_ids), Halves, _plus_thousand]
+    loader = ingest.DataLoader(_stream(data, chain), num_workers=2)
+    before: Counter[tuple[int, int]] = Counter()
+    for n, batch in enumerate(loader):
+        assert batch["shifted"].tolist() == [i + 1000 for i in batch["id"].tolist()]
+        before.update(_outputs(batch))
+        if n == 4:
+            break
+    state = loader.state_dict()
+    loader.close()
+    resumed = _stream(data, chain)
+    resumed.load_state_dict(state)
+    after: Counter[tuple[int, int]] = Counter(o for b in resumed for o in _outputs(b))
+    both = before + after
+    assert max(both.values()) == 1
+    carried = _carried(resumed.state_dict())
+    ids = range(SHARDS * ROWS)
+    expected = Counter((i, p) for i in ids if i % 2 == 0 and i not in carried for p in (0, 1))
+    assert both == expected
+
+
+def test_a_single_stage_in_a_list_is_that_stage(data: str) -> None:
+    got = Counter(o for b in _stream(data, [KeepEven]) for o in _outputs(b))
+    alone = Counter(o for b in _stream(data, KeepEven) for o in _outputs(b))
+    assert got == alone and got
+
+
+def test_two_stages_that_both_cut_rows_into_parts_are_refused(data: str) -> None:
+    """A part is ``[start, stop)`` in the input row's own units; parts of parts would need
+    the units of both stages: refused, naming the rule."""
+    with pytest.raises(ingest.ConfigError, match="one stage of a list may give parts"):
+        next(iter(_stream(data, [Halves, Halves])))
+
+
+def test_a_list_that_is_empty_or_holds_a_non_callable_is_refused(data: str) -> None:
+    with pytest.raises(ingest.ConfigError, match="empty"):
+        _stream(data, [])
+    with pytest.raises(ingest.ConfigError, match="neither a function nor a class"):
+        _stream(data, [KeepEven, 3])

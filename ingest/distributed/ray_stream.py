@@ -63,7 +63,8 @@ class RayStream:
             steps, and a batch that lost rows to it is short (or empty).
         transform: Run on every batch in the reader pool: a function over an Arrow table,
             or a class constructed once per reader actor. It keeps one row per input row, or
-            is an :class:`ingest.Stage` (:mod:`ingest.engine.stage`).
+            is an :class:`ingest.Stage` (:mod:`ingest.engine.stage`); a list of them runs in
+            order, each on what the one before made.
         index: Where the persistent shard index lives (default: the user's cache directory;
             an fsspec URL shares it across a cluster; None: in memory only). With several
             ranks, shards without footer row counts are indexed once, by Ray tasks on the

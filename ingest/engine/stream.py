@@ -76,6 +76,9 @@ class Stream:
         transform: Run on each batch (as an Arrow table) before conversion to torch: a
             function, or a class built once. It keeps one output row per input row, or is an
             :class:`ingest.Stage` that may filter or split rows (:mod:`ingest.engine.stage`).
+            A list of them runs each on what the one before made
+            (``[ingest.Filter(...), ingest.Tokenize(...)]``; see
+            :class:`ingest.engine.transform.Chain`).
         progress: Show a progress bar while footers are read at listing time.
         follow: Read a dataset written while the stream runs: each epoch is a round over
             the shards that appeared since the last one, which waits for new shards

@@ -9,21 +9,23 @@ record batch or a dict of arrays/tensors, with one row per input row, in order; 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError
-from ingest.engine.stage import Staged
+from ingest.engine.stage import Stage, Staged
 
-Transform = Callable[[pa.Table], Any] | type
+Transform = Callable[[pa.Table], Any] | type | Sequence[Callable[[pa.Table], Any] | type]
 """A function over a batch as an Arrow table, or a class whose instances are such functions
 (built once per worker: once per :class:`Stream`, once per pool actor of a RayStream). It
 returns a table, a record batch or a dict of arrays/tensors, one row per input row (or, an
-:class:`ingest.Stage`, a :class:`ingest.Staged`)."""
+:class:`ingest.Stage`, a :class:`ingest.Staged`). A list (or tuple) of them runs each on what
+the one before made, in order (:class:`ingest.engine.stage.Chain`)."""
 
 
 def build_transform(transform: Transform | None) -> Callable[[pa.Table], Any] | None:
@@ -35,6 +37,14 @@ def build_transform(transform: Transform | None) -> Callable[[pa.Table], Any] | 
     """
     if transform is None:
         return None
+    if isinstance(transform, (list, tuple)):
+        if not transform:
+            raise ConfigError(
+                "transform=[] is an empty list of stages; pass None for no transform, or "
+                "the stages to run in order"
+            )
+        built = [build_transform(t) for t in transform]
+        return built[0] if len(built) == 1 else Chain([b for b in built if b is not None])
     if isinstance(transform, type):
         name = transform.__qualname__
         try:
@@ -92,7 +102,7 @@ def staged(fn: Callable[[pa.Table], Any], table: pa.Table) -> Staged:
         ConfigError: If the result is not table-like, has another number of rows (not a
             stage's), or is a stage's whose origins do not fit the batch.
     """
-    name = getattr(fn, "__qualname__", type(fn).__qualname__)
+    name = _name(fn)
     got = fn(table)
     if isinstance(got, Staged):  # a stage: any number of rows, with their origins
         got.check(table.num_rows, name)
@@ -107,6 +117,48 @@ def staged(fn: Callable[[pa.Table], Any], table: pa.Table) -> Staged:
             "input row)"
         )
     return Staged(out, np.arange(table.num_rows, dtype=np.int64))
+
+
+class Chain(Stage):
+    """Stages (and plain transforms) run in order, each on what the one before made: the
+    callable of ``transform=[ingest.Filter(...), ingest.Tokenize(...)]``.
+
+    Its result maps every output row to the input row of the batch it came from, through
+    every stage (the origins compose), so acks, states and resumes stay exact at the level
+    of input rows, as for one stage. At most one stage of the chain may give parts of rows
+    (:class:`ingest.Staged`'s ``part``): a part is in its input row's own units (tokens,
+    say), and parts of parts would need the units of both.
+
+    Each stage's results are checked as a stage's alone are (:func:`staged`). The chain
+    runs its batches ``parallel_batches`` at a time, the fewest any of its stages allows.
+    """
+
+    def __init__(self, stages: Sequence[Callable[[pa.Table], Any]]) -> None:
+        self.stages = list(stages)
+        self.parallel_batches = min(parallel_batches(fn) for fn in self.stages)
+
+    def __call__(self, table: pa.Table) -> Staged:
+        origin = np.arange(table.num_rows, dtype=np.int64)
+        part: npt.NDArray[np.int64] | None = None
+        for fn in self.stages:
+            made = staged(fn, table)
+            origin = origin[made.origin]
+            if made.part is not None:
+                if part is not None:
+                    raise ConfigError(
+                        f"transform list: {_name(fn)} gives parts of rows after an earlier "
+                        "stage did; only one stage of a list may give parts of rows (a part "
+                        "is in its input row's own units): cut rows into parts once"
+                    )
+                part = np.asarray(made.part, dtype=np.int64)
+            elif part is not None:
+                part = part[made.origin]
+            table = made.table
+        return Staged(table, origin, part)
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__qualname__", type(fn).__qualname__))
 
 
 def apply(fn: Callable[[pa.Table], Any], table: pa.Table) -> pa.Table:
@@ -173,6 +225,7 @@ def split_failures(
 
 
 __all__ = [
+    "Chain",
     "Transform",
     "apply",
     "as_table",
