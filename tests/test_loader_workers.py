@@ -237,3 +237,21 @@ def test_forked_workers_never_collect_the_main_processs_objects(data: str) -> No
         loader.close()
     assert min(frozen) >= len(held), frozen
     assert gc.get_freeze_count() == 0, "the main process's objects are collected as before"
+
+
+def test_a_freeze_of_the_callers_own_is_left_as_it_is(data: str) -> None:
+    """A process that froze its objects itself (a server's own fork discipline) keeps them
+    frozen: the loader does not unfreeze what it did not freeze."""
+    gc.freeze()
+    try:
+        mine = gc.get_freeze_count()
+        assert mine > 0
+        loader = ingest.DataLoader(stream_of(data), num_workers=1)
+        try:
+            assert ids(loader)
+        finally:
+            loader.close()
+        # Still frozen (unfrozen, it would be 0); a few of those objects were freed since.
+        assert gc.get_freeze_count() > mine // 2
+    finally:
+        gc.unfreeze()

@@ -83,10 +83,10 @@ class RankOptions:
             host-to-device copies.
         device: Move tensors to this device (``"cuda"``, ``"cuda:1"``, a ``torch.device``
             such as ``ray.train.torch.get_device()``) before yielding.
-
-    Both apply to every kind of batch (plain, packed, a mixture's) as it leaves the rank
-    (:func:`ingest.engine.convert.placed`).
         timeout_s: Longest wait for the coordinator, the pool or a snapshot.
+
+    ``pin_memory`` and ``device`` apply to every kind of batch (plain, packed, a mixture's)
+    as it leaves the rank (:func:`ingest.engine.convert.placed`).
     """
 
     fetch_batches: int = 16

@@ -396,12 +396,17 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             # docs advise before a fork): their collector never walks what they inherit.
             # It did, at a worker's first full collection, writing to every page it touched
             # (copy on write): 0.3-1.5 s of the first batch after a resume, in each worker
-            # at once. This process's own collection goes on as before (unfreeze).
-            gc.freeze()
+            # at once. This process's own collection goes on as before (unfreeze). A
+            # process that froze objects itself manages its collector across forks: its
+            # freeze is left as it is (unfreeze would undo it).
+            freeze = gc.get_freeze_count() == 0
+            if freeze:
+                gc.freeze()
             try:
                 workers.iterator = self._get_iterator()
             finally:
-                gc.unfreeze()
+                if freeze:
+                    gc.unfreeze()
         else:
             workers.send(order)
             workers.iterator._reset(self)  # what torch's own persistent __iter__ does
