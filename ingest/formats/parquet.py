@@ -37,13 +37,16 @@ from ingest.storage.sources import Shard, Source
 
 _TAIL_BYTES = 64 << 10
 # Ranges closer than _MAX_GAP are merged: on object stores the first byte of a request costs
-# tens of milliseconds, which buys megabytes of transfer. The gap is pyarrow's own model of
-# that trade (its hole size limit for a 50 ms first byte at 90 MiB/s: 4.5 MiB): a shard
-# resumed at 45% of an epoch has whole row groups consumed between groups left, and a gap
-# of 1 MiB made each run of groups a request of its own (16 requests against a fresh
-# epoch's 9). Merged ranges are cut into _MAX_BLOCK pieces that cat_ranges fetches
-# concurrently.
-_MAX_GAP = pa.CacheOptions.from_network_metrics(
+# tens of milliseconds, which buys about a megabyte of transfer. When every column is read,
+# a hole between ranges is the rows of row groups skipped (a shard resumed at 45% of an
+# epoch: whole groups consumed between groups left), and it is read through up to
+# _GROUPS_GAP, pyarrow's own model of that trade (its hole size limit for a 50 ms first byte
+# at 90 MiB/s: 4.5 MiB); with 1 MiB, each run of groups left was a request of its own (16
+# requests against a fresh epoch's 9). With a projection, a hole is mostly columns not asked
+# for, and stays at _MAX_GAP: a narrow column of wide row groups is not the whole file.
+# Merged ranges are cut into _MAX_BLOCK pieces that cat_ranges fetches concurrently.
+_MAX_GAP = 1 << 20
+_GROUPS_GAP = pa.CacheOptions.from_network_metrics(
     time_to_first_byte_millis=50, transfer_bandwidth_mib_per_sec=90
 ).hole_size_limit
 _MAX_BLOCK = 8 << 20
@@ -177,6 +180,9 @@ class _ParquetReader(ShardReader):
             self._file = ctx.source.open(ctx.shard)
         self._starts = list(info.blocks or (0,))
         self._leaves = _leaf_columns(info.meta, ctx.columns)
+        every = len(self._leaves) == info.meta.num_columns
+        self._gap = _GROUPS_GAP if every else _MAX_GAP
+        """Bytes between two ranges read through (see _GROUPS_GAP)."""
         meta = info.meta
         self._group_rows: list[int] = [
             meta.row_group(g).num_rows for g in range(meta.num_row_groups)
@@ -217,7 +223,7 @@ class _ParquetReader(ShardReader):
             [self.ctx.shard.url] * len(starts),
             starts,
             ends,
-            max_gap=_MAX_GAP,
+            max_gap=self._gap,
             max_block=_MAX_BLOCK,
             sort=True,
         )
