@@ -42,6 +42,19 @@ def open_shard(
     return catalog, catalog.scan()
 
 
+def _wide_parquet(rows: int, row_bytes: int, *, seed: int) -> bytes:
+    """Four row groups of ``rows`` rows: an ``id`` and ``row_bytes`` random bytes a row (no
+    dictionary, so that a group's bytes are its rows')."""
+    blob = np.random.default_rng(seed).integers(0, 256, rows * 4 * row_bytes, dtype=np.uint8)
+    payload = pa.FixedSizeBinaryArray.from_buffers(
+        pa.binary(row_bytes), rows * 4, [None, pa.py_buffer(blob.tobytes())]
+    )
+    table = pa.table({"id": np.arange(rows * 4), "blob": payload})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=rows, use_dictionary=False)
+    return bytes(sink.getvalue().to_pybytes())
+
+
 def read(
     catalog: Catalog,
     listing: Listing,
@@ -202,14 +215,7 @@ class TestParquet(FormatContract):
         against a fresh epoch's 9 in ``benchmarks/resume.py``). A gap of one 1.5 MiB row
         group costs less to read through than a request's first byte on an object store."""
         rows = 2048  # a consumed group is more rows than GAP_ROWS: not read through for rows
-        blob = np.random.default_rng(0).integers(0, 256, rows * 4 * 768, dtype=np.uint8)
-        payload = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(768), rows * 4, [None, pa.py_buffer(blob.tobytes())]
-        )
-        table = pa.table({"id": np.arange(rows * 4), "blob": payload})
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, row_group_size=rows, use_dictionary=False)
-        catalog, listing = open_shard(store, "parquet", sink.getvalue().to_pybytes())
+        catalog, listing = open_shard(store, "parquet", _wide_parquet(rows, 768, seed=0))
         ctx = listing.context(0, catalog.source, catalog.options, catalog.columns)
         assert ctx.info.meta.num_row_groups == 4
         assert ctx.info.meta.row_group(2).total_byte_size > 1 << 20
@@ -225,14 +231,7 @@ class TestParquet(FormatContract):
         """A projection's holes are columns not asked for: read through, a narrow column of
         wide row groups would fetch the whole file (here 4 MiB for 64 KiB of ids)."""
         rows = 2048
-        blob = np.random.default_rng(1).integers(0, 256, rows * 4 * 512, dtype=np.uint8)
-        payload = pa.FixedSizeBinaryArray.from_buffers(
-            pa.binary(512), rows * 4, [None, pa.py_buffer(blob.tobytes())]
-        )
-        table = pa.table({"id": np.arange(rows * 4), "blob": payload})
-        sink = pa.BufferOutputStream()
-        pq.write_table(table, sink, row_group_size=rows, use_dictionary=False)
-        catalog, listing = open_shard(store, "parquet", sink.getvalue().to_pybytes())
+        catalog, listing = open_shard(store, "parquet", _wide_parquet(rows, 512, seed=1))
         ctx = listing.context(0, catalog.source, catalog.options, ["id"])
         stats = catalog.source.stats
         before = stats.bytes_read

@@ -25,7 +25,7 @@ Transform = Callable[[pa.Table], Any] | type | Sequence[Callable[[pa.Table], Any
 (built once per worker: once per :class:`Stream`, once per pool actor of a RayStream). It
 returns a table, a record batch or a dict of arrays/tensors, one row per input row (or, an
 :class:`ingest.Stage`, a :class:`ingest.Staged`). A list (or tuple) of them runs each on what
-the one before made, in order (:class:`ingest.engine.stage.Chain`)."""
+the one before made, in order (:class:`Chain`)."""
 
 
 def build_transform(transform: Transform | None) -> Callable[[pa.Table], Any] | None:

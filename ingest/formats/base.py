@@ -199,14 +199,14 @@ class RowBatch:
             object.__setattr__(self, "share", int(self.data.nbytes))
         return self.share  # type: ignore[return-value]
 
-    def slice(self, offset: int, length: int, row: int | None = None) -> RowBatch:
-        """Rows ``[offset, offset + length)`` of ``data``, as rows from ``row`` (by default
-        ``self.row + offset``), with this batch's type, seek and share of its bytes."""
+    def slice(self, offset: int, length: int) -> RowBatch:
+        """Rows ``[offset, offset + length)`` of ``data``, as rows from ``self.row + offset``,
+        with this batch's type, seek and share of its bytes."""
         rows = int(self.data.num_rows)
-        if offset == 0 and length >= rows and row in (None, self.row):
+        if offset == 0 and length >= rows:
             return self
         share = self.nbytes * length // rows if rows else 0
-        at = self.row + offset if row is None else row
+        at = self.row + offset
         data = self.data.slice(offset, length)
         if type(self) is RowBatch:  # dataclasses.replace costs 3 times more
             return RowBatch(at, data, self.seek, share=share)
