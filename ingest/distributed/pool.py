@@ -504,7 +504,8 @@ class _Reader:
         if self._meter.due():  # every feed's depth: the rank taking now may always be one
             pool = len(self._peers) if self._reports_pool else None
             with self._lock:
-                depths = {r: f.depth for r, f in self._feeds.items()}
+                feeds = list(self._feeds.items())
+            depths = {r: f.depth for r, f in feeds}  # each under its feed's own lock
             self._meter.report(self.source.stats.as_dict(), depths, pool)
         return out
 

@@ -282,8 +282,10 @@ class RankFeed:
 
     @property
     def depth(self) -> int:
-        """Ready batches held for the rank now."""
-        return sum(isinstance(item, Item) for item in self._queue)
+        """Ready batches held for the rank now (counted under the lock that guards the queue:
+        the feed's thread puts and the rank's takes pop while the reader counts)."""
+        with self._cond:
+            return sum(isinstance(item, Item) for item in self._queue)
 
     def drop(self) -> None:
         """Stop, and fail the rank's takes here with :class:`FeedLostError`: the feed moved
