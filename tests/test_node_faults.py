@@ -1,6 +1,8 @@
-"""A node is removed mid-epoch (issue 8, faults 1 and 2), each in its own multi-node
-``ray.cluster_utils.Cluster`` (see node_faults_run.py): an ingest node running readers, the
-ingest node of the coordinator, the trainer node. Each ends with the per-id count of the
+"""A node is removed mid-epoch (issue 8, faults 1 and 2): an ingest node running readers, the
+ingest node of the coordinator, the trainer node. The three faults run one after the other
+on one multi-node ``ray.cluster_utils.Cluster`` in one process (see node_faults_run.py),
+started once for the module by :func:`shared_run` (one cluster instead of three: minutes
+less); each test checks its own fault's findings. Each ends with the per-id count of the
 final checkpoint: every row exactly once per epoch."""
 
 from __future__ import annotations
@@ -9,29 +11,82 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.node_faults_run import FAULTS, STDERR_MARK
+
 ROOT = Path(__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 1500
+"""The shared run's limit: three faults, each 1-2 minutes on a busy 2-core machine."""
+FAULT_OF = {
+    "test_an_ingest_node_removed_moves_the_pool": "reader",
+    "test_the_coordinators_node_removed": "coordinator",
+    "test_the_trainer_node_removed": "trainer",
+}
+"""Which fault each test checks; the shared run runs only those of the selected tests."""
+Found = dict[str, Any]
+"""What the shared run found for one fault (node_faults_run.run_fault)."""
 
-pytestmark = pytest.mark.system
+# The module's first test waits for the shared run in its setup.
+pytestmark = [pytest.mark.system, pytest.mark.timeout(RUN_TIMEOUT_S + 120)]
 
 
-def run(tmp_path: Path, which: str) -> dict:  # type: ignore[type-arg]
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "node_faults_run.py"), str(tmp_path), which],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
-        check=False,
-    )
-    assert out.returncode == 0, out.stderr[-5000:]
-    # The Ray processes of the cluster may print after the result line.
-    line = next(x for x in out.stdout.splitlines() if x.startswith('{"which"'))
-    found: dict = json.loads(line)  # type: ignore[type-arg]
-    found["stderr_tail"] = out.stderr[-4000:]  # for the messages of failed checks
+@pytest.fixture(scope="module")
+def shared_run(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Found]:
+    """Run the selected tests' faults on one cluster; what each fault found, by fault.
+
+    A fault whose run raised is ``{"which": ..., "failed": <traceback>}``; a fault that the
+    run did not reach (it died or timed out) is ``{"which": ..., "missing": <why>}``.
+    """
+    names = {getattr(item, "originalname", item.name) for item in request.session.items}
+    faults = [f for f in FAULTS if f in {FAULT_OF[n] for n in names & FAULT_OF.keys()}]
+    work = tmp_path_factory.mktemp("node-faults")
+    stdout, stderr = work / "stdout.txt", work / "stderr.txt"
+    with stdout.open("w") as out, stderr.open("w") as err:
+        try:
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "tests" / "node_faults_run.py"),
+                    str(work),
+                    ",".join(faults),
+                ],
+                stdout=out,
+                stderr=err,
+                timeout=RUN_TIMEOUT_S,
+                cwd=ROOT,
+                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+                check=False,
+            )
+            ended = f"the shared run exited with status {done.returncode}"
+        except subprocess.TimeoutExpired:
+            ended = f"the shared run was killed after {RUN_TIMEOUT_S} s"
+    log = stderr.read_text(errors="replace")
+    found: dict[str, Found] = {}
+    for fault in faults:
+        path = work / "results" / f"{fault}.json"
+        if path.exists():
+            found[fault] = json.loads(path.read_text())
+        else:
+            found[fault] = {"which": fault, "missing": f"{ended} before this fault ended"}
+        # This fault's part of the shared stderr (node_faults_run.STDERR_MARK), for the
+        # messages of failed checks; the whole tail when the fault did not start.
+        _, mark, own = log.partition(STDERR_MARK.format(fault))
+        nxt = [own.find(STDERR_MARK.format(f)) for f in faults]
+        own = own[: min([i for i in nxt if i >= 0], default=len(own))]
+        found[fault]["stderr_tail"] = (own if mark else log)[-4000:]
+    return found
+
+
+def run(shared_run: dict[str, Found], which: str) -> Found:
+    """The findings of fault ``which`` after the checks every fault shares."""
+    found = shared_run[which]
+    assert "missing" not in found, (found["missing"], found["stderr_tail"])
+    assert "failed" not in found, (found["failed"], found["stderr_tail"])
     assert found["removed"], "the node was removed mid-epoch"
     assert found["counts"] == [found["epochs"]] * len(found["counts"]), "every row once per epoch"
     assert found["final_epoch"] == found["epochs"]
@@ -39,12 +94,12 @@ def run(tmp_path: Path, which: str) -> dict:  # type: ignore[type-arg]
     return found
 
 
-def starts(found: dict) -> list[dict]:  # type: ignore[type-arg]
+def starts(found: Found) -> list[dict[str, Any]]:
     return [e for e in found["events"] if e["kind"] == "start"]
 
 
-def test_an_ingest_node_removed_moves_the_pool(tmp_path: Path) -> None:
-    found = run(tmp_path, "reader")
+def test_an_ingest_node_removed_moves_the_pool(shared_run: dict[str, Found]) -> None:
+    found = run(shared_run, "reader")
     gone = found["removed"]["node"]
     assert gone in found["reader_nodes"] and gone != found["coordinator_node"]
     assert gone not in found["reader_nodes_after"], "the readers moved"
@@ -55,8 +110,8 @@ def test_an_ingest_node_removed_moves_the_pool(tmp_path: Path) -> None:
     assert len(starts(found)) == 2, (starts(found), found["stderr_tail"])
 
 
-def test_the_coordinators_node_removed(tmp_path: Path) -> None:
-    found = run(tmp_path, "coordinator")
+def test_the_coordinators_node_removed(shared_run: dict[str, Found]) -> None:
+    found = run(shared_run, "coordinator")
     assert found["removed"]["node"] == found["coordinator_node"]
     assert found["coordinator_node_after"] in set(found["ingest_nodes"]) - {
         found["coordinator_node"]
@@ -67,8 +122,8 @@ def test_the_coordinators_node_removed(tmp_path: Path) -> None:
     assert len(restored) == 2, "Ray Train restarted the group from the checkpoint"
 
 
-def test_the_trainer_node_removed(tmp_path: Path) -> None:
-    found = run(tmp_path, "trainer")
+def test_the_trainer_node_removed(shared_run: dict[str, Found]) -> None:
+    found = run(shared_run, "trainer")
     gone = found["removed"]["node"]
     assert gone in found["trainer_nodes"]
     later = [e for e in starts(found) if e["t"] > found["removed"]["t"]]
