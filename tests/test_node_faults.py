@@ -65,7 +65,23 @@ def shared_run(
             ended = f"the shared run exited with status {done.returncode}"
         except subprocess.TimeoutExpired:
             ended = f"the shared run was killed after {RUN_TIMEOUT_S} s"
-    log = stderr.read_text(errors="replace")
+    return collect(work, faults, ended)
+
+
+def collect(work: Path, faults: list[str], ended: str) -> dict[str, Found]:
+    """What the shared run in ``work`` found for each of ``faults``, by fault.
+
+    Args:
+        work: The run's folder: ``results/<fault>.json`` and ``stderr.txt``.
+        faults: The faults it was asked to run.
+        ended: How the run ended, for the faults it wrote no result for.
+
+    Returns:
+        Each fault's result (``missing``: why there is none), with ``stderr_tail``: its own
+        part of the shared stderr (node_faults_run.STDERR_MARK), or the whole stderr's tail
+        when the fault did not start.
+    """
+    log = (work / "stderr.txt").read_text(errors="replace")
     found: dict[str, Found] = {}
     for fault in faults:
         path = work / "results" / f"{fault}.json"
@@ -73,11 +89,9 @@ def shared_run(
             found[fault] = json.loads(path.read_text())
         else:
             found[fault] = {"which": fault, "missing": f"{ended} before this fault ended"}
-        # This fault's part of the shared stderr (node_faults_run.STDERR_MARK), for the
-        # messages of failed checks; the whole tail when the fault did not start.
         _, mark, own = log.partition(STDERR_MARK.format(fault))
-        nxt = [own.find(STDERR_MARK.format(f)) for f in faults]
-        own = own[: min([i for i in nxt if i >= 0], default=len(own))]
+        later = [own.find(STDERR_MARK.format(f)) for f in faults]
+        own = own[: min([i for i in later if i >= 0], default=len(own))]
         found[fault]["stderr_tail"] = (own if mark else log)[-4000:]
     return found
 
@@ -129,3 +143,26 @@ def test_the_trainer_node_removed(shared_run: dict[str, Found]) -> None:
     later = [e for e in starts(found) if e["t"] > found["removed"]["t"]]
     assert len(later) == 2 and all(e["node"] != gone for e in later), later
     assert all(e["restored"] for e in later)
+
+
+def test_a_fault_that_failed_or_was_not_reached_fails_only_its_own_test(tmp_path: Path) -> None:
+    """The shared run's findings: each fault's own result, traceback or reason, and its own
+    part of the shared stderr (no cluster: the files the run writes, written here)."""
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "reader.json").write_text(
+        json.dumps({"which": "reader", "failed": "Traceback ...\nRuntimeError: boom"})
+    )
+    (tmp_path / "results" / "coordinator.json").write_text(json.dumps({"which": "coordinator"}))
+    (tmp_path / "stderr.txt").write_text(
+        "cluster up\n"
+        + "".join(f"{STDERR_MARK.format(f)}\n{f} says hello\n" for f in FAULTS[:2])
+        + "killed\n"
+    )
+    found = collect(tmp_path, list(FAULTS), "the shared run exited with status -9")
+    with pytest.raises(AssertionError, match="RuntimeError: boom"):
+        run(found, "reader")
+    with pytest.raises(AssertionError, match="exited with status -9 before this fault ended"):
+        run(found, "trainer")
+    assert found["reader"]["stderr_tail"] == "\nreader says hello\n"
+    assert found["coordinator"]["stderr_tail"] == "\ncoordinator says hello\nkilled\n"
+    assert "cluster up" in found["trainer"]["stderr_tail"], "not started: the whole tail"
