@@ -261,8 +261,12 @@ def test_a_new_stream_starts_every_ranks_feed_before_the_rank_asks(s3_data: Stor
     # the coordinator's (a random life in its high bits): each feed failed, the rank's
     # first take found no feed for its session and the reading started only then (the
     # cold-start benchmark's first batch came 1.3 s after the rank's first take).
+    # The feeds start once what the ranks are served is settled: when the driver makes the
+    # ranks' iterators (or sends the stream to them), before any rank takes; not at
+    # construction, which read for nothing when a state was loaded next (test_resume_seek).
     with make(s3_data, "parquet", 2) as stream:
         session = ray.get(stream.coordinator.session.remote(), timeout=60)
+        stream.rank_iterator(0)  # made, never iterated: every rank's feed starts
         deadline = time.monotonic() + 60
         while True:
             feeds = [

@@ -121,8 +121,9 @@ def test_two_ranks_on_one_reader_hold_their_batches_within_the_budget(
         transform=_decode_slowly,
         timeout_s=60,
     ) as stream:
+        its = [stream.rank_iterator(r) for r in range(2)]  # the feeds start (warm)
         settled = held_once_settled(stream)
-        ranks = ray.get([drain.remote(stream.rank_iterator(r)) for r in range(2)], timeout=240)
+        ranks = ray.get([drain.remote(it) for it in its], timeout=240)
         after = stream.stats()
     one_batch = batch * ROW_BYTES
     peak = settled["peak_queued_bytes"]

@@ -188,8 +188,8 @@ class RayStream:
         """With ``ReaderPool(autoscale=...)``, what sizes the pool (its ``history``)."""
         if self.pool.autoscale is not None:
             self.sizer = PoolSizer(self._pool, self.coordinator, self.pool.autoscale, self.name)
-        for rank in range(world_size):  # in the coordinator's first session
-            self._reader(rank).warm.remote(rank, None, 0)
+        self._warmed = False
+        """Whether the ranks' feeds were started (:meth:`_warm`)."""
         # The source is listed here while the actors' processes start; a bad URL fails here.
         # Shards without row counts are indexed by Ray tasks on the pool's nodes (once: the
         # index persists, see StreamSpec.index).
@@ -227,7 +227,21 @@ class RayStream:
         except Exception as e:
             raise unwrap(e) from None
 
+    def _warm(self) -> None:
+        """Start every rank's feed in the coordinator's session now, before the ranks ask
+        (their first batch comes sooner), once what they will be served is settled: at the
+        first rank iterator or when the stream is sent to the ranks, unless a loaded state
+        warmed them. Warming at construction read each rank's first shard for the fresh
+        plan, then again for a state loaded right after (``test_resume_seek``)."""
+        if self.mixed is not None or self._warmed:
+            return
+        self._warmed = True
+        for rank in range(self.world_size):
+            self._reader(rank).warm.remote(rank, None, 0)
+
     def __getstate__(self) -> dict[str, Any]:
+        # Sent to the ranks (a TorchTrainer's config): what they are served is settled.
+        self._warm()
         # A copy sent to a task never sizes the pool: the driver's sizer alone does.
         return {**self.__dict__, "sizer": None}
 
@@ -247,6 +261,7 @@ class RayStream:
             raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
         if self.mixed is not None:
             return self.mixed.rank_iterator(rank, options)
+        self._warm()
         return RankIterator(
             self.coordinator,
             self._reader(rank),
@@ -295,6 +310,7 @@ class RayStream:
                 time.sleep(0.5)
         self.loaded_state = dict(state)
         first = self._get(self.coordinator.first_epoch.remote())
+        self._warmed = True
         for rank in range(self.world_size):
             self._reader(rank).warm.remote(rank, session, first)
 
