@@ -44,6 +44,7 @@ from ray.cluster_utils import Cluster
 
 import ingest
 from ingest.testing import write_dataset
+from tests.test_node_faults import STDERR_MARK
 from tests.train_jobs import harness
 
 SHARDS, ROWS, BATCH, EPOCHS, RANKS = 8, 300, 50, 2, 2
@@ -54,8 +55,6 @@ FAULTS = ("reader", "coordinator", "trainer")
 """The faults, in the order they run on the shared cluster."""
 NEEDS = {"reader": (2, 1), "coordinator": (2, 1), "trainer": (1, 2)}
 """Ingest and trainer nodes each fault needs alive when it starts."""
-STDERR_MARK = "=== fault {} ==="
-"""The stderr line that starts each fault's output."""
 
 
 def loop(config: dict[str, Any]) -> None:

@@ -15,8 +15,6 @@ from typing import Any
 
 import pytest
 
-from tests.node_faults_run import FAULTS, STDERR_MARK
-
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 1500
 """The shared run's limit: three faults, each 1-2 minutes on a busy 2-core machine."""
@@ -26,6 +24,11 @@ FAULT_OF = {
     "test_the_trainer_node_removed": "trainer",
 }
 """Which fault each test checks; the shared run runs only those of the selected tests."""
+FAULTS = list(FAULT_OF.values())
+"""Every fault, in the order the shared run runs them (node_faults_run.FAULTS)."""
+STDERR_MARK = "=== fault {} ==="
+"""The line node_faults_run writes to stderr as each fault starts (it imports this one; this
+module does not import it: its imports, Ray's cluster tools and torch, take seconds)."""
 Found = dict[str, Any]
 """What the shared run found for one fault (node_faults_run.run_fault)."""
 
@@ -78,7 +81,7 @@ def collect(work: Path, faults: list[str], ended: str) -> dict[str, Found]:
 
     Returns:
         Each fault's result (``missing``: why there is none), with ``stderr_tail``: its own
-        part of the shared stderr (node_faults_run.STDERR_MARK), or the whole stderr's tail
+        part of the shared stderr (:data:`STDERR_MARK`), or the whole stderr's tail
         when the fault did not start.
     """
     log = (work / "stderr.txt").read_text(errors="replace")
