@@ -296,7 +296,7 @@ def test_a_throttled_info_reported_as_not_found_is_transient() -> None:
     response's status, kept as its cause, says whether the file is gone or the server busy."""
     import aiohttp
 
-    from ingest.storage.sources.faults import _not_found, _transient
+    from ingest.storage.sources.faults import is_not_found, is_transient
 
     def reported(status: int) -> FileNotFoundError:
         try:
@@ -308,9 +308,9 @@ def test_a_throttled_info_reported_as_not_found_is_transient() -> None:
             return e
 
     for status in (429, 503, 500):
-        assert _transient(reported(status)) and not _not_found(reported(status)), status
-    assert not _transient(reported(404)) and _not_found(reported(404))
-    assert not _transient(FileNotFoundError("x")) and _not_found(FileNotFoundError("x"))
+        assert is_transient(reported(status)) and not is_not_found(reported(status)), status
+    assert not is_transient(reported(404)) and is_not_found(reported(404))
+    assert not is_transient(FileNotFoundError("x")) and is_not_found(FileNotFoundError("x"))
 
 
 SECRET = "Bearer s3cr3t-http-t0ken"

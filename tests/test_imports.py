@@ -175,3 +175,29 @@ def _all_imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
     return out
+
+
+def _private_imports(path: Path) -> list[str]:
+    """The ``_private`` names ``path`` imports from another ``ingest`` module (dunders aside)."""
+    return [
+        f"line {node.lineno}: from {node.module} import {a.name}"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ingest")
+        for a in node.names
+        if a.name.startswith("_") and not a.name.startswith("__")
+    ]
+
+
+def test_no_module_imports_a_private_name_of_another() -> None:
+    """A name another module uses is part of its module's interface, so it has a public name
+    (STYLE.md 19: a file that imports another's ``_private`` names wants an interface; issue
+    33, item 5). The subpackages' own ``__init__`` exports what users see, so a public name
+    in a module of ``ingest.core.state`` or ``ingest.storage.sources`` stays internal."""
+    root = Path(__file__).parents[1] / "ingest"
+    wrong = [
+        f"{path.relative_to(root.parent)} {found}: give the name a public one where it is "
+        "defined (a one-line docstring), or move the code that uses it there"
+        for path in sorted(root.rglob("*.py"))
+        for found in _private_imports(path)
+    ]
+    assert not wrong, f"{len(wrong)} imports of private names:\n" + "\n".join(wrong)

@@ -165,11 +165,11 @@ def test_second_job_reads_no_parquet_footer(store: Store, tmp_path: Path) -> Non
 def test_a_corrupt_footer_entry_is_ignored_and_rewritten(
     local: Store, tmp_path: Path, damage: str
 ) -> None:
-    from ingest.planner.index.entries import _footer_name
+    from ingest.planner.index.entries import footer_name
 
     write_dataset(local.fs, local.url("d"), "parquet", 2, 200, row_group_rows=50)
     first = catalog(local, str(tmp_path / "idx"))[0].scan()
-    victim, other = (tmp_path / "idx" / _footer_name(s) for s in first.shards)
+    victim, other = (tmp_path / "idx" / footer_name(s) for s in first.shards)
     good = victim.read_bytes()
     doc = json.loads(good)
     victim.write_bytes(

@@ -44,12 +44,14 @@ from ingest.core.state import (
     DatasetState,
     ShardRecord,
     ShardTable,
-    _front_coded,
-    _pack_sets,
-    _shuffled,
-    _unpack_sets,
-    _version_hashes,
     packed_digest,
+)
+from ingest.core.state.packed import (
+    byte_shuffled,
+    front_coded,
+    pack_sets,
+    unpack_sets,
+    version_hashes,
 )
 from ingest.engine.feed import Feed, FeedConfig
 from ingest.formats.base import ReadOptions
@@ -527,8 +529,8 @@ def ref_front_coded(suffixes: list[bytes]) -> bytes:
     ]
     lengths = [len(s) - k for s, k in zip(suffixes, shared, strict=True)]
     return (
-        _shuffled(np.array(shared), "<u4")
-        + _shuffled(np.array(lengths), "<u4")
+        byte_shuffled(np.array(shared), "<u4")
+        + byte_shuffled(np.array(lengths), "<u4")
         + b"".join(s[k:] for s, k in zip(suffixes, shared, strict=True))
     )
 
@@ -563,16 +565,16 @@ def test_packed_columns_equal_the_per_shard_code(listing, skip) -> None:
     shards = [ShardRecord("s3://b/" + url, size, v, None) for url, size, v in listing]
     assert packed_digest(shards) == ref_packed_digest(shards)
     versions = [s.version for s in shards]
-    assert _version_hashes(versions).tolist() == ref_version_hashes(versions)
+    assert version_hashes(versions).tolist() == ref_version_hashes(versions)
     text = "".join(s.url for s in shards).encode()
     lengths = np.array([len(s.url.encode()) for s in shards], dtype=np.int64)
     skip = min([skip, *(len(s.url.encode()) for s in shards)])
     expected = ref_front_coded([s.url.encode()[skip:] for s in shards])
-    assert _front_coded(text, lengths, skip) == expected
+    assert front_coded(text, lengths, skip) == expected
 
 
 def ref_pack_sets(sets: dict[int, IntervalSet]) -> bytes:
-    """The bits column of :func:`ingest.core.state._pack_sets`, one set at a time."""
+    """The bits column of :func:`ingest.core.state.packed.pack_sets`, one set at a time."""
     bits = []
     for k in sorted(sets):
         pairs = list(sets[k])
@@ -586,9 +588,9 @@ def ref_pack_sets(sets: dict[int, IntervalSet]) -> bytes:
 def test_pack_sets_writes_each_set_as_its_bitmap(before) -> None:
     sets = {k: IntervalSet((a, a + n) for a, n in v) for k, v in before.items()}
     sets = {k: v for k, v in sets.items() if len(v)}
-    packed = _pack_sets(*stack(sorted(sets.items())))
+    packed = pack_sets(*stack(sorted(sets.items())))
     assert zlib.decompress(base64.b64decode(packed["bits"])) == ref_pack_sets(sets)
-    back = {int(k): v for k, v in _unpack_sets(packed, "x").items()}
+    back = {int(k): v for k, v in unpack_sets(packed, "x").items()}
     assert back == sets
 
 

@@ -88,14 +88,7 @@ from ingest.core.state.checks import FIX, MAX_STATE_BYTES, STATE_VERSION, refuse
 from ingest.core.state.consumed import Consumed, Intervals
 from ingest.core.state.dataset import DatasetState
 from ingest.core.state.matching import match_listing
-from ingest.core.state.packed import (
-    PackedFingerprint,
-    _front_coded,
-    _pack_sets,
-    _shuffled,
-    _unpack_sets,
-    _version_hashes,
-)
+from ingest.core.state.packed import PackedFingerprint
 from ingest.core.state.parts import Cursor, DistributedState, PositionState, ProgressState
 from ingest.core.state.schema import StreamState
 from ingest.core.state.shards import ShardRecord, ShardTable, packed_digest
@@ -117,11 +110,6 @@ __all__ = [
     "ShardTable",
     "SourcesState",
     "StreamState",
-    "_front_coded",
-    "_pack_sets",
-    "_shuffled",
-    "_unpack_sets",
-    "_version_hashes",
     "match_listing",
     "packed_digest",
     "read_state",

@@ -34,13 +34,15 @@ def refuse(field: str, value: object, rule: str) -> StateError:
     return StateError(f"{field} is {value!r}, but {rule}: the state was edited or corrupted; {FIX}")
 
 
-def _int(value: object, what: str) -> int:
+def checked_int(value: object, what: str) -> int:
+    """``value`` if it is an integer from 0 to :data:`MAX_OFFSET`, else refused as ``what``."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_OFFSET:
         raise refuse(what, value, f"it must be an integer from 0 to {MAX_OFFSET}")
     return value
 
 
-def _index(key: object, shards: Sequence[ShardRecord]) -> int:
+def checked_index(key: object, shards: Sequence[ShardRecord]) -> int:
+    """``key`` (an integer or its string) as an index into ``shards``, else refused."""
     try:
         index = int(str(key))
     except ValueError:
@@ -50,23 +52,25 @@ def _index(key: object, shards: Sequence[ShardRecord]) -> int:
     return index
 
 
-def _list(value: object, what: str) -> list[Any]:
+def checked_list(value: object, what: str) -> list[Any]:
+    """``value`` if it is a JSON list, else refused as ``what``."""
     if not isinstance(value, list):
         raise StateError(f"{what} must be a JSON list, got {type(value).__name__}")
     return value
 
 
-def _check_size(data: str | bytes, max_bytes: int, what: str) -> None:
+def check_size(data: str | bytes, max_bytes: int, what: str) -> None:
     """Refuse JSON text of more than ``max_bytes`` bytes (UTF-8), before it is parsed."""
     if len(data) > max_bytes:
-        raise _too_large(
+        raise too_large(
             what, f"at least {len(data)}" if isinstance(data, str) else str(len(data)), max_bytes
         )
     if isinstance(data, str) and not data.isascii() and len(data.encode()) > max_bytes:
-        raise _too_large(what, str(len(data.encode())), max_bytes)
+        raise too_large(what, str(len(data.encode())), max_bytes)
 
 
-def _too_large(what: str, size: str, max_bytes: int) -> StateError:
+def too_large(what: str, size: str, max_bytes: int) -> StateError:
+    """The error for ``what`` of ``size`` bytes over ``max_bytes``, with the fix."""
     return StateError(
         f"{what} is {size} bytes, above the {max_bytes} byte limit (max_bytes): a stream "
         "state is O(shards), a few MB for a million shards. Pass the state that "

@@ -14,8 +14,8 @@ import numpy.typing as npt
 from ingest.core.errors import StateError
 from ingest.core.intervals import IntervalSet, stack
 from ingest.core.keyed import set_bounds
-from ingest.core.state.checks import FIX, _index, _int, refuse
-from ingest.core.state.packed import _pack_sets, _unpack_sets
+from ingest.core.state.checks import FIX, checked_index, checked_int, refuse
+from ingest.core.state.packed import pack_sets, unpack_sets
 from ingest.core.state.shards import ShardRecord, row_counts
 
 Intervals = tuple[npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]]
@@ -191,7 +191,7 @@ class Consumed:
         partial = sorted(k for k in completion.partial if not done_mask[k])
         sets = stack((k, self.sets[k]) for k in partial)
         if packed or len(sets[0]) > PACK_FROM_INTERVALS:
-            partial_json: dict[str, Any] = {"packed": _pack_sets(*sets)}
+            partial_json: dict[str, Any] = {"packed": pack_sets(*sets)}
         else:
             partial_json = {str(k): self.sets[k].to_json() for k in partial}
         return {
@@ -204,8 +204,8 @@ class Consumed:
     def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> Consumed:
         out = cls()
         for k, v in data.get("rows", {}).items():
-            index = _index(k, shards)
-            out.rows[index] = _int(v, f"progress.rows[{k}]")
+            index = checked_index(k, shards)
+            out.rows[index] = checked_int(v, f"progress.rows[{k}]")
             listed = shards[index].rows
             if listed is not None and listed != v:
                 raise refuse(
@@ -221,7 +221,7 @@ class Consumed:
                 f"progress.done: {e}; the state was edited or corrupted; {FIX}"
             ) from None
         for first, stop in done:
-            for index in range(_index(first, shards), _index(stop - 1, shards) + 1):
+            for index in range(checked_index(first, shards), checked_index(stop - 1, shards) + 1):
                 rows = out.rows_of(index, shards)
                 if rows is None:
                     raise StateError(
@@ -232,7 +232,7 @@ class Consumed:
         for k, v in _partial_sets(data.get("partial", {})).items():
             try:
                 got = v if isinstance(v, IntervalSet) else IntervalSet.from_json(v)
-                out.of(_index(k, shards)).update(got)
+                out.of(checked_index(k, shards)).update(got)
             except ValueError as e:
                 raise StateError(
                     f"progress.partial[{k}]: {e}; the state was edited or corrupted; {FIX}"
@@ -249,11 +249,11 @@ def _partial_sets(partial: Any) -> Mapping[str, Any]:
                 sorted(partial),
                 "it holds either the packed sets or sets by shard, not both",
             )
-        return _unpack_sets(partial["packed"], "progress.consumed.partial.packed")
+        return unpack_sets(partial["packed"], "progress.consumed.partial.packed")
     return partial  # type: ignore[no-any-return]
 
 
-def _check_bounds(progress: Consumed, shards: Sequence[ShardRecord], what: str) -> None:
+def check_bounds(progress: Consumed, shards: Sequence[ShardRecord], what: str) -> None:
     """Refuse consumed rows beyond a shard's known row count (an edited state)."""
     key, _, hi = stack(progress.sets.items())
     heads, tails = set_bounds(key)

@@ -11,9 +11,9 @@ import numpy as np
 import numpy.typing as npt
 
 from ingest.core.errors import StateError
-from ingest.core.state.checks import FIX, STATE_VERSION, _int, _list
-from ingest.core.state.packed import PackedFingerprint, _pack, _unpack
-from ingest.core.state.shards import ShardRecord, ShardTable, _Columns, digest, row_counts
+from ingest.core.state.checks import FIX, STATE_VERSION, checked_int, checked_list
+from ingest.core.state.packed import PackedFingerprint, pack_listing, unpack_listing
+from ingest.core.state.shards import ShardColumns, ShardRecord, ShardTable, digest, row_counts
 
 PACK_FROM_SHARDS = 10_000
 """Listings of this many shards or more are written packed (version 3)."""
@@ -76,12 +76,12 @@ class DatasetState:
         if self._json is None:
             made: dict[str, Any]
             if self.packed:
-                columns = _Columns.of(self.shards)
+                columns = ShardColumns.of(self.shards)
                 if self.fingerprint is None:
                     self.fingerprint = PackedFingerprint.of_columns(columns)
                 made = {
                     "digest": self.fingerprint.digest,
-                    "packed": _pack(columns.urls, self.counts, self.fingerprint),
+                    "packed": pack_listing(columns.urls, self.counts, self.fingerprint),
                 }
             else:
                 made = {
@@ -95,13 +95,13 @@ class DatasetState:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], version: int = STATE_VERSION) -> DatasetState:
-        sources = [str(s) for s in _list(data.get("sources", []), "dataset.sources")]
+        sources = [str(s) for s in checked_list(data.get("sources", []), "dataset.sources")]
         classes = tuple(_classes(data.get("classes", [])))
         if version >= 3 and "packed" in data:
-            shards, fingerprint = _unpack(data["packed"], data.get("digest"))
+            shards, fingerprint = unpack_listing(data["packed"], data.get("digest"))
             return cls(sources, shards, fingerprint, classes)
         shards = []
-        for n, entry in enumerate(_list(data["shards"], "dataset.shards")):
+        for n, entry in enumerate(checked_list(data["shards"], "dataset.shards")):
             if not isinstance(entry, list) or len(entry) != 4:
                 raise StateError(
                     f"dataset.shards[{n}] is {entry!r}, not [url, size, version, rows]"
@@ -110,9 +110,9 @@ class DatasetState:
             shards.append(
                 ShardRecord(
                     str(url),
-                    _int(size, f"dataset.shards[{n}] size"),
+                    checked_int(size, f"dataset.shards[{n}] size"),
                     str(version_),
-                    None if rows is None else _int(rows, f"dataset.shards[{n}] rows"),
+                    None if rows is None else checked_int(rows, f"dataset.shards[{n}] rows"),
                 )
             )
         if data.get("digest") not in (None, digest(shards)):
@@ -124,7 +124,7 @@ class DatasetState:
 
 
 def _classes(value: Any) -> list[str]:
-    names = _list(value, "dataset.classes")
+    names = checked_list(value, "dataset.classes")
     if not all(isinstance(n, str) for n in names) or names != sorted(set(names)):
         raise StateError(
             f"dataset.classes is {names[:5]!r}...: not a sorted list of distinct class names; "

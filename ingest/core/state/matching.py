@@ -9,7 +9,7 @@ import numpy as np
 
 from ingest.core.errors import StateError
 from ingest.core.state.dataset import DatasetState
-from ingest.core.state.packed import PackedFingerprint, _size_hashes, _version_hashes
+from ingest.core.state.packed import PackedFingerprint, size_hashes, version_hashes
 from ingest.core.state.shards import ShardRecord, packed_digest
 
 
@@ -101,8 +101,8 @@ def _changed_hashed(
     if not found:
         return []
     at = np.asarray([n for n, _ in found], dtype=np.int64)
-    sizes = _size_hashes([now.size for _, now in found])
-    versions = _version_hashes([now.version for _, now in found])
+    sizes = size_hashes([now.size for _, now in found])
+    versions = version_hashes([now.version for _, now in found])
     saved_versions = fingerprint.version_hashes[at]
     size_differs = sizes != fingerprint.size_hashes[at]
     version_differs = (saved_versions != 0) & (versions != 0) & (versions != saved_versions)

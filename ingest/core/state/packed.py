@@ -19,8 +19,8 @@ import numpy.typing as npt
 from ingest.core.errors import StateError
 from ingest.core.intervals import IntervalSet
 from ingest.core.keyed import set_bounds
-from ingest.core.state.checks import MAX_STATE_BYTES, _int
-from ingest.core.state.shards import ShardRecord, _Columns, _utf8
+from ingest.core.state.checks import MAX_STATE_BYTES, checked_int
+from ingest.core.state.shards import ShardColumns, ShardRecord, utf8_joined
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +39,11 @@ class PackedFingerprint:
 
     @classmethod
     def of(cls, shards: Sequence[ShardRecord]) -> PackedFingerprint:
-        return cls.of_columns(_Columns.of(shards))
+        return cls.of_columns(ShardColumns.of(shards))
 
     @classmethod
-    def of_columns(cls, columns: _Columns) -> PackedFingerprint:
-        return cls(columns.digest(), _size_hashes(columns.sizes), _version_hashes(columns.versions))
+    def of_columns(cls, columns: ShardColumns) -> PackedFingerprint:
+        return cls(columns.digest(), size_hashes(columns.sizes), version_hashes(columns.versions))
 
 
 # -- the packed listing ----------------------------------------------------------------------
@@ -53,7 +53,7 @@ _CHUNK = 1 << 16
 """URLs front-coded per numpy pass (bounds the memory of one pass)."""
 
 
-def _size_hashes(sizes: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
+def size_hashes(sizes: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np.uint8]:
     """8 bits of splitmix64 of each size."""
     with np.errstate(over="ignore"):
         z = np.asarray(sizes, dtype=np.uint64) + np.uint64(0x9E3779B97F4A7C15)
@@ -62,7 +62,7 @@ def _size_hashes(sizes: Sequence[int] | npt.NDArray[np.int64]) -> npt.NDArray[np
     return ((z ^ (z >> np.uint64(31))) >> np.uint64(56)).astype(np.uint8)
 
 
-def _version_hashes(versions: Sequence[str]) -> npt.NDArray[np.uint16]:
+def version_hashes(versions: Sequence[str]) -> npt.NDArray[np.uint16]:
     """16 bits of the CRC-32 of each version, never 0; 0 where there is no version."""
     crc = np.fromiter(map(zlib.crc32, map(str.encode, versions)), np.uint32, len(versions))
     crc |= np.uint32(1)
@@ -72,7 +72,7 @@ def _version_hashes(versions: Sequence[str]) -> npt.NDArray[np.uint16]:
     return hashes
 
 
-def _shuffled(values: npt.NDArray[Any], dtype: str) -> bytes:
+def byte_shuffled(values: npt.NDArray[Any], dtype: str) -> bytes:
     """Little-endian ``values`` with byte ``k`` of every value together (compresses better)."""
     raw = np.ascontiguousarray(values, dtype=dtype)
     width = raw.dtype.itemsize
@@ -85,12 +85,12 @@ def _unshuffled(raw: bytes, dtype: str, count: int) -> npt.NDArray[Any]:
     return np.ascontiguousarray(planes.T).view(dtype).ravel()
 
 
-def _front_coded(text: bytes, lengths: npt.NDArray[np.int64], skip: int = 0) -> bytes:
+def front_coded(text: bytes, lengths: npt.NDArray[np.int64], skip: int = 0) -> bytes:
     """Strings front-coded: ``shared`` (bytes in common with the previous string), the
     ``lengths`` of the rest, and the rest of each.
 
     Args:
-        text: The strings one after the other (:func:`_utf8`).
+        text: The strings one after the other (:func:`utf8_joined`).
         lengths: The length of each string in bytes.
         skip: Bytes at the start of every string that are left out (a common prefix).
     """
@@ -112,19 +112,20 @@ def _front_coded(text: bytes, lengths: npt.NDArray[np.int64], skip: int = 0) -> 
     rest = lengths - shared
     total = int(rest.sum())
     at = np.repeat(starts + shared - (np.cumsum(rest) - rest), rest) + np.arange(total)
-    return _shuffled(shared, "<u4") + _shuffled(rest, "<u4") + buf[at].tobytes()
+    return byte_shuffled(shared, "<u4") + byte_shuffled(rest, "<u4") + buf[at].tobytes()
 
 
-def _pack(
+def pack_listing(
     urls: Sequence[str], rows: npt.NDArray[np.int64], fingerprint: PackedFingerprint
 ) -> dict[str, Any]:
+    """The ``dataset.packed`` object of a listing: its columns, compressed, and their sha256."""
     prefix = _common_prefix(min(urls), max(urls)) if urls else ""
-    text, lengths = _utf8(urls)
+    text, lengths = utf8_joined(urls)
     columns = {
-        "urls": _front_coded(text, lengths, len(prefix.encode())),
-        "rows": _shuffled(rows, "<i8"),
+        "urls": front_coded(text, lengths, len(prefix.encode())),
+        "rows": byte_shuffled(rows, "<i8"),
         "size_hashes": fingerprint.size_hashes.tobytes(),
-        "version_hashes": _shuffled(fingerprint.version_hashes, "<u2"),
+        "version_hashes": byte_shuffled(fingerprint.version_hashes, "<u2"),
     }
     out: dict[str, Any] = {"count": len(urls), "prefix": prefix}
     for name, raw in columns.items():
@@ -170,7 +171,7 @@ def _inflated(data: Mapping[str, Any], name: str, limit: int) -> bytes:
     return raw
 
 
-def _unpack(data: object, expected: object) -> tuple[list[ShardRecord], PackedFingerprint]:
+def unpack_listing(data: object, expected: object) -> tuple[list[ShardRecord], PackedFingerprint]:
     """The shards and fingerprint of a ``dataset.packed`` object, checked."""
     if not isinstance(data, Mapping) or sorted(data) != sorted(_PACKED_FIELDS):
         got = sorted(data) if isinstance(data, Mapping) else type(data).__name__
@@ -178,7 +179,7 @@ def _unpack(data: object, expected: object) -> tuple[list[ShardRecord], PackedFi
             f"dataset.packed must be an object with the fields {list(_PACKED_FIELDS)}, "
             f"got {got}; pass the state unchanged"
         )
-    count = _int(data["count"], "dataset.packed.count")
+    count = checked_int(data["count"], "dataset.packed.count")
     prefix = data["prefix"]
     if not isinstance(prefix, str):
         raise StateError(f"dataset.packed.prefix must be a string, got {prefix!r}")
@@ -218,7 +219,7 @@ def _unpack(data: object, expected: object) -> tuple[list[ShardRecord], PackedFi
 
 
 def _front_decoded(raw: bytes, count: int, prefix: str) -> list[str]:
-    """The URLs of :func:`_front_coded` bytes, ``prefix`` put back."""
+    """The URLs of :func:`front_coded` bytes, ``prefix`` put back."""
     head = 8 * count
     if len(raw) < head:
         raise StateError(
@@ -255,7 +256,7 @@ def _front_decoded(raw: bytes, count: int, prefix: str) -> list[str]:
 _SET_FIELDS = ("shards", "from", "to", "bits")
 
 
-def _pack_sets(
+def pack_sets(
     key: npt.NDArray[np.int64], lo: npt.NDArray[np.int64], hi: npt.NDArray[np.int64]
 ) -> dict[str, str]:
     """Interval sets as one bitmap: each set's rows from its first to its last, byte-aligned.
@@ -281,16 +282,16 @@ def _pack_sets(
     ones[0::2] = True
     bits = np.packbits(np.repeat(ones, lengths), bitorder="little").tobytes()
     columns = {
-        "shards": _shuffled(np.diff(keys, prepend=0), "<u4"),
-        "from": _shuffled(first, "<i8"),
-        "to": _shuffled(extent, "<i8"),
+        "shards": byte_shuffled(np.diff(keys, prepend=0), "<u4"),
+        "from": byte_shuffled(first, "<i8"),
+        "to": byte_shuffled(extent, "<i8"),
         "bits": bits,
     }
     return {k: base64.b64encode(zlib.compress(v, 6)).decode() for k, v in columns.items()}
 
 
-def _unpack_sets(data: object, what: str) -> dict[str, IntervalSet]:
-    """The sets of :func:`_pack_sets`, keyed by shard index as a string (checked later)."""
+def unpack_sets(data: object, what: str) -> dict[str, IntervalSet]:
+    """The sets of :func:`pack_sets`, keyed by shard index as a string (checked later)."""
     fix = "the state was edited or truncated: save it again"
     if not isinstance(data, Mapping) or sorted(data) != sorted(_SET_FIELDS):
         raise StateError(f"{what} must be an object with the fields {list(_SET_FIELDS)}; {fix}")

@@ -9,8 +9,8 @@ from typing import Any
 
 from ingest.core.errors import StateError
 from ingest.core.quarantine import Quarantined
-from ingest.core.state.checks import _index, _int, _list, refuse
-from ingest.core.state.consumed import Consumed, _check_bounds
+from ingest.core.state.checks import checked_index, checked_int, checked_list, refuse
+from ingest.core.state.consumed import Consumed, check_bounds
 from ingest.core.state.dataset import DatasetState
 from ingest.core.state.shards import ShardRecord
 
@@ -52,11 +52,11 @@ class ProgressState:
     @classmethod
     def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> ProgressState:
         out = cls(
-            epoch=_int(data["epoch"], "progress.epoch"),
-            first_step=_int(data.get("first_step", 0), "progress.first_step"),
-            step=_int(data.get("step", 0), "progress.step"),
-            delivered=_int(data.get("delivered", 0), "progress.delivered"),
-            dropped=_int(data.get("dropped", 0), "progress.dropped"),
+            epoch=checked_int(data["epoch"], "progress.epoch"),
+            first_step=checked_int(data.get("first_step", 0), "progress.first_step"),
+            step=checked_int(data.get("step", 0), "progress.step"),
+            delivered=checked_int(data.get("delivered", 0), "progress.delivered"),
+            dropped=checked_int(data.get("dropped", 0), "progress.dropped"),
             consumed=Consumed.from_json(data.get("consumed", {}), shards),
             quarantined=_quarantined(data.get("quarantined", [])),
             tokens=_tokens(data.get("tokens", []), shards),
@@ -66,7 +66,7 @@ class ProgressState:
                 f"progress.first_step {out.first_step} is after progress.step {out.step}; "
                 "the state was edited: save it again"
             )
-        _check_bounds(out.consumed, shards, "progress.consumed")
+        check_bounds(out.consumed, shards, "progress.consumed")
         return out
 
 
@@ -74,14 +74,14 @@ def _tokens(data: Any, shards: Sequence[ShardRecord]) -> list[tuple[int, int, in
     """``progress.tokens`` checked: each ``[segment, shard, row, offset]`` names a row of a
     listed shard once, with an offset past its first token."""
     out: list[tuple[int, int, int, int]] = []
-    for n, entry in enumerate(_list(data, "progress.tokens")):
+    for n, entry in enumerate(checked_list(data, "progress.tokens")):
         what = f"progress.tokens[{n}]"
         if not isinstance(entry, list) or len(entry) != 4:
             raise refuse(what, entry, "it must be [segment, shard, row, offset]")
-        segment = _int(entry[0], f"{what} segment")
-        shard = _index(entry[1], shards)
-        row = _int(entry[2], f"{what} row")
-        offset = _int(entry[3], f"{what} offset")
+        segment = checked_int(entry[0], f"{what} segment")
+        shard = checked_index(entry[1], shards)
+        row = checked_int(entry[2], f"{what} row")
+        offset = checked_int(entry[3], f"{what} offset")
         rows = shards[shard].rows
         if segment > 1 or offset < 1 or (rows is not None and row >= rows):
             raise refuse(
@@ -132,17 +132,17 @@ class DistributedState:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> DistributedState:
-        world_size = _int(data.get("world_size", 1), "distributed.world_size")
+        world_size = checked_int(data.get("world_size", 1), "distributed.world_size")
         if world_size < 1:
             raise StateError("distributed.world_size must be >= 1")
         carry = data.get("carry") or {}
         spans = []
-        for entry in _list(carry.get("spans", []), "distributed.carry.spans"):
+        for entry in checked_list(carry.get("spans", []), "distributed.carry.spans"):
             if not isinstance(entry, list) or len(entry) != 3:
                 raise StateError(f"distributed.carry span {entry!r} is not [shard, start, stop]")
-            shard = _index(entry[0], shards)
-            start = _int(entry[1], "carry start")
-            stop = _int(entry[2], "carry stop")
+            shard = checked_index(entry[0], shards)
+            start = checked_int(entry[1], "carry start")
+            stop = checked_int(entry[2], "carry stop")
             rows = shards[shard].rows
             if stop < start or (rows is not None and stop > rows):
                 raise StateError(
@@ -151,7 +151,7 @@ class DistributedState:
                 )
             spans.append((shard, start, stop))
         consumed = Consumed.from_json({"partial": carry.get("consumed", {})}, shards)
-        _check_bounds(consumed, shards, "distributed.carry.consumed")
+        check_bounds(consumed, shards, "distributed.carry.consumed")
         return cls(world_size, spans, consumed, _owed(data.get("owed", []), shards))
 
 
@@ -159,12 +159,12 @@ def _owed(data: Any, shards: Sequence[ShardRecord]) -> list[tuple[int, int, int]
     """``distributed.owed`` checked: each ``[shard, row, offset]`` names a row of a listed
     shard; sorted (a row may be owed more than once)."""
     out = []
-    for n, entry in enumerate(_list(data, "distributed.owed")):
+    for n, entry in enumerate(checked_list(data, "distributed.owed")):
         what = f"distributed.owed[{n}]"
         if not isinstance(entry, list) or len(entry) != 3:
             raise refuse(what, entry, "it must be [shard, row, offset]")
-        shard = _index(entry[0], shards)
-        row, offset = _int(entry[1], f"{what} row"), _int(entry[2], f"{what} offset")
+        shard = checked_index(entry[0], shards)
+        row, offset = checked_int(entry[1], f"{what} row"), checked_int(entry[2], f"{what} offset")
         rows = shards[shard].rows
         if rows is not None and row >= rows:
             raise refuse(what, entry, f"its row must be below the shard's {rows} rows")
@@ -202,15 +202,15 @@ class PositionState:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise StateError(f"position.seed must be an integer or null, got {seed!r}")
         shuffle = data.get("shuffle") or {}
-        ranks = _list(data.get("ranks", []), "position.ranks")
+        ranks = checked_list(data.get("ranks", []), "position.ranks")
         for n, cursor in enumerate(ranks):
             if cursor is not None:
                 _check_cursor(cursor, f"position.ranks[{n}]")
         return cls(
             seed,
-            _int(data.get("batch_size", 0), "position.batch_size"),
-            _int(shuffle.get("window", 0), "position.shuffle.window"),
-            _int(shuffle.get("lanes", 0), "position.shuffle.lanes"),
+            checked_int(data.get("batch_size", 0), "position.batch_size"),
+            checked_int(shuffle.get("window", 0), "position.shuffle.window"),
+            checked_int(shuffle.get("lanes", 0), "position.shuffle.lanes"),
             list(ranks),
         )
 
@@ -224,7 +224,7 @@ def _check_cursor(cursor: object, what: str) -> None:
     """
     if not isinstance(cursor, dict) or "window" not in cursor or "lanes" not in cursor:
         raise refuse(what, cursor, 'a position is {"window": w, "lanes": [...]} or null')
-    _int(cursor["window"], f"{what}.window")
+    checked_int(cursor["window"], f"{what}.window")
     lanes = cursor["lanes"]
     if not isinstance(lanes, list):
         raise refuse(f"{what}.lanes", lanes, "it must be a list with one entry per lane")
@@ -238,4 +238,4 @@ def _check_cursor(cursor: object, what: str) -> None:
             raise refuse(where, lane, "its seek_row and seek_cursor are both null or both set")
         for name, value in zip(("span", "row", "seek_row", "seek_cursor"), lane, strict=True):
             if value is not None:
-                _int(value, f"{where} {name}")
+                checked_int(value, f"{where} {name}")

@@ -18,9 +18,9 @@ from ingest.core.state.checks import (
     FIX,
     MAX_STATE_BYTES,
     READ_VERSIONS,
-    _check_size,
-    _too_large,
+    check_size,
     refuse,
+    too_large,
 )
 from ingest.core.state.dataset import DatasetState
 from ingest.core.state.parts import DistributedState, PositionState, ProgressState
@@ -102,7 +102,7 @@ class StreamState:
     @classmethod
     def _parse(cls, data: object, max_bytes: int) -> StreamState:
         if isinstance(data, (str, bytes)):
-            _check_size(data, max_bytes, "the state")
+            check_size(data, max_bytes, "the state")
             try:
                 data = json.loads(data)
             except ValueError as e:
@@ -161,9 +161,7 @@ class StreamState:
                 size = str(os.fstat(file.fileno()).st_size)
             except (AttributeError, OSError, io.UnsupportedOperation):
                 size = f"more than {max_bytes}"
-            raise _too_large(
-                f"the state file {getattr(file, 'name', '')}".rstrip(), size, max_bytes
-            )
+            raise too_large(f"the state file {getattr(file, 'name', '')}".rstrip(), size, max_bytes)
         return cls.from_json(text, max_bytes=max_bytes)
 
     def check_counts(self) -> None:

@@ -107,10 +107,10 @@ def packed_digest(shards: Sequence[ShardRecord]) -> str:
     """sha256 over every shard's ``(url, size, version)`` (version 3; faster than
     :func:`digest`): the UTF-8 URLs and versions, each column after its lengths, and the
     sizes, as little-endian int64."""
-    return _Columns.of(shards).digest()
+    return ShardColumns.of(shards).digest()
 
 
-class _Columns(NamedTuple):
+class ShardColumns(NamedTuple):
     """A listing by column, for the packed form."""
 
     urls: Sequence[str]
@@ -118,7 +118,7 @@ class _Columns(NamedTuple):
     versions: Sequence[str]
 
     @classmethod
-    def of(cls, shards: Sequence[ShardRecord]) -> _Columns:
+    def of(cls, shards: Sequence[ShardRecord]) -> ShardColumns:
         if isinstance(shards, ShardTable):
             return cls(shards.urls, shards.sizes, shards.versions)
         if not shards:
@@ -130,14 +130,14 @@ class _Columns(NamedTuple):
         """:func:`packed_digest` of these columns."""
         h = hashlib.sha256()
         for column in (self.urls, self.versions):
-            text, lengths = _utf8(column)
+            text, lengths = utf8_joined(column)
             h.update(lengths.astype("<i8").tobytes())
             h.update(text)
         h.update(self.sizes.astype("<i8").tobytes())
         return h.hexdigest()
 
 
-def _utf8(values: Sequence[str]) -> tuple[bytes, npt.NDArray[np.int64]]:
+def utf8_joined(values: Sequence[str]) -> tuple[bytes, npt.NDArray[np.int64]]:
     """The UTF-8 bytes of ``values`` one after the other, and the length of each in bytes."""
     joined = "".join(values)
     if joined.isascii():  # as URLs and etags nearly always are: one encode for all

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.core.errors import StateError
-from ingest.core.state.checks import FIX, MAX_STATE_BYTES, _check_size, _int, refuse
+from ingest.core.state.checks import FIX, MAX_STATE_BYTES, check_size, checked_int, refuse
 from ingest.core.state.schema import StreamState
 
 SOURCES_VERSION = 4
@@ -119,8 +119,8 @@ class SourcesState:
             raise refuse("mixture", mixture, "it must be the mixture's object")
         return cls(
             parts,
-            _int(data.get("drawn"), "drawn"),
-            {str(name): _int(n, f"taken[{name!r}]") for name, n in taken.items()},
+            checked_int(data.get("drawn"), "drawn"),
+            {str(name): checked_int(n, f"taken[{name!r}]") for name, n in taken.items()},
             None if mixture is None else dict(mixture),
         )
 
@@ -136,7 +136,7 @@ def read_state(data: object, *, max_bytes: int = MAX_STATE_BYTES) -> StreamState
 
 def _as_mapping(data: object, max_bytes: int) -> Mapping[str, Any]:
     if isinstance(data, (str, bytes)):
-        _check_size(data, max_bytes, "the state")
+        check_size(data, max_bytes, "the state")
         try:
             data = json.loads(data)
         except ValueError as e:

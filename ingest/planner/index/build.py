@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ingest.core.errors import ConfigError
 from ingest.formats import get_format
 from ingest.formats.base import ReadContext, ShardInfo
-from ingest.planner.index.store import _IO_THREADS
+from ingest.planner.index.store import IO_THREADS
 
 Indexer = Callable[[Sequence[ReadContext]], Iterable[ShardInfo]]
 """Indexes shards: one :class:`ShardInfo` with ``rows`` and ``seeks`` per context, in order.
@@ -23,7 +23,7 @@ def index_shard(ctx: ReadContext) -> ShardInfo:
     return get_format(ctx.shard.format).index(ctx)
 
 
-def local_indexer(workers: int = _IO_THREADS) -> Indexer:
+def local_indexer(workers: int = IO_THREADS) -> Indexer:
     """An :data:`Indexer` that reads shards in ``workers`` threads of this process.
 
     Raises:

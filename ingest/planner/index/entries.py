@@ -19,7 +19,7 @@ INDEX_VERSION = 1
 """Version of the entry layout; part of every key, so a new layout starts a fresh index."""
 
 
-class _CorruptEntryError(Exception):
+class CorruptEntryError(Exception):
     """An entry that must not be trusted; the message says why."""
 
 
@@ -49,12 +49,13 @@ def _key(shard: Shard) -> dict[str, Any]:
     }
 
 
-def _name(shard: Shard) -> str:
+def entry_name(shard: Shard) -> str:
+    """Where ``shard``'s index entry is kept: a name derived from its key."""
     digest = hashlib.sha256(json.dumps(_key(shard), sort_keys=True).encode()).hexdigest()
     return f"{digest[:2]}/{digest}.json"
 
 
-def _encode_entry(shard: Shard, info: ShardInfo) -> bytes:
+def encode_entry(shard: Shard, info: ShardInfo) -> bytes:
     """The JSON bytes stored for ``shard``'s index ``info`` (rows, blocks, seek points)."""
     if info.rows is None:
         raise ValueError(f"{redact(shard.url)}: cannot store an index without a row count")
@@ -69,20 +70,20 @@ def _encode_entry(shard: Shard, info: ShardInfo) -> bytes:
 
 def _int(value: Any, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _CorruptEntryError(f"{what} is {value!r}, not an integer >= 0")
+        raise CorruptEntryError(f"{what} is {value!r}, not an integer >= 0")
     return value
 
 
-def _decode_entry(shard: Shard, data: bytes) -> ShardInfo:
-    """Parse and check an entry written by :func:`_encode_entry` for ``shard``.
+def decode_entry(shard: Shard, data: bytes) -> ShardInfo:
+    """Parse and check an entry written by :func:`encode_entry` for ``shard``.
 
     Raises:
-        _CorruptEntryError: If it does not parse, belongs to another key or is inconsistent.
+        CorruptEntryError: If it does not parse, belongs to another key or is inconsistent.
     """
     doc = _json_object(data)
     for name, want in _key(shard).items():
         if doc.get(name) != want:
-            raise _CorruptEntryError(f"{name} is {doc.get(name)!r}, expected {want!r}")
+            raise CorruptEntryError(f"{name} is {doc.get(name)!r}, expected {want!r}")
     rows = _int(doc.get("rows"), "rows")
     blocks = _blocks(doc.get("blocks"), rows)
     return ShardInfo(rows=rows, blocks=blocks, seeks=_seeks(doc.get("seeks"), rows))
@@ -92,9 +93,9 @@ def _json_object(data: bytes) -> dict[str, Any]:
     try:
         doc = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _CorruptEntryError(f"not JSON ({e})") from None
+        raise CorruptEntryError(f"not JSON ({e})") from None
     if not isinstance(doc, dict):
-        raise _CorruptEntryError(f"not a JSON object but {type(doc).__name__}")
+        raise CorruptEntryError(f"not a JSON object but {type(doc).__name__}")
     return doc
 
 
@@ -103,28 +104,28 @@ def _blocks(raw_blocks: Any, rows: int) -> tuple[int, ...] | None:
     if raw_blocks is None:
         return None
     if not isinstance(raw_blocks, list):
-        raise _CorruptEntryError(f"blocks is {type(raw_blocks).__name__}, not a list")
+        raise CorruptEntryError(f"blocks is {type(raw_blocks).__name__}, not a list")
     blocks = tuple(_int(b, "a block start") for b in raw_blocks)
     if list(blocks) != sorted(set(blocks)) or any(b > rows for b in blocks):
-        raise _CorruptEntryError("block starts are not increasing within the row count")
+        raise CorruptEntryError("block starts are not increasing within the row count")
     return blocks
 
 
 def _seeks(raw_seeks: Any, rows: int) -> tuple[Seek, ...]:
     """An entry's seek points: ``[row, cursor]`` pairs in order, rows within ``rows``."""
     if not isinstance(raw_seeks, list):
-        raise _CorruptEntryError(f"seeks is {type(raw_seeks).__name__}, not a list")
+        raise CorruptEntryError(f"seeks is {type(raw_seeks).__name__}, not a list")
     seeks: list[Seek] = []
     for item in raw_seeks:
         if not isinstance(item, list) or len(item) != 2:
-            raise _CorruptEntryError(f"seek point {item!r} is not a [row, cursor] pair")
+            raise CorruptEntryError(f"seek point {item!r} is not a [row, cursor] pair")
         seeks.append((_int(item[0], "a seek row"), _int(item[1], "a seek cursor")))
     if seeks != sorted(seeks) or any(row > rows for row, _ in seeks):
-        raise _CorruptEntryError("seek points are not in order within the row count")
+        raise CorruptEntryError("seek points are not in order within the row count")
     return tuple(seeks)
 
 
-def _footer_name(shard: Shard) -> str:
+def footer_name(shard: Shard) -> str:
     """Where ``shard``'s footer is kept: apart from its index entry, under the same key."""
     digest = hashlib.sha256(
         json.dumps({**_key(shard), "kind": "footer"}, sort_keys=True).encode()
@@ -132,31 +133,32 @@ def _footer_name(shard: Shard) -> str:
     return f"footers/{digest[:2]}/{digest}.json"
 
 
-def _encode_footer(shard: Shard, footer: bytes) -> bytes:
+def encode_footer(shard: Shard, footer: bytes) -> bytes:
     """The JSON bytes stored for ``shard``'s footer (the format's own bytes, base64)."""
     doc = {**_key(shard), "kind": "footer", "footer": base64.b64encode(footer).decode()}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def _decode_footer(shard: Shard, data: bytes) -> bytes:
-    """The footer bytes of an entry written by :func:`_encode_footer` for ``shard``.
+def decode_footer(shard: Shard, data: bytes) -> bytes:
+    """The footer bytes of an entry written by :func:`encode_footer` for ``shard``.
 
     Raises:
-        _CorruptEntryError: If it does not parse or belongs to another key.
+        CorruptEntryError: If it does not parse or belongs to another key.
     """
     doc = _json_object(data)
     for name, want in {**_key(shard), "kind": "footer"}.items():
         if doc.get(name) != want:
-            raise _CorruptEntryError(f"{name} is {doc.get(name)!r}, expected {want!r}")
+            raise CorruptEntryError(f"{name} is {doc.get(name)!r}, expected {want!r}")
     footer = doc.get("footer")
     if not isinstance(footer, str):
-        raise _CorruptEntryError(f"footer is {type(footer).__name__}, not a base64 string")
+        raise CorruptEntryError(f"footer is {type(footer).__name__}, not a base64 string")
     try:
         return base64.b64decode(footer, validate=True)
     except (binascii.Error, ValueError) as e:
-        raise _CorruptEntryError(f"footer is not base64 ({e})") from None
+        raise CorruptEntryError(f"footer is not base64 ({e})") from None
 
 
-def _listing_name(key: str) -> str:
+def listing_name(key: str) -> str:
+    """Where the listing saved under ``key`` is kept."""
     h = hashlib.sha256(f"listing\0{key}\0{INDEX_VERSION}".encode()).hexdigest()
     return f"listings/{h[:2]}/{h}.json"

@@ -21,19 +21,20 @@ from ingest.core.errors import ConfigError, IngestError, redact
 from ingest.formats.base import ShardInfo
 from ingest.planner.index.entries import (
     INDEX_VERSION,
-    _CorruptEntryError,
-    _decode_entry,
-    _decode_footer,
-    _encode_entry,
-    _encode_footer,
-    _footer_name,
-    _listing_name,
-    _name,
+    CorruptEntryError,
+    decode_entry,
+    decode_footer,
+    encode_entry,
+    encode_footer,
+    entry_name,
+    footer_name,
+    listing_name,
     shard_identity,
 )
 from ingest.storage.sources import Shard, Source, is_store_error
 
-_IO_THREADS = 16
+IO_THREADS = 16
+"""Threads that read or write index entries at once (and index shards, by default)."""
 _REMOTE_BATCH = 512
 _LOCAL_PROTOCOLS = ("file", "local")
 
@@ -168,8 +169,8 @@ class IndexStore:
     def path(self, shard: Shard) -> str:
         """Where ``shard``'s entry lives (a local path or a URL without credentials)."""
         if self._local is not None:
-            return str(self._local / _name(shard))
-        return f"{self.location.rstrip('/')}/{_name(shard)}"
+            return str(self._local / entry_name(shard))
+        return f"{self.location.rstrip('/')}/{entry_name(shard)}"
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -181,7 +182,7 @@ class IndexStore:
         Raises:
             IndexStoreError: If the location cannot be read (permissions, network).
         """
-        blobs = self._get_blobs([_name(s) for s in shards])
+        blobs = self._get_blobs([entry_name(s) for s in shards])
         out: list[ShardInfo | None] = []
         for shard, blob in zip(shards, blobs, strict=True):
             info = None if blob is None else self._decode(shard, blob)
@@ -192,8 +193,8 @@ class IndexStore:
 
     def _decode(self, shard: Shard, blob: bytes) -> ShardInfo | None:
         try:
-            return _decode_entry(shard, blob)
-        except _CorruptEntryError as e:
+            return decode_entry(shard, blob)
+        except CorruptEntryError as e:
             self._count(corrupt=1)
             warnings.warn(
                 f"shard index entry {self.path(shard)} for {shard_identity(shard.url)} is "
@@ -246,17 +247,17 @@ class IndexStore:
         Raises:
             IndexStoreError: If the location cannot be read (permissions, network).
         """
-        blobs = self._get_blobs([_footer_name(s) for s in shards])
+        blobs = self._get_blobs([footer_name(s) for s in shards])
         out: list[bytes | None] = []
         for shard, blob in zip(shards, blobs, strict=True):
             footer = None
             if blob is not None:
                 try:
-                    footer = _decode_footer(shard, blob)
-                except _CorruptEntryError as e:
+                    footer = decode_footer(shard, blob)
+                except CorruptEntryError as e:
                     self._count(corrupt=1)
                     warnings.warn(
-                        f"shard index footer {_footer_name(shard)} for "
+                        f"shard index footer {footer_name(shard)} for "
                         f"{shard_identity(shard.url)} is ignored ({e}); the footer is read "
                         "again and kept",
                         IndexEntryWarning,
@@ -276,7 +277,7 @@ class IndexStore:
             IndexStoreError: If the location cannot be written.
         """
         if items:
-            blobs = [(_footer_name(s), _encode_footer(s, f)) for s, f in items]
+            blobs = [(footer_name(s), encode_footer(s, f)) for s, f in items]
             self._put_blobs(blobs, counter="footer_writes")
 
     # -- writing ---------------------------------------------------------------------------
@@ -289,7 +290,7 @@ class IndexStore:
         """
         if not items:
             return
-        self._put_blobs([(_name(shard), _encode_entry(shard, info)) for shard, info in items])
+        self._put_blobs([(entry_name(shard), encode_entry(shard, info)) for shard, info in items])
 
     def _put_blobs(self, blobs: Sequence[tuple[str, bytes]], counter: str = "written") -> None:
         """Store each ``(name, bytes)``, replacing any entry atomically; counted in
@@ -320,7 +321,7 @@ class IndexStore:
         Raises:
             IndexStoreError: If the location cannot be read.
         """
-        name = _listing_name(key)
+        name = listing_name(key)
         [blob] = self._get_blobs([name])
         if blob is None:
             self._count(misses=1)
@@ -350,7 +351,7 @@ class IndexStore:
         blob = json.dumps(
             {"key": key, "version": INDEX_VERSION, "files": [list(f) for f in files]}
         ).encode()
-        self._put_blobs([(_listing_name(key), blob)])
+        self._put_blobs([(listing_name(key), blob)])
 
 
 def _write_local(root: Path, blobs: Sequence[tuple[str, bytes]]) -> None:
@@ -391,7 +392,7 @@ def _read_local(root: Path, names: Sequence[str]) -> list[bytes | None]:
 
     if len(names) <= 1:
         return [one(n) for n in names]
-    with ThreadPoolExecutor(min(_IO_THREADS, len(names))) as pool:
+    with ThreadPoolExecutor(min(IO_THREADS, len(names))) as pool:
         return list(pool.map(one, names))
 
 

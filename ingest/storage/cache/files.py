@@ -18,7 +18,7 @@ store instead."""
 # -- owner-only folders and files -------------------------------------------------------
 
 
-def _make_private_dirs(path: str, option: str) -> None:
+def make_private_dirs(path: str, option: str) -> None:
     """Create ``path`` and its missing parents, each 0700 whatever the umask.
 
     Raises:
@@ -51,7 +51,7 @@ def _make_private_dirs(path: str, option: str) -> None:
         os.chmod(directory, 0o700)  # mkdir's mode is filtered by the umask
 
 
-def _check_private(path: str, option: str) -> None:
+def check_private(path: str, option: str) -> None:
     """Make a folder of the cache owner-only (0700), or refuse one of another user.
 
     Raises:
@@ -75,7 +75,7 @@ def _check_private(path: str, option: str) -> None:
             ) from None
 
 
-def _open_private(path: str, flags: int) -> int:
+def open_private(path: str, flags: int) -> int:
     """``os.open`` with mode 0600 whatever the umask, for a file this process creates."""
     fd = os.open(path, flags, 0o600)
     try:
@@ -91,12 +91,14 @@ def _open_private(path: str, flags: int) -> int:
 # -- the disk and locks --------------------------------------------------------------------
 
 
-def _free_bytes(path: str) -> int:
+def free_bytes(path: str) -> int:
+    """Bytes free to this user on the disk that holds ``path``."""
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
 
 
-def _try_flock(fd: int, how: int) -> bool:
+def try_flock(fd: int, how: int) -> bool:
+    """Take the ``flock`` ``how`` on ``fd`` without waiting: whether it was taken."""
     try:
         fcntl.flock(fd, how | fcntl.LOCK_NB)
     except OSError as e:
@@ -106,7 +108,7 @@ def _try_flock(fd: int, how: int) -> bool:
     return True
 
 
-def _unlink_unheld(path: str) -> bool:
+def unlink_unheld(path: str) -> bool:
     """Delete ``path`` unless a process holds a lock on it: a copy a reader has open, or
     the part file of a fetch whose writer is alive. True if it is gone."""
     try:
@@ -114,7 +116,7 @@ def _unlink_unheld(path: str) -> bool:
     except FileNotFoundError:
         return True
     try:
-        if not _try_flock(fd, fcntl.LOCK_EX):
+        if not try_flock(fd, fcntl.LOCK_EX):
             return False
         if os.fstat(fd).st_nlink > 0:  # else another process deleted it first
             with contextlib.suppress(FileNotFoundError):

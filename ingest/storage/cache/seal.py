@@ -10,13 +10,14 @@ import json
 import os
 from typing import Any
 
-from ingest.storage.cache.files import _open_private
+from ingest.storage.cache.files import open_private
 
 _SEAL_VERSION = 1
 _CHUNK = 1 << 20
 
 
-def _seal_of(path: str) -> str:
+def seal_of(path: str) -> str:
+    """The seal's path of the copy at ``path``."""
     return path.removesuffix(".shard") + ".seal"
 
 
@@ -32,17 +33,18 @@ def _identity(st: os.stat_result) -> dict[str, int]:
     }
 
 
-def _write_seal(path: str, digest: str) -> None:
+def write_seal(path: str, digest: str) -> None:
     """Seal the copy at ``path`` as it is now, with the SHA-256 ``digest`` of its bytes."""
     seal = {"version": _SEAL_VERSION, "sha256": digest, **_identity(os.stat(path))}
-    fd = _open_private(_seal_of(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    fd = open_private(seal_of(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     with os.fdopen(fd, "w") as f:
         json.dump(seal, f)
 
 
-def _read_seal(path: str) -> dict[str, Any] | None:
+def read_seal(path: str) -> dict[str, Any] | None:
+    """The seal of the copy at ``path``, or None if it has none of this version."""
     try:
-        with open(_seal_of(path)) as f:
+        with open(seal_of(path)) as f:
             seal = json.load(f)
     except (OSError, ValueError):
         return None  # none (a copy of an older version, or a half-written seal): not intact
@@ -51,14 +53,16 @@ def _read_seal(path: str) -> dict[str, Any] | None:
     return seal
 
 
-def _matches_seal(path: str, st: os.stat_result, size: int) -> bool:
-    seal = _read_seal(path)
+def matches_seal(path: str, st: os.stat_result, size: int) -> bool:
+    """Whether the copy at ``path`` (stat ``st``) is ``size`` bytes and as it was sealed."""
+    seal = read_seal(path)
     if seal is None or st.st_size != size:
         return False
     return all(seal.get(name) == value for name, value in _identity(st).items())
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+    """The SHA-256 of the file at ``path``, hex."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(_CHUNK):
@@ -66,11 +70,11 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _remove_copy(path: str) -> bool:
+def remove_copy(path: str) -> bool:
     """Delete a copy (its seal first: a copy without one is never served). Whether there
     was one."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(_seal_of(path))
+        os.unlink(seal_of(path))
     try:
         os.unlink(path)
     except FileNotFoundError:

@@ -19,21 +19,21 @@ from typing import IO
 from ingest.core.errors import ConfigError, SourceError
 from ingest.storage.cache.files import (
     DISK_FULL,
-    _check_private,
-    _free_bytes,
-    _make_private_dirs,
-    _open_private,
-    _try_flock,
-    _unlink_unheld,
+    check_private,
+    free_bytes,
+    make_private_dirs,
+    open_private,
+    try_flock,
+    unlink_unheld,
 )
 from ingest.storage.cache.options import CacheEvent, CacheOptions, CacheWarning
 from ingest.storage.cache.seal import (
-    _matches_seal,
-    _read_seal,
-    _remove_copy,
-    _seal_of,
-    _sha256,
-    _write_seal,
+    file_sha256,
+    matches_seal,
+    read_seal,
+    remove_copy,
+    seal_of,
+    write_seal,
 )
 
 _POLL_S = 0.02
@@ -56,10 +56,10 @@ class ShardCache:
         self._locks = os.path.join(self.root, "locks")
         self._lock_path = os.path.join(self.root, "cache.lock")
         self._warned_full = False
-        _make_private_dirs(self.root, options.directory)
+        make_private_dirs(self.root, options.directory)
         for d in (self._data, self._tmp, self._locks):
-            _make_private_dirs(d, options.directory)
-            _check_private(d, options.directory)
+            make_private_dirs(d, options.directory)
+            check_private(d, options.directory)
         for d in (self.root, self._data, self._tmp, self._locks):
             if not os.access(d, os.W_OK | os.X_OK):
                 raise ConfigError(
@@ -116,7 +116,7 @@ class ShardCache:
         with self._flock(self._stripe(path)) as locked:
             if not locked:
                 return False
-            return _remove_copy(path)
+            return remove_copy(path)
 
     def _fetched(
         self, url: str, size: int, path: str, fetch: Callable[[str], None], event: CacheEvent
@@ -128,7 +128,7 @@ class ShardCache:
             if os.path.lexists(path):
                 if self._intact(path, size):  # another process fetched it meanwhile
                     return True
-                _remove_copy(path)  # damaged since it was sealed: fetched again below
+                remove_copy(path)  # damaged since it was sealed: fetched again below
             with self._reserved(path, size, url, event) as part:
                 if part is None:
                     return False
@@ -159,7 +159,7 @@ class ShardCache:
                 f"has {got} bytes, not the {size} it was listed with: it changed since the listing",
                 "restart the stream so that it lists the dataset again",
             )
-        digest = _sha256(part)
+        digest = file_sha256(part)
         with open(part, "rb+") as f:
             os.fsync(f.fileno())  # a crash of the node leaves no half file either
         # The reservation becomes the copy, under the lock that sums the bytes: a sum taken
@@ -169,9 +169,9 @@ class ShardCache:
                 return False
             os.rename(part, path)
             try:
-                _write_seal(path, digest)
+                write_seal(path, digest)
             except BaseException:
-                _remove_copy(path)
+                remove_copy(path)
                 raise
         event.fetched_bytes = size
         return True
@@ -212,18 +212,18 @@ class ShardCache:
             raise self._stray(path, "not a regular file")
         f = os.fdopen(fd, "rb")
         try:
-            if not self._wait(lambda: _try_flock(fd, fcntl.LOCK_SH)):
+            if not self._wait(lambda: try_flock(fd, fcntl.LOCK_SH)):
                 f.close()
                 return None
             st = os.fstat(fd)
-            if st.st_nlink == 0 or not _matches_seal(path, st, size):
+            if st.st_nlink == 0 or not matches_seal(path, st, size):
                 f.close()  # evicted meanwhile, or not (or no longer) what was fetched
                 return None
         except BaseException:
             f.close()
             raise
         with contextlib.suppress(OSError):
-            os.utime(_seal_of(path))  # most recently used
+            os.utime(seal_of(path))  # most recently used
         return f
 
     def _intact(self, path: str, size: int) -> bool:
@@ -235,14 +235,14 @@ class ShardCache:
             return False
         if not stat.S_ISREG(st.st_mode):
             raise self._stray(path, "not a regular file")
-        if _matches_seal(path, st, size):
+        if matches_seal(path, st, size):
             return True
-        seal = _read_seal(path)
+        seal = read_seal(path)
         if seal is None or st.st_size != size or seal.get("size") != size:
             return False
-        if _sha256(path) != seal.get("sha256"):
+        if file_sha256(path) != seal.get("sha256"):
             return False
-        _write_seal(path, str(seal["sha256"]))
+        write_seal(path, str(seal["sha256"]))
         return True
 
     def _stray(self, path: str, what: str) -> ConfigError:
@@ -277,13 +277,13 @@ class ShardCache:
             if not self._make_room(size, event):
                 yield None
                 return
-            free = _free_bytes(self._tmp)
+            free = free_bytes(self._tmp)
             if free < size:
                 self._warn_full(url, size, f"{free} bytes free")
                 yield None
                 return
             part = os.path.join(self._tmp, f"{key}.{size}.{secrets.token_hex(4)}.part")
-            fd = _open_private(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            fd = open_private(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             fcntl.flock(fd, fcntl.LOCK_EX)  # alive: not a dead process's part
         try:
             yield part
@@ -299,9 +299,9 @@ class ShardCache:
         for path, bytes_, _ in copies:
             if used + size <= self.options.max_bytes:
                 break
-            if _unlink_unheld(path):
+            if unlink_unheld(path):
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(_seal_of(path))
+                    os.unlink(seal_of(path))
                 used -= bytes_
                 event.evicted_bytes += bytes_
                 event.evictions += 1
@@ -321,7 +321,7 @@ class ShardCache:
                         out.append((entry.path, entry.stat(follow_symlinks=False).st_size))
         copies = []
         for path, size in out:
-            seal = _seal_of(path)
+            seal = seal_of(path)
             seals.discard(seal)
             try:
                 used = os.stat(seal).st_mtime
@@ -342,16 +342,16 @@ class ShardCache:
                 fields = entry.name.split(".")
                 if len(fields) != 4 or fields[3] != "part" or not fields[1].isdigit():
                     continue
-                if remove_dead and _unlink_unheld(entry.path):  # its writer is gone
+                if remove_dead and unlink_unheld(entry.path):  # its writer is gone
                     continue
                 out.append((entry.path, int(fields[1])))
         return out
 
     @contextlib.contextmanager
     def _flock(self, path: str) -> Iterator[bool]:
-        fd = _open_private(path, os.O_RDWR | os.O_CREAT)
+        fd = open_private(path, os.O_RDWR | os.O_CREAT)
         try:
-            locked = self._wait(lambda: _try_flock(fd, fcntl.LOCK_EX))
+            locked = self._wait(lambda: try_flock(fd, fcntl.LOCK_EX))
             yield locked
         finally:
             os.close(fd)  # closing releases the lock

@@ -11,15 +11,15 @@ from fsspec.callbacks import TqdmCallback
 
 from ingest.storage.cache import CacheEvent
 from ingest.storage.cache.files import DISK_FULL
-from ingest.storage.sources.files import _CountingFile
-from ingest.storage.sources.retry import _attempt, _GaveUpError
+from ingest.storage.sources.files import CountingFile
+from ingest.storage.sources.retry import GaveUpError, attempt
 from ingest.storage.sources.shard import Shard
 
 if TYPE_CHECKING:
     from ingest.storage.sources.source import Source
 
 
-def open_cached(source: Source, shard: Shard, *, fetch: bool) -> _CountingFile | None:
+def open_cached(source: Source, shard: Shard, *, fetch: bool) -> CountingFile | None:
     """The shard from the node's cache (fetched whole into it on a miss if ``fetch``),
     or None."""
     if not source._caches(shard):
@@ -56,7 +56,7 @@ def open_cached(source: Source, shard: Shard, *, fetch: bool) -> _CountingFile |
         return again
 
     # Reads of the copy are local: what the fetch sent is what was counted.
-    return _CountingFile(first, reopen, None, shard.size, shard.url, source.scrub, None)
+    return CountingFile(first, reopen, None, shard.size, shard.url, source.scrub, None)
 
 
 def fetch_whole(source: Source, shard: Shard, to: str) -> None:
@@ -72,8 +72,8 @@ def fetch_whole(source: Source, shard: Shard, to: str) -> None:
         fs.get_file(path, to, **kwargs)
 
     try:
-        _attempt(get, source._policy(shard.url), source.stats)
-    except _GaveUpError as gave_up:
+        attempt(get, source._policy(shard.url), source.stats)
+    except GaveUpError as gave_up:
         last = gave_up.last
         if isinstance(last, OSError) and last.errno in DISK_FULL:
             raise last from None  # the cache's disk, not the store: it reads from the store

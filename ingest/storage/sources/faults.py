@@ -53,16 +53,16 @@ def is_store_error(error: BaseException) -> bool:
     return type(error).__module__.split(".")[0] in _STORE_ERROR_PACKAGES
 
 
-class _ShortBodyError(OSError):
+class ShortBodyError(OSError):
     """A response ended before the bytes asked for: never handed on as data."""
 
 
-class _RangeIgnoredError(Exception):
+class RangeIgnoredError(Exception):
     """The server answered a range request with the whole file (``200``, not ``206``): no
-    retry mends it (not a store error, so :func:`_attempt` raises it at once)."""
+    retry mends it (not a store error, so :func:`attempt` raises it at once)."""
 
 
-def _range_ignored(error: BaseException) -> bool:
+def is_range_ignored(error: BaseException) -> bool:
     """Whether ``error`` is fsspec's HTTP file saying the server answered a range request
     from past the start with the whole file (a ``ValueError``)."""
     return isinstance(error, ValueError) and "support range requests" in str(error)
@@ -103,15 +103,15 @@ def _busy(error: BaseException) -> bool:
     return status is not None and (status in _TRANSIENT_STATUSES or status >= 500)
 
 
-def _not_found(error: BaseException) -> bool:
+def is_not_found(error: BaseException) -> bool:
     """Whether ``error`` says the object is not there; not a connection that failed, nor a
     busy store, which fsspec's HTTP filesystem reports as a ``FileNotFoundError`` too."""
-    if _refused(error) is not None or _busy(error):
+    if refused_connection(error) is not None or _busy(error):
         return False
     return isinstance(error, FileNotFoundError) or _http_status(error)[0] in _GONE_STATUSES
 
 
-def _refused(error: BaseException) -> BaseException | None:
+def refused_connection(error: BaseException) -> BaseException | None:
     """The refused connection somewhere in ``error``'s chain (nothing listens at the
     endpoint's port), or None. aiohttp keeps it as ``os_error``, urllib3 as the cause."""
     for e in _chain(error):
@@ -121,10 +121,10 @@ def _refused(error: BaseException) -> BaseException | None:
     return None
 
 
-def _transient(error: BaseException) -> bool:
+def is_transient(error: BaseException) -> bool:
     """Whether another attempt may succeed where ``error`` failed: a refused connection may
     (a store restarting), a missing object or a full local disk may not."""
-    if _refused(error) is not None:
+    if refused_connection(error) is not None:
         return True
     if not is_store_error(error):
         return False
@@ -138,7 +138,7 @@ def _transient(error: BaseException) -> bool:
     return status is None or status in _TRANSIENT_STATUSES or status >= 500
 
 
-def _retry_after(error: BaseException) -> float | None:
+def retry_after(error: BaseException) -> float | None:
     """Seconds the store asked to wait (``Retry-After``: seconds or an HTTP date)."""
     _, headers = _http_status(error)
     value = next((str(v) for k, v in headers.items() if k.lower() == "retry-after"), None)

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from typing import IO, Any
 
 from ingest.core.errors import StoreError
-from ingest.storage.sources.faults import _range_ignored, _RangeIgnoredError, _ShortBodyError
-from ingest.storage.sources.retry import RetryPolicy, _attempt, _GaveUpError, _store_error
+from ingest.storage.sources.faults import RangeIgnoredError, ShortBodyError, is_range_ignored
+from ingest.storage.sources.retry import GaveUpError, RetryPolicy, attempt, store_error
 from ingest.storage.sources.shard import Shard
 from ingest.storage.sources.stats import IOStats
 
@@ -51,7 +51,7 @@ def range_ignored(
     )
 
 
-class _CountingFile:
+class CountingFile:
     """A read-only file wrapper that counts read calls and bytes into :class:`IOStats`.
 
     A read returns every byte asked for (up to the end of the shard) or raises: a body cut
@@ -96,12 +96,12 @@ class _CountingFile:
             data = self._raw.read(want)
         except Exception as e:
             self._broken = True
-            if _range_ignored(e):
-                raise _RangeIgnoredError(str(e)) from e
+            if is_range_ignored(e):
+                raise RangeIgnoredError(str(e)) from e
             raise
         if len(data) != want:
             self._broken = True
-            raise _ShortBodyError(f"the response held {len(data)} of the {want} bytes asked for")
+            raise ShortBodyError(f"the response held {len(data)} of the {want} bytes asked for")
         return data
 
     def read(self, n: int | None = -1) -> bytes:
@@ -110,11 +110,11 @@ class _CountingFile:
         if want <= 0:
             return b""
         try:
-            data = _attempt(lambda: self._read_exactly(pos, want), self._policy, self._stats)
-        except _RangeIgnoredError:
+            data = attempt(lambda: self._read_exactly(pos, want), self._policy, self._stats)
+        except RangeIgnoredError:
             data = self._from_whole_body(pos, want)
-        except _GaveUpError as e:
-            raise _store_error(
+        except GaveUpError as e:
+            raise store_error(
                 self._url,
                 f"read of bytes [{pos}, {pos + want}) failed",
                 e,
@@ -143,9 +143,9 @@ class _CountingFile:
         if isinstance(said, StoreError) or fetch is None:
             raise said
         try:
-            body = _attempt(fetch, self._policy, self._stats)
-        except _GaveUpError as e:
-            raise _store_error(
+            body = attempt(fetch, self._policy, self._stats)
+        except GaveUpError as e:
+            raise store_error(
                 self._url,
                 "fetching the whole file (its server ignores Range) failed",
                 e,
@@ -201,7 +201,7 @@ class _CountingFile:
         self.closed = True
         self._raw.close()
 
-    def __enter__(self) -> _CountingFile:
+    def __enter__(self) -> CountingFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -212,7 +212,7 @@ _S3_ETAG = re.compile(r"[0-9a-f]{32}(-[0-9]+)?")
 """An S3 ETag without its quotes: an MD5, or a multipart upload's MD5 and part count."""
 
 
-def _listed(f: Any, path: str, shard: Shard) -> IO[bytes]:
+def with_listed_details(f: Any, path: str, shard: Shard) -> IO[bytes]:
     """``f`` (just opened), told what the listing saw of it where that saves a request.
 
     s3fs asks the store for an object's details (a HEAD) on the first read of every file it

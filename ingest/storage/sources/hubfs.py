@@ -9,9 +9,9 @@ import fsspec
 
 from ingest.core.errors import SourceError
 from ingest.storage import hub
-from ingest.storage.sources.faults import _refused
+from ingest.storage.sources.faults import refused_connection
 from ingest.storage.sources.options import fs_options
-from ingest.storage.sources.retry import _REFUSED_FIX, _attempt, _GaveUpError
+from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 
 if TYPE_CHECKING:
     from ingest.storage.sources.source import Source
@@ -27,15 +27,15 @@ def pin(source: Source, url: str) -> str:
         return hub.resolve_revision(where, source._options)
 
     try:
-        sha = _attempt(resolve, source._policy(url), source.stats)
-    except _GaveUpError as gave_up:
-        refused = _refused(gave_up.last) is not None
+        sha = attempt(resolve, source._policy(url), source.stats)
+    except GaveUpError as gave_up:
+        refused = refused_connection(gave_up.last) is not None
         raise SourceError(
             url,
             f"cannot resolve revision {where.revision or 'main'!r} of {where.repo_id}"
             + (f": the endpoint {source._endpoint(url)} refused the connection" if refused else "")
             + f": {gave_up.describe(source.scrub)}",
-            _REFUSED_FIX
+            REFUSED_FIX
             if refused
             else "check the repository, the revision and the token (HF_TOKEN, or "
             "storage_options={'token': ...}); a private or gated repository needs one",

@@ -15,10 +15,10 @@ from fsspec.utils import get_protocol
 
 from ingest.core.errors import NoShardsError, SourceError, redact
 from ingest.storage import hub
-from ingest.storage.sources.faults import _refused
+from ingest.storage.sources.faults import refused_connection
 from ingest.storage.sources.hubfs import pin
-from ingest.storage.sources.options import _strip_userinfo
-from ingest.storage.sources.retry import _REFUSED_FIX, _attempt, _GaveUpError
+from ingest.storage.sources.options import strip_userinfo
+from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ def list_url(
     if get_protocol(url) == "hf":
         url = pin(source, url)
         key = f"{hub.endpoint_of(source._options)} {url} {source.format}"
-    path = fs._strip_protocol(_strip_userinfo(url))
+    path = fs._strip_protocol(strip_userinfo(url))
     stored = listings.get_listing(key) if listings is not None and key else None
     if stored is not None:
         infos: list[dict[str, Any]] = [
@@ -110,15 +110,15 @@ def _file_infos(
         return list(fs.find(path, detail=True, withdirs=False).values()), False
 
     try:
-        return _attempt(infos, source._policy(url), source.stats)
-    except _GaveUpError as gave_up:
+        return attempt(infos, source._policy(url), source.stats)
+    except GaveUpError as gave_up:
         e = gave_up.last
-        if _refused(e) is not None:
+        if refused_connection(e) is not None:
             raise SourceError(
                 url,
                 f"cannot list: the endpoint {source._endpoint(url)} refused the connection "
                 f"{gave_up.describe(source.scrub)}",
-                _REFUSED_FIX,
+                REFUSED_FIX,
             ) from None
         if isinstance(e, FileNotFoundError):
             raise NoShardsError(

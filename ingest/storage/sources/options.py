@@ -12,7 +12,7 @@ from fsspec.utils import get_protocol
 from ingest.core.errors import ConfigError
 from ingest.storage.sources.retry import RetryPolicy
 
-_SECRET_OPTION_NAMES = (
+SECRET_OPTION_NAMES = (
     "key",
     "secret",
     "token",
@@ -26,6 +26,7 @@ _SECRET_OPTION_NAMES = (
     "connection_string",
     "credential",
 )
+"""Storage options whose string values are secrets, scrubbed from every message."""
 
 
 def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -96,7 +97,7 @@ def fs_options(
     return options
 
 
-def _strip_userinfo(url: str) -> str:
+def strip_userinfo(url: str) -> str:
     """``s3://key:secret@bucket/k`` -> ``s3://bucket/k``; other URLs as they are.
 
     Only S3 URLs: s3fs reads no credentials from a URL, while HTTP clients send the user
@@ -110,7 +111,7 @@ def _strip_userinfo(url: str) -> str:
     return urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
 
 
-def _s3_userinfo(urls: Sequence[str]) -> tuple[str, str] | None:
+def s3_userinfo(urls: Sequence[str]) -> tuple[str, str] | None:
     """The ``(key, secret)`` that ``s3://`` URLs carry, if any.
 
     Raises:
@@ -130,7 +131,7 @@ def _s3_userinfo(urls: Sequence[str]) -> tuple[str, str] | None:
     return found.pop() if found else None
 
 
-def _option_secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
+def option_secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
     """The keys an Azure connection string carries (``AccountKey=``,
     ``SharedAccessSignature=``) and the values of HTTP headers (``headers``,
     ``client_kwargs.headers``: an ``Authorization`` token), to scrub from text too."""
@@ -152,7 +153,7 @@ def _option_secrets(options: Mapping[str, Any]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def _url_secrets(urls: Sequence[str]) -> tuple[str, ...]:
+def url_secrets(urls: Sequence[str]) -> tuple[str, ...]:
     """Passwords and query values in ``urls`` (4 characters or longer), to scrub from text."""
     out: set[str] = set()
     for url in urls:

@@ -11,11 +11,11 @@ from typing import TypeVar
 
 from ingest.core.errors import ConfigError, SourceError, StoreError
 from ingest.storage.sources.faults import (
-    _not_found,
-    _refused,
-    _retry_after,
-    _transient,
+    is_not_found,
     is_store_error,
+    is_transient,
+    refused_connection,
+    retry_after,
 )
 from ingest.storage.sources.stats import IOStats
 
@@ -72,7 +72,7 @@ class RetryPolicy:
         return random.uniform(0.0, cap)
 
 
-class _GaveUpError(Exception):
+class GaveUpError(Exception):
     """A request still failed at its deadline (or failed for good): what the caller reports."""
 
     def __init__(self, last: BaseException, retries: int, elapsed: float) -> None:
@@ -89,10 +89,10 @@ class _GaveUpError(Exception):
         )
 
 
-def _vanished(url: str, gave_up: _GaveUpError) -> SourceError | None:
+def _vanished(url: str, gave_up: GaveUpError) -> SourceError | None:
     """The error for a listed object that is gone, if that is why a request failed: a
     ``FileNotFoundError`` (S3's NoSuchKey), or an HTTP 404 or 410 (an HTTP server, the Hub)."""
-    if not _not_found(gave_up.last):
+    if not is_not_found(gave_up.last):
         return None
     return SourceError(
         url,
@@ -101,16 +101,17 @@ def _vanished(url: str, gave_up: _GaveUpError) -> SourceError | None:
     )
 
 
-_REFUSED_FIX = (
+REFUSED_FIX = (
     "check that the store runs at that address and port, and the endpoint in storage_options "
     "(client_kwargs.endpoint_url for S3, endpoint for the Hub) or in the URL"
 )
+"""The fix named when the store's endpoint refused the connection."""
 
 
-def _store_error(
+def store_error(
     url: str,
     what: str,
-    gave_up: _GaveUpError,
+    gave_up: GaveUpError,
     fix: str,
     *,
     endpoint: str,
@@ -123,16 +124,16 @@ def _store_error(
     gone = _vanished(url, gave_up)
     if gone is not None:
         return gone
-    if _refused(gave_up.last) is not None:
-        what, fix = f"{what}: the endpoint {endpoint} refused the connection", _REFUSED_FIX
+    if refused_connection(gave_up.last) is not None:
+        what, fix = f"{what}: the endpoint {endpoint} refused the connection", REFUSED_FIX
     return StoreError(url, f"{what} {gave_up.describe(scrub)}", fix, byte=byte)
 
 
-def _attempt(call: Callable[[], _T], policy: RetryPolicy | None, stats: IOStats | None) -> _T:
+def attempt(call: Callable[[], _T], policy: RetryPolicy | None, stats: IOStats | None) -> _T:
     """Run ``call`` until it succeeds, retrying transient store faults under one deadline.
 
     Raises:
-        _GaveUpError: If it failed for good, or still failed when the next attempt would start
+        GaveUpError: If it failed for good, or still failed when the next attempt would start
             past the deadline (``policy`` None: no retries).
         Exception: Whatever ``call`` raised that is not a store error.
     """
@@ -145,12 +146,12 @@ def _attempt(call: Callable[[], _T], policy: RetryPolicy | None, stats: IOStats 
             if not is_store_error(e):
                 raise
             elapsed = time.monotonic() - start
-            if policy is None or not _transient(e):
-                raise _GaveUpError(e, retries, elapsed) from e
-            wait = _retry_after(e)
+            if policy is None or not is_transient(e):
+                raise GaveUpError(e, retries, elapsed) from e
+            wait = retry_after(e)
             wait = policy.backoff(retries) if wait is None else wait
             if elapsed + wait >= policy.deadline_s:
-                raise _GaveUpError(e, retries, elapsed) from e
+                raise GaveUpError(e, retries, elapsed) from e
             retries += 1
             if stats is not None:
                 stats.add(retries=1)

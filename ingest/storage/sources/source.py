@@ -19,19 +19,19 @@ from ingest.core.errors import ConfigError, SourceError, StoreError, redact
 from ingest.storage import hub
 from ingest.storage.cache import CacheOptions, ShardCache
 from ingest.storage.sources.cached import open_cached
-from ingest.storage.sources.faults import _ShortBodyError, _transient
-from ingest.storage.sources.files import _CountingFile, _listed, range_ignored
+from ingest.storage.sources.faults import ShortBodyError, is_transient
+from ingest.storage.sources.files import CountingFile, range_ignored, with_listed_details
 from ingest.storage.sources.hubfs import hub_http
 from ingest.storage.sources.listing import list_url
 from ingest.storage.sources.options import (
-    _SECRET_OPTION_NAMES,
-    _option_secrets,
-    _s3_userinfo,
-    _strip_userinfo,
-    _url_secrets,
+    SECRET_OPTION_NAMES,
     fs_options,
+    option_secrets,
+    s3_userinfo,
+    strip_userinfo,
+    url_secrets,
 )
-from ingest.storage.sources.retry import RetryPolicy, _attempt, _GaveUpError, _store_error
+from ingest.storage.sources.retry import GaveUpError, RetryPolicy, attempt, store_error
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
 from ingest.storage.sources.stats import IOStats
 
@@ -80,8 +80,8 @@ class Source:
         self.cache = cache
         self._shard_cache: ShardCache | None = None
         self._options = dict(storage_options or {})
-        self._secrets = _url_secrets(self.urls) + _option_secrets(self._options)
-        self._userinfo = _s3_userinfo(self.urls)
+        self._secrets = url_secrets(self.urls) + option_secrets(self._options)
+        self._userinfo = s3_userinfo(self.urls)
         # Listed URL (secrets shown as ***) -> the URL to open, for URLs whose secrets are
         # part of the request (HTTP user or query).
         self._hidden = {redact(u): u for u in self.urls if redact(u) != u}
@@ -102,7 +102,7 @@ class Source:
                     if protocol in ("s3", "s3a"):  # one attempt per call, see .s3
                         from ingest.storage.sources.s3 import s3_filesystem
 
-                        fs = s3_filesystem(_strip_userinfo(url), options)
+                        fs = s3_filesystem(strip_userinfo(url), options)
                     elif protocol in ("gs", "gcs") and options.get("endpoint_url"):
                         # gcsfs's default filesystem first asks a bucket's storage layout
                         # over gRPC, which an emulator or a private endpoint does not serve
@@ -112,7 +112,7 @@ class Source:
 
                         fs = GCSFileSystem(**options)
                     else:
-                        fs, _ = url_to_fs(_strip_userinfo(url), **options)
+                        fs, _ = url_to_fs(strip_userinfo(url), **options)
                 except (ImportError, ValueError) as e:
                     raise SourceError(
                         url,
@@ -128,7 +128,7 @@ class Source:
 
     def scrub(self, text: str) -> str:
         """Remove secret storage-option values and URL credentials from ``text``."""
-        for name in _SECRET_OPTION_NAMES:
+        for name in SECRET_OPTION_NAMES:
             value = self._options.get(name)
             if isinstance(value, str) and len(value) >= 4:
                 text = text.replace(value, "***")
@@ -180,7 +180,7 @@ class Source:
 
     def open(
         self, shard: Shard, *, block_size: int | None = None, part: bool = False
-    ) -> _CountingFile:
+    ) -> CountingFile:
         """Open ``shard`` for reading; every read call is counted in :attr:`stats`.
 
         ``block_size`` None opens without a read-ahead cache, for readers that ask for exact
@@ -207,7 +207,7 @@ class Source:
 
         def reopen() -> IO[bytes]:
             self.stats.add(opens=1)
-            return _listed(fs.open(path, "rb", **kwargs), path, shard)
+            return with_listed_details(fs.open(path, "rb", **kwargs), path, shard)
 
         def whole() -> bytes:  # for a server that ignores Range (small shards only)
             return bytes(fs.cat_file(path))
@@ -220,18 +220,18 @@ class Source:
         reopen: Callable[[], IO[bytes]],
         stats: IOStats | None,
         whole: Callable[[], bytes] | None = None,
-    ) -> _CountingFile:
+    ) -> CountingFile:
         policy = self._policy(shard.url)
         try:
-            raw = _attempt(reopen, policy, self.stats)
-        except _GaveUpError as gave_up:
+            raw = attempt(reopen, policy, self.stats)
+        except GaveUpError as gave_up:
             raise self._gave_up(
                 shard,
                 gave_up,
                 "cannot be opened",
                 "check the credentials, the store and the network",
             ) from None
-        return _CountingFile(
+        return CountingFile(
             raw,
             reopen,
             stats,
@@ -244,11 +244,11 @@ class Source:
         )
 
     def _gave_up(
-        self, shard: Shard, gave_up: _GaveUpError, what: str, fix: str, byte: int = 0
+        self, shard: Shard, gave_up: GaveUpError, what: str, fix: str, byte: int = 0
     ) -> SourceError | StoreError:
         """The error of a shard read that still failed at the retry deadline (see
-        :func:`_store_error`)."""
-        return _store_error(
+        :func:`store_error`)."""
+        return store_error(
             shard.url,
             what,
             gave_up,
@@ -316,7 +316,7 @@ class Source:
 
     # -- reading ranges ----------------------------------------------------------------------
 
-    def fetch_ranges(self, shard: Shard, starts: list[int], ends: list[int]) -> _CountingFile:
+    def fetch_ranges(self, shard: Shard, starts: list[int], ends: list[int]) -> CountingFile:
         """Fetch byte ranges concurrently and open the shard with exactly those bytes known.
 
         Reads outside the ranges still work (one request each). Uses fsspec's
@@ -349,7 +349,7 @@ class Source:
                 if isinstance(blob, BaseException):
                     failed = _worst(failed, blob)
                 elif len(blob) != ends[n] - starts[n]:
-                    failed = _worst(failed, _ShortBodyError(_short(starts[n], ends[n], len(blob))))
+                    failed = _worst(failed, ShortBodyError(_short(starts[n], ends[n], len(blob))))
                 else:
                     blobs[n] = blob
             if failed is not None:
@@ -357,8 +357,8 @@ class Source:
             return todo
 
         try:
-            _attempt(missing, self._policy(shard.url), self.stats)
-        except _GaveUpError as gave_up:
+            attempt(missing, self._policy(shard.url), self.stats)
+        except GaveUpError as gave_up:
             n = next(n for n in range(len(starts)) if n not in blobs)
             raise self._gave_up(
                 shard,
@@ -417,7 +417,7 @@ def _short(start: int, end: int, got: int) -> str:
 
 def _worst(kept: BaseException | None, new: BaseException) -> BaseException:
     """The error to act on among a call's failures: a permanent one wins."""
-    return new if kept is None or not _transient(new) else kept
+    return new if kept is None or not is_transient(new) else kept
 
 
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
