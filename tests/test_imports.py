@@ -178,11 +178,13 @@ def _all_imports(path: Path) -> set[str]:
 
 
 def _private_imports(path: Path) -> list[str]:
-    """The ``_private`` names ``path`` imports from another ``ingest`` module (dunders aside)."""
+    """The ``_private`` names ``path`` imports from another ``ingest`` module (dunders aside),
+    by its absolute name or a relative one."""
     return [
-        f"line {node.lineno}: from {node.module} import {a.name}"
+        f"line {node.lineno}: from {'.' * node.level}{node.module or ''} import {a.name}"
         for node in ast.walk(ast.parse(path.read_text()))
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ingest")
+        if isinstance(node, ast.ImportFrom)
+        and (node.level > 0 or (node.module or "").startswith("ingest"))
         for a in node.names
         if a.name.startswith("_") and not a.name.startswith("__")
     ]
