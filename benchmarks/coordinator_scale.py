@@ -65,6 +65,7 @@ from ingest.core.book import FOLD_EVERY, EpochBook
 from ingest.core.ledger import Closed, Rows, Runs, StepRecord, as_runs, pack_base
 from ingest.core.plan import permutation
 from ingest.core.state import StreamState
+from ingest.engine.options import Shuffle
 from ingest.engine.spec import StreamSpec
 from ingest.formats.base import ShardInfo
 from ingest.planner import budget
@@ -171,7 +172,7 @@ class GivenListing:
     def window_rows(self, listing: Listing) -> int:
         spec = self.spec
         return budget.listing_window_rows(
-            listing, spec.columns, spec.shuffle_window, spec.shuffle_bytes
+            listing, spec.columns, spec.shuffle.window, spec.shuffle.bytes
         )
 
     def remember(self, listing: Listing) -> None:
@@ -297,9 +298,7 @@ def measure(config: Config) -> dict[str, Any]:
     spec = StreamSpec(
         urls=(SOURCE,),
         batch_size=config.batch_size,
-        shuffle_seed=config.seed,
-        shuffle_window=config.window,
-        shuffle_lanes=config.lanes,
+        shuffle=Shuffle(seed=config.seed, window=config.window, lanes=config.lanes),
     )
     book = simulated_book(spec, config.ranks, listing)
     gc.collect()

@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 import ingest
 from ingest.engine.feed import Feed, Ready
+from ingest.engine.options import Shuffle
 from ingest.engine.spec import StreamSpec
 
 BATCH = 1024
@@ -68,7 +69,7 @@ def stream_entropy(url: str, labels: int, lanes: int) -> float:
 
 def ranks_entropy(url: str, labels: int, lanes: int, world_size: int) -> float:
     spec = StreamSpec(
-        urls=(url,), columns=("label",), batch_size=BATCH, shuffle_seed=0, shuffle_lanes=lanes
+        urls=(url,), columns=("label",), batch_size=BATCH, shuffle=Shuffle(seed=0, lanes=lanes)
     )
     book = spec.book(world_size)
     batches = []
@@ -89,7 +90,7 @@ def main() -> None:
     write(root, args.shards, args.rows, args.labels)
     url = f"file://{root}"
     best = uniform(args.shards, args.rows, args.labels)
-    default_lanes = StreamSpec(urls=(url,)).shuffle_lanes
+    default_lanes = StreamSpec(urls=(url,)).shuffle.lanes
     rows = [
         ("Stream, default lanes", stream_entropy(url, args.labels, default_lanes)),
         ("Stream, 1 lane (window within a shard)", stream_entropy(url, args.labels, 1)),

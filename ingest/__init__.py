@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.ray_stream import RayStream
     from ingest.engine.mix import Mix
+    from ingest.engine.options import Shuffle
     from ingest.engine.pack import Pack
     from ingest.engine.stage import Filter, FlatMap, Stage, Staged
     from ingest.engine.stream import Stream
@@ -83,6 +84,7 @@ __all__ = [
     "Shard",
     "ShardError",
     "ShardInfo",
+    "Shuffle",
     "Source",
     "SourceError",
     "Stage",
@@ -118,6 +120,7 @@ _LAZY = {
     "Staged": "ingest.engine.stage",
     "Pack": "ingest.engine.pack",
     "Mix": "ingest.engine.mix",
+    "Shuffle": "ingest.engine.options",
     "Tokenize": "ingest.engine.tokenize",
     "Listing": "ingest.planner.catalog",
     "IndexConfig": "ingest.planner.index",

@@ -15,6 +15,7 @@ from ingest.core.ledger import Ledger, StepRecord, runs_of_entry
 from ingest.core.share import FeedPlan
 from ingest.core.state import StreamState
 from ingest.engine.feed import Feed, Tail
+from ingest.engine.options import Shuffle
 from ingest.engine.spec import StreamSpec
 from ingest.planner.catalog import Listing
 from ingest.testing import Store, write_dataset
@@ -52,7 +53,7 @@ def ids(plan_listing_urls: list[str], runs: list[tuple[int, int, int, int]]) -> 
 @pytest.fixture
 def spec(local: Store) -> StreamSpec:
     write_dataset(local.fs, local.url("d"), "parquet", SHARDS, ROWS, row_group_rows=300)
-    return StreamSpec(urls=(local.url("d"),), batch_size=BATCH, shuffle_seed=3)
+    return StreamSpec(urls=(local.url("d"),), batch_size=BATCH, shuffle=Shuffle(seed=3))
 
 
 def run_epoch(book: EpochBook[Listing], epoch: int, stop_after: int | None = None) -> list[int]:
@@ -267,11 +268,7 @@ def test_a_state_saved_after_an_elastic_restore_resumes_exactly_once(local: Stor
     out anew (it planned the whole epoch from its cursors, and read too few rows)."""
     write_dataset(local.fs, local.url("d"), "parquet", 7, ROWS, row_group_rows=300)
     spec = StreamSpec(
-        urls=(local.url("d"),),
-        batch_size=BATCH,
-        shuffle_seed=3,
-        shuffle_window=256,
-        shuffle_lanes=4,
+        urls=(local.url("d"),), batch_size=BATCH, shuffle=Shuffle(seed=3, window=256, lanes=4)
     )
     book = spec.book(4)
     delivered = feed_epoch(book, spec, 0, steps=5)
@@ -291,11 +288,7 @@ def test_a_state_saved_after_an_elastic_restore_resumes_exactly_once(local: Stor
 def shuffled(local: Store) -> StreamSpec:
     write_dataset(local.fs, local.url("d"), "parquet", 7, ROWS, row_group_rows=300)
     return StreamSpec(
-        urls=(local.url("d"),),
-        batch_size=BATCH,
-        shuffle_seed=3,
-        shuffle_window=256,
-        shuffle_lanes=4,
+        urls=(local.url("d"),), batch_size=BATCH, shuffle=Shuffle(seed=3, window=256, lanes=4)
     )
 
 

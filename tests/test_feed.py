@@ -15,6 +15,7 @@ from ingest.core.ledger import Ledger, StepRecord, _entries, pack_base, runs_of,
 from ingest.core.plan import _GOLDEN, hash64, permutation, permutations
 from ingest.core.state import StreamState
 from ingest.engine.feed import Feed, Ready, Tail
+from ingest.engine.options import Shuffle
 from ingest.engine.spec import StreamSpec
 from ingest.engine.window import Origin
 from ingest.formats.base import ReadOptions, RowBatch
@@ -35,10 +36,8 @@ def make_spec(url: str, seed: int | None, window: int, lanes: int, batch: int) -
         urls=(url,),
         columns=("id",),
         batch_size=batch,
-        shuffle_seed=seed,
-        shuffle_window=window,
-        shuffle_lanes=lanes,
         read=ReadOptions(prefetch=0, batch_rows=100),
+        shuffle=Shuffle(seed=seed, window=window, lanes=lanes),
     )
 
 

@@ -17,6 +17,7 @@ import ingest
 from ingest.core.book import EpochBook
 from ingest.core.errors import SourceError
 from ingest.core.state import StreamState
+from ingest.engine.options import Shuffle
 from ingest.engine.spec import StreamSpec
 from ingest.planner.catalog import Listing
 from ingest.testing import Store, encode, make_table
@@ -32,7 +33,9 @@ def write(store: Store, n: int, rows: int = ROWS, where: str = "d") -> None:
 
 
 def spec(store: Store, follow: ingest.Follow = FOLLOW) -> StreamSpec:
-    return StreamSpec(urls=(store.url("d") + "/",), batch_size=BATCH, shuffle_seed=3, follow=follow)
+    return StreamSpec(
+        urls=(store.url("d") + "/",), batch_size=BATCH, follow=follow, shuffle=Shuffle(seed=3)
+    )
 
 
 def run_round(book: EpochBook[Listing], epoch: int) -> tuple[list[int], list[int]]:

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 import ingest
+from ingest.engine.options import Shuffle
 from ingest.engine.prefetch import Prefetcher
 from ingest.engine.spec import StreamSpec
 from ingest.testing import write_large_rows
@@ -95,7 +96,7 @@ def test_the_window_in_rows_comes_from_the_listing_and_is_saved(large_rows: str)
     """The byte bound becomes rows when the epoch is planned (bytes per row from the
     Parquet footers), the same on every plan of the listing, and the state records it."""
     spec = StreamSpec(
-        urls=(large_rows,), batch_size=BATCH, shuffle_seed=3, shuffle_bytes=WINDOW_BYTES
+        urls=(large_rows,), batch_size=BATCH, shuffle=Shuffle(seed=3, bytes=WINDOW_BYTES)
     )
     rows = WINDOW_BYTES // ROW_BYTES  # 8 (the footers say a bit over 256 KiB a row: 7)
     plan = spec.book(1).rank_plan(0, 0)
@@ -104,8 +105,8 @@ def test_the_window_in_rows_comes_from_the_listing_and_is_saved(large_rows: str)
     stream = bounded(large_rows)
     next(iter(stream))
     assert stream.state_dict()["position"]["shuffle"]["window"] == plan.window
-    unbounded = StreamSpec(urls=(large_rows,), batch_size=BATCH, shuffle_bytes=None)
-    assert unbounded.book(1).rank_plan(0, 0).window == unbounded.shuffle_window
+    unbounded = StreamSpec(urls=(large_rows,), batch_size=BATCH, shuffle=Shuffle(bytes=None))
+    assert unbounded.book(1).rank_plan(0, 0).window == unbounded.shuffle.window
 
 
 @pytest.mark.parametrize("stop_after", [1, 3, 9])

@@ -9,6 +9,7 @@ store (``fetch_batches=0``), a bare ``GetTimeoutError`` (``timeout_s=-1``), a ba
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -48,6 +49,10 @@ CASES: list[tuple[Any, dict[str, Any], str]] = [
     (ingest.ReadOptions, {"block_bytes": "8M"}, r"block_bytes='8M' must be .*got str"),
     (ingest.ReadOptions, {"max_line_bytes": 100}, r"max_line_bytes=100 is below 1024"),
     (ingest.ReadOptions, {"file_concurrency": 0}, r"file_concurrency=0 must be >= 1"),
+    # Shuffle
+    (ingest.Shuffle, {"window": NAN}, r"^Shuffle\(window=nan\) must be >= 1, a whole number"),
+    (ingest.Shuffle, {"lanes": 0}, r"^Shuffle\(lanes=0\) must be >= 1"),
+    (ingest.Shuffle, {"bytes": 0}, r"^Shuffle\(bytes=0\) must be >= 1 bytes"),
 ]
 
 
@@ -58,7 +63,7 @@ def test_a_bad_option_is_refused_when_made(
     with pytest.raises(ingest.ConfigError, match=pattern) as info:
         config(**kwargs)
     name = next(iter(kwargs))
-    if name != "manifest":
+    if name not in ("manifest", "seed"):
         assert "the default" in str(info.value), "the message names the fix"
 
 
@@ -79,8 +84,29 @@ def test_a_bad_stream_option_is_refused_before_anything_is_read(
     write_dataset(local.fs, url, "parquet", 1, 100)
     with pytest.raises(ingest.ConfigError, match=pattern):
         ingest.Stream(url, **kwargs)
-    with pytest.raises(ingest.ConfigError, match=pattern):
-        StreamSpec(urls=(url,), **kwargs)
+    if "batch_size" in kwargs:  # the shuffle's numbers are a Shuffle's (CASES)
+        with pytest.raises(ingest.ConfigError, match=pattern):
+            StreamSpec(urls=(url,), **kwargs)
+
+
+def test_a_shuffle_is_one_config_and_the_keywords_still_make_it(local: Store) -> None:
+    """Issue 33, item 4: the order's settings are one frozen ``Shuffle``, taken by every
+    stream; the ``shuffle_*`` keywords make the same one; both at once are refused, naming
+    both; a bad seed is named as passed."""
+    url = local.url("d")
+    write_dataset(local.fs, url, "parquet", 2, 100)
+    by_config = ingest.Stream(url, batch_size=10, shuffle=ingest.Shuffle(seed=3, window=64))
+    by_keywords = ingest.Stream(url, batch_size=10, shuffle_seed=3, shuffle_window=64)
+    assert by_config.spec.shuffle == by_keywords.spec.shuffle == ingest.Shuffle(seed=3, window=64)
+    assert [b["id"].tolist() for b in by_config] == [b["id"].tolist() for b in by_keywords]
+    with pytest.raises(ingest.ConfigError, match=r"shuffle=Shuffle\(.*and shuffle_seed=1 both"):
+        ingest.Stream(url, shuffle=ingest.Shuffle(seed=3), shuffle_seed=1)
+    with pytest.raises(ingest.ConfigError, match=r"^shuffle_seed=-1 must be a non-negative"):
+        ingest.Stream(url, shuffle_seed=-1)
+    with pytest.raises(ingest.ConfigError, match=r"^Shuffle\(seed=-1\) must be a non-negative"):
+        ingest.Shuffle(seed=-1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ingest.Shuffle().seed = 1  # type: ignore[misc]
 
 
 def test_good_values_of_every_numeric_kind_are_taken() -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ingest.core.errors import ConfigError
@@ -89,8 +90,23 @@ def check_numbers(options: object, owner: str, **rules: Number) -> None:
         for f in dataclasses.fields(options)  # type: ignore[arg-type]
         if f.default is not dataclasses.MISSING
     }
+    check_values({name: getattr(options, name) for name in rules}, defaults, owner, rules)
+
+
+def check_values(
+    values: Mapping[str, object],
+    defaults: Mapping[str, object],
+    owner: str,
+    rules: Mapping[str, Number],
+) -> None:
+    """:func:`check_numbers` over named ``values`` (keywords not yet a config), with their
+    ``defaults`` for the fix.
+
+    Raises:
+        ConfigError: For the first value that breaks its rule.
+    """
     for name, rule in rules.items():
-        value = getattr(options, name)
+        value = values[name]
         problem = rule.problem(value)
         if problem is None:
             continue
@@ -113,4 +129,12 @@ def check_remainder(remainder: str) -> None:
         )
 
 
-__all__ = ["BYTES_OR_NONE", "COUNT", "SECONDS", "Number", "check_numbers", "check_remainder"]
+__all__ = [
+    "BYTES_OR_NONE",
+    "COUNT",
+    "SECONDS",
+    "Number",
+    "check_numbers",
+    "check_remainder",
+    "check_values",
+]

@@ -19,8 +19,8 @@ from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.distributed.ray_mix import MixedRankIterator, MixedRayStream
 from ingest.distributed.sizer import PoolSizer, Readers
 from ingest.engine.mix import Mix
+from ingest.engine.options import Shuffle, StreamOptions
 from ingest.engine.pack import Pack
-from ingest.engine.pack_settings import check_read
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform
 from ingest.formats.base import ReadOptions
@@ -47,11 +47,10 @@ class RayStream:
         format: Format name for every shard; None infers it from extensions.
         columns: Columns to read; None reads all.
         batch_size: Rows per batch on every rank.
-        shuffle_seed: Seed for shard, block and row order; None keeps listing order.
-        shuffle_window: Rows per shuffle window on each rank, at most.
-        shuffle_bytes: Bytes per shuffle window on each rank, about (default 256 MiB; see
-            :class:`ingest.Stream`). None: ``shuffle_window`` rows whatever their size.
-        shuffle_lanes: Shards each rank reads side by side into a window.
+        shuffle: The order on each rank: ``ingest.Shuffle(seed, window, bytes, lanes)``
+            (see :class:`ingest.Shuffle`); the default reads in listing order.
+        shuffle_seed, shuffle_window, shuffle_bytes, shuffle_lanes: The same settings as
+            keywords, as earlier releases took them; not together with ``shuffle``.
         remainder: ``"carry"`` the rows that cannot fill a step on every rank into the next
             epoch, or ``"drop"`` them; counted either way.
         world_size: Number of ranks.
@@ -106,7 +105,45 @@ class RayStream:
         progress: bool = False,
         follow: Follow | None = None,
         pack: Pack | None = None,
+        shuffle: Shuffle | None = None,
     ) -> None:
+        options = StreamOptions(
+            format=format, columns=columns, batch_size=batch_size,
+            shuffle=Shuffle.of(shuffle, shuffle_seed, shuffle_window, shuffle_bytes, shuffle_lanes),
+            remainder=remainder, storage_options=storage_options, read=read,
+            transform=transform, progress=progress, follow=follow, pack=pack,
+        )  # fmt: skip
+        self._start(source, options, world_size, readers, index, name, timeout_s)
+
+    @classmethod
+    def of(
+        cls,
+        source: str | Sequence[str] | Mix,
+        options: StreamOptions,
+        *,
+        world_size: int = 1,
+        readers: ReaderPool | None = None,
+        index: IndexConfig | None = IndexConfig(),  # noqa: B008 - frozen, compared by value
+        name: str | None = None,
+        timeout_s: float = 300.0,
+    ) -> RayStream:
+        """The stream of ``source`` with ``options`` (what the shared keywords make) and
+        the Ray settings."""
+        stream = cls.__new__(cls)
+        stream._start(source, options, world_size, readers, index, name, timeout_s)
+        return stream
+
+    def _start(
+        self,
+        source: str | Sequence[str] | Mix,
+        options: StreamOptions,
+        world_size: int,
+        readers: ReaderPool | None,
+        index: IndexConfig | None,
+        name: str | None,
+        timeout_s: float,
+    ) -> None:
+        pack, transform, follow = options.pack, options.transform, options.follow
         if isinstance(world_size, bool) or world_size < 1:
             raise ConfigError(f"world_size={world_size} must be >= 1")
         if transform is not None and not callable(transform):
@@ -114,9 +151,10 @@ class RayStream:
                 f"transform={transform!r} is neither a function nor a class; pass a function "
                 "over a pyarrow Table, or a class whose instances are one"
             )
-        check_read(pack, read)
+        self.options = options
+        """The settings this stream was made with (those it shares with ``Stream``)."""
         self.pack = pack
-        self.batch_size = batch_size
+        self.batch_size = options.batch_size
         """Rows per batch on every rank (sequences, with ``pack``)."""
         self.world_size = world_size
         self.timeout_s = timeout_s
@@ -127,31 +165,19 @@ class RayStream:
         self.mixed: MixedRayStream | None = None
         """Over an :class:`ingest.Mix`: the sources' streams; else None."""
         if isinstance(source, Mix):
-            options: dict[str, Any] = dict(
-                format=format, columns=columns, batch_size=1, shuffle_seed=shuffle_seed,
-                shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes,
-                shuffle_lanes=shuffle_lanes, remainder=remainder, world_size=world_size,
-                readers=readers, storage_options=storage_options, read=read,
-                transform=transform, index=index, timeout_s=timeout_s, progress=progress,
-                follow=follow, pack=pack,
+            each = options.of_sources()
+            self.mixed = MixedRayStream(
+                source,
+                lambda part, urls: RayStream.of(
+                    urls, each, world_size=world_size, readers=readers, index=index,
+                    name=f"{self.name}-{part}", timeout_s=timeout_s,
+                ),
+                self.batch_size,
+                None if pack is None else pack.seq_len,
+                world_size,
             )  # fmt: skip
-            self._start_mix(source, options)
             return
-        self.spec = StreamSpec.of(
-            source,
-            storage_options=storage_options,
-            columns=columns,
-            read=read,
-            format=format,
-            batch_size=batch_size if pack is None else pack.read_rows,
-            shuffle_seed=shuffle_seed,
-            shuffle_window=shuffle_window,
-            shuffle_bytes=shuffle_bytes,
-            shuffle_lanes=shuffle_lanes,
-            remainder=remainder,
-            index=index,
-            follow=follow,
-        )
+        self.spec = StreamSpec.of(source, index=index, **options.spec_options())
         if follow is not None and timeout_s <= follow.idle_timeout_s + follow.poll_s:
             raise ConfigError(
                 f"timeout_s={timeout_s} must exceed Follow(idle_timeout_s="
@@ -200,7 +226,9 @@ class RayStream:
             beside={k: v * held for k, v in self.pool.asks().items()},
         )
         try:
-            listing = self.spec.catalog(indexer).scan(progress=progress, index=world_size > 1)
+            listing = self.spec.catalog(indexer).scan(
+                progress=options.progress, index=world_size > 1
+            )
             wait_started(self.pool, self._pool.actors)  # or say which resource is missing
         except BaseException as e:
             if follow is not None and isinstance(e, NoShardsError):
@@ -210,16 +238,6 @@ class RayStream:
             self.shutdown()  # no actor outlives a stream that could not start
             raise
         self.coordinator.prepare.remote(listing)
-
-    def _start_mix(self, mix: Mix, options: dict[str, Any]) -> None:
-        """Start a stream per source (``batch_size`` 1: a draw is a batch of one)."""
-        self.mixed = MixedRayStream(
-            mix,
-            lambda part, urls: RayStream(urls, name=f"{self.name}-{part}", **options),
-            self.batch_size,
-            None if self.pack is None else self.pack.seq_len,
-            self.world_size,
-        )
 
     def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
         try:

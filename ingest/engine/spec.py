@@ -10,8 +10,9 @@ from typing import Any
 
 from ingest.core.book import BookConfig, EpochBook, Remainder
 from ingest.core.errors import ConfigError, redact
-from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers, check_remainder
+from ingest.core.validate import COUNT, check_numbers, check_remainder
 from ingest.engine.feed import FeedConfig
+from ingest.engine.options import Shuffle
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Catalog, Listing
@@ -31,15 +32,11 @@ class StreamSpec:
         format: Format name for every shard, or None to infer from extensions.
         columns: Columns to read, or None for all.
         batch_size: Rows per batch on every rank.
-        shuffle_seed: Seed for shard, block and row order; None keeps listing order.
-        shuffle_window: Rows per shuffle window, at most (the memory of the shuffle, in rows).
-        shuffle_bytes: Bytes per shuffle window, about: each epoch's window holds
-            ``min(shuffle_window, shuffle_bytes // bytes per row)`` rows, one at least, with
-            the bytes per row estimated from the listing when the epoch is planned
-            (:mod:`ingest.planner.budget`), so that the order stays a pure function of the plan.
-            None: rows only.
-        shuffle_lanes: Shards read side by side into each window, so a batch mixes rows of
-            up to this many shards even when every shard is sorted.
+        shuffle: The order (:class:`ingest.Shuffle`): seed, window rows and bytes, lanes.
+            Each epoch's window holds ``min(window, bytes // bytes per row)`` rows, one at
+            least, with the bytes per row estimated from the listing when the epoch is
+            planned (:mod:`ingest.planner.budget`), so that the order stays a pure function
+            of the plan.
         read: How shards are read.
         remainder: What happens to the rows of an epoch that cannot fill one more step on
             every rank: ``"carry"`` them into the next epoch's first steps, or ``"drop"``
@@ -57,10 +54,7 @@ class StreamSpec:
     format: str | None = None
     columns: tuple[str, ...] | None = None
     batch_size: int = 1024
-    shuffle_seed: int | None = None
-    shuffle_window: int = 16_384
-    shuffle_bytes: int | None = 256 << 20
-    shuffle_lanes: int = 16
+    shuffle: Shuffle = field(default_factory=Shuffle)
     read: ReadOptions = field(default_factory=ReadOptions)
     remainder: Remainder = "carry"
     index: IndexConfig | None = field(default_factory=IndexConfig)
@@ -69,24 +63,9 @@ class StreamSpec:
     def __post_init__(self) -> None:
         if not self.urls:
             raise ConfigError("a stream needs at least one source URL")
-        check_numbers(
-            self,
-            "",
-            batch_size=COUNT,
-            shuffle_window=COUNT,
-            shuffle_lanes=COUNT,
-            shuffle_bytes=BYTES_OR_NONE,
-        )
+        check_numbers(self, "", batch_size=COUNT)
         if self.columns is not None and not self.columns:
             raise ConfigError("columns=[] selects nothing; pass None for all columns")
-        if self.shuffle_seed is not None and (
-            isinstance(self.shuffle_seed, bool)
-            or not isinstance(self.shuffle_seed, int)
-            or self.shuffle_seed < 0
-        ):
-            raise ConfigError(
-                f"shuffle_seed={self.shuffle_seed!r} must be a non-negative int or None"
-            )
         check_remainder(self.remainder)
         if self.format is not None:
             get_format(self.format)
@@ -136,12 +115,12 @@ class StreamSpec:
     def feed_config(self) -> FeedConfig:
         return FeedConfig(
             batch_size=self.batch_size,
-            seed=self.shuffle_seed,
-            window=self.shuffle_window,
-            lanes=self.shuffle_lanes,
+            seed=self.shuffle.seed,
+            window=self.shuffle.window,
+            lanes=self.shuffle.lanes,
             columns=self.columns,
             read=self.read,
-            window_bytes=self.shuffle_bytes,
+            window_bytes=self.shuffle.bytes,
         )
 
     def planner(self, indexer: Indexer | None = None, *, progress: bool = False) -> Planner:
@@ -150,8 +129,8 @@ class StreamSpec:
             self.catalog(indexer),
             follow=self.follow,
             columns=self.columns,
-            shuffle_window=self.shuffle_window,
-            shuffle_bytes=self.shuffle_bytes,
+            shuffle_window=self.shuffle.window,
+            shuffle_bytes=self.shuffle.bytes,
             progress=progress,
         )
 
@@ -160,8 +139,8 @@ class StreamSpec:
             # The sources as saved in every state: credentials and query values never are.
             sources=tuple(redact(u) for u in self.urls),
             batch_size=self.batch_size,
-            seed=self.shuffle_seed,
-            lanes=self.shuffle_lanes,
+            seed=self.shuffle.seed,
+            lanes=self.shuffle.lanes,
             remainder=self.remainder,
             max_errors=self.read.max_errors,
             follows=self.follow is not None,

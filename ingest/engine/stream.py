@@ -29,8 +29,8 @@ from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.mixed_stream import MixedStream, not_for_a_mixture
+from ingest.engine.options import Shuffle, StreamOptions
 from ingest.engine.pack import Pack, PackedRank, with_origin
-from ingest.engine.pack_settings import check_read
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, applying, build_transform
 from ingest.formats.base import ReadOptions
@@ -57,14 +57,12 @@ class Stream:
         columns: Columns to read; None reads all.
         batch_size: Rows per batch. Every batch is full: the rows of an epoch that do not
             fill one are carried into the next epoch (or dropped, see ``remainder``).
-        shuffle_seed: Seed for shard, block and row order; None reads in listing order.
-        shuffle_window: Rows per shuffle window, at most: rows are permuted within a window.
-        shuffle_bytes: Bytes per shuffle window, about (default 256 MiB): large rows make
-            windows of fewer rows, fixed for each epoch from the listing's bytes per row
-            (and saved in the state). None: ``shuffle_window`` rows whatever their size.
-        shuffle_lanes: Shards read side by side into each window, so that a window mixes
-            rows of up to this many shards. Memory: about ``shuffle_bytes`` +
-            ``read.prefetch_bytes`` (see ``stats["peak_bytes_held"]``).
+        shuffle: The order: ``ingest.Shuffle(seed, window, bytes, lanes)`` (see
+            :class:`ingest.Shuffle`); the default reads in listing order. Memory: about
+            ``shuffle.bytes`` + ``read.prefetch_bytes`` (see ``stats["peak_bytes_held"]``).
+        shuffle_seed, shuffle_window, shuffle_bytes, shuffle_lanes: The same settings as
+            keywords, as earlier releases took them (``shuffle_seed=0`` is
+            ``shuffle=ingest.Shuffle(seed=0)``); not together with ``shuffle``.
         remainder: ``"carry"`` the rows that cannot fill a batch at the end of an epoch into
             the next epoch, or ``"drop"`` them; counted in the state either way.
         storage_options: fsspec options for the store (endpoint, credentials). Never saved
@@ -107,38 +105,38 @@ class Stream:
         progress: bool = False,
         follow: Follow | None = None,
         pack: Pack | None = None,
+        shuffle: Shuffle | None = None,
     ) -> None:
+        options = StreamOptions(
+            format=format, columns=columns, batch_size=batch_size,
+            shuffle=Shuffle.of(shuffle, shuffle_seed, shuffle_window, shuffle_bytes, shuffle_lanes),
+            remainder=remainder, storage_options=storage_options, read=read,
+            transform=transform, progress=progress, follow=follow, pack=pack,
+        )  # fmt: skip
+        self._start(source, options)
+
+    @classmethod
+    def of(cls, source: str | Sequence[str] | Mix, options: StreamOptions) -> Stream:
+        """The stream of ``source`` with ``options`` (what the keywords make)."""
+        stream = cls.__new__(cls)
+        stream._start(source, options)
+        return stream
+
+    def _start(self, source: str | Sequence[str] | Mix, options: StreamOptions) -> None:
+        batch_size, pack, transform = options.batch_size, options.pack, options.transform
+        self.options = options
+        """The settings this stream was made with."""
         self._batch_size = batch_size
         self.mixed: MixedStream | None = None
         """Over an :class:`ingest.Mix`: its sources' streams and the mixer; else None."""
         if isinstance(source, Mix):
-            options: dict[str, Any] = dict(
-                format=format, columns=columns, batch_size=1, shuffle_seed=shuffle_seed,
-                shuffle_window=shuffle_window, shuffle_bytes=shuffle_bytes,
-                shuffle_lanes=shuffle_lanes, remainder=remainder, read=read,
-                storage_options=storage_options, transform=transform, progress=progress,
-                follow=follow, pack=pack,
-            )  # fmt: skip
             seq_len = None if pack is None else pack.seq_len
+            each = options.of_sources()
             self.mixed = MixedStream(
-                source, lambda urls: Stream(urls, **options), batch_size, seq_len
+                source, lambda urls: Stream.of(urls, each), batch_size, seq_len
             )
             return
-        check_read(pack, read)
-        self.spec = StreamSpec.of(
-            source,
-            storage_options=storage_options,
-            columns=columns,
-            read=read,
-            format=format,
-            batch_size=batch_size if pack is None else pack.read_rows,
-            shuffle_seed=shuffle_seed,
-            shuffle_window=shuffle_window,
-            shuffle_bytes=shuffle_bytes,
-            shuffle_lanes=shuffle_lanes,
-            remainder=remainder,
-            follow=follow,
-        )
+        self.spec = StreamSpec.of(source, **options.spec_options())
         fn = build_transform(transform)
         # Checked as in the reader pool: one row per input row (a stage: its origins).
         self._transform: Callable[[Any], Any] | None = None
@@ -146,7 +144,7 @@ class Stream:
             self._transform = with_origin(fn)
         elif fn is not None:
             self._transform = applying(fn)
-        self._planner = self.spec.planner(progress=progress)
+        self._planner = self.spec.planner(progress=options.progress)
         self._book = self.spec.book(1, self._planner)
         self._next_epoch = 0
         self._rank = RankLoop(0, BookLink(self._book), on_quarantined=self._log)
@@ -192,7 +190,7 @@ class Stream:
     def shuffle_seed(self) -> int | None:
         if self.mixed is not None:
             return next(iter(self.mixed.streams.values())).shuffle_seed
-        return self.spec.shuffle_seed
+        return self.spec.shuffle.seed
 
     @property
     def epoch(self) -> int:

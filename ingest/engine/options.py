@@ -1,0 +1,138 @@
+"""The settings every stream entry point shares, in frozen configs defined once.
+
+A stream's settings come in groups, each a frozen config: :class:`Shuffle` (the order and
+its windows), :class:`~ingest.formats.base.ReadOptions` (how shards are read),
+:class:`~ingest.engine.pack_settings.Pack` (packing) and, on Ray,
+:class:`~ingest.distributed.pool.ReaderPool` (the pool). :class:`StreamOptions` holds what
+:class:`ingest.Stream` and :class:`ingest.RayStream` both take; each constructor makes it
+once from its keywords (the ``shuffle_*`` keywords of earlier releases keep working) and
+everything after reads it: the stream's :class:`~ingest.engine.spec.StreamSpec`, and the
+options of a mixture's source streams.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ingest.core.book import Remainder
+from ingest.core.errors import ConfigError
+from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers, check_values
+from ingest.engine.pack_settings import Pack, check_read
+from ingest.engine.transform import Transform
+from ingest.formats.base import ReadOptions
+from ingest.storage.follow import Follow
+
+_RULES = {"window": COUNT, "bytes": BYTES_OR_NONE, "lanes": COUNT}
+"""Each :class:`Shuffle` number's rule."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shuffle:
+    """How a stream orders its rows: seeded shard, block and row order within windows.
+
+    ``Stream(url, shuffle=ingest.Shuffle(seed=0, window=32_768))`` is the same stream as
+    ``Stream(url, shuffle_seed=0, shuffle_window=32_768)``.
+
+    Attributes:
+        seed: Seed for shard, block and row order; None reads in listing order.
+        window: Rows per shuffle window, at most: rows are permuted within a window.
+        bytes: Bytes per shuffle window, about (default 256 MiB): large rows make windows
+            of fewer rows, fixed for each epoch from the listing's bytes per row (and saved
+            in the state). None: ``window`` rows whatever their size.
+        lanes: Shards read side by side into each window, so that a window mixes rows of
+            up to this many shards even when every shard is sorted.
+    """
+
+    seed: int | None = None
+    window: int = 16_384
+    bytes: int | None = 256 << 20
+    lanes: int = 16
+
+    def __post_init__(self) -> None:
+        check_numbers(self, "Shuffle", **_RULES)
+        _check_seed(self.seed, "Shuffle(seed={!r})")
+
+    @classmethod
+    def of(
+        cls,
+        shuffle: Shuffle | None,
+        seed: int | None,
+        window: int,
+        window_bytes: int | None,
+        lanes: int,
+    ) -> Shuffle:
+        """``shuffle``, or the one the ``shuffle_*`` keywords of a stream make.
+
+        Raises:
+            ConfigError: If ``shuffle`` is given with a ``shuffle_*`` keyword that is not at
+                its default, or a keyword's value is out of range (named as passed).
+        """
+        given = {"seed": seed, "window": window, "bytes": window_bytes, "lanes": lanes}
+        defaults = {f.name: f.default for f in dataclasses.fields(cls)}
+        if shuffle is not None:
+            also = [f"shuffle_{k}={v!r}" for k, v in given.items() if v != defaults[k]]
+            if also:
+                raise ConfigError(
+                    f"shuffle={shuffle!r} and {', '.join(also)} both set the order; pass "
+                    "the settings in shuffle=ingest.Shuffle(...) alone"
+                )
+            return shuffle
+        keywords = {f"shuffle_{k}": v for k, v in given.items()}
+        check_values(
+            keywords,
+            {f"shuffle_{k}": defaults[k] for k in given},
+            "",
+            {f"shuffle_{k}": rule for k, rule in _RULES.items()},
+        )
+        _check_seed(seed, "shuffle_seed={!r}")
+        return cls(seed=seed, window=window, bytes=window_bytes, lanes=lanes)
+
+
+def _check_seed(seed: object, shown: str) -> None:
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise ConfigError(f"{shown.format(seed)} must be a non-negative int or None")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StreamOptions:
+    """What :class:`ingest.Stream` and :class:`ingest.RayStream` both take, made once from
+    their keywords (see their docstrings for each)."""
+
+    format: str | None = None
+    columns: Sequence[str] | None = None
+    batch_size: int = 1024
+    shuffle: Shuffle = field(default_factory=Shuffle)
+    remainder: Remainder = "carry"
+    storage_options: Mapping[str, Any] | None = None
+    read: ReadOptions | None = None
+    transform: Transform | None = None
+    progress: bool = False
+    follow: Follow | None = None
+    pack: Pack | None = None
+
+    def __post_init__(self) -> None:
+        check_read(self.pack, self.read)
+
+    def of_sources(self) -> StreamOptions:
+        """The options of a mixture's source streams: batches of one row (a draw)."""
+        return dataclasses.replace(self, batch_size=1)
+
+    def spec_options(self) -> dict[str, Any]:
+        """The keywords of :meth:`ingest.engine.spec.StreamSpec.of` these options give:
+        with ``pack``, the stream's steps are read steps of ``pack.read_rows`` documents."""
+        return {
+            "storage_options": self.storage_options,
+            "columns": self.columns,
+            "read": self.read,
+            "format": self.format,
+            "batch_size": self.batch_size if self.pack is None else self.pack.read_rows,
+            "shuffle": self.shuffle,
+            "remainder": self.remainder,
+            "follow": self.follow,
+        }
+
+
+__all__ = ["Shuffle", "StreamOptions"]
