@@ -326,11 +326,12 @@ class RankIterator:
         _import_torch_meanwhile()
         run = None
         if self.pack is not None:
+            link = _PackingLink(self)
             if self._packing is None:
-                self._packing = RankPacking.of(self.pack, self.pack_batch, self)
+                self._packing = RankPacking.of(self.pack, self.pack_batch, link)
             run = self._packing
-            epoch = rank_pack.begin(self, run)
-            got: Iterator[Batch] = rank_pack.batches(self, run, epoch)
+            epoch = rank_pack.begin(link, run)
+            got: Iterator[Batch] = rank_pack.batches(link, run, epoch)
         else:
             epoch = self._take_over()
             got = (b for _, b in self._loop.batches(epoch, self._items(epoch), self._to_torch, End))
@@ -466,7 +467,7 @@ class RankIterator:
         that step (up to ``RankOptions.timeout_s``).
         """
         if self.pack is not None:
-            return rank_pack.state(self, self._packing)
+            return rank_pack.state(_PackingLink(self), self._packing)
         self.flush()
         return self._call(  # type: ignore[no-any-return]
             "state_dict",
@@ -503,6 +504,51 @@ class _CoordinatorLink:
             ending.quarantined,
             rank,
         )
+
+
+class _PackingLink:
+    """A packing rank's link to its iterator (:class:`ingest.distributed.rank_pack.IteratorLink`,
+    see there): the iterator's own calls, under public names for the packing."""
+
+    def __init__(self, it: RankIterator) -> None:
+        self._it = it
+
+    @property
+    def rank(self) -> int:
+        return self._it.rank
+
+    @property
+    def timeout_s(self) -> float:
+        return self._it.options.timeout_s
+
+    @property
+    def fetch_batches(self) -> int:
+        return self._it.options.fetch_batches
+
+    @property
+    def loop(self) -> RankLoop:
+        return self._it._loop
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        return self._it._call(method, *args, timeout_s=timeout_s)
+
+    def session(self) -> int:
+        return self._it._session()
+
+    def take_over(self) -> int:
+        return self._it._take_over()
+
+    def items(self, epoch: int) -> Iterator[Item | End]:
+        return self._it._items(epoch)
+
+    def holds_items(self) -> bool:
+        return bool(self._it._held)
+
+    def flush(self) -> None:
+        self._it.flush()
+
+    def upcoming_epoch(self) -> int:
+        return self._it.upcoming_epoch()
 
 
 _LIVE: dict[tuple[str, int], weakref.ref[RankIterator]] = {}

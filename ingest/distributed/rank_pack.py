@@ -31,6 +31,10 @@ anew at any world size) with those documents' offsets (``progress.tokens``).
 **A reader lost.** The rank's packing keeps what it holds; its feed restarts after its last
 read step acked, and the read steps it packed already, read again, are left out.
 
+**The iterator.** The packing reaches its rank iterator only through an
+:class:`IteratorLink` (:class:`~ingest.distributed.rank.RankIterator` hands it one): the
+coordinator's calls, taking the rank over, the feed's items and the acks.
+
 **One iterator per epoch.** A rank's packing lives in its iterator's process, so another
 iterator cannot take a rank over in the middle of an epoch (it is refused, naming the fix);
 a new loop over the same iterator goes on where the last one left.
@@ -41,15 +45,72 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ingest.core.errors import IngestError, StreamTimeoutError
 from ingest.distributed.rank_feed import End, Item
+from ingest.engine.loop import RankLoop
 from ingest.engine.pack import Pack, PackedRank
 
 if TYPE_CHECKING:
-    from ingest.distributed.rank import RankIterator
     from ingest.engine.convert import Batch
+
+
+class IteratorLink(Protocol):
+    """What a packing rank needs of its rank iterator
+    (:class:`~ingest.distributed.rank.RankIterator`), which hands its packing one."""
+
+    @property
+    def rank(self) -> int:
+        """The rank."""
+        ...
+
+    @property
+    def timeout_s(self) -> float:
+        """The longest wait for the coordinator or the other ranks
+        (:attr:`~ingest.distributed.rank.RankOptions.timeout_s`)."""
+        ...
+
+    @property
+    def fetch_batches(self) -> int:
+        """Ready batches asked of the reader pool per call
+        (:attr:`~ingest.distributed.rank.RankOptions.fetch_batches`)."""
+        ...
+
+    @property
+    def loop(self) -> RankLoop:
+        """The rank's loop: the read steps handed out and their acks."""
+        ...
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """Call the coordinator's ``method`` and wait for its answer (the coordinator's
+        death is said as such, with how to resume)."""
+        ...
+
+    def session(self) -> int:
+        """The coordinator session the iterator belongs to."""
+        ...
+
+    def take_over(self) -> int:
+        """Take the rank over for a loop at the coordinator; returns its epoch."""
+        ...
+
+    def items(self, epoch: int) -> Iterator[Item | End]:
+        """The rank's read steps of ``epoch`` from its reader, up to its :class:`End`
+        (a lost reader's feed goes on after the last read step acked)."""
+        ...
+
+    def holds_items(self) -> bool:
+        """Whether read steps fetched already wait to be taken (taking one asks nothing)."""
+        ...
+
+    def flush(self) -> None:
+        """Send the acks held back, and wait until the coordinator has every ack sent."""
+        ...
+
+    def upcoming_epoch(self) -> int:
+        """The epoch the iterator's next loop runs."""
+        ...
 
 
 @dataclass
@@ -70,8 +131,9 @@ class RankPacking:
     unread: list[Item] = field(default_factory=list)
 
     @classmethod
-    def of(cls, pack: Pack, batch_size: int, it: RankIterator) -> RankPacking:
-        return cls(PackedRank(pack, batch_size, it._loop, None))
+    def of(cls, pack: Pack, batch_size: int, it: IteratorLink) -> RankPacking:
+        """A rank's packing over its iterator's loop, no epoch started."""
+        return cls(PackedRank(pack, batch_size, it.loop, None))
 
     def start(self, epoch: int, offsets: dict[int, int]) -> None:
         self.packing.load_offsets(offsets)
@@ -79,23 +141,23 @@ class RankPacking:
         self.unread = []
 
 
-def begin(it: RankIterator, run: RankPacking) -> int:
+def begin(it: IteratorLink, run: RankPacking) -> int:
     """Take the rank over for a loop; returns its epoch (started, or gone on with)."""
-    deadline = time.monotonic() + it.options.timeout_s
+    deadline = time.monotonic() + it.timeout_s
     delay = 0.01
     while True:  # the epoch before must be closed on every rank
-        got = it._call("pack_start", it.rank, it._session())
+        got = it.call("pack_start", it.rank, it.session())
         if got is not None:
             break
         if time.monotonic() > deadline:
             raise StreamTimeoutError(
-                f"rank {it.rank} waited {it.options.timeout_s:.0f} s for the other ranks to "
+                f"rank {it.rank} waited {it.timeout_s:.0f} s for the other ranks to "
                 "end the epoch before; every rank must loop over its iterator to the end"
             )
         time.sleep(delay)
         delay = min(2 * delay, 0.2)
     epoch, offsets, busy = got
-    taken = it._take_over()
+    taken = it.take_over()
     if taken != epoch:  # pragma: no cover - pack_start and claim read the same book
         raise IngestError(f"rank {it.rank}: epoch {taken} claimed, {epoch} expected")
     if run.epoch != epoch:
@@ -110,13 +172,13 @@ def begin(it: RankIterator, run: RankPacking) -> int:
     return int(epoch)
 
 
-def batches(it: RankIterator, run: RankPacking, epoch: int) -> Iterator[Batch]:
+def batches(it: IteratorLink, run: RankPacking, epoch: int) -> Iterator[Batch]:
     """The rank's batches of ``epoch``, equal in number on every rank, then its end."""
-    items = it._items(epoch)
+    items = it.items(epoch)
     packing = run.packing
-    ahead = 2 * it.options.fetch_batches
+    ahead = 2 * it.fetch_batches
     delay = 0.002
-    deadline = time.monotonic() + it.options.timeout_s
+    deadline = time.monotonic() + it.timeout_s
     while True:
         k = packing.handed
         if run.final is not None and k >= run.final:
@@ -124,23 +186,23 @@ def batches(it: RankIterator, run: RankPacking, epoch: int) -> Iterator[Batch]:
             return
         if k < run.allowed and packing.ready:
             delay = 0.002
-            deadline = time.monotonic() + it.options.timeout_s
+            deadline = time.monotonic() + it.timeout_s
             yield packing.next_batch()
             continue
         if not packing.ready and run.ended is None:
             _pull(run, next(items))
             continue
-        while run.ended is None and it._held and packing.ready < ahead:
+        while run.ended is None and it.holds_items() and packing.ready < ahead:
             _pull(run, next(items))  # held already: more made, fewer questions
-        low, final = it._call(
-            "made", it.rank, epoch, it._session(), k + packing.ready, run.ended is not None
+        low, final = it.call(
+            "made", it.rank, epoch, it.session(), k + packing.ready, run.ended is not None
         )
         run.allowed, run.final = low, final
         if k < low or final is not None:
             continue
         if time.monotonic() > deadline:
             raise StreamTimeoutError(
-                f"rank {it.rank} waited {it.options.timeout_s:.0f} s for the other ranks to "
+                f"rank {it.rank} waited {it.timeout_s:.0f} s for the other ranks to "
                 f"make batch {k} of epoch {epoch} (they made {low}); every rank must loop "
                 "over its iterator"
             )
@@ -157,7 +219,7 @@ def _pull(run: RankPacking, item: Item | End) -> None:
         run.fed = item.step
 
 
-def _close(it: RankIterator, run: RankPacking, epoch: int, items: Iterator[Item | End]) -> None:
+def _close(it: IteratorLink, run: RankPacking, epoch: int, items: Iterator[Item | End]) -> None:
     """The epoch's last batch was handed out: the rest of the share read, the surplus
     carried, the epoch closed at the coordinator (one call)."""
     while run.ended is None:
@@ -169,24 +231,22 @@ def _close(it: RankIterator, run: RankPacking, epoch: int, items: Iterator[Item 
             run.fed = item.step
     records, carry, cut = run.packing.surplus(run.unread)
     end = run.ended
-    loop = it._loop
-    loop.flush()
-    it._drain_acks()
-    it._call(
+    it.flush()
+    it.call(
         "close_epoch",
         epoch,
         end.steps,
         end.leftover,
         end.learned,
-        it._session(),
+        it.session(),
         end.quarantined,
         it.rank,
         records,
         carry,
         cut,
     )
-    last = max([loop.step, *(r.step for r in records)])
-    loop.restart(last)
+    last = max([it.loop.step, *(r.step for r in records)])
+    it.loop.restart(last)
     run.epoch, run.unread = None, []
 
 
@@ -196,8 +256,8 @@ def entries(run: RankPacking) -> list[tuple[int, int]]:
 
 
 def skip(run: RankPacking, item: Item | End) -> bool:
-    """Whether ``item`` is a read step packed already (a feed restarted after its last read
-    step acked, :meth:`RankIterator._recover`).
+    """Whether ``item`` is a read step packed already (a lost reader's feed restarted after
+    its last read step acked: :meth:`IteratorLink.items`).
 
     Raises:
         IngestError: If the feed skipped a read step.
@@ -214,7 +274,7 @@ def skip(run: RankPacking, item: Item | End) -> bool:
     return False
 
 
-def state(it: RankIterator, run: RankPacking | None) -> dict[str, Any]:
+def state(it: IteratorLink, run: RankPacking | None) -> dict[str, Any]:
     """The state after the rank's last batch, the same on every rank (see the module
     docstring): every rank calls it at the same batch."""
     it.flush()
@@ -222,11 +282,11 @@ def state(it: RankIterator, run: RankPacking | None) -> dict[str, Any]:
         epoch, step, held = it.upcoming_epoch(), -1, []
     else:
         epoch, step, held = run.epoch, run.packing.handed, entries(run)
-    timeout = it.options.timeout_s
-    return it._call(  # type: ignore[no-any-return]
+    timeout = it.timeout_s
+    return it.call(  # type: ignore[no-any-return]
         "pack_state",
         it.rank,
-        it._session(),
+        it.session(),
         epoch,
         step,
         held,
@@ -235,4 +295,4 @@ def state(it: RankIterator, run: RankPacking | None) -> dict[str, Any]:
     )
 
 
-__all__ = ["RankPacking", "batches", "begin", "entries", "skip", "state"]
+__all__ = ["IteratorLink", "RankPacking", "batches", "begin", "entries", "skip", "state"]
