@@ -203,3 +203,93 @@ def test_no_module_imports_a_private_name_of_another() -> None:
         for found in _private_imports(path)
     ]
     assert not wrong, f"{len(wrong)} imports of private names:\n" + "\n".join(wrong)
+
+
+FOREIGN_PRIVATE = {
+    "_replace": "a namedtuple's copy with fields changed: public API, named with an underscore "
+    "so as not to clash with a field (collections.namedtuple)",
+    "_actor_id": "a Ray ActorHandle's id, which Ray gives no public name: tells whether two "
+    "handles are of one actor (pool.py, sizer.py, rank.py)",
+    "_strip_protocol": "fsspec's AbstractFileSystem classmethod that gives a URL's path on the "
+    "filesystem, as fsspec's own backends call it",
+    "_shutdown_workers": "torch's DataLoader iterator stopping its workers, which torch gives "
+    "no public name (integrations/loader.py)",
+    "_inner_fetch": "s3fs's fetch, rebound with one attempt per call (storage/sources/s3.py)",
+}
+"""Private members of other libraries' classes the package uses, each with its reason: none
+of these names is defined in ``ingest`` (the test checks it), so none hides a class of ours."""
+
+ALLOWED_HERE = {
+    ("ingest/integrations/loader.py", "_reset"): "torch's persistent DataLoader iterator "
+    "started again for an epoch, as torch's own DataLoader.__iter__ does (the name is "
+    "also a method of ours elsewhere, so it is allowed in this module only)",
+    ("ingest/formats/jsonl.py", "_parse_or_locate"): "the JSONL reader's schema inference calls "
+    "the private method of formats/_lines.py's LineReader (its base class) to name a bad "
+    "line; formats/ is not part of this change: give LineReader a public name for it",
+}
+"""Uses allowed in one module: another library's member whose name a class of ours also has,
+and another ``ingest`` module's private member left as it is, with the fix."""
+
+
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a module defines: its functions, classes and methods, the names it assigns or
+    imports, its arguments and the attributes it sets on ``self`` or ``cls``."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.arg):
+            out.add(node.arg)
+        elif isinstance(node, ast.alias):
+            out.add((node.asname or node.name).split(".")[0])
+        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _own(node):
+            out.add(node.attr)
+    return out
+
+
+def _own(node: ast.Attribute) -> bool:
+    """Whether ``node`` is a member of the class it is written in: ``self.x`` or ``cls.x``."""
+    return isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")
+
+
+def _foreign_members(tree: ast.Module) -> list[tuple[int, str, str]]:
+    """``(line, expression, name)`` of each ``x._name`` (read, called or set) in ``tree``
+    where ``x`` is not ``self`` or ``cls`` and the module defines no ``_name`` (dunders
+    aside): a private member of a class of another module."""
+    own = _defined(tree)
+    return sorted(
+        (node.lineno, ast.unparse(node), node.attr)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+        and node.attr not in own
+        and not _own(node)
+    )
+
+
+def test_no_class_goes_on_in_another_file_through_its_private_members() -> None:
+    """A member another module uses is part of its class's interface, so it has a public
+    name (issue 33, item 5): no module of ``ingest`` reads, calls or sets ``x._name`` where
+    ``_name`` is not its own. The exceptions are other libraries' members (FOREIGN_PRIVATE)
+    and ALLOWED_HERE, each with its reason."""
+    root = Path(__file__).parents[1]
+    trees = {
+        str(p.relative_to(root)): ast.parse(p.read_text())
+        for p in sorted((root / "ingest").rglob("*.py"))
+    }
+    ours = set().union(*(_defined(tree) for tree in trees.values()))
+    assert not ours & set(FOREIGN_PRIVATE), "FOREIGN_PRIVATE names a member of ingest's own"
+    wrong = [
+        f"{path}:{line} {expression}"
+        for path, tree in trees.items()
+        for line, expression, name in _foreign_members(tree)
+        if name not in FOREIGN_PRIVATE and (path, name) not in ALLOWED_HERE
+    ]
+    assert not wrong, (
+        f"{len(wrong)} uses of another module's private members (give each a public name in "
+        "its class, a read-only property where the other module only reads it, or move the "
+        "code that uses it into its class's module):\n" + "\n".join(wrong)
+    )

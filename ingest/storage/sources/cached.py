@@ -22,9 +22,9 @@ if TYPE_CHECKING:
 def open_cached(source: Source, shard: Shard, *, fetch: bool) -> CountingFile | None:
     """The shard from the node's cache (fetched whole into it on a miss if ``fetch``),
     or None."""
-    if not source._caches(shard):
+    if not source.caches(shard):
         return None
-    cache = source._node_cache()
+    cache = source.node_cache()
 
     def held() -> IO[bytes] | None:
         event = CacheEvent()
@@ -61,7 +61,7 @@ def open_cached(source: Source, shard: Shard, *, fetch: bool) -> CountingFile | 
 
 def fetch_whole(source: Source, shard: Shard, to: str) -> None:
     """The whole shard into the local file ``to``: one request, retried as a whole."""
-    fs, path = source._path(shard)
+    fs, path = source.fs_path(shard)
     kwargs: dict[str, Any] = {}
     if source.cache is not None and source.cache.progress:
         bar = {"desc": f"caching {posixpath.basename(path)}", "unit": "B", "leave": False}
@@ -72,12 +72,12 @@ def fetch_whole(source: Source, shard: Shard, to: str) -> None:
         fs.get_file(path, to, **kwargs)
 
     try:
-        attempt(get, source._policy(shard.url), source.stats)
+        attempt(get, source.policy(shard.url), source.stats)
     except GaveUpError as gave_up:
         last = gave_up.last
         if isinstance(last, OSError) and last.errno in DISK_FULL:
             raise last from None  # the cache's disk, not the store: it reads from the store
-        raise source._gave_up(
+        raise source.read_error(
             shard,
             gave_up,
             "cannot be fetched into the shard cache",

@@ -24,16 +24,16 @@ def pin(source: Source, url: str) -> str:
 
     def resolve() -> str:
         source.stats.add(listings=1)
-        return hub.resolve_revision(where, source._options)
+        return hub.resolve_revision(where, source.storage_options)
 
     try:
-        sha = attempt(resolve, source._policy(url), source.stats)
+        sha = attempt(resolve, source.policy(url), source.stats)
     except GaveUpError as gave_up:
         refused = refused_connection(gave_up.last) is not None
         raise SourceError(
             url,
             f"cannot resolve revision {where.revision or 'main'!r} of {where.repo_id}"
-            + (f": the endpoint {source._endpoint(url)} refused the connection" if refused else "")
+            + (f": the endpoint {source.endpoint(url)} refused the connection" if refused else "")
             + f": {gave_up.describe(source.scrub)}",
             REFUSED_FIX
             if refused
@@ -46,23 +46,21 @@ def pin(source: Source, url: str) -> str:
 def hub_token(source: Source) -> str | None:
     """The Hub token (:func:`ingest.storage.hub.token_of`), kept among the secrets scrubbed from
     every message (it may come from the environment, not the storage options)."""
-    token = hub.token_of(source._options)
-    if token and token not in source._secrets:
-        source._secrets = (*source._secrets, token)
+    token = hub.token_of(source.storage_options)
+    if token:
+        source.add_secret(token)
     return token
 
 
 def hub_http(source: Source) -> fsspec.AbstractFileSystem:
     """The HTTP filesystem that reads Hub files, the token in its headers."""
-    with source._fs_lock:
-        fs = source._filesystems.get("hf-http")
-    if fs is not None:
-        return fs
-    token = hub_token(source)
-    options = fs_options("http", source._options, source.retry)
-    options.pop("token", None)
-    options.pop("endpoint", None)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    fs = fsspec.filesystem("http", headers=headers, skip_instance_cache=True, **options)
-    with source._fs_lock:
-        return source._filesystems.setdefault("hf-http", fs)
+
+    def make() -> fsspec.AbstractFileSystem:
+        token = hub_token(source)
+        options = fs_options("http", source.storage_options, source.retry)
+        options.pop("token", None)
+        options.pop("endpoint", None)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return fsspec.filesystem("http", headers=headers, skip_instance_cache=True, **options)
+
+    return source.shared_filesystem("hf-http", make)

@@ -36,7 +36,7 @@ def list_url(
     key = None
     if get_protocol(url) == "hf":
         url = pin(source, url)
-        key = f"{hub.endpoint_of(source._options)} {url} {source.format}"
+        key = f"{hub.endpoint_of(source.storage_options)} {url} {source.format}"
     path = fs._strip_protocol(strip_userinfo(url))
     stored = listings.get_listing(key) if listings is not None and key else None
     if stored is not None:
@@ -69,7 +69,7 @@ def list_url(
         real = fs.unstrip_protocol(name)
         shown = redact(real)
         if shown != real:
-            source._hidden[shown] = real
+            source.hide(shown, real)
         shards.append(
             Shard(
                 url=shown,
@@ -110,13 +110,13 @@ def _file_infos(
         return list(fs.find(path, detail=True, withdirs=False).values()), False
 
     try:
-        return attempt(infos, source._policy(url), source.stats)
+        return attempt(infos, source.policy(url), source.stats)
     except GaveUpError as gave_up:
         e = gave_up.last
         if refused_connection(e) is not None:
             raise SourceError(
                 url,
-                f"cannot list: the endpoint {source._endpoint(url)} refused the connection "
+                f"cannot list: the endpoint {source.endpoint(url)} refused the connection "
                 f"{gave_up.describe(source.scrub)}",
                 REFUSED_FIX,
             ) from None

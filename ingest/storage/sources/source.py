@@ -89,6 +89,21 @@ class Source:
         self._fs_lock = threading.Lock()
         self.stats = IOStats()
 
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """A copy of the storage options (they hold credentials: never log them)."""
+        return dict(self._options)
+
+    def add_secret(self, value: str) -> None:
+        """Scrub ``value`` from every message too (:meth:`scrub`): a credential that comes
+        from elsewhere than the storage options or the URLs, such as the environment."""
+        if value not in self._secrets:
+            self._secrets = (*self._secrets, value)
+
+    def hide(self, shown: str, real: str) -> None:
+        """Open the listed URL ``shown`` (its secrets shown as ``***``) as ``real``."""
+        self._hidden[shown] = real
+
     # -- filesystems ---------------------------------------------------------------------
 
     def filesystem(self, url: str) -> fsspec.AbstractFileSystem:
@@ -122,7 +137,20 @@ class Source:
                 self._filesystems[protocol] = fs
             return fs
 
-    def _policy(self, url: str) -> RetryPolicy | None:
+    def shared_filesystem(
+        self, name: str, make: Callable[[], fsspec.AbstractFileSystem]
+    ) -> fsspec.AbstractFileSystem:
+        """The source's filesystem kept under ``name``, made with ``make`` the first time
+        (outside the source's lock: two threads may make one, the first kept wins)."""
+        with self._fs_lock:
+            fs = self._filesystems.get(name)
+        if fs is not None:
+            return fs
+        made = make()
+        with self._fs_lock:
+            return self._filesystems.setdefault(name, made)
+
+    def policy(self, url: str) -> RetryPolicy | None:
         """The retry policy for ``url``: none for local files."""
         return None if get_protocol(url) in _LOCAL_PROTOCOLS else self.retry
 
@@ -171,7 +199,8 @@ class Source:
 
     # -- opening -------------------------------------------------------------------------
 
-    def _path(self, shard: Shard) -> tuple[fsspec.AbstractFileSystem, str]:
+    def fs_path(self, shard: Shard) -> tuple[fsspec.AbstractFileSystem, str]:
+        """The filesystem that reads ``shard`` from its store, and its path there."""
         real = self._hidden.get(shard.url, shard.url)
         if get_protocol(real) == "hf":  # plain range requests at the commit (ingest.storage.hub)
             return hub_http(self), hub.parse(real).resolve_url(hub.endpoint_of(self._options))
@@ -198,7 +227,7 @@ class Source:
         cached = open_cached(self, shard, fetch=not part)
         if cached is not None:
             return cached
-        fs, path = self._path(shard)
+        fs, path = self.fs_path(shard)
         kwargs: dict[str, Any] = {"size": shard.size}
         if block_size is None:
             kwargs["cache_type"] = "none"
@@ -221,11 +250,11 @@ class Source:
         stats: IOStats | None,
         whole: Callable[[], bytes] | None = None,
     ) -> CountingFile:
-        policy = self._policy(shard.url)
+        policy = self.policy(shard.url)
         try:
             raw = attempt(reopen, policy, self.stats)
         except GaveUpError as gave_up:
-            raise self._gave_up(
+            raise self.read_error(
                 shard,
                 gave_up,
                 "cannot be opened",
@@ -239,11 +268,11 @@ class Source:
             shard.url,
             self.scrub,
             policy,
-            self._endpoint(shard),
+            self.endpoint(shard),
             whole,
         )
 
-    def _gave_up(
+    def read_error(
         self, shard: Shard, gave_up: GaveUpError, what: str, fix: str, byte: int = 0
     ) -> SourceError | StoreError:
         """The error of a shard read that still failed at the retry deadline (see
@@ -253,12 +282,12 @@ class Source:
             what,
             gave_up,
             fix,
-            endpoint=self._endpoint(shard),
+            endpoint=self.endpoint(shard),
             scrub=self.scrub,
             byte=byte,
         )
 
-    def _endpoint(self, shard: Shard | str) -> str:
+    def endpoint(self, shard: Shard | str) -> str:
         """Where the requests for a shard (or a URL) go, for messages: credentials hidden."""
         url = shard.url if isinstance(shard, Shard) else shard
         real = self._hidden.get(url, url)
@@ -282,26 +311,30 @@ class Source:
         per read) instead of through :meth:`open`. It then counts its opens, reads and bytes
         in :attr:`stats` itself, and a file that cannot be opened, or whose size is no longer
         the listed one, is opened with :meth:`open` instead, which names the error."""
-        if self._caches(shard) or shard.members:
+        if self.caches(shard) or shard.members:
             return None
-        fs, path = self._path(shard)
+        fs, path = self.fs_path(shard)
         return path if "file" in _protocols(fs) else None
 
     def fetches_ranges(self, shard: Shard) -> bool:
         """Whether the shard's store serves many byte ranges concurrently (async fsspec),
         and the shard is not one for the node's cache (whose copy :meth:`open` reads)."""
-        if self._caches(shard):
+        if self.caches(shard):
             return False
-        return bool(getattr(self._path(shard)[0], "async_impl", False))
+        return bool(getattr(self.fs_path(shard)[0], "async_impl", False))
 
     # -- the node-local shard cache --------------------------------------------------------
 
-    def _caches(self, shard: Shard) -> bool:
+    def caches(self, shard: Shard) -> bool:
+        """Whether ``shard`` is read through the node's shard cache (a remote shard within
+        the cache's bound, with a cache)."""
         if self.cache is None or shard.size > self.cache.max_bytes:
             return False
         return get_protocol(self._hidden.get(shard.url, shard.url)) not in ("file", "local")
 
-    def _node_cache(self) -> ShardCache:
+    def node_cache(self) -> ShardCache:
+        """The node's shard cache (:mod:`ingest.storage.cache`), opened on first use; only
+        with a ``cache``."""
         assert self.cache is not None
         with self._fs_lock:
             if self._shard_cache is None:
@@ -312,7 +345,7 @@ class Source:
         """Delete the node's cached copy of ``shard``, one that failed to read, so that the
         next :meth:`open` fetches it again (see :mod:`ingest.storage.cache`). Whether there was
         one."""
-        return self._caches(shard) and self._node_cache().drop(shard.url, shard.size, shard.version)
+        return self.caches(shard) and self.node_cache().drop(shard.url, shard.size, shard.version)
 
     # -- reading ranges ----------------------------------------------------------------------
 
@@ -326,7 +359,7 @@ class Source:
         Raises:
             StoreError: If a range still fails at the retry deadline, naming the range.
         """
-        fs, path = self._path(shard)
+        fs, path = self.fs_path(shard)
         ends = [min(e, shard.size) for e in ends]
         blobs: dict[int, bytes] = {}
         sent = received = 0
@@ -357,10 +390,10 @@ class Source:
             return todo
 
         try:
-            attempt(missing, self._policy(shard.url), self.stats)
+            attempt(missing, self.policy(shard.url), self.stats)
         except GaveUpError as gave_up:
             n = next(n for n in range(len(starts)) if n not in blobs)
-            raise self._gave_up(
+            raise self.read_error(
                 shard,
                 gave_up,
                 f"range read of bytes [{starts[n]}, {ends[n]}) failed",
@@ -393,7 +426,7 @@ class Source:
         """
         if len(blob) <= end - start or len(blob) != shard.size:
             return blob
-        said = range_ignored(shard.url, self._endpoint(shard), shard.size, start, end)
+        said = range_ignored(shard.url, self.endpoint(shard), shard.size, start, end)
         if isinstance(said, StoreError):
             raise said
         warnings.warn(said, stacklevel=6)
