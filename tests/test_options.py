@@ -105,6 +105,14 @@ def test_a_shuffle_is_one_config_and_the_keywords_still_make_it(local: Store) ->
         ingest.Stream(url, shuffle_seed=-1)
     with pytest.raises(ingest.ConfigError, match=r"^Shuffle\(seed=-1\) must be a non-negative"):
         ingest.Shuffle(seed=-1)
+    # The keywords both streams take are typed once (StreamKeywords): one misspelt is
+    # refused as Python refuses it, naming the stream, before anything starts.
+    with pytest.raises(TypeError, match=r"^Stream\(\) got an unexpected keyword .*'batch_sise'"):
+        ingest.Stream(url, batch_sise=10)  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"^RayStream\(\) got an unexpected keyword .*'shuffle_sed'"
+    ):
+        ingest.RayStream(url, shuffle_sed=1)  # type: ignore[call-arg]
     with pytest.raises(dataclasses.FrozenInstanceError):
         ingest.Shuffle().seed = 1  # type: ignore[misc]
 

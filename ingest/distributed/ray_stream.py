@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
-from ingest.core.book import Remainder
 from ingest.core.errors import ConfigError, NoShardsError
 from ingest.core.quarantine import Quarantined, summary
 from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
@@ -19,13 +18,12 @@ from ingest.distributed.rank import RankIterator, RankOptions, unwrap
 from ingest.distributed.ray_mix import MixedRankIterator, MixedRayStream
 from ingest.distributed.sizer import PoolSizer, Readers
 from ingest.engine.mix import Mix
-from ingest.engine.options import Shuffle, StreamOptions
-from ingest.engine.pack import Pack
+from ingest.engine.options import StreamKeywords, StreamOptions
 from ingest.engine.spec import StreamSpec
-from ingest.engine.transform import Transform
-from ingest.formats.base import ReadOptions
 from ingest.planner.index import IndexConfig
-from ingest.storage.follow import Follow
+
+if TYPE_CHECKING:  # typing.Unpack is 3.11's
+    from typing_extensions import Unpack
 
 
 class RayStream:
@@ -86,34 +84,22 @@ class RayStream:
         self,
         source: str | Sequence[str] | Mix,
         *,
-        format: str | None = None,
-        columns: Sequence[str] | None = None,
-        batch_size: int = 1024,
-        shuffle_seed: int | None = None,
-        shuffle_window: int = 16_384,
-        shuffle_bytes: int | None = 256 << 20,
-        shuffle_lanes: int = 16,
-        remainder: Remainder = "carry",
         world_size: int = 1,
         readers: ReaderPool | None = None,
-        storage_options: Mapping[str, Any] | None = None,
-        read: ReadOptions | None = None,
-        transform: Transform | None = None,
         index: IndexConfig | None = IndexConfig(),  # noqa: B008 - frozen, compared by value
         name: str | None = None,
         timeout_s: float = 300.0,
-        progress: bool = False,
-        follow: Follow | None = None,
-        pack: Pack | None = None,
-        shuffle: Shuffle | None = None,
+        **options: Unpack[StreamKeywords],
     ) -> None:
-        options = StreamOptions(
-            format=format, columns=columns, batch_size=batch_size,
-            shuffle=Shuffle.of(shuffle, shuffle_seed, shuffle_window, shuffle_bytes, shuffle_lanes),
-            remainder=remainder, storage_options=storage_options, read=read,
-            transform=transform, progress=progress, follow=follow, pack=pack,
-        )  # fmt: skip
-        self._start(source, options, world_size, readers, index, name, timeout_s)
+        self._start(
+            source,
+            StreamOptions.of("RayStream", options),
+            world_size,
+            readers,
+            index,
+            name,
+            timeout_s,
+        )
 
     @classmethod
     def of(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ingest.core.book import Remainder
 from ingest.core.errors import ConfigError
@@ -96,6 +96,27 @@ def _check_seed(seed: object, shown: str) -> None:
         raise ConfigError(f"{shown.format(seed)} must be a non-negative int or None")
 
 
+class StreamKeywords(TypedDict, total=False):
+    """The keywords :class:`ingest.Stream` and :class:`ingest.RayStream` both take, typed
+    once (``**options: Unpack[StreamKeywords]``); each one's docstring says what they do."""
+
+    format: str | None
+    columns: Sequence[str] | None
+    batch_size: int
+    shuffle: Shuffle | None
+    shuffle_seed: int | None
+    shuffle_window: int
+    shuffle_bytes: int | None
+    shuffle_lanes: int
+    remainder: Remainder
+    storage_options: Mapping[str, Any] | None
+    read: ReadOptions | None
+    transform: Transform | None
+    progress: bool
+    follow: Follow | None
+    pack: Pack | None
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StreamOptions:
     """What :class:`ingest.Stream` and :class:`ingest.RayStream` both take, made once from
@@ -116,6 +137,28 @@ class StreamOptions:
     def __post_init__(self) -> None:
         check_read(self.pack, self.read)
 
+    @classmethod
+    def of(cls, owner: str, keywords: StreamKeywords) -> StreamOptions:
+        """The options ``keywords`` give ``owner`` (``"Stream"``), defaults for the others.
+
+        Raises:
+            TypeError: For a keyword neither stream takes, as Python names one.
+            ConfigError: For a value out of range (see :class:`Shuffle`).
+        """
+        unknown = sorted(set(keywords) - StreamKeywords.__optional_keys__)
+        if unknown:
+            raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
+        given: dict[str, Any] = dict(keywords)
+        default = {f.name: f.default for f in dataclasses.fields(Shuffle)}
+        shuffle = Shuffle.of(
+            given.pop("shuffle", None),
+            given.pop("shuffle_seed", default["seed"]),
+            given.pop("shuffle_window", default["window"]),
+            given.pop("shuffle_bytes", default["bytes"]),
+            given.pop("shuffle_lanes", default["lanes"]),
+        )
+        return cls(shuffle=shuffle, **given)
+
     def of_sources(self) -> StreamOptions:
         """The options of a mixture's source streams: batches of one row (a draw)."""
         return dataclasses.replace(self, batch_size=1)
@@ -135,4 +178,4 @@ class StreamOptions:
         }
 
 
-__all__ = ["Shuffle", "StreamOptions"]
+__all__ = ["Shuffle", "StreamKeywords", "StreamOptions"]

@@ -18,9 +18,8 @@ import threading
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ingest.core.book import Remainder
 from ingest.core.errors import ConfigError, IngestError, StateError, SupersededError
 from ingest.core.quarantine import Quarantined, summary
 from ingest.core.state import StreamState
@@ -29,14 +28,15 @@ from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.mixed_stream import MixedStream, not_for_a_mixture
-from ingest.engine.options import Shuffle, StreamOptions
+from ingest.engine.options import StreamKeywords, StreamOptions
 from ingest.engine.pack import Pack, PackedRank, with_origin
 from ingest.engine.spec import StreamSpec
-from ingest.engine.transform import Transform, applying, build_transform
-from ingest.formats.base import ReadOptions
+from ingest.engine.transform import applying, build_transform
 from ingest.planner.catalog import Listing
 from ingest.planner.planner import Planner
-from ingest.storage.follow import Follow
+
+if TYPE_CHECKING:  # typing.Unpack is 3.11's
+    from typing_extensions import Unpack
 
 _log = logging.getLogger(__name__)
 
@@ -88,32 +88,9 @@ class Stream:
     """
 
     def __init__(
-        self,
-        source: str | Sequence[str] | Mix,
-        *,
-        format: str | None = None,
-        columns: Sequence[str] | None = None,
-        batch_size: int = 1024,
-        shuffle_seed: int | None = None,
-        shuffle_window: int = 16_384,
-        shuffle_bytes: int | None = 256 << 20,
-        shuffle_lanes: int = 16,
-        remainder: Remainder = "carry",
-        storage_options: Mapping[str, Any] | None = None,
-        read: ReadOptions | None = None,
-        transform: Transform | None = None,
-        progress: bool = False,
-        follow: Follow | None = None,
-        pack: Pack | None = None,
-        shuffle: Shuffle | None = None,
+        self, source: str | Sequence[str] | Mix, **options: Unpack[StreamKeywords]
     ) -> None:
-        options = StreamOptions(
-            format=format, columns=columns, batch_size=batch_size,
-            shuffle=Shuffle.of(shuffle, shuffle_seed, shuffle_window, shuffle_bytes, shuffle_lanes),
-            remainder=remainder, storage_options=storage_options, read=read,
-            transform=transform, progress=progress, follow=follow, pack=pack,
-        )  # fmt: skip
-        self._start(source, options)
+        self._start(source, StreamOptions.of("Stream", options))
 
     @classmethod
     def of(cls, source: str | Sequence[str] | Mix, options: StreamOptions) -> Stream:
