@@ -223,9 +223,6 @@ ALLOWED_HERE = {
     ("ingest/integrations/loader.py", "_reset"): "torch's persistent DataLoader iterator "
     "started again for an epoch, as torch's own DataLoader.__iter__ does (the name is "
     "also a method of ours elsewhere, so it is allowed in this module only)",
-    ("ingest/formats/jsonl.py", "_parse_or_locate"): "the JSONL reader's schema inference calls "
-    "the private method of formats/_lines.py's LineReader (its base class) to name a bad "
-    "line; formats/ is not part of this change: give LineReader a public name for it",
 }
 """Uses allowed in one module: another library's member whose name a class of ours also has,
 and another ``ingest`` module's private member left as it is, with the fix."""

@@ -14,7 +14,7 @@ first decision comes: :mod:`ingest.core.sizing`). A resize, in order:
 3. **Feeds whose home changed are moved**: the old home drops the rank's feed, so the
    rank's next take there fails with ``FeedLostError``; the rank asks the directory where
    its feed lives now and adopts it there after the last batch it handed out (the path a
-   reader's death takes, :meth:`ingest.distributed.rank.RankIterator._recover`). The batches
+   reader's death takes: ``RankIterator`` recovers its feed). The batches
    the old feed had made but the rank had not handed out are read again: nothing the rank
    acked, nothing it handed out, is read twice. Moving costs the new feed a fresh read of
    the rank's open shards, so the pool resizes at most once per interval.

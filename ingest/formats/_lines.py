@@ -303,7 +303,7 @@ class LineReader(ShardReader):
         offset = chunk_offset + skip
         if opts.on_error != "skip":
             pieces: Iterator[pa.Table | BadRows] = iter(
-                [self._parse_or_locate(body, row, line, offset)]
+                [self.parse_or_locate(body, row, line, offset)]
             )
         else:
             pieces = self._parse_skipping(body, row, line, offset)
@@ -379,7 +379,9 @@ class LineReader(ShardReader):
                 body = b"".join(lines[:bad] + lines[bad + 1 :])
         return b""
 
-    def _parse_or_locate(self, body: bytes, row: int, line: int | None, offset: int) -> pa.Table:
+    def parse_or_locate(self, body: bytes, row: int, line: int | None, offset: int) -> pa.Table:
+        """``body`` parsed; or, if it cannot be, the error naming its first bad line (``row``,
+        ``line`` and ``offset``: where ``body`` starts in its shard)."""
         try:
             return self.parse(body)
         except PARSE_ERRORS as e:

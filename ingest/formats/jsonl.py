@@ -48,7 +48,7 @@ class JsonlFormat(Format):
                     return _parse(chunk, None, None, options.max_json_depth).schema
                 except pa.ArrowInvalid:
                     if options.on_error != "skip":
-                        reader._parse_or_locate(chunk, 0, 1, 0)  # names the bad line
+                        reader.parse_or_locate(chunk, 0, 1, 0)  # names the bad line
                         raise
                 # on_error="skip": from the lines a read does not quarantine.
                 good = reader.without_bad_lines(chunk)
