@@ -107,14 +107,14 @@ class RayStream:
         source: str | Sequence[str] | Mix,
         options: StreamOptions,
         *,
-        world_size: int = 1,
-        readers: ReaderPool | None = None,
-        index: IndexConfig | None = IndexConfig(),  # noqa: B008 - frozen, compared by value
-        name: str | None = None,
-        timeout_s: float = 300.0,
+        world_size: int,
+        readers: ReaderPool | None,
+        index: IndexConfig | None,
+        name: str | None,
+        timeout_s: float,
     ) -> RayStream:
         """The stream of ``source`` with ``options`` (what the shared keywords make) and
-        the Ray settings."""
+        the Ray settings, each given (their defaults are the constructor's alone)."""
         stream = cls.__new__(cls)
         stream._start(source, options, world_size, readers, index, name, timeout_s)
         return stream
