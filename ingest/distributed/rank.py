@@ -41,8 +41,8 @@ from ingest.distributed.metrics import RankMeter
 from ingest.distributed.rank_feed import End, FeedLostError, Item, TransformFailed
 from ingest.distributed.rank_pack import RankPacking
 from ingest.distributed.unwrap import unwrap
+from ingest.engine.grouping import Grouping
 from ingest.engine.loop import REMOTE_ACK_EVERY, Ending, RankLoop
-from ingest.engine.pack import Pack
 
 if TYPE_CHECKING:
     import torch
@@ -132,7 +132,7 @@ class RankIterator:
     """This iterator's lease of the rank (0: none yet; see :meth:`_take_over`)."""
     _superseded: bool = False
     """A newer iterator of the rank in this process took it over while this one's loop ran."""
-    pack: Pack | None = None
+    pack: Grouping | None = None
     """The stream's packing (:mod:`ingest.distributed.rank_pack`), or None."""
     pack_batch: int = 0
     """Sequences per batch, with ``pack``."""
@@ -564,7 +564,7 @@ def _new_iterator(
     session: int | None,
     *,
     stream: str,
-    pack: Pack | None,
+    pack: Grouping | None,
     pack_batch: int,
 ) -> RankIterator:
     return RankIterator(

@@ -49,8 +49,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ingest.core.errors import IngestError, StreamTimeoutError
 from ingest.distributed.rank_feed import End, Item
+from ingest.engine.grouping import Grouping
 from ingest.engine.loop import RankLoop
-from ingest.engine.pack import Pack, PackedRank
+from ingest.engine.pack import PackedRank
 
 if TYPE_CHECKING:
     from ingest.engine.convert import Batch
@@ -131,7 +132,7 @@ class RankPacking:
     unread: list[Item] = field(default_factory=list)
 
     @classmethod
-    def of(cls, pack: Pack, batch_size: int, it: IteratorLink) -> RankPacking:
+    def of(cls, pack: Grouping, batch_size: int, it: IteratorLink) -> RankPacking:
         """A rank's packing over its iterator's loop, no epoch started."""
         return cls(PackedRank(pack, batch_size, it.loop, None))
 

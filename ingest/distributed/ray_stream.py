@@ -159,7 +159,7 @@ class RayStream:
                     name=f"{self.name}-{part}", timeout_s=timeout_s,
                 ),
                 self.batch_size,
-                None if pack is None else pack.seq_len,
+                options.draw_tokens(),
                 world_size,
             )  # fmt: skip
             return

@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 from ingest.core.book import Remainder
 from ingest.core.errors import ConfigError
 from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers, check_values
+from ingest.engine.grouping import Grouping
 from ingest.engine.pack_settings import Pack, check_read
 from ingest.engine.transform import Transform
 from ingest.formats.base import ReadOptions
@@ -114,7 +115,7 @@ class StreamKeywords(TypedDict, total=False):
     transform: Transform | None
     progress: bool
     follow: Follow | None
-    pack: Pack | None
+    pack: Grouping | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,7 +133,7 @@ class StreamOptions:
     transform: Transform | None = None
     progress: bool = False
     follow: Follow | None = None
-    pack: Pack | None = None
+    pack: Grouping | None = None
 
     def __post_init__(self) -> None:
         check_read(self.pack, self.read)
@@ -161,7 +162,25 @@ class StreamOptions:
 
     def of_sources(self) -> StreamOptions:
         """The options of a mixture's source streams: batches of one row (a draw)."""
+        self.draw_tokens()
         return dataclasses.replace(self, batch_size=1)
+
+    def draw_tokens(self) -> int | None:
+        """The tokens a mixture's draw counts: with ``pack``, a sequence (its ``seq_len``);
+        None without (a draw is a row).
+
+        Raises:
+            ConfigError: For a ``pack`` whose batches a mixture cannot draw from.
+        """
+        if self.pack is None:
+            return None
+        if not isinstance(self.pack, Pack):
+            raise ConfigError(
+                f"pack={type(self.pack).__name__}(...) over an ingest.Mix: a mixture draws "
+                "sequences of seq_len tokens from its sources, so it packs with "
+                "ingest.Pack(seq_len=...) only; read each source on its own, or pack"
+            )
+        return self.pack.seq_len
 
     def spec_options(self) -> dict[str, Any]:
         """The keywords of :meth:`ingest.engine.spec.StreamSpec.of` these options give:

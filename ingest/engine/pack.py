@@ -49,10 +49,11 @@ from ingest.core.assign import CARRY
 from ingest.core.book import EpochBook
 from ingest.core.errors import ConfigError, IngestError, StateError
 from ingest.core.ledger import StepRecord, packed_row, unpacked_row
-from ingest.core.packing import Packed, Packer, collate
+from ingest.core.packing import Packed
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
 from ingest.engine.feed import Ready, Tail
+from ingest.engine.grouping import Grouper, Grouping
 from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.pack_settings import ORIGIN, Pack, with_origin
 from ingest.engine.tokenize import EOS_KEY
@@ -74,7 +75,7 @@ class _Step:
     acked)."""
 
 
-def _pad_of(pack: Pack, table: pa.Table) -> int:
+def _pad_of(pack: Grouping, table: pa.Table) -> int:
     """The pad id: ``pack.pad_id``, else the ``eos_id`` the token ids were made with (their
     field's metadata, :data:`ingest.engine.tokenize.EOS_KEY`), else 0, with a warning."""
     if pack.pad_id is not None:
@@ -83,22 +84,24 @@ def _pad_of(pack: Pack, table: pa.Table) -> int:
     eos = (field_.metadata or {}).get(EOS_KEY) if field_ is not None else None
     if eos is not None:
         return int(eos)
+    name = type(pack).__name__
     warnings.warn(
-        f"Pack(pad_id=None) pads with token id 0: the ids of column {pack.column!r} were not "
-        "made by Tokenize(eos_id=...), whose end-of-text id would pad; id 0 is a real token "
-        "of most vocabularies (its labels are -100, but the model still embeds it). Pass "
-        "Pack(pad_id=...): your tokenizer's pad or end-of-text id",
+        f"{name}(pad_id=None) pads with token id 0: the ids of column {pack.column!r} were "
+        "not made by Tokenize(eos_id=...), whose end-of-text id would pad; id 0 is a real "
+        "token of most vocabularies (its labels are -100, but the model still embeds it). "
+        f"Pass {name}(pad_id=...): your tokenizer's pad or end-of-text id",
         UserWarning,
         stacklevel=2,
     )
     return 0
 
 
-def _tokens_of(table: pa.Table, column: str) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
+def _tokens_of(table: pa.Table, pack: Grouping) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
     """Each row's token count, and all the tokens one after another."""
+    column, name = pack.column, type(pack).__name__
     if column not in table.column_names:
         raise ConfigError(
-            f"Pack(column={column!r}): the batch has columns "
+            f"{name}(column={column!r}): the batch has columns "
             f"{[c for c in table.column_names if c != ORIGIN]}; tokenize first "
             "(transform=ingest.Tokenize(...)) or name the token id column"
         )
@@ -106,7 +109,7 @@ def _tokens_of(table: pa.Table, column: str) -> tuple[npt.NDArray[np.int64], npt
     kind = ids.type
     lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
     if not any(is_list(kind) for is_list in lists):
-        raise ConfigError(f"Pack(column={column!r}) is {ids.type}, not a list of token ids")
+        raise ConfigError(f"{name}(column={column!r}) is {ids.type}, not a list of token ids")
     lengths = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
     flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
     return lengths, flat
@@ -115,19 +118,25 @@ def _tokens_of(table: pa.Table, column: str) -> tuple[npt.NDArray[np.int64], npt
 class PackedRank:
     """One rank's packing: read steps in, batches of sequences out (see the module docstring).
 
+    What goes with what is the grouping's (``pack``: :class:`Pack`'s sequences, or another
+    :class:`~ingest.engine.grouping.Grouping`); the rest is this class's, whatever the
+    grouping.
+
     Args:
         pack: The packing settings.
-        batch_size: Sequences per batch.
+        batch_size: The stream's batch size (sequences per batch, for a :class:`Pack`).
         rank: The rank's loop, which acks read steps to its book.
         book: The rank's book (for :meth:`state` and the carry at an epoch's end); None: the
             book is in another process (a Ray rank, :mod:`ingest.distributed.rank_pack`).
     """
 
     def __init__(
-        self, pack: Pack, batch_size: int, rank: RankLoop, book: EpochBook[Any] | None
+        self, pack: Grouping, batch_size: int, rank: RankLoop, book: EpochBook[Any] | None
     ) -> None:
         self.pack = pack
-        self.batch_size = batch_size
+        self._stream_batch = batch_size
+        self.batch_size = pack.per_batch(batch_size)
+        """Groups per batch (for a :class:`Pack`, sequences: the stream's batch size)."""
         self.rank = rank
         self.book = book
         self._steps: deque[_Step] = deque()
@@ -143,7 +152,7 @@ class PackedRank:
         self._loaded: list[tuple[int, str, int, int]] = []
         """A loaded state's cut documents by shard URL, until the epoch's listing is known."""
         self._urls: Sequence[str] = ()
-        self.packer = Packer(pack.seq_len, pack.method, pack.max_open)
+        self.packer: Grouper = pack.grouper(batch_size)
         self.tokens = 0
         """Tokens handed out (not padding)."""
         self.padding = 0
@@ -169,7 +178,7 @@ class PackedRank:
         self._closed = []
         self._offsets = {}
         self._loaded = []
-        self.packer = Packer(self.pack.seq_len, self.pack.method, self.pack.max_open)
+        self.packer = self.pack.grouper(self._stream_batch)
 
     def batches(
         self, epoch: int, items: Iterable[Ready | Tail], urls: Sequence[str]
@@ -281,7 +290,7 @@ class PackedRank:
         """Say that ``epoch`` gave this rank no batch: it read no whole read step. Not when
         the epoch's listing holds a read step for every rank: an epoch resumed near its end
         (the rest consumed before the state) gives no batch too, and that is no fault."""
-        rows, ranks = "", ""
+        rows, ranks, name = "", "", type(self.pack).__name__
         if self.book is not None:
             counts = self.book.plan(epoch).counts.copy()
             for shard, n in ending.learned.items():  # counted by reading (JSONL)
@@ -294,8 +303,8 @@ class PackedRank:
             ranks = f" x {self.book.world_size} ranks"
         warnings.warn(
             f"epoch {epoch} of the packed stream gave no batch: the dataset{rows} holds fewer "
-            f"than one read step of Pack.read_rows={self.pack.read_rows} documents{ranks}, "
-            "and its rows are carried into the next epoch. Lower Pack.read_rows (to at most "
+            f"than one read step of {name}.read_rows={self.pack.read_rows} documents{ranks}, "
+            f"and its rows are carried into the next epoch. Lower {name}.read_rows (to at most "
             "the rows per rank), or add data",
             UserWarning,
             stacklevel=2,
@@ -338,19 +347,20 @@ class PackedRank:
         keys = item.runs
         if keys.ndim != 1:
             raise IngestError(
-                "Pack needs each row's place (shards and rows below 2**31); this epoch's "
-                f"read step {item.step} has rows past it"
+                f"{type(self.pack).__name__} needs each row's place (shards and rows below "
+                f"2**31); this epoch's read step {item.step} has rows past it"
             )
         if item.rows >= 0:
             raise ConfigError(
-                "Pack does not take read steps with quarantined rows yet; read with "
+                f"{type(self.pack).__name__} does not take read steps with quarantined rows "
+                "yet; read with "
                 'ReadOptions(on_error="raise") when packing'
             )
         table = item.table
         if self._pad is None:
             self._pad = _pad_of(self.pack, table)
         origin = table.column(ORIGIN).to_numpy()
-        lengths, flat = _tokens_of(table, self.pack.column)
+        lengths, flat = _tokens_of(table, self.pack)
         ends = np.cumsum(lengths)
         step = _Step(item, self._serial)
         self._steps.append(step)
@@ -389,21 +399,18 @@ class PackedRank:
 
     def _hand_out(self, size: int) -> Batch:
         self.handed += 1
-        sequences, self._closed = self._closed[:size], self._closed[size:]
-        batch = collate(sequences, self.pack.seq_len, self._pad or 0)
+        groups, self._closed = self._closed[:size], self._closed[size:]
+        batch = self.pack.collate(groups, self._pad or 0)
         pieces = self._provenance(batch.pieces) if self.pack.provenance else None
         self._done([(serial, stop, last) for _, serial, _, stop, last in batch.pieces.tolist()])
         import torch  # here: the readers of a Ray stream import this module, not torch
 
         real = batch.real_tokens
         self.tokens += real
-        self.padding += batch.input_ids.size - real
+        self.padding += batch.size - real
         out: Batch = {
-            "input_ids": torch.from_numpy(batch.input_ids),
-            "labels": torch.from_numpy(batch.labels),
-            "position_ids": torch.from_numpy(batch.position_ids),
-            "cu_seqlens": torch.from_numpy(batch.cu_seqlens),
-            "max_seqlen": batch.max_seqlen,
+            name: value if isinstance(value, int) else torch.from_numpy(value)
+            for name, value in batch.arrays.items()
         }
         if pieces is not None:
             out["pieces"] = torch.from_numpy(pieces)

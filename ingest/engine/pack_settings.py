@@ -3,7 +3,7 @@ row (:func:`with_origin`); the packing itself is :mod:`ingest.engine.pack`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,8 +11,9 @@ import numpy as np
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError
-from ingest.core.packing import Method, Packer
+from ingest.core.packing import Method, Packer, collate
 from ingest.core.validate import COUNT, Number, check_numbers
+from ingest.engine.grouping import Collated, Group, Grouping
 from ingest.engine.tokenize import MAX_ID
 from ingest.engine.transform import parallel_batches, staged
 
@@ -91,6 +92,31 @@ class Pack:
             raise ConfigError(f"Pack(pad_id={self.pad_id}) must be a token id, at most {MAX_ID}")
         Packer(self.seq_len, self.method, self.max_open)  # checks the method
 
+    def grouper(self, batch_size: int) -> Packer:
+        """A new packer (:class:`ingest.engine.grouping.Grouping`): groups are sequences."""
+        return Packer(self.seq_len, self.method, self.max_open)
+
+    def per_batch(self, batch_size: int) -> int:
+        """Sequences per batch: the stream's ``batch_size``."""
+        return batch_size
+
+    def collate(self, groups: Sequence[Group], pad_id: int) -> Collated:
+        """The sequences as ``(len(groups), seq_len)`` arrays
+        (:func:`ingest.core.packing.collate`)."""
+        batch = collate(groups, self.seq_len, pad_id)
+        return Collated(
+            arrays={
+                "input_ids": batch.input_ids,
+                "labels": batch.labels,
+                "position_ids": batch.position_ids,
+                "cu_seqlens": batch.cu_seqlens,
+                "max_seqlen": batch.max_seqlen,
+            },
+            pieces=batch.pieces,
+            real_tokens=batch.real_tokens,
+            size=batch.input_ids.size,
+        )
+
 
 def with_origin(fn: Callable[[pa.Table], Any] | None) -> Callable[[pa.Table], pa.Table]:
     """The transform of a packing stream: ``fn``'s rows (all the batch's, without ``fn``)
@@ -125,7 +151,7 @@ class _WithOrigin:
         return out.append_column(ORIGIN, pa.array(origin.astype(np.int64), pa.int64()))
 
 
-def check_read(pack: Pack | None, read: Any) -> None:
+def check_read(pack: Grouping | None, read: Any) -> None:
     """Refuse a packing stream whose ``ReadOptions`` quarantine rows."""
     if pack is not None and read is not None and read.on_error != "raise":
         raise ConfigError(

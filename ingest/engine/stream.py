@@ -25,11 +25,12 @@ from ingest.core.quarantine import Quarantined, summary
 from ingest.core.state import StreamState
 from ingest.engine.convert import Batch, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
+from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.mixed_stream import MixedStream, not_for_a_mixture
 from ingest.engine.options import StreamKeywords, StreamOptions
-from ingest.engine.pack import Pack, PackedRank, with_origin
+from ingest.engine.pack import PackedRank, with_origin
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import applying, build_transform
 from ingest.planner.catalog import Listing
@@ -107,7 +108,7 @@ class Stream:
         self.mixed: MixedStream | None = None
         """Over an :class:`ingest.Mix`: its sources' streams and the mixer; else None."""
         if isinstance(source, Mix):
-            seq_len = None if pack is None else pack.seq_len
+            seq_len = options.draw_tokens()
             each = options.of_sources()
             self.mixed = MixedStream(
                 source, lambda urls: Stream.of(urls, each), batch_size, seq_len
@@ -152,7 +153,7 @@ class Stream:
         return StreamParts(self.spec, self._planner, self._transform)
 
     @property
-    def pack(self) -> Pack | None:
+    def pack(self) -> Grouping | None:
         """The packing settings (``pack=``), or None."""
         if self.mixed is not None:
             return next(iter(self.mixed.streams.values())).pack

@@ -46,8 +46,9 @@ from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import Cursor, StreamState
 from ingest.engine.convert import Batch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
+from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
-from ingest.engine.pack import ORIGIN, Pack, PackedRank, merged
+from ingest.engine.pack import ORIGIN, PackedRank, merged
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
 from ingest.integrations.mixed_loader import MixedLoader, Nothing
@@ -132,7 +133,7 @@ class _Ended:
 class _Shares(torch.utils.data.IterableDataset[Batch]):
     """What the DataLoader's workers iterate: their rank's share of each epoch, by order."""
 
-    def __init__(self, spec: StreamSpec, transform: Any, pack: Pack | None) -> None:
+    def __init__(self, spec: StreamSpec, transform: Any, pack: Grouping | None) -> None:
         self.spec = spec
         self.transform = transform
         self.pack = pack
