@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from ingest.engine.pack import Pack
     from ingest.engine.stage import Filter, FlatMap, Stage, Staged
     from ingest.engine.stream import Stream
+    from ingest.engine.token_batches import TokenBatches
     from ingest.engine.tokenize import Tokenize
     from ingest.formats import get_format, register_format, registered_formats
     from ingest.formats.base import ReadOptions, ShardInfo
@@ -94,6 +95,7 @@ __all__ = [
     "Stream",
     "StreamTimeoutError",
     "SupersededError",
+    "TokenBatches",
     "Tokenize",
     "__version__",
     "decode",
@@ -122,6 +124,7 @@ _LAZY = {
     "Mix": "ingest.engine.mix",
     "Shuffle": "ingest.engine.options",
     "Tokenize": "ingest.engine.tokenize",
+    "TokenBatches": "ingest.engine.token_batches",
     "Listing": "ingest.planner.catalog",
     "IndexConfig": "ingest.planner.index",
     "IndexStore": "ingest.planner.index",
