@@ -52,7 +52,6 @@ from ingest.core.ledger import StepRecord, packed_row, unpacked_row
 from ingest.core.packing import Packed
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
-from ingest.engine.feed import Ready, Tail
 from ingest.engine.grouping import Grouper, Grouping
 from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.pack_settings import ORIGIN, Pack, with_origin
@@ -162,6 +161,10 @@ class PackedRank:
         self._pad = pack.pad_id
         """The pad id (None: from the first read step's ids, :func:`_pad_of`)."""
 
+    def check(self, state: StreamState) -> None:
+        """Any state loads (one without documents in flight too)."""
+        return None
+
     def load(self, state: StreamState) -> None:
         """Go on after ``state`` (loaded into the book): its cut documents start at their
         offsets; nothing in flight is kept."""
@@ -180,30 +183,20 @@ class PackedRank:
         self._loaded = []
         self.packer = self.pack.grouper(self._stream_batch)
 
-    def batches(
-        self, epoch: int, items: Iterable[Ready | Tail], urls: Sequence[str]
-    ) -> Iterator[Batch]:
-        """The batches of ``epoch`` from the feed's ``items``; ``urls``: its listing's shards."""
-        self.begin(urls)
-        for item in items:
-            if isinstance(item, Tail):
-                yield from self.finish(epoch, item)
-                return
-            yield from self.feed(item)
-
-    def feed(self, item: _ReadStep) -> Iterator[Batch]:
-        """Pack a read step's documents; the batches that fills."""
+    def feed(self, item: _ReadStep, convert: Any = None) -> Iterator[tuple[int, Batch]]:
+        """Pack a read step's documents; the batches that fills, each with its rows (a
+        :class:`~ingest.engine.rank_node.RankNode`; ``convert`` is a plain rank's)."""
         self._take(item)
         while len(self._closed) >= self.batch_size:
-            yield self._hand_out(self.batch_size)
+            yield self._handed(self._hand_out(self.batch_size))
 
-    def finish(self, epoch: int, ending: Ending) -> Iterator[Batch]:
+    def finish(self, epoch: int, ending: Ending) -> Iterator[tuple[int, Batch]]:
         """The rank's feed of ``epoch`` ended: its open sequences closed, the last batches
         (the last one may be short), then the end of the epoch for its book."""
         self.close_all()
         self._firsts.clear()
         while self._closed:
-            yield self._hand_out(self.batch_size)
+            yield self._handed(self._hand_out(self.batch_size))
         if self._steps or self._docs:  # pragma: no cover - the packer holds none
             raise IngestError(f"epoch {epoch} ended with {len(self._docs)} documents not packed")
         if not self.handed and not ending.steps:
@@ -222,6 +215,14 @@ class PackedRank:
             self._closed[-1].pieces.extend(empty)
         elif empty:
             self._done([(p.key, p.stop, p.last) for p in empty])
+
+    @staticmethod
+    def _handed(batch: Batch) -> tuple[int, Batch]:
+        return len(batch["input_ids"]), batch
+
+    def counts(self) -> dict[str, int]:
+        """The tokens and the padding the batches handed out held (``stream.stats``)."""
+        return {"tokens": self.tokens, "padding_tokens": self.padding}
 
     @property
     def ready(self) -> int:

@@ -3,11 +3,12 @@
 :class:`Stream` plans epochs with an :class:`ingest.core.book.EpochBook` of one rank, reads its
 share with an :class:`ingest.engine.feed.Feed` (lanes that read and decode ahead in their own
 threads; shuffle windows and batches in the loop's thread, or in a thread of their own with a
-transform: see :meth:`~ingest.engine.feed.Feed.ahead`), and runs the rank's loop
-(:class:`ingest.engine.loop.RankLoop`) over its items in the process: each batch is
-converted to torch tensors and acked to the book as it is handed to the user's loop. Its
-state is the book's snapshot at the last batch handed out, in the same layout as
-:class:`ingest.RayStream`'s, and loads into either.
+transform: see :meth:`~ingest.engine.feed.Feed.ahead`), and runs the rank's node
+(:mod:`ingest.engine.rank_node`: plain, or regrouping with ``pack``) over its items in the
+process, its loop (:class:`ingest.engine.loop.RankLoop`) acking each batch to the book as it
+is handed to the user's loop. Its state is the book's snapshot at the last batch handed out
+(with the node's documents in flight), in the same layout as :class:`ingest.RayStream`'s,
+and loads into either.
 """
 
 from __future__ import annotations
@@ -20,17 +21,18 @@ from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ingest.core.errors import ConfigError, IngestError, StateError, SupersededError
+from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.quarantine import Quarantined, summary
 from ingest.core.state import StreamState
-from ingest.engine.convert import Batch, to_torch
-from ingest.engine.feed import Feed, Ready, Tail
+from ingest.engine.convert import Batch
+from ingest.engine.feed import Feed, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.mixed_stream import MixedStream, not_for_a_mixture
 from ingest.engine.options import StreamKeywords, StreamOptions
-from ingest.engine.pack import PackedRank, with_origin
+from ingest.engine.pack import with_origin
+from ingest.engine.rank_node import rank_node
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import applying, build_transform
 from ingest.planner.catalog import Listing
@@ -127,10 +129,9 @@ class Stream:
         self._next_epoch = 0
         self._rank = RankLoop(0, BookLink(self._book), on_quarantined=self._log)
         """The one rank's loop: batches handed out and their acks (:mod:`ingest.engine.loop`)."""
-        self._packed = (
-            None if pack is None else PackedRank(pack, batch_size, self._rank, self._book)
-        )
-        """With ``pack``: the rank's packing, between its read steps and the batches."""
+        self._node = rank_node(pack, batch_size, self._rank, self._book)
+        """The rank's node: its read steps handed out as batches, or regrouped with ``pack``
+        (:mod:`ingest.engine.rank_node`)."""
         self._delivered = 0
         self._reading: tuple[Feed, Any] | None = None
         """The last loop's feed and its read-ahead, for the bytes they hold (:attr:`stats`)."""
@@ -157,7 +158,7 @@ class Stream:
         """The packing settings (``pack=``), or None."""
         if self.mixed is not None:
             return next(iter(self.mixed.streams.values())).pack
-        return None if self._packed is None else self._packed.pack
+        return self.options.pack
 
     @property
     def batch_size(self) -> int:
@@ -187,14 +188,10 @@ class Stream:
         if self.mixed is not None:
             return self.mixed.stats()
         self._rank.flush()
-        packed = self._packed
-        tokens = (
-            {} if packed is None else {"tokens": packed.tokens, "padding_tokens": packed.padding}
-        )
         return {
             **self._planner.source.stats.as_dict(),
             "rows_delivered": self._delivered,
-            **tokens,
+            **self._node.counts(),
             **summary(self._book.quarantined()),
             **self._held(),
         }
@@ -260,15 +257,15 @@ class Stream:
         self._held()  # the last loop's peak is kept
         with feed.ahead(self.spec.urls[0]) as items:
             self._reading = (feed, items)
-            if self._packed is not None:
-                urls = [s.url for s in plan.listing.shards]
-                for batch in self._packed.batches(epoch, items, urls):
-                    self._delivered += len(batch["input_ids"])
+            node = self._node
+            node.begin([s.url for s in plan.listing.shards])
+            for item in items:
+                made = node.finish(epoch, item) if isinstance(item, Tail) else node.feed(item)
+                for rows, batch in made:
+                    self._delivered += rows
                     yield batch
-            else:
-                for ready, batch in self._rank.batches(epoch, items, _ready_to_torch, Tail):
-                    self._delivered += self.spec.batch_size if ready.rows < 0 else ready.rows
-                    yield batch
+                if isinstance(item, Tail):
+                    break
             self._report(epoch)
             self._next_epoch = epoch + 1
             self._running = False
@@ -299,8 +296,7 @@ class Stream:
         listing = book.plan(state.progress.epoch).listing if state.started else None
         told = book.quarantined()
         book.load(state, listing)  # fails if a shard is gone: the next loop tries again
-        if self._packed is not None:
-            self._packed.load(state)
+        self._node.load(state)
         # The state keeps its epoch's quarantines; those of earlier epochs stay listed.
         book.note_quarantined(q for q in told if q.epoch != state.progress.epoch)
         self._running = False
@@ -318,10 +314,7 @@ class Stream:
     def _snapshot(self) -> StreamState:
         """The state after the last batch handed out, its acks sent first (with ``pack``:
         the documents in flight too, see :meth:`ingest.engine.pack.PackedRank.state`)."""
-        if self._packed is not None:
-            return self._packed.state()
-        self._rank.flush()
-        return self._book.snapshot(self._rank.step)
+        return self._node.state()
 
     def load_state_dict(
         self, state: Mapping[str, Any] | str | StreamState, *, listing: Listing | None = None
@@ -345,15 +338,9 @@ class Stream:
         self._stop_active(superseded=True)
         self._rank.restart(parsed.progress.step - 1)  # acks of the position left behind: gone
         self._running = False
-        if parsed.progress.tokens and self._packed is None:
-            raise StateError(
-                f"the state has {len(parsed.progress.tokens)} document(s) cut across batches "
-                "(progress.tokens): it was saved by a stream with pack=ingest.Pack(...); load "
-                "it into one"
-            )
+        self._node.check(parsed)
         self._book.load(parsed, listing)
-        if self._packed is not None:
-            self._packed.load(parsed)
+        self._node.load(parsed)
         self._next_epoch = parsed.progress.epoch
         self._delivered = parsed.progress.delivered
 
@@ -375,10 +362,6 @@ class Stream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def _ready_to_torch(ready: Ready) -> Batch:
-    return to_torch(ready.table)
 
 
 @dataclass(frozen=True, slots=True)

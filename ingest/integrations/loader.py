@@ -48,7 +48,8 @@ from ingest.engine.convert import Batch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
-from ingest.engine.pack import ORIGIN, PackedRank, merged
+from ingest.engine.pack import ORIGIN, merged
+from ingest.engine.rank_node import RankNode, rank_node
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
 from ingest.integrations.mixed_loader import MixedLoader, Nothing
@@ -285,9 +286,10 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._ranks: dict[int, RankLoop] = {}
         """Each worker's (rank's) loop: its batches handed out and their acks
         (:mod:`ingest.engine.loop`)."""
-        self._packs: dict[int, PackedRank] = {}
-        """With a packing stream: each worker's packing, in this process (the workers read,
-        decode and tokenize; see :mod:`ingest.engine.pack`)."""
+        self._nodes: dict[int, RankNode] = {}
+        """Each worker's node over its loop, in this process: its read steps as batches, or
+        regrouped with ``pack`` (the workers read, decode and tokenize; see
+        :mod:`ingest.engine.rank_node`)."""
         self._running: weakref.ref[Iterator[Batch]] | None = None
         """The loop last started, held weakly, so that a loop the caller drops (a ``break``)
         is closed at once. The loop refers to this loader: held strongly, the two made a
@@ -333,7 +335,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             book.load(start)
         epoch = book.upcoming_epoch(0)
         listing = book.plan(epoch).listing  # one listing, made here, for every worker
-        self._packs = self._packings(book, start, listing)
+        self._nodes = self._rank_nodes(book, start, listing)
         self._book = book
         order = _Order(0, ranks, start.to_json() if started else None, listing)
         ended = 0
@@ -343,17 +345,13 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             came = out.pop(KEY)
             if isinstance(came, _Failed):
                 raise came.error
-            if came.rank in self._packs:
-                yield from map(place, self._packed(epoch, came))
-                ended += isinstance(came, _Ended)
-                continue
-            rank = self._ranks[came.rank]
+            node = self._nodes[came.rank]
             if isinstance(came, _Ended):
-                rank.end(epoch, came)
+                made = node.finish(epoch, came)
                 ended += 1
-                continue
-            batch = rank.hand_out(came, functools.partial(_tensors, out))
-            if batch is not None:
+            else:
+                made = node.feed(came, functools.partial(_tensors, out))
+            for _, batch in made:
                 yield place(batch)
         if ended != ranks:
             raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
@@ -413,28 +411,18 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             workers.iterator._reset(self)  # what torch's own persistent __iter__ does
         return workers.iterator  # type: ignore[no-any-return]
 
-    def _packings(
+    def _rank_nodes(
         self, book: EpochBook[Listing], start: StreamState, listing: Listing
-    ) -> dict[int, PackedRank]:
-        """With a packing stream, each worker's packing, from ``start``'s cut documents."""
-        pack = self.stream.pack
-        if pack is None:
-            return {}
+    ) -> dict[int, RankNode]:
+        """Each worker's node, going on from ``start`` (its documents in flight, with
+        ``pack``)."""
         urls = [s.url for s in listing.shards]
         out = {}
         for rank, loop in self._ranks.items():
-            packed = out[rank] = PackedRank(pack, self.stream.batch_size, loop, book)
-            packed.load(start)
-            packed.begin(urls)
+            node = out[rank] = rank_node(self.stream.pack, self.stream.batch_size, loop, book)
+            node.load(start)
+            node.begin(urls)
         return out
-
-    def _packed(self, epoch: int, came: _Came | _Ended) -> Iterator[Batch]:
-        """A packing worker's read step packed, or its end: the batches they make."""
-        packed = self._packs[came.rank]
-        if isinstance(came, _Ended):
-            yield from packed.finish(epoch, came)
-        else:
-            yield from packed.feed(came)
 
     def _flush(self) -> None:
         """Send every rank's held acks to the book (one call per rank for many batches)."""
@@ -468,11 +456,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         assert self._book is not None
         self._flush()
         state = self._book.snapshot_acked()
-        if self._packs:
-            tokens = merged(t for p in self._packs.values() for t in p.entries(state))
-            if tokens:
-                state = state_with_tokens(state, tokens)
-        return state
+        tokens = merged(t for node in self._nodes.values() for t in node.entries(state))
+        return state_with_tokens(state, tokens) if tokens else state
 
     def state_dict(self) -> dict[str, Any]:
         """The state after every batch this loader handed out (all workers); plain JSON."""
@@ -488,7 +473,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         if self._mix is not None:
             return self._mix.load_state_dict(state)
         self._end_loop()  # its state is replaced: not saved into the stream first
-        self._book, self._ranks, self._packs = None, {}, {}
+        self._book, self._ranks, self._nodes = None, {}, {}
         self.stream.load_state_dict(state)
 
 
