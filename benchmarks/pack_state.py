@@ -5,7 +5,7 @@ sigma 1.0), as JSONL shards on local disk; a function stands in for the tokenize
 document's text is its token count), so only lengths matter. For each ``seq_len``, one
 shuffled epoch of a ``Stream(transform=Tokenize, pack=Pack(seq_len))`` with batches of
 ``--batch`` sequences takes its state every ``--every`` batches. Prints, per ``seq_len``:
-the packing efficiency, and the states' JSON bytes and ``progress.tokens`` entries (the
+the packing efficiency, and the states' JSON bytes and ``pack.tokens`` entries (the
 documents of read steps not acked whole that reached a batch), median and largest, beside
 the same stream's state without packing (the listing and consumed rows alone).
 
@@ -74,7 +74,7 @@ def main() -> None:
             if n % args.every == args.every - 1:
                 state = s.state_dict()
                 nbytes.append(len(json.dumps(state)))
-                entries.append(len(state["progress"].get("tokens", [])))
+                entries.append(len(state.get("pack", {}).get("tokens", [])))
         stats = s.stats
         efficiency = stats["tokens"] / (stats["tokens"] + stats["padding_tokens"])
         print(

@@ -427,7 +427,7 @@ def test_a_row_left_over_with_its_carried_copy_is_carried_once_and_owed_once(
     end = e.end_step
     assert end is not None
     state = StreamState.from_json(json.loads(json.dumps(book.snapshot(end - 1).to_json())))
-    assert state.to_json()["version"] == 6
+    assert state.to_json()["version"] == 7
     assert state.progress.epoch == 2 and state.progress.dropped == e.dropped == 0
     assert state.distributed.owed == [(shard, 7, 5)], "the carried-in copy, with its offset"
     carried = [(i, r) for i, a, b in state.distributed.carry for r in range(a, b)]

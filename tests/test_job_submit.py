@@ -190,5 +190,5 @@ def test_submit_the_lm_job_with_the_shipped_runtime_env(
     states = sorted((tmp_path / "runs" / "job").glob("checkpoint_*/ingest_stream_state.json"))
     assert states, "the job's checkpoints hold the stream state"
     final = json.loads(states[-1].read_text())
-    assert final["version"] == 2 and final["progress"]["epoch"] == 1
+    assert final["version"] == 7 and final["progress"]["epoch"] == 1
     assert final["distributed"]["world_size"] == 2

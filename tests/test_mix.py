@@ -237,7 +237,7 @@ def test_a_weight_change_at_resume_starts_a_stage_there_and_loses_nothing(local:
             break
     sources = [name for name, _, _ in draws(after)]
     assert deviation(sources, {"web": 1, "code": 1}) <= 1.0
-    mixture = after_stream.state_dict()["mixture"]
+    mixture = after_stream.state_dict()["mix"]["mixture"]
     assert mixture["stages"][1]["start"] == 12 * BATCH * SEQ_LEN  # its exact count
     assert mixture["stages"][1]["weights"] == [0.5, 0.5]
     check_once_per_source_epoch(draws(got + after))

@@ -91,13 +91,13 @@ def test_ranks_draw_alike_and_every_token_once_through_3_2_4_ranks_and_new_weigh
     # The first two runs follow 3:1 from the start; the third, loaded with 1:1, from its count.
     assert deviation(stages[0] + stages[1], first) <= 1.0
     assert deviation(stages[2], then) <= 1.0
-    assert state is not None and state["mixture"]["stages"][1]["start"] == (
+    assert state is not None and state["mix"]["mixture"]["stages"][1]["start"] == (
         (3 * 5 + 2 * 7) * BATCH * SEQ_LEN
     )
     check_carried(rank_draws, state)
     epochs = {name: 1 + max(e for n, e, _ in rank_draws if n == name) for name in NAMES}
     assert epochs["code"] > epochs["web"] >= 1
-    assert state["mixture"]["epoch"] == 1  # one epoch of the mixture, web's first whole
+    assert state["mix"]["mixture"]["epoch"] == 1  # one epoch of the mixture, web's first whole
 
     # The draws are a pure function of the counts: a single-process Stream over the same Mix
     # draws the same sources in the same order (its epochs end elsewhere: one rank's share).

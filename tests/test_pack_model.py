@@ -127,7 +127,7 @@ def carry_offsets(state: dict[str, Any]) -> dict[tuple[int, int], int]:
     """The offsets the rows ``state`` (at an epoch's start) carries in begin at."""
     return {
         (shard, row): offset
-        for segment, shard, row, offset in state["progress"].get("tokens", [])
+        for segment, shard, row, offset in state.get("pack", {}).get("tokens", [])
         if segment == 0
     }
 

@@ -84,7 +84,7 @@ def test_stops_and_resumes_at_3_then_2_then_4_ranks_hand_out_every_token_once(
             states = [r["state"] for r in got]
         assert all(s == states[0] for s in states), "every rank gets the same state"
         state = json.loads(json.dumps(states[0]))
-        assert state["version"] == 5 and state["progress"]["tokens"]
+        assert state["version"] == 7 and state["pack"]["tokens"]
     assert state is not None and state["progress"]["epoch"] == 1
     assert handed == every_token(DOCS) - carried_tokens(state, DOCS)
 
@@ -101,7 +101,7 @@ def test_two_epochs_carry_the_surplus_with_its_offsets(s3_store: Store) -> None:
         end = stream.state_dict()
     assert middle["progress"]["epoch"] == 1 and end["progress"]["epoch"] == 2
     carried = carried_tokens(middle, DOCS)
-    assert [t for t in middle["progress"]["tokens"] if t[0] == 0], "cut documents carried"
+    assert [t for t in middle["pack"]["tokens"] if t[0] == 0], "cut documents carried"
     assert tokens(first) == every_token(DOCS) - carried
     # The remainder and the ranks' surplus: a few batches' worth at most.
     assert sum(carried.values()) < 3 * 4 * BATCH * SEQ_LEN

@@ -135,7 +135,7 @@ def test_every_token_once_through_stops_at_any_batch(
                 break
             state = json.loads(json.dumps(s.state_dict()))
             states.append(state)
-            cut += len(state["progress"].get("tokens", []))
+            cut += len(state.get("pack", {}).get("tokens", []))
             s = make()
             s.load_state_dict(state)
             marks.discard(at)
@@ -206,7 +206,7 @@ def test_two_epochs_each_token_once_with_a_state_in_the_second(s3_store: Store) 
         if len(second) == 5:
             break
     state = s.state_dict()
-    assert state["version"] == 5 and state["progress"]["epoch"] == 1 and state["progress"]["tokens"]
+    assert state["version"] == 7 and state["progress"]["epoch"] == 1 and state["pack"]["tokens"]
     t = stream(url, s3_store, shuffle_seed=2)
     t.load_state_dict(state)
     second.extend(t)
@@ -259,11 +259,11 @@ def test_refusals_name_the_rule(local: Store) -> None:
     next(iter(s))
     next(iter(s))
     state = s.state_dict()
-    assert state["progress"]["tokens"]
+    assert state["pack"]["tokens"]
     with pytest.raises(StateError, match="pack="):
         plain.load_state_dict(state)
-    state["progress"]["tokens"] = state["progress"]["tokens"][::-1] * 2
-    with pytest.raises(StateError, match=r"progress\.tokens"):
+    state["pack"]["tokens"] = state["pack"]["tokens"][::-1] * 2
+    with pytest.raises(StateError, match=r"pack\.tokens"):
         stream(url, local).load_state_dict(state)
 
 
@@ -275,7 +275,7 @@ def test_max_lag_bounds_the_documents_a_state_lists(local: Store) -> None:
         s = stream(url, local, pack=pack, shuffle_seed=3)
         most = 0
         for _ in s:
-            most = max(most, len(s.state_dict()["progress"].get("tokens", [])))
+            most = max(most, len(s.state_dict().get("pack", {}).get("tokens", [])))
         return most
 
     assert most_listed(1) <= 3 * READ_ROWS < most_listed(10**6)
@@ -295,7 +295,7 @@ def test_dataloader_workers_tokenize_and_the_main_process_packs(
         if len(got) == 7:
             break
     state = json.loads(json.dumps(loader.state_dict()))
-    assert state["version"] == 5 and state["progress"]["tokens"]
+    assert state["version"] == 7 and state["pack"]["tokens"]
     resumed = stream(url, local, shuffle_seed=4)
     resumed.load_state_dict(state)
     source = resumed if then < 0 else ingest.DataLoader(resumed, num_workers=then)
@@ -367,7 +367,7 @@ def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
     # A carried document cut before the stop carries only its tokens from its offset.
     start = {
         shard * per + row: offset
-        for segment, shard, row, offset in state["progress"].get("tokens", [])
+        for segment, shard, row, offset in state.get("pack", {}).get("tokens", [])
         if segment == 0
     }
     owed = [
@@ -401,14 +401,14 @@ def test_a_row_carried_and_owed_is_due_twice_less_than_its_epochs() -> None:
     k = lengths(DOCS)[per + 3]
     state = {
         "distributed": {"carry": {"spans": [[1, 3, 4]]}, "owed": [[1, 3, 0]]},
-        "progress": {"tokens": []},
+        "progress": {},
     }
     due = tokens_due(state, DOCS, 2)
     row = tokenize([f"{per + 3} {k}"])[0]
     assert k and all(due[t] == 0 for t in row)
     other = tokenize([f"{per + 4} {lengths(DOCS)[per + 4]}"])[0]
     assert all(due[t] == 2 for t in other)
-    cut = {**state, "progress": {"tokens": [[0, 1, 3, 1]]}}  # the carried copy cut after 1
+    cut = {**state, "pack": {"tokens": [[0, 1, 3, 1]]}}  # the carried copy cut after 1
     due = tokens_due(cut, DOCS, 2)
     assert due[row[0]] == 1 and all(due[t] == 0 for t in row[1:])
 

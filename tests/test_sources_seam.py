@@ -164,8 +164,8 @@ def test_a_draw_stopped_and_resumed_goes_on_with_the_uninterrupted_runs_draws(
             draw.close()
     assert got == expected and state is not None
     saved = json.loads(state)
-    assert saved["version"] == 4 and list(saved["sources"]) == ["web", "code"]
-    assert saved["taken"] == {"web": 30, "code": 10} and saved["drawn"] == DRAWS
+    assert saved["version"] == 7 and list(saved["sources"]) == ["web", "code"]
+    assert saved["mix"]["taken"] == {"web": 30, "code": 10} and saved["mix"]["drawn"] == DRAWS
     # Each source's part is a whole one-source state, with its own listing and fingerprint.
     assert (
         saved["sources"]["web"]["dataset"]["digest"]
@@ -228,8 +228,9 @@ def _several(sources: dict[str, str]) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda s: s.update(drawn=s["drawn"] + 1), "drawn is 7, but the items taken"),
-        (lambda s: s["taken"].pop("code"), "taken is"),
+        (lambda s: s["mix"].update(drawn=s["mix"]["drawn"] + 1), "drawn is 7, but the items"),
+        (lambda s: s["mix"]["taken"].pop("code"), "taken is"),
+        (lambda s: s.update(drawn=6), "it holds version, sources and the mix part"),
         (lambda s: s.update(sources={}), "names at least one"),
         (
             lambda s: s["sources"].update(web={"version": 9}),
@@ -240,7 +241,7 @@ def _several(sources: dict[str, str]) -> dict[str, Any]:
             "source 'code' of the state: progress.step",
         ),
         (lambda s: s["sources"].update(web={"sources": {}, "version": 4}), "they nest once"),
-        (lambda s: s.update(taken=[1, 2]), "taken is"),
+        (lambda s: s["mix"].update(taken=[1, 2]), "taken is"),
     ],
 )
 def test_an_edited_state_of_several_sources_is_refused_naming_the_field(

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+import ingest
 from ingest.core.errors import StateError
 from ingest.core.intervals import IntervalSet
 from ingest.core.state import (
@@ -45,7 +46,7 @@ def test_round_trip_is_plain_json() -> None:
     data = json.loads(json.dumps(state.to_json()))
     back = StreamState.from_json(data)
     assert back.to_json() == state.to_json()
-    assert data["version"] == 2
+    assert data["version"] == 7
     assert list(data) == ["version", "dataset", "progress", "distributed", "position"]
     consumed = data["progress"]["consumed"]
     assert consumed["done"] == [[0, 3]]  # a consumed run of shards is one range
@@ -198,7 +199,7 @@ def packed_state() -> StreamState:
 def test_packed_round_trip_is_plain_json() -> None:
     state = packed_state()
     data = json.loads(json.dumps(state.to_json()))
-    assert data["version"] == 3
+    assert data["version"] == 7
     assert "shards" not in data["dataset"] and data["dataset"]["packed"]["count"] == 6
     assert data["dataset"]["packed"]["prefix"] == "s3://b/part-"
     back = StreamState.from_json(data)
@@ -211,9 +212,24 @@ def test_packed_round_trip_is_plain_json() -> None:
     match_listing(back.dataset, SHARDS)
 
 
-def test_small_listings_stay_version_2() -> None:
-    assert make_state().to_json()["version"] == 2
-    assert StreamState(DatasetState(["s3://b/"], SHARDS * 2000)).to_json()["version"] == 3
+def test_every_state_is_version_7_and_says_what_it_holds_by_its_parts() -> None:
+    """The version is no feature flag (issue 33, item 3): a small listing is written as
+    records and a large one packed, both version 7; the pack node's part is there only
+    when documents are in flight."""
+    small, large = make_state().to_json(), StreamState(DatasetState(["s3://b/"], SHARDS * 2000))
+    assert small["version"] == large.to_json()["version"] == ingest.STATE_VERSION == 7
+    assert "shards" in small["dataset"] and "packed" in large.to_json()["dataset"]
+    assert "pack" not in small
+
+
+def test_a_part_of_a_node_this_ingest_does_not_know_is_refused_not_ignored() -> None:
+    """A later node's part may hold rows to leave out: reading the state without it would
+    not be exact, so it is refused, naming the part."""
+    data = make_state().to_json()
+    with pytest.raises(StateError, match=r"part\(s\) \['skip'\].*newer ingest"):
+        StreamState.from_json({**data, "skip": {"steps": [[1, 3]]}})
+    with pytest.raises(StateError, match="pack part"):
+        StreamState.from_json({**data, "pack": {"tokens": [], "open": 1}})
 
 
 def test_a_version_2_state_is_read() -> None:
@@ -226,7 +242,7 @@ def test_a_version_2_state_is_read() -> None:
     )
     state = StreamState.from_json(text)
     assert state.progress.consumed.of(0) == IntervalSet([(0, 30)])
-    assert state.to_json()["version"] == 2
+    assert state.to_json()["version"] == 7
 
 
 @pytest.mark.usefixtures("pack_small")
@@ -306,12 +322,19 @@ def test_a_change_the_hashes_miss_is_still_refused() -> None:
         match_listing(saved, SHARDS)
 
 
-def test_rows_consumed_in_part_round_trip_as_version_5_and_are_checked() -> None:
+def test_rows_consumed_in_part_round_trip_as_the_pack_part_and_are_checked() -> None:
     state = make_state()
     state.progress.tokens = [(1, 4, 200, 17), (1, 5, 0, 2048)]
     data = json.loads(json.dumps(state.to_json()))
-    assert data["version"] == 5 and data["progress"]["tokens"] == [[1, 4, 200, 17], [1, 5, 0, 2048]]
+    assert data["version"] == 7 and data["pack"] == {"tokens": [[1, 4, 200, 17], [1, 5, 0, 2048]]}
+    assert "tokens" not in data["progress"]
     assert StreamState.from_json(data).progress.tokens == state.progress.tokens
+    # Version 5 held them in progress.tokens; such a state still reads, and not in version 7.
+    old = {**data, "version": 5, "progress": {**data["progress"], "tokens": data["pack"]["tokens"]}}
+    del old["pack"]
+    assert StreamState.from_json(old).progress.tokens == state.progress.tokens
+    with pytest.raises(StateError, match=re.escape("since version 7 they are pack.tokens")):
+        StreamState.from_json({**old, "version": 7})
     bad = {
         "[1, 4, 300, 5]": [[1, 4, 300, 5]],  # a row consumed whole already
         "segment must be 0 or 1": [[2, 4, 200, 5]],
@@ -322,16 +345,16 @@ def test_rows_consumed_in_part_round_trip_as_version_5_and_are_checked() -> None
     }
     for rule, tokens in bad.items():
         edited = json.loads(json.dumps(data))
-        edited["progress"]["tokens"] = tokens
+        edited["pack"]["tokens"] = tokens
         with pytest.raises(StateError, match=re.escape(rule)):
             StreamState.from_json(edited)
 
 
-def test_copies_owed_round_trip_as_version_6_and_are_checked() -> None:
+def test_copies_owed_round_trip_and_are_checked() -> None:
     state = make_state()
     state.distributed.owed = [(4, 200, 0), (4, 200, 17), (5, 3, 2)]  # a row owed twice
     data = json.loads(json.dumps(state.to_json()))
-    assert data["version"] == 6 and data["distributed"]["owed"] == [
+    assert data["version"] == 7 and data["distributed"]["owed"] == [
         list(o) for o in state.distributed.owed
     ]
     assert StreamState.from_json(data).distributed.owed == state.distributed.owed

@@ -156,7 +156,7 @@ def test_a_stream_hands_out_every_token_once_through_stops(local: Store) -> None
             if len(got) == stop:
                 break
         state = json.loads(json.dumps(s.state_dict()))
-        in_flight += len(state["progress"].get("tokens", []))
+        in_flight += len(state.get("pack", {}).get("tokens", []))
         s.close()
         resumed = stream(url, local)
         resumed.load_state_dict(state)

@@ -109,7 +109,7 @@ def test_worker_death_and_automatic_restart(data: str, tmp_path: Path) -> None:
     assert (tmp_path / "auto").exists(), "a worker died"
     counts, state = final_counts(result)
     assert torch.all(counts == EPOCHS), torch.bincount(counts).tolist()
-    assert state["progress"]["epoch"] == EPOCHS and state["version"] == 2
+    assert state["progress"]["epoch"] == EPOCHS and state["version"] == 7
 
 
 def test_rerun_of_the_same_run_with_another_worker_count(data: str, tmp_path: Path) -> None:
@@ -242,7 +242,7 @@ def test_a_mixture_every_token_once_per_epoch_of_its_source_through_a_death(
         run(2, die_at=7)
     assert (tmp_path / "died").exists(), "a worker died"
     counts, state = final_counts(run(3, die_at=-1))
-    assert state["mixture"]["epoch"] == EPOCHS and set(state["sources"]) == set(docs)
+    assert state["mix"]["mixture"]["epoch"] == EPOCHS and set(state["sources"]) == set(docs)
     expected = torch.zeros_like(counts)
     dropped = 0
     for name, pairs in docs.items():

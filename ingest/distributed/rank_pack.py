@@ -26,7 +26,7 @@ carried once and its other copy owed, with its offset (:mod:`ingest.core.carry`)
 **States.** At batch ``k`` every rank sends the documents in flight it handed out (in part,
 or whole in a read step not acked) with its state call; the coordinator answers, once all
 asked, the book's snapshot of the read steps acked (no cursors: a resume shares the rest
-anew at any world size) with those documents' offsets (``progress.tokens``).
+anew at any world size) with those documents' offsets (the state's ``pack.tokens``).
 
 **A reader lost.** The rank's packing keeps what it holds; its feed restarts after its last
 read step acked, and the read steps it packed already, read again, are left out.

@@ -25,7 +25,7 @@ from one of them (:class:`Mixer`):
   every source of positive weight (in the current stage) has finished an epoch of its own
   since the mixture's epoch began: the source largest against its weight is read once, the
   others repeat. A loop over the stream is one epoch of the mixture.
-- **The state** (version 4, :mod:`ingest.core.state.sources`): every source's own state
+- **The state** (:mod:`ingest.core.state.sources`): every source's own state
   (with its tokens in flight, when packed), ``drawn`` and ``taken`` (draws in all and from
   each source), and ``mixture``: the counts, the stages, and the mixture's epoch with the
   sources that ended in it. Loaded into a stream with other weights, a new stage begins at
@@ -231,7 +231,7 @@ class Draws:
 
 
 def mixed_state(parts: Mapping[str, Mapping[str, Any]], mixer: Mixer) -> dict[str, Any]:
-    """The state of a mixed stream from its sources' states (version 4, see the module
+    """The state of a mixed stream from its sources' states (see the module
     docstring), checked."""
     state = SourcesState(
         {name: StreamState.from_json(part) for name, part in parts.items()},

@@ -13,7 +13,8 @@ documents, not the rows of a read step:
   (:class:`~ingest.engine.loop.RankLoop`) once every document of it is done, and of the
   earlier ones too: the book's steps stay whole and in order.
 - A state (:meth:`PackedRank.state`) is the book's snapshot at the last read step acked,
-  cursors included, with ``progress.tokens`` (state version 5): for every document of a
+  cursors included, with the pack node's part, ``pack.tokens`` (``progress.tokens`` in
+  the parsed state): for every document of a
   later read step that reached a batch, ``(segment, shard, row, offset)``, the tokens ``[0,
   offset)`` handed out (all of them for a document done). Tokens still in open sequences,
   and in sequences closed but not handed out, are not consumed: no token buffer is saved.

@@ -66,7 +66,7 @@ class RankNode(Protocol):
         ...
 
     def entries(self, base: StreamState) -> list[tuple[int, int, int, int]]:
-        """The node's documents in flight over ``base`` (``progress.tokens``' entries)."""
+        """The node's documents in flight over ``base`` (the ``pack`` part's ``tokens``)."""
         ...
 
     def counts(self) -> dict[str, int]:
@@ -107,7 +107,7 @@ class PlainRank:
         if state.progress.tokens:
             raise StateError(
                 f"the state has {len(state.progress.tokens)} document(s) cut across batches "
-                "(progress.tokens): it was saved by a stream with pack=ingest.Pack(...) (or "
+                "(pack.tokens): it was saved by a stream with pack=ingest.Pack(...) (or "
                 "ingest.TokenBatches); load it into one with the same pack"
             )
 

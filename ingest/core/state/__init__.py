@@ -1,8 +1,9 @@
 """Stream state: small, plain, versioned JSON in named parts. Pure; no Ray, opens no file.
 
-Layout, one part per concern, each validated by its own class::
+Layout (version 7, every state alike): the book's four parts, each validated by its own
+class, then one part per node of the rank's chain that holds any (``pack``)::
 
-    {"version": 2,
+    {"version": 7,
      "dataset": {"sources": [...], "digest": "sha256...",            # DatasetState
                  "shards": [[url, size, version, rows or null], ...]},
      "progress": {"epoch": 2, "first_step": 96, "step": 120,          # ProgressState
@@ -16,7 +17,16 @@ Layout, one part per concern, each validated by its own class::
                      "carry": {"spans": [[3, 0, 17]], "consumed": {}}},
      "position": {"seed": 0, "batch_size": 1024,                      # PositionState
                   "shuffle": {"window": 16384, "lanes": 16},
-                  "ranks": [cursor or null, ...]}}
+                  "ranks": [cursor or null, ...]},
+     "pack": {"tokens": [[segment, shard, row, offset], ...]}}        # with pack= only
+
+``pack.tokens`` (:mod:`ingest.engine.pack`): rows whose tokens ``[0, offset)`` reached a
+batch and the rest not; a resume packs them again from there (``ProgressState.tokens`` once
+parsed). A part of a node this ingest does not have is refused, never ignored.
+
+The version says nothing of what a state holds (its parts do). Earlier versions numbered it,
+and are still read: 2 (a listing as records), 3 (packed, below), 5 (``tokens`` inside
+``progress``), 6 (``distributed.owed``), 4 (several sources, :mod:`.sources`).
 
 ``progress.step`` is the next global step; ``first_step`` the step the epoch began at.
 ``distributed.carry`` holds the rows carried in from the previous epoch (equal steps per
@@ -25,7 +35,7 @@ and world size a restored stream continues with exactly the batches of the unint
 run; without it the rest of the epoch is shared out again. Exactly-once rests on
 ``progress``, ``carry`` and ``owed`` alone, never on the position.
 
-Version 6: ``distributed.owed``, ``[[shard, row, offset], ...]``, copies of rows due again
+``distributed.owed``, ``[[shard, row, offset], ...]``: copies of rows due again
 beyond the carried ones (a packing epoch left a row over with its carried copy: the next
 epoch carries one and owes the other, :mod:`ingest.core.carry`), carried out at the epoch's
 end; the tokens ``[0, offset)`` of each were handed out already.
@@ -35,12 +45,11 @@ when shorter, a bitmap ``{"from": a, "to": b, "bits": base64}``
 (:meth:`ingest.core.intervals.IntervalSet.encode`). ``partial`` sets of more than
 :data:`~ingest.core.state.consumed.PACK_FROM_INTERVALS` intervals in all (a rank stopped
 inside a shuffle window: a random part of the window's rows) are written as version 3's
-``{"packed": ...}`` below, in every version: a bit per row of the window, 2-3 KB a rank for
+``{"packed": ...}`` below: a bit per row of the window, 2-3 KB a rank for
 a window of 16,384 rows, against 47-87 KB of pairs.
 
-Version 3: a listing of :data:`.dataset.PACK_FROM_SHARDS` shards or more is packed, so that
-a million shards take a few MB, not a hundred (the state of a smaller one stays version 2,
-readable by the releases before)::
+A listing of :data:`.dataset.PACK_FROM_SHARDS` shards or more is packed (version 3 made it
+so), so that a million shards take a few MB, not a hundred::
 
      "dataset": {"sources": [...], "digest": "sha256...",
                  "packed": {"count": 1000000, "prefix": "s3://bucket/train/",
@@ -81,7 +90,7 @@ The package: :mod:`.schema` (the whole state), :mod:`.dataset` (``dataset``), :m
 :mod:`.shards` (shard records and digests), :mod:`.packed` (the version 3 columns),
 :mod:`.matching` (a saved dataset against a listing), :mod:`.checks` (versions, limits
 and refusals) and :mod:`.sources` (the state of a stream over several named sources: each
-source's own state side by side, version 4).
+source's own state side by side, and the mix node's part).
 """
 
 from ingest.core.state.checks import FIX, MAX_STATE_BYTES, STATE_VERSION, refuse

@@ -11,13 +11,19 @@ from ingest.core.errors import StateError
 from ingest.core.intervals import MAX_ROW
 from ingest.core.state.shards import ShardRecord
 
-STATE_VERSION = 6
-"""The newest version this ingest writes; it reads :data:`READ_VERSIONS`. A state is
-written as version 2 (its listing as records), 3 (its listing packed), 5 (either, with
-rows consumed in part: ``progress.tokens``) or 6 (with copies of rows owed:
-``distributed.owed``), the lowest that holds it; 4 is a state of several sources
-(:mod:`ingest.core.state.sources`)."""
-READ_VERSIONS = (2, 3, 5, 6)
+STATE_VERSION = 7
+"""The version this ingest writes, every state alike: the book's four parts, and one part
+per node of the rank's chain that holds any (``pack``; a state of several sources: ``mix``
+beside ``sources``). What a state holds is said by its parts, not by its version. It reads
+:data:`READ_VERSIONS`: the versions before this one numbered what a state held (2: a
+listing as records, 3: packed, 5: rows consumed in part in ``progress.tokens``, 6: copies
+owed in ``distributed.owed``; 4: several sources, :mod:`ingest.core.state.sources`)."""
+READ_VERSIONS = (2, 3, 5, 6, 7)
+BOOK_PARTS = ("dataset", "progress", "distributed", "position")
+"""The parts of a state that are the book's (the epoch plan and the rows consumed)."""
+NODE_PARTS = ("pack",)
+"""The parts of a one-source state that nodes of the rank's chain write (version 7):
+``pack``, the documents a packing rank handed out in part (:mod:`ingest.engine.pack`)."""
 MAX_STATE_BYTES = 256 << 20
 """States larger than this are refused before parsing (a state is O(shards))."""
 MAX_OFFSET = MAX_ROW

@@ -45,12 +45,18 @@ class ProgressState:
         }
         if self.quarantined:
             out["quarantined"] = [q.to_json() for q in self.quarantined]
-        if self.tokens:
-            out["tokens"] = [list(t) for t in self.tokens]
-        return out
+        return out  # ``tokens`` is the pack node's part of the state (version 7)
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any], shards: Sequence[ShardRecord]) -> ProgressState:
+    def from_json(
+        cls,
+        data: Mapping[str, Any],
+        shards: Sequence[ShardRecord],
+        tokens: tuple[Any, str] | None = None,
+    ) -> ProgressState:
+        """The progress part; ``tokens``: the rows consumed in part and the field they were
+        read from (version 7: ``pack.tokens``); None: ``progress.tokens`` (versions 5, 6)."""
+        given, field_ = (data.get("tokens", []), "progress.tokens") if tokens is None else tokens
         out = cls(
             epoch=checked_int(data["epoch"], "progress.epoch"),
             first_step=checked_int(data.get("first_step", 0), "progress.first_step"),
@@ -59,7 +65,7 @@ class ProgressState:
             dropped=checked_int(data.get("dropped", 0), "progress.dropped"),
             consumed=Consumed.from_json(data.get("consumed", {}), shards),
             quarantined=_quarantined(data.get("quarantined", [])),
-            tokens=_tokens(data.get("tokens", []), shards),
+            tokens=_tokens(given, shards, field_),
         )
         if out.first_step > out.step:
             raise StateError(
@@ -70,12 +76,15 @@ class ProgressState:
         return out
 
 
-def _tokens(data: Any, shards: Sequence[ShardRecord]) -> list[tuple[int, int, int, int]]:
-    """``progress.tokens`` checked: each ``[segment, shard, row, offset]`` names a row of a
-    listed shard once, with an offset past its first token."""
+def _tokens(
+    data: Any, shards: Sequence[ShardRecord], field_: str
+) -> list[tuple[int, int, int, int]]:
+    """``pack.tokens`` (``progress.tokens`` before version 7) checked: each ``[segment,
+    shard, row, offset]`` names a row of a listed shard once, with an offset past its first
+    token."""
     out: list[tuple[int, int, int, int]] = []
-    for n, entry in enumerate(checked_list(data, "progress.tokens")):
-        what = f"progress.tokens[{n}]"
+    for n, entry in enumerate(checked_list(data, field_)):
+        what = f"{field_}[{n}]"
         if not isinstance(entry, list) or len(entry) != 4:
             raise refuse(what, entry, "it must be [segment, shard, row, offset]")
         segment = checked_int(entry[0], f"{what} segment")
@@ -92,7 +101,7 @@ def _tokens(data: Any, shards: Sequence[ShardRecord]) -> list[tuple[int, int, in
             )
         out.append((segment, shard, row, offset))
     if len({t[:3] for t in out}) != len(out) or out != sorted(out):
-        raise refuse("progress.tokens", data, "each row must appear once, in sorted order")
+        raise refuse(field_, data, "each row must appear once, in sorted order")
     return out
 
 

@@ -15,9 +15,12 @@ from typing import Any, BinaryIO
 from ingest.core.errors import StateError
 from ingest.core.quarantine import check_saved
 from ingest.core.state.checks import (
+    BOOK_PARTS,
     FIX,
     MAX_STATE_BYTES,
+    NODE_PARTS,
     READ_VERSIONS,
+    STATE_VERSION,
     check_size,
     refuse,
     too_large,
@@ -61,21 +64,18 @@ class StreamState:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "version": (
-                6
-                if self.distributed.owed
-                else 5
-                if self.progress.tokens
-                else 3
-                if self.dataset.packed
-                else 2
-            ),
+        """The state's JSON (version 7): the book's four parts, and the ``pack`` node's
+        when a packing rank handed out documents in part."""
+        out: dict[str, Any] = {
+            "version": STATE_VERSION,
             "dataset": self.dataset.to_json(),
             "progress": self.progress.to_json(self.dataset),
             "distributed": self.distributed.to_json(),
             "position": self.position.to_json(),
         }
+        if self.progress.tokens:
+            out["pack"] = {"tokens": [list(t) for t in self.progress.tokens]}
+        return out
 
     @classmethod
     def from_json(cls, data: object, *, max_bytes: int = MAX_STATE_BYTES) -> StreamState:
@@ -112,7 +112,7 @@ class StreamState:
         if not isinstance(data, Mapping):
             raise StateError(f"a stream state is a JSON object, got {type(data).__name__}")
         version = data.get("version")
-        if version == 4 and isinstance(data.get("sources"), Mapping):
+        if version in (4, STATE_VERSION) and isinstance(data.get("sources"), Mapping):
             raise StateError(
                 f"this is the state of a stream over several sources "
                 f"({', '.join(map(repr, list(data['sources'])[:5]))}), not of one: load it "
@@ -125,11 +125,12 @@ class StreamState:
                 f"versions {', '.join(map(str, READ_VERSIONS))}); resume with the ingest "
                 "release that wrote it, or start without the state"
             )
+        tokens = None if version < 7 else _node_parts(data)
         try:
             dataset = DatasetState.from_json(data["dataset"], version)
             state = cls(
                 dataset,
-                ProgressState.from_json(data["progress"], dataset.shards),
+                ProgressState.from_json(data["progress"], dataset.shards, tokens),
                 DistributedState.from_json(data.get("distributed") or {}, dataset.shards),
                 PositionState.from_json(data.get("position") or {}),
             )
@@ -213,7 +214,7 @@ class StreamState:
         )
 
     def check_tokens(self) -> None:
-        """Refuse a row consumed in part (``progress.tokens``) that is also consumed whole.
+        """Refuse a row consumed in part (``pack.tokens``) that is also consumed whole.
 
         Raises:
             StateError: Naming the row and its shard.
@@ -221,7 +222,7 @@ class StreamState:
         for segment, shard, row, offset in self.progress.tokens:
             if self.consumed_whole(segment, shard, row):
                 raise refuse(
-                    "progress.tokens",
+                    "pack.tokens",
                     [segment, shard, row, offset],
                     f"row {row} of {self.shards[shard].url} is consumed whole already",
                 )
@@ -236,3 +237,31 @@ class StreamState:
     def consumed_rows(self) -> int:
         """Rows consumed in the epoch (its own and the ones carried in)."""
         return self.progress.consumed.count() + self.distributed.carry_consumed.count()
+
+
+def _node_parts(data: Mapping[str, Any]) -> tuple[Any, str]:
+    """The node parts of a version 7 state (:data:`NODE_PARTS`): ``pack.tokens`` and the
+    name it is refused under. A part of a node this ingest does not have is refused: a
+    state is exact only with every part read (a later node's part may hold rows to leave
+    out), so it is never ignored."""
+    known = {"version", *BOOK_PARTS, *NODE_PARTS}
+    unknown = sorted(str(k) for k in data if k not in known)
+    if unknown:
+        raise StateError(
+            f"the state has part(s) {unknown} that this ingest does not know (it reads "
+            f"{sorted(known)}): it was written by a newer ingest, or edited; resume with the "
+            "release that wrote it"
+        )
+    pack = data.get("pack", {})
+    if not isinstance(pack, Mapping) or set(pack) - {"tokens"}:
+        raise StateError(
+            f"the state's pack part is {pack!r}, not {{'tokens': [...]}}: the state was "
+            f"edited or corrupted; {FIX}"
+        )
+    progress = data.get("progress")
+    if isinstance(progress, Mapping) and "tokens" in progress:
+        raise StateError(
+            "the state (version 7) has progress.tokens: since version 7 they are pack.tokens; "
+            f"the state was edited or corrupted; {FIX}"
+        )
+    return pack.get("tokens", []), "pack.tokens"

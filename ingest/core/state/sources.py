@@ -10,19 +10,20 @@ drawing needs to go on exactly where it stopped: ``drawn``, the items drawn from
 sources together (a choice of the next source that is a pure function of a seed and this
 counter resumes with the same choices), and ``taken``, how many of them each source gave::
 
-    {"version": 4,
-     "sources": {"web": {"version": 2, "dataset": ..., "progress": ..., ...},
-                 "code": {"version": 3, ...}},
-     "drawn": 120,
-     "taken": {"web": 90, "code": 30},
-     "mixture": {"unit": "tokens", "counts": [...], "stages": [...], "epoch": 0, ...}}
+    {"version": 7,
+     "sources": {"web": {"version": 7, "dataset": ..., "progress": ..., ...},
+                 "code": {"version": 7, ...}},
+     "mix": {"drawn": 120,
+             "taken": {"web": 90, "code": 30},
+             "mixture": {"unit": "tokens", "counts": [...], "stages": [...], "epoch": 0}}}
 
-``mixture``, written by a mixed stream (:mod:`ingest.engine.mix`), is the rule's counts and
-stages and the mixture's epoch; it is checked by the mixture that loads it.
+``mix`` is the mix node's part of the state; its ``mixture``, written by a mixed stream
+(:mod:`ingest.engine.mix`), is the rule's counts and stages and the mixture's epoch; it is
+checked by the mixture that loads it. Version 4 (written before version 7) held ``drawn``,
+``taken`` and ``mixture`` beside ``sources``; it still loads.
 
-Every source's part is a whole state of version 2 or 3, read by
-:meth:`StreamState.from_json` with its own checks; a state of one source (version 2 or 3)
-is still read as it always was. :func:`read_state` reads either kind.
+Every source's part is a whole state of one source, read by :meth:`StreamState.from_json`
+with its own checks. :func:`read_state` reads either kind.
 """
 
 from __future__ import annotations
@@ -34,11 +35,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.core.errors import StateError
-from ingest.core.state.checks import FIX, MAX_STATE_BYTES, check_size, checked_int, refuse
+from ingest.core.state.checks import (
+    FIX,
+    MAX_STATE_BYTES,
+    STATE_VERSION,
+    check_size,
+    checked_int,
+    refuse,
+)
 from ingest.core.state.schema import StreamState
 
-SOURCES_VERSION = 4
-"""The version of a state of several sources (one source's state is version 2 or 3)."""
+SOURCES_VERSION = STATE_VERSION
+"""The version of a state of several sources this ingest writes (every state's)."""
+READ_SOURCES_VERSIONS = (4, STATE_VERSION)
+"""The versions of a state of several sources it reads (4: its mix part at the top)."""
 MAX_SOURCES = 1024
 """The most sources one state holds (a mixture of a few to a few hundred datasets)."""
 
@@ -77,13 +87,14 @@ class SourcesState:
             )
 
     def to_json(self) -> dict[str, Any]:
-        out = {
+        mix: dict[str, Any] = {"drawn": self.drawn, "taken": dict(self.taken)}
+        if self.mixture is not None:
+            mix["mixture"] = dict(self.mixture)
+        return {
             "version": SOURCES_VERSION,
             "sources": {name: part.to_json() for name, part in self.parts.items()},
-            "drawn": self.drawn,
-            "taken": dict(self.taken),
+            "mix": mix,
         }
-        return out if self.mixture is None else {**out, "mixture": dict(self.mixture)}
 
     @classmethod
     def from_json(cls, data: object, *, max_bytes: int = MAX_STATE_BYTES) -> SourcesState:
@@ -94,11 +105,24 @@ class SourcesState:
                 source's part that fails its checks is named.
         """
         data = _as_mapping(data, max_bytes)
-        if data.get("version") != SOURCES_VERSION or not isinstance(data.get("sources"), Mapping):
+        version = data.get("version")
+        if version not in READ_SOURCES_VERSIONS or not isinstance(data.get("sources"), Mapping):
             raise StateError(
-                f"this is not a state of several sources (version {data.get('version')!r}, "
+                f"this is not a state of several sources (version {version!r}, "
                 "no 'sources' object): load it into a stream of one source"
             )
+        if version == 4:  # the mix part beside the sources
+            mix: Any = {k: data[k] for k in ("drawn", "taken", "mixture") if k in data}
+        else:
+            unknown = sorted(str(k) for k in data if k not in ("version", "sources", "mix"))
+            mix = data.get("mix")
+            if unknown or not isinstance(mix, Mapping):
+                raise refuse(
+                    "the state of several sources",
+                    sorted(map(str, data)),
+                    "it holds version, sources and the mix part (written by a newer ingest, "
+                    "or edited)",
+                )
         sources = data["sources"]
         names = list(sources)
         _check_names(names, "sources")
@@ -111,15 +135,15 @@ class SourcesState:
                 parts[name] = StreamState.from_json(part, max_bytes=max_bytes)
             except StateError as e:
                 raise StateError(f"source {name!r} of the state: {e}") from None
-        taken = data.get("taken")
+        taken = mix.get("taken")
         if not isinstance(taken, Mapping):
             raise refuse("taken", taken, "it must map each source to the items taken from it")
-        mixture = data.get("mixture")
+        mixture = mix.get("mixture")
         if mixture is not None and not isinstance(mixture, Mapping):
             raise refuse("mixture", mixture, "it must be the mixture's object")
         return cls(
             parts,
-            checked_int(data.get("drawn"), "drawn"),
+            checked_int(mix.get("drawn"), "drawn"),
             {str(name): checked_int(n, f"taken[{name!r}]") for name, n in taken.items()},
             None if mixture is None else dict(mixture),
         )
