@@ -361,7 +361,9 @@ def test_ranks_wait_for_the_first_shard_of_an_empty_source(s3_store: Store) -> N
     ) as stream:
         refs = [_round.remote(stream.rank_iterator(r)) for r in range(2)]
         time.sleep(1.0)
-        for n in range(2):
-            write(s3_store, n, where="ranks-later")
+        # One shard of both shards' rows: written as two, the ranks (polling every 50 ms)
+        # once listed the first before the second landed and planned their round on it
+        # alone (896 rows, a full suite on a busy machine), as Follow says a round may.
+        write(s3_store, 0, rows=2 * ROWS, where="ranks-later")
         got = [i for r in ray.get(refs, timeout=120) for i in r]
     assert len(got) == len(set(got)) and 2 * ROWS - len(got) < 2 * BATCH
