@@ -1,80 +1,73 @@
 """A :class:`ingest.Stream` over an :class:`ingest.Mix`: one stream per source, in one
-process, their draws mixed by :class:`ingest.engine.mix.Mixer` (see :mod:`ingest.engine.mix`)."""
+process, their draws mixed by :class:`ingest.engine.mix.Mixer` (see :mod:`ingest.engine.mix`).
+
+``ingest.Stream(mix, ...)`` makes a :class:`MixedStream` (``Stream.__new__`` picks the class
+by the source), so the one-source stream carries no branch on a mixture: this class gives
+the same members over its sources' streams.
+"""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ingest.core.errors import IngestError
+from ingest.core.errors import ConfigError, IngestError
 from ingest.core.quarantine import Quarantined
 from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
+from ingest.engine.options import StreamOptions
+from ingest.engine.stream import Stream, StreamParts
 
 if TYPE_CHECKING:
     from ingest.engine.convert import Batch
-    from ingest.engine.stream import Stream
+    from ingest.engine.grouping import Grouping
+    from ingest.planner.catalog import Listing
 
 
-class MixedStream:
-    """The sources' streams (each read with ``batch_size`` 1: a row, or one sequence) and
-    the mixer of their draws.
+class MixedStream(Stream):
+    """A stream over an :class:`ingest.Mix`: the sources' streams (each read with
+    ``batch_size`` 1: a row, or one sequence) and the mixer of their draws. Made by
+    ``ingest.Stream(mix, ...)``; see :class:`ingest.Stream` for the members."""
 
-    Args:
-        mix: The mixture.
-        make: Builds a source's one-source stream from its URLs.
-        batch_size: Draws per batch.
-        seq_len: With packing, the sequence length; None: rows.
-    """
-
-    def __init__(
-        self,
-        mix: Mix,
-        make: Callable[[str | Sequence[str]], Stream],
-        batch_size: int,
-        seq_len: int | None,
-    ) -> None:
-        self.mix = mix
-        self.streams = {name: make(urls) for name, urls in mix.sources.items()}
-        self.mixer = Mixer(mix, batch_size, seq_len)
+    def _start(self, source: str | Sequence[str] | Mix, options: StreamOptions) -> None:
+        if not isinstance(source, Mix):  # pragma: no cover - Stream.__new__ picks the class
+            raise ConfigError(f"a MixedStream reads an ingest.Mix, not {source!r}")
+        self.options = options
+        self._batch_size = options.batch_size
+        self.mixed = self
+        self.mix = source
+        each = options.of_sources()
+        self.streams = {name: Stream.of(urls, each) for name, urls in source.sources.items()}
+        """Each source's one-source stream, by name."""
+        self.mixer = Mixer(source, options.batch_size, options.draw_tokens())
         self.draws = Draws(
             lambda name: iter(self.streams[name]),
             lambda name: self.streams[name].epoch,
             self._describe,
         )
-        self._active: Iterator[Batch] | None = None
+        self._active_mix: Iterator[Batch] | None = None
 
     def _describe(self, name: str) -> str:
         return str(self.mix.sources[name])
 
-    def __iter__(self) -> Iterator[Batch]:
-        if self._active is not None:  # one loop at a time, as a one-source stream
-            with contextlib.suppress(ValueError):  # ValueError: another thread is inside it
-                self._active.close()  # type: ignore[attr-defined]
-        self._active = self.mixer.epoch_batches(self.draws.pull)
-        return self._active
+    @property
+    def parts(self) -> StreamParts:
+        raise not_for_a_mixture("Stream.parts (and so ingest.DataLoader)")
 
-    def state_dict(self) -> dict[str, Any]:
-        """The state after the last batch (see :mod:`ingest.engine.mix`)."""
-        return mixed_state({n: s.state_dict() for n, s in self.streams.items()}, self.mixer)
+    @property
+    def pack(self) -> Grouping | None:
+        return next(iter(self.streams.values())).pack
 
-    def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
-        parsed = load_mixed(state, self.mixer)
-        self._stop()
-        for name, stream in self.streams.items():
-            stream.load_state_dict(parsed.parts[name])
+    @property
+    def shuffle_seed(self) -> int | None:
+        return next(iter(self.streams.values())).shuffle_seed
 
-    def _stop(self) -> None:
-        if self._active is not None:
-            self._active.close()  # type: ignore[attr-defined]
-            self._active = None
-        self.draws.drop()
+    @property
+    def epoch(self) -> int:
+        """The mixture's epoch in progress, or the next one to run."""
+        return self.mixer.epoch
 
-    def close(self) -> None:
-        self._stop()
-        for stream in self.streams.values():
-            stream.close()
-
+    @property
     def stats(self) -> dict[str, int]:
         """The sources' figures summed, and the draws from each (``drawn[name]``)."""
         out = added(stream.stats for stream in self.streams.values())
@@ -82,13 +75,49 @@ class MixedStream:
         out.update({f"drawn[{n}]": k for n, k in self.mixer.taken.items()})
         return out
 
+    @property
     def quarantined(self) -> list[Quarantined]:
         return [q for s in self.streams.values() for q in s.quarantined]
 
+    def listing(self) -> Listing:
+        raise not_for_a_mixture("Stream.listing()")
+
+    def __iter__(self) -> Iterator[Batch]:
+        """One epoch of the mixture (:mod:`ingest.engine.mix`)."""
+        if self._active_mix is not None:  # one loop at a time, as a one-source stream
+            with contextlib.suppress(ValueError):  # ValueError: another thread is inside it
+                self._active_mix.close()  # type: ignore[attr-defined]
+        self._active_mix = self.mixer.epoch_batches(self.draws.pull)
+        return self._active_mix
+
+    def state_dict(self) -> dict[str, Any]:
+        """The state after the last batch: the sources' and the mix part
+        (:mod:`ingest.engine.mix`)."""
+        return mixed_state({n: s.state_dict() for n, s in self.streams.items()}, self.mixer)
+
+    def load_state_dict(  # type: ignore[override]
+        self, state: Mapping[str, Any] | str, *, listing: Listing | None = None
+    ) -> None:
+        if listing is not None:
+            raise not_for_a_mixture("load_state_dict(listing=...)")
+        parsed = load_mixed(state, self.mixer)
+        self._stop_mix()
+        for name, stream in self.streams.items():
+            stream.load_state_dict(parsed.parts[name])
+
+    def _stop_mix(self) -> None:
+        if self._active_mix is not None:
+            self._active_mix.close()  # type: ignore[attr-defined]
+            self._active_mix = None
+        self.draws.drop()
+
+    def close(self) -> None:
+        self._stop_mix()
+        for stream in self.streams.values():
+            stream.close()
+
 
 def not_for_a_mixture(what: str) -> IngestError:
-    from ingest.core.errors import ConfigError
-
     return ConfigError(
         f"{what} is not available on a stream over an ingest.Mix: each source is a stream of "
         "its own (stream.mixed.streams[name])"

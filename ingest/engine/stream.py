@@ -29,7 +29,6 @@ from ingest.engine.feed import Feed, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
-from ingest.engine.mixed_stream import MixedStream, not_for_a_mixture
 from ingest.engine.options import StreamKeywords, StreamOptions
 from ingest.engine.pack import with_origin
 from ingest.engine.rank_node import rank_node
@@ -40,6 +39,8 @@ from ingest.planner.planner import Planner
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11's
     from typing_extensions import Unpack
+
+    from ingest.engine.mixed_stream import MixedStream
 
 _log = logging.getLogger(__name__)
 
@@ -90,6 +91,16 @@ class Stream:
             across batches (see :mod:`ingest.engine.pack`).
     """
 
+    def __new__(cls, source: Any = None, **options: Any) -> Stream:
+        """A stream over an :class:`ingest.Mix` is a :class:`~ingest.engine.mixed_stream.
+        MixedStream` (the same members over its sources' streams); any other source, this
+        class. (``source`` may be missing: an unpickled or copied stream.)"""
+        if isinstance(source, Mix) and cls is Stream:
+            from ingest.engine.mixed_stream import MixedStream  # it builds on this module
+
+            return super().__new__(MixedStream)
+        return super().__new__(cls)
+
     def __init__(
         self, source: str | Sequence[str] | Mix, **options: Unpack[StreamKeywords]
     ) -> None:
@@ -98,7 +109,7 @@ class Stream:
     @classmethod
     def of(cls, source: str | Sequence[str] | Mix, options: StreamOptions) -> Stream:
         """The stream of ``source`` with ``options`` (what the keywords make)."""
-        stream = cls.__new__(cls)
+        stream = cls.__new__(cls, source)
         stream._start(source, options)
         return stream
 
@@ -108,14 +119,12 @@ class Stream:
         """The settings this stream was made with."""
         self._batch_size = batch_size
         self.mixed: MixedStream | None = None
-        """Over an :class:`ingest.Mix`: its sources' streams and the mixer; else None."""
-        if isinstance(source, Mix):
-            seq_len = options.draw_tokens()
-            each = options.of_sources()
-            self.mixed = MixedStream(
-                source, lambda urls: Stream.of(urls, each), batch_size, seq_len
+        """Over an :class:`ingest.Mix`: the stream itself (a :class:`~ingest.engine.
+        mixed_stream.MixedStream`: its sources' streams and the mixer); else None."""
+        if isinstance(source, Mix):  # a subclass's _start takes it (see __new__)
+            raise ConfigError(
+                f"{type(self).__name__} reads URLs: read a Mix with ingest.Stream(mix)"
             )
-            return
         self.spec = StreamSpec.of(source, **options.spec_options())
         fn = build_transform(transform)
         # Checked as in the reader pool: one row per input row (a stage: its origins).
@@ -149,15 +158,11 @@ class Stream:
         """What another loop over this stream's engine reads with: the spec, the planner
         (footers read once for all) and the built transform (an :class:`ingest.DataLoader`
         runs its workers with them)."""
-        if self.mixed is not None:
-            raise not_for_a_mixture("Stream.parts (and so ingest.DataLoader)")
         return StreamParts(self.spec, self._planner, self._transform)
 
     @property
     def pack(self) -> Grouping | None:
         """The packing settings (``pack=``), or None."""
-        if self.mixed is not None:
-            return next(iter(self.mixed.streams.values())).pack
         return self.options.pack
 
     @property
@@ -167,14 +172,12 @@ class Stream:
 
     @property
     def shuffle_seed(self) -> int | None:
-        if self.mixed is not None:
-            return next(iter(self.mixed.streams.values())).shuffle_seed
         return self.spec.shuffle.seed
 
     @property
     def epoch(self) -> int:
         """The epoch in progress, or the next one to run (of the mixture, over a Mix)."""
-        return self._next_epoch if self.mixed is None else self.mixed.mixer.epoch
+        return self._next_epoch
 
     @property
     def stats(self) -> dict[str, int]:
@@ -185,8 +188,6 @@ class Stream:
         With ``pack``, ``rows_delivered`` counts sequences, and ``tokens`` and
         ``padding_tokens`` what the batches handed out since the stream was made held. Over
         a Mix: the sources' figures summed, and the draws (``drawn``, ``drawn[name]``)."""
-        if self.mixed is not None:
-            return self.mixed.stats()
         self._rank.flush()
         return {
             **self._planner.source.stats.as_dict(),
@@ -209,15 +210,11 @@ class Stream:
     def quarantined(self) -> list[Quarantined]:
         """What ``ReadOptions(on_error="skip")`` skipped since the stream was made or its
         state loaded: shard URL, rows and reason, oldest first (also in the state)."""
-        if self.mixed is not None:
-            return self.mixed.quarantined()
         self._rank.flush()
         return self._book.quarantined()
 
     def listing(self) -> Listing:
         """List the source now (one listing; footers read once per shard)."""
-        if self.mixed is not None:
-            raise not_for_a_mixture("Stream.listing()")
         return self._planner.scan()
 
     def __len__(self) -> int:
@@ -230,8 +227,6 @@ class Stream:
     def __iter__(self) -> Iterator[Batch]:
         """One epoch, or the rest of the one a loop left; a loop still held stops (see
         :class:`_Loop`). Over a Mix: one epoch of the mixture (:mod:`ingest.engine.mix`)."""
-        if self.mixed is not None:
-            return iter(self.mixed)
         self._stop_active(superseded=True)
         if self._running:
             self._rewind()
@@ -305,8 +300,6 @@ class Stream:
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`
         (over a Mix, a state of several sources: :mod:`ingest.engine.mix`)."""
-        if self.mixed is not None:
-            return self.mixed.state_dict()
         state = self._snapshot().to_json()
         self._book.fold(self._rank.step)
         return state
@@ -332,8 +325,6 @@ class Stream:
             StateError: If the state is malformed, of another version, another seed, or a
                 dataset whose shards are gone or changed (new shards join next epoch).
         """
-        if self.mixed is not None:
-            return self.mixed.load_state_dict(state)  # type: ignore[arg-type]
         parsed = state if isinstance(state, StreamState) else StreamState.from_json(state)
         self._stop_active(superseded=True)
         self._rank.restart(parsed.progress.step - 1)  # acks of the position left behind: gone
@@ -350,8 +341,6 @@ class Stream:
         Never raises for a dataset that changed under the stream (a shard gone): the next
         loop says so, or resumes if the shard was restored.
         """
-        if self.mixed is not None:
-            return self.mixed.close()
         self._stop_active()
         if self._running:
             with contextlib.suppress(IngestError):
