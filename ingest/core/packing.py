@@ -73,7 +73,36 @@ class Packed:
         self.size += len(tokens)
 
 
-class Packer:
+class Outbox:
+    """What a grouper closed and not handed on yet, and the documents without a token left,
+    which go out with the next group (so they are acked with it): the part every grouper
+    shares (:class:`Packer`, :class:`ingest.engine.token_batches.TokenBatcher`)."""
+
+    def __init__(self) -> None:
+        self._out: list[Packed] = []
+        self._empty: list[Piece] = []
+
+    def _no_token_left(self, key: int, start: int) -> list[Packed]:
+        """Document ``key`` has no token from ``start`` on: it leaves with the next group."""
+        self._empty.append(Piece(key, start, start, True))
+        return self._take()
+
+    def _flushed(self) -> list[Packed]:
+        """The groups out at the end of the input (a group of nothing acks the documents
+        without a token when no other is left)."""
+        if self._empty and not self._out:
+            self._out.append(Packed())
+        return self._take()
+
+    def _take(self) -> list[Packed]:
+        out, self._out = self._out, []
+        if out and self._empty:
+            out[0].pieces.extend(self._empty)
+            self._empty = []
+        return out
+
+
+class Packer(Outbox):
     """Packs documents into sequences of ``seq_len`` tokens (see the module docstring).
 
     Args:
@@ -89,6 +118,7 @@ class Packer:
             raise ConfigError(f'method={method!r} must be "best_fit" or "greedy"')
         if max_open < 1:
             raise ConfigError(f"max_open={max_open} must be at least 1")
+        super().__init__()
         self.seq_len = seq_len
         self.method = method
         self.max_open = max_open
@@ -97,9 +127,6 @@ class Packer:
         """Best-fit: ``(room, serial)`` of each open sequence, sorted (room first)."""
         self._by_serial: dict[int, Packed] = {}
         self._serial = 0
-        self._out: list[Packed] = []
-        self._empty: list[Piece] = []
-        """Documents without a token left, acked with the next sequence out."""
 
     def add(self, key: int, tokens: npt.ArrayLike, start: int = 0) -> list[Packed]:
         """Pack document ``key``'s ``tokens``, which begin at its token ``start`` (after a
@@ -110,8 +137,7 @@ class Packer:
         if start < 0:
             raise ConfigError(f"document {key}: start={start} must be at least 0")
         if not len(ids):
-            self._empty.append(Piece(key, start, start, True))
-            return self._take()
+            return self._no_token_left(key, start)
         if self.method == "greedy":
             self._greedy(key, ids, start)
         else:
@@ -127,9 +153,7 @@ class Packer:
             self._rooms.clear()
             self._by_serial.clear()
         self._open.clear()
-        if self._empty and not self._out:
-            self._out.append(Packed())  # no token: a sequence of padding acks them
-        return self._take()
+        return self._flushed()
 
     def close_before(self, key: int) -> list[Packed]:
         """Close the open sequences holding a document whose key is below ``key`` (keys in
@@ -152,13 +176,6 @@ class Packer:
     def held(self) -> int:
         """Tokens in open sequences, not yet out."""
         return sum(p.size for p in self._open) + sum(p.size for p in self._by_serial.values())
-
-    def _take(self) -> list[Packed]:
-        out, self._out = self._out, []
-        if out and self._empty:
-            out[0].pieces.extend(self._empty)
-            self._empty = []
-        return out
 
     def _greedy(self, key: int, ids: npt.NDArray[np.int64], start: int) -> None:
         at, total = 0, len(ids)

@@ -30,7 +30,10 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from ingest.core.errors import ConfigError
 from ingest.core.packing import Packed
+from ingest.core.validate import COUNT, Number, check_numbers
+from ingest.engine.tokenize import MAX_ID
 
 Group = Packed
 """A group the grouper closed: its pieces ``(key, start, stop, last)``, their tokens and
@@ -67,6 +70,31 @@ class Collated:
     real_tokens: int
     size: int
     """Tokens in the batch, padding included."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Documents:
+    """The settings every grouping shares (:class:`ingest.Pack` and
+    :class:`ingest.TokenBatches` say what each does): ``column``, ``pad_id``, ``read_rows``,
+    ``max_lag``, ``provenance``."""
+
+    column: str = "input_ids"
+    pad_id: int | None = None
+    read_rows: int = 256
+    max_lag: int = 2
+    provenance: bool = False
+
+    def check_documents(self, owner: str) -> None:
+        """Refuse shared settings out of range, naming ``owner`` (the settings' class)."""
+        check_numbers(
+            self,
+            owner,
+            read_rows=COUNT,
+            max_lag=Number(0, whole=True),
+            pad_id=Number(0, whole=True, optional=True),
+        )
+        if self.pad_id is not None and self.pad_id > MAX_ID:
+            raise ConfigError(f"{owner}(pad_id={self.pad_id}) must be a token id, at most {MAX_ID}")
 
 
 class Grouping(Protocol):
@@ -111,4 +139,4 @@ class Grouping(Protocol):
         ...
 
 
-__all__ = ["Collated", "Group", "Grouper", "Grouping"]
+__all__ = ["Collated", "Documents", "Group", "Grouper", "Grouping"]

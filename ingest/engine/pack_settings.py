@@ -12,9 +12,8 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError
 from ingest.core.packing import Method, Packer, collate
-from ingest.core.validate import COUNT, Number, check_numbers
-from ingest.engine.grouping import Collated, Group, Grouping
-from ingest.engine.tokenize import MAX_ID
+from ingest.core.validate import COUNT, check_numbers
+from ingest.engine.grouping import Collated, Documents, Group, Grouping
 from ingest.engine.transform import parallel_batches, staged
 
 MAX_SEQ_LEN = 1 << 24
@@ -27,7 +26,7 @@ row it came from), so that a filter's survivors keep their provenance."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class Pack:
+class Pack(Documents):
     """Pack token ids into sequences of ``seq_len`` (``ingest.Stream(..., pack=Pack(...))``).
 
     The stream's ``batch_size`` is then sequences per batch. Each batch holds ``input_ids``,
@@ -66,30 +65,16 @@ class Pack:
     seq_len: int
     method: Method = "best_fit"
     max_open: int = 64
-    column: str = "input_ids"
-    pad_id: int | None = None
-    read_rows: int = 256
-    max_lag: int = 2
-    provenance: bool = False
 
     def __post_init__(self) -> None:
-        check_numbers(
-            self,
-            "Pack",
-            seq_len=COUNT,
-            max_open=COUNT,
-            read_rows=COUNT,
-            max_lag=Number(0, whole=True),
-            pad_id=Number(0, whole=True, optional=True),
-        )
+        check_numbers(self, "Pack", seq_len=COUNT, max_open=COUNT)
+        self.check_documents("Pack")
         if self.seq_len > MAX_SEQ_LEN:
             raise ConfigError(
                 f"Pack(seq_len={self.seq_len}) is more than {MAX_SEQ_LEN:,} tokens: a batch "
                 f"holds three int64 arrays of batch_size x seq_len ({self.seq_len * 8:,} bytes "
                 "a sequence each); pass the model's context length"
             )
-        if self.pad_id is not None and self.pad_id > MAX_ID:
-            raise ConfigError(f"Pack(pad_id={self.pad_id}) must be a token id, at most {MAX_ID}")
         Packer(self.seq_len, self.method, self.max_open)  # checks the method
 
     def grouper(self, batch_size: int) -> Packer:

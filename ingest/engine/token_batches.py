@@ -41,14 +41,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ingest.core.errors import ConfigError
-from ingest.core.packing import IGNORE, Packed, Piece
+from ingest.core.packing import IGNORE, Outbox, Packed
 from ingest.core.validate import COUNT, Number, check_numbers
-from ingest.engine.grouping import Collated, Group
-from ingest.engine.tokenize import MAX_ID
+from ingest.engine.grouping import Collated, Documents, Group
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class TokenBatches:
+class TokenBatches(Documents):
     """Batch whole documents by tokens (``pack=ingest.TokenBatches(max_tokens=...)``): see the
     module docstring.
 
@@ -68,26 +67,10 @@ class TokenBatches:
 
     max_tokens: int
     spread: float = 1.25
-    column: str = "input_ids"
-    pad_id: int | None = None
-    read_rows: int = 256
-    max_lag: int = 2
-    provenance: bool = False
 
     def __post_init__(self) -> None:
-        check_numbers(
-            self,
-            "TokenBatches",
-            max_tokens=COUNT,
-            spread=Number(1, above=True),
-            read_rows=COUNT,
-            max_lag=Number(0, whole=True),
-            pad_id=Number(0, whole=True, optional=True),
-        )
-        if self.pad_id is not None and self.pad_id > MAX_ID:
-            raise ConfigError(
-                f"TokenBatches(pad_id={self.pad_id}) must be a token id, at most {MAX_ID}"
-            )
+        check_numbers(self, "TokenBatches", max_tokens=COUNT, spread=Number(1, above=True))
+        self.check_documents("TokenBatches")
 
     def grouper(self, batch_size: int) -> TokenBatcher:
         """A new batcher: a group is a batch of at most ``batch_size`` rows."""
@@ -136,7 +119,7 @@ class _Open:
     longest: int = 0
 
 
-class TokenBatcher:
+class TokenBatcher(Outbox):
     """Groups documents into token-budget batches (a :class:`~ingest.engine.grouping.Grouper`;
     see the module docstring).
 
@@ -152,14 +135,12 @@ class TokenBatcher:
                 f"TokenBatcher(max_tokens={max_tokens}, max_rows={max_rows}, spread={spread}): "
                 "max_tokens and max_rows must be at least 1, spread above 1"
             )
+        super().__init__()
         self.max_tokens = max_tokens
         self.max_rows = max_rows
         self._log_spread = math.log(spread)
         self._open: dict[int, _Open] = {}
         """The open batch of each bucket (a length band)."""
-        self._out: list[Packed] = []
-        self._empty: list[Piece] = []
-        """Documents without a token left, acked with the next batch out."""
 
     def bucket(self, n: int) -> int:
         """The bucket of a row of ``n`` tokens."""
@@ -174,8 +155,7 @@ class TokenBatcher:
             raise ConfigError(f"document {key}: start={start} must be at least 0")
         total, cap = len(ids), self.max_tokens
         if not total:
-            self._empty.append(Piece(key, start, start, True))
-            return self._take()
+            return self._no_token_left(key, start)
         at = 0
         while total - at > cap:  # whole chunks first: a document's pieces leave in order
             chunk = Packed()
@@ -202,9 +182,7 @@ class TokenBatcher:
     def flush(self) -> list[Packed]:
         """Close every open batch (the end of the input), oldest first."""
         self._out.extend(self._close(lambda first: True))
-        if self._empty and not self._out:
-            self._out.append(Packed())  # no token: a batch of nothing acks them
-        return self._take()
+        return self._flushed()
 
     def close_before(self, key: int) -> list[Packed]:
         """Close the open batches holding a document added before ``key``, oldest first."""
@@ -223,13 +201,6 @@ class TokenBatcher:
             if due(o.group.pieces[0].key)
         )
         return [self._open.pop(bucket).group for _, bucket in firsts]
-
-    def _take(self) -> list[Packed]:
-        out, self._out = self._out, []
-        if out and self._empty:
-            out[0].pieces.extend(self._empty)
-            self._empty = []
-        return out
 
 
 __all__ = ["TokenBatcher", "TokenBatches"]
