@@ -52,7 +52,6 @@ from ingest.engine.pack import ORIGIN, merged
 from ingest.engine.rank_node import RankNode, rank_node
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
-from ingest.integrations.mixed_loader import MixedLoader, Nothing
 from ingest.planner.catalog import Listing
 from ingest.planner.planner import Planner
 
@@ -255,28 +254,19 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
     (:mod:`ingest.integrations.mixed_loader`).
     """
 
+    def __new__(cls, stream: Any = None, **kwargs: Any) -> DataLoader:
+        """A loader over a stream of an :class:`ingest.Mix` is a
+        :class:`~ingest.integrations.mixed_loader.MixedLoader` (a loader per source, the same
+        members); over any other stream, this class."""
+        if cls is DataLoader and getattr(stream, "mixed", None) is not None:
+            from ingest.integrations.mixed_loader import MixedLoader  # it builds on this
+
+            return super().__new__(MixedLoader)
+        return super().__new__(cls)
+
     def __init__(self, stream: Stream, *, num_workers: int = 0, **kwargs: Any) -> None:
-        for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn"):
-            if name in kwargs:
-                raise ConfigError(
-                    f"ingest.DataLoader takes no {name}=: the stream batches and shuffles "
-                    "(set batch_size, shuffle_seed on the Stream)"
-                )
-        keep = kwargs.pop("persistent_workers", True)
-        if num_workers < 0:
-            raise ConfigError(f"num_workers={num_workers} must be >= 0")
+        keep = checked_keywords(num_workers, kwargs)
         self.stream = stream
-        self._mix: MixedLoader | None = None
-        """Over an ingest.Mix: a loader per source (:mod:`ingest.integrations.mixed_loader`)."""
-        if stream.mixed is not None:
-            self._mix = MixedLoader(
-                stream.mixed,
-                lambda part: DataLoader(
-                    part, num_workers=num_workers, persistent_workers=keep, **kwargs
-                ),
-            )
-            super().__init__(Nothing(), batch_size=None)
-            return
         self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
         self._keep = bool(keep)
         """Keep the workers across epochs (``persistent_workers``, default True)."""
@@ -306,8 +296,6 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         )
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
-        if self._mix is not None:
-            return iter(self._mix)
         self._stop()
         loop = self._loop()
         self._running = weakref.ref(loop)
@@ -316,8 +304,6 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
     def close(self) -> None:
         """Stop the worker processes now (the next loop starts new ones); the stream goes
         on right after the last batch handed out."""
-        if self._mix is not None:
-            return self._mix.close()
         self._stop()
         self._workers.close()
 
@@ -447,7 +433,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             if close is not None:
                 with contextlib.suppress(Exception):
                     close()
-        if self._mix is None and not self._keep:
+        if not self._keep:
             self._workers.close()
 
     def _state(self) -> StreamState:
@@ -461,8 +447,6 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
 
     def state_dict(self) -> dict[str, Any]:
         """The state after every batch this loader handed out (all workers); plain JSON."""
-        if self._mix is not None:
-            return self._mix.state_dict()
         if self._book is None:
             return self.stream.state_dict()
         return self._state().to_json()
@@ -470,11 +454,23 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
     def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
         """Start the next epoch exactly after ``state`` (from any loader, Stream or
         RayStream, any worker count or world size)."""
-        if self._mix is not None:
-            return self._mix.load_state_dict(state)
         self._end_loop()  # its state is replaced: not saved into the stream first
         self._book, self._ranks, self._nodes = None, {}, {}
         self.stream.load_state_dict(state)
+
+
+def checked_keywords(num_workers: int, kwargs: dict[str, Any]) -> bool:
+    """Refuse what an ``ingest.DataLoader`` does not take; takes ``persistent_workers`` out of
+    ``kwargs`` and returns it (default True)."""
+    for name in ("batch_size", "shuffle", "sampler", "batch_sampler", "collate_fn"):
+        if name in kwargs:
+            raise ConfigError(
+                f"ingest.DataLoader takes no {name}=: the stream batches and shuffles "
+                "(set batch_size, shuffle_seed on the Stream)"
+            )
+    if num_workers < 0:
+        raise ConfigError(f"num_workers={num_workers} must be >= 0")
+    return bool(kwargs.pop("persistent_workers", True))
 
 
 class _Workers:

@@ -21,27 +21,32 @@ import torch.utils.data
 
 from ingest.engine.convert import Batch, placed
 from ingest.engine.mix import Draws, load_mixed, mixed_state
+from ingest.integrations.loader import DataLoader, checked_keywords
 
 if TYPE_CHECKING:
-    from ingest.engine.mixed_stream import MixedStream
-    from ingest.integrations.loader import DataLoader
+    from ingest.engine.stream import Stream
 
 
-class MixedLoader:
+class MixedLoader(DataLoader):
     """The sources' loaders and the mixer of their draws (the stream's own: the stream's
-    state and the loader's stay one).
-
-    Args:
-        mixed: The stream's sources and mixer.
-        make: Builds a source's loader from its stream.
+    state and the loader's stay one). Made by ``ingest.DataLoader(stream)`` over a stream of
+    an :class:`ingest.Mix`; see :class:`ingest.DataLoader` for the members.
     """
 
-    def __init__(self, mixed: MixedStream, make: Any) -> None:
+    def __init__(self, stream: Stream, *, num_workers: int = 0, **kwargs: Any) -> None:
+        keep = checked_keywords(num_workers, kwargs)
+        mixed = stream.mixed
+        if mixed is None:  # pragma: no cover - DataLoader.__new__ picks the class
+            raise TypeError("a MixedLoader reads a stream over an ingest.Mix")
+        self.stream = stream
         self.mixed = mixed
-        self.loaders: dict[str, DataLoader] = {n: make(s) for n, s in mixed.streams.items()}
-        self.pin_memory = any(loader.pin_memory for loader in self.loaders.values())
-        """The loader's ``pin_memory``, taken from the sources' loaders (see the module
-        docstring)."""
+        self.loaders: dict[str, DataLoader] = {
+            name: DataLoader(part, num_workers=num_workers, persistent_workers=keep, **kwargs)
+            for name, part in mixed.streams.items()
+        }
+        """Each source's loader, by name."""
+        # The loader's pin_memory, taken from the sources' loaders (see the module docstring).
+        pin = any(loader.pin_memory for loader in self.loaders.values())
         for loader in self.loaders.values():
             loader.pin_memory = False
         self.draws = Draws(
@@ -49,9 +54,13 @@ class MixedLoader:
             lambda name: mixed.streams[name].epoch,
             lambda name: str(mixed.mix.sources[name]),
         )
+        torch.utils.data.DataLoader.__init__(self, Nothing(), batch_size=None, pin_memory=pin)
 
-    def __iter__(self) -> Iterator[Batch]:
+    def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
         """One epoch of the mixture, or the rest of the one a loop left."""
+        return self._epoch()
+
+    def _epoch(self) -> Iterator[Batch]:
         for batch in self.mixed.mixer.epoch_batches(self.draws.pull):
             yield placed(batch, self.pin_memory, None)
 
