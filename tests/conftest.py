@@ -35,6 +35,55 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ingest-test-cache-")
 atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which the lines below stand in for
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``make unit XDIST=...``, see the
+    Makefile); without it, nothing changes.
+
+    Every system test is in one group, so one worker runs them one after the other: two
+    whole systems at once (multi-node clusters, Ray Train runs, a ``ray start --head`` and
+    its pip virtualenv) would share two cores and 24 GiB, past what each test's limits were
+    sized for. That group comes first (with ``--no-loadscope-reorder``, xdist hands out the
+    groups in the order of their first test): it is the longest, and started last it would
+    run alone at the end. Every other test is in the group of its file, so a module-scoped
+    fixture (a generated dataset, a loopback server) is made once, on one worker, as without
+    xdist. Each worker has its own session Ray, moto server, shard index cache and tmp_path.
+    """
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        mark = item.get_closest_marker("xdist_group")
+        if mark is None:
+            path = item.nodeid.partition("::")[0]
+            group = "system" if item.get_closest_marker("system") else path
+            item.add_marker(pytest.mark.xdist_group(group))
+        else:
+            group = str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        if "@" not in item.nodeid:
+            _name_group(item, group)
+    items.sort(key=lambda item: not item.nodeid.endswith("@system"))
+
+
+def _name_group(item: pytest.Item, group: str) -> None:
+    """Append ``@group`` to the test's id, as xdist 3.8 does for a test marked before its
+    hook runs: the id is how its controller learns the group. xdist sets Item._nodeid,
+    which pytest 9.2 no longer reads (the id is a NodeId in Item._id): left to it, each
+    test was a group of its own, module fixtures were made on both workers and two system
+    tests ran at once."""
+    nodeid = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):  # pytest >= 9.2
+        from _pytest.nodeid import NodeId
+
+        item._id = NodeId.parse(nodeid)
+    else:
+        setattr(item, "_nodeid", nodeid)  # noqa: B010 - pytest < 9.2's attribute
+    if item.nodeid != nodeid:
+        raise RuntimeError(
+            f"{item.nodeid}: its xdist group {group!r} did not reach its id, which this pytest "
+            "keeps elsewhere: run without -n (make unit XDIST=), or update tests/conftest.py"
+        )
+
+
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
     """The running test, for scripts/why_tests_died.py when Ray takes the run down with it."""
     with open(os.path.join(tempfile.gettempdir(), "ingest-test-current"), "w") as f:
