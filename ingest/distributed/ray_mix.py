@@ -20,13 +20,18 @@ would lose the draws' pinning, and make the ``source`` columns on the CPU).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from ingest.core.errors import ConfigError
 from ingest.core.quarantine import Quarantined
+from ingest.distributed.pool import ReaderPool
+from ingest.distributed.rank import RankOptions
+from ingest.distributed.ray_stream import RayStream
 from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
+from ingest.engine.options import StreamOptions
+from ingest.planner.index import IndexConfig
 
 Batch = dict[str, Any]
 
@@ -98,35 +103,38 @@ class MixedRankIterator:
         return mixed_state({name: it.state_dict() for name, it in self.parts.items()}, self.mixer)
 
 
-class MixedRayStream:
-    """The sources' one-source streams of a :class:`ingest.RayStream` over a mix.
+class MixedRayStream(RayStream):
+    """A :class:`ingest.RayStream` over an :class:`ingest.Mix` (``ingest.RayStream(mix, ...)``
+    makes one): a one-source stream per source, the same members over them (see the module
+    docstring)."""
 
-    Args:
-        mix: The mixture.
-        make: Builds a source's stream from its name and URLs.
-        batch_size: Draws per batch on every rank.
-        seq_len: With packing, the sequence length; None: rows.
-        world_size: Number of ranks.
-    """
-
-    def __init__(
+    def _start(
         self,
-        mix: Mix,
-        make: Callable[[str, str | Sequence[str]], Any],
-        batch_size: int,
-        seq_len: int | None,
+        source: str | Sequence[str] | Mix,
+        options: StreamOptions,
         world_size: int,
+        readers: ReaderPool | None,
+        index: IndexConfig | None,
+        name: str | None,
+        timeout_s: float,
     ) -> None:
-        self.mix = mix
-        self.batch_size, self.seq_len, self.world_size = batch_size, seq_len, world_size
-        self.loaded_state: dict[str, Any] | None = None
-        """The state given to :meth:`load_state_dict`, if any (each source's stream keeps its
-        part)."""
+        if not isinstance(source, Mix):  # pragma: no cover - RayStream.__new__ picks the class
+            raise ConfigError(f"a MixedRayStream reads an ingest.Mix, not {source!r}")
+        self._settle(options, world_size, name, timeout_s)
+        self.mixed = self
+        self.mix = source
+        self.seq_len = options.draw_tokens()
+        """With packing, the sequence length (a draw's tokens); None: rows."""
         self.mixer(None)  # the weights checked before any actor starts
-        self.streams: dict[str, Any] = {}
+        each = options.of_sources()
+        self.streams: dict[str, RayStream] = {}
+        """Each source's one-source stream, by name."""
         try:
-            for name, urls in mix.sources.items():
-                self.streams[name] = make(name, urls)
+            for part, urls in source.sources.items():
+                self.streams[part] = RayStream.of(
+                    urls, each, world_size=world_size, readers=readers, index=index,
+                    name=f"{self.name}-{part}", timeout_s=timeout_s,
+                )  # fmt: skip
         except BaseException:
             self.shutdown()  # no actor outlives a stream that could not start
             raise
@@ -142,7 +150,15 @@ class MixedRayStream:
     def _fresh(self) -> Mixer:
         return Mixer(self.mix, self.batch_size, self.seq_len, self.world_size)
 
-    def rank_iterator(self, rank: int, options: Any) -> MixedRankIterator:
+    def _warm(self) -> None:
+        return None  # each source's stream warms its own ranks' feeds
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def rank_iterator(self, rank: int, *, options: RankOptions | None = None) -> MixedRankIterator:
+        if not 0 <= rank < self.world_size:
+            raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
         parts = {n: s.rank_iterator(rank, options=options) for n, s in self.streams.items()}
         return MixedRankIterator(parts, self.mixer(None))
 
@@ -152,8 +168,7 @@ class MixedRayStream:
             stream.load_state_dict(parsed.parts[name].to_json())
         self.loaded_state = dict(state)
 
-    @staticmethod
-    def state_dict() -> dict[str, Any]:
+    def state_dict(self, step: int | None = None) -> dict[str, Any]:
         raise ConfigError(
             "a RayStream over an ingest.Mix gives its state on the ranks, where each "
             "source's draws are known: it.state_dict() on every rank at the same step (as "

@@ -15,7 +15,6 @@ from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool, check_fits, wait_started
 from ingest.distributed.rank import RankIterator, RankOptions, unwrap
-from ingest.distributed.ray_mix import MixedRankIterator, MixedRayStream
 from ingest.distributed.sizer import PoolSizer, Readers
 from ingest.engine.mix import Mix
 from ingest.engine.options import StreamKeywords, StreamOptions
@@ -24,6 +23,8 @@ from ingest.planner.index import IndexConfig
 
 if TYPE_CHECKING:  # typing.Unpack is 3.11's
     from typing_extensions import Unpack
+
+    from ingest.distributed.ray_mix import MixedRankIterator, MixedRayStream
 
 
 class RayStream:
@@ -80,6 +81,16 @@ class RayStream:
             :mod:`ingest.distributed.rank_pack` for how an epoch ends.
     """
 
+    def __new__(cls, source: Any = None, **kwargs: Any) -> RayStream:
+        """A stream over an :class:`ingest.Mix` is a :class:`~ingest.distributed.ray_mix.
+        MixedRayStream` (the same members over a stream per source); any other source,
+        this class. (``source`` may be missing: an unpickled stream, on a rank.)"""
+        if isinstance(source, Mix) and cls is RayStream:
+            from ingest.distributed.ray_mix import MixedRayStream  # it builds on this module
+
+            return super().__new__(MixedRayStream)
+        return super().__new__(cls)
+
     def __init__(
         self,
         source: str | Sequence[str] | Mix,
@@ -115,7 +126,7 @@ class RayStream:
     ) -> RayStream:
         """The stream of ``source`` with ``options`` (what the shared keywords make) and
         the Ray settings, each given (their defaults are the constructor's alone)."""
-        stream = cls.__new__(cls)
+        stream = cls.__new__(cls, source)
         stream._start(source, options, world_size, readers, index, name, timeout_s)
         return stream
 
@@ -130,39 +141,14 @@ class RayStream:
         timeout_s: float,
     ) -> None:
         pack, transform, follow = options.pack, options.transform, options.follow
-        if isinstance(world_size, bool) or world_size < 1:
-            raise ConfigError(f"world_size={world_size} must be >= 1")
-        if transform is not None and not callable(transform):
-            raise ConfigError(
-                f"transform={transform!r} is neither a function nor a class; pass a function "
-                "over a pyarrow Table, or a class whose instances are one"
-            )
-        self.options = options
-        """The settings this stream was made with (those it shares with ``Stream``)."""
-        self.pack = pack
-        self.batch_size = options.batch_size
-        """Rows per batch on every rank (sequences, with ``pack``)."""
-        self.world_size = world_size
-        self.timeout_s = timeout_s
-        self.name = name or f"ingest-coordinator-{uuid.uuid4().hex[:12]}"
-        self.loaded_state: dict[str, Any] | None = None
-        """The state given to :meth:`load_state_dict`, if any: where a worker group starts
-        when there is no checkpoint yet, also on a coordinator restarted since."""
+        self._settle(options, world_size, name, timeout_s)
         self.mixed: MixedRayStream | None = None
-        """Over an :class:`ingest.Mix`: the sources' streams; else None."""
-        if isinstance(source, Mix):
-            each = options.of_sources()
-            self.mixed = MixedRayStream(
-                source,
-                lambda part, urls: RayStream.of(
-                    urls, each, world_size=world_size, readers=readers, index=index,
-                    name=f"{self.name}-{part}", timeout_s=timeout_s,
-                ),
-                self.batch_size,
-                options.draw_tokens(),
-                world_size,
-            )  # fmt: skip
-            return
+        """Over an :class:`ingest.Mix`: the stream itself (a :class:`~ingest.distributed.
+        ray_mix.MixedRayStream`: the sources' streams); else None."""
+        if isinstance(source, Mix):  # a subclass's _start takes it (see __new__)
+            raise ConfigError(
+                f"{type(self).__name__} reads URLs: read a Mix with ingest.RayStream(mix)"
+            )
         self.spec = StreamSpec.of(source, index=index, **options.spec_options())
         if follow is not None and timeout_s <= follow.idle_timeout_s + follow.poll_s:
             raise ConfigError(
@@ -225,6 +211,30 @@ class RayStream:
             raise
         self.coordinator.prepare.remote(listing)
 
+    def _settle(
+        self, options: StreamOptions, world_size: int, name: str | None, timeout_s: float
+    ) -> None:
+        """Check and keep what every RayStream has, over a mixture too."""
+        transform = options.transform
+        if isinstance(world_size, bool) or world_size < 1:
+            raise ConfigError(f"world_size={world_size} must be >= 1")
+        if transform is not None and not callable(transform):
+            raise ConfigError(
+                f"transform={transform!r} is neither a function nor a class; pass a function "
+                "over a pyarrow Table, or a class whose instances are one"
+            )
+        self.options = options
+        """The settings this stream was made with (those it shares with ``Stream``)."""
+        self.pack = options.pack
+        self.batch_size = options.batch_size
+        """Rows per batch on every rank (sequences, with ``pack``)."""
+        self.world_size = world_size
+        self.timeout_s = timeout_s
+        self.name = name or f"ingest-coordinator-{uuid.uuid4().hex[:12]}"
+        self.loaded_state: dict[str, Any] | None = None
+        """The state given to :meth:`load_state_dict`, if any: where a worker group starts
+        when there is no checkpoint yet, also on a coordinator restarted since."""
+
     def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
         try:
             return ray.get(ref, timeout=timeout_s or self.timeout_s)
@@ -237,7 +247,7 @@ class RayStream:
         first rank iterator or when the stream is sent to the ranks, unless a loaded state
         warmed them. Warming at construction read each rank's first shard for the fresh
         plan, then again for a state loaded right after (``test_resume_seek``)."""
-        if self.mixed is not None or self._warmed:
+        if self._warmed:
             return
         self._warmed = True
         for rank in range(self.world_size):
@@ -263,8 +273,6 @@ class RayStream:
         """The iterator of ``rank`` (0 <= rank < world_size); picklable."""
         if not 0 <= rank < self.world_size:
             raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
-        if self.mixed is not None:
-            return self.mixed.rank_iterator(rank, options)
         self._warm()
         return RankIterator(
             self.coordinator,
@@ -286,8 +294,6 @@ class RayStream:
         It covers every batch the ranks' iterators handed out up to that step (an iterator
         left early sends its acks as it returns). Over a Mix, states are taken on the ranks.
         """
-        if self.mixed is not None:
-            return self.mixed.state_dict()
         ref = self.coordinator.state_dict.remote(step, self.timeout_s)
         try:
             return ray.get(ref, timeout=self.timeout_s + 30)  # type: ignore[no-any-return]
@@ -299,10 +305,6 @@ class RayStream:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue after ``state``, which may come from another world size, pool size or a
         single-process :class:`ingest.Stream`. Load before any rank iterates."""
-        if self.mixed is not None:
-            self.mixed.load_state_dict(state)
-            self.loaded_state = dict(state)
-            return
         deadline = time.monotonic() + self.timeout_s
         while True:  # a coordinator that is restarting takes the state once it is back
             try:
@@ -322,8 +324,6 @@ class RayStream:
         """Requests and bytes the pool sent to the store, summed over its readers, and the
         quarantines (``quarantined``, ``rows_skipped``) the ranks acked; over a Mix, summed
         over its sources."""
-        if self.mixed is not None:
-            return self.mixed.stats()
         out: dict[str, int] = {}
         for part in [*self._get([r.stats.remote() for r in self.readers]), self._pool.gone]:
             for key, value in part.items():
@@ -333,15 +333,11 @@ class RayStream:
     def quarantined(self) -> list[Quarantined]:
         """What ``ReadOptions(on_error="skip")`` skipped and the ranks acked: shard URL, rows
         and reason, oldest first (also in the state; see :mod:`ingest.core.quarantine`)."""
-        if self.mixed is not None:
-            return self.mixed.quarantined()
         got: list[Quarantined] = self._get(self.coordinator.quarantined.remote())
         return got
 
     def shutdown(self) -> None:
         """Stop the reader pool and the coordinator actor (every source's, over a Mix)."""
-        if self.mixed is not None:
-            return self.mixed.shutdown()
         if self.sizer is not None:
             self.sizer.stop()
         self._pool.kill()
