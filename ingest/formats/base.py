@@ -17,9 +17,12 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError, ShardError
 from ingest.core.validate import BYTES_OR_NONE, COUNT, SECONDS, Number, check_numbers
+from ingest.formats.memory import use_fork_safe_allocator
 from ingest.formats.spans import coalesce, cut
 from ingest.storage.cache import CacheOptions
 from ingest.storage.sources import RetryPolicy, Shard, Source
+
+use_fork_safe_allocator()  # every read imports this module first: see ingest.formats.memory
 
 Seek = tuple[int, int]
 """A place a format can jump to without reading what comes before: ``(row, cursor)``.
