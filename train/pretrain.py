@@ -40,7 +40,7 @@ from torch import nn
 
 import ingest
 import ingest.train
-from ingest.core.state import StreamState
+from ingest.core.state import SourcesState, StreamState
 
 CONFIG = Path(__file__).parent / "configs" / "pretrain.yaml"
 EOS = "<eos>"
@@ -363,8 +363,9 @@ def check(config: Config, found: dict[str, Any]) -> bool:
     own: dict[str, int] = {}
     epochs: dict[str, int] = {}
     dropped = 0
+    mixed = SourcesState.from_json(state)  # each source's state, and the mix part's counts
     for k, name in enumerate(names):
-        part = StreamState.from_json(state["sources"][name])
+        part = mixed.parts[name]
         shards = range(found["first_shard"][k], found["first_shard"][k] + len(part.shards))
         own[name], epochs[name] = _expect(part, found, shards, expected), part.progress.epoch
         dropped += part.progress.dropped
@@ -383,7 +384,7 @@ def check(config: Config, found: dict[str, Any]) -> bool:
     for name in names:
         print(
             f"[pretrain] {name}: {own[name] / max(trained, 1):.1%} of the tokens trained on, "
-            f"weight {float(weights[name]) / total_w:.1%}; {state['taken'][name]:,} sequences "
+            f"weight {float(weights[name]) / total_w:.1%}; {mixed.taken[name]:,} sequences "
             f"on each rank; epoch {epochs[name]} of its own in progress"
         )
     seq_len = int(config["pack"]["seq_len"])
