@@ -162,6 +162,27 @@ class MixedRayStream(RayStream):
         parts = {n: s.rank_iterator(rank, options=options) for n, s in self.streams.items()}
         return MixedRankIterator(parts, self.mixer(None))
 
+    def joined(
+        self,
+        rank: int,
+        world_size: int,
+        state: Mapping[str, Any] | None,
+        *,
+        options: RankOptions | None = None,
+    ) -> MixedRankIterator:
+        """Every source's iterator of ``rank`` joined from its part of ``state``, drawn from
+        by a mixer at ``state``'s counts (see :meth:`RayStream.joined`)."""
+        parts = {
+            name: stream.joined(
+                rank,
+                world_size,
+                None if state is None else state["sources"][name],
+                options=options,
+            )
+            for name, stream in self.streams.items()
+        }
+        return MixedRankIterator(parts, self.mixer(state))
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         parsed = load_mixed(state, self._fresh())  # checked before any source loads its part
         for name, stream in self.streams.items():

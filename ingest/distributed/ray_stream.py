@@ -284,6 +284,38 @@ class RayStream:
             pack_batch=self.batch_size,
         )
 
+    def joined(
+        self,
+        rank: int,
+        world_size: int,
+        state: Mapping[str, Any] | None,
+        *,
+        options: RankOptions | None = None,
+    ) -> RankIterator | MixedRankIterator:
+        """The iterator of ``rank`` in a worker group of ``world_size`` (a Ray Train run's,
+        :func:`ingest.train.rank_iterator`), the coordinator joined from ``state`` (the last
+        checkpoint's; None: the state loaded on the driver, or a fresh start). The group's
+        world size may differ from the stream's."""
+        ref = self.coordinator.join.remote(
+            rank, world_size, None if state is None else dict(state), self.loaded_state
+        )
+        try:
+            session = ray.get(ref, timeout=self.timeout_s)
+        except ray.exceptions.RayActorError as e:  # killed for good (ray.kill, no restart)
+            raise CoordinatorLostError(e) from None
+        except Exception as e:
+            raise unwrap(e) from None
+        return RankIterator(
+            self.coordinator,
+            self.reader_for(rank),
+            rank,
+            options or RankOptions(timeout_s=self.timeout_s),
+            session=session,
+            stream=self.name,
+            pack=self.pack,
+            pack_batch=self.batch_size,
+        )
+
     def reader_for(self, rank: int) -> Any:
         """The reader actor that hosts ``rank``'s feed (ranks of any world size)."""
         return self._reader(rank)

@@ -38,8 +38,7 @@ import ray.train
 
 from ingest.core.errors import StateError
 from ingest.core.state import MAX_STATE_BYTES, read_state
-from ingest.distributed.coordinator import CoordinatorLostError
-from ingest.distributed.rank import RankIterator, RankOptions, unwrap
+from ingest.distributed.rank import RankIterator, RankOptions
 from ingest.distributed.ray_mix import MixedRankIterator
 from ingest.distributed.ray_stream import RayStream
 
@@ -78,42 +77,7 @@ def rank_iterator(
     rank, world_size = context.get_world_rank(), context.get_world_size()
     checkpoint = ray.train.get_checkpoint()
     state = load_state(checkpoint)
-    if stream.mixed is None:
-        return _rank_iterator(stream, rank, world_size, state, options), checkpoint
-    parts = {
-        name: _rank_iterator(
-            part, rank, world_size, None if state is None else state["sources"][name], options
-        )
-        for name, part in stream.mixed.streams.items()
-    }
-    return MixedRankIterator(parts, stream.mixed.mixer(state)), checkpoint
-
-
-def _rank_iterator(
-    stream: RayStream,
-    rank: int,
-    world_size: int,
-    state: dict[str, Any] | None,
-    options: RankOptions | None,
-) -> RankIterator:
-    """A one-source stream's iterator of ``rank``, its coordinator joined from ``state``."""
-    ref = stream.coordinator.join.remote(rank, world_size, state, stream.loaded_state)
-    try:
-        session = ray.get(ref, timeout=stream.timeout_s)
-    except ray.exceptions.RayActorError as e:  # killed for good (ray.kill, no restart)
-        raise CoordinatorLostError(e) from None
-    except Exception as e:
-        raise unwrap(e) from None
-    return RankIterator(
-        stream.coordinator,
-        stream.reader_for(rank),
-        rank,
-        options or RankOptions(timeout_s=stream.timeout_s),
-        session=session,
-        stream=stream.name,
-        pack=stream.pack,
-        pack_batch=stream.batch_size,
-    )
+    return stream.joined(rank, world_size, state, options=options), checkpoint
 
 
 def report(
