@@ -274,11 +274,19 @@ class RayStream:
         if not 0 <= rank < self.world_size:
             raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
         self._warm()
+        return self._iterator(rank, options, None)
+
+    def _iterator(
+        self, rank: int, options: RankOptions | None, session: int | None
+    ) -> RankIterator:
+        """Rank ``rank``'s iterator; ``session``: the coordinator session it joined (None:
+        the current one)."""
         return RankIterator(
             self.coordinator,
             self._reader(rank),
             rank,
             options or RankOptions(timeout_s=self.timeout_s),
+            session=session,
             stream=self.name,
             pack=self.pack,
             pack_batch=self.batch_size,
@@ -305,16 +313,7 @@ class RayStream:
             raise CoordinatorLostError(e) from None
         except Exception as e:
             raise unwrap(e) from None
-        return RankIterator(
-            self.coordinator,
-            self.reader_for(rank),
-            rank,
-            options or RankOptions(timeout_s=self.timeout_s),
-            session=session,
-            stream=self.name,
-            pack=self.pack,
-            pack_batch=self.batch_size,
-        )
+        return self._iterator(rank, options, session)
 
     def reader_for(self, rank: int) -> Any:
         """The reader actor that hosts ``rank``'s feed (ranks of any world size)."""
