@@ -255,11 +255,10 @@ def ray_loop(
     def loop() -> int:
         # The rank's own count of real tokens handed out (no provenance asked: the rank does
         # what a training rank does).
-        before = it._packing.packing.tokens if it._packing is not None else 0
+        before = it.counts.get("tokens", 0)
         for _ in it:
             pass
-        assert it._packing is not None
-        return it._packing.packing.tokens - before
+        return it.counts["tokens"] - before
 
     return loop
 

@@ -290,3 +290,46 @@ def test_no_class_goes_on_in_another_file_through_its_private_members() -> None:
         "its class, a read-only property where the other module only reads it, or move the "
         "code that uses it into its class's module):\n" + "\n".join(wrong)
     )
+
+
+TRANSPORTS = [
+    "ingest/engine/stream.py",
+    "ingest/integrations/loader.py",
+    "ingest/distributed/ray_stream.py",
+    "ingest/distributed/rank.py",
+]
+"""The modules that move a stream's batches to a loop, in one process, through a
+DataLoader's workers, and across Ray (issue 33, items 1 and 2)."""
+
+NODE_SETTINGS = {"pack", "mixed", "_packing", "_packs"}
+
+
+def _branches_on(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """``if``/``elif``/conditional expressions whose test reads one of ``names`` (as
+    ``x.name`` or a bare name)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If | ast.IfExp | ast.While):
+            read = {
+                n.attr if isinstance(n, ast.Attribute) else n.id
+                for n in ast.walk(node.test)
+                if isinstance(n, ast.Attribute | ast.Name)
+            }
+            if read & names:
+                found.append((node.lineno, ast.unparse(node.test)))
+    return found
+
+
+def test_no_transport_branches_on_its_nodes() -> None:
+    """A transport drives a rank's node (plain, packed, a mixture's) without knowing which it
+    is: the node is built in one place (ingest.engine.rank_node, ingest.distributed.
+    rank_driver) and a mixture is a subclass chosen when the stream is made, so no transport
+    branches on ``pack`` or on a mixture (issue 33: where the next bugs came from, a packed
+    batch that skipped pinning on one transport)."""
+    root = Path(__file__).parents[1]
+    wrong = [
+        f"{path}:{line} if {test}"
+        for path in TRANSPORTS
+        for line, test in _branches_on(ast.parse((root / path).read_text()), NODE_SETTINGS)
+    ]
+    assert not wrong, "a transport branches on its node's kind:\n" + "\n".join(wrong)

@@ -110,7 +110,10 @@ class _Coordinator(PoolDirectory):
         self._planner.wait = self._wait
         self._book = spec.book(world_size, self._planner)
         self._packs = packs
-        """The ranks pack documents into sequences (:mod:`ingest.distributed.rank_pack`)."""
+        """The ranks' nodes agree on their steps (``pack=``: a rank regroups its documents,
+        :mod:`ingest.distributed.rank_pack`): the coordinator keeps their part
+        (:class:`PackedRanks`), through :meth:`node_start`, :meth:`agree` and
+        :meth:`node_state`."""
         self._packed = PackedRanks(world_size)
         self._states: dict[tuple[int, int], tuple[dict[str, Any], set[int]]] = {}
         """The ranks' states by ``(step, the asking rank's epoch)`` until every rank asked
@@ -327,7 +330,7 @@ class _Coordinator(PoolDirectory):
             book.fold_due()
             self._lock.notify_all()
 
-    # -- packing ranks (ingest.distributed.rank_pack) ----------------------------------------
+    # -- a rank's node: ranks that agree on their steps (ingest.distributed.rank_link) --------
 
     def _check_closed(self, epoch: int) -> None:
         """A packing stream plans an epoch only once every rank closed the one before (their
@@ -335,16 +338,18 @@ class _Coordinator(PoolDirectory):
         if self._packs and self._packed.waits(self._book, epoch):
             raise IngestError(
                 f"epoch {epoch} was asked for before every rank closed epoch {epoch - 1}; a "
-                "packing rank starts an epoch only after pack_start answers"
+                "packing rank starts an epoch only after node_start answers"
             )
 
-    def pack_start(self, rank: int, session: int) -> tuple[int, dict[int, int], bool] | None:
-        """Where a packing rank's next loop starts: its epoch, the documents cut it starts
-        with (packed row -> offset), and whether the rank made batches of it already; None
-        while another rank has not closed the epoch before (ask again)."""
+    def node_start(self, rank: int, session: int) -> tuple[int, dict[int, int], bool] | None:
+        """Where a rank's node starts its next loop: its epoch, the node's part it starts
+        with (for packing, the documents cut before: packed row -> offset), and whether the
+        rank made batches of it already; None while another rank has not closed the epoch
+        before (ask again)."""
         with self._lock:
             self._await_listing()
             self._check(session)
+            self._check_node()
             book = self._book
             epoch = book.upcoming_epoch(rank)
             prev = epoch - 1
@@ -359,40 +364,39 @@ class _Coordinator(PoolDirectory):
                 return None
             return epoch, self._packed.offsets(book, epoch), self._packed.busy(rank, epoch)
 
-    def made(
+    def agree(
         self, rank: int, epoch: int, session: int, count: int, ended: bool
     ) -> tuple[int, int | None]:
-        """A packing rank made ``count`` batches of ``epoch``; see
-        :meth:`ingest.distributed.pack_coordinator.PackedRanks.made`."""
+        """A rank made ``count`` batches of ``epoch`` (``ended``: its feed ended); the fewest
+        any rank made and the epoch's count once known (see
+        :meth:`ingest.distributed.pack_coordinator.PackedRanks.made`)."""
         with self._lock:
             self._check(session)
+            self._check_node()
             return self._packed.made(rank, epoch, count, ended)
 
-    def pack_entries(
-        self, rank: int, session: int, epoch: int, entries: Sequence[tuple[int, int]]
-    ) -> None:
-        """A packing rank's documents in flight, as its loop leaves (for the driver's state)."""
-        with self._lock:
-            self._check(session)
-            self._packed.entries(rank, epoch, entries)
-
-    def pack_state(
+    def node_state(
         self,
         rank: int,
         session: int,
         epoch: int,
-        step: int,
-        entries: Sequence[tuple[int, int]],
-        timeout_s: float,
-    ) -> dict[str, Any]:
-        """The state after a packing rank's batch ``step`` of ``epoch``, once every rank
-        asked for it there (each flushed its acks and sent its documents in flight)."""
+        part: Sequence[tuple[int, int]],
+        step: int | None = None,
+        timeout_s: float = 0.0,
+    ) -> dict[str, Any] | None:
+        """A rank's node's part of the state in ``epoch`` (for packing, its documents in
+        flight); with no ``step``, as its loop leaves (for the driver's state). With a
+        ``step``: the state after the rank's batch ``step`` of ``epoch``, once every rank
+        sent its part there (each flushed its acks first)."""
         deadline = time.monotonic() + timeout_s
-        key = (epoch, step)
         with self._lock:
             self._check(session)
+            self._check_node()
             packed = self._packed
-            packed.entries(rank, epoch, entries)
+            packed.entries(rank, epoch, part)
+            if step is None:
+                return None
+            key = (epoch, step)
             asked = packed.asked.setdefault(key, set())
             asked.add(rank)
             self._lock.notify_all()
@@ -411,6 +415,13 @@ class _Coordinator(PoolDirectory):
                 for old in sorted(packed.states)[:-4]:  # the ranks asked for those already
                     del packed.states[old]
             return packed.states[key]
+
+    def _check_node(self) -> None:
+        if not self._packs:  # pragma: no cover - a plain rank's driver never calls these
+            raise IngestError(
+                "a node call came to the coordinator of a stream whose ranks have no node "
+                "that agrees on steps (no pack=): the rank iterator and the stream disagree"
+            )
 
     def quarantined(self) -> list[Quarantined]:
         """What ``on_error="skip"`` skipped, oldest first (see :mod:`ingest.core.quarantine`)."""
@@ -472,7 +483,7 @@ class _Coordinator(PoolDirectory):
                     "until a state is loaded"
                 )
             book = self._book
-            if self._packs:  # after the ranks' loops left (see pack_entries)
+            if self._packs:  # after the ranks' loops left (see node_state)
                 return self._packed.state(book).to_json()
             if step is None:
                 step = min(book.ledger.acked(r) for r in range(book.world_size))

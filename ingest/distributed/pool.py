@@ -45,11 +45,10 @@ from ingest.distributed.rank_feed import (
     RankFeed,
     TransformFailed,
 )
-from ingest.engine.pack import with_origin
+from ingest.engine.rank_node import read_transform
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import (
     Transform,
-    apply,
     build_transform,
     output_of_no_rows,
     parallel_batches,
@@ -256,12 +255,8 @@ class _Reader:
         )
         self._fn: Callable[[pa.Table], Any] | None = None
         self._unbuilt: ConfigError | None = None
-        self._packs = packs
-        """The ranks pack documents: each row keeps its input row (``with_origin``)."""
         try:
-            self._fn = build_transform(transform)
-            if packs:
-                self._fn = with_origin(self._fn)
+            self._fn = read_transform(build_transform(transform), regrouped=packs)
         except ConfigError as e:
             # Raised where a batch needs the transform, so that it reaches the rank as
             # itself: raised here, it killed the actor and the rank saw an ActorDiedError.
@@ -356,11 +351,11 @@ class _Reader:
         assert fn is not None
         began = time.monotonic()
         try:
-            return fn(table) if self._packs else apply(fn, table)
+            return fn(table)
         except Exception as e:  # quarantined by the rank, which knows the step
             if self.spec.read.on_error != "skip":
                 raise
-            empty = output_of_no_rows(lambda t: apply(fn, t), table)
+            empty = output_of_no_rows(fn, table)
             return TransformFailed(reason_of(e), int(table.num_rows), empty)
         finally:
             with self._lock:

@@ -35,11 +35,11 @@ from ingest.core.ledger import StepRecord
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import Cursor
 from ingest.core.validate import COUNT, SECONDS, check_numbers
-from ingest.distributed import rank_pack
 from ingest.distributed.coordinator import CoordinatorLostError
 from ingest.distributed.metrics import RankMeter
+from ingest.distributed.rank_driver import rank_driver
 from ingest.distributed.rank_feed import End, FeedLostError, Item, TransformFailed
-from ingest.distributed.rank_pack import RankPacking
+from ingest.distributed.rank_link import RankDriver
 from ingest.distributed.unwrap import unwrap
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import REMOTE_ACK_EVERY, Ending, RankLoop
@@ -133,28 +133,37 @@ class RankIterator:
     _superseded: bool = False
     """A newer iterator of the rank in this process took it over while this one's loop ran."""
     pack: Grouping | None = None
-    """The stream's packing (:mod:`ingest.distributed.rank_pack`), or None."""
+    """The stream's grouping (``pack=``: :mod:`ingest.distributed.rank_pack`), or None."""
     pack_batch: int = 0
-    """Sequences per batch, with ``pack``."""
+    """Sequences (or rows) per batch, with ``pack``."""
 
     _loop: RankLoop = field(init=False, repr=False)
     """The rank's loop: the batches this iterator handed out and their acks
     (:mod:`ingest.engine.loop`). It keeps empty steps: every rank has the same steps."""
     _waited_s: float = field(default=0.0, init=False, repr=False)
     """How long the last item took to come (:meth:`_items`), for the rank's metrics."""
-    _packing: RankPacking | None = field(default=None, init=False, repr=False)
-    _yielded: int = field(default=0, init=False, repr=False)
+    _driver: RankDriver = field(init=False, repr=False)
+    """What happens between the feed's read steps and the loop, across loops
+    (:mod:`ingest.distributed.rank_link`)."""
 
     def __post_init__(self) -> None:
         self._loop = RankLoop(
             self.rank, _CoordinatorLink(self), ack_every=self.options.ack_every, keep_empty=True
         )
+        self._driver = rank_driver(self.pack, self.pack_batch, _IteratorLink(self))
 
     @property
     def step(self) -> int:
-        """The global step of the last batch yielded (-1 before any); with packing, this
-        iterator's batches less one (equal on every rank)."""
-        return self._loop.step if self.pack is None else self._yielded - 1
+        """The step of the last batch yielded (-1 before any), equal on every rank at the
+        same batch: the global step, or with ``pack`` this iterator's batches less one."""
+        return self._driver.step
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """What this iterator's batches held beyond rows: with ``pack``, the real
+        ``tokens`` and the ``padding_tokens`` handed out (for a tokens/s log); empty
+        otherwise."""
+        return self._driver.counts()
 
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy is a new iterator of the rank: the batches, acks and lease held here stay
@@ -324,17 +333,9 @@ class RankIterator:
 
     def __iter__(self) -> Iterator[Batch]:
         _import_torch_meanwhile()
-        run = None
-        if self.pack is not None:
-            link = _PackingLink(self)
-            if self._packing is None:
-                self._packing = RankPacking.of(self.pack, self.pack_batch, link)
-            run = self._packing
-            epoch = rank_pack.begin(link, run)
-            got: Iterator[Batch] = rank_pack.batches(link, run, epoch)
-        else:
-            epoch = self._take_over()
-            got = (b for _, b in self._loop.batches(epoch, self._items(epoch), self._to_torch, End))
+        driver = self._driver
+        epoch = driver.begin()
+        got = driver.batches(epoch)
         done = False
         if self._meter is None:
             self._meter = RankMeter(self.stream, self.rank, self._waited_report)
@@ -342,7 +343,6 @@ class RankIterator:
         try:
             for batch in got:
                 meter.batch(len(next(iter(batch.values()), ())), self._waited_s)
-                self._yielded += 1
                 yield self._placed(batch)
             # The end reached: a new iterator of the rank runs the next epoch, even after an
             # epoch with no step (EpochBook.upcoming_epoch).
@@ -357,9 +357,7 @@ class RankIterator:
             if not done and ray.is_initialized():
                 with contextlib.suppress(Exception):
                     self.flush()
-                    if run is not None:  # for a state taken on the driver
-                        held = rank_pack.entries(run)
-                        self._call("pack_entries", self.rank, self._session(), epoch, held)
+                    driver.left(epoch)  # for a state taken on the driver
 
     def _waited_report(self, waited_s: float, span_s: float, rows: int) -> None:
         """To the pool's sizer, through the coordinator (not waited for: a lost report is
@@ -381,17 +379,8 @@ class RankIterator:
                 self._waited_s = time.monotonic() - asked
                 yield item
                 return
-            if self._packing is not None:
-                if rank_pack.skip(self._packing, item):
-                    continue
-            elif self._loop.cursor is not None and item.step != self.step + 1:
-                # Never seen since take stopped making feeds; kept so that a feed that
-                # starts over fails loudly instead of delivering rows again.
-                raise IngestError(
-                    f"rank {self.rank} got step {item.step} after step {self.step} in "
-                    f"epoch {epoch}: its reader's feed did not continue where it was. "
-                    "Resume from the last checkpoint"
-                )
+            if self._driver.skip(item):
+                continue
             table = item.batch
             if isinstance(table, ray.ObjectRef):  # decoded by another actor of the pool
                 try:
@@ -410,11 +399,6 @@ class RankIterator:
             self._waited_s = time.monotonic() - asked
             yield item
             asked = time.monotonic()
-
-    def _to_torch(self, item: Item) -> Batch:
-        from ingest.engine.convert import to_torch
-
-        return to_torch(item.batch)
 
     def _placed(self, batch: Batch) -> Batch:
         """``batch`` as it leaves the rank, any kind (plain or packed): pinned and on the
@@ -466,17 +450,7 @@ class RankIterator:
         Every rank must call it at the same step: the snapshot waits until all ranks acked
         that step (up to ``RankOptions.timeout_s``).
         """
-        if self.pack is not None:
-            return rank_pack.state(_PackingLink(self), self._packing)
-        self.flush()
-        return self._call(  # type: ignore[no-any-return]
-            "state_dict",
-            self.step,
-            self.options.timeout_s,
-            self._session(),
-            self.rank,  # the same state on every rank at a step (Coordinator.state_dict)
-            timeout_s=self.options.timeout_s + 30,
-        )
+        return self._driver.state()
 
 
 class _CoordinatorLink:
@@ -506,9 +480,9 @@ class _CoordinatorLink:
         )
 
 
-class _PackingLink:
-    """A packing rank's link to its iterator (:class:`ingest.distributed.rank_pack.IteratorLink`,
-    see there): the iterator's own calls, under public names for the packing."""
+class _IteratorLink:
+    """A rank driver's link to its iterator (:class:`ingest.distributed.rank_link.IteratorLink`,
+    see there): the iterator's own calls, under public names for the driver."""
 
     def __init__(self, it: RankIterator) -> None:
         self._it = it

@@ -8,7 +8,7 @@ read step to the coordinator once all its documents were handed out whole.
 
 **Equal steps.** Equal shares of documents make different numbers of sequences. A rank hands
 out its batch ``k`` only when every rank has made ``k + 1`` batches (handed out, or full and
-ready), and it asks the coordinator (``made``) only when ``k`` reaches the last answer; it
+ready), and it asks the coordinator (``agree``) only when ``k`` reaches the last answer; it
 reports all it has made, packing the read steps it already holds first, so one answer covers
 many batches. The epoch ends at the fewest batches that a rank whose feed ended made (only
 full batches count: every batch has ``batch_size`` sequences), once every rank has made as
@@ -19,21 +19,24 @@ rest of its share (the feed must reach its end), and in one call to the coordina
 its read steps not acked yet with their documents done only, and gives the documents not
 handed out to the epoch's remainder: the next epoch carries them in first (or, with
 ``remainder="drop"``, drops and counts them), a document cut keeping its offset. The next
-epoch starts on a rank only once every rank closed this one (``pack_start``). A row carried
+epoch starts on a rank only once every rank closed this one (``node_start``). A row carried
 into the epoch that falls in the surplus again, while its own copy of the epoch does too, is
 carried once and its other copy owed, with its offset (:mod:`ingest.core.carry`).
 
 **States.** At batch ``k`` every rank sends the documents in flight it handed out (in part,
-or whole in a read step not acked) with its state call; the coordinator answers, once all
-asked, the book's snapshot of the read steps acked (no cursors: a resume shares the rest
-anew at any world size) with those documents' offsets (the state's ``pack.tokens``).
+or whole in a read step not acked) as its part of the state (``node_state``); the
+coordinator answers, once all asked, the book's snapshot of the read steps acked (no
+cursors: a resume shares the rest anew at any world size) with those documents' offsets (the
+state's ``pack`` part).
 
 **A reader lost.** The rank's packing keeps what it holds; its feed restarts after its last
 read step acked, and the read steps it packed already, read again, are left out.
 
-**The iterator.** The packing reaches its rank iterator only through an
-:class:`IteratorLink` (:class:`~ingest.distributed.rank.RankIterator` hands it one): the
-coordinator's calls, taking the rank over, the feed's items and the acks.
+**The iterator.** :class:`PackedDriver` is the rank's driver
+(:class:`~ingest.distributed.rank_link.RankDriver`): it reaches its rank iterator only
+through an :class:`~ingest.distributed.rank_link.IteratorLink` (the coordinator's calls,
+taking the rank over, the feed's items and the acks), and the coordinator through its three
+generic calls for a rank's node: ``node_start``, ``agree`` and ``node_state``.
 
 **One iterator per epoch.** A rank's packing lives in its iterator's process, so another
 iterator cannot take a rank over in the middle of an epoch (it is refused, naming the fix);
@@ -44,256 +47,200 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from ingest.core.errors import IngestError, StreamTimeoutError
 from ingest.distributed.rank_feed import End, Item
+from ingest.distributed.rank_link import IteratorLink
 from ingest.engine.grouping import Grouping
-from ingest.engine.loop import RankLoop
 from ingest.engine.pack import PackedRank
 
 if TYPE_CHECKING:
     from ingest.engine.convert import Batch
 
 
-class IteratorLink(Protocol):
-    """What a packing rank needs of its rank iterator
-    (:class:`~ingest.distributed.rank.RankIterator`), which hands its packing one."""
-
-    @property
-    def rank(self) -> int:
-        """The rank."""
-        ...
-
-    @property
-    def timeout_s(self) -> float:
-        """The longest wait for the coordinator or the other ranks
-        (:attr:`~ingest.distributed.rank.RankOptions.timeout_s`)."""
-        ...
-
-    @property
-    def fetch_batches(self) -> int:
-        """Ready batches asked of the reader pool per call
-        (:attr:`~ingest.distributed.rank.RankOptions.fetch_batches`)."""
-        ...
-
-    @property
-    def loop(self) -> RankLoop:
-        """The rank's loop: the read steps handed out and their acks."""
-        ...
-
-    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        """Call the coordinator's ``method`` and wait for its answer (the coordinator's
-        death is said as such, with how to resume)."""
-        ...
-
-    def session(self) -> int:
-        """The coordinator session the iterator belongs to."""
-        ...
-
-    def take_over(self) -> int:
-        """Take the rank over for a loop at the coordinator; returns its epoch."""
-        ...
-
-    def items(self, epoch: int) -> Iterator[Item | End]:
-        """The rank's read steps of ``epoch`` from its reader, up to its :class:`End`
-        (a lost reader's feed goes on after the last read step acked)."""
-        ...
-
-    def holds_items(self) -> bool:
-        """Whether read steps fetched already wait to be taken (taking one asks nothing)."""
-        ...
-
-    def flush(self) -> None:
-        """Send the acks held back, and wait until the coordinator has every ack sent."""
-        ...
-
-    def upcoming_epoch(self) -> int:
-        """The epoch the iterator's next loop runs."""
-        ...
-
-
-@dataclass
-class RankPacking:
+class PackedDriver:
     """One Ray rank's packing across its loops (see the module docstring)."""
 
-    packing: PackedRank
-    epoch: int | None = None
-    """The epoch being packed (None: none started, or the last one closed)."""
-    fed: int = -1
-    """The last read step packed (or read for the surplus)."""
-    allowed: int = 0
-    """Batches every rank has made (the coordinator's last answer)."""
-    final: int | None = None
-    """The epoch's batches on every rank, once known."""
-    ended: End | None = None
-    """The feed's end, once taken."""
-    unread: list[Item] = field(default_factory=list)
+    def __init__(self, packing: PackedRank, it: IteratorLink) -> None:
+        self.packing = packing
+        self._it = it
+        self.epoch: int | None = None
+        """The epoch being packed (None: none started, or the last one closed)."""
+        self.fed = -1
+        """The last read step packed (or read for the surplus)."""
+        self.allowed = 0
+        """Batches every rank has made (the coordinator's last answer)."""
+        self.final: int | None = None
+        """The epoch's batches on every rank, once known."""
+        self.ended: End | None = None
+        """The feed's end, once taken."""
+        self.unread: list[Item] = []
+        self._yielded = 0
 
     @classmethod
-    def of(cls, pack: Grouping, batch_size: int, it: IteratorLink) -> RankPacking:
+    def of(cls, pack: Grouping, batch_size: int, it: IteratorLink) -> PackedDriver:
         """A rank's packing over its iterator's loop, no epoch started."""
-        return cls(PackedRank(pack, batch_size, it.loop, None))
+        return cls(PackedRank(pack, batch_size, it.loop, None), it)
 
-    def start(self, epoch: int, offsets: dict[int, int]) -> None:
+    @property
+    def step(self) -> int:
+        """This iterator's batches less one (equal on every rank)."""
+        return self._yielded - 1
+
+    def _start(self, epoch: int, offsets: dict[int, int]) -> None:
         self.packing.load_offsets(offsets)
         self.epoch, self.fed, self.allowed, self.final, self.ended = epoch, -1, 0, None, None
         self.unread = []
 
+    def begin(self) -> int:
+        it = self._it
+        deadline = time.monotonic() + it.timeout_s
+        delay = 0.01
+        while True:  # the epoch before must be closed on every rank
+            got = it.call("node_start", it.rank, it.session())
+            if got is not None:
+                break
+            if time.monotonic() > deadline:
+                raise StreamTimeoutError(
+                    f"rank {it.rank} waited {it.timeout_s:.0f} s for the other ranks to "
+                    "end the epoch before; every rank must loop over its iterator to the end"
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 0.2)
+        epoch, offsets, busy = got
+        taken = it.take_over()
+        if taken != epoch:  # pragma: no cover - node_start and claim read the same book
+            raise IngestError(f"rank {it.rank}: epoch {taken} claimed, {epoch} expected")
+        if self.epoch != epoch:
+            if busy:
+                raise IngestError(
+                    f"rank {it.rank} made batches of epoch {epoch} in another iterator: a "
+                    "packing rank's documents in flight live in the iterator that packed "
+                    "them, so a new iterator cannot go on in the middle of an epoch. Loop "
+                    "over the same iterator again, or resume from the last state "
+                    "(load_state_dict)"
+                )
+            self._start(epoch, offsets)
+        return int(epoch)
 
-def begin(it: IteratorLink, run: RankPacking) -> int:
-    """Take the rank over for a loop; returns its epoch (started, or gone on with)."""
-    deadline = time.monotonic() + it.timeout_s
-    delay = 0.01
-    while True:  # the epoch before must be closed on every rank
-        got = it.call("pack_start", it.rank, it.session())
-        if got is not None:
-            break
-        if time.monotonic() > deadline:
-            raise StreamTimeoutError(
-                f"rank {it.rank} waited {it.timeout_s:.0f} s for the other ranks to "
-                "end the epoch before; every rank must loop over its iterator to the end"
+    def batches(self, epoch: int) -> Iterator[Batch]:
+        """The rank's batches of ``epoch``, equal in number on every rank, then its end."""
+        it = self._it
+        items = it.items(epoch)
+        packing = self.packing
+        ahead = 2 * it.fetch_batches
+        delay = 0.002
+        deadline = time.monotonic() + it.timeout_s
+        while True:
+            k = packing.handed
+            if self.final is not None and k >= self.final:
+                self._close(epoch, items)
+                return
+            if k < self.allowed and packing.ready:
+                delay = 0.002
+                deadline = time.monotonic() + it.timeout_s
+                self._yielded += 1
+                yield packing.next_batch()
+                continue
+            if not packing.ready and self.ended is None:
+                self._pull(next(items))
+                continue
+            while self.ended is None and it.holds_items() and packing.ready < ahead:
+                self._pull(next(items))  # held already: more made, fewer questions
+            low, final = it.call(
+                "agree", it.rank, epoch, it.session(), k + packing.ready, self.ended is not None
             )
-        time.sleep(delay)
-        delay = min(2 * delay, 0.2)
-    epoch, offsets, busy = got
-    taken = it.take_over()
-    if taken != epoch:  # pragma: no cover - pack_start and claim read the same book
-        raise IngestError(f"rank {it.rank}: epoch {taken} claimed, {epoch} expected")
-    if run.epoch != epoch:
-        if busy:
-            raise IngestError(
-                f"rank {it.rank} made batches of epoch {epoch} in another iterator: a packing "
-                "rank's documents in flight live in the iterator that packed them, so a "
-                "new iterator cannot go on in the middle of an epoch. Loop over the same "
-                "iterator again, or resume from the last state (load_state_dict)"
-            )
-        run.start(epoch, offsets)
-    return int(epoch)
+            self.allowed, self.final = low, final
+            if k < low or final is not None:
+                continue
+            if time.monotonic() > deadline:
+                raise StreamTimeoutError(
+                    f"rank {it.rank} waited {it.timeout_s:.0f} s for the other ranks to "
+                    f"make batch {k} of epoch {epoch} (they made {low}); every rank must loop "
+                    "over its iterator"
+                )
+            time.sleep(delay)
+            delay = min(2 * delay, 0.05)
 
-
-def batches(it: IteratorLink, run: RankPacking, epoch: int) -> Iterator[Batch]:
-    """The rank's batches of ``epoch``, equal in number on every rank, then its end."""
-    items = it.items(epoch)
-    packing = run.packing
-    ahead = 2 * it.fetch_batches
-    delay = 0.002
-    deadline = time.monotonic() + it.timeout_s
-    while True:
-        k = packing.handed
-        if run.final is not None and k >= run.final:
-            _close(it, run, epoch, items)
-            return
-        if k < run.allowed and packing.ready:
-            delay = 0.002
-            deadline = time.monotonic() + it.timeout_s
-            yield packing.next_batch()
-            continue
-        if not packing.ready and run.ended is None:
-            _pull(run, next(items))
-            continue
-        while run.ended is None and it.holds_items() and packing.ready < ahead:
-            _pull(run, next(items))  # held already: more made, fewer questions
-        low, final = it.call(
-            "made", it.rank, epoch, it.session(), k + packing.ready, run.ended is not None
-        )
-        run.allowed, run.final = low, final
-        if k < low or final is not None:
-            continue
-        if time.monotonic() > deadline:
-            raise StreamTimeoutError(
-                f"rank {it.rank} waited {it.timeout_s:.0f} s for the other ranks to "
-                f"make batch {k} of epoch {epoch} (they made {low}); every rank must loop "
-                "over its iterator"
-            )
-        time.sleep(delay)
-        delay = min(2 * delay, 0.05)
-
-
-def _pull(run: RankPacking, item: Item | End) -> None:
-    if isinstance(item, End):
-        run.ended = item
-        run.packing.close_all()
-    else:
-        run.packing.add(item)
-        run.fed = item.step
-
-
-def _close(it: IteratorLink, run: RankPacking, epoch: int, items: Iterator[Item | End]) -> None:
-    """The epoch's last batch was handed out: the rest of the share read, the surplus
-    carried, the epoch closed at the coordinator (one call)."""
-    while run.ended is None:
-        item = next(items)
+    def _pull(self, item: Item | End) -> None:
         if isinstance(item, End):
-            run.ended = item
+            self.ended = item
+            self.packing.close_all()
         else:
-            run.unread.append(item)
-            run.fed = item.step
-    records, carry, cut = run.packing.surplus(run.unread)
-    end = run.ended
-    it.flush()
-    it.call(
-        "close_epoch",
-        epoch,
-        end.steps,
-        end.leftover,
-        end.learned,
-        it.session(),
-        end.quarantined,
-        it.rank,
-        records,
-        carry,
-        cut,
-    )
-    last = max([it.loop.step, *(r.step for r in records)])
-    it.loop.restart(last)
-    run.epoch, run.unread = None, []
+            self.packing.add(item)
+            self.fed = item.step
 
-
-def entries(run: RankPacking) -> list[tuple[int, int]]:
-    """The rank's documents in flight (see the module docstring)."""
-    return run.packing.in_flight() if run.epoch is not None else []
-
-
-def skip(run: RankPacking, item: Item | End) -> bool:
-    """Whether ``item`` is a read step packed already (a lost reader's feed restarted after
-    its last read step acked: :meth:`IteratorLink.items`).
-
-    Raises:
-        IngestError: If the feed skipped a read step.
-    """
-    if isinstance(item, End):
-        return False
-    if item.step <= run.fed:
-        return True
-    if run.fed >= 0 and item.step != run.fed + 1:
-        raise IngestError(
-            f"rank {run.packing.rank.rank} got read step {item.step} after {run.fed}: its "
-            "reader's feed did not continue where it was. Resume from the last checkpoint"
+    def _close(self, epoch: int, items: Iterator[Item | End]) -> None:
+        """The epoch's last batch was handed out: the rest of the share read, the surplus
+        carried, the epoch closed at the coordinator (one call)."""
+        it = self._it
+        while self.ended is None:
+            item = next(items)
+            if isinstance(item, End):
+                self.ended = item
+            else:
+                self.unread.append(item)
+                self.fed = item.step
+        records, carry, cut = self.packing.surplus(self.unread)
+        end = self.ended
+        it.flush()
+        it.call(
+            "close_epoch",
+            epoch,
+            end.steps,
+            end.leftover,
+            end.learned,
+            it.session(),
+            end.quarantined,
+            it.rank,
+            records,
+            carry,
+            cut,
         )
-    return False
+        last = max([it.loop.step, *(r.step for r in records)])
+        it.loop.restart(last)
+        self.epoch, self.unread = None, []
+
+    def _entries(self) -> list[tuple[int, int]]:
+        """The rank's documents in flight (see the module docstring)."""
+        return self.packing.in_flight() if self.epoch is not None else []
+
+    def skip(self, item: Item) -> bool:
+        if item.step <= self.fed:
+            return True
+        if self.fed >= 0 and item.step != self.fed + 1:
+            raise IngestError(
+                f"rank {self._it.rank} got read step {item.step} after {self.fed}: its "
+                "reader's feed did not continue where it was. Resume from the last checkpoint"
+            )
+        return False
+
+    def left(self, epoch: int) -> None:
+        it = self._it
+        it.call("node_state", it.rank, it.session(), epoch, self._entries())
+
+    def counts(self) -> dict[str, int]:
+        return self.packing.counts()
+
+    def state(self) -> dict[str, Any]:
+        it = self._it
+        it.flush()
+        if self.epoch is None:
+            epoch, step, held = it.upcoming_epoch(), -1, []
+        else:
+            epoch, step, held = self.epoch, self.packing.handed, self._entries()
+        timeout = it.timeout_s
+        return it.call(  # type: ignore[no-any-return]
+            "node_state",
+            it.rank,
+            it.session(),
+            epoch,
+            held,
+            step,
+            timeout,
+            timeout_s=timeout + 30,
+        )
 
 
-def state(it: IteratorLink, run: RankPacking | None) -> dict[str, Any]:
-    """The state after the rank's last batch, the same on every rank (see the module
-    docstring): every rank calls it at the same batch."""
-    it.flush()
-    if run is None or run.epoch is None:
-        epoch, step, held = it.upcoming_epoch(), -1, []
-    else:
-        epoch, step, held = run.epoch, run.packing.handed, entries(run)
-    timeout = it.timeout_s
-    return it.call(  # type: ignore[no-any-return]
-        "pack_state",
-        it.rank,
-        it.session(),
-        epoch,
-        step,
-        held,
-        timeout,
-        timeout_s=timeout + 30,
-    )
-
-
-__all__ = ["IteratorLink", "RankPacking", "batches", "begin", "entries", "skip", "state"]
+__all__ = ["PackedDriver"]

@@ -27,9 +27,12 @@ from ingest.core.errors import IngestError, StateError
 from ingest.core.state import StreamState
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import Ending, RankLoop
-from ingest.engine.pack import PackedRank
+from ingest.engine.pack import ORIGIN, PackedRank, with_origin
+from ingest.engine.transform import applying
 
 if TYPE_CHECKING:  # convert imports torch; the Ray readers import the engine, not torch
+    import pyarrow as pa
+
     from ingest.engine.convert import Batch
 
 Convert = Callable[[Any], "Batch"]
@@ -133,10 +136,32 @@ def rank_node(
     return PackedRank(pack, batch_size, loop, book)
 
 
+def read_transform(
+    fn: Callable[[pa.Table], Any] | None, *, regrouped: bool
+) -> Callable[[pa.Table], pa.Table] | None:
+    """The transform a rank's reads run for its node (in the stream's process, a
+    DataLoader's workers or the reader pool): ``fn``'s rows; for a node that regroups
+    documents (``regrouped``: the stream has ``pack``), each with its input row in
+    :data:`~ingest.engine.pack.ORIGIN`, for the documents' provenance. None: no transform.
+    """
+    if regrouped:
+        return with_origin(fn)
+    return applying(fn) if fn is not None else None
+
+
+def worker_table(pack: Grouping | None, table: pa.Table) -> pa.Table | None:
+    """What a DataLoader worker sends of a read step for its main process's node to regroup
+    (the grouping's column and each row's origin); None: the node hands out the read step
+    as it is, so the worker makes it a batch itself (a plain rank)."""
+    if pack is None:
+        return None
+    return table.select([c for c in (pack.column, ORIGIN) if c in table.column_names])
+
+
 def _to_torch(item: Any) -> Batch:
     from ingest.engine.convert import to_torch
 
     return to_torch(item.table)
 
 
-__all__ = ["Convert", "PlainRank", "RankNode", "rank_node"]
+__all__ = ["Convert", "PlainRank", "RankNode", "rank_node", "read_transform", "worker_table"]

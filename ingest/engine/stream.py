@@ -30,10 +30,9 @@ from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.options import StreamKeywords, StreamOptions
-from ingest.engine.pack import with_origin
-from ingest.engine.rank_node import rank_node
+from ingest.engine.rank_node import rank_node, read_transform
 from ingest.engine.spec import StreamSpec
-from ingest.engine.transform import applying, build_transform
+from ingest.engine.transform import build_transform
 from ingest.planner.catalog import Listing
 from ingest.planner.planner import Planner
 
@@ -126,13 +125,10 @@ class Stream:
                 f"{type(self).__name__} reads URLs: read a Mix with ingest.Stream(mix)"
             )
         self.spec = StreamSpec.of(source, **options.spec_options())
-        fn = build_transform(transform)
         # Checked as in the reader pool: one row per input row (a stage: its origins).
-        self._transform: Callable[[Any], Any] | None = None
-        if pack is not None:  # each row's origin kept, for the documents' provenance
-            self._transform = with_origin(fn)
-        elif fn is not None:
-            self._transform = applying(fn)
+        self._transform: Callable[[Any], Any] | None = read_transform(
+            build_transform(transform), regrouped=pack is not None
+        )
         self._planner = self.spec.planner(progress=options.progress)
         self._book = self.spec.book(1, self._planner)
         self._next_epoch = 0

@@ -48,8 +48,8 @@ from ingest.engine.convert import Batch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
-from ingest.engine.pack import ORIGIN, merged
-from ingest.engine.rank_node import RankNode, rank_node
+from ingest.engine.pack import merged
+from ingest.engine.rank_node import RankNode, rank_node, worker_table
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
 from ingest.planner.catalog import Listing
@@ -178,9 +178,8 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                     yield {KEY: end}
                     return
                 assert isinstance(item, Ready)
-                if self.pack is not None:  # packed in the main process
-                    columns = [self.pack.column, ORIGIN]
-                    table = item.table.select([c for c in columns if c in item.table.column_names])
+                table = worker_table(self.pack, item.table)
+                if table is not None:  # regrouped by the main process's node
                     yield {KEY: _Came.of(rank, item, table=table)}
                     continue
                 batch = to_torch(item.table)
