@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ingest.distributed.pool import ReaderPool
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.ray_stream import RayStream
+    from ingest.engine.derived import DerivedConfig, DerivedWarning
     from ingest.engine.mix import Mix
     from ingest.engine.options import Shuffle
     from ingest.engine.pack import Pack
@@ -63,6 +64,8 @@ __all__ = [
     "ConfigError",
     "CoordinatorLostError",
     "DataLoader",
+    "DerivedConfig",
+    "DerivedWarning",
     "Filter",
     "FlatMap",
     "Follow",
@@ -122,6 +125,8 @@ _LAZY = {
     "Staged": "ingest.engine.stage",
     "Pack": "ingest.engine.pack",
     "Mix": "ingest.engine.mix",
+    "DerivedConfig": "ingest.engine.derived",
+    "DerivedWarning": "ingest.engine.derived",
     "Shuffle": "ingest.engine.options",
     "Tokenize": "ingest.engine.tokenize",
     "TokenBatches": "ingest.engine.token_batches",

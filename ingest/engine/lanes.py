@@ -13,6 +13,7 @@ its windows with :meth:`LaneReader.take`.
 
 from __future__ import annotations
 
+import functools
 from collections import deque
 from collections.abc import Iterator, Sequence
 
@@ -20,6 +21,7 @@ from ingest.core.assign import TO_END, Span
 from ingest.core.errors import IngestError, ShardError, StoreError
 from ingest.core.quarantine import Quarantine, skippable
 from ingest.core.share import FeedPlan
+from ingest.engine.derived.reading import Deriving
 from ingest.engine.prefetch import Prefetcher
 from ingest.engine.window import (
     Hole,
@@ -169,6 +171,8 @@ class LaneReader:
         self._skip = read.on_error == "skip"
         self.depth = read.prefetch
         """Record batches each lane reads ahead in its own thread (0: in the caller's)."""
+        self.deriving: Deriving | None = None
+        """The feed's derived cache, if it has one (set by the feed)."""
 
     def take(self, lane: Lane, want: int) -> list[tuple[Span, Piece]]:
         """Up to ``want`` rows (holes included) from ``lane``, advancing its position."""
@@ -218,7 +222,11 @@ class LaneReader:
         )
 
     def _read_lane(self, lane: list[int], k: int, row: int, seek: Seek | None) -> Iterator[Read]:
-        """Batches of the lane's spans from span ``k``, row ``row``; the shard opened once."""
+        """Batches of the lane's spans from span ``k``, row ``row``; the shard opened once.
+
+        With a derived cache (:attr:`deriving`), each span read whole (from its first row,
+        no seek) comes from its copy or becomes one, and every row is handed out as a ref
+        (:mod:`ingest.engine.derived.reading`)."""
         spans = self.plan.spans
         while k < len(lane):
             shard = spans[lane[k]].shard
@@ -234,36 +242,66 @@ class LaneReader:
                 for j in run
             ]
             first = ranges[0]
+            whole = [True] * len(run)
+            whole[0] = row <= first[0] and seek is None
             ranges[0] = (max(first[0], row), first[1])
             ctx = self.plan.listing.context(shard, self.source, self.read, self.columns)
-            last = [start for start, _ in ranges]
-            at = 0
-            try:
-                for index, batch in self._read_run(ctx, ranges, seek, last):
-                    at = index
-                    if isinstance(batch, BadRows):  # on_error="skip": just these rows
-                        n = int(batch.data.num_rows)
-                        self.quarantine.add(
-                            batch.error or ValueError("unreadable rows"),
-                            url=ctx.shard.url,
-                            start=batch.row,
-                            stop=batch.stop,
-                            rows=n,
-                        )
-                        yield run[index], Hole(batch.row, n)
-                    elif batch.data.num_rows:
-                        yield run[index], batch
-                    last[index] = batch.stop
-            except Exception as e:
-                if not (self._skip and skippable(e)):
-                    raise
-                yield from self._holes(e, ctx.shard.url, shard, run, ranges, last, at)
-                row, seek = 0, None
-                continue
-            for index, (_, stop) in enumerate(ranges):
-                if stop is None:
-                    yield SpanEnd(run[index], shard, last[index])
+            if self.deriving is None:
+                yield from self._read_ranges(ctx, shard, run, ranges, seek)
+            else:
+                read = functools.partial(self._read_some, ctx, shard, run[0], seek)
+                yield from self.deriving.reads(ctx.shard, shard, run, ranges, whole, read)
             row, seek = 0, None
+
+    def _read_some(
+        self,
+        ctx: ReadContext,
+        shard: int,
+        first: int,
+        seek: Seek | None,
+        run: list[int],
+        ranges: list[tuple[int, int | None]],
+    ) -> Iterator[Read]:
+        """:meth:`_read_ranges` of the ranges of a run a derived cache did not have; the
+        run's ``seek`` goes with its ``first`` span only."""
+        return self._read_ranges(ctx, shard, run, ranges, seek if run[:1] == [first] else None)
+
+    def _read_ranges(
+        self,
+        ctx: ReadContext,
+        shard: int,
+        run: list[int],
+        ranges: list[tuple[int, int | None]],
+        seek: Seek | None,
+    ) -> Iterator[Read]:
+        """Batches of one shard's ``ranges`` (lane spans ``run``), the shard opened once;
+        what cannot be read as holes under ``on_error="skip"``."""
+        last = [start for start, _ in ranges]
+        at = 0
+        try:
+            for index, batch in self._read_run(ctx, ranges, seek, last):
+                at = index
+                if isinstance(batch, BadRows):  # on_error="skip": just these rows
+                    n = int(batch.data.num_rows)
+                    self.quarantine.add(
+                        batch.error or ValueError("unreadable rows"),
+                        url=ctx.shard.url,
+                        start=batch.row,
+                        stop=batch.stop,
+                        rows=n,
+                    )
+                    yield run[index], Hole(batch.row, n)
+                elif batch.data.num_rows:
+                    yield run[index], batch
+                last[index] = batch.stop
+        except Exception as e:
+            if not (self._skip and skippable(e)):
+                raise
+            yield from self._holes(e, ctx.shard.url, shard, run, ranges, last, at)
+            return
+        for index, (_, stop) in enumerate(ranges):
+            if stop is None:
+                yield SpanEnd(run[index], shard, last[index])
 
     def _read_run(
         self,

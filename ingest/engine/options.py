@@ -20,6 +20,7 @@ from typing import Any, TypedDict
 from ingest.core.book import Remainder
 from ingest.core.errors import ConfigError
 from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers, check_values
+from ingest.engine.derived.store import DerivedConfig
 from ingest.engine.grouping import Grouping
 from ingest.engine.pack_settings import Pack, check_read
 from ingest.engine.transform import Transform
@@ -116,6 +117,7 @@ class StreamKeywords(TypedDict, total=False):
     progress: bool
     follow: Follow | None
     pack: Grouping | None
+    derived: DerivedConfig | str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,9 +136,17 @@ class StreamOptions:
     progress: bool = False
     follow: Follow | None = None
     pack: Grouping | None = None
+    derived: DerivedConfig | None = None
 
     def __post_init__(self) -> None:
         check_read(self.pack, self.read)
+        object.__setattr__(self, "derived", derived_config(self.derived))
+        if self.derived is not None and self.transform is None:
+            raise ConfigError(
+                f"derived={self.derived!r} keeps what transform= makes of each unit, and "
+                "there is no transform; give the stages (e.g. transform=ingest.Tokenize(...)) "
+                "or leave derived out"
+            )
 
     @classmethod
     def of(cls, owner: str, keywords: StreamKeywords) -> StreamOptions:
@@ -150,6 +160,14 @@ class StreamOptions:
         if unknown:
             raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
         given: dict[str, Any] = dict(keywords)
+        if owner == "RayStream" and given.get("derived") is not None:
+            # Its readers run the transform on batches sent to the pool's actors
+            # (ReaderPool.decoded), not in the feed that reads whole units.
+            raise ConfigError(
+                "RayStream(derived=...) is not wired yet: its reader pool runs the transform "
+                "on each batch; read with ingest.Stream or ingest.DataLoader(stream, "
+                "num_workers=N) to use the derived cache, or leave derived out"
+            )
         default = {f.name: f.default for f in dataclasses.fields(Shuffle)}
         shuffle = Shuffle.of(
             given.pop("shuffle", None),
@@ -194,7 +212,25 @@ class StreamOptions:
             "shuffle": self.shuffle,
             "remainder": self.remainder,
             "follow": self.follow,
+            "derived": self.derived,
         }
 
 
-__all__ = ["Shuffle", "StreamKeywords", "StreamOptions"]
+def derived_config(derived: object) -> DerivedConfig | None:
+    """A stream's ``derived=``: a :class:`ingest.DerivedConfig`, a URL or path (a store
+    every job shares: ``DerivedConfig(url=...)``), or None.
+
+    Raises:
+        TypeError: For anything else.
+    """
+    if derived is None or isinstance(derived, DerivedConfig):
+        return derived
+    if isinstance(derived, str):
+        return DerivedConfig(url=derived)
+    raise TypeError(
+        f"derived={derived!r}: pass an ingest.DerivedConfig(local=ingest.CacheOptions(...)) "
+        "for a node's directory, a URL or path for a store every job shares, or None"
+    )
+
+
+__all__ = ["Shuffle", "StreamKeywords", "StreamOptions", "derived_config"]

@@ -11,6 +11,7 @@ from typing import Any
 from ingest.core.book import BookConfig, EpochBook, Remainder
 from ingest.core.errors import ConfigError, redact
 from ingest.core.validate import COUNT, check_numbers, check_remainder
+from ingest.engine.derived.store import DerivedConfig
 from ingest.engine.feed import FeedConfig
 from ingest.engine.options import Shuffle
 from ingest.formats import get_format
@@ -47,6 +48,9 @@ class StreamSpec:
         follow: Read a dataset that grows while the stream runs: each epoch is a round over
             the shards that appeared since the last (:mod:`ingest.storage.follow`). None: every
             epoch reads the whole listing.
+        derived: Where the transform's outputs of each unit read whole are kept, so that
+            later epochs, restarts and other jobs read them and run no stage
+            (:mod:`ingest.engine.derived`); None: the transform runs on every batch.
     """
 
     urls: tuple[str, ...]
@@ -59,6 +63,7 @@ class StreamSpec:
     remainder: Remainder = "carry"
     index: IndexConfig | None = field(default_factory=IndexConfig)
     follow: Follow | None = None
+    derived: DerivedConfig | None = None
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -121,6 +126,7 @@ class StreamSpec:
             columns=self.columns,
             read=self.read,
             window_bytes=self.shuffle.bytes,
+            derived=self.derived,
         )
 
     def planner(self, indexer: Indexer | None = None, *, progress: bool = False) -> Planner:

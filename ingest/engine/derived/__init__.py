@@ -13,7 +13,9 @@ shares, written once (:mod:`.copies`); every read checks its SHA-256, and a dama
 miss, removed (:mod:`.store`).
 
 Modules: :mod:`.keys` (names and fingerprints), :mod:`.codec` (a unit as bytes), :mod:`.copies`
-(where copies live), :mod:`.store` (:class:`DerivedStore`: keys to checked copies, stats).
+(where copies live), :mod:`.store` (:class:`DerivedStore`: keys to checked copies, stats),
+:mod:`.reading` (a feed's units read whole through the cache, its batches gathered by ref:
+what ``derived=`` of :class:`ingest.Stream` and :class:`ingest.DataLoader` runs).
 """
 
 from __future__ import annotations
