@@ -1,0 +1,176 @@
+"""The derived cache on a RayStream (issue 34, items 1 and 5): the reader actors read each
+unit read whole from its copy, or derive it whole and keep the copy, so a second stream over
+the same data and store runs no stage; every output once per epoch through a stop and a
+resume at another world size with some units cached and some not."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import ray
+
+import ingest
+from ingest.testing import Store, write_dataset
+from tests.test_derived_stream import BATCH, EXPECTED, ROWS, SHARDS, Split
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+class Logged(Split):
+    """:class:`Split`, counting the input rows it runs on in a file: it runs in the reader
+    actors, whose class attributes the test cannot read."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__()
+        self.log = str(log)
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        with open(self.log, "a") as f:
+            f.write(f"{table.num_rows}\n")
+        return super().__call__(table)
+
+
+def _ran(log: Path) -> int:
+    return sum(int(n) for n in log.read_text().split()) if log.exists() else 0
+
+
+@pytest.fixture
+def data(local: Store) -> str:
+    write_dataset(local.fs, local.url("d"), "parquet", SHARDS, ROWS, row_group_rows=16)
+    return local.url("d")
+
+
+def _stream(url: str, log: Path, copies: Path, world_size: int) -> ingest.RayStream:
+    return ingest.RayStream(
+        url,
+        world_size=world_size,
+        columns=["id"],
+        batch_size=BATCH,
+        shuffle_seed=5,
+        shuffle_window=40,
+        shuffle_lanes=2,
+        transform=Logged(log),
+        derived=f"file://{copies}",
+        readers=ingest.ReaderPool(min_size=2, max_size=2),
+        timeout_s=120,
+    )
+
+
+@ray.remote(num_cpus=0)
+def consume(it: Any, stop_after: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"outputs": [], "state": None}
+    for n, batch in enumerate(it):
+        out["outputs"] += list(zip(batch["id"].tolist(), batch["k"].tolist(), strict=True))
+        if stop_after is not None and n + 1 == stop_after:
+            out["state"] = it.state_dict()
+            break
+    return out
+
+
+def _epoch(stream: ingest.RayStream, stop_after: int | None = None) -> list[dict[str, Any]]:
+    refs = [consume.remote(stream.rank_iterator(r), stop_after) for r in range(stream.world_size)]
+    got: list[dict[str, Any]] = ray.get(refs, timeout=240)
+    return got
+
+
+def _carried(stream: ingest.RayStream) -> Counter[tuple[int, int]]:
+    """The outputs of the rows the epoch left over (unequal shares), which the next epoch
+    carries in first: ``[shard, start, stop]`` spans of the listing's shards in id order."""
+    state = stream.state_dict()
+    assert state["progress"]["epoch"] == 1, "the epoch ended"
+    rows = [
+        shard * ROWS + r
+        for shard, start, stop in state["distributed"]["carry"]["spans"]
+        for r in range(start, stop)
+    ]
+    return Counter((i, k) for i in rows for k in range(i % 3))
+
+
+def test_a_second_ray_stream_reads_the_copies_and_runs_no_stage(data: str, tmp_path: Path) -> None:
+    log, copies = tmp_path / "ran", tmp_path / "derived"
+    with _stream(data, log, copies, 2) as first:
+        got = _epoch(first)
+        carried = _carried(first)
+    assert Counter(o for r in got for o in r["outputs"]) + carried == EXPECTED
+    assert _ran(log) == SHARDS * ROWS, "each input row derived once, over whole units"
+    assert sorted(copies.rglob("*.derived")), "copies written by the reader actors"
+    log.unlink()
+    with _stream(data, log, copies, 3) as second:
+        again = _epoch(second)
+        carried = _carried(second)
+    assert Counter(o for r in again for o in r["outputs"]) + carried == EXPECTED
+    assert _ran(log) == 0, "no stage ran: every unit came from its copy"
+
+
+def test_a_stop_and_a_resume_at_another_world_size_with_half_the_units_cached(
+    data: str, tmp_path: Path
+) -> None:
+    """A Stream fills the cache for part of the data; a RayStream of 3 ranks stops after 2
+    steps, and one of 2 ranks resumes from its state: every output exactly once."""
+    log, copies = tmp_path / "ran", tmp_path / "derived"
+    half = ingest.Stream(
+        data, columns=["id"], batch_size=BATCH, shuffle_seed=5, shuffle_window=40,
+        shuffle_lanes=2, transform=Split(), derived=f"file://{copies}",
+        read=ingest.ReadOptions(prefetch=0),
+    )  # fmt: skip
+    for n, _ in enumerate(half):  # without reading ahead: about half the units read
+        if n == 7:
+            break
+    half.close()
+    cached = len(list(copies.rglob("*.derived")))
+    assert 0 < cached < SHARDS * ROWS // 16
+    with _stream(data, log, copies, 3) as first:
+        got = _epoch(first, stop_after=2)
+    states = [r["state"] for r in got]
+    assert all(s == states[0] for s in states)
+    before = Counter(o for r in got for o in r["outputs"])
+    with _stream(data, log, copies, 2) as second:
+        second.load_state_dict(json.loads(json.dumps(states[0])))
+        rest = _epoch(second)
+        carried = _carried(second)
+    after = Counter(o for r in rest for o in r["outputs"])
+    assert not set(before) & set(after), "no output twice"
+    assert before + after + carried == EXPECTED
+    assert len(list(copies.rglob("*.derived"))) > cached, "the ranks kept the units they derived"
+
+
+class Failing(Logged):
+    """:class:`Logged` that raises on the batch (or unit) holding row 100."""
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        if 100 in table["id"].to_numpy():
+            raise RuntimeError("bad row 100")
+        return super().__call__(table)
+
+
+def test_a_unit_whose_chain_raised_is_quarantined_as_without_the_cache_and_not_kept(
+    data: str, tmp_path: Path
+) -> None:
+    """on_error="skip" on the ranks: the step holding row 100 is quarantined as without the
+    cache (the chain runs per batch on that unit), and that unit has no copy: a second
+    stream derives it again, and only it."""
+    log, copies = tmp_path / "ran", tmp_path / "derived"
+
+    def run(derived: Path | None) -> tuple[Counter[tuple[int, int]], list[Any]]:
+        stream = ingest.RayStream(
+            data, world_size=2, columns=["id"], batch_size=BATCH, shuffle_seed=5,
+            shuffle_window=40, shuffle_lanes=2, transform=Failing(log),
+            derived=None if derived is None else f"file://{derived}",
+            read=ingest.ReadOptions(on_error="skip"), timeout_s=120,
+        )  # fmt: skip
+        with stream:
+            got = Counter(o for r in _epoch(stream) for o in r["outputs"])
+            failed = sorted((q.step, q.rows, q.reason) for q in stream.quarantined())
+        return got, failed
+
+    want = run(None)
+    assert len(want[1]) == 1 and "bad row 100" in want[1][0][-1]
+    assert run(copies) == want
+    log.unlink()
+    assert run(copies) == want
+    assert 0 < _ran(log) < SHARDS * ROWS, "the failed unit alone ran again"
