@@ -304,11 +304,9 @@ def test_tokenize_and_pack_read_the_copies_and_tokenize_nothing(
     assert calls["rows"] == 0
 
 
-def test_derived_without_a_transform_or_on_a_ray_stream_is_refused(data: str) -> None:
+def test_derived_without_a_transform_is_refused(data: str) -> None:
     with pytest.raises(ingest.ConfigError, match="there is no transform"):
         ingest.Stream(data, derived="file:///tmp/unused")
-    with pytest.raises(ingest.ConfigError, match="not wired yet"):
-        ingest.RayStream(data, world_size=1, transform=Split(), derived="file:///tmp/unused")
 
 
 class Refuses(Split):

@@ -361,6 +361,22 @@ class _Reader:
             with self._lock:
                 self._busy_s += time.monotonic() - began
 
+    @property
+    def feed_transform(self) -> Callable[[pa.Table], Any] | None:
+        """The transform a rank's feed runs itself, with ``derived=``: the feed keeps what it
+        makes of each unit read whole (:mod:`ingest.engine.derived`), so it runs where the
+        unit is read, not on the pool's actors in turn; None without ``derived=`` (each
+        batch goes to :meth:`decoded`).
+
+        Raises:
+            ConfigError: If the transform's class could not be built in this actor.
+        """
+        if self.spec.derived is None:
+            return None
+        if self._unbuilt is not None:
+            raise self._unbuilt
+        return self._fn
+
     def decoded(self, table: pa.Table) -> Any:
         """The batch decoded, by the pool's actors in turn: a table made here, or a ref.
 

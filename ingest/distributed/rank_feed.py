@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -48,6 +48,13 @@ class FeedHost(Protocol):
     def wait_for_budget(self, nbytes: int, stopped: Any) -> bool: ...
     def release(self, nbytes: int) -> None: ...
     def decoded(self, table: pa.Table) -> Any: ...
+
+    @property
+    def feed_transform(self) -> Callable[[pa.Table], Any] | None:
+        """The transform the feed runs itself: with ``derived=``, on the units it reads whole
+        (kept as copies) and on the rest of its batches; None: the pool decodes each batch
+        (:meth:`decoded`)."""
+        ...
 
     @property
     def parallel_batches(self) -> int:
@@ -125,6 +132,8 @@ class RankFeed:
         self.at: int | None = None if resume is None else resume[0]
         """The step of the next batch to hand out; None: the share's first (none handed)."""
         self._reader = reader
+        self._decodes = True
+        """Whether the pool decodes each batch (no ``derived=``: the feed runs no transform)."""
         self._queue: deque[Item | End | BaseException] = deque()
         self._cond = threading.Condition()
         self._stop = False
@@ -185,7 +194,9 @@ class RankFeed:
                 from ingest.distributed.coordinator import CoordinatorLostError
 
                 raise CoordinatorLostError(e) from None
-            feed = Feed(plan, reader.spec.feed_config(), reader.source)
+            transform = reader.feed_transform
+            self._decodes = transform is None
+            feed = Feed(plan, reader.spec.feed_config(), reader.source, transform)
             try:
                 # Batches are decoded in order, up to the transform's parallel_batches at once.
                 decoded = in_order(
@@ -238,7 +249,7 @@ class RankFeed:
                 self._reader.release(nbytes)
 
     def _item(self, ready: Ready, nbytes: int) -> Item:
-        batch = self._reader.decoded(ready.table)
+        batch = self._reader.decoded(ready.table) if self._decodes else ready.table
         return Item(
             ready.step,
             ready.runs,

@@ -79,6 +79,10 @@ class RayStream:
             readers tokenize (the ``transform``); each rank packs its read steps in its own
             process, and every rank takes the same number of batches: see
             :mod:`ingest.distributed.rank_pack` for how an epoch ends.
+        derived: Keep what ``transform`` made of each unit read whole, as
+            :class:`ingest.Stream` does: the reader that hosts a rank's feed derives the units
+            it reads (or reads their copies) instead of handing each batch to the pool's
+            actors in turn.
     """
 
     def __new__(cls, source: Any = None, **kwargs: Any) -> RayStream:

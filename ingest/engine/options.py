@@ -160,14 +160,6 @@ class StreamOptions:
         if unknown:
             raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
         given: dict[str, Any] = dict(keywords)
-        if owner == "RayStream" and given.get("derived") is not None:
-            # Its readers run the transform on batches sent to the pool's actors
-            # (ReaderPool.decoded), not in the feed that reads whole units.
-            raise ConfigError(
-                "RayStream(derived=...) is not wired yet: its reader pool runs the transform "
-                "on each batch; read with ingest.Stream or ingest.DataLoader(stream, "
-                "num_workers=N) to use the derived cache, or leave derived out"
-            )
         default = {f.name: f.default for f in dataclasses.fields(Shuffle)}
         shuffle = Shuffle.of(
             given.pop("shuffle", None),

@@ -88,6 +88,9 @@ class Stream:
             of them) into sequences: ``ingest.Pack(seq_len=...)``. ``batch_size`` is then
             sequences per batch, and a state records the tokens of each document cut
             across batches (see :mod:`ingest.engine.pack`).
+        derived: Keep what ``transform`` made of each unit read whole, and read it back in
+            place of running it: an :class:`ingest.DerivedConfig` or a URL shared by every
+            job (:mod:`ingest.engine.derived`); None (default): it runs on every batch.
     """
 
     def __new__(cls, source: Any = None, **options: Any) -> Stream:
