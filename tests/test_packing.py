@@ -136,6 +136,71 @@ def test_a_batch_is_what_varlen_attention_takes() -> None:
     assert consumed(batch.pieces)[4] is None
 
 
+def reference_batch(sequences: list[Packed], seq_len: int, pad_id: int) -> dict[str, Any]:
+    """What :func:`collate` must give, built one row and one token at a time: each row its
+    pieces' tokens then padding; a span per piece with tokens and per row's padding, its
+    positions from 0 and its first label -100; the padding's labels -100."""
+    ids, labels, positions, spans, pieces = [], [], [], [], []
+    for r, seq in enumerate(sequences):
+        row_ids: list[int] = []
+        row_labels: list[int] = []
+        row_positions: list[int] = []
+        tails = [t.tolist() for t in seq.tokens] + [[pad_id] * (seq_len - seq.size)]
+        for n, span in enumerate(tails):
+            if not span:
+                continue
+            padding = n == len(tails) - 1
+            row_ids += span
+            row_labels += [IGNORE] * len(span) if padding else [IGNORE, *span[1:]]
+            row_positions += range(len(span))
+            spans.append(len(span))
+        ids.append(row_ids)
+        labels.append(row_labels)
+        positions.append(row_positions)
+        pieces += [(r, p.key, p.start, p.stop, int(p.last)) for p in seq.pieces]
+    return {
+        "input_ids": ids,
+        "labels": labels,
+        "position_ids": positions,
+        "cu_seqlens": np.cumsum([0, *spans]).tolist(),
+        "max_seqlen": max(spans, default=0),
+        "pieces": pieces,
+    }
+
+
+@given(
+    lengths=corpora,
+    seq_len=st.integers(1, 24),
+    method=st.sampled_from(METHODS),
+    pad_id=st.integers(0, 2**31 - 1),
+    int32=st.booleans(),
+)
+def test_a_batch_is_its_sequences_token_by_token(
+    lengths: list[int], seq_len: int, method: str, pad_id: int, int32: bool
+) -> None:
+    """collate builds a batch from the spans of the whole batch at once (one concatenation
+    for the ids, one for the positions): it equals the batch built token by token, for ids
+    as Tokenize makes them (int32) or wider, any pad id and documents of no tokens."""
+    packer = Packer(seq_len, method, max_open=3)  # type: ignore[arg-type]
+    sequences: list[Packed] = []
+    for key, n in enumerate(lengths):
+        tokens = doc(key, n) % 2**31
+        sequences += packer.add(key, tokens.astype(np.int32) if int32 else tokens)
+    sequences += packer.flush()
+    batch = collate(sequences, seq_len, pad_id)
+    got = {
+        "input_ids": batch.input_ids.tolist(),
+        "labels": batch.labels.tolist(),
+        "position_ids": batch.position_ids.tolist(),
+        "cu_seqlens": batch.cu_seqlens.tolist(),
+        "max_seqlen": batch.max_seqlen,
+        "pieces": [tuple(p) for p in batch.pieces.tolist()],
+    }
+    assert got == reference_batch(sequences, seq_len, pad_id)
+    assert batch.input_ids.dtype == batch.labels.dtype == batch.position_ids.dtype == np.int64
+    assert batch.cu_seqlens.dtype == np.int32 and batch.pieces.shape == (len(got["pieces"]), 5)
+
+
 def test_best_fit_fills_99_percent_at_2048_on_a_lognormal_corpus() -> None:
     """Lengths lognormal, median about 400 tokens, 1 in 20 beyond 2,048 (the issue's
     corpus): best-fit over 64 open sequences fills >= 99% of the tokens; greedy fills all

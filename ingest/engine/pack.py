@@ -404,7 +404,7 @@ class PackedRank:
         groups, self._closed = self._closed[:size], self._closed[size:]
         batch = self.pack.collate(groups, self._pad or 0)
         pieces = self._provenance(batch.pieces) if self.pack.provenance else None
-        self._done([(serial, stop, last) for _, serial, _, stop, last in batch.pieces.tolist()])
+        self._done(batch.pieces[:, [1, 3, 4]].tolist())  # (serial, stop, last) per piece
         import torch  # here: the readers of a Ray stream import this module, not torch
 
         real = batch.real_tokens
@@ -426,18 +426,18 @@ class PackedRank:
             out[n] = (seq, shard, row, start, stop)
         return out
 
-    def _done(self, pieces: Iterable[tuple[int, int, int]]) -> None:
+    def _done(self, pieces: Iterable[Sequence[int]]) -> None:
         """Pieces ``(serial, stop, last)`` handed out: their documents' offsets move on, a
         document whose last piece it is is done, and the read steps now done are acked."""
+        docs, offsets = self._docs, self._offsets
         for serial, stop, last in pieces:
-            step, key, n = self._docs[serial]
             if last:
-                del self._docs[serial]
-                self._offsets.pop(key, None)
+                step, key, n = docs.pop(serial)
+                offsets.pop(key, None)
                 step.open -= 1
                 step.done.append((key, n))
             else:
-                self._offsets[key] = stop
+                offsets[docs[serial][1]] = stop
         self._ack()
 
     def _ack(self) -> None:
