@@ -6,6 +6,7 @@ resume at another world size with some units cached and some not."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import ray
 import ingest
 from ingest.testing import Store, write_dataset
 from tests.test_derived_stream import BATCH, EXPECTED, ROWS, SHARDS, Split
+from tests.test_metrics import scrape
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -96,6 +98,7 @@ def test_a_second_ray_stream_reads_the_copies_and_runs_no_stage(data: str, tmp_p
     with _stream(data, log, copies, 2) as first:
         got = _epoch(first)
         carried = _carried(first)
+        made = first.stats()
     assert Counter(o for r in got for o in r["outputs"]) + carried == EXPECTED
     assert _ran(log) == SHARDS * ROWS, "each input row derived once, over whole units"
     assert sorted(copies.rglob("*.derived")), "copies written by the reader actors"
@@ -103,8 +106,27 @@ def test_a_second_ray_stream_reads_the_copies_and_runs_no_stage(data: str, tmp_p
     with _stream(data, log, copies, 3) as second:
         again = _epoch(second)
         carried = _carried(second)
+        read = second.stats()
+        exported = _exported(second.name, "ingest_derived_hits_total", read["derived_hits"])
     assert Counter(o for r in again for o in r["outputs"]) + carried == EXPECTED
     assert _ran(log) == 0, "no stage ran: every unit came from its copy"
+    # The readers' counts, summed (issue 34, item 6).
+    assert made["derived_writes"] == len(list(copies.rglob("*.derived"))) > 0
+    assert made["derived_stage_us"] > 0 and made["derived_hits"] == 0
+    assert read["derived_hits"] > 0 and read["derived_misses"] == read["derived_writes"] == 0
+    assert read["derived_saved_us"] > 0
+    assert exported == read["derived_hits"], "the readers export their hits as a metric"
+
+
+def _exported(stream: str, name: str, want: int) -> float:
+    """The metric ``name`` of ``stream`` summed over the readers, once it reaches ``want``
+    (a reader reports every second; waits at most 30 s)."""
+    deadline = time.monotonic() + 30
+    while True:
+        got = sum(scrape(stream).get(name, {}).values())
+        if got >= want or time.monotonic() > deadline:
+            return got
+        time.sleep(1)
 
 
 def test_a_stop_and_a_resume_at_another_world_size_with_half_the_units_cached(

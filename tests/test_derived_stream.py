@@ -351,3 +351,30 @@ def test_dataloader_workers_tokenize_and_pack_from_the_copies(data: str, copies:
     assert written
     assert sequences(copies) == want
     assert _files(copies) == written
+
+
+def test_stream_stats_count_the_cache(data: str, copies: Path) -> None:
+    """``stream.stats`` counts copies missed and written, and the stage time spent; a stream
+    over the copies counts them hit and read, and the stage time they saved: the time their
+    stages took when they were made (issue 34, item 6)."""
+    first = _stream(data, Split(), copies)
+    _epoch(first)
+    made = first.stats
+    units = len(_files(copies))
+    assert made["derived_misses"] == made["derived_writes"] == units
+    assert made["derived_hits"] == made["derived_saved_us"] == 0
+    assert made["derived_bytes_written"] == sum(p.stat().st_size for p in _files(copies))
+    assert made["derived_stage_us"] > 0
+    second = _stream(data, Split(), copies)
+    _epoch(second)
+    read = second.stats
+    assert read["derived_hits"] == units and read["derived_misses"] == 0
+    assert read["derived_bytes_read"] == made["derived_bytes_written"]
+    assert read["derived_stage_us"] == 0 and read["derived_writes"] == 0
+    assert read["derived_saved_us"] == made["derived_stage_us"]
+    plain = _stream(data, Split(), None)
+    _epoch(plain)
+    assert {k: v for k, v in plain.stats.items() if k.startswith("derived_")} == dict.fromkeys(
+        ("derived_hits", "derived_misses", "derived_writes", "derived_bytes_read",
+         "derived_bytes_written", "derived_stage_us", "derived_saved_us"), 0
+    )  # fmt: skip

@@ -150,12 +150,17 @@ def draw(times: list[float], samples: list[Sample], rate_s: float, out: Path) ->
 
     dashboard = json.loads((HERE / "ingest.json").read_text())
     ranks = sorted({r for s in samples for (_, r) in s if r})
-    fig, axes = plt.subplots(4, 2, figsize=(13, 12), sharex=True)
-    for ax, panel in zip(axes.flat, dashboard["panels"], strict=True):
+    panels = dashboard["panels"]
+    rows = (len(panels) + 1) // 2
+    fig, axes = plt.subplots(rows, 2, figsize=(13, 3 * rows), sharex=True)
+    for ax in axes.flat[len(panels) :]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.flat, panels, strict=False):
         names = sorted({n for t in panel["targets"] for n in re.findall(r"ray_(\w+)", t["expr"])})
-        if "cache" in panel["title"]:
-            _, hits = series(times, samples, "ingest_cache_hits_total", None, rate_s)
-            x, misses = series(times, samples, "ingest_cache_misses_total", None, rate_s)
+        if "hit rate" in panel["title"]:  # hits / (hits + misses), of the names it queries
+            hit = next(n for n in names if n.endswith("_hits_total"))
+            _, hits = series(times, samples, hit, None, rate_s)
+            x, misses = series(times, samples, hit.replace("_hits_", "_misses_"), None, rate_s)
             rate = [
                 h / (h + m) if h + m else float("nan") for h, m in zip(hits, misses, strict=True)
             ]

@@ -18,6 +18,8 @@ name                            kind    what
 ``ingest_retries_total``        counter requests sent again after a transient fault
 ``ingest_cache_hits_total``     counter shard opens served by the node's shard cache
 ``ingest_cache_misses_total``   counter shard opens that fetched into the shard cache
+``ingest_derived_hits_total``   counter units read from their derived copies (``derived=``)
+``ingest_derived_misses_total`` counter units with no derived copy (their stages ran)
 ``ingest_pool_size``            gauge   reader actors in the stream's pool (reported by the
                                         first of them)
 ``ingest_pool_resizes_total``   counter the pool's resizes (``direction``: ``grow`` or
@@ -61,6 +63,8 @@ _KINDS = {
     "ingest_retries_total": ("counter", "requests sent again after a fault", ("stream",)),
     "ingest_cache_hits_total": ("counter", "opens served by the shard cache", ("stream",)),
     "ingest_cache_misses_total": ("counter", "opens that fetched into the cache", ("stream",)),
+    "ingest_derived_hits_total": ("counter", "units read from derived copies", ("stream",)),
+    "ingest_derived_misses_total": ("counter", "units with no derived copy", ("stream",)),
     "ingest_pool_size": ("gauge", "reader actors in the stream's pool", ("stream",)),
     "ingest_pool_resizes_total": (
         "counter",
@@ -145,6 +149,8 @@ class StoreMeter:
         "ingest_retries_total": ("retries",),
         "ingest_cache_hits_total": ("cache_hits",),
         "ingest_cache_misses_total": ("cache_misses",),
+        "ingest_derived_hits_total": ("derived_hits",),
+        "ingest_derived_misses_total": ("derived_misses",),
     }
 
     def __init__(self, stream: str) -> None:

@@ -75,10 +75,13 @@ class DerivedUnit:
     Attributes:
         staged: The chain's output, ``origin`` giving each output row's input row in the unit.
         inputs: Rows of the source unit the chain was given.
+        seconds: How long the chain took over the unit when the copy was made (what reading
+            the copy saves; 0 where not measured).
     """
 
     staged: Staged
     inputs: int
+    seconds: float = 0.0
 
     @property
     def counts(self) -> npt.NDArray[np.int64]:
@@ -86,8 +89,8 @@ class DerivedUnit:
         return np.bincount(self.staged.origin, minlength=self.inputs).astype(np.int64)
 
 
-def encode(staged: Staged, inputs: int) -> bytes:
-    """The bytes of what a stage chain made of a unit of ``inputs`` rows.
+def encode(staged: Staged, inputs: int, seconds: float = 0.0) -> bytes:
+    """The bytes of what a stage chain made of a unit of ``inputs`` rows (in ``seconds``).
 
     Raises:
         ConfigError: If ``staged`` does not fit ``inputs`` rows (origins out of range or out of
@@ -111,6 +114,7 @@ def encode(staged: Staged, inputs: int) -> bytes:
             "inputs": inputs,
             "rows": table.num_rows,
             "parts": staged.part is not None,
+            "seconds": float(seconds),
             "sections": [len(sections[s]) for s in _SECTIONS],
         }
     ).encode()
@@ -170,7 +174,8 @@ def _decode(blob: memoryview) -> DerivedUnit:
         ).reshape(-1, 2)
         if len(part) != rows:
             raise CorruptDerivedError(f"{len(part)} parts for {rows} output rows")
-    return DerivedUnit(Staged(table, origin, part), inputs)
+    seconds = float(header.get("seconds", 0.0))  # absent in copies made before it was kept
+    return DerivedUnit(Staged(table, origin, part), inputs, seconds)
 
 
 def stored_schema(blob: bytes) -> pa.Schema:

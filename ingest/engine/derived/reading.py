@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -46,6 +47,7 @@ from ingest.engine.transform import staged
 from ingest.engine.window import Hole, SpanEnd, indices
 from ingest.formats.base import RowBatch
 from ingest.storage.sources import Shard
+from ingest.storage.sources.stats import IOStats
 
 REF = "__ingest_derived"
 """The column of a deriving feed's window rows: each row's ref (see the module docstring)."""
@@ -101,12 +103,20 @@ class Deriving:
         fn: The chain (the stream's transform as built, before the rank's wrapper).
         fingerprint: ``fn``'s fingerprint (not None: an uncacheable chain has no Deriving).
         columns: The columns the stream reads (part of every key).
+        io: The stream's counts (``stream.stats``): the store's ``derived_*`` and the stage
+            time spent and saved.
     """
 
     def __init__(
-        self, config: DerivedConfig, fn: Callable[[pa.Table], Any], fingerprint: str, columns: Any
+        self,
+        config: DerivedConfig,
+        fn: Callable[[pa.Table], Any],
+        fingerprint: str,
+        columns: Any,
+        io: IOStats | None = None,
     ) -> None:
-        self.store = DerivedStore(config)
+        self.store = DerivedStore(config, io)
+        self._io = io
         self.fn = fn
         self.fingerprint = fingerprint
         self.columns = None if columns is None else tuple(columns)
@@ -117,7 +127,9 @@ class Deriving:
         self._broken = False
 
     @classmethod
-    def of(cls, config: DerivedConfig | None, transform: Any, columns: Any) -> Deriving | None:
+    def of(
+        cls, config: DerivedConfig | None, transform: Any, columns: Any, io: IOStats | None = None
+    ) -> Deriving | None:
         """The deriving of a feed whose transform is ``transform`` (the rank's wrapper of the
         chain, :func:`ingest.engine.rank_node.read_transform`), or None: no ``config``, no
         chain, or a chain without a fingerprint (warned once, :class:`DerivedWarning`)."""
@@ -127,7 +139,7 @@ class Deriving:
         if fn is None or not dataclasses.is_dataclass(transform):
             return None
         found = fingerprint_of(fn)
-        return None if found is None else cls(config, fn, found, columns)
+        return None if found is None else cls(config, fn, found, columns, io)
 
     # -- keys and the store ----------------------------------------------------------------
 
@@ -153,11 +165,11 @@ class Deriving:
             return None
         return unit
 
-    def _put(self, key: DerivedKey, made: Staged, inputs: int) -> None:
+    def _put(self, key: DerivedKey, made: Staged, inputs: int, seconds: float) -> None:
         if self._broken:
             return
         try:
-            self.store.put(key, made, inputs)
+            self.store.put(key, made, inputs, seconds)
         except DerivedStoreError as e:
             self._give_up(e)
 
@@ -230,6 +242,7 @@ class Deriving:
     ) -> Iterator[Read]:
         """A range's copy as refs: the shard is not read."""
         made, inputs = found.staged, found.inputs
+        self._tell(derived_saved_us=_us(found.seconds))
         unit = self._add(inputs, staged=made, counts=found.counts)
         yield k, RowBatch(start, _refs(unit.base, inputs), None, share=int(made.table.nbytes))
         if to_end:  # the shard's row count, learnt from the copy as from a read
@@ -244,12 +257,17 @@ class Deriving:
     ) -> Iterator[Read]:
         """A range read whole: the chain over all its rows, kept; today's way if it raised."""
         table = pa.Table.from_batches([p.data for _, p in pieces])
+        # Wall time: a tokenizer encodes on threads of its own, which this thread's CPU
+        # time would leave out (and the process's would count the other lanes in).
+        began = time.perf_counter()
         try:
             made = staged(self.fn, table)
         except Exception:  # the batches run it again, and raise or quarantine as today
             yield from (self._raw(kk, p) for kk, p in pieces)
             return
-        self._put(self.key(shard, rows[0], rows[1]), made, table.num_rows)
+        seconds = time.perf_counter() - began
+        self._tell(derived_stage_us=_us(seconds))
+        self._put(self.key(shard, rows[0], rows[1]), made, table.num_rows, seconds)
         counts = np.bincount(made.origin, minlength=table.num_rows).astype(np.int64)
         unit = self._add(table.num_rows, staged=made, counts=counts)
         total = max(1, table.num_rows)
@@ -259,6 +277,10 @@ class Deriving:
             n = int(p.data.num_rows)
             yield kk, RowBatch(p.row, _refs(at, n), p.seek, share=nbytes * n // total)
             at += n
+
+    def _tell(self, **counts: int) -> None:
+        if self._io is not None:
+            self._io.add(**counts)
 
     def _raw(self, k: int, piece: RowBatch) -> tuple[int, RowBatch]:
         n = int(piece.data.num_rows)
@@ -427,6 +449,11 @@ def _fits(found: DerivedUnit, start: int, stop: int | None) -> bool:
 
 def _to_end(rows: tuple[int, int | None]) -> bool:
     return rows[1] is None or rows[1] >= TO_END
+
+
+def _us(seconds: float) -> int:
+    """Whole microseconds: the same for a unit's time spent and, read back, saved."""
+    return round(seconds * 1e6)
 
 
 def _refs(base: int, n: int) -> pa.RecordBatch:

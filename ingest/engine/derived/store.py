@@ -23,6 +23,7 @@ from ingest.engine.derived.copies import Copies, LocalCopies, SharedCopies
 from ingest.engine.derived.keys import DerivedKey
 from ingest.engine.stage import Staged
 from ingest.storage.cache import CacheEvent, CacheOptions
+from ingest.storage.sources.stats import IOStats
 
 FRAME_MAGIC = b"IDRVSTO1"
 """A stored copy's first bytes; the digit is the frame's version."""
@@ -103,17 +104,20 @@ class DerivedStore:
 
     Args:
         config: Where the copies live.
+        io: A stream's counts (``stream.stats``), which also get the hits, misses, writes and
+            bytes as ``derived_*`` (:class:`ingest.IOStats`); None: this store's alone.
 
     Raises:
         ConfigError: If a node's directory cannot be made or written.
         DerivedStoreError: If a URL's filesystem cannot be set up.
     """
 
-    def __init__(self, config: DerivedConfig) -> None:
-        self._setup(config)
+    def __init__(self, config: DerivedConfig, io: IOStats | None = None) -> None:
+        self._setup(config, io)
 
-    def _setup(self, config: DerivedConfig) -> None:
+    def _setup(self, config: DerivedConfig, io: IOStats | None = None) -> None:
         self.config = config
+        self._io = io
         self._copies: Copies = (
             LocalCopies(config.local)
             if config.local is not None
@@ -152,6 +156,8 @@ class DerivedStore:
         with self._lock:
             for name, n in deltas.items():
                 self._counts[name] += n
+        if self._io is not None:
+            self._io.add(**{f"derived_{k}": n for k, n in deltas.items() if k in _MIRRORED})
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -219,15 +225,16 @@ class DerivedStore:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def put(self, key: DerivedKey, staged: Staged, inputs: int) -> bool:
-        """Keep what the stage chain made of ``key``'s unit of ``inputs`` rows; whether this
-        call wrote it (not when a copy is there already, or a node's directory has no room).
+    def put(self, key: DerivedKey, staged: Staged, inputs: int, seconds: float = 0.0) -> bool:
+        """Keep what the stage chain made of ``key``'s unit of ``inputs`` rows (in
+        ``seconds``); whether this call wrote it (not when a copy is there already, or a
+        node's directory has no room).
 
         Raises:
             ConfigError: If ``staged`` does not fit ``inputs`` rows.
             DerivedStoreError: If a shared store cannot be written.
         """
-        return self.put_bytes(key, encode(staged, inputs))
+        return self.put_bytes(key, encode(staged, inputs, seconds))
 
     def put_bytes(self, key: DerivedKey, payload: bytes) -> bool:
         """:meth:`put` of a payload already encoded (:func:`codec.encode`)."""
@@ -242,6 +249,10 @@ class DerivedStore:
             evicted_bytes=event.evicted_bytes,
         )
         return written
+
+
+_MIRRORED = frozenset({"hits", "misses", "writes", "bytes_read", "bytes_written"})
+"""The counts a stream's :class:`ingest.IOStats` also gets, as ``derived_<name>``."""
 
 
 def frame(name: str, payload: bytes) -> bytes:

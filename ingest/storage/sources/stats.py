@@ -16,6 +16,13 @@ class IOStats:
     (``cache_misses``, ``cache_fetched_bytes``), copies evicted to make room
     (``cache_evicted_bytes``) and opens that read from the store because the shard could not
     be cached (``cache_bypassed``): see :mod:`ingest.storage.cache`.
+
+    ``derived_*`` count the derived cache (``derived=``, :mod:`ingest.engine.derived`):
+    units read from their copies (``derived_hits``, their bytes ``derived_bytes_read``),
+    units with no copy to read (``derived_misses``), copies written (``derived_writes``,
+    ``derived_bytes_written``), the microseconds the stages took over the units derived now
+    (``derived_stage_us``), and those they took when the copies read were made
+    (``derived_saved_us``: the stage time the hits saved).
     """
 
     listings: int = 0
@@ -29,6 +36,13 @@ class IOStats:
     cache_fetched_bytes: int = 0
     cache_evicted_bytes: int = 0
     cache_bypassed: int = 0
+    derived_hits: int = 0
+    derived_misses: int = 0
+    derived_writes: int = 0
+    derived_bytes_read: int = 0
+    derived_bytes_written: int = 0
+    derived_stage_us: int = 0
+    derived_saved_us: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def add(self, **counts: int) -> None:
