@@ -378,3 +378,54 @@ def test_stream_stats_count_the_cache(data: str, copies: Path) -> None:
         ("derived_hits", "derived_misses", "derived_writes", "derived_bytes_read",
          "derived_bytes_written", "derived_stage_us", "derived_saved_us"), 0
     )  # fmt: skip
+
+
+def test_a_mixtures_sources_keep_their_own_copies(local: Store, copies: Path) -> None:
+    """Over a Mix each source's stream derives and reads its own units (issue 34, item 5):
+    a second stream over the same mixture and store draws the same rows and runs no stage
+    on the units the first read whole."""
+    for name in ("a", "b"):
+        write_dataset(local.fs, local.url(name), "parquet", 2, ROWS, row_group_rows=16)
+    urls = {"a": local.url("a"), "b": local.url("b")}
+
+    def run() -> tuple[list[list[tuple[int, int]]], int, dict[str, int]]:
+        stream = ingest.Stream(
+            ingest.Mix(urls, weights={"a": 1, "b": 1}), columns=["id"], batch_size=BATCH,
+            shuffle_seed=5, transform=Split(), derived=f"file://{copies}",
+        )  # fmt: skip
+        got, ran = _calls(lambda: [_outputs(b) for _, b in zip(range(8), stream, strict=False)])
+        return got, ran, stream.stats
+
+    first, ran, made = run()
+    assert ran > 0 and made["derived_writes"] > 0
+    second, ran_again, read = run()
+    assert second == first
+    assert read["derived_hits"] == made["derived_writes"], "every unit written is read back"
+    assert ran_again < ran
+
+
+def test_a_followed_dataset_derives_each_new_shard_as_it_comes(
+    local: Store, copies: Path
+) -> None:
+    """Follow mode (issue 34, item 5): each round derives the shards that appeared since the
+    last one, and a new stream over the same store reads them all from their copies."""
+    write_dataset(local.fs, local.url("f"), "parquet", 2, ROWS, row_group_rows=16)
+    follow = ingest.Follow(poll_s=0.02, idle_timeout_s=0.3)
+
+    def stream() -> ingest.Stream:
+        return ingest.Stream(
+            local.url("f") + "/", columns=["id"], batch_size=BATCH, shuffle_seed=5,
+            transform=Split(), derived=f"file://{copies}", follow=follow,
+        )  # fmt: skip
+
+    live = stream()
+    _, ran = _calls(lambda: _epoch(live))
+    assert ran == 2 * ROWS and live.stats["derived_writes"] == len(_files(copies))
+    written = len(_files(copies))
+    local.fs.copy(f"{local.url('f')}/part-00001.parquet", f"{local.url('f')}/part-00009.parquet")
+    _, ran = _calls(lambda: _epoch(live))
+    assert ran == ROWS, "the new shard alone was derived"
+    assert len(_files(copies)) == written + written // 2
+    again = stream()
+    _, ran = _calls(lambda: _epoch(again))
+    assert ran == 0 and again.stats["derived_hits"] == len(_files(copies))
