@@ -411,3 +411,45 @@ def test_two_processes_racing_leave_one_copy_both_read(tmp_path: Path) -> None:
         assert len(copy_files(store)) == 1
         leftovers = [p for p in root_of(store).rglob("*") if p.suffix in (".part", ".tmp")]
         assert leftovers == []
+
+
+def _killed_while_writing(config: DerivedConfig) -> None:
+    """A writer killed (os._exit, as SIGKILL leaves it: no cleanup) halfway through its copy:
+    in a node's directory inside the part file's write, at a URL before its link."""
+    from ingest.engine.derived import copies
+
+    def half_then_die(path: str, blob: bytes) -> None:
+        with open(path, "wb") as f:
+            f.write(blob[: len(blob) // 2])
+            f.flush()
+        os._exit(9)
+
+    def die(fd: int) -> None:
+        os._exit(9)
+
+    copies._write = half_then_die  # type: ignore[assignment]
+    os.fsync = die
+    DerivedStore(config).put(key(), docs(3, rows=50), 50)
+
+
+@pytest.mark.parametrize("where", ["local", "file"])
+def test_a_writer_killed_while_it_writes_leaves_no_copy(tmp_path: Path, where: str) -> None:
+    """Issue 34's exactness case: a reader killed while it writes a copy leaves nothing a
+    reader takes for a copy (a miss, not a damaged copy), and the next writer writes it whole."""
+    config = (
+        DerivedConfig(local=CacheOptions(str(tmp_path / "derived"), max_bytes=1 << 30))
+        if where == "local"
+        else DerivedConfig(url=(tmp_path / "shared").as_uri())
+    )
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=_killed_while_writing, args=(config,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 9, "the writer died in the middle of its write"
+    store = DerivedStore(config)
+    assert store.get(key()) is None
+    assert store.stats.misses == 1 and store.stats.corrupt == 0
+    assert store.put(key(), docs(3, rows=50), 50), "the next writer writes the copy"
+    got = store.get(key())
+    assert got is not None
+    assert_same(got.staged, docs(3, rows=50))
