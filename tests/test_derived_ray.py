@@ -19,6 +19,14 @@ import ingest
 from ingest.testing import Store, write_dataset
 from tests.test_derived_stream import BATCH, EXPECTED, ROWS, SHARDS, Split
 from tests.test_metrics import scrape
+from tests.test_pack_stream import (
+    READ_ROWS,
+    SEQ_LEN,
+    carried_tokens,
+    every_token,
+    tokenize,
+    write_corpus,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -196,3 +204,74 @@ def test_a_unit_whose_chain_raised_is_quarantined_as_without_the_cache_and_not_k
     log.unlink()
     assert run(copies) == want
     assert 0 < _ran(log) < SHARDS * ROWS, "the failed unit alone ran again"
+
+
+class Tokens(ingest.Tokenize):
+    """``ingest.Tokenize`` over test_pack_stream's tokenizer (token ``j`` of document ``d``
+    is ``d * 10_000 + j + 1``), with a fingerprint (a function has no serialized form to
+    fingerprint), logging the rows it runs on."""
+
+    def __init__(self, log: Path) -> None:
+        super().__init__(tokenize)
+        self.log = str(log)
+
+    def fingerprint(self) -> str:
+        return "tests.test_derived_ray.Tokens 1"
+
+    def __call__(self, table: pa.Table) -> Any:
+        with open(self.log, "a") as f:
+            f.write(f"{table.num_rows}\n")
+        return super().__call__(table)
+
+
+@ray.remote(num_cpus=0)
+def consume_tokens(it: Any, stop_after: int | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"tokens": [], "state": None}
+    for n, batch in enumerate(it):
+        out["tokens"] += [t for t in batch["input_ids"].flatten().tolist() if t]
+        if stop_after is not None and n + 1 == stop_after:
+            out["state"] = it.state_dict()
+            break
+    return out
+
+
+def test_packed_tokens_exactly_once_through_a_stop_and_a_resume_at_another_world_size(
+    s3_store: Store, tmp_path: Path
+) -> None:
+    """Token by token (issue 34's goal): a Stream tokenizes part of the corpus into the cache;
+    RayStream(Tokenize, Pack) at 3 ranks stops after 2 steps and at 2 ranks resumes to the
+    epoch's end, some units from their copies and the rest derived: every token once."""
+    url = write_corpus(s3_store, 480)
+    log, copies = tmp_path / "ran", tmp_path / "derived"
+    options: dict[str, Any] = {
+        "pack": ingest.Pack(seq_len=SEQ_LEN, read_rows=READ_ROWS),
+        "shuffle_seed": 3,
+        "shuffle_window": 64,
+        "storage_options": s3_store.storage_options,
+        "derived": f"file://{copies}",
+    }
+    warm = ingest.Stream(url, batch_size=4, transform=Tokens(log), **options)
+    for n, _ in enumerate(warm):
+        if n == 3:
+            break
+    warm.close()
+    handed: Counter[int] = Counter()
+    state = None
+    for world_size, stop in ((3, 2), (2, None)):
+        with ingest.RayStream(
+            url, world_size=world_size, batch_size=4, transform=Tokens(log), timeout_s=120,
+            **options,
+        ) as rs:  # fmt: skip
+            if state is not None:
+                rs.load_state_dict(state)
+            refs = [consume_tokens.remote(rs.rank_iterator(r), stop) for r in range(world_size)]
+            got: list[dict[str, Any]] = ray.get(refs, timeout=240)
+            handed += Counter(t for r in got for t in r["tokens"])
+            if stop is None:
+                state = rs.state_dict()
+                stats = rs.stats()
+                continue
+        state = json.loads(json.dumps(got[0]["state"]))
+    assert state is not None and state["progress"]["epoch"] == 1
+    assert handed == every_token(480) - carried_tokens(state, 480)
+    assert stats["derived_hits"] > 0 and stats["derived_writes"] > 0, "some cached, some not"
