@@ -2,9 +2,13 @@
 
     ingest ls URL [URL ...] [--storage-option KEY=VALUE ...] [--format NAME] [--count]
     ingest index URL [URL ...] [-o KEY=VALUE ...] [--index-dir DIR_OR_URL] [--workers N] [--ray]
+    ingest prepare URL [URL ...] --transform MODULE:NAME --derived URL_OR_DIR [-o KEY=VALUE ...]
+                   [--columns A,B] [--format NAME] [--counted] [--on-error raise|skip]
+                   [--workers N] [--ray]
     ingest bench [ARGS ...]      (forwarded to ingest.tools.bench)
 
-Exit codes: 0 success, 2 bad input (the one-line error says what and how to fix it).
+Exit codes: 0 success, 1 some units failed (``prepare --on-error skip``), 2 bad input (the
+one-line error says what and how to fix it).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         help="read shards whose footer has no row count (JSONL, CSV, tar) to count",
     )
     _index_parser(sub)
+    _prepare_parser(sub)
     sub.add_parser(
         "bench",
         add_help=False,
@@ -104,6 +109,63 @@ def _index_parser(sub: Any) -> None:
         "--ray",
         action="store_true",
         help="read in Ray tasks (joins the cluster at RAY_ADDRESS, or starts a local Ray)",
+    )
+
+
+def _prepare_parser(sub: Any) -> None:
+    prepare = sub.add_parser(
+        "prepare",
+        help="run a stage chain over every unit and keep the copies a stream's derived= reads",
+        description="Derive every unit of the source through --transform and write the copies "
+        "to --derived, so that a stream with the same source, columns, format, transform and "
+        "derived= runs no stage (see ingest.engine.derived.prepare for what a unit is). "
+        "Units already there are skipped.",
+    )
+    _source_arguments(prepare)
+    prepare.add_argument(
+        "--transform",
+        required=True,
+        metavar="MODULE:NAME",
+        help="the stream's transform: a stage, a class, or a function of no arguments that "
+        "returns the stages (mypkg.tok:make_tokenize); it must import here and on Ray nodes",
+    )
+    prepare.add_argument(
+        "--derived",
+        required=True,
+        metavar="URL_OR_DIR",
+        help="where the copies go: what the streams get as derived= (s3://bucket/derived/)",
+    )
+    prepare.add_argument(
+        "--derived-option",
+        action="append",
+        default=None,
+        metavar="KEY=VALUE",
+        help="fsspec storage option for --derived (default: the -o options when --derived "
+        "has the data's protocol, none otherwise)",
+    )
+    prepare.add_argument("--columns", help="the stream's columns, comma-separated (default: all)")
+    prepare.add_argument(
+        "--counted",
+        action="store_true",
+        help="key shards without a row count (JSONL, CSV, tar) as a stream of several ranks "
+        "does (RayStream, DataLoader workers), not as ingest.Stream",
+    )
+    prepare.add_argument(
+        "--on-error",
+        choices=("raise", "skip"),
+        default="raise",
+        help="a unit that fails stops the run (raise), or is counted and left out (skip)",
+    )
+    prepare.add_argument(
+        "--workers",
+        type=_positive,
+        default=4,
+        help="shards derived at once: threads, or Ray tasks with --ray (default: 4)",
+    )
+    prepare.add_argument(
+        "--ray",
+        action="store_true",
+        help="derive in Ray tasks (joins the cluster at RAY_ADDRESS, or starts a local Ray)",
     )
 
 
@@ -190,6 +252,58 @@ def index(
     return 0
 
 
+def prepare(args: argparse.Namespace) -> int:
+    from ingest.engine.derived.prepare import load_transform, local_deriver
+    from ingest.engine.derived.prepare import prepare as prepare_units
+    from ingest.engine.derived.store import DerivedConfig
+
+    source_options = parse_storage_options(args.storage_option)
+    if args.derived_option is not None:
+        derived_options = parse_storage_options(args.derived_option)
+    elif get_protocol(args.derived) == get_protocol(args.urls[0]):
+        derived_options = source_options
+    else:
+        derived_options = {}
+    derived = DerivedConfig(url=args.derived, storage_options=derived_options)
+    columns = None if args.columns is None else [c for c in args.columns.split(",") if c]
+    transform = load_transform(args.transform)
+    deriver = local_deriver(args.workers)
+    if args.ray:
+        from ingest.distributed.prepare_tasks import ray_deriver
+
+        _join_ray("prepare")
+        deriver = ray_deriver(max_tasks_in_flight=args.workers)
+    try:
+        report = prepare_units(
+            args.urls, transform, derived, format=args.format, columns=columns,
+            storage_options=source_options, counted=args.counted, deriver=deriver,
+            on_error=args.on_error, progress=sys.stderr.isatty(),
+        )  # fmt: skip
+    finally:
+        if args.ray:
+            import ray
+
+            ray.shutdown()
+    for failure in report.failures:
+        print(f"ingest prepare: failed: {failure}", file=sys.stderr)
+    print(report.summary())
+    return 1 if report.failed else 0
+
+
+def _join_ray(command: str) -> None:
+    """Join the Ray cluster at RAY_ADDRESS, or start a local one (with Ray's own token
+    authentication, as ``ray.init`` sets it up)."""
+    import ray
+
+    try:
+        ray.init(log_to_driver=False)
+    except (ConnectionError, RuntimeError) as e:
+        raise ConfigError(
+            f"--ray cannot start or join Ray ({e}); check RAY_ADDRESS, or leave out --ray "
+            f"to {command} in threads here"
+        ) from None
+
+
 def bench(argv: Sequence[str]) -> int:
     """Run ``ingest.tools.bench.main(argv)``, imported only now (it pulls in the peers)."""
     try:
@@ -235,12 +349,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.workers,
                 args.ray,
             )
+        return prepare(args)  # the one command left: the parser takes no other
     except IngestError as e:
         print(f"ingest {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
-    return 2
 
 
 if __name__ == "__main__":

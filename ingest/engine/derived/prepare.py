@@ -1,0 +1,502 @@
+"""Filling the derived cache ahead (issue 34, item 4): :func:`prepare` runs a stage chain over
+every unit of a source and keeps the copies that a stream with the same transform and
+``derived=`` reads, so that it runs no stage (``ingest prepare URL --transform ...``).
+
+What a unit is. A stream's lanes read its epoch's spans, and a span read whole is derived and
+kept under its own key (:mod:`ingest.engine.derived.reading`). The spans are the plan's work
+units (:func:`ingest.core.plan.epoch_units`: a Parquet row group; a whole shard for formats
+without blocks), the same in every epoch and for every seed, shuffle window and lane count,
+except where a rank's share or the epoch's remainder ends inside one: :func:`ingest.core.
+assign.split` cuts that unit in two, and each piece is a key of its own (the remainder's
+second piece is read in the next epoch, with the rows carried into it). So prepare keeps a
+copy of every plan unit, and a stream derives at read time the pieces of at most one cut unit
+per rank and epoch (none when every share ends on a unit's end: steps of whole units, and a
+row count that fills the last step on every rank).
+
+A shard whose footer has no row count (JSONL, CSV, tar) is one unit to its end, which a stream
+of one rank reads as "to the end" and a stream that counts every shard (several ranks:
+:class:`ingest.RayStream`, an :class:`ingest.DataLoader` with workers) as ``[0, rows)``: two
+keys. ``counted=True`` prepares the second (it indexes the shards first, as those streams do).
+
+The units run through a :data:`Deriver`: :func:`local_deriver` in threads of this process,
+or :func:`ingest.distributed.prepare_tasks.ray_deriver` in Ray tasks on the pool's nodes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import threading
+import time
+import warnings
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+from tqdm.auto import tqdm
+
+from ingest.core.assign import TO_END
+from ingest.core.errors import ConfigError, IngestError
+from ingest.core.plan import epoch_units
+from ingest.engine.derived.codec import encode
+from ingest.engine.derived.keys import DerivedKey, DerivedWarning, chain_fingerprint
+from ingest.engine.derived.reading import Deriving
+from ingest.engine.derived.store import DerivedConfig, DerivedStore, frame
+from ingest.engine.options import derived_config
+from ingest.engine.spec import StreamSpec
+from ingest.engine.transform import Transform, build_transform, parallel_batches, staged
+from ingest.formats import get_format
+from ingest.formats.base import BadRows, ReadContext, ReadOptions
+from ingest.planner.catalog import Listing
+from ingest.storage.sources import Source
+
+OnError = Literal["raise", "skip"]
+Outcome = Literal["derived", "present", "unkept", "failed"]
+
+
+class PrepareError(IngestError):
+    """A unit could not be derived (its rows did not read, or the chain raised on them) and
+    ``on_error="raise"``."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnitJob:
+    """One unit to derive: rows ``[start, stop)`` of a shard (``stop`` None: to its end),
+    kept under ``key``."""
+
+    start: int
+    stop: int | None
+    key: DerivedKey
+
+
+@dataclass(frozen=True, slots=True)
+class ShardJob:
+    """The units of one shard, read in one opening of it."""
+
+    ctx: ReadContext
+    units: tuple[UnitJob, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class UnitDone:
+    """What became of one unit: ``derived`` (its copy written now), ``present`` (a copy was
+    there: nothing read), ``unkept`` (derived, not written: another writer got there first,
+    or a node's directory had no room), ``failed`` (``error`` says why)."""
+
+    url: str
+    start: int
+    stop: int | None
+    outcome: Outcome
+    rows: int = 0
+    bytes_written: int = 0
+    error: str = ""
+
+    def where(self) -> str:
+        return f"{self.url} rows [{self.start}, {'end' if self.stop is None else self.stop})"
+
+
+class Derivation:
+    """What each unit runs and where its copy goes: the transform as given (built once where
+    it runs: a class per task, as a reader actor builds it), its chain's fingerprint, the
+    store. Picklable: the built chain stays in the process that built it.
+
+    Raises:
+        ConfigError: From :meth:`build`, if the chain built here has another fingerprint
+            than the one the units' keys were made with.
+    """
+
+    def __init__(
+        self,
+        transform: Transform,
+        fingerprint: str,
+        config: DerivedConfig,
+        built: Callable[[pa.Table], Any] | None = None,
+    ) -> None:
+        self.transform = transform
+        self.fingerprint = fingerprint
+        self.config = config
+        self._built = built
+        """The chain built in this process (``built``: by the caller, its fingerprint found)."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"transform": self.transform, "fingerprint": self.fingerprint, "config": self.config}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.transform = state["transform"]
+        self.fingerprint = state["fingerprint"]
+        self.config = state["config"]
+        self._built = None
+
+    def build(self) -> Callable[[pa.Table], Any]:
+        """The chain, built here once, its fingerprint checked against the keys'."""
+        if self._built is None:
+            fn = build_transform(self.transform)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DerivedWarning)
+                found = None if fn is None else chain_fingerprint(fn)
+            if fn is None or found != self.fingerprint:
+                raise ConfigError(
+                    f"the transform built in this process has fingerprint {found!r}, the one "
+                    f"the units were keyed with {self.fingerprint!r}: it builds something else "
+                    "here (another tokenizer file, another version of its code); make every "
+                    "node build the same chain"
+                )
+            self._built = fn
+        return self._built
+
+
+Deriver = Callable[[Derivation, Sequence[ShardJob]], Iterator[list[UnitDone]]]
+"""Derives shard jobs: yields each one's units' outcomes as the job finishes (any order).
+A unit that fails is an outcome; an error of the store or of the chain's build raises."""
+
+
+def derive_shard(
+    job: ShardJob,
+    fn: Callable[[pa.Table], Any],
+    store: DerivedStore,
+    running: threading.Semaphore | None = None,
+) -> list[UnitDone]:
+    """Derive the units of ``job`` that have no copy yet, reading the shard once for them.
+
+    As a stream's lane does for a unit it reads whole: its rows as the format gives them
+    (``job.ctx``: the stream's columns and read options), the chain over all of them at
+    once, the outputs kept row-aligned. ``running`` bounds the chains run at once (the
+    chain's ``parallel_batches``).
+
+    Raises:
+        DerivedStoreError: If the store cannot be read or written.
+    """
+    ctx = job.ctx
+    done: dict[UnitJob, UnitDone] = {}
+    todo = []
+    for u in job.units:
+        if store.get_bytes(u.key) is None:
+            todo.append(u)
+        else:
+            done[u] = UnitDone(ctx.shard.url, u.start, u.stop, "present")
+    for j, got in _read(ctx, todo):  # a unit's rows at a time, derived as they are read
+        u = todo[j]
+        if isinstance(got, str):
+            done[u] = _failed(ctx, u, got)
+        else:
+            done[u] = _derive(ctx, u, got, fn, store, running)
+    return [done[u] for u in job.units]
+
+
+def _read(
+    ctx: ReadContext, units: Sequence[UnitJob]
+) -> Iterator[tuple[int, list[pa.RecordBatch] | str]]:
+    """Each of ``units`` (by index) as its rows are read, the shard opened once; after an
+    error, why for each unit not read whole (those read before it are kept)."""
+    if not units:
+        return
+    at, rows = 0, list[pa.RecordBatch]()
+    try:
+        with get_format(ctx.shard.format).open(ctx) as reader:
+            for j, batch in reader.read_spans([(u.start, u.stop) for u in units], None):
+                if isinstance(batch, BadRows):  # on_error="skip": a stream quarantines them
+                    raise ValueError(f"rows [{batch.row}, {batch.stop}) do not read: {batch.error}")
+                while at < j:
+                    yield at, rows
+                    at, rows = at + 1, []
+                if batch.data.num_rows:
+                    rows.append(batch.data)
+    except Exception as e:
+        why = f"reading the shard: {type(e).__name__}: {e}"
+        yield from ((j, why) for j in range(at, len(units)))
+        return
+    while at < len(units):
+        yield at, rows
+        at, rows = at + 1, []
+
+
+def _derive(
+    ctx: ReadContext,
+    unit: UnitJob,
+    batches: list[pa.RecordBatch],
+    fn: Callable[[pa.Table], Any],
+    store: DerivedStore,
+    running: threading.Semaphore | None,
+) -> UnitDone:
+    if not batches:  # a stream keeps no copy of a unit without rows either
+        return _failed(ctx, unit, "it has no rows")
+    table = pa.Table.from_batches(batches)
+    try:
+        if running is None:
+            made = staged(fn, table)
+        else:
+            with running:
+                made = staged(fn, table)
+    except Exception as e:
+        return _failed(ctx, unit, f"the chain raised {type(e).__name__}: {e}")
+    payload = encode(made, table.num_rows)
+    written = store.put_bytes(unit.key, payload)
+    size = len(frame(unit.key.name(), b"")) + len(payload) if written else 0
+    outcome: Outcome = "derived" if written else "unkept"
+    return UnitDone(ctx.shard.url, unit.start, unit.stop, outcome, table.num_rows, size)
+
+
+def _failed(ctx: ReadContext, unit: UnitJob, error: str) -> UnitDone:
+    return UnitDone(ctx.shard.url, unit.start, unit.stop, "failed", error=error)
+
+
+def local_deriver(workers: int = 4) -> Deriver:
+    """A :data:`Deriver` that derives ``workers`` shards at once in threads of this process,
+    running at most the chain's ``parallel_batches`` chains at once.
+
+    Raises:
+        ConfigError: If ``workers`` is below 1.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"prepare workers={workers!r} must be an int >= 1")
+
+    def run(derivation: Derivation, jobs: Sequence[ShardJob]) -> Iterator[list[UnitDone]]:
+        fn = derivation.build()
+        store = DerivedStore(derivation.config)
+        running = threading.Semaphore(parallel_batches(fn))
+        if workers == 1 or len(jobs) <= 1:
+            yield from (derive_shard(job, fn, store, running) for job in jobs)
+            return
+        pool = ThreadPoolExecutor(min(workers, len(jobs)))
+        pending: set[Future[list[UnitDone]]] = set()
+        try:
+            for job in jobs:  # at most `workers` shards read and held at once
+                pending.add(pool.submit(derive_shard, job, fn, store, running))
+                if len(pending) >= workers:
+                    finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                    yield from (f.result() for f in finished)
+            while pending:
+                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+                yield from (f.result() for f in finished)
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+    return run
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrepareReport:
+    """What :func:`prepare` did.
+
+    Attributes:
+        units: Units of the source (every one was looked at).
+        derived: Units derived and written now.
+        present: Units whose copy was there already (not read).
+        unkept: Units derived but not written: another writer got there first, or a node's
+            directory had no room.
+        failed: Units that could not be derived (see ``failures``); a stream runs the chain
+            on their batches, as without the cache.
+        rows: Input rows the chain ran on.
+        bytes_written: Bytes of the copies written (framed, compressed).
+        seconds: Wall time, listing included.
+        failures: Each failed unit and why.
+    """
+
+    units: int
+    derived: int
+    present: int
+    unkept: int
+    failed: int
+    rows: int
+    bytes_written: int
+    seconds: float
+    failures: tuple[str, ...] = ()
+
+    def summary(self) -> str:
+        """One line: what was written, what was there, what failed."""
+        unkept = f", {self.unkept} not kept" if self.unkept else ""
+        return (
+            f"{self.units} units: {self.derived} derived ({self.rows:,} rows), "
+            f"{self.present} already there, {self.failed} failed{unkept}; "
+            f"{self.bytes_written:,} bytes written in {self.seconds:.1f} s"
+        )
+
+
+def prepare(
+    source: str | Sequence[str],
+    transform: Transform,
+    derived: DerivedConfig | str,
+    *,
+    format: str | None = None,
+    columns: Sequence[str] | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+    read: ReadOptions | None = None,
+    counted: bool = False,
+    deriver: Deriver | None = None,
+    on_error: OnError = "raise",
+    progress: bool = False,
+) -> PrepareReport:
+    """Derive every unit of ``source`` through ``transform`` and keep the copies in ``derived``,
+    so that a stream with the same source, ``format``, ``columns``, ``read``, ``transform`` and
+    ``derived`` runs no stage (see the module docstring for the units and their limit).
+
+    Args:
+        source: URL, glob or directory, or a list of them, as the stream's.
+        transform: As the stream's ``transform=``: a stage, a class, a list of them. Its chain
+            must have a fingerprint (:func:`ingest.engine.derived.chain_fingerprint`).
+        derived: As the stream's ``derived=``: an :class:`ingest.DerivedConfig`, or a URL.
+        format, columns, storage_options, read: As the stream's.
+        counted: Key to-the-end units of shards without a row count as a stream of several
+            ranks does (the shards indexed first); default: as :class:`ingest.Stream` does.
+        deriver: Where the units run; default :func:`local_deriver`.
+        on_error: ``"raise"`` at the first unit that fails (the units running finish first),
+            or ``"skip"`` it, counted in the report.
+        progress: Show progress bars (listing, units).
+
+    Returns:
+        What was derived, found, failed and written.
+
+    Raises:
+        ConfigError: If the chain has no fingerprint, or an argument is out of range.
+        PrepareError: If a unit fails and ``on_error="raise"``.
+        DerivedStoreError: If the store cannot be read or written.
+    """
+    began = time.monotonic()
+    if on_error not in ("raise", "skip"):
+        raise ConfigError(f"prepare on_error={on_error!r} must be 'raise' or 'skip'")
+    config = derived_config(derived)
+    if config is None:
+        raise ConfigError("prepare needs derived=: the URL or DerivedConfig the streams read")
+    fn = build_transform(transform)
+    if fn is None:
+        raise ConfigError("prepare needs transform=: the stages the streams run")
+    fingerprint = _fingerprint(fn)
+    spec = StreamSpec.of(
+        source, storage_options=storage_options, columns=columns, read=read, format=format,
+        derived=config,
+    )  # fmt: skip
+    planner = spec.planner(progress=progress)
+    listing = planner.scan(counted=counted)
+    keys = Deriving(config, fn, fingerprint, spec.columns)
+    jobs = shard_jobs(listing, keys, planner.source, spec.read, spec.columns)
+    derivation = Derivation(transform, fingerprint, config, built=fn)
+    run = deriver or local_deriver()
+    total = sum(len(j.units) for j in jobs)
+    counts: dict[str, int] = defaultdict(int)
+    failures: list[str] = []
+    with tqdm(total=total, desc="deriving", unit="unit", disable=not progress) as bar:
+        for results in run(derivation, jobs):
+            for r in results:
+                counts[r.outcome] += 1
+                counts["rows"] += r.rows
+                counts["bytes"] += r.bytes_written
+                if r.outcome == "failed":
+                    failures.append(f"{r.where()}: {r.error}")
+                    if on_error == "raise":
+                        raise PrepareError(
+                            f"{failures[-1]}; fix the stage or the data, or pass "
+                            "on_error='skip' (--on-error skip) to derive the other units "
+                            "(a stream runs the chain on this one's batches)"
+                        )
+            bar.update(len(results))
+    return PrepareReport(
+        units=total,
+        derived=counts["derived"],
+        present=counts["present"],
+        unkept=counts["unkept"],
+        failed=counts["failed"],
+        rows=counts["rows"],
+        bytes_written=counts["bytes"],
+        seconds=time.monotonic() - began,
+        failures=tuple(failures),
+    )
+
+
+def _fingerprint(fn: Callable[[pa.Table], Any]) -> str:
+    """The chain's fingerprint; a chain without one is refused, naming the fix."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DerivedWarning)
+        found = chain_fingerprint(fn)
+    if found is None:
+        why = "; ".join(str(w.message) for w in caught) or "a stage has no fingerprint"
+        raise ConfigError(
+            f"prepare: nothing to keep, a stream would not cache this chain ({why}). A stream "
+            "runs such a chain on every batch, so preparing it would write copies no stream reads"
+        )
+    return found
+
+
+def shard_jobs(
+    listing: Listing,
+    deriving: Deriving,
+    source: Source,
+    read: ReadOptions,
+    columns: Sequence[str] | None,
+) -> list[ShardJob]:
+    """The plan's units of ``listing``, a job per shard (read with ``source``, ``read`` and
+    ``columns``, as a stream's lane reads it), each unit keyed as a lane keys the span it
+    reads whole (``deriving.key``, the same call; a shard of unknown count: to its end)."""
+    units = epoch_units(listing.plan_shards(), None, 0)
+    rows = [TO_END if i.rows is None else i.rows for i in listing.infos]
+    by_shard: dict[int, list[UnitJob]] = defaultdict(list)
+    for u in units:
+        stop = rows[u.shard] if u.stop is None else u.stop
+        key = deriving.key(listing.shards[u.shard], u.start, stop)
+        by_shard[u.shard].append(UnitJob(u.start, None if stop >= TO_END else stop, key))
+    return [
+        ShardJob(listing.context(n, source, read, columns), tuple(found))
+        for n, found in by_shard.items()
+    ]
+
+
+def load_transform(spec: str) -> Transform:
+    """The transform ``MODULE:NAME`` names (``mypkg.tok:make_tokenize``): a stage, a class
+    or a list of them as is; a function that takes no argument is a factory, called for its
+    result; a function of one argument is the transform itself.
+
+    Raises:
+        ConfigError: If ``spec`` is not ``MODULE:NAME``, does not import, or names nothing
+            callable.
+    """
+    module_name, _, name = spec.partition(":")
+    if not module_name or not name:
+        raise ConfigError(
+            f"--transform {spec!r} must be MODULE:NAME, e.g. mypkg.tok:make_tokenize (a stage, "
+            "a class, or a function of no arguments that returns the stages)"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"--transform {spec!r}: module {module_name!r} does not import ({e}); install it "
+            "or run from the directory that holds it (it must import on every Ray node too)"
+        ) from None
+    found: Any = module
+    for part in name.split("."):
+        if not hasattr(found, part):
+            raise ConfigError(f"--transform {spec!r}: {module_name} has no {name!r}")
+        found = getattr(found, part)
+    if isinstance(found, (list, tuple, type)):
+        return found  # type: ignore[no-any-return]
+    if not callable(found):
+        raise ConfigError(f"--transform {spec!r} is a {type(found).__name__}, not a stage")
+    if inspect.isfunction(found) and _takes_nothing(found):
+        return found()  # type: ignore[no-any-return]
+    return found  # type: ignore[no-any-return]
+
+
+def _takes_nothing(fn: Callable[..., Any]) -> bool:
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        return False
+    return True
+
+
+__all__ = [
+    "Derivation",
+    "Deriver",
+    "PrepareError",
+    "PrepareReport",
+    "ShardJob",
+    "UnitDone",
+    "UnitJob",
+    "derive_shard",
+    "load_transform",
+    "local_deriver",
+    "prepare",
+    "shard_jobs",
+]
