@@ -68,6 +68,7 @@ bench: $(STAMP) peers
 	$(VENV)/bin/ingest bench --json bench.json --plot bench.png
 	$(PY) benchmarks/resume.py --json bench-out/resume.json --peers-json bench.json
 	$(PY) benchmarks/tokenize_pack.py --docs 2000 --repeat 3 --no-loader
+	$(PY) benchmarks/derived_cache.py
 	$(PY) benchmarks/stream_vs_pyarrow.py
 	$(PY) benchmarks/cold_start.py
 	$(PY) benchmarks/shuffle_quality.py
