@@ -125,7 +125,7 @@ def test_a_unit_that_fails_raises_or_is_counted_and_left_to_the_stream(
 
 
 def _one_at_a_time() -> Any:
-    from ingest.engine.derived.prepare import local_deriver
+    from ingest.engine.derived.units import local_deriver
 
     return local_deriver(1)
 

@@ -1,6 +1,6 @@
 """Derive units in Ray tasks on the ingest nodes (``ingest prepare --ray``).
 
-:func:`ray_deriver` makes a :data:`~ingest.engine.derived.prepare.Deriver`: the shards are cut
+:func:`ray_deriver` makes a :data:`~ingest.engine.derived.units.Deriver`: the shards are cut
 into groups (of about ``bytes_per_task`` bytes, and at least two per CPU of the cluster while
 there are shards for them), one Ray task derives each group (placed like the index tasks and
 the readers, by ``resources`` and ``label_selector``), at most ``max_tasks_in_flight`` run at
@@ -18,8 +18,8 @@ import ray
 
 from ingest.core.errors import ConfigError, StreamTimeoutError, redact
 from ingest.distributed.unwrap import unwrap
-from ingest.engine.derived.prepare import Derivation, ShardJob, UnitDone, derive_shard
 from ingest.engine.derived.store import DerivedStore
+from ingest.engine.derived.units import Derivation, ShardJob, UnitDone, derive_shard
 
 
 @ray.remote
@@ -31,7 +31,7 @@ def _derive_group(derivation: Derivation, jobs: list[ShardJob]) -> list[list[Uni
 
 
 class RayDeriver:
-    """A :data:`~ingest.engine.derived.prepare.Deriver` whose units run in Ray tasks.
+    """A :data:`~ingest.engine.derived.units.Deriver` whose units run in Ray tasks.
 
     Use :func:`ray_deriver`.
 
@@ -154,7 +154,7 @@ def ray_deriver(
     timeout_s: float = 600.0,
     max_tasks_in_flight: int = 16,
 ) -> RayDeriver:
-    """A :data:`~ingest.engine.derived.prepare.Deriver` that derives units in Ray tasks, for
+    """A :data:`~ingest.engine.derived.units.Deriver` that derives units in Ray tasks, for
     :func:`ingest.engine.derived.prepare.prepare`. Call it where Ray is initialised.
 
     Args:

@@ -253,9 +253,10 @@ def index(
 
 
 def prepare(args: argparse.Namespace) -> int:
-    from ingest.engine.derived.prepare import load_transform, local_deriver
+    from ingest.engine.derived.prepare import load_transform
     from ingest.engine.derived.prepare import prepare as prepare_units
     from ingest.engine.derived.store import DerivedConfig
+    from ingest.engine.derived.units import local_deriver
 
     source_options = parse_storage_options(args.storage_option)
     if args.derived_option is not None:
