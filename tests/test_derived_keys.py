@@ -189,3 +189,21 @@ def test_a_bad_version_or_fingerprint_is_refused_naming_the_stage(bad: Any) -> N
 
     with pytest.raises(ConfigError, match=r"Empty.fingerprint\(\) returned"):
         chain_fingerprint(Empty(1))
+
+
+def test_filter_and_flatmap_are_cacheable_with_a_version() -> None:
+    """``Filter(keep, version="1")`` and ``FlatMap(fn, version="1")`` cache (issue 34, item 2:
+    a stage built from a user function caches only with a version); the version, and each
+    option that changes what they make (``per_row``, ``schema``), changes the key."""
+
+    def keep(t: pa.Table) -> Any:
+        return [True] * t.num_rows
+
+    one = chain_fingerprint(Filter(keep, version="1"))
+    assert one is not None and one == chain_fingerprint(Filter(keep, version="1"))
+    assert chain_fingerprint(Filter(keep, version="2")) != one
+    assert chain_fingerprint(Filter(keep, per_row=True, version="1")) != one
+    split = chain_fingerprint(FlatMap(lambda row: [row], version="1"))
+    assert split is not None and split != one
+    typed = FlatMap(lambda row: [row], schema=pa.schema([("id", pa.int64())]), version="1")
+    assert chain_fingerprint(typed) not in (None, split)

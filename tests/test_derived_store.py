@@ -424,7 +424,7 @@ def _killed_while_writing(config: DerivedConfig) -> None:
             f.flush()
         os._exit(9)
 
-    def die(fd: int) -> None:
+    def die(fd: Any) -> None:
         os._exit(9)
 
     copies._write = half_then_die  # type: ignore[assignment]

@@ -19,6 +19,7 @@ parts of input rows: that is the language-model data's issue, built on this seam
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -136,16 +137,32 @@ class Stage(ABC):
     def __call__(self, table: pa.Table) -> Staged:
         """The rows made of ``table`` (one input batch), with where each came from."""
 
+    def fingerprint(self) -> str | None:
+        """What this stage computes, for the derived cache (``derived=``,
+        :mod:`ingest.engine.derived`): equal fingerprints promise equal outputs for equal
+        inputs, so a copy made under one is read in place of running the stage. Return a
+        str that changes whenever the outputs would (the code's version, every option);
+        None (the default): unknown, and a chain holding this stage is not cached."""
+        return None
+
 
 class Filter(Stage):
     """Keep the rows ``keep`` says. ``keep(table)`` returns a boolean per row of the batch (a
     pyarrow or numpy array, e.g. ``lambda t: pc.greater(t["n"], 3)``); with ``per_row=True``,
     ``keep(row)`` takes one row as a dict and returns a bool (simpler, slower). A row left
-    out is consumed with its step, like any other."""
+    out is consumed with its step, like any other. ``version``: a str you change whenever
+    ``keep`` changes what it keeps; with one, ``derived=`` caches which rows survive (without,
+    the chain is not cached: nothing can tell a changed ``keep``)."""
 
-    def __init__(self, keep: Callable[[Any], Any], *, per_row: bool = False) -> None:
+    def __init__(
+        self, keep: Callable[[Any], Any], *, per_row: bool = False, version: str | None = None
+    ) -> None:
         self.keep = keep
         self.per_row = per_row
+        self.version = version
+
+    def fingerprint(self) -> str | None:
+        return _versioned("Filter", self.version, per_row=self.per_row)
 
     def __call__(self, table: pa.Table) -> Staged:
         if self.per_row:
@@ -168,13 +185,22 @@ class FlatMap(Stage):
     """Each row, as a dict, becomes the rows ``fn(row)`` returns (dicts, none or several),
     in order: a document split into chunks, a sample into crops. ``schema``: the outputs'
     columns; without it they are inferred from each batch's outputs, and a batch with none
-    has no columns."""
+    has no columns. ``version``: a str you change whenever ``fn`` changes what it makes; with
+    one, ``derived=`` caches the outputs (see :class:`Filter`)."""
 
     def __init__(
-        self, fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]]], schema: Any = None
+        self,
+        fn: Callable[[dict[str, Any]], Iterable[dict[str, Any]]],
+        schema: Any = None,
+        *,
+        version: str | None = None,
     ) -> None:
         self.fn = fn
         self.schema = schema
+        self.version = version
+
+    def fingerprint(self) -> str | None:
+        return _versioned("FlatMap", self.version, schema=str(self.schema))
 
     def __call__(self, table: pa.Table) -> Staged:
         out: list[dict[str, Any]] = []
@@ -185,6 +211,19 @@ class FlatMap(Stage):
             origin += [i] * len(made)
         made_table = pa.Table.from_pylist(out, schema=self.schema)
         return Staged(made_table, np.asarray(origin, dtype=np.int64).reshape(-1))
+
+
+def _versioned(stage: str, version: str | None, **options: Any) -> str | None:
+    """A user function's stage's fingerprint: its ``version`` and the options that change
+    its outputs; None without a version."""
+    if version is None:
+        return None
+    if not isinstance(version, str) or not version:
+        raise ConfigError(
+            f"{stage}(version={version!r}): a version is a non-empty str (e.g. '2'), changed "
+            "whenever what the function computes changes"
+        )
+    return json.dumps({"stage": stage, "version": version, **options}, sort_keys=True)
 
 
 __all__ = ["Filter", "FlatMap", "RowError", "Stage", "Staged"]

@@ -41,7 +41,7 @@ class Fingerprinted(Protocol):
     inputs. Its fingerprint changes with anything that changes its output (a tokenizer, an
     option, a version of the code)."""
 
-    def fingerprint(self) -> str: ...
+    def fingerprint(self) -> str | None: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -150,12 +150,13 @@ def stage_fingerprint(stage: Any) -> str | None:
     anything else its ``version`` (a str), with its class or function name. None: none."""
     if isinstance(stage, Fingerprinted):
         got = stage.fingerprint()
-        if not isinstance(got, str) or not got:
-            raise ConfigError(
-                f"stage {_name(stage)}.fingerprint() returned {got!r}; return a non-empty str "
-                "that changes whenever what the stage computes changes"
-            )
-        return _digest({"stage": _name(stage), "fingerprint": got})
+        if got is not None:  # None: unknown (ingest.Stage's default), see below
+            if not isinstance(got, str) or not got:
+                raise ConfigError(
+                    f"stage {_name(stage)}.fingerprint() returned {got!r}; return a non-empty "
+                    "str that changes whenever what the stage computes changes, or None"
+                )
+            return _digest({"stage": _name(stage), "fingerprint": got})
     if isinstance(stage, Tokenize):
         return tokenize_fingerprint(stage)
     version = getattr(stage, "version", None)
