@@ -94,6 +94,27 @@ def test_a_loop_left_early_goes_on_after_its_last_batch(data: str) -> None:
     assert state["progress"]["epoch"] == 0
 
 
+def test_batches_kept_stay_as_they_came_through_the_workers_shared_slots(data: str) -> None:
+    """Forked workers write their batches' tensors into shared slots, copied out in this
+    process (ingest.integrations.shared_slots): a batch kept for ever is a copy, not a view
+    of a slot its worker writes again, and a loop left early (its batches in slots dropped)
+    leaves the next loop's batches whole."""
+    stream = ingest.Stream(data, columns=["id", "tokens"], batch_size=BATCH, shuffle_seed=3)
+    loader = ingest.DataLoader(stream, num_workers=2, prefetch_factor=1)  # 3 slots a worker
+    kept: list[dict[str, Any]] = []
+    for k, batch in enumerate(loader):
+        kept.append(batch)
+        if k == 9:
+            break
+    kept += list(loader)
+    assert len(loader._workers.rings) == 2, "forked workers send through their rings"
+    for batch in kept:
+        want = (batch["id"][:, None] * 31 + torch.arange(16)) % 50_000
+        assert torch.equal(batch["tokens"], want.to(torch.int32))
+    seen = ids(kept)
+    assert len(seen) == len(set(seen)) and TOTAL - len(seen) < 2 * BATCH
+
+
 def test_a_loop_left_early_keeps_its_workers_for_the_next_loop(data: str) -> None:
     """A ``break`` leaves the workers to the loader (issue 32: they are kept across loops and
     epochs); the next loop goes on with them, right after the last batch handed out. They

@@ -27,6 +27,7 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import multiprocessing
 import os
 import queue
 import time
@@ -52,6 +53,7 @@ from ingest.engine.pack import merged
 from ingest.engine.rank_node import RankNode, rank_node, worker_table
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
+from ingest.integrations.shared_slots import Placed, SlotRing
 from ingest.planner.catalog import Listing
 from ingest.planner.planner import Planner
 
@@ -60,6 +62,14 @@ KEY = "__ingest__"
 ORDER_WAIT_S = 120.0
 """Seconds a worker waits for its epoch's order: the main process sends it before it tells
 the workers to start the epoch, so it is there at once unless the main process is gone."""
+SLOT_BYTES = 64 << 20
+"""Bytes of each slot of a worker's ring (:class:`SlotRing`): a batch's tensors larger than
+that go by the pipe. Only the pages written are backed by memory."""
+SLOT_WAIT_S = 10.0
+"""Seconds a worker waits for a free slot of its ring before it sends that batch by the pipe
+(its ring is full only when more of its batches wait in the main process than it has slots:
+torch gives it ``prefetch_factor`` at a time, more once the other workers ended their share;
+or when the main process left the loop, which ends the wait at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +97,8 @@ class _Came:
     quarantined: tuple[Quarantined, ...]
     arrays: tuple[str, ...] = ()
     """Tensors sent as numpy arrays (see :meth:`_Shares.__iter__`), made tensors again."""
+    placed: Placed | None = None
+    """Where in the worker's ring its tensors lie (None at their names in the batch)."""
     closed: Closed | None = None
     table: pa.Table | None = None
     """A packing stream's read step: its token ids and each row's origin, packed in the
@@ -94,7 +106,13 @@ class _Came:
 
     @classmethod
     def of(
-        cls, rank: int, item: Ready, *, arrays: tuple[str, ...] = (), table: pa.Table | None = None
+        cls,
+        rank: int,
+        item: Ready,
+        *,
+        arrays: tuple[str, ...] = (),
+        placed: Placed | None = None,
+        table: pa.Table | None = None,
     ) -> _Came:
         """Where ``item``, a batch of ``rank``'s feed, came from."""
         return cls(
@@ -105,6 +123,7 @@ class _Came:
             item.cursor,
             item.quarantined,
             arrays,
+            placed,
             item.closed,
             table,
         )
@@ -141,6 +160,9 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         """The epoch to read with no worker processes (``num_workers=0``)."""
         self.queues: list[Any] = []
         """Each worker's queue of orders, made before the workers start."""
+        self.rings: list[SlotRing] = []
+        """Each worker's ring of shared slots for its batches' tensors, made before the
+        workers fork (none: they send by the pipe)."""
         self._taken = 0
         """In a worker: the number of the next order it takes."""
         self._planner: tuple[int, Planner] | None = None
@@ -148,11 +170,16 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         before a fork (fsspec's filesystems are not fork-safe)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_planner": None}  # spawn: the worker makes its own
+        # spawn: the worker makes its own planner, and sends by the pipe (an anonymous
+        # mapping is shared only with a forked process)
+        return {**self.__dict__, "_planner": None, "rings": []}
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
         rank = 0 if info is None else info.id
+        ring = self.rings[rank] if info is not None and self.rings else None
+        if ring is not None:
+            ring.begin()  # the main process takes none of what this worker sent before
         order = self.order if info is None else self._receive(rank)
         if isinstance(order, _Failed):
             yield {KEY: order}
@@ -183,15 +210,22 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                     yield {KEY: _Came.of(rank, item, table=table)}
                     continue
                 batch = to_torch(item.table)
-                arrays: tuple[str, ...] = ()
-                if info is not None:
-                    # Sent by value through the worker's pipe, not as torch's shared-memory
-                    # tensors: those cost a socket handshake per tensor (over half the time
-                    # of an epoch of small batches), and the process-wide sharing strategy
-                    # is the user's to set.
-                    arrays = tuple(k for k, v in batch.items() if isinstance(v, torch.Tensor))
-                    batch = {k: v.numpy() if k in arrays else v for k, v in batch.items()}
-                came = _Came.of(rank, item, arrays=arrays)
+                if info is None:
+                    yield {**batch, KEY: _Came.of(rank, item)}
+                    continue
+                # Not as torch's shared-memory tensors: those cost a socket handshake per
+                # tensor (over half the time of an epoch of small batches), and the
+                # process-wide sharing strategy is the user's to set. Written into this
+                # worker's ring (copied out by the main process), or else sent by value
+                # through the worker's pipe.
+                tensors = {k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+                placed = None if ring is None else ring.put(tensors, SLOT_WAIT_S)
+                if placed is not None:
+                    batch = {k: None if k in tensors else v for k, v in batch.items()}
+                    came = _Came.of(rank, item, placed=placed)
+                else:
+                    batch = {k: tensors.get(k, v) for k, v in batch.items()}
+                    came = _Came.of(rank, item, arrays=tuple(tensors))
                 yield {**batch, KEY: came}
 
     def _planner_here(self) -> Planner:
@@ -335,7 +369,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                 made = node.finish(epoch, came)
                 ended += 1
             else:
-                made = node.feed(came, functools.partial(_tensors, out))
+                made = node.feed(came, functools.partial(_tensors, out, self._shares.rings))
             for _, batch in made:
                 yield place(batch)
         if ended != ranks:
@@ -374,6 +408,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             context = self.multiprocessing_context or torch.multiprocessing
             workers.queues = [context.Queue() for _ in range(self.num_workers)]
             self._shares.queues = workers.queues
+            workers.rings = _rings(context, self.num_workers, self.prefetch_factor)
+            self._shares.rings = workers.rings
             workers.sent = 0
             workers.send(order)
             # The workers fork with this process's objects frozen (gc.freeze, as Python's
@@ -392,6 +428,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                 if freeze:
                     gc.unfreeze()
         else:
+            for ring in workers.rings:  # what torch drops of the last loop: no wait for it
+                ring.abandon()
             workers.send(order)
             workers.iterator._reset(self)  # what torch's own persistent __iter__ does
         return workers.iterator  # type: ignore[no-any-return]
@@ -480,6 +518,7 @@ class _Workers:
     def __init__(self) -> None:
         self.iterator: Any = None
         self.queues: list[Any] = []
+        self.rings: list[SlotRing] = []
         self.sent = 0
 
     def send(self, order: _Order) -> None:
@@ -501,12 +540,33 @@ class _Workers:
         for q in queues:
             q.cancel_join_thread()
             q.close()
+        rings, self.rings = self.rings, []
+        for ring in rings:
+            ring.close()
 
 
-def _tensors(batch: Batch, came: _Came) -> Batch:
-    """``batch`` with the arrays a worker sent (``came.arrays``) made tensors again."""
+def _rings(context: Any, workers: int, prefetch_factor: int | None) -> list[SlotRing]:
+    """A ring of shared slots per worker, where they fork from this process; none (they
+    send by the pipe) under ``spawn`` or ``forkserver``, or where the system refuses the
+    mapping. Two slots more than torch's ``prefetch_factor``: one being copied out, one
+    being written."""
+    method = context.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    if method != "fork":
+        return []
+    try:
+        return [SlotRing((prefetch_factor or 2) + 2, SLOT_BYTES) for _ in range(workers)]
+    except OSError:
+        return []
+
+
+def _tensors(batch: Batch, rings: list[SlotRing], came: _Came) -> Batch:
+    """``batch`` with the arrays a worker sent (``came.arrays``) made tensors again, or those
+    it wrote into its ring (``came.placed``) copied out of it (the slot is then free)."""
     for name in came.arrays:
         batch[name] = torch.from_numpy(batch[name])
+    if came.placed is not None:
+        for name, array in rings[came.rank].take(came.placed).items():
+            batch[name] = torch.from_numpy(array)
     return batch
 
 

@@ -1,0 +1,170 @@
+"""A ring of shared-memory slots through which one worker process sends a batch's arrays.
+
+Torch's ``DataLoader`` sends what a worker yields through a pipe: the worker pickles each
+array into the pipe and the main process reads and unpickles it, two copies and a system
+call per 64 KiB on each side. A :class:`SlotRing`, made by the main process before it forks
+the worker, is one anonymous shared mapping (``mmap.mmap(-1, n, flags=MAP_SHARED)``): it
+survives the fork with no name to clean up, and its pages cost memory only once written.
+The worker writes a batch's arrays into its next free slot and sends only where they lie
+(:class:`Placed`); the main process copies them out, one ``memcpy`` each (a batch may be kept
+for ever, so no view into a slot escapes), and frees the slot.
+
+The header holds each slot's state (free or full) and a generation the main process moves
+when it will take none of the batches sent so far (a loop left early: torch drops what the
+workers read ahead). A semaphore counts the free slots: its release and acquire order the
+main process's reads of a slot before the worker's next writes to it, on any processor.
+A worker that finds no free slot in ``wait_s`` (or whose generation moved while it waited)
+sends that batch by the pipe instead (:meth:`SlotRing.put` returns None), as it does a
+batch larger than a slot: a ring never makes a worker hang or fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import multiprocessing
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+FREE, FULL = 0, 1
+"""A slot's state in the header."""
+ALIGN = 64
+"""Each array starts at a multiple of this many bytes in its slot (a cache line)."""
+POLL_S = 0.01
+"""How often a worker waiting for a free slot looks whether its batches were abandoned."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """Where a worker wrote a batch's arrays: what it sends instead of them."""
+
+    slot: int
+    arrays: tuple[tuple[str, int, str, tuple[int, ...]], ...]
+    """Each array's name, offset in the slot, dtype (``numpy.dtype.str``) and shape."""
+
+
+class SlotRing:
+    """``slots`` shared slots of ``slot_bytes`` each, written by one process and read by
+    another (a worker forked after the ring was made, and the main process).
+
+    Args:
+        slots: The number of slots (>= 1): batches the worker may have sent and the main
+            process not yet taken, before the worker waits.
+        slot_bytes: Bytes per slot; a batch's arrays larger than that go by the pipe. Pages
+            are only backed by memory once written, so a large slot costs what the largest
+            batch written into it needs.
+
+    Raises:
+        ValueError: If ``slots`` < 1 or ``slot_bytes`` < ``ALIGN``.
+        OSError: If the system refuses the mapping (the caller sends by the pipe instead).
+    """
+
+    def __init__(self, slots: int, slot_bytes: int) -> None:
+        if slots < 1:
+            raise ValueError(f"a SlotRing needs at least one slot, not slots={slots}")
+        if slot_bytes < ALIGN:
+            raise ValueError(f"slot_bytes={slot_bytes} must be at least {ALIGN}")
+        self.slots = slots
+        self.slot_bytes = slot_bytes - slot_bytes % ALIGN
+        self._header = _aligned(8 + slots)
+        self._map = mmap.mmap(-1, self._header + slots * self.slot_bytes, flags=mmap.MAP_SHARED)
+        self._generation = np.ndarray((1,), np.uint64, buffer=self._map, offset=0)
+        self._states = np.ndarray((slots,), np.uint8, buffer=self._map, offset=8)
+        self._free = multiprocessing.get_context("fork").Semaphore(slots)
+        self._next = 0
+        """The writer's next slot to look at (each process has its own after the fork)."""
+        self._began = 0
+        """The generation the writer's batches belong to."""
+
+    # The reader (the main process).
+
+    def take(self, placed: Placed) -> dict[str, np.ndarray]:
+        """Copies of the arrays ``placed`` names; their slot is free again."""
+        base = self._header + placed.slot * self.slot_bytes
+        out = {
+            name: np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=base + at).copy()
+            for name, at, dtype, shape in placed.arrays
+        }
+        self._states[placed.slot] = FREE
+        self._free.release()
+        return out
+
+    def abandon(self) -> None:
+        """The reader will take none of the batches sent so far: the writer stops waiting
+        for a slot (it sends by the pipe) and frees every slot when it :meth:`begin`\\ s."""
+        self._generation[0] += 1
+
+    def close(self) -> None:
+        """Unmap the ring in this process (the writer's copy goes with its process)."""
+        del self._generation, self._states
+        with contextlib.suppress(BufferError):  # a caller's view still open: GC unmaps
+            self._map.close()
+
+    # The writer (the worker).
+
+    def begin(self) -> None:
+        """Writer: the reader takes none of the batches sent before (a new epoch's
+        iterator, after the reader drained or dropped the last one's): every slot is free,
+        even one a writer killed while writing had counted as taken."""
+        self._states[:] = FREE
+        while self._free.acquire(block=False):
+            pass
+        for _ in range(self.slots):
+            self._free.release()
+        self._began = int(self._generation[0])
+        self._next = 0
+
+    def put(self, arrays: Mapping[str, np.ndarray], wait_s: float) -> Placed | None:
+        """Writer: write ``arrays`` into a free slot and return where they lie; None (send
+        them by the pipe) if they are larger than a slot, or no slot was freed in
+        ``wait_s`` seconds, or the reader abandoned this generation's batches."""
+        layout = []
+        size = 0
+        for name, array in arrays.items():
+            layout.append((name, size, array.dtype.str, array.shape))
+            size = _aligned(size + array.nbytes)
+        if size > self.slot_bytes:
+            return None
+        if not self._acquire(wait_s):
+            return None
+        slot = self._free_slot()
+        base = self._header + slot * self.slot_bytes
+        for (_, at, dtype, shape), array in zip(layout, arrays.values(), strict=True):
+            into = np.ndarray(shape, np.dtype(dtype), buffer=self._map, offset=base + at)
+            np.copyto(into, array, casting="no")
+            del into
+        self._states[slot] = FULL
+        self._next = (slot + 1) % self.slots
+        return Placed(slot, tuple(layout))
+
+    def _acquire(self, wait_s: float) -> bool:
+        """Take a free slot's count from the semaphore, looking every ``POLL_S`` whether
+        the reader abandoned this generation."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            if int(self._generation[0]) != self._began:
+                return False
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._free.acquire(timeout=min(POLL_S, left)):
+                return True
+
+    def _free_slot(self) -> int:
+        """The first free slot from :attr:`_next` on (the reader frees them in order, unless
+        it lost a batch)."""
+        for k in range(self.slots):
+            slot = (self._next + k) % self.slots
+            if self._states[slot] == FREE:
+                return slot
+        raise AssertionError("the semaphore counted a free slot that the header has not")
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+__all__ = ["FREE", "FULL", "Placed", "SlotRing"]
