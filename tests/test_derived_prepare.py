@@ -82,14 +82,12 @@ def test_after_prepare_a_stream_runs_no_stage_and_a_second_prepare_writes_nothin
     assert _snapshot(copies) == written, "nothing written the second time, nor by the stream"
 
 
-def test_counted_prepares_the_units_of_a_stream_of_several_ranks(
-    local: Store, tmp_path: Path
-) -> None:
-    """JSONL shards have no row count: a DataLoader of 2 workers (2 ranks) counts them and
-    reads ``[0, rows)``, a key of its own; ``counted=True`` prepares those."""
+def test_prepared_jsonl_serves_a_stream_of_several_ranks(local: Store, tmp_path: Path) -> None:
+    """JSONL shards have no row count: prepare keys each to its end, and a DataLoader of 2
+    workers (2 ranks), which counts them and reads ``[0, rows)``, reads the same copies."""
     data = _write(local, "jsonl")
     copies = tmp_path / "derived"
-    prepare(data, Split(), f"file://{copies}", columns=["id"], counted=True)
+    prepare(data, Split(), f"file://{copies}", columns=["id"])
     written = _snapshot(copies)
     loader = ingest.DataLoader(_stream(data, f"file://{copies}"), num_workers=2)
     got = Counter(o for b in loader for o in zip(b["id"].tolist(), b["k"].tolist(), strict=True))

@@ -429,3 +429,37 @@ def test_a_followed_dataset_derives_each_new_shard_as_it_comes(
     again = stream()
     _, ran = _calls(lambda: _epoch(again))
     assert ran == 0 and again.stats["derived_hits"] == len(_files(copies))
+
+
+def test_a_shard_of_unknown_count_is_one_copy_for_every_transport(
+    local: Store, copies: Path
+) -> None:
+    """A JSONL shard (no row count until read) read to its end by a one-process Stream, and
+    the same shard counted by a DataLoader's plan: one key, so the loader reads the copies
+    the Stream wrote and writes none (each copy names its rows' end the same way)."""
+    write_dataset(local.fs, local.url("j"), "jsonl", SHARDS, ROWS)
+
+    def stream() -> ingest.Stream:
+        return ingest.Stream(
+            local.url("j"), columns=["id"], batch_size=BATCH, shuffle_seed=5,
+            transform=Split(), derived=f"file://{copies}",
+        )  # fmt: skip
+
+    _epoch(stream())
+    written = _files(copies)
+    assert len(written) == SHARDS
+    loader = ingest.DataLoader(stream(), num_workers=2)
+    got = Counter(o for b in loader for o in _outputs(b))
+    assert _files(copies) == written, "the loader read the Stream's copies and wrote none"
+    assert got + _carried_outputs(loader.state_dict()) == EXPECTED
+
+
+def _carried_outputs(state: dict[str, Any]) -> Counter[tuple[int, int]]:
+    """The outputs of the rows an ended epoch carries into the next (``[shard, start, stop]``
+    spans of the listing's shards in id order)."""
+    rows = [
+        shard * ROWS + r
+        for shard, start, stop in state["distributed"]["carry"]["spans"]
+        for r in range(start, stop)
+    ]
+    return Counter((i, k) for i in rows for k in range(i % 3))

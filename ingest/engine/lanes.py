@@ -250,7 +250,9 @@ class LaneReader:
                 yield from self._read_ranges(ctx, shard, run, ranges, seek)
             else:
                 read = functools.partial(self._read_some, ctx, shard, run[0], seek)
-                yield from self.deriving.reads(ctx.shard, shard, run, ranges, whole, read)
+                yield from self.deriving.reads(
+                    ctx.shard, shard, run, ranges, whole, read, ctx.info.rows
+                )
             row, seek = 0, None
 
     def _read_some(

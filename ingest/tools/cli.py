@@ -3,7 +3,7 @@
     ingest ls URL [URL ...] [--storage-option KEY=VALUE ...] [--format NAME] [--count]
     ingest index URL [URL ...] [-o KEY=VALUE ...] [--index-dir DIR_OR_URL] [--workers N] [--ray]
     ingest prepare URL [URL ...] --transform MODULE:NAME --derived URL_OR_DIR [-o KEY=VALUE ...]
-                   [--columns A,B] [--format NAME] [--counted] [--on-error raise|skip]
+                   [--columns A,B] [--format NAME] [--on-error raise|skip]
                    [--workers N] [--ray]
     ingest bench [ARGS ...]      (forwarded to ingest.tools.bench)
 
@@ -145,12 +145,6 @@ def _prepare_parser(sub: Any) -> None:
     )
     prepare.add_argument("--columns", help="the stream's columns, comma-separated (default: all)")
     prepare.add_argument(
-        "--counted",
-        action="store_true",
-        help="key shards without a row count (JSONL, CSV, tar) as a stream of several ranks "
-        "does (RayStream, DataLoader workers), not as ingest.Stream",
-    )
-    prepare.add_argument(
         "--on-error",
         choices=("raise", "skip"),
         default="raise",
@@ -277,7 +271,7 @@ def prepare(args: argparse.Namespace) -> int:
     try:
         report = prepare_units(
             args.urls, transform, derived, format=args.format, columns=columns,
-            storage_options=source_options, counted=args.counted, deriver=deriver,
+            storage_options=source_options, deriver=deriver,
             on_error=args.on_error, progress=sys.stderr.isatty(),
         )  # fmt: skip
     finally:

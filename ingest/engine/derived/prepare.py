@@ -13,10 +13,9 @@ copy of every plan unit, and a stream derives at read time the pieces of at most
 per rank and epoch (none when every share ends on a unit's end: steps of whole units, and a
 row count that fills the last step on every rank).
 
-A shard whose footer has no row count (JSONL, CSV, tar) is one unit to its end, which a stream
-of one rank reads as "to the end" and a stream that counts every shard (several ranks:
-:class:`ingest.RayStream`, an :class:`ingest.DataLoader` with workers) as ``[0, rows)``: two
-keys. ``counted=True`` prepares the second (it indexes the shards first, as those streams do).
+A shard whose footer has no row count (JSONL, CSV, tar) is one unit to its end: one key,
+whether the stream that reads it knows the count (several ranks: :class:`ingest.RayStream`,
+an :class:`ingest.DataLoader` with workers) or not (:class:`ingest.Stream`).
 
 The units run through a :data:`~ingest.engine.derived.units.Deriver` (:mod:`.units`):
 :func:`~ingest.engine.derived.units.local_deriver` in threads of this process, or
@@ -106,7 +105,6 @@ def prepare(
     columns: Sequence[str] | None = None,
     storage_options: Mapping[str, Any] | None = None,
     read: ReadOptions | None = None,
-    counted: bool = False,
     deriver: Deriver | None = None,
     on_error: OnError = "raise",
     progress: bool = False,
@@ -121,8 +119,6 @@ def prepare(
             must have a fingerprint (:func:`ingest.engine.derived.chain_fingerprint`).
         derived: As the stream's ``derived=``: an :class:`ingest.DerivedConfig`, or a URL.
         format, columns, storage_options, read: As the stream's.
-        counted: Key to-the-end units of shards without a row count as a stream of several
-            ranks does (the shards indexed first); default: as :class:`ingest.Stream` does.
         deriver: Where the units run; default :func:`local_deriver`.
         on_error: ``"raise"`` at the first unit that fails (the units running finish first),
             or ``"skip"`` it, counted in the report.
@@ -151,7 +147,7 @@ def prepare(
         derived=config,
     )  # fmt: skip
     planner = spec.planner(progress=progress)
-    listing = planner.scan(counted=counted)
+    listing = planner.scan()
     keys = Deriving(config, fn, fingerprint, spec.columns)
     jobs = shard_jobs(listing, keys, planner.source, spec.read, spec.columns)
     derivation = Derivation(transform, fingerprint, config, built=fn)
@@ -216,7 +212,7 @@ def shard_jobs(
     by_shard: dict[int, list[UnitJob]] = defaultdict(list)
     for u in units:
         stop = rows[u.shard] if u.stop is None else u.stop
-        key = deriving.key(listing.shards[u.shard], u.start, stop)
+        key = deriving.key(listing.shards[u.shard], u.start, stop, listing.infos[u.shard].rows)
         by_shard[u.shard].append(UnitJob(u.start, None if stop >= TO_END else stop, key))
     return [
         ShardJob(listing.context(n, source, read, columns), tuple(found))
