@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from ingest.distributed.rank import RankIterator, RankOptions
     from ingest.distributed.ray_stream import RayStream
     from ingest.engine.derived import DerivedConfig, DerivedWarning
+    from ingest.engine.derived.prepare import PrepareReport, prepare
     from ingest.engine.mix import Mix
     from ingest.engine.options import Shuffle
     from ingest.engine.pack import Pack
@@ -77,6 +78,7 @@ __all__ = [
     "Mix",
     "NoShardsError",
     "Pack",
+    "PrepareReport",
     "Quarantined",
     "RankIterator",
     "RankOptions",
@@ -104,6 +106,7 @@ __all__ = [
     "decode",
     "get_format",
     "list_shards",
+    "prepare",
     "ray_data",
     "register_format",
     "registered_formats",
@@ -127,6 +130,8 @@ _LAZY = {
     "Mix": "ingest.engine.mix",
     "DerivedConfig": "ingest.engine.derived",
     "DerivedWarning": "ingest.engine.derived",
+    "prepare": "ingest.engine.derived.prepare",
+    "PrepareReport": "ingest.engine.derived.prepare",
     "Shuffle": "ingest.engine.options",
     "Tokenize": "ingest.engine.tokenize",
     "TokenBatches": "ingest.engine.token_batches",
