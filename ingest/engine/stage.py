@@ -213,17 +213,27 @@ class FlatMap(Stage):
         return Staged(made_table, np.asarray(origin, dtype=np.int64).reshape(-1))
 
 
+def checked_version(stage: str, version: object) -> str:
+    """``version`` of the stage named ``stage``, a non-empty str.
+
+    Raises:
+        ConfigError: If it is anything else.
+    """
+    if not isinstance(version, str) or not version:
+        raise ConfigError(
+            f"stage {stage} has version={version!r}; a version is a non-empty str (e.g. '2'), "
+            "changed whenever what the stage computes changes"
+        )
+    return version
+
+
 def _versioned(stage: str, version: str | None, **options: Any) -> str | None:
     """A user function's stage's fingerprint: its ``version`` and the options that change
     its outputs; None without a version."""
     if version is None:
         return None
-    if not isinstance(version, str) or not version:
-        raise ConfigError(
-            f"{stage}(version={version!r}): a version is a non-empty str (e.g. '2'), changed "
-            "whenever what the function computes changes"
-        )
+    version = checked_version(stage, version)
     return json.dumps({"stage": stage, "version": version, **options}, sort_keys=True)
 
 
-__all__ = ["Filter", "FlatMap", "RowError", "Stage", "Staged"]
+__all__ = ["Filter", "FlatMap", "RowError", "Stage", "Staged", "checked_version"]

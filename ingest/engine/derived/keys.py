@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ingest.core.errors import ConfigError
+from ingest.engine.stage import checked_version
 from ingest.engine.tokenize import Tokenize
 from ingest.engine.transform import Chain
 
@@ -162,12 +163,7 @@ def stage_fingerprint(stage: Any) -> str | None:
     version = getattr(stage, "version", None)
     if version is None:
         return None
-    if not isinstance(version, str) or not version:
-        raise ConfigError(
-            f"stage {_name(stage)} has version={version!r}; a version is a non-empty str "
-            "(e.g. '2'), changed whenever what the stage computes changes"
-        )
-    return _digest({"stage": _name(stage), "version": version})
+    return _digest({"stage": _name(stage), "version": checked_version(_name(stage), version)})
 
 
 def tokenize_fingerprint(stage: Any) -> str | None:
