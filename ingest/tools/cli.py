@@ -219,17 +219,9 @@ def index(
     store = IndexStore(IndexConfig(location=index_dir, storage_options=store_options))
     indexer: Indexer = local_indexer(workers)
     if use_ray:
-        import ray
-
         from ingest.distributed.index_tasks import ray_indexer
 
-        try:
-            ray.init(log_to_driver=False)
-        except (ConnectionError, RuntimeError) as e:
-            raise ConfigError(
-                f"--ray cannot start or join Ray ({e}); check RAY_ADDRESS, or leave out --ray "
-                "to index in threads here"
-            ) from None
+        _join_ray("index")
         indexer = ray_indexer(max_tasks_in_flight=workers)
     try:
         catalog = Catalog(source, ReadOptions(), None, index_store=store, indexer=indexer)
@@ -237,6 +229,8 @@ def index(
         listing = catalog.scan(progress=sys.stderr.isatty(), index=True)
     finally:
         if use_ray:
+            import ray
+
             ray.shutdown()
     stats = store.stats
     print(
