@@ -75,7 +75,7 @@ EPOCH2_OVER_PARQUET = 0.9
 NO_FS_CACHE = "epoch 2, no fsspec cache"
 """Epoch 2 of a stream whose storage options say ``skip_instance_cache=True``: not a goal,
 a figure to watch (the derived store's filesystem is made again each epoch; uncached, that
-is a new S3 client, about 0.3 CPU seconds, every epoch)."""
+is a new S3 client, 0.1 to 0.4 CPU seconds here, every epoch)."""
 BYTES_PER_TOKEN = 2.0
 """The cache's bytes a token, at most: issue 34 asks for ids stored as ``uint16`` where the
 vocabulary allows, compressed, so a copy should take no more than 2 bytes a token."""
