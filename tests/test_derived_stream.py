@@ -463,3 +463,25 @@ def _carried_outputs(state: dict[str, Any]) -> Counter[tuple[int, int]]:
         for r in range(start, stop)
     ]
     return Counter((i, k) for i in rows for k in range(i % 3))
+
+
+def test_a_streams_epochs_share_one_store_connection(
+    data: str, copies: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each epoch's feed finds the copies through the same store connection: a filesystem
+    made again every epoch cost a new S3 client each time where fsspec's instance cache is
+    off (skip_instance_cache=True; 0.1-0.4 CPU s an epoch, benchmarks/derived_cache.py)."""
+    from ingest.engine.derived import copies as module
+
+    made = Counter[str]()
+    init = module.SharedCopies.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        made["shared"] += 1
+        init(self, *args, **kwargs)
+
+    monkeypatch.setattr(module.SharedCopies, "__init__", counted)
+    stream = _stream(data, Split(), copies)
+    for _ in range(3):
+        _epoch(stream)
+    assert made["shared"] == 1

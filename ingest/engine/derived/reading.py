@@ -341,35 +341,68 @@ class Deriving:
 
     def gather(self, refs: npt.NDArray[np.int64]) -> Gathered:
         """The outputs of batch rows ``refs``: the derived ones as one :class:`Staged` whose
-        origins are batch rows, and the rows on today's path with their input rows."""
+        origins are batch rows, and the rows on today's path with their input rows.
+
+        The derived outputs are taken in one ``take`` over the units' tables, in batch
+        order (each row's outputs in order): a take per unit and a second one to put their
+        outputs in batch order copied every batch's token ids twice."""
         units, which = self._locate(refs)
-        tables: list[pa.Table] = []
-        origins: list[npt.NDArray[np.int64]] = []
-        parts: list[npt.NDArray[np.int64] | None] = []
+        derived = np.fromiter((u.staged is not None for u in units), bool, len(units))[which]
+        made = self._taken(units, which, refs, np.flatnonzero(derived))
         raw_rows: list[npt.NDArray[np.int64]] = []
         raw_tables: list[pa.Table] = []
-        for n in np.unique(which).tolist():
+        for n in np.unique(which[~derived]).tolist():
             unit = units[n]
+            assert unit.table is not None
             rows = np.flatnonzero(which == n)
-            local = refs[rows] - unit.base
-            if unit.staged is None:
-                assert unit.table is not None
-                raw_rows.append(rows)
-                raw_tables.append(unit.table.take(indices(local)))
-                continue
-            assert unit.offsets is not None
-            first, counts = unit.offsets[local], np.diff(unit.offsets)[local]
-            out = _ranges(first, counts)
-            tables.append(unit.staged.table.take(indices(out)))
-            origins.append(np.repeat(rows, counts))
-            parts.append(None if unit.staged.part is None else unit.staged.part[out])
-        made = _merged(tables, origins, parts) if tables else None
+            raw_rows.append(rows)
+            raw_tables.append(unit.table.take(indices(refs[rows] - unit.base)))
         if not raw_rows:
             return Gathered(made, np.zeros(0, np.int64), None)
         rows = np.concatenate(raw_rows)
         order = np.argsort(rows, kind="stable")
         raw = _concat(raw_tables).take(indices(order))
         return Gathered(made, rows[order], raw)
+
+    @staticmethod
+    def _taken(
+        units: list[_Unit],
+        which: npt.NDArray[np.int64],
+        refs: npt.NDArray[np.int64],
+        rows: npt.NDArray[np.int64],
+    ) -> Staged | None:
+        """The outputs of the derived batch rows ``rows`` (ascending), in batch order."""
+        if not len(rows):
+            return None
+        used = np.unique(which[rows]).tolist()
+        first = np.empty(len(rows), np.int64)
+        counts = np.empty(len(rows), np.int64)
+        tables: list[pa.Table] = []
+        parts: list[npt.NDArray[np.int64] | None] = []
+        at = 0
+        for n in used:
+            unit = units[n]
+            assert unit.staged is not None and unit.offsets is not None
+            mine = which[rows] == n
+            local = refs[rows[mine]] - unit.base
+            first[mine] = at + unit.offsets[local]
+            counts[mine] = np.diff(unit.offsets)[local]
+            tables.append(unit.staged.table)
+            parts.append(unit.staged.part)
+            at += unit.staged.table.num_rows
+        out = _ranges(first, counts)
+        table = _concat(tables).take(indices(out))
+        has = [p is not None for p in parts]
+        part = None
+        if any(has):
+            if not all(has):
+                raise ValueError(
+                    "a chain gave parts of rows (ingest.Staged.part) for some units and not "
+                    "for others; a stage gives parts for every batch or for none"
+                )
+            chosen = [np.asarray(p, np.int64).reshape(-1, 2) for p in parts if p is not None]
+            part = np.concatenate(chosen)[out]
+        return Staged(table, np.repeat(rows, counts), part)
 
     @property
     def held_units(self) -> int:
