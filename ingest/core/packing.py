@@ -69,9 +69,10 @@ class Packed:
     size: int = 0
 
     def put(self, key: int, tokens: npt.NDArray[np.int64], start: int, last: bool) -> None:
+        n = len(tokens)
         self.tokens.append(tokens)
-        self.pieces.append(Piece(key, start, start + len(tokens), last))
-        self.size += len(tokens)
+        self.pieces.append(Piece(key, start, start + n, last))
+        self.size += n
 
 
 class Outbox:
