@@ -85,7 +85,7 @@ class CountingTokenize(Tokenize):
     """``Tokenize`` that counts, over all its instances, its calls, the documents it encodes
     and the CPU seconds of the process during its calls (an upper bound of the tokenizer's:
     two calls overlapping, or another thread's work meanwhile, count twice). Its fingerprint
-    is Tokenize's: the cache keys a Tokenize by its tokenizer and options, not its class."""
+    is Tokenize's, under its own class name (a copy is keyed by its stage's class too)."""
 
     lock = threading.Lock()
     calls = 0

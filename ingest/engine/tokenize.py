@@ -10,6 +10,8 @@ next stage.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import struct
 import threading
@@ -263,6 +265,12 @@ def _in_range(lengths: npt.NDArray[np.int64], flat: npt.NDArray[np.integer]) -> 
         raise RowError(doc, f"the tokenizer's id {int(flat[bad])} is out of range", _FIX)
 
 
+REVISION = 1
+"""Part of :meth:`Tokenize.fingerprint`: bumped when Tokenize's output for the same tokenizer
+and options changes (its columns, their types, where ``eos_id`` goes), so that the derived
+copies an older one made are never read."""
+
+
 class Tokenize(Stage):
     """Token ids of a text column (see the module docstring).
 
@@ -303,12 +311,32 @@ class Tokenize(Stage):
                 "or None; pass the tokenizer's end-of-text id (tokenizer.token_to_id(...))"
             )
         self.parallel_batches = parallel_batches
+        self.tokenizer = tokenizer
         self.encode = _encoder(tokenizer)
         self._rust = isinstance(self.encode, _Rust)
         self.column = column
         self.output = output
         self.eos_id = eos_id
         self.keep = tuple(keep)
+
+    def fingerprint(self) -> str | None:
+        """What this stage computes, for the derived cache: the SHA-256 of the tokenizer's
+        serialized form (``tokenizers.Tokenizer.to_str()``), ``column``, ``output``,
+        ``eos_id``, ``keep`` and :data:`REVISION`; ``parallel_batches`` is left out (it
+        changes how fast, not what). None for a callable tokenizer, which has no serialized
+        form to compare: its chain is not cached."""
+        to_str = getattr(self.tokenizer, "to_str", None)
+        if to_str is None:
+            return None
+        fields = {
+            "revision": REVISION,
+            "tokenizer": hashlib.sha256(str(to_str()).encode()).hexdigest(),
+            "column": self.column,
+            "output": self.output,
+            "eos_id": None if self.eos_id is None else int(self.eos_id),
+            "keep": list(self.keep),
+        }
+        return json.dumps(fields, sort_keys=True)
 
     def __call__(self, table: pa.Table) -> Staged:
         if self.column not in table.column_names:

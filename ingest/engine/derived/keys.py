@@ -14,22 +14,17 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from ingest.core.errors import ConfigError
 from ingest.engine.stage import checked_version
-from ingest.engine.tokenize import Tokenize
 from ingest.engine.transform import Chain
 
 KEY_VERSION = 1
 """Part of every key's name: bump it when what a copy holds changes meaning (the codec, what
 a key covers), so that copies written before are never read."""
-
-TOKENIZE_REVISION = 1
-"""Part of :class:`ingest.Tokenize`'s fingerprint: bump it when Tokenize's output for the
-same tokenizer and options changes (its columns, their types, where ``eos_id`` goes)."""
 
 
 class DerivedWarning(UserWarning):
@@ -146,9 +141,9 @@ def chain_fingerprint(stages: Any) -> str | None:
 
 
 def stage_fingerprint(stage: Any) -> str | None:
-    """One stage's fingerprint: its own ``fingerprint()``; for :class:`ingest.Tokenize`, its
-    tokenizer's serialized form, ``eos_id`` and options (:func:`tokenize_fingerprint`); for
-    anything else its ``version`` (a str), with its class or function name. None: none."""
+    """One stage's fingerprint: its own ``fingerprint()`` (:class:`ingest.Tokenize`'s: its
+    tokenizer's serialized form, ``eos_id`` and options); else its ``version`` (a str); with
+    its class or function name. None: none."""
     if isinstance(stage, Fingerprinted):
         got = stage.fingerprint()
         if got is not None:  # None: unknown (ingest.Stage's default), see below
@@ -158,41 +153,10 @@ def stage_fingerprint(stage: Any) -> str | None:
                     "str that changes whenever what the stage computes changes, or None"
                 )
             return _digest({"stage": _name(stage), "fingerprint": got})
-    if isinstance(stage, Tokenize):
-        return tokenize_fingerprint(stage)
     version = getattr(stage, "version", None)
     if version is None:
         return None
     return _digest({"stage": _name(stage), "version": checked_version(_name(stage), version)})
-
-
-def tokenize_fingerprint(stage: Any) -> str | None:
-    """:class:`ingest.Tokenize`'s fingerprint, from its public attributes: the SHA-256 of its
-    tokenizer's serialized form (``tokenizers.Tokenizer.to_str()``), its ``column``,
-    ``output``, ``eos_id`` and ``keep``, and :data:`TOKENIZE_REVISION`. ``parallel_batches``
-    is left out: it changes how fast, not what. None for a callable tokenizer, which has no
-    serialized form to compare.
-
-    Tokenize keeps only its encoding function (``encode``): a Rust tokenizer's is its bound
-    ``encode_batch_fast`` (or ``encode_batch``), held as ``encode.batch``, whose
-    ``__self__`` is the tokenizer."""
-    batch = getattr(getattr(stage, "encode", None), "batch", None)
-    tokenizer = getattr(batch, "__self__", None)
-    to_str: Callable[[], str] | None = getattr(tokenizer, "to_str", None)
-    if to_str is None:
-        return None
-    serialized = to_str()
-    return _digest(
-        {
-            "stage": "ingest.Tokenize",
-            "revision": TOKENIZE_REVISION,
-            "tokenizer": hashlib.sha256(serialized.encode()).hexdigest(),
-            "column": stage.column,
-            "output": stage.output,
-            "eos_id": None if stage.eos_id is None else int(stage.eos_id),
-            "keep": list(stage.keep),
-        }
-    )
 
 
 def _digest(fields: dict[str, Any]) -> str:
@@ -208,12 +172,10 @@ def _name(stage: Any) -> str:
 
 __all__ = [
     "KEY_VERSION",
-    "TOKENIZE_REVISION",
     "DerivedKey",
     "DerivedWarning",
     "Fingerprinted",
     "chain_fingerprint",
     "read_fingerprint",
     "stage_fingerprint",
-    "tokenize_fingerprint",
 ]
