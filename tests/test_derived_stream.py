@@ -404,9 +404,7 @@ def test_a_mixtures_sources_keep_their_own_copies(local: Store, copies: Path) ->
     assert ran_again < ran
 
 
-def test_a_followed_dataset_derives_each_new_shard_as_it_comes(
-    local: Store, copies: Path
-) -> None:
+def test_a_followed_dataset_derives_each_new_shard_as_it_comes(local: Store, copies: Path) -> None:
     """Follow mode (issue 34, item 5): each round derives the shards that appeared since the
     last one, and a new stream over the same store reads them all from their copies."""
     write_dataset(local.fs, local.url("f"), "parquet", 2, ROWS, row_group_rows=16)
