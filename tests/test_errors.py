@@ -13,6 +13,9 @@ import pytest
 import ingest
 from ingest.core.errors import IngestError, SchemaMismatchError, ShardError, SourceError, StoreError
 from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionError
+from ingest.engine.derived.codec import CorruptDerivedError
+from ingest.engine.derived.copies import DerivedStoreError
+from ingest.engine.derived.prepare import PrepareError
 from ingest.engine.stage import RowError
 from ingest.formats._lines import LineTooLongError
 from ingest.planner.index import IndexStoreError
@@ -47,6 +50,9 @@ EXAMPLES: list[IngestError] = [
     ingest.SupersededError.of_rank(2),
     IndexStoreError("s3://bucket/index", "forbidden", "grant write access"),
     RowError(3, "the tokenizer's id 2147483653 is out of range", "return the vocabulary's ids"),
+    CorruptDerivedError("1000 bytes where its header says 1200"),
+    DerivedStoreError("s3://key:secret@bucket/derived/", "forbidden", "grant write access"),
+    PrepareError(f"{URL} rows [0, 4096): the chain raised ValueError: bad text"),
 ]
 
 

@@ -195,7 +195,8 @@ class Feed:
             self.quarantine,
             None if budget is None else max(1, budget // len(self._lanes)),
         )
-        self._deriving = Deriving.of(config.derived, transform, config.columns, source.stats)
+        io = None if config.derived is None else source.stats  # the stream's counts
+        self._deriving = Deriving.of(config.derived, transform, config.columns, io)
         self._reader.deriving = self._deriving
         gather = _GATHER_BYTES
         if config.window_bytes is not None:

@@ -37,7 +37,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from ingest.core.assign import TO_END
-from ingest.core.errors import ConfigError, IngestError
+from ingest.core.errors import ConfigError, IngestError, redact
 from ingest.core.plan import epoch_units
 from ingest.engine.derived.keys import DerivedWarning, chain_fingerprint
 from ingest.engine.derived.reading import Deriving
@@ -55,7 +55,10 @@ OnError = Literal["raise", "skip"]
 
 class PrepareError(IngestError):
     """A unit could not be derived (its rows did not read, or the chain raised on them) and
-    ``on_error="raise"``."""
+    ``on_error="raise"``. Its message names the shard's URL, its credentials left out."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(redact(message))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
