@@ -55,7 +55,7 @@ def test_peers_convert_read_and_resume(tmp_path, capsys):
         else:
             assert figures["epoch1_requests"] > 0, f"{name} did not read through the S3 proxy"
         assert figures["resume_first_batch_s"] > 0, report["notes"]
-        assert figures["resume_exactly_once"] is EXACT_RESUME[name], report["notes"]
+        assert figures["resume_exactly_once"] is EXACT_RESUME[name], (name, report["notes"])
         # LitData mixes items inside a chunk only: on label-sorted shards (a chunk each)
         # every batch holds one label, quality 0.
         assert 0 <= figures["shuffle_quality"] <= 1.05
