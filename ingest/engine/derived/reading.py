@@ -392,17 +392,7 @@ class Deriving:
             at += unit.staged.table.num_rows
         out = _ranges(first, counts)
         table = _concat(tables).take(indices(out))
-        has = [p is not None for p in parts]
-        part = None
-        if any(has):
-            if not all(has):
-                raise ValueError(
-                    "a chain gave parts of rows (ingest.Staged.part) for some units and not "
-                    "for others; a stage gives parts for every batch or for none"
-                )
-            chosen = [np.asarray(p, np.int64).reshape(-1, 2) for p in parts if p is not None]
-            part = np.concatenate(chosen)[out]
-        return Staged(table, np.repeat(rows, counts), part)
+        return Staged(table, np.repeat(rows, counts), _parts(parts, tables, out))
 
     @property
     def held_units(self) -> int:
@@ -440,17 +430,29 @@ def _merged(
     origin = np.concatenate(origins) if origins else np.zeros(0, np.int64)
     order = np.argsort(origin, kind="stable")
     table = _concat(tables).take(indices(order))
+    return Staged(table, origin[order], _parts(parts, tables, order))
+
+
+def _parts(
+    parts: Sequence[npt.NDArray[np.int64] | None],
+    tables: Sequence[pa.Table],
+    rows: npt.NDArray[np.int64],
+) -> npt.NDArray[np.int64] | None:
+    """Rows ``rows`` of the parts of ``tables`` one after the other (None: no parts).
+
+    Raises:
+        ValueError: If some tables with rows have parts and others not.
+    """
     has = [p is not None for p, t in zip(parts, tables, strict=True) if t.num_rows]
-    part = None
-    if any(has):
-        if not all(has):
-            raise ValueError(
-                "a chain gave parts of rows (ingest.Staged.part) for some units and not for "
-                "others; a stage gives parts for every batch or for none"
-            )
-        chosen = [np.asarray(p, np.int64).reshape(-1, 2) for p in parts if p is not None]
-        part = np.concatenate(chosen)[order]
-    return Staged(table, origin[order], part)
+    if not any(has):
+        return None
+    if not all(has):
+        raise ValueError(
+            "a chain gave parts of rows (ingest.Staged.part) for some units and not for "
+            "others; a stage gives parts for every batch or for none"
+        )
+    chosen = [np.asarray(p, np.int64).reshape(-1, 2) for p in parts if p is not None]
+    return np.concatenate(chosen)[rows]
 
 
 def _concat(tables: list[pa.Table]) -> pa.Table:
