@@ -255,3 +255,55 @@ def test_a_freeze_of_the_callers_own_is_left_as_it_is(data: str) -> None:
         assert gc.get_freeze_count() > mine // 2
     finally:
         gc.unfreeze()
+
+
+def with_texts(table: pa.Table) -> pa.Table:
+    """Text and binary columns of every kind a worker writes into its ring as buffers (each
+    row's values a function of its id), and a nullable one, which goes as Python objects."""
+    keys = [int(i) for i in table.column("id").to_pylist()]
+    texts = ["" if i % 7 == 0 else f"é{i}" * (i % 5) for i in keys]
+    return (
+        table.append_column("text", pa.array(texts, pa.string()))
+        .append_column("big", pa.array(texts, pa.large_string()))
+        .append_column("raw", pa.array([t.encode() for t in texts], pa.binary()))
+        .append_column(
+            "maybe",
+            pa.array(
+                [None if i % 3 == 0 else t for i, t in zip(keys, texts, strict=True)], pa.string()
+            ),
+        )
+    )
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_text_columns_come_through_the_workers_as_the_stream_gives_them(
+    data: str, context: str
+) -> None:
+    """Forked workers write a string or binary column's offsets and bytes into their ring,
+    and the main process decodes them (spawned ones send Python objects by the pipe): the
+    batches hold the same values, of the same Python types, in the same column order, as a
+    one-process Stream's, for a whole epoch and across the epoch boundary."""
+
+    def stream() -> ingest.Stream:
+        return ingest.Stream(
+            data, columns=["id"], batch_size=BATCH, shuffle_seed=3, transform=with_texts
+        )
+
+    def rows(batches: Any) -> dict[int, tuple[Any, ...]]:
+        out = {}
+        for b in batches:
+            assert list(b) == ["id", "text", "big", "raw", "maybe"]
+            for n, i in enumerate(b["id"].tolist()):
+                out[i] = (b["text"][n], b["big"][n], b["raw"][n], b["maybe"][n])
+        return out
+
+    want = rows(stream())
+    loader = ingest.DataLoader(stream(), num_workers=2, multiprocessing_context=context)
+    try:
+        for _ in range(2):
+            got = rows(loader)
+            assert got.keys() <= want.keys() and len(got) > TOTAL - 2 * 2 * BATCH
+            assert {i: want[i] for i in got} == got
+            assert all(type(v[2]) is bytes and type(v[0]) is str for v in got.values())
+    finally:
+        loader.close()

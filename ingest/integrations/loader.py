@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import torch.utils.data
 
@@ -45,7 +46,7 @@ from ingest.core.ledger import Closed, Rows, Runs
 from ingest.core.quarantine import Quarantined
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import Cursor, StreamState
-from ingest.engine.convert import Batch, placed, to_torch
+from ingest.engine.convert import Batch, column_to_torch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
@@ -65,6 +66,16 @@ the workers to start the epoch, so it is there at once unless the main process i
 SLOT_BYTES = 64 << 20
 """Bytes of each slot of a worker's ring (:class:`SlotRing`): a batch's tensors larger than
 that go by the pipe. Only the pages written are backed by memory."""
+RUNS = "\0runs"
+"""The name a batch's runs have in a worker's ring (no column's: it begins with a NUL)."""
+_OFFSETS, _DATA = "\0offsets:", "\0data:"
+"""Prefixes of the names a string or binary column's offsets and bytes have in the ring."""
+_TEXT_TYPES = {
+    str(kind): kind for kind in (pa.string(), pa.binary(), pa.large_string(), pa.large_binary())
+}
+"""The column types whose buffers a worker writes into its ring (by their names)."""
+_NO_BYTES = np.zeros(0, np.uint8)
+_NO_ROWS = np.zeros(0, np.int64)
 SLOT_WAIT_S = 10.0
 """Seconds a worker waits for a free slot of its ring before it sends that batch by the pipe
 (its ring is full only when more of its batches wait in the main process than it has slots:
@@ -98,11 +109,19 @@ class _Came:
     arrays: tuple[str, ...] = ()
     """Tensors sent as numpy arrays (see :meth:`_Shares.__iter__`), made tensors again."""
     placed: Placed | None = None
-    """Where in the worker's ring its tensors lie (None at their names in the batch)."""
+    """Where in the worker's ring its tensors lie (None at their names in the batch), and
+    with them ``runs`` (:data:`RUNS`) and the buffers of the columns in :attr:`texts`."""
     closed: Closed | None = None
     table: pa.Table | None = None
     """A packing stream's read step: its token ids and each row's origin, packed in the
     main process (:class:`ingest.engine.pack.PackedRank`)."""
+    texts: tuple[tuple[str, str], ...] = ()
+    """The string and binary columns whose buffers lie in the ring (name, Arrow type)."""
+
+    def __reduce__(self) -> tuple[type[_Came], tuple[Any, ...]]:
+        # Sent with every batch: a frozen dataclass with slots pickles through
+        # dataclasses.fields() on both sides (about 10 us a batch in the main process).
+        return _Came, tuple(getattr(self, name) for name in self.__slots__)
 
     @classmethod
     def of(
@@ -113,12 +132,15 @@ class _Came:
         arrays: tuple[str, ...] = (),
         placed: Placed | None = None,
         table: pa.Table | None = None,
+        texts: tuple[tuple[str, str], ...] = (),
     ) -> _Came:
-        """Where ``item``, a batch of ``rank``'s feed, came from."""
+        """Where ``item``, a batch of ``rank``'s feed, came from (its runs left out when
+        they lie in the ring, ``placed``)."""
+        runs = _NO_ROWS if placed is not None else item.runs
         return cls(
             rank,
             item.step,
-            item.runs,
+            runs,
             item.rows,
             item.cursor,
             item.quarantined,
@@ -126,6 +148,7 @@ class _Came:
             placed,
             item.closed,
             table,
+            texts,
         )
 
 
@@ -209,24 +232,10 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                 if table is not None:  # regrouped by the main process's node
                     yield {KEY: _Came.of(rank, item, table=table)}
                     continue
-                batch = to_torch(item.table)
                 if info is None:
-                    yield {**batch, KEY: _Came.of(rank, item)}
+                    yield {**to_torch(item.table), KEY: _Came.of(rank, item)}
                     continue
-                # Not as torch's shared-memory tensors: those cost a socket handshake per
-                # tensor (over half the time of an epoch of small batches), and the
-                # process-wide sharing strategy is the user's to set. Written into this
-                # worker's ring (copied out by the main process), or else sent by value
-                # through the worker's pipe.
-                tensors = {k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
-                placed = None if ring is None else ring.put(tensors, SLOT_WAIT_S)
-                if placed is not None:
-                    batch = {k: None if k in tensors else v for k, v in batch.items()}
-                    came = _Came.of(rank, item, placed=placed)
-                else:
-                    batch = {k: tensors.get(k, v) for k, v in batch.items()}
-                    came = _Came.of(rank, item, arrays=tuple(tensors))
-                yield {**batch, KEY: came}
+                yield _sent(rank, item, ring)
 
     def _planner_here(self) -> Planner:
         pid = os.getpid()
@@ -369,7 +378,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                 made = node.finish(epoch, came)
                 ended += 1
             else:
-                made = node.feed(came, functools.partial(_tensors, out, self._shares.rings))
+                if came.placed is not None:
+                    came = _taken(out, came, self._shares.rings[came.rank])
+                made = node.feed(came, functools.partial(_tensors, out))
             for _, batch in made:
                 yield place(batch)
         if ended != ranks:
@@ -559,14 +570,97 @@ def _rings(context: Any, workers: int, prefetch_factor: int | None) -> list[Slot
         return []
 
 
-def _tensors(batch: Batch, rings: list[SlotRing], came: _Came) -> Batch:
-    """``batch`` with the arrays a worker sent (``came.arrays``) made tensors again, or those
-    it wrote into its ring (``came.placed``) copied out of it (the slot is then free)."""
+def _sent(rank: int, item: Ready, ring: SlotRing | None) -> Batch:
+    """What a worker sends for ``item``, a batch of its feed, converted for torch.
+
+    Not as torch's shared-memory tensors: those cost a socket handshake per tensor (over
+    half the time of an epoch of small batches), and the process-wide sharing strategy is
+    the user's to set. Written into the worker's ring (copied out by the main process): the
+    tensors, the batch's runs, and each string or binary column as its Arrow offsets and
+    bytes, which the main process decodes into Python objects (a list of 1,000 strings
+    pickled in the worker and unpickled in the main process cost more than the bytes'
+    copy and one decoding); or else, the ring full or the batch larger than a slot, all
+    sent by value through the worker's pipe."""
+    table = item.table
+    texts = _text_buffers(table) if ring is not None else {}
+    names = list(table.column_names) if texts else None
+    batch = to_torch(table.drop_columns(list(texts)) if texts else table)
+    tensors = {k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
+    placed = None
+    if ring is not None:
+        arrays = dict(tensors)
+        if isinstance(item.runs, np.ndarray):
+            arrays[RUNS] = item.runs
+        for name, (offsets, data) in texts.items():
+            arrays[_OFFSETS + name], arrays[_DATA + name] = offsets, data
+        placed = ring.put(arrays, SLOT_WAIT_S) if RUNS in arrays else None
+    if placed is not None:
+        kinds = tuple((name, str(table.schema.field(name).type)) for name in texts)
+        order = names if names is not None else batch
+        sent = {k: None if k in tensors or k in texts else batch[k] for k in order}
+        return {**sent, KEY: _Came.of(rank, item, placed=placed, texts=kinds)}
+    for name in texts:  # by the pipe after all: as Python objects
+        batch[name] = column_to_torch(table.column(name), name)
+    order = names if names is not None else batch
+    sent = {k: tensors.get(k, batch[k]) for k in order}
+    return {**sent, KEY: _Came.of(rank, item, arrays=tuple(tensors))}
+
+
+def _text_buffers(table: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The offsets (from 0) and the bytes of each string or binary column of ``table``
+    without nulls, as numpy arrays over its buffers; none for anything but a table."""
+    if not isinstance(table, pa.Table | pa.RecordBatch):
+        return {}
+    out = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        kind = column.type
+        if str(kind) not in _TEXT_TYPES or column.null_count:
+            continue
+        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        width = np.int64 if kind in (pa.large_string(), pa.large_binary()) else np.int32
+        _, offsets_buffer, data = array.buffers()
+        if not len(array) or offsets_buffer is None:
+            out[name] = (np.zeros(1, width), _NO_BYTES)
+            continue
+        offsets = np.frombuffer(
+            offsets_buffer,
+            width,
+            count=len(array) + 1,
+            offset=array.offset * np.dtype(width).itemsize,
+        )
+        first, last = int(offsets[0]), int(offsets[-1])
+        values = np.frombuffer(data, np.uint8)[first:last] if data is not None else _NO_BYTES
+        out[name] = (offsets - first if first else offsets, values)
+    return out
+
+
+def _taken(batch: Batch, came: _Came, ring: SlotRing) -> _Came:
+    """Fill ``batch`` with what a worker wrote into its ``ring`` for it (``came.placed``):
+    its tensors copied out, its string and binary columns decoded; and return ``came`` with
+    the batch's runs. The slot is then free."""
+    assert came.placed is not None
+    with ring.viewed(came.placed) as views:
+        runs = views.pop(RUNS).copy()
+        for name, kind in came.texts:
+            offsets, data = views.pop(_OFFSETS + name), views.pop(_DATA + name)
+            array = pa.Array.from_buffers(
+                _TEXT_TYPES[kind],
+                len(offsets) - 1,
+                [None, pa.py_buffer(offsets), pa.py_buffer(data)],
+            )
+            batch[name] = array.to_pylist()  # objects of their own: no view of the slot
+            del array
+        for name, view in views.items():
+            batch[name] = torch.from_numpy(view.copy())
+        del views
+    return dataclasses.replace(came, runs=runs, placed=None, texts=())
+
+
+def _tensors(batch: Batch, came: _Came) -> Batch:
+    """``batch`` with the arrays a worker sent by its pipe (``came.arrays``) made tensors
+    again."""
     for name in came.arrays:
         batch[name] = torch.from_numpy(batch[name])
-    if came.placed is not None:
-        for name, array in rings[came.rank].take(came.placed).items():
-            batch[name] = torch.from_numpy(array)
     return batch
 
 
