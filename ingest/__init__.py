@@ -42,6 +42,13 @@ if TYPE_CHECKING:
     from ingest.engine.mix import Mix
     from ingest.engine.options import Shuffle
     from ingest.engine.pack import Pack
+    from ingest.engine.provenance import (
+        ProvenanceError,
+        ProvenanceLog,
+        ProvenanceWarning,
+        skip,
+        which,
+    )
     from ingest.engine.stage import Filter, FlatMap, Stage, Staged
     from ingest.engine.stream import Stream
     from ingest.engine.token_batches import TokenBatches
@@ -79,6 +86,9 @@ __all__ = [
     "NoShardsError",
     "Pack",
     "PrepareReport",
+    "ProvenanceError",
+    "ProvenanceLog",
+    "ProvenanceWarning",
     "Quarantined",
     "RankIterator",
     "RankOptions",
@@ -110,9 +120,11 @@ __all__ = [
     "ray_data",
     "register_format",
     "registered_formats",
+    "skip",
     "testing",
     "train",
     "urls_from",
+    "which",
 ]
 
 
@@ -132,6 +144,11 @@ _LAZY = {
     "DerivedWarning": "ingest.engine.derived",
     "prepare": "ingest.engine.derived.prepare",
     "PrepareReport": "ingest.engine.derived.prepare",
+    "ProvenanceError": "ingest.engine.provenance",
+    "ProvenanceLog": "ingest.engine.provenance",
+    "ProvenanceWarning": "ingest.engine.provenance",
+    "which": "ingest.engine.provenance",
+    "skip": "ingest.engine.provenance",
     "Shuffle": "ingest.engine.options",
     "Tokenize": "ingest.engine.tokenize",
     "TokenBatches": "ingest.engine.token_batches",

@@ -16,6 +16,7 @@ from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionErr
 from ingest.engine.derived.codec import CorruptDerivedError
 from ingest.engine.derived.copies import DerivedStoreError
 from ingest.engine.derived.prepare import PrepareError
+from ingest.engine.provenance import ProvenanceError
 from ingest.engine.stage import RowError
 from ingest.formats._lines import LineTooLongError
 from ingest.planner.index import IndexStoreError
@@ -53,6 +54,7 @@ EXAMPLES: list[IngestError] = [
     CorruptDerivedError("1000 bytes where its header says 1200"),
     DerivedStoreError("s3://key:secret@bucket/derived/", "forbidden", "grant write access"),
     PrepareError(f"{URL} rows [0, 4096): the chain raised ValueError: bad text"),
+    ProvenanceError("s3://key:secret@bucket/run/prov/", "no attempt is recorded there", "fix"),
 ]
 
 

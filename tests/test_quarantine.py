@@ -283,7 +283,12 @@ def test_two_ranks_transform_failures_at_the_same_step_are_two_quarantines() -> 
     rank_1 = Quarantined("RuntimeError: bad", 0, 1, step=3, rows=100)
     merged = merge([rank_0], [rank_1])
     assert merged == [rank_0, rank_1]
-    assert summary(merged) == {"quarantined": 2, "rows_skipped": 200}
+    assert summary(merged) == {
+        "quarantined": 2,
+        "rows_skipped": 200,
+        "skips": 0,
+        "rows_skipped_on_request": 0,
+    }
     # The state's JSON keeps both, and a resumed rank 1 that fails again adds nothing.
     saved = json.loads(json.dumps([q.to_json() for q in merged]))
     restored = [Quarantined.from_json(q, f"q[{i}]") for i, q in enumerate(saved)]

@@ -46,6 +46,7 @@ from ingest.core.errors import ConfigError, StateError
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord
 from ingest.core.listing import L, Lister
 from ingest.core.progress import add_runs
+from ingest.core.provenance import StepLog, step_rows
 from ingest.core.quarantine import Quarantined
 from ingest.core.share import FeedPlan
 from ingest.core.snapshot import state_acked, state_after, state_in
@@ -90,6 +91,11 @@ class EpochBook(Generic[L]):
         self._in_order = False
         """Whether the loaded state resumes in its original order (``plans.same_order``)."""
         self.acks = self._new_acks(0)
+        self.log: StepLog | None = None
+        """Where every rank's acked steps are kept before a fold forgets them (a stream's
+        ``provenance=``: :mod:`ingest.core.provenance`); None: nowhere."""
+        self._urls: dict[int, list[str]] = {}
+        """Per epoch, its listing's shard URLs, for :attr:`log`."""
 
     def _new_acks(self, first_step: int, quarantined: Iterable[Quarantined] = ()) -> Acks:
         config = self.config
@@ -162,6 +168,8 @@ class EpochBook(Generic[L]):
     def ended(self, rank: int, epoch: int) -> None:
         """``rank``'s loop reached the end of ``epoch`` (see :meth:`upcoming_epoch`)."""
         self.acks.end(rank, epoch)
+        if self.log is not None and self.acks.all_ended(epoch):
+            self.log.flush()  # an epoch's last steps are logged when its loops end
 
     def position(self, rank: int) -> tuple[int, int | None, Cursor | None]:
         """Where ``rank``'s next batch comes from: ``(epoch, next_step, cursor)``.
@@ -353,7 +361,23 @@ class EpochBook(Generic[L]):
         recorded are left out, with their rows and quarantines, instead of refused as a
         replay: a resend counts nothing twice.
         """
-        self.acks.ack(rank, records, cursor, again=again)
+        if again:
+            records = [r for r in records if not self.ledger.has(rank, r.step)]
+        self.acks.ack(rank, records, cursor)
+        if self.log is not None and records:
+            self._log(rank, records)
+
+    def _log(self, rank: int, records: Sequence[StepRecord]) -> None:
+        """Tell :attr:`log` the steps ``rank`` acked, epoch by epoch."""
+        by_epoch: dict[int, list[tuple[int, npt.NDArray[np.int64]]]] = {}
+        for r in records:
+            e = self._epoch_holding(r.step, r.step)
+            by_epoch.setdefault(e.epoch, []).append((r.step, step_rows(r.runs)))
+            if e.epoch not in self._urls:
+                self._urls[e.epoch] = [s.url for s in e.listing.shards]
+        assert self.log is not None
+        for epoch, steps in by_epoch.items():
+            self.log.record(rank, epoch, self._urls[epoch], steps)
 
     def note_quarantined(self, records: Iterable[Quarantined], step: int = -1) -> None:
         """Keep quarantine records (``step``: the step acked with them; -1: none).
@@ -382,6 +406,8 @@ class EpochBook(Generic[L]):
             StateError: If a rank has not acked ``step`` yet, or the step was never planned.
         """
         acks = self.acks
+        if self.log is not None:  # a state saved is covered by the log
+            self.log.flush()
 
         def over(epoch: int) -> bool:
             return acks.all_ended(epoch) if rank is None else acks.reached_end(rank, epoch)
@@ -427,6 +453,8 @@ class EpochBook(Generic[L]):
             StateError: If the steps acked beyond the common one span an epoch's end (some
                 rank two epochs ahead), which one ``DataLoader`` epoch never does.
         """
+        if self.log is not None:
+            self.log.flush()
         step = min(self.ledger.acked(r) for r in range(self.world_size))
         top = max(self.ledger.acked(r) for r in range(self.world_size))
         if top == step:
@@ -466,6 +494,8 @@ class EpochBook(Generic[L]):
             if last >= e.based:
                 e.fold(last, self.acks, self.config.batch_size)
         self.acks.forget(step)
+        if self.log is not None:
+            self.log.flush()
 
     # -- restore ---------------------------------------------------------------------------
 
@@ -519,6 +549,9 @@ class EpochBook(Generic[L]):
             except StateError:
                 self.__dict__.update(before)
                 raise
+        self._urls = {}
+        if self.log is not None:  # a new attempt: it supersedes the steps from here on
+            self.log.start(state.progress.step, self.world_size)
 
 
 __all__ = ["FOLD_EVERY", "MAIN", "BookConfig", "EpochBook", "Remainder"]

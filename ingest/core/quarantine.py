@@ -34,6 +34,9 @@ from typing import Any
 from ingest.core.errors import IngestError, ShardError, SourceError, StateError, StoreError, redact
 
 _REASON_CHARS = 500
+SKIPPED = "skipped on request"
+"""The reason of a skip's record (``ingest.skip``, :mod:`ingest.core.skipping`): rows left
+out on request, listed with the quarantines but not a data error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +72,8 @@ class Quarantined:
         resume at another world size may meet them on another rank). A step is every
         rank's: ranks 0 and 1 failing their transforms at step 3 are two batches skipped.
         """
+        if self.reason.startswith(SKIPPED):  # a skip is what it asked
+            return (self.epoch, self.reason)
         if self.url is None:
             return (self.epoch, self.rank, self.step)
         return (self.epoch, self.url, self.start)
@@ -114,6 +119,8 @@ class Quarantined:
         return out
 
     def describe(self) -> str:
+        if is_skip(self):
+            return f"{self.rows} rows {self.reason}"
         if self.url is None:
             return f"step {self.step} ({self.rows} rows): {self.reason}"
         stop = "end" if self.stop is None else self.stop
@@ -156,7 +163,10 @@ def check_saved(
         at = f"{where}[{i}]"
         if q.epoch != epoch:
             _refuse(f"{at}.epoch is {q.epoch}, but the state is in epoch {epoch}")
-        if q.url is None:
+        if is_skip(q):  # ingest.skip's record: its rows are in the consumed sets
+            if q.url is not None or q.step is not None or q.rows is None:
+                _refuse(f"{at} is a skip that names a shard or a step, or no rows")
+        elif q.url is None:
             _check_step_record(q, at, steps, batch_size)
         else:
             _check_shard_record(q, q.url, at, rows_of)
@@ -263,6 +273,12 @@ class Quarantine:
         return out
 
 
+def is_skip(record: Quarantined) -> bool:
+    """Whether ``record`` is a skip (:data:`SKIPPED`): not counted against
+    ``ReadOptions.max_errors``, counted apart in ``stream.stats``."""
+    return record.reason.startswith(SKIPPED)
+
+
 def check_bound(
     records: Sequence[Quarantined], bound: int, cause: BaseException | None = None
 ) -> None:
@@ -271,6 +287,7 @@ def check_bound(
     Raises:
         IngestError: Naming the rank, the epoch, the bound and the first records.
     """
+    records = [r for r in records if not is_skip(r)]
     if len(records) <= bound:
         return
     first = records[0]
@@ -304,21 +321,29 @@ def _covers(old: Quarantined, new: Quarantined) -> bool:
 
 
 def summary(records: Sequence[Quarantined]) -> dict[str, int]:
-    """``{"quarantined": records, "rows_skipped": rows known to be skipped}``."""
+    """``{"quarantined": records, "rows_skipped": rows known to be skipped}`` for the data
+    errors, and ``{"skips", "rows_skipped_on_request"}`` for the skips (:func:`is_skip`)."""
+    errors = [r for r in records if not is_skip(r)]
+    skips = [r for r in records if is_skip(r)]
     return {
-        "quarantined": len(records),
-        "rows_skipped": sum(
-            r.rows if r.rows is not None else (r.stop - r.start if r.stop is not None else 0)
-            for r in records
-        ),
+        "quarantined": len(errors),
+        "rows_skipped": sum(_rows(r) for r in errors),
+        "skips": len(skips),
+        "rows_skipped_on_request": sum(_rows(r) for r in skips),
     }
 
 
+def _rows(r: Quarantined) -> int:
+    return r.rows if r.rows is not None else (r.stop - r.start if r.stop is not None else 0)
+
+
 __all__ = [
+    "SKIPPED",
     "Quarantine",
     "Quarantined",
     "check_bound",
     "check_saved",
+    "is_skip",
     "merge",
     "reason_of",
     "skippable",

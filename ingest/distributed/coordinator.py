@@ -29,11 +29,12 @@ import ray
 
 from ingest.core.errors import IngestError, StateError, SupersededError
 from ingest.core.ledger import Rows, Run, Runs, StepRecord
-from ingest.core.quarantine import Quarantined
+from ingest.core.quarantine import Quarantined, summary
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor, StreamState
 from ingest.distributed.directory import PoolDirectory
 from ingest.distributed.index_tasks import ray_indexer
+from ingest.distributed.metrics import skipped_on_request
 from ingest.distributed.pack_coordinator import PackedRanks
 from ingest.engine.spec import StreamSpec
 from ingest.planner.catalog import Listing
@@ -528,6 +529,9 @@ class _Coordinator(PoolDirectory):
             relist = self._touched or self._restarted or bool(self._joined)
             self._reset(self._book.world_size, state, relist=relist)
             self._initial = dict(state)
+            skipped = summary(self._book.quarantined())["rows_skipped_on_request"]
+            name = ray.get_runtime_context().get_actor_name() or "ingest"
+            skipped_on_request(name, skipped)
             return self._session
 
 

@@ -20,6 +20,8 @@ name                            kind    what
 ``ingest_cache_misses_total``   counter shard opens that fetched into the shard cache
 ``ingest_derived_hits_total``   counter units read from their derived copies (``derived=``)
 ``ingest_derived_misses_total`` counter units with no derived copy (their stages ran)
+``ingest_rows_skipped_on_request`` gauge rows the stream's epoch leaves out on request
+                                        (``ingest.skip``), set as a state is loaded
 ``ingest_pool_size``            gauge   reader actors in the stream's pool (reported by the
                                         first of them)
 ``ingest_pool_resizes_total``   counter the pool's resizes (``direction``: ``grow`` or
@@ -65,6 +67,11 @@ _KINDS = {
     "ingest_cache_misses_total": ("counter", "opens that fetched into the cache", ("stream",)),
     "ingest_derived_hits_total": ("counter", "units read from derived copies", ("stream",)),
     "ingest_derived_misses_total": ("counter", "units with no derived copy", ("stream",)),
+    "ingest_rows_skipped_on_request": (
+        "gauge",
+        "rows the epoch leaves out on request (ingest.skip)",
+        ("stream",),
+    ),
     "ingest_pool_size": ("gauge", "reader actors in the stream's pool", ("stream",)),
     "ingest_pool_resizes_total": (
         "counter",
@@ -195,4 +202,10 @@ class StoreMeter:
             _metric("ingest_pool_resizes_total").inc(1, tags={**self.tags, "direction": direction})
 
 
-__all__ = ["KINDS", "NAMES", "REPORT_EVERY_S", "RankMeter", "StoreMeter"]
+def skipped_on_request(stream: str, rows: int) -> None:
+    """The stream's epoch leaves ``rows`` out on request (a loaded state's skips)."""
+    if _exporting():
+        _metric("ingest_rows_skipped_on_request").set(rows, tags={"stream": stream})
+
+
+__all__ = ["KINDS", "NAMES", "REPORT_EVERY_S", "RankMeter", "StoreMeter", "skipped_on_request"]

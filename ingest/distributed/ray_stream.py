@@ -83,6 +83,8 @@ class RayStream:
             :class:`ingest.Stream` does: the reader that hosts a rank's feed derives the units
             it reads (or reads their copies) instead of handing each batch to the pool's
             actors in turn.
+        provenance: Keep which rows each rank's step consumed, as :class:`ingest.Stream`
+            does; the coordinator writes it, so the URL must be writable from its node.
     """
 
     def __new__(cls, source: Any = None, **kwargs: Any) -> RayStream:
@@ -205,6 +207,9 @@ class RayStream:
             listing = self.spec.catalog(indexer).scan(
                 progress=options.progress, index=world_size > 1
             )
+            # The coordinator plans the first epoch while the readers' processes start (they
+            # took 1.3-2.5 s on 2 busy cores, benchmarks/resume.py), not after.
+            self.coordinator.prepare.remote(listing)
             wait_started(self.pool, self._pool.actors)  # or say which resource is missing
         except BaseException as e:
             if follow is not None and isinstance(e, NoShardsError):
@@ -213,7 +218,6 @@ class RayStream:
                 return
             self.shutdown()  # no actor outlives a stream that could not start
             raise
-        self.coordinator.prepare.remote(listing)
 
     def _settle(
         self, options: StreamOptions, world_size: int, name: str | None, timeout_s: float

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ingest.core.book import Remainder
-from ingest.core.errors import ConfigError
+from ingest.core.errors import ConfigError, redact
 from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers, check_values
 from ingest.engine.derived.store import DerivedConfig
 from ingest.engine.grouping import Grouping
@@ -118,6 +118,7 @@ class StreamKeywords(TypedDict, total=False):
     follow: Follow | None
     pack: Grouping | None
     derived: DerivedConfig | str | None
+    provenance: str | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,6 +138,7 @@ class StreamOptions:
     follow: Follow | None = None
     pack: Grouping | None = None
     derived: DerivedConfig | None = None
+    provenance: str | None = None
 
     def __post_init__(self) -> None:
         check_read(self.pack, self.read)
@@ -146,6 +148,14 @@ class StreamOptions:
                 f"derived={self.derived!r} keeps what transform= makes of each unit, and "
                 "there is no transform; give the stages (e.g. transform=ingest.Tokenize(...)) "
                 "or leave derived out"
+            )
+        if self.provenance is not None and self.pack is not None:
+            # The book's steps of a packing stream are read steps; its batches' pieces
+            # (documents' token ranges) live in the rank's pack node, which logs nothing yet.
+            raise ConfigError(
+                f"provenance={redact(self.provenance)!r} with pack=: a packing stream's "
+                "provenance log is not built yet; pass pack=ingest.Pack(..., "
+                "provenance=True) to get each batch's pieces, or leave provenance out"
             )
 
     @classmethod
@@ -172,6 +182,13 @@ class StreamOptions:
 
     def of_sources(self) -> StreamOptions:
         """The options of a mixture's source streams: batches of one row (a draw)."""
+        if self.provenance is not None:
+            # Each source's book numbers its own draws: the mixture's steps are not theirs.
+            raise ConfigError(
+                f"provenance={redact(self.provenance)!r} over an ingest.Mix: a mixture's "
+                "provenance log is not built yet; log each source's stream on its own, or "
+                "leave provenance out"
+            )
         self.draw_tokens()
         return dataclasses.replace(self, batch_size=1)
 
@@ -205,6 +222,7 @@ class StreamOptions:
             "remainder": self.remainder,
             "follow": self.follow,
             "derived": self.derived,
+            "provenance": self.provenance,
         }
 
 

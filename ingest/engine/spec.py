@@ -8,12 +8,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fsspec.utils import get_protocol
+
 from ingest.core.book import BookConfig, EpochBook, Remainder
 from ingest.core.errors import ConfigError, redact
 from ingest.core.validate import COUNT, check_numbers, check_remainder
 from ingest.engine.derived.store import DerivedConfig
 from ingest.engine.feed import FeedConfig
 from ingest.engine.options import Shuffle
+from ingest.engine.provenance import ProvenanceWriter
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Catalog, Listing
@@ -51,6 +54,9 @@ class StreamSpec:
         derived: Where the transform's outputs of each unit read whole are kept, so that
             later epochs, restarts and other jobs read them and run no stage
             (:mod:`ingest.engine.derived`); None: the transform runs on every batch.
+        provenance: Where the book keeps which rows each rank's step consumed, for
+            ``ingest which`` and ``ingest.skip`` (:mod:`ingest.engine.provenance`): a
+            directory or an fsspec URL; None: nowhere.
     """
 
     urls: tuple[str, ...]
@@ -64,6 +70,7 @@ class StreamSpec:
     index: IndexConfig | None = field(default_factory=IndexConfig)
     follow: Follow | None = None
     derived: DerivedConfig | None = None
+    provenance: str | None = None
 
     def __post_init__(self) -> None:
         if not self.urls:
@@ -154,7 +161,18 @@ class StreamSpec:
 
     def book(self, world_size: int, planner: Planner | None = None) -> EpochBook[Listing]:
         """A book of ``world_size`` ranks listing with ``planner`` (default: a new one)."""
-        return EpochBook(self.book_config(), world_size, planner or self.planner())
+        book = EpochBook(self.book_config(), world_size, planner or self.planner())
+        if self.provenance is not None:
+            log = ProvenanceWriter(self.provenance, self.options_for(self.provenance))
+            log.start(0, world_size)
+            book.log = log
+        return book
+
+    def options_for(self, url: str) -> Mapping[str, Any]:
+        """The stream's storage options for another URL of the same protocol (a log kept
+        on the source's store); none for another protocol."""
+        same = get_protocol(url) == get_protocol(self.urls[0])
+        return self.storage_options if same else {}
 
 
 __all__ = ["StreamSpec"]

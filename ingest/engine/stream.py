@@ -17,20 +17,22 @@ import contextlib
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ingest.core.errors import ConfigError, IngestError, SupersededError
-from ingest.core.quarantine import Quarantined, summary
+from ingest.core.quarantine import Quarantined, is_skip, summary
 from ingest.core.state import StreamState
-from ingest.engine.convert import Batch
+from ingest.engine.convert import Batch, to_torch
 from ingest.engine.feed import Feed, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.options import StreamKeywords, StreamOptions
+from ingest.engine.provenance import ProvenanceLog
 from ingest.engine.rank_node import rank_node, read_transform
+from ingest.engine.replay import replay
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import build_transform
 from ingest.planner.catalog import Listing
@@ -91,6 +93,12 @@ class Stream:
         derived: Keep what ``transform`` made of each unit read whole, and read it back in
             place of running it: an :class:`ingest.DerivedConfig` or a URL shared by every
             job (:mod:`ingest.engine.derived`); None (default): it runs on every batch.
+        provenance: Keep which rows each step consumed at this directory or fsspec URL,
+            for ``ingest which`` / :func:`ingest.which` and :func:`ingest.skip` (after a
+            loss spike): written as the book folds (every 64 steps), at each state and at
+            each epoch's end, about 3.5 bytes a row of a shuffled batch
+            (:mod:`ingest.engine.provenance`). Not with ``pack`` or a mixture yet. None
+            (default): nothing is kept.
     """
 
     def __new__(cls, source: Any = None, **options: Any) -> Stream:
@@ -216,6 +224,45 @@ class Stream:
         """List the source now (one listing; footers read once per shard)."""
         return self._planner.scan()
 
+    def replay(
+        self,
+        steps: int | Iterable[int],
+        *,
+        provenance: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> Iterator[tuple[int, int, Batch]]:
+        """The batches of ``steps`` again, as each rank got them: ``(step, rank, batch)``.
+
+        Made for a debugging session after a loss spike: make a stream with the run's
+        source and settings (its transform above all), and replay the steps around the
+        spike. Only the rows those steps consumed are read (the run's provenance log says
+        which, :func:`ingest.which`), and the transform runs on them as the rank's feed ran
+        it (:mod:`ingest.engine.replay`). Nothing is acked: the stream's own position and
+        state do not move.
+
+        Args:
+            steps: A step, or several (a ``range``).
+            provenance: The run's log; None: this stream's ``provenance=``.
+            storage_options: fsspec options for the log (default: the stream's, when the log
+                is on the source's store).
+
+        Raises:
+            ConfigError: If there is no log to read.
+        """
+        url = provenance or self.spec.provenance
+        if url is None:
+            raise ConfigError(
+                "replay reads the run's provenance log: pass provenance= the URL the run "
+                "was given as provenance=, or make this stream with it"
+            )
+        options = self.spec.options_for(url) if storage_options is None else storage_options
+        log = ProvenanceLog(url, options).which(steps)
+        for got in replay(
+            log, self.listing(), self._planner.source, self.spec.read, self.spec.columns,
+            self._transform,
+        ):  # fmt: skip
+            yield got.step, got.rank, to_torch(got.table)
+
     def __len__(self) -> int:
         raise TypeError(
             "an ingest.Stream has no length and is not a map-style dataset: for worker "
@@ -272,6 +319,15 @@ class Stream:
     def _report(self, epoch: int) -> None:
         """The list of what was skipped in ``epoch``, at its end."""
         records = [q for q in self._book.quarantined() if q.epoch == epoch]
+        skips = [q for q in records if is_skip(q)]
+        if skips:
+            _log.warning(
+                "epoch %d left out %d rows on request (ingest.skip): %s",
+                epoch,
+                summary(skips)["rows_skipped_on_request"],
+                "; ".join(q.reason for q in skips),
+            )
+        records = [q for q in records if not is_skip(q)]
         if records:
             told = summary(records)
             _log.warning(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -46,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     _index_parser(sub)
     _prepare_parser(sub)
+    _which_parser(sub)
     sub.add_parser(
         "bench",
         add_help=False,
@@ -161,6 +163,67 @@ def _prepare_parser(sub: Any) -> None:
         action="store_true",
         help="derive in Ray tasks (joins the cluster at RAY_ADDRESS, or starts a local Ray)",
     )
+
+
+def _which_parser(sub: Any) -> None:
+    which = sub.add_parser(
+        "which",
+        help="which rows each rank's step consumed, from a run's provenance log",
+        description="Print, for every rank, the rows (URL and row range) that the given steps "
+        "consumed, as the run that kept the log at URL (its provenance=) handed them out: "
+        "for each step, the attempt started last that reached back to it.",
+    )
+    which.add_argument("url", help="the run's provenance= (a directory or an fsspec URL)")
+    which.add_argument(
+        "--steps",
+        required=True,
+        type=_steps,
+        metavar="N or FIRST-LAST",
+        help="a step, or an inclusive range of steps (41190-41210)",
+    )
+    which.add_argument(
+        "-o",
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec storage option for the log's URL",
+    )
+    which.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def _steps(text: str) -> range:
+    first, _, last = text.partition("-")
+    try:
+        a = int(first)
+        b = int(last) if last else a
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a step or FIRST-LAST") from None
+    if a < 0 or b < a:
+        raise argparse.ArgumentTypeError(f"{text!r}: steps are >= 0, FIRST <= LAST")
+    return range(a, b + 1)
+
+
+def which(url: str, steps: range, storage_options: Sequence[str], as_json: bool) -> int:
+    from ingest.engine.provenance import which as which_rows
+
+    table = which_rows(url, steps, storage_options=parse_storage_options(storage_options))
+    records = table.to_pylist()
+    for r in records:
+        if as_json:
+            print(json.dumps(r))
+        else:
+            print(f"step {r['step']} rank {r['rank']} epoch {r['epoch']} {r['url']} "
+                  f"[{r['start']}, {r['stop']})")  # fmt: skip
+    found = {r["step"] for r in records}
+    rows = sum(r["stop"] - r["start"] for r in records)
+    missing = len(steps) - len(found)
+    print(
+        f"{len(found)} step(s), {len({(r['step'], r['rank']) for r in records})} rank-steps, "
+        f"{rows} rows" + (f"; {missing} step(s) in no attempt of the log" if missing else ""),
+        file=sys.stderr if as_json else sys.stdout,
+    )
+    return 0 if found else 1
 
 
 def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
@@ -320,25 +383,27 @@ def bench(argv: Sequence[str]) -> int:
         return 130
 
 
+def _run(args: argparse.Namespace) -> int:
+    """The command ``args`` names (every one but ``bench``), run."""
+    if args.command == "ls":
+        return ls(args.urls, args.storage_option, args.format, args.count)
+    if args.command == "index":
+        return index(
+            args.urls, args.storage_option, args.format, args.index_dir, args.index_option,
+            args.workers, args.ray,
+        )  # fmt: skip
+    if args.command == "which":
+        return which(args.url, args.steps, args.storage_option, args.json)
+    return prepare(args)  # the one command left: the parser takes no other
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["bench"]:
         return bench(args_list[1:])
     args = _parser().parse_args(args_list)
     try:
-        if args.command == "ls":
-            return ls(args.urls, args.storage_option, args.format, args.count)
-        if args.command == "index":
-            return index(
-                args.urls,
-                args.storage_option,
-                args.format,
-                args.index_dir,
-                args.index_option,
-                args.workers,
-                args.ray,
-            )
-        return prepare(args)  # the one command left: the parser takes no other
+        return _run(args)
     except IngestError as e:
         print(f"ingest {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,489 @@
+"""A run's provenance log at an fsspec URL: written by its book, read by ``ingest which``.
+
+What is kept and why is in :mod:`ingest.core.provenance`. The layout under the URL:
+
+- ``attempts/<name>.json``: one per book (:class:`~ingest.core.provenance.Attempt`), written
+  with its first chunk.
+- ``steps/<bucket>/<first>-<last>-<attempt>-<n>.arrow``: a chunk, the steps ``first..last``
+  some ranks acked, as a zstd Arrow IPC file with one record batch per step (``step``,
+  ``rank``, ``epoch``, ``url``, ``start``, ``stop``: one row per run of rows, in the order
+  the batch held them). A chunk never crosses a bucket of :data:`BUCKET_STEPS` steps, so a
+  lookup lists one folder, and reads only the record batches of its steps.
+
+A chunk is written whole when the book folds (every 64 steps) and before every state, so a
+state a run saved is covered by its log. A chunk that cannot be parsed (a writer killed
+while writing one) is left out of every answer with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+import warnings
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from fsspec.core import url_to_fs
+
+from ingest.core.errors import ConfigError, IngestError, StateError, redact
+from ingest.core.provenance import Attempt, StepRows, authoritative
+from ingest.core.skipping import SkipRows, apply_skip
+from ingest.core.state import StreamState, read_state
+
+BUCKET_STEPS = 4096
+"""Steps per folder of chunks: a lookup lists one folder (and the one before, for chunks
+that start there), however long the run."""
+FLUSH_ROWS = 1 << 20
+"""Runs held before a chunk is written between folds (memory: about 40 bytes a run)."""
+
+_SCHEMA = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("rank", pa.int32()),
+        ("epoch", pa.int32()),
+        ("url", pa.dictionary(pa.int32(), pa.string())),
+        ("start", pa.int64()),
+        ("rows", pa.int32()),
+    ]
+)
+"""A chunk's columns. A run's length, not its stop: a shuffled batch's runs are a row each,
+so ``rows`` is all ones and compresses to nothing (3.4 bytes a row, 5.2 with ``stop``)."""
+_WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
+
+
+class ProvenanceError(IngestError):
+    """A provenance log cannot be read or written, or holds no answer for a step.
+
+    Attributes:
+        location: The log's URL, without credentials.
+    """
+
+    def __init__(self, location: str, problem: str, fix: str) -> None:
+        self.location = redact(location)
+        super().__init__(f"provenance log at {self.location}: {problem}. {fix}")
+
+
+class ProvenanceWarning(UserWarning):
+    """A chunk of a provenance log was left out (it could not be read whole)."""
+
+
+class ProvenanceWriter:
+    """The :class:`~ingest.core.provenance.StepLog` a book writes at ``url``.
+
+    Picklable (a stream's spec carries it to the coordinator's process): what it holds is
+    left behind, and the copy starts no attempt until its book starts one.
+
+    Args:
+        url: A directory or an fsspec URL (``s3://bucket/run-7/provenance/``).
+        storage_options: fsspec options for ``url`` (never written anywhere).
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        if not isinstance(url, str) or not url:
+            raise ConfigError(f"provenance={url!r}: pass a directory or an fsspec URL")
+        self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self._fs: Any = None
+        self._root = ""
+        self._attempt: Attempt | None = None
+        self._announced = False
+        self._held: list[tuple[int, int, int, Sequence[str], StepRows]] = []
+        self._held_runs = 0
+        self._chunks = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"url": self.url, "storage_options": self.storage_options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["url"], state["storage_options"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"ProvenanceWriter({redact(self.url)!r})"
+
+    def _filesystem(self) -> tuple[Any, str]:
+        if self._fs is None:
+            try:
+                self._fs, self._root = url_to_fs(self.url, **self.storage_options)
+            except (ImportError, ValueError) as e:
+                raise ProvenanceError(
+                    self.url, str(e), "install the fsspec backend or fix the URL"
+                ) from e
+        return self._fs, self._root
+
+    # -- StepLog ----------------------------------------------------------------------------
+
+    def start(self, first_step: int, world_size: int) -> None:
+        with self._lock:
+            self._write_held()  # a book loads a state: what the last attempt holds is kept
+            self._attempt = Attempt(
+                f"{time.time_ns():x}-{secrets.token_hex(4)}",
+                first_step,
+                time.time_ns(),
+                world_size,
+            )
+            self._announced = False
+
+    def record(
+        self, rank: int, epoch: int, urls: Sequence[str], steps: Sequence[tuple[int, StepRows]]
+    ) -> None:
+        with self._lock:
+            for step, rows in steps:
+                self._held.append((step, rank, epoch, urls, rows))
+                self._held_runs += len(rows)
+            if self._held_runs >= FLUSH_ROWS:
+                self._write_held()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._write_held()
+
+    # -- writing ----------------------------------------------------------------------------
+
+    def _write_held(self) -> None:
+        held, self._held, self._held_runs = self._held, [], 0
+        if not held or self._attempt is None:
+            return
+        fs, root = self._filesystem()
+        attempt = self._attempt
+        try:
+            if not self._announced:
+                _put(fs, f"{root}/attempts/{attempt.name}.json", _attempt_json(attempt))
+                self._announced = True
+            held.sort(key=lambda h: (h[0], h[1]))
+            by_bucket: dict[int, list[tuple[int, int, int, Sequence[str], StepRows]]] = {}
+            for h in held:
+                by_bucket.setdefault(h[0] // BUCKET_STEPS, []).append(h)
+            for bucket, part in by_bucket.items():
+                first, last = part[0][0], part[-1][0]
+                self._chunks += 1
+                name = f"{first:012d}-{last:012d}-{attempt.name}-{self._chunks:05d}.arrow"
+                _put(fs, f"{root}/steps/{bucket:06d}/{name}", _chunk(part))
+        except OSError as e:
+            raise ProvenanceError(
+                self.url,
+                f"writing a chunk failed ({e})",
+                "check that the URL is writable from this process (the coordinator's node "
+                "for a RayStream), or leave provenance= out",
+            ) from e
+
+
+def _attempt_json(a: Attempt) -> bytes:
+    return json.dumps(
+        {
+            "name": a.name,
+            "first_step": a.first_step,
+            "started_ns": a.started_ns,
+            "world_size": a.world_size,
+        }
+    ).encode()
+
+
+def _put(fs: Any, path: str, data: bytes) -> None:
+    """Write ``data`` at ``path`` whole: a local file by rename, a store object by one put."""
+    if "file" in _protocols(fs):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    else:
+        fs.pipe_file(path, data)
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    protocol = fs.protocol
+    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+def _chunk(part: Sequence[tuple[int, int, int, Sequence[str], StepRows]]) -> bytes:
+    """One chunk's bytes (``part`` sorted by step): a record batch per step, URLs as one
+    dictionary. Vectorised over the records: a coordinator of 1,024 ranks logs 1,024 a step."""
+    n = len(part)
+    lens = np.fromiter((len(h[4]) for h in part), dtype=np.int64, count=n)
+    rows = np.concatenate([h[4] for h in part]).reshape(-1, 3).astype(np.int64)
+    lists: dict[int, int] = {}
+    listed: list[Sequence[str]] = []
+    which_list = np.empty(n, dtype=np.int64)
+    for k, h in enumerate(part):
+        got = lists.get(id(h[3]))
+        if got is None:
+            got = lists[id(h[3])] = len(listed)
+            listed.append(h[3])
+        which_list[k] = got
+    # one dictionary entry per (epoch's listing, shard) the chunk names
+    key = (np.repeat(which_list, lens) << 32) | rows[:, 0]
+    uniq, inverse = np.unique(key, return_inverse=True)
+    names = []
+    for k in uniq.tolist():
+        urls, shard = listed[k >> 32], k & 0xFFFFFFFF
+        names.append(urls[shard] if shard < len(urls) else f"shard {shard}")
+    step = np.repeat(np.fromiter((h[0] for h in part), dtype=np.int64, count=n), lens)
+    table = pa.record_batch(
+        [
+            pa.array(step),
+            pa.array(np.repeat(np.fromiter((h[1] for h in part), np.int32, n), lens)),
+            pa.array(np.repeat(np.fromiter((h[2] for h in part), np.int32, n), lens)),
+            pa.DictionaryArray.from_arrays(
+                pa.array(inverse.reshape(-1).astype(np.int32)), pa.array(names, pa.string())
+            ),
+            pa.array(rows[:, 1]),
+            pa.array((rows[:, 2] - rows[:, 1]).astype(np.int32)),
+        ],
+        schema=_SCHEMA,
+    )
+    cuts = np.concatenate(([0], np.flatnonzero(np.diff(step)) + 1, [len(step)]))
+    # The steps in the schema's metadata: a lookup reads the footer and its step's batch.
+    steps = json.dumps(step[cuts[:-1]].tolist()).encode()
+    schema = _SCHEMA.with_metadata({b"steps": steps})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, schema, options=_WRITE) as writer:
+        for a, b in zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True):
+            writer.write_batch(table.slice(a, b - a))
+    return bytes(sink.getvalue())
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+class ProvenanceLog:
+    """A run's provenance log, read: which rows each rank's step consumed.
+
+    Args:
+        url: Where the run wrote it (the stream's ``provenance=``).
+        storage_options: fsspec options for ``url``.
+    """
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        try:
+            self._fs, self._root = url_to_fs(self.url, **dict(storage_options or {}))
+        except (ImportError, ValueError) as e:
+            raise ProvenanceError(url, str(e), "install the fsspec backend or fix the URL") from e
+        self._attempts: dict[str, Attempt] | None = None
+        self._listed: dict[int, list[tuple[int, int, str, str]]] = {}
+        self._bad: set[str] = set()
+        """Chunks that could not be read whole (told once)."""
+
+    def attempts(self) -> list[Attempt]:
+        """Every attempt of the run, oldest first."""
+        if self._attempts is None:
+            found: dict[str, Attempt] = {}
+            try:
+                paths = self._fs.glob(f"{self._root}/attempts/*.json")
+            except FileNotFoundError:
+                paths = []
+            for path in paths:
+                data = json.loads(self._fs.cat_file(path))
+                a = Attempt(
+                    str(data["name"]),
+                    int(data["first_step"]),
+                    int(data["started_ns"]),
+                    int(data["world_size"]),
+                )
+                found[a.name] = a
+            if not found:
+                raise ProvenanceError(
+                    self.url,
+                    "no attempt is recorded there",
+                    "pass the URL the run was given as provenance= (it writes its first "
+                    "chunk at its first fold, 64 steps, or its first state)",
+                )
+            self._attempts = found
+        return sorted(self._attempts.values(), key=lambda a: a.started_ns)
+
+    def _chunks(self, bucket: int) -> list[tuple[int, int, str, str]]:
+        """``(first, last, attempt, path)`` of the chunks filed under ``bucket``."""
+        if bucket not in self._listed:
+            try:
+                paths = self._fs.glob(f"{self._root}/steps/{bucket:06d}/*.arrow")
+            except FileNotFoundError:
+                paths = []
+            out = []
+            for path in paths:
+                first, last, attempt = _parse_name(os.path.basename(path))
+                out.append((first, last, attempt, path))
+            self._listed[bucket] = out
+        return self._listed[bucket]
+
+    def which(self, steps: int | Iterable[int]) -> pa.Table:
+        """The rows each rank's ``steps`` consumed, as the run's authoritative attempt
+        recorded them: one row per run of rows (``step``, ``rank``, ``epoch``, ``url``,
+        ``start``, ``stop``), by step, rank, then the batch's order. A step no attempt
+        recorded (not reached, or rolled back and not reached again) has no row."""
+        wanted = [steps] if isinstance(steps, int) else sorted(set(steps))
+        attempts = self.attempts()
+        tables = []
+        for step in wanted:
+            chosen = authoritative(attempts, step)
+            if chosen is None:
+                continue
+            bucket = step // BUCKET_STEPS
+            for first, last, name, path in self._chunks(bucket):
+                if name == chosen.name and first <= step <= last and path not in self._bad:
+                    got = self._read_step(path, step)
+                    if got is not None:
+                        tables.append(got)
+        if not tables:
+            return _PLAIN.empty_table()
+        return pa.concat_tables([_plain(t) for t in tables]).sort_by(
+            [("step", "ascending"), ("rank", "ascending")]
+        )
+
+    def _read_step(self, path: str, step: int) -> pa.Table | None:
+        """The record batches of ``step`` in one chunk (a chunk holds a batch per step)."""
+        try:
+            return _read_step(self._fs, path, step)
+        except (pa.ArrowInvalid, OSError, KeyError, ValueError) as e:
+            self._bad.add(path)
+            warnings.warn(
+                f"provenance chunk {redact(path)} left out: it cannot be read whole ({e}); a "
+                "writer stopped while writing it",
+                ProvenanceWarning,
+                stacklevel=4,
+            )
+            return None
+
+    def records(self, steps: int | Iterable[int]) -> list[dict[str, Any]]:
+        """:meth:`which` as a list of records (``{"step", "rank", "epoch", "url", "start",
+        "stop"}``)."""
+        return self.which(steps).to_pylist()  # type: ignore[no-any-return]
+
+
+_PLAIN = pa.schema(
+    [
+        ("step", pa.int64()),
+        ("rank", pa.int32()),
+        ("epoch", pa.int32()),
+        ("url", pa.string()),
+        ("start", pa.int64()),
+        ("stop", pa.int64()),
+    ]
+)
+"""What :meth:`ProvenanceLog.which` answers: a run's stop, its URL as a string."""
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """A chunk's rows as :data:`_PLAIN`."""
+    stop = pc.add(table["start"], table["rows"].cast(pa.int64()))
+    return pa.table(
+        [
+            table["step"],
+            table["rank"],
+            table["epoch"],
+            table["url"].cast(pa.string()),
+            table["start"],
+            stop,
+        ],
+        schema=_PLAIN,
+    )
+
+
+def _parse_name(name: str) -> tuple[int, int, str]:
+    first, last, rest = name.split("-", 2)
+    attempt = rest.rsplit("-", 1)[0]
+    return int(first), int(last), attempt
+
+
+def _read_step(fs: Any, path: str, step: int) -> pa.Table | None:
+    """The record batches of ``step`` in one chunk, read from its footer on."""
+    with fs.open(path, "rb") as f:
+        reader = pa.ipc.open_file(f)
+        steps = json.loads(reader.schema.metadata[b"steps"])
+        found = [reader.get_batch(i) for i, s in enumerate(steps) if s == step]
+        if not found:
+            return None
+        return pa.Table.from_batches(found).replace_schema_metadata(None)
+
+
+def which(
+    url: str, steps: int | Iterable[int], *, storage_options: Mapping[str, Any] | None = None
+) -> pa.Table:
+    """The rows each rank's ``steps`` consumed in the run whose log is at ``url`` (the
+    stream's ``provenance=``): see :meth:`ProvenanceLog.which`."""
+    return ProvenanceLog(url, storage_options).which(steps)
+
+
+def skip(
+    state: Mapping[str, Any] | str | StreamState,
+    *,
+    steps: Iterable[int] | None = None,
+    rows: Iterable[tuple[str, int, int]] | None = None,
+    provenance: str | None = None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``state`` with rows left out, to resume from after a loss spike (issue 35).
+
+    The rows are consumed in the returned state, never delivered, at any world size, and
+    the skip is listed in the state (``stream.quarantined()``, ``stream.stats``'s
+    ``rows_skipped_on_request``) through every later state of the epoch: see
+    :mod:`ingest.core.skipping`.
+
+    Args:
+        state: A state a stream saved (one source).
+        steps: Leave out every row these steps consumed on any rank, as the run's
+            provenance log recorded them (``provenance``). Steps at or before the state's
+            were consumed already: nothing changes for them.
+        rows: Leave out these ``(url, start, stop)`` rows (URLs as the stream listed them).
+        provenance: The run's log (its ``provenance=``), for ``steps``.
+        storage_options: fsspec options for ``provenance``.
+
+    Raises:
+        ProvenanceError: If ``steps`` is given without a log, or a step is in none of its
+            attempts.
+        StateError: For a mixture's state, or rows of another epoch than the state's.
+    """
+    parsed = read_state(state.to_json() if isinstance(state, StreamState) else state)
+    if not isinstance(parsed, StreamState):
+        raise StateError(
+            "ingest.skip takes one source's state; a mixture's is not supported yet: skip "
+            "rows in each source's part (state['sources'][name])"
+        )
+    given = list(rows or ())
+    wanted: list[SkipRows] = [SkipRows(u, int(a), int(b)) for u, a, b in given]
+    asked = []
+    if steps is not None:
+        steps = sorted(set(steps))
+        if provenance is None:
+            raise ProvenanceError(
+                "(none)",
+                f"steps {_span(steps)} asked without a log",
+                "pass provenance= the URL the run was given as provenance=",
+            )
+        table = which(provenance, steps, storage_options=storage_options)
+        missing = sorted(set(steps) - set(table["step"].to_pylist()))
+        if missing:
+            raise ProvenanceError(
+                provenance,
+                f"step(s) {_span(missing)} are in no attempt of the log (not reached yet?)",
+                "skip only steps the run handed out, or name rows= instead",
+            )
+        wanted += [SkipRows(r["url"], r["start"], r["stop"], r["epoch"]) for r in table.to_pylist()]
+        asked.append(f"steps {_span(steps)}")
+    if rows is not None:
+        asked.append(f"{len(given)} row range(s)")
+    out, _ = apply_skip(parsed, wanted, ", ".join(asked) or "nothing")
+    return out.to_json()
+
+
+def _span(steps: Sequence[int]) -> str:
+    if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1:
+        return f"{steps[0]}..{steps[-1]}"
+    return ", ".join(str(s) for s in steps[:8]) + (" ..." if len(steps) > 8 else "")
+
+
+__all__ = [
+    "BUCKET_STEPS",
+    "ProvenanceError",
+    "ProvenanceLog",
+    "ProvenanceWarning",
+    "ProvenanceWriter",
+    "skip",
+    "which",
+]
