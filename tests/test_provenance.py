@@ -376,3 +376,36 @@ def test_a_raystream_resumed_from_a_skip_leaves_the_rows_out_and_exports_them(
     delivered = head + rest
     assert len(delivered) == len(set(delivered))
     assert len(set(range(SHARDS * ROWS)) - set(delivered) - set(spiked)) < 2 * BATCH
+
+
+def test_a_followed_dataset_logs_each_rounds_steps_with_its_new_shards(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    root, log = tmp_path / "d", str(tmp_path / "log")
+    root.mkdir()
+
+    def write(n: int) -> None:
+        ids_ = np.arange(n * ROWS, (n + 1) * ROWS, dtype=np.int64)
+        pq.write_table(pa.table({"id": ids_}), root / f"part-{n:05d}.parquet")
+
+    write(0)
+    write(1)
+    stream = ingest.Stream(
+        str(root) + "/", columns=["id"], batch_size=BATCH, shuffle_seed=8, provenance=log,
+        follow=ingest.Follow(poll_s=0.02, idle_timeout_s=0.3),
+    )  # fmt: skip
+    seen: dict[int, list[int]] = {}
+    for round_ in range(2):  # round 0 over shards 0-1, round 1 over the two written since
+        for step, batch in enumerate(stream, start=len(seen)):
+            seen[step] = ids(batch)
+        if round_ == 0:
+            write(2)
+            write(3)
+    table = which(log, range(len(seen)))
+    got: dict[int, list[int]] = {}
+    for r in table.to_pylist():
+        shard = int(Path(_path(r["url"])).stem.split("-")[1])
+        got.setdefault(r["step"], []).extend(shard * ROWS + i for i in range(r["start"], r["stop"]))
+    assert got == seen
+    urls = set(table["url"].to_pylist())
+    assert any("part-00002" in u for u in urls) and any("part-00003" in u for u in urls)
