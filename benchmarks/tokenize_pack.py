@@ -30,9 +30,11 @@ texts, in turn, ``--repeat`` times (medians):
 - the whole engine: an ``ingest.Stream`` over the corpus as JSONL shards on local disk (in
   the page cache), ``transform=Tokenize``, ``pack=Pack(seq_len)``, batches of 8 sequences as
   torch tensors (reading, decoding JSON, read-ahead, acks included); its tokenizing runs in
-  the feed's thread, beside the loop;
-- the same through an ``ingest.DataLoader`` with 2 worker processes, which read and
-  tokenize while the main process packs;
+  the feed's thread, beside the loop. One Stream, made before the rounds, iterated for an
+  epoch each round, as a training job iterates one Stream for all its epochs (its first
+  epoch's listing and schema inference are not counted again every round);
+- the same through one ``ingest.DataLoader`` with 2 worker processes (kept across epochs),
+  which read and tokenize while the main process packs;
 - with ``--ray``, the same through an ``ingest.RayStream``: ``--readers`` actors read and
   tokenize, one rank iterated in this process packs (a warm epoch of a stream made once;
   its epoch carries its last short batch on; the rank's own count of real tokens).
@@ -209,23 +211,26 @@ def stream_loop(
     packed: dict[str, int],
     workers: int | None = None,
 ) -> Callable[[], int]:
-    """An epoch of a packing Stream over ``root``'s shards (``workers``: through an
-    ``ingest.DataLoader`` with that many worker processes); ``packed`` gets its token counts."""
+    """Each call an epoch of one packing Stream over ``root``'s shards, made once (``workers``:
+    through one ``ingest.DataLoader`` with that many worker processes, kept across epochs);
+    ``packed`` gets the epoch's token counts."""
+    s = ingest.Stream(
+        str(root / "*.jsonl"),
+        batch_size=8,
+        transform=stage,
+        pack=ingest.Pack(seq_len=seq_len, read_rows=read_rows),
+    )
+    loader = None if workers is None else ingest.DataLoader(s, num_workers=workers)
 
     def loop() -> int:
-        s = ingest.Stream(
-            str(root / "*.jsonl"),
-            batch_size=8,
-            transform=stage,
-            pack=ingest.Pack(seq_len=seq_len, read_rows=read_rows),
-        )
-        if workers is not None:  # every token of the corpus, once (no remainder: see main)
-            for _ in ingest.DataLoader(s, num_workers=workers):
+        if loader is not None:  # every token of the corpus, once (no remainder: see main)
+            for _ in loader:
                 pass
             return packed["real"]
+        real, padding = s.stats["tokens"], s.stats["padding_tokens"]
         for _ in s:
             pass
-        real, padding = s.stats["tokens"], s.stats["padding_tokens"]
+        real, padding = s.stats["tokens"] - real, s.stats["padding_tokens"] - padding
         packed.update(real=real, all=real + padding)
         return real
 

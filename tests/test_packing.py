@@ -73,6 +73,44 @@ def test_every_token_once_in_order_within_seq_len(
             assert all(p.start % seq_len == 0 for p in pieces)
 
 
+def as_lists(sequences: list[Packed]) -> list[tuple[list[list[int]], list[Any], int]]:
+    return [([t.tolist() for t in s.tokens], list(s.pieces), s.size) for s in sequences]
+
+
+@given(
+    steps=st.lists(
+        st.lists(st.tuples(st.integers(0, 60), st.integers(0, 70)), max_size=12), max_size=5
+    ),
+    seq_len=st.integers(1, 24),
+    method=st.sampled_from(METHODS),
+    max_open=st.integers(1, 6),
+)
+def test_add_run_closes_what_add_per_document_closes(
+    steps: list[list[tuple[int, int]]], seq_len: int, method: str, max_open: int
+) -> None:
+    """A read step's documents in one add_run call close the same sequences, with the same
+    tokens and pieces, in the same order, as one add per document; so does the flush after
+    several steps. Documents of any length, a start inside, at or past their end (nothing
+    left), longer than several sequences, int32 ids."""
+    one, run = Packer(seq_len, method, max_open), Packer(seq_len, method, max_open)  # type: ignore[arg-type]
+    key = 0
+    for step in steps:
+        lengths = [n for n, _ in step]
+        starts = [min(s, n + 3) for n, s in step]
+        flat = np.concatenate(
+            [doc(key + k, n).astype(np.int32) for k, n in enumerate(lengths)]
+            + [np.zeros(0, np.int32)]
+        )
+        ends = np.cumsum(lengths).tolist()
+        want: list[Packed] = []
+        for k, (n, start) in enumerate(zip(lengths, starts, strict=True)):
+            want += one.add(key + k, flat[ends[k] - n + start : ends[k]], start)
+        got = run.add_run(key, flat, ends, lengths, starts)
+        assert as_lists(got) == as_lists(want)
+        key += len(step)
+    assert as_lists(run.flush()) == as_lists(one.flush())
+
+
 @given(
     lengths=corpora,
     seq_len=st.integers(1, 24),

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from itertools import chain
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -146,6 +146,95 @@ class Packer(Outbox):
         else:
             self._best_fit(key, ids, start)
         return self._take()
+
+    def add_run(
+        self,
+        first: int,
+        flat: npt.NDArray[Any],
+        ends: Seq[int],
+        lengths: Seq[int],
+        starts: Seq[int],
+    ) -> list[Packed]:
+        """:meth:`add` of documents ``first``, ``first + 1``, ...: document ``first + k``
+        is ``flat[ends[k] - lengths[k] : ends[k]]``, its tokens from ``starts[k]`` on added.
+        The sequences completed, in order, as those calls would close them.
+
+        One call for a read step's documents (a thousand): best-fit's loop with its state in
+        locals, without a call, a dtype check and a hand-over per document (a packing
+        stream's main thread spent a fifth of its time in those with a cheap tokenizer)."""
+        if flat.dtype.kind not in "iu":
+            flat = flat.astype(np.int64)
+        for k, start in enumerate(starts):
+            if start < 0:
+                raise ConfigError(f"document {first + k}: start={start} must be at least 0")
+        if self.method != "best_fit":
+            out: list[Packed] = []
+            for k, (end, n, start) in enumerate(zip(ends, lengths, starts, strict=True)):
+                out += self.add(first + k, flat[end - n + start : end], start)
+            return out
+        return self._best_fit_run(first, flat, ends, lengths, starts)
+
+    def _best_fit_run(
+        self,
+        first: int,
+        flat: npt.NDArray[Any],
+        ends: Seq[int],
+        lengths: Seq[int],
+        starts: Seq[int],
+    ) -> list[Packed]:
+        """:meth:`add_run` under best-fit: :meth:`_best_fit` per document, inlined."""
+        size, max_open = self.seq_len, self.max_open
+        rooms, by_serial, done = self._rooms, self._by_serial, self._out
+        bisect_left, insort = bisect.bisect_left, bisect.insort
+        taken: list[Packed] = []
+        key = first - 1
+        for end, n, start in zip(ends, lengths, starts, strict=True):
+            key += 1
+            total = n - start
+            if total <= 0:  # nothing left: it goes with the next sequence closed
+                taken += self._take()
+                taken += self._no_token_left(key, start)
+                done = self._out
+                continue
+            ids = flat[end - total : end]
+            rest = total % size
+            if total >= size:  # cut into whole sequences first (most documents are shorter)
+                done += self._whole(key, ids, start, total - rest, total)
+                if not rest:
+                    continue
+                ids = ids[total - rest :]
+            i = bisect_left(rooms, (rest, -1))
+            if i < len(rooms):
+                room, serial = rooms.pop(i)
+                seq = by_serial[serial]
+            else:
+                if len(rooms) >= max_open:
+                    _, fullest = rooms.pop(0)
+                    done.append(by_serial.pop(fullest))
+                serial, self._serial = self._serial, self._serial + 1
+                seq = by_serial[serial] = Packed()
+                room = size
+            seq.tokens.append(ids)
+            seq.pieces.append(Piece(key, start + total - rest, start + total, True))
+            seq.size += rest
+            room -= rest
+            if room:
+                insort(rooms, (room, serial))
+            else:
+                done.append(by_serial.pop(serial))
+        return taken + self._take()
+
+    def _whole(
+        self, key: int, ids: npt.NDArray[Any], start: int, whole: int, total: int
+    ) -> list[Packed]:
+        """Best-fit's whole sequences of a document: its first ``whole`` tokens (of
+        ``total``) cut every ``seq_len``."""
+        size, out = self.seq_len, []
+        for at in range(0, whole, size):
+            seq = Packed()
+            seq.put(key, ids[at : at + size], start + at, at + size == total)
+            out.append(seq)
+        return out
 
     def flush(self) -> list[Packed]:
         """Close every open sequence (the end of the input); the sequences, in order."""
