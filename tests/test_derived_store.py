@@ -36,6 +36,7 @@ from ingest.engine.stage import Filter, Staged
 from ingest.engine.tokenize import EOS_KEY
 from ingest.storage.cache import CacheOptions
 from ingest.storage.cache.seal import seal_of, write_seal
+from ingest.testing import LoopbackS3
 
 # -- the codec ---------------------------------------------------------------------------
 
@@ -310,6 +311,30 @@ def test_a_damaged_shared_copy_is_a_miss_and_removed() -> None:
         assert store.get(key()) is None
     assert fs.find("/derived-damaged") == []
     assert store.put(key(), docs(1), 50) is True
+
+
+def test_a_shared_copy_on_s3_is_read_with_one_request(
+    s3: LoopbackS3, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GET alone: s3fs's ``cat_file`` of a whole object asks its size first (a HEAD per
+    copy, every epoch), which a read from byte 0 does not."""
+    import s3fs
+
+    url = "s3://ingest-test/derived-requests/"
+    store = DerivedStore(DerivedConfig(url=url, storage_options=s3.storage_options()))
+    store.put(key(), docs(1), 50)
+    asked: list[str] = []
+    info = s3fs.S3FileSystem._info
+
+    async def counted(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+        asked.append(path)
+        return await info(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_info", counted)
+    got = store.get(key())
+    assert got is not None
+    assert_same(got.staged, docs(1))
+    assert asked == []
 
 
 def test_a_directory_stays_within_its_bytes_least_recently_used_first(tmp_path: Path) -> None:

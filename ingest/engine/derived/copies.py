@@ -196,7 +196,9 @@ class SharedCopies:
 
     def read(self, name: str) -> bytes | None:
         try:
-            return bytes(self.fs.cat_file(self.path(name)))
+            # From byte 0, not the whole object: s3fs asks a whole object's size first (a
+            # HEAD per copy read, every epoch), which a read from a start does not.
+            return bytes(self.fs.cat_file(self.path(name), start=0))
         except FileNotFoundError:
             return None
         except Exception as e:
