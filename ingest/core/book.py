@@ -495,7 +495,7 @@ class EpochBook(Generic[L]):
                 e.fold(last, self.acks, self.config.batch_size)
         self.acks.forget(step)
         if self.log is not None:
-            self.log.flush()
+            self.log.flush(wait=False)  # written behind the loop
 
     # -- restore ---------------------------------------------------------------------------
 

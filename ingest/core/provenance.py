@@ -50,8 +50,9 @@ class StepLog(Protocol):
         shard ``i`` is ``urls[i]``."""
         ...
 
-    def flush(self) -> None:
-        """Write what is held: a state taken after this covers every step logged."""
+    def flush(self, *, wait: bool = True) -> None:
+        """Write what is held; ``wait``: before returning (a state taken after this covers
+        every step logged), else behind the caller (a fold, on the training loop's path)."""
         ...
 
 
