@@ -124,7 +124,7 @@ def test_a_dataloader_logs_each_workers_steps(data: list[str], tmp_path: Path) -
     log = str(tmp_path / "log")
     stream = ingest.Stream(data, columns=["id"], batch_size=BATCH, shuffle_seed=1, provenance=log)
     loader = ingest.DataLoader(stream, num_workers=2)
-    batches = [sorted(ids(b)) for b in loader]
+    batches = [sorted(ids(b)) for _ in range(2) for b in loader]  # two epochs
     logged = ids_of(ProvenanceLog(log).which(range(len(batches))), data)
     assert {r for r, _ in logged} == {0, 1}
     assert sorted(sorted(v) for v in logged.values()) == sorted(batches)
