@@ -11,7 +11,14 @@ import fsspec
 import pytest
 
 import ingest
-from ingest.core.errors import IngestError, SchemaMismatchError, ShardError, SourceError, StoreError
+from ingest.core.errors import (
+    IngestError,
+    LocationError,
+    SchemaMismatchError,
+    ShardError,
+    SourceError,
+    StoreError,
+)
 from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionError
 from ingest.engine.derived.codec import CorruptDerivedError
 from ingest.engine.derived.copies import DerivedStoreError
@@ -55,6 +62,7 @@ EXAMPLES: list[IngestError] = [
     DerivedStoreError("s3://key:secret@bucket/derived/", "forbidden", "grant write access"),
     PrepareError(f"{URL} rows [0, 4096): the chain raised ValueError: bad text"),
     ProvenanceError("s3://key:secret@bucket/run/prov/", "no attempt is recorded there", "fix"),
+    LocationError("s3://key:secret@bucket/store/", "forbidden", "grant read access"),
 ]
 
 

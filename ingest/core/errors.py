@@ -48,6 +48,26 @@ def _rebuild(
     return error
 
 
+class LocationError(IngestError):
+    """A store of this package's own at a location (the shard index, the derived cache, a
+    provenance log) cannot be read or written: the location (without credentials), what
+    went wrong and the fix. Each store's class names the store (:attr:`what`).
+
+    Attributes:
+        location: The store's URL or directory, without credentials.
+        problem: What went wrong.
+        fix: What to do.
+    """
+
+    what = "store"
+
+    def __init__(self, location: str, problem: str, fix: str) -> None:
+        self.location = redact(location)
+        self.problem = problem
+        self.fix = fix
+        super().__init__(f"{self.what} at {self.location}: {problem}. {fix}")
+
+
 class ConfigError(IngestError, ValueError):
     """An option or argument has a value that cannot work."""
 

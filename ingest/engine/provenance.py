@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.core import url_to_fs
 
-from ingest.core.errors import ConfigError, IngestError, StateError, redact
+from ingest.core.errors import ConfigError, LocationError, StateError, redact
 from ingest.core.provenance import Attempt, StepRows, authoritative
 from ingest.core.skipping import SkipRows, apply_skip
 from ingest.core.state import StreamState, read_state
@@ -61,16 +61,10 @@ so ``rows`` is all ones and compresses to nothing (3.4 bytes a row, 5.2 with ``s
 _WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
-class ProvenanceError(IngestError):
-    """A provenance log cannot be read or written, or holds no answer for a step.
+class ProvenanceError(LocationError):
+    """A provenance log cannot be read or written, or holds no answer for a step."""
 
-    Attributes:
-        location: The log's URL, without credentials.
-    """
-
-    def __init__(self, location: str, problem: str, fix: str) -> None:
-        self.location = redact(location)
-        super().__init__(f"provenance log at {self.location}: {problem}. {fix}")
+    what = "provenance log"
 
 
 class ProvenanceWarning(UserWarning):

@@ -17,7 +17,7 @@ from typing import Any
 
 from fsspec.utils import get_protocol
 
-from ingest.core.errors import ConfigError, IngestError, redact
+from ingest.core.errors import ConfigError, IngestError, LocationError, redact
 from ingest.formats.base import ShardInfo
 from ingest.planner.index.entries import (
     INDEX_VERSION,
@@ -39,14 +39,10 @@ _REMOTE_BATCH = 512
 _LOCAL_PROTOCOLS = ("file", "local")
 
 
-class IndexStoreError(IngestError):
+class IndexStoreError(LocationError):
     """The index location cannot be read or written (not a bad entry: those are rebuilt)."""
 
-    def __init__(self, location: str, problem: str, fix: str) -> None:
-        self.location = redact(location)
-        self.problem = problem
-        self.fix = fix
-        super().__init__(f"shard index at {self.location}: {problem}. {fix}")
+    what = "shard index"
 
 
 class IndexEntryWarning(UserWarning):
