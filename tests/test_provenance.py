@@ -409,3 +409,15 @@ def test_a_followed_dataset_logs_each_rounds_steps_with_its_new_shards(tmp_path:
     assert got == seen
     urls = set(table["url"].to_pylist())
     assert any("part-00002" in u for u in urls) and any("part-00003" in u for u in urls)
+
+
+def test_a_log_that_cannot_be_written_fails_the_stream_naming_it(
+    data: list[str], tmp_path: Path
+) -> None:
+    blocked = tmp_path / "file"
+    blocked.write_text("not a directory")
+    stream = ingest.Stream(data, columns=["id"], batch_size=BATCH, provenance=str(blocked / "log"))
+    with pytest.raises(ingest.ProvenanceError, match="writing a chunk failed") as told:
+        for _ in stream:
+            pass
+    assert str(blocked) in str(told.value)
