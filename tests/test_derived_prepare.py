@@ -18,6 +18,7 @@ import pytest
 
 import ingest
 from ingest.core.errors import ConfigError
+from ingest.engine.derived import copies
 from ingest.engine.derived.prepare import PrepareError, load_transform, prepare
 from ingest.testing import LoopbackS3, Store, write_dataset
 from tests.test_derived_stream import BATCH, EXPECTED, ROWS, SHARDS, Split, _calls, _epoch, _files
@@ -80,6 +81,27 @@ def test_after_prepare_a_stream_runs_no_stage_and_a_second_prepare_writes_nothin
     again, ran = _calls(lambda: prepare(data, Split(), f"file://{copies}", columns=["id"]))
     assert (again.derived, again.present, again.bytes_written, ran) == (0, units, 0, 0)
     assert _snapshot(copies) == written, "nothing written the second time, nor by the stream"
+
+
+@pytest.mark.parametrize("where", ["local", "url"])
+def test_a_second_prepare_reads_no_copy(
+    local: Store, tmp_path: Path, where: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rerun looks for each unit's copy and reads none (before, it read and checked every
+    copy's bytes: a download of the whole cache from a shared URL)."""
+    data = _write(local, "parquet")
+    derived = (
+        ingest.DerivedConfig(local=ingest.CacheOptions(str(tmp_path / "node"), max_bytes=1 << 30))
+        if where == "local"
+        else ingest.DerivedConfig(url=f"file://{tmp_path / 'shared'}")
+    )
+    prepare(data, Split(), derived, columns=["id"])
+    read: list[str] = []
+    for kind in (copies.LocalCopies, copies.SharedCopies):
+        monkeypatch.setattr(kind, "read", lambda self, name: read.append(name))
+    again = prepare(data, Split(), derived, columns=["id"])
+    assert (again.derived, again.present) == (0, UNITS["parquet"])
+    assert read == []
 
 
 def test_prepared_jsonl_serves_a_stream_of_several_ranks(local: Store, tmp_path: Path) -> None:

@@ -58,6 +58,11 @@ class Copies(Protocol):
         """
         ...
 
+    def has(self, name: str) -> bool:
+        """Whether a copy named ``name`` is there: a look, its bytes neither read nor
+        checked (a damaged copy is found, removed and written again when it is read)."""
+        ...
+
     def write(self, name: str, blob: bytes, event: CacheEvent) -> bool:
         """Store ``blob`` as ``name`` unless a copy is there already; whether this call wrote
         it (False too where a node's directory has no room). Evictions go in ``event``."""
@@ -121,6 +126,16 @@ class LocalCopies:
             return None  # evicted since
         with held:
             return held.read()
+
+    def has(self, name: str) -> bool:
+        path = self.cache.path_of(name)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        # As sealed (a stat and the seal's few bytes); one that is not is judged, and kept
+        # or removed, by the read or the write that comes to it.
+        return matches_seal(path, st, st.st_size)
 
     def write(self, name: str, blob: bytes, event: CacheEvent) -> bool:
         if self._present(name, len(blob)):
@@ -203,6 +218,12 @@ class SharedCopies:
             return None
         except Exception as e:
             raise self._error(e, "read") from None
+
+    def has(self, name: str) -> bool:
+        try:
+            return bool(self.fs.exists(self.path(name)))
+        except Exception as e:
+            raise self._error(e, "look for a copy in") from None
 
     def write(self, name: str, blob: bytes, event: CacheEvent) -> bool:
         path = self.path(name)

@@ -189,6 +189,16 @@ class DerivedStore:
         self._count(hits=1, bytes_read=found[1])
         return found[0]
 
+    def has(self, key: DerivedKey) -> bool:
+        """Whether ``key`` has a copy, without reading it (its bytes are checked when it is
+        read: a damaged one is then a miss, removed and derived again). Counted as nothing:
+        no hit, no miss.
+
+        Raises:
+            DerivedStoreError: If a shared store cannot be read.
+        """
+        return self._copies.has(key.name())
+
     def _checked(self, key: DerivedKey) -> tuple[bytes, int] | None:
         """The payload of ``key``'s copy and the copy's stored bytes, if it passes its check;
         a miss is counted here, a hit by the caller."""

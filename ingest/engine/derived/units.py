@@ -140,7 +140,7 @@ def derive_shard(
     done: dict[UnitJob, UnitDone] = {}
     todo = []
     for u in job.units:
-        if store.get_bytes(u.key) is None:
+        if not store.has(u.key):  # a look: a rerun downloads no copy
             todo.append(u)
         else:
             done[u] = UnitDone(ctx.shard.url, u.start, u.stop, "present")
