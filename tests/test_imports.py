@@ -4,9 +4,11 @@ tensors. A driver making a RayStream, the coordinator and the reader pool never 
 from __future__ import annotations
 
 import ast
+import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -333,3 +335,62 @@ def test_no_transport_branches_on_its_nodes() -> None:
         for line, test in _branches_on(ast.parse((root / path).read_text()), NODE_SETTINGS)
     ]
     assert not wrong, "a transport branches on its node's kind:\n" + "\n".join(wrong)
+
+
+def _reader_modules(reader: Any) -> dict[str, Any]:
+    """In a reader actor: which of s3fs and torch it imported, and its filesystems made."""
+
+    def probe(actor: Any) -> dict[str, Any]:
+        return {
+            "s3fs": "s3fs" in sys.modules,
+            "torch": "torch" in sys.modules,
+            "filesystems": sorted(actor.source._filesystems),
+        }
+
+    import ray
+
+    got: dict[str, Any] = ray.get(reader.__ray_call__.remote(probe), timeout=60)
+    return got
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.parametrize("where", ["local", "s3_store"])
+def test_a_reader_imports_s3fs_only_for_s3_and_makes_it_before_the_first_read(
+    where: str, request: pytest.FixtureRequest
+) -> None:
+    """A reader of S3 shards imports s3fs and makes its filesystem (and client) as it starts,
+    before a rank asks (it cost 0.3-0.5 s of each reader's first read on 2 busy cores,
+    benchmarks/resume.py); a reader of local files never imports s3fs; none imports torch."""
+    import time
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import ingest
+
+    store = request.getfixturevalue(where)
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": list(range(64))}), sink)
+    store.write("imports/part-0.parquet", sink.getvalue())
+    stream = ingest.RayStream(
+        store.url("imports") + "/",
+        world_size=2,
+        batch_size=16,
+        storage_options=store.storage_options,
+    )
+    try:
+        protocol = "s3" if store.name == "s3" else "file"
+        deadline = time.monotonic() + 60
+        seen = [_reader_modules(r) for r in stream.readers]
+        while any(protocol not in s["filesystems"] for s in seen) and time.monotonic() < deadline:
+            time.sleep(0.2)
+            seen = [_reader_modules(r) for r in stream.readers]
+        for s in seen:  # no rank has asked for a batch yet
+            assert protocol in s["filesystems"], seen
+            assert s["s3fs"] is (store.name == "s3"), seen
+        ids = [int(i) for b in stream.rank_iterator(0) for i in b["id"]]
+        assert len(ids) == 32 and len(set(ids)) == 32  # rank 0's half of the 64 rows
+        assert not any(_reader_modules(r)["torch"] for r in stream.readers)
+    finally:
+        stream.shutdown()
