@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import pickle
 import stat
+import time
 from pathlib import Path
 from typing import Any
 
@@ -478,3 +479,28 @@ def test_a_writer_killed_while_it_writes_leaves_no_copy(tmp_path: Path, where: s
     got = store.get(key())
     assert got is not None
     assert_same(got.staged, docs(3, rows=50))
+
+
+def test_a_dead_writers_temporary_file_at_a_url_is_removed_by_the_next_writer(
+    tmp_path: Path,
+) -> None:
+    """At a ``file://`` URL a writer killed before it links its copy leaves its temporary
+    file; the next writer in that folder removes it once it is older than
+    ``STALE_WRITE_S``, and leaves a younger one (a live writer's) alone."""
+    from ingest.engine.derived.copies import STALE_WRITE_S
+
+    config = DerivedConfig(url=(tmp_path / "shared").as_uri())
+    ctx = multiprocessing.get_context("spawn")
+    child = ctx.Process(target=_killed_while_writing, args=(config,))
+    child.start()
+    child.join(120)
+    assert child.exitcode == 9, "the writer died before it linked its copy"
+    [dead] = [p for p in (tmp_path / "shared").rglob("*") if p.suffix == ".tmp"]
+    old = time.time() - STALE_WRITE_S - 60
+    os.utime(dead, (old, old))
+    live = dead.with_name(f".{key(1).name()}.derived.0a0b0c0d.tmp")
+    live.write_bytes(b"a writer at work")
+    store = DerivedStore(config)
+    assert store.put(key(), docs(3, rows=50), 50)
+    assert not dead.exists(), "the dead writer's temporary file is removed"
+    assert live.exists(), "a live writer's is left alone"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 from collections.abc import Mapping
 from typing import Any, Protocol
 
@@ -26,6 +27,11 @@ from ingest.storage.cache import CacheEvent, CacheOptions, ShardCache
 from ingest.storage.cache.files import open_private
 from ingest.storage.cache.seal import matches_seal
 from ingest.storage.sources import Source, is_store_error
+
+STALE_WRITE_S = 3600.0
+"""A temporary file of a shared ``file://`` store older than this (seconds since its last
+write) is a dead writer's (killed before it linked its copy) and the next writer in its
+folder removes it: a live writer writes its copy at once and links it within seconds."""
 
 SUFFIX = ".derived"
 """A shared copy's file name: ``<name[:2]>/<name>.derived`` under the URL (256 folders, so
@@ -280,7 +286,8 @@ def _link_once(path: str, blob: bytes) -> bool:
     os.makedirs(folder, mode=0o700, exist_ok=True)
     if os.path.exists(path):
         return False
-    temp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}.tmp")
+    _remove_stale_temps(folder)
+    temp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(4)}{_TEMP}")
     fd = open_private(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -297,7 +304,25 @@ def _link_once(path: str, blob: bytes) -> bool:
             os.unlink(temp)
 
 
+_TEMP = ".tmp"
+
+
+def _remove_stale_temps(folder: str) -> None:
+    """Remove the temporary files in ``folder`` last written over :data:`STALE_WRITE_S`
+    ago: those of writers killed before they linked their copy, which nothing else removes
+    (the copy's next writer writes a temporary file of its own)."""
+    before = time.time() - STALE_WRITE_S
+    with os.scandir(folder) as entries:
+        for entry in entries:
+            if not (entry.name.startswith(".") and entry.name.endswith(_TEMP)):
+                continue
+            with contextlib.suppress(FileNotFoundError):  # another writer removed it first
+                if entry.stat(follow_symlinks=False).st_mtime < before:
+                    os.unlink(entry.path)
+
+
 __all__ = [
+    "STALE_WRITE_S",
     "SUFFIX",
     "Copies",
     "DerivedDirectory",
