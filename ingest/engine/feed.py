@@ -48,13 +48,13 @@ Derived cache. With ``FeedConfig.derived`` and a chain that has a fingerprint, t
 each span they read whole from its copy or derive it whole and keep it, and the window's rows
 are refs to the outputs (:mod:`ingest.engine.derived.reading`): windows, shuffles, batches and
 acks are those of the input rows as without it, and each batch gathers its rows' outputs in
-place of running the transform; rows read in part run it per batch, as without the cache.
+place of running the transform; rows read in part run it per batch, as without the cache
+(:mod:`ingest.engine.derived.batches`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,12 +70,13 @@ from ingest.core.plan import permutation
 from ingest.core.quarantine import Quarantine, Quarantined, skippable
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor
-from ingest.engine.derived.reading import REF, Deriving, merged
+from ingest.engine.derived.batches import DerivedBatches
+from ingest.engine.derived.reading import REF, Deriving, refs_of
 from ingest.engine.derived.store import DerivedConfig
 from ingest.engine.lanes import LaneReader, make_lanes
 from ingest.engine.prefetch import in_order, read_ahead
-from ingest.engine.stage import RowError, Staged
-from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures, staged
+from ingest.engine.stage import RowError
+from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures
 from ingest.engine.window import Hole, Lane, Origin, Piece, Window, indices, piece_rows
 from ingest.formats.base import ReadOptions, RowBatch
 from ingest.planner.catalog import Listing
@@ -198,6 +199,17 @@ class Feed:
         io = None if config.derived is None else source.stats  # the stream's counts
         self._deriving = Deriving.of(config.derived, transform, config.columns, io)
         self._reader.deriving = self._deriving
+        self._batches = (
+            None
+            if self._deriving is None or transform is None
+            else DerivedBatches(
+                self._deriving,
+                transform,
+                self.quarantine,
+                skip=self._skip,
+                empty_input=self._empty_input,
+            )
+        )
         gather = _GATHER_BYTES
         if config.window_bytes is not None:
             gather = min(gather, config.window_bytes // 4)
@@ -285,7 +297,7 @@ class Feed:
             fresh = ~seen[keys]
             if self._deriving is not None:  # rows a resume leaves out: their units may go
                 with_data = _with_data(pieces)
-                self._deriving.release(_refs(table)[~fresh[with_data]])
+                self._deriving.release(refs_of(table)[~fresh[with_data]])
             take = np.flatnonzero(fresh) if take is None else take[fresh[take]]
         if len(data) < len(pieces):  # holes (quarantined rows): rare
             return self._with_holes(index, start, end, pieces, table, origin, keys, take)
@@ -440,8 +452,15 @@ class Feed:
         item, parts = cut
         if isinstance(item, Tail) or self.transform is None:
             return item
-        if self._deriving is not None:
-            return self._gathered(item, parts, self._deriving, self.transform)
+        size = self.config.batch_size
+        if self._batches is not None:
+            out = self._batches.outputs(item.table, item.step, lambda i: self._origin_of(parts, i))
+            return replace(
+                item,
+                table=out.table,
+                quarantined=(*item.quarantined, *out.quarantined),
+                rows=-1 if out.rows == size else out.rows,
+            )
         table = item.table
         rows = int(table.num_rows)
         failed: list[Quarantined] = []
@@ -464,91 +483,10 @@ class Feed:
             else:
                 failed.append(self.quarantine.record(e, step=item.step, rows=rows))
                 table, rows = output_of_no_rows(self.transform, table), 0
-        size = self.config.batch_size
         quarantined = (*item.quarantined, *failed)
         return replace(
             item, table=table, quarantined=quarantined, rows=-1 if rows == size else rows
         )
-
-    def _gathered(
-        self,
-        item: Ready,
-        parts: list[tuple[Window, int, int]],
-        deriving: Deriving,
-        transform: Callable[[pa.Table], Any],
-    ) -> Ready:
-        """:meth:`_transformed` of a deriving feed: the batch's outputs gathered by its refs;
-        the rows on today's path (read in part, or their unit's chain raised) through the
-        chain here (:meth:`_todays_path`)."""
-        refs = _refs(item.table)
-        rows = len(refs)
-        got = deriving.gather(refs)
-        deriving.release(refs)
-        made = [] if got.staged is None else [got.staged]
-        failed: list[Quarantined] = []
-        if got.raw is not None:
-            out, failed, lost = self._todays_path(item, parts, got.raw, got.raw_rows, deriving)
-            if lost is None:  # the step delivers no row, as on today's path
-                none = output_of_no_rows(lambda t: staged(deriving.fn, t), got.raw)
-                if isinstance(none, Staged):
-                    none = _finished(transform, deriving.fn, none, item.table)
-                quarantined = (*item.quarantined, *failed)
-                return replace(item, table=none, quarantined=quarantined, rows=0)
-            rows -= lost
-            made += [] if out is None else [out]
-        if made:
-            table = _finished(transform, deriving.fn, merged(made), item.table)
-        else:  # holes only, or every row failed: the chain over no rows, as on today's path
-            table = output_of_no_rows(transform, self._empty_input())
-        size = self.config.batch_size
-        return replace(
-            item,
-            table=table,
-            quarantined=(*item.quarantined, *failed),
-            rows=-1 if rows == size else rows,
-        )
-
-    def _todays_path(
-        self,
-        item: Ready,
-        parts: list[tuple[Window, int, int]],
-        raw: pa.Table,
-        at: npt.NDArray[np.int64],
-        deriving: Deriving,
-    ) -> tuple[Staged | None, list[Quarantined], int | None]:
-        """The chain over the input rows ``raw`` of batch rows ``at``, with the errors and
-        quarantines of :meth:`_transformed`: the outputs (origins: batch rows), what was
-        quarantined, and the rows lost (None: the whole step, a failure that is not a data
-        error under ``on_error="skip"``)."""
-
-        def chain(table: pa.Table) -> Staged:
-            return staged(deriving.fn, table)
-
-        try:
-            out = chain(raw)
-            return dataclasses.replace(out, origin=at[out.origin]), [], 0
-        except RowError as e:  # a stage refused a row of the batch: name its shard and row
-            url, row = self._origin_of(parts, int(at[e.row]))
-            raise e.at(url, row) from e
-        except Exception as e:
-            if not self._skip:
-                raise
-            if not skippable(e):
-                return (
-                    None,
-                    [self.quarantine.record(e, step=item.step, rows=_table_rows(item))],
-                    None,
-                )
-            good, bad = split_failures(chain, raw)
-        failed = []
-        keep = np.ones(len(at), dtype=bool)
-        for index, error in bad:  # a file that does not decode: its rows alone
-            url, row = self._origin_of(parts, int(at[index]))
-            failed.append(self.quarantine.record(error, url=url, start=row, stop=row + 1, rows=1))
-            keep[index] = False
-        if not isinstance(good, Staged):
-            return None, failed, len(bad)
-        return dataclasses.replace(good, origin=at[keep][good.origin]), failed, len(bad)
 
     def _origin_of(self, parts: Sequence[tuple[Window, int, int]], index: int) -> tuple[str, int]:
         """The shard URL and row of row ``index`` of the batch cut from ``parts``."""
@@ -595,35 +533,6 @@ class Feed:
                         close()
                 lane.reader = None
             lane.pending = None
-
-
-def _table_rows(item: Ready) -> int:
-    """Rows of a cut batch's table (before its transform: the batch's rows with data)."""
-    return int(item.table.num_rows)
-
-
-def _finished(transform: Any, fn: Any, made: Staged, refs: pa.Table) -> Any:
-    """What the rank's ``transform`` (its wrapper of the chain ``fn``:
-    :func:`ingest.engine.rank_node.read_transform`) makes of a batch of rows ``refs`` whose
-    chain made ``made``: the wrapper run with ``made`` in place of the chain."""
-    return dataclasses.replace(transform, fn=_Made(made, fn))(refs)
-
-
-class _Made:
-    """A chain that made ``made`` (a deriving feed's batch), for the rank's wrapper."""
-
-    def __init__(self, made: Staged, fn: Any) -> None:
-        self.made = made
-        # The chain's name, for what the wrapper's checks say about it.
-        self.__qualname__ = str(getattr(fn, "__qualname__", type(fn).__qualname__))
-
-    def __call__(self, table: pa.Table) -> Staged:
-        return self.made
-
-
-def _refs(table: pa.Table) -> npt.NDArray[np.int64]:
-    """The refs of a deriving feed's rows (:data:`~ingest.engine.derived.reading.REF`)."""
-    return np.asarray(table.column(REF).to_numpy(), dtype=np.int64)
 
 
 def _with_data(pieces: Sequence[tuple[Span, Piece]]) -> npt.NDArray[np.bool_]:

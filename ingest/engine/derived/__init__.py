@@ -15,7 +15,9 @@ miss, removed (:mod:`.store`).
 Modules: :mod:`.keys` (names and fingerprints), :mod:`.codec` (a unit as bytes), :mod:`.copies`
 (where copies live), :mod:`.store` (:class:`DerivedStore`: keys to checked copies, stats),
 :mod:`.reading` (a feed's units read whole through the cache, its batches gathered by ref:
-what ``derived=`` of :class:`ingest.Stream` and :class:`ingest.DataLoader` runs).
+what ``derived=`` of :class:`ingest.Stream` and :class:`ingest.DataLoader` runs),
+:mod:`.batches` (a feed's batch of refs to its outputs, rows read in part through the chain),
+:mod:`.prepare` and :mod:`.units` (filling the cache ahead).
 """
 
 from __future__ import annotations

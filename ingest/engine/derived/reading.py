@@ -513,10 +513,15 @@ def _us(seconds: float) -> int:
     return round(seconds * 1e6)
 
 
+def refs_of(table: pa.Table) -> npt.NDArray[np.int64]:
+    """The refs of a deriving feed's rows (the column :data:`REF` of ``table``)."""
+    return np.asarray(table.column(REF).to_numpy(), dtype=np.int64)
+
+
 def _refs(base: int, n: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(
         [indices(np.arange(base, base + n, dtype=np.int64))], names=[REF]
     )
 
 
-__all__ = ["REF", "Deriving", "Gathered", "fingerprint_of", "merged"]
+__all__ = ["REF", "Deriving", "Gathered", "fingerprint_of", "merged", "refs_of"]
