@@ -1,14 +1,17 @@
 """Rows/s of a warm epoch: a one-process ``Stream`` against ``ingest.DataLoader`` with workers.
 
-Parquet shards on the loopback S3 server, shuffled, read column ``id`` and a payload column.
-Each loader runs ``--epochs`` epochs: the first is the cold one (listing, footers, imports,
-the workers' start), printed apart; the rest are warm (the loader keeps its workers across
-epochs, issue 32), and the median of their seconds gives rows/s and its ratio to the
-``Stream``'s rows/s (above 1.0x: faster than the ``Stream``). ``--restarting`` also runs
-each worker count with ``persistent_workers=False``, whose workers stop at every epoch's
-end (as every ``ingest.DataLoader`` did before issue 32). Every epoch is checked for every
-row once (the carried remainder aside). Measured in one run; these machines are noisy (2
-cores here: workers compete with the main process and the S3 server).
+Parquet shards on the loopback S3 server, shuffled, every column read (``id``, 16 int32
+``tokens``, a float ``score``, a short ``text``: the text goes from the workers through
+their shared-memory rings as Arrow buffers). Each loader runs ``--epochs`` epochs: the first
+is the cold one (listing, footers, imports, the workers' start), printed apart; the rest are
+warm (the loader keeps its workers across epochs, and at an epoch's end sends them the next
+one, whose first window they read while the caller checks the last: issue 32), and the
+median of their seconds gives rows/s and its ratio to the ``Stream``'s rows/s (above 1.0x:
+faster than the ``Stream``). ``--restarting`` also runs each worker count with
+``persistent_workers=False``, whose workers stop at every epoch's end (as every
+``ingest.DataLoader`` did before issue 32). Every epoch is checked for every row once (the
+carried remainder aside). Measured in one run; these machines are noisy (2 cores here:
+workers compete with the main process and the S3 server): run it several times.
 
     .venv/bin/python benchmarks/dataloader.py [--shards 16] [--rows 50000] [--epochs 4]
         [--workers 0 1 2] [--restarting]

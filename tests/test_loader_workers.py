@@ -10,13 +10,16 @@ loader goes (or ``close()``), and never hold up the interpreter's exit.
 
 from __future__ import annotations
 
+import functools
 import gc
 import multiprocessing
 import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -307,3 +310,42 @@ def test_text_columns_come_through_the_workers_as_the_stream_gives_them(
             assert all(type(v[2]) is bytes and type(v[0]) is str for v in got.values())
     finally:
         loader.close()
+
+
+def logged(path: str, table: pa.Table) -> pa.Table:
+    """:func:`with_pid`, each batch noted in the file ``path`` as it is read."""
+    with open(path, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    return with_pid(table)
+
+
+def test_the_next_epoch_is_read_while_the_caller_is_between_epochs(
+    data: str, tmp_path: Path
+) -> None:
+    """At an epoch's end the main process plans the next one and sends it to the workers at
+    once: they read its first batch while the caller is between epochs (its evaluation, its
+    checkpoint), before it iterates again. The epoch then read is every row once, from the
+    state the last one ended on; a state loaded between epochs is read from instead (see
+    test_a_state_loaded_between_epochs_restarts_the_same_workers_from_it)."""
+    log = tmp_path / "reads"
+    log.write_text("")
+    stream = ingest.Stream(
+        data,
+        columns=["id"],
+        batch_size=BATCH,
+        shuffle_seed=3,
+        transform=functools.partial(logged, str(log)),
+    )
+    loader = ingest.DataLoader(stream, num_workers=2, multiprocessing_context="fork")
+    try:
+        first = ids(loader)
+        read = len(log.read_text().split())
+        deadline = time.monotonic() + 60
+        while len(log.read_text().split()) == read and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(log.read_text().split()) > read, "no batch read before the next loop"
+        second = ids(loader)
+    finally:
+        loader.close()
+    assert len(second) == len(set(second)) and TOTAL - len(second) < 2 * BATCH
+    assert set(first) | set(second) == set(range(TOTAL))

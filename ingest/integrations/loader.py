@@ -15,7 +15,11 @@ process start, and each worker keeps its planner (and so its fsspec filesystems)
 never list: each has a queue, made before it started, on which the main process sends it
 every epoch's order (:class:`_Order`: the state to start from and the epoch's listing)
 right before torch tells the workers to begin the epoch; a loop left early, or a state
-loaded, leaves the workers' read-ahead behind (torch drops what they send of it). The
+loaded, leaves the workers' read-ahead behind (torch drops what they send of it). An epoch
+that ends whole plans the next one at once, from the state it ended on, and sends it as an
+early order: each worker opens its share's feed and reads its first window while the caller
+is between epochs; the next loop starts it with a go (:class:`_Go`) if the stream's state is
+still that one, or sends a new order (a state loaded since). The
 workers stop when the loader goes, on :meth:`DataLoader.close`, and at the interpreter's
 exit; ``persistent_workers=False`` stops them at each epoch's end instead. ``batch_size``
 is the stream's; the ``DataLoader`` does no batching or collation of its own.
@@ -27,9 +31,12 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import itertools
 import multiprocessing
+import multiprocessing.util
 import os
 import queue
+import threading
 import time
 import weakref
 from collections.abc import Iterator, Mapping
@@ -63,6 +70,10 @@ KEY = "__ingest__"
 ORDER_WAIT_S = 120.0
 """Seconds a worker waits for its epoch's order: the main process sends it before it tells
 the workers to start the epoch, so it is there at once unless the main process is gone."""
+LISTENER_JOIN_S = 10.0
+"""Seconds an exiting worker waits for its listener (:meth:`_Shares._listen`) to end: the
+loader's close sends it the message it waits for, so it ends at once unless it is reading
+the next epoch's first window."""
 SLOT_BYTES = 64 << 20
 """Bytes of each slot of a worker's ring (:class:`SlotRing`): a batch's tensors larger than
 that go by the pipe. Only the pages written are backed by memory."""
@@ -94,6 +105,43 @@ class _Order:
     """The state to start from (JSON); None: the stream's first epoch."""
     listing: Listing
     """The epoch's listing, made by the main process (the workers never list)."""
+    early: bool = False
+    """Planned at the end of the epoch before, for the state it ended on: a worker opens its
+    feed (and reads its first window) at once, and reads it only on a :class:`_Go` of this
+    number (a state loaded since, the main process sends a new order instead)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Go:
+    """Read the early order ``number`` (the epoch begins on the state it was planned for)."""
+
+    number: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Early:
+    """In the main process: the early order sent at an epoch's end, and what it was planned
+    from (the next loop reuses them if the stream's state is still ``state``)."""
+
+    number: int
+    state: dict[str, Any]
+    book: EpochBook[Listing]
+    start: StreamState
+    started: bool
+    epoch: int
+    listing: Listing
+
+
+@dataclass(slots=True)
+class _Opened:
+    """In a worker: a feed opened for an order, read ahead in its own threads."""
+
+    order: _Order
+    items: Iterator[Any]
+    stack: contextlib.ExitStack
+    first: Any = None
+    """The first item, taken by the thread that opened it (the first window read)."""
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +236,14 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         workers fork (none: they send by the pipe)."""
         self._taken = 0
         """In a worker: the number of the next order it takes."""
+        self._listener: threading.Thread | None = None
+        """In a worker, between epochs: the thread that takes the next message and, if it is
+        an early order, opens its feed (:attr:`_early`)."""
+        self._early: _Opened | None = None
+        self._held: Any = None
+        """A message the listener took that was not an early order (for :meth:`_receive`)."""
+        self._exiting: Any = None
+        """In a worker: the finalizer that stops the listener as the process exits."""
         self._planner: tuple[int, Planner] | None = None
         """The planner made in this process (its pid), kept across epochs: never one made
         before a fork (fsspec's filesystems are not fork-safe)."""
@@ -195,7 +251,9 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
     def __getstate__(self) -> dict[str, Any]:
         # spawn: the worker makes its own planner, and sends by the pipe (an anonymous
         # mapping is shared only with a forked process)
-        return {**self.__dict__, "_planner": None, "rings": []}
+        gone: dict[str, Any] = {"_planner": None, "rings": [], "_listener": None}
+        gone.update(_early=None, _exiting=None)
+        return {**self.__dict__, **gone}
 
     def __iter__(self) -> Iterator[Batch]:
         info = torch.utils.data.get_worker_info()
@@ -208,23 +266,18 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
             yield {KEY: order}
             return
         assert order is not None, "the main process sets the order before it iterates"
-        planner = self._planner_here()
-        book = self.spec.book(order.ranks, planner)
-        if order.start is not None:
-            book.load(StreamState.from_json(order.start), order.listing)
-        else:
-            book.adopt(order.listing)
-        epoch = book.upcoming_epoch(rank)
-        feed = Feed(
-            book.rank_plan(rank, epoch), self.spec.feed_config(), planner.source, self.transform
-        )
-        with feed.ahead(self.spec.urls[0]) as items:
-            for item in _failing_as_item(items):
+        opened = self._early_for(order) or self._opened(order, rank)
+        ended = False
+        try:
+            if opened.error is not None:
+                raise opened.error
+            for item in opened.items:
                 if isinstance(item, _Failed):
                     yield {KEY: item}
                     return
                 if isinstance(item, Tail):
                     end = _Ended(rank, item.steps, item.leftover, item.learned, item.quarantined)
+                    ended = info is not None
                     yield {KEY: end}
                     return
                 assert isinstance(item, Ready)
@@ -236,6 +289,74 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
                     yield {**to_torch(item.table), KEY: _Came.of(rank, item)}
                     continue
                 yield _sent(rank, item, ring)
+        finally:
+            opened.stack.close()
+            if ended:  # the next epoch's order may come early: its feed is opened at once
+                with contextlib.suppress(RuntimeError):  # no new thread: the worker is exiting
+                    self._listen(rank)
+
+    def _opened(self, order: _Order, rank: int) -> _Opened:
+        """``order``'s feed for ``rank``, opened (its lanes start reading on the first item)."""
+        planner = self._planner_here()
+        book = self.spec.book(order.ranks, planner)
+        if order.start is not None:
+            book.load(StreamState.from_json(order.start), order.listing)
+        else:
+            book.adopt(order.listing)
+        epoch = book.upcoming_epoch(rank)
+        feed = Feed(
+            book.rank_plan(rank, epoch), self.spec.feed_config(), planner.source, self.transform
+        )
+        stack = contextlib.ExitStack()
+        items = stack.enter_context(feed.ahead(self.spec.urls[0]))
+        return _Opened(order, _failing_as_item(items), stack)
+
+    def _listen(self, rank: int) -> None:
+        """After this worker's share of an epoch: a thread takes the next message from the
+        main process; an early order's feed it opens and reads to its first item, while the
+        main process hands out the epoch's last batches and its caller goes on."""
+
+        def listen() -> None:
+            message = self._message(rank, time.monotonic() + ORDER_WAIT_S)
+            if not (isinstance(message, _Order) and message.early):
+                self._held = message if message is not None else _Failed(_no_order(rank))
+                return
+            self._taken = message.number + 1
+            opened = None
+            try:
+                opened = self._opened(message, rank)
+                opened.first = next(opened.items)
+                opened.items = itertools.chain([opened.first], opened.items)
+            except BaseException as e:  # raised where the order is read (if it is)
+                opened = opened or _Opened(message, iter(()), contextlib.ExitStack())
+                opened.error = e
+            self._early = opened
+
+        if self._exiting is None:  # once per worker process: see _drop_early
+            self._exiting = multiprocessing.util.Finalize(None, self._drop_early, exitpriority=10)
+        self._listener = threading.Thread(target=listen, name="ingest-next-epoch", daemon=True)
+        self._listener.start()
+
+    def _drop_early(self) -> None:
+        """As the worker process exits (the loader closed): the listener ended and the early
+        feed closed, its threads stopped. Left reading, they would be cut down by the
+        interpreter's finalization inside pyarrow's or fsspec's code (a spawned worker
+        aborted so, SIGABRT)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.join(LISTENER_JOIN_S)
+        early, self._early = self._early, None
+        if early is not None:
+            early.stack.close()
+
+    def _early_for(self, order: _Order) -> _Opened | None:
+        """The feed the listener opened for ``order``, if it is the one it opened."""
+        early, self._early = self._early, None
+        if early is not None and early.order is order:
+            return early
+        if early is not None:
+            early.stack.close()
+        return None
 
     def _planner_here(self) -> Planner:
         pid = os.getpid()
@@ -245,25 +366,49 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
 
     def _receive(self, rank: int) -> _Order | _Failed:
         """In worker ``rank``: the order of the epoch torch just began (an older one, from a
-        loop that began and ended before this worker took its order, is passed over)."""
+        loop that began and ended before this worker took its order, is passed over). An
+        early order is the epoch's once a :class:`_Go` of its number follows it; a newer
+        order replaces it (a state was loaded)."""
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.join()
+        candidate = self._early.order if self._early is not None else None
         waited_until = time.monotonic() + ORDER_WAIT_S
+        while True:
+            message, self._held = self._held, None
+            if message is None:
+                message = self._message(rank, waited_until)
+            if message is None or isinstance(message, _Failed):
+                return message or _Failed(_no_order(rank))
+            if isinstance(message, _Go):
+                if candidate is not None and candidate.number == message.number:
+                    return candidate
+                continue  # a go for an order this worker passed over
+            if message.number < self._taken:
+                continue
+            self._taken = message.number + 1
+            if message.early:
+                candidate = message
+                continue
+            return message  # type: ignore[no-any-return]
+
+    def _message(self, rank: int, waited_until: float) -> Any:
+        """The next message from the main process (None: the loader is closing; a
+        :class:`_Failed` once ``waited_until`` has passed)."""
         while time.monotonic() < waited_until:
             try:
-                order = self.queues[rank].get(timeout=1.0)
+                return self.queues[rank].get(timeout=1.0)
             except queue.Empty:
                 continue
-            if order is None:  # the loader is closing
-                break
-            if order.number >= self._taken:
-                self._taken = order.number + 1
-                return order  # type: ignore[no-any-return]
-        return _Failed(
-            IngestError(
-                f"ingest.DataLoader worker {rank} got no epoch to read from its main process "
-                f"in {ORDER_WAIT_S:.0f} s (the loader was closed, or its process is stuck); "
-                "iterate the loader again"
-            )
-        )
+        return _Failed(_no_order(rank))
+
+
+def _no_order(rank: int) -> IngestError:
+    return IngestError(
+        f"ingest.DataLoader worker {rank} got no epoch to read from its main process "
+        f"in {ORDER_WAIT_S:.0f} s (the loader was closed, or its process is stuck); "
+        "iterate the loader again"
+    )
 
 
 class DataLoader(torch.utils.data.DataLoader[Batch]):
@@ -314,6 +459,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         """Keep the workers across epochs (``persistent_workers``, default True)."""
         self._workers = _Workers()
         weakref.finalize(self, self._workers.close)  # the workers stop when the loader goes
+        self._next: _Early | None = None
+        """The next epoch, planned at the end of the last and sent to the workers early."""
         self._book: EpochBook[Listing] | None = None
         self._ranks: dict[int, RankLoop] = {}
         """Each worker's (rank's) loop: its batches handed out and their acks
@@ -347,25 +494,26 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         """Stop the worker processes now (the next loop starts new ones); the stream goes
         on right after the last batch handed out."""
         self._stop()
+        self._next = None
         self._workers.close()
 
     def _loop(self) -> Iterator[Batch]:
         ranks = max(1, self.num_workers)
         stream = self.stream
         stream.close()
-        start = StreamState.from_json(stream.state_dict())
-        # The stream's planner: footers read in earlier epochs are not read again.
-        book = stream.spec.book(ranks, stream.parts.planner)
+        state = stream.state_dict()
+        early, self._next = self._next, None
+        if early is not None and early.state == state and self._workers.iterator is not None:
+            # planned at the last epoch's end, and sent to these workers
+            book, start, epoch, listing = early.book, early.start, early.epoch, early.listing
+            order: _Order | _Go = _Go(early.number)
+        else:
+            book, start, started, epoch, listing = self._planned(state, ranks)
+            order = _Order(0, ranks, start.to_json() if started else None, listing)
         link = BookLink(book)
         self._ranks = {rank: RankLoop(rank, link) for rank in range(ranks)}
-        started = start.started or start.progress.epoch > 0 or bool(start.progress.tokens)
-        if started:
-            book.load(start)
-        epoch = book.upcoming_epoch(0)
-        listing = book.plan(epoch).listing  # one listing, made here, for every worker
         self._nodes = self._rank_nodes(book, start, listing)
         self._book = book
-        order = _Order(0, ranks, start.to_json() if started else None, listing)
         ended = 0
         # Every kind of batch, as it leaves its rank (ingest.engine.convert.placed).
         place = functools.partial(placed, pin_memory=self.pin_memory, device=None)
@@ -385,13 +533,45 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
                 yield place(batch)
         if ended != ranks:
             raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
-        # The epoch is done: the stream goes on from the next one (listed when it starts).
+        # The epoch is done: the stream goes on from the next one, planned now, so that the
+        # workers read its first window while this loop's caller goes on.
         stream.load_state_dict(self._state(), listing=listing)
         self._book = None
         if not self._keep:
             self._workers.close()
+        elif self._workers.iterator is not None and stream.spec.follow is None:
+            # (following a growing dataset, the next round's listing waits for new shards:
+            # it is made when the caller asks for that round, as before)
+            self._send_early(ranks)
 
-    def _drawn(self, order: _Order) -> Iterator[Batch]:
+    def _planned(
+        self, state: dict[str, Any], ranks: int
+    ) -> tuple[EpochBook[Listing], StreamState, bool, int, Listing]:
+        """The book of an epoch that starts from ``state`` (the stream's JSON), whether the
+        stream had started, the epoch and its listing (made here, once, for every worker)."""
+        start = StreamState.from_json(state)
+        # The stream's planner: footers read in earlier epochs are not read again.
+        book = self.stream.spec.book(ranks, self.stream.parts.planner)
+        started = start.started or start.progress.epoch > 0 or bool(start.progress.tokens)
+        if started:
+            book.load(start)
+        epoch = book.upcoming_epoch(0)
+        return book, start, started, epoch, book.plan(epoch).listing
+
+    def _send_early(self, ranks: int) -> None:
+        """Plan the next epoch from the stream's state now and send it to the workers as an
+        early order (see :class:`_Order`); the next loop sends a :class:`_Go` if the state
+        is still this one."""
+        state = self.stream.state_dict()
+        try:
+            book, start, started, epoch, listing = self._planned(state, ranks)
+        except IngestError:  # planned again when the next loop begins, which raises it then
+            return
+        order = _Order(0, ranks, start.to_json() if started else None, listing, early=True)
+        number = self._workers.send(order)
+        self._next = _Early(number, state, book, start, started, epoch, listing)
+
+    def _drawn(self, order: _Order | _Go) -> Iterator[Batch]:
         """What the workers send for ``order``'s epoch; if torch's iterator fails (a worker
         died, its ``timeout``), the workers are stopped: the next loop starts new ones."""
         try:
@@ -408,14 +588,16 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             self._workers.close()
             raise
 
-    def _begin(self, order: _Order) -> Iterator[Batch]:
+    def _begin(self, order: _Order | _Go) -> Iterator[Batch]:
         """Torch's iterator over the workers, begun on ``order``'s epoch: its workers kept
         from the last epoch (sent the order first), or started."""
         if self.num_workers == 0:
+            assert isinstance(order, _Order), "no early order without workers"
             self._shares.order = order
             return super().__iter__()
         workers = self._workers
         if workers.iterator is None:  # the queues travel with the dataset to the workers
+            assert isinstance(order, _Order), "no early order before the workers start"
             context = self.multiprocessing_context or torch.multiprocessing
             workers.queues = [context.Queue() for _ in range(self.num_workers)]
             self._shares.queues = workers.queues
@@ -532,12 +714,15 @@ class _Workers:
         self.rings: list[SlotRing] = []
         self.sent = 0
 
-    def send(self, order: _Order) -> None:
-        """Send ``order`` to every worker, numbered after the ones sent before."""
-        numbered = dataclasses.replace(order, number=self.sent)
-        self.sent += 1
+    def send(self, order: _Order | _Go) -> int:
+        """Send ``order`` to every worker, numbered after the ones sent before (a
+        :class:`_Go` names the early order it starts); its number."""
+        if isinstance(order, _Order):
+            order = dataclasses.replace(order, number=self.sent)
+            self.sent += 1
         for q in self.queues:
-            q.put(numbered)
+            q.put(order)
+        return order.number
 
     def close(self) -> None:
         """Stop the workers (torch joins each for up to 5 s, then ends it)."""
