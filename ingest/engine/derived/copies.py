@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 from fsspec.utils import get_protocol
 
-from ingest.core.errors import IngestError, redact
+from ingest.core.errors import IngestError, LocationError, redact
 from ingest.engine.derived.codec import CorruptDerivedError
 from ingest.storage.cache import CacheEvent, CacheOptions, ShardCache
 from ingest.storage.cache.files import open_private
@@ -38,16 +38,10 @@ SUFFIX = ".derived"
 that no local folder holds millions of files)."""
 
 
-class DerivedStoreError(IngestError):
-    """A shared derived store cannot be read or written (not a damaged copy: that is a miss).
+class DerivedStoreError(LocationError):
+    """A shared derived store cannot be read or written (not a damaged copy: that is a miss)."""
 
-    Attributes:
-        location: The store's URL, without credentials.
-    """
-
-    def __init__(self, location: str, problem: str, fix: str) -> None:
-        self.location = redact(location)
-        super().__init__(f"derived store at {self.location}: {problem}. {fix}")
+    what = "derived store"
 
 
 class Copies(Protocol):
