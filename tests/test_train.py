@@ -131,6 +131,29 @@ def test_rerun_of_the_same_run_with_another_worker_count(data: str, tmp_path: Pa
     assert state["distributed"]["world_size"] == 3
 
 
+def _keep_all(table: Any) -> Any:
+    import numpy as np
+
+    return np.ones(table.num_rows, dtype=bool)
+
+
+def test_derived_copies_under_ray_train_through_a_death(data: str, tmp_path: Path) -> None:
+    """Issue 34 item 5, Ray Train: the readers keep what the stages made of each unit
+    (derived=) and read it back in the second epoch, through a worker's death and Ray
+    Train's restart, with every row counted once per epoch."""
+    with ingest.RayStream(
+        data, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=2,
+        transform=ingest.Filter(_keep_all, version="1"),
+        derived=f"file://{tmp_path / 'copies'}",
+    ) as stream:  # fmt: skip
+        result = fit(stream, tmp_path, "derived", workers=2, max_failures=1, die_at=7)
+        stats = stream.stats()
+    assert (tmp_path / "derived").exists(), "a worker died"
+    counts, _ = final_counts(result)
+    assert torch.all(counts == EPOCHS), torch.bincount(counts).tolist()
+    assert stats["derived_writes"] > 0 and stats["derived_hits"] > 0, stats
+
+
 SEQ_LEN, SEQS = 64, 4
 
 
