@@ -61,7 +61,13 @@ from ingest.engine.pack import merged
 from ingest.engine.rank_node import RankNode, rank_node, worker_table
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
-from ingest.integrations.shared_slots import Placed, SlotRing
+from ingest.integrations.shared_slots import (
+    Placed,
+    SlotRing,
+    text_buffers,
+    text_values,
+    worker_rings,
+)
 from ingest.planner.catalog import Listing
 from ingest.planner.planner import Planner
 
@@ -71,9 +77,7 @@ ORDER_WAIT_S = 120.0
 """Seconds a worker waits for its epoch's order: the main process sends it before it tells
 the workers to start the epoch, so it is there at once unless the main process is gone."""
 LISTENER_JOIN_S = 10.0
-"""Seconds an exiting worker waits for its listener (:meth:`_Shares._listen`) to end: the
-loader's close sends it the message it waits for, so it ends at once unless it is reading
-the next epoch's first window."""
+"""Seconds an exiting worker waits for its listener (:meth:`_Shares._listen`) to end."""
 SLOT_BYTES = 64 << 20
 """Bytes of each slot of a worker's ring (:class:`SlotRing`): a batch's tensors larger than
 that go by the pipe. Only the pages written are backed by memory."""
@@ -81,11 +85,6 @@ RUNS = "\0runs"
 """The name a batch's runs have in a worker's ring (no column's: it begins with a NUL)."""
 _OFFSETS, _DATA = "\0offsets:", "\0data:"
 """Prefixes of the names a string or binary column's offsets and bytes have in the ring."""
-_TEXT_TYPES = {
-    str(kind): kind for kind in (pa.string(), pa.binary(), pa.large_string(), pa.large_binary())
-}
-"""The column types whose buffers a worker writes into its ring (by their names)."""
-_NO_BYTES = np.zeros(0, np.uint8)
 _NO_ROWS = np.zeros(0, np.int64)
 SLOT_WAIT_S = 10.0
 """Seconds a worker waits for a free slot of its ring before it sends that batch by the pipe
@@ -106,28 +105,24 @@ class _Order:
     listing: Listing
     """The epoch's listing, made by the main process (the workers never list)."""
     early: bool = False
-    """Planned at the end of the epoch before, for the state it ended on: a worker opens its
-    feed (and reads its first window) at once, and reads it only on a :class:`_Go` of this
-    number (a state loaded since, the main process sends a new order instead)."""
+    """Planned as the epoch before ended: a worker opens its feed at once, and reads it on a
+    :class:`_Go` of this number (a state loaded since: a new order comes instead)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Go:
-    """Read the early order ``number`` (the epoch begins on the state it was planned for)."""
-
     number: int
+    """Read this early order (the epoch begins on the state it was planned for)."""
 
 
 @dataclass(frozen=True, slots=True)
 class _Early:
-    """In the main process: the early order sent at an epoch's end, and what it was planned
-    from (the next loop reuses them if the stream's state is still ``state``)."""
+    """The early order sent as an epoch ended, and what it was planned from."""
 
     number: int
     state: dict[str, Any]
     book: EpochBook[Listing]
     start: StreamState
-    started: bool
     epoch: int
     listing: Listing
 
@@ -139,8 +134,6 @@ class _Opened:
     order: _Order
     items: Iterator[Any]
     stack: contextlib.ExitStack
-    first: Any = None
-    """The first item, taken by the thread that opened it (the first window read)."""
     error: BaseException | None = None
 
 
@@ -312,9 +305,8 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         return _Opened(order, _failing_as_item(items), stack)
 
     def _listen(self, rank: int) -> None:
-        """After this worker's share of an epoch: a thread takes the next message from the
-        main process; an early order's feed it opens and reads to its first item, while the
-        main process hands out the epoch's last batches and its caller goes on."""
+        """After this worker's share of an epoch: a thread takes the next message; an early
+        order's feed it opens and reads to its first item, while the caller goes on."""
 
         def listen() -> None:
             message = self._message(rank, time.monotonic() + ORDER_WAIT_S)
@@ -325,8 +317,8 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
             opened = None
             try:
                 opened = self._opened(message, rank)
-                opened.first = next(opened.items)
-                opened.items = itertools.chain([opened.first], opened.items)
+                first = next(opened.items)  # its first window read
+                opened.items = itertools.chain([first], opened.items)
             except BaseException as e:  # raised where the order is read (if it is)
                 opened = opened or _Opened(message, iter(()), contextlib.ExitStack())
                 opened.error = e
@@ -338,10 +330,8 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         self._listener.start()
 
     def _drop_early(self) -> None:
-        """As the worker process exits (the loader closed): the listener ended and the early
-        feed closed, its threads stopped. Left reading, they would be cut down by the
-        interpreter's finalization inside pyarrow's or fsspec's code (a spawned worker
-        aborted so, SIGABRT)."""
+        """As the worker exits: the listener ended and the early feed closed (left reading,
+        its threads were cut down inside pyarrow by the interpreter's exit: SIGABRT)."""
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.join(LISTENER_JOIN_S)
@@ -365,10 +355,8 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         return self._planner[1]
 
     def _receive(self, rank: int) -> _Order | _Failed:
-        """In worker ``rank``: the order of the epoch torch just began (an older one, from a
-        loop that began and ended before this worker took its order, is passed over). An
-        early order is the epoch's once a :class:`_Go` of its number follows it; a newer
-        order replaces it (a state was loaded)."""
+        """In worker ``rank``: the order of the epoch torch just began (older ones passed
+        over); an early order once a :class:`_Go` of its number follows it."""
         listener, self._listener = self._listener, None
         if listener is not None:
             listener.join()
@@ -559,9 +547,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         return book, start, started, epoch, book.plan(epoch).listing
 
     def _send_early(self, ranks: int) -> None:
-        """Plan the next epoch from the stream's state now and send it to the workers as an
-        early order (see :class:`_Order`); the next loop sends a :class:`_Go` if the state
-        is still this one."""
+        """Plan the next epoch from the stream's state and send it as an early order."""
         state = self.stream.state_dict()
         try:
             book, start, started, epoch, listing = self._planned(state, ranks)
@@ -569,7 +555,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             return
         order = _Order(0, ranks, start.to_json() if started else None, listing, early=True)
         number = self._workers.send(order)
-        self._next = _Early(number, state, book, start, started, epoch, listing)
+        self._next = _Early(number, state, book, start, epoch, listing)
 
     def _drawn(self, order: _Order | _Go) -> Iterator[Batch]:
         """What the workers send for ``order``'s epoch; if torch's iterator fails (a worker
@@ -601,7 +587,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             context = self.multiprocessing_context or torch.multiprocessing
             workers.queues = [context.Queue() for _ in range(self.num_workers)]
             self._shares.queues = workers.queues
-            workers.rings = _rings(context, self.num_workers, self.prefetch_factor)
+            workers.rings = worker_rings(
+                context, self.num_workers, self.prefetch_factor, SLOT_BYTES
+            )
             self._shares.rings = workers.rings
             workers.sent = 0
             workers.send(order)
@@ -741,33 +729,15 @@ class _Workers:
             ring.close()
 
 
-def _rings(context: Any, workers: int, prefetch_factor: int | None) -> list[SlotRing]:
-    """A ring of shared slots per worker, where they fork from this process; none (they
-    send by the pipe) under ``spawn`` or ``forkserver``, or where the system refuses the
-    mapping. Two slots more than torch's ``prefetch_factor``: one being copied out, one
-    being written."""
-    method = context.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-    if method != "fork":
-        return []
-    try:
-        return [SlotRing((prefetch_factor or 2) + 2, SLOT_BYTES) for _ in range(workers)]
-    except OSError:
-        return []
-
-
 def _sent(rank: int, item: Ready, ring: SlotRing | None) -> Batch:
-    """What a worker sends for ``item``, a batch of its feed, converted for torch.
-
-    Not as torch's shared-memory tensors: those cost a socket handshake per tensor (over
-    half the time of an epoch of small batches), and the process-wide sharing strategy is
-    the user's to set. Written into the worker's ring (copied out by the main process): the
-    tensors, the batch's runs, and each string or binary column as its Arrow offsets and
-    bytes, which the main process decodes into Python objects (a list of 1,000 strings
-    pickled in the worker and unpickled in the main process cost more than the bytes'
-    copy and one decoding); or else, the ring full or the batch larger than a slot, all
-    sent by value through the worker's pipe."""
+    """What a worker sends for ``item``, a batch of its feed, converted for torch: written
+    into its ring (not as torch's shared-memory tensors: a socket handshake per tensor, and
+    the sharing strategy is the user's to set), its tensors, runs and each string or binary
+    column as Arrow offsets and bytes (the main process decodes them: a list of 1,000
+    strings pickled and unpickled cost more); the ring full or the batch larger than a
+    slot, all by value through the pipe."""
     table = item.table
-    texts = _text_buffers(table) if ring is not None else {}
+    texts = text_buffers(table) if ring is not None else {}
     names = list(table.column_names) if texts else None
     batch = to_torch(table.drop_columns(list(texts)) if texts else table)
     tensors = {k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
@@ -791,34 +761,6 @@ def _sent(rank: int, item: Ready, ring: SlotRing | None) -> Batch:
     return {**sent, KEY: _Came.of(rank, item, arrays=tuple(tensors))}
 
 
-def _text_buffers(table: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """The offsets (from 0) and the bytes of each string or binary column of ``table``
-    without nulls, as numpy arrays over its buffers; none for anything but a table."""
-    if not isinstance(table, pa.Table | pa.RecordBatch):
-        return {}
-    out = {}
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        kind = column.type
-        if str(kind) not in _TEXT_TYPES or column.null_count:
-            continue
-        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-        width = np.int64 if kind in (pa.large_string(), pa.large_binary()) else np.int32
-        _, offsets_buffer, data = array.buffers()
-        if not len(array) or offsets_buffer is None:
-            out[name] = (np.zeros(1, width), _NO_BYTES)
-            continue
-        offsets = np.frombuffer(
-            offsets_buffer,
-            width,
-            count=len(array) + 1,
-            offset=array.offset * np.dtype(width).itemsize,
-        )
-        first, last = int(offsets[0]), int(offsets[-1])
-        values = np.frombuffer(data, np.uint8)[first:last] if data is not None else _NO_BYTES
-        out[name] = (offsets - first if first else offsets, values)
-    return out
-
-
 def _taken(batch: Batch, came: _Came, ring: SlotRing) -> _Came:
     """Fill ``batch`` with what a worker wrote into its ``ring`` for it (``came.placed``):
     its tensors copied out, its string and binary columns decoded; and return ``came`` with
@@ -828,13 +770,7 @@ def _taken(batch: Batch, came: _Came, ring: SlotRing) -> _Came:
         runs = views.pop(RUNS).copy()
         for name, kind in came.texts:
             offsets, data = views.pop(_OFFSETS + name), views.pop(_DATA + name)
-            array = pa.Array.from_buffers(
-                _TEXT_TYPES[kind],
-                len(offsets) - 1,
-                [None, pa.py_buffer(offsets), pa.py_buffer(data)],
-            )
-            batch[name] = array.to_pylist()  # objects of their own: no view of the slot
-            del array
+            batch[name] = text_values(offsets, data, kind)
         for name, view in views.items():
             batch[name] = torch.from_numpy(view.copy())
         del views

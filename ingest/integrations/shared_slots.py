@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 FREE, FULL = 0, 1
 """A slot's state in the header."""
@@ -178,8 +179,72 @@ class SlotRing:
         raise AssertionError("the semaphore counted a free slot that the header has not")
 
 
+def worker_rings(
+    context: Any, workers: int, prefetch_factor: int | None, slot_bytes: int
+) -> list[SlotRing]:
+    """A ring per DataLoader worker, where they fork from this process; none (they send by
+    the pipe) under ``spawn`` or ``forkserver``, or where the system refuses the mapping.
+    Two slots more than torch's ``prefetch_factor``: one being copied out, one written."""
+    method = context.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    if method != "fork":
+        return []
+    try:
+        return [SlotRing((prefetch_factor or 2) + 2, slot_bytes) for _ in range(workers)]
+    except OSError:
+        return []
+
+
+TEXT_TYPES = {
+    str(kind): kind for kind in (pa.string(), pa.binary(), pa.large_string(), pa.large_binary())
+}
+"""The Arrow column types that travel in a slot as their buffers (by their names)."""
+_NO_BYTES = np.zeros(0, np.uint8)
+
+
+def text_buffers(table: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The offsets (from 0) and the bytes of each string or binary column of ``table``
+    without nulls, as numpy arrays over its buffers (for :meth:`SlotRing.put`); none for
+    anything but an Arrow table or record batch."""
+    if not isinstance(table, pa.Table | pa.RecordBatch):
+        return {}
+    out = {}
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        kind = column.type
+        if str(kind) not in TEXT_TYPES or column.null_count:
+            continue
+        array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        width = np.int64 if kind in (pa.large_string(), pa.large_binary()) else np.int32
+        _, offsets_buffer, data = array.buffers()
+        if not len(array) or offsets_buffer is None:
+            out[name] = (np.zeros(1, width), _NO_BYTES)
+            continue
+        at = array.offset * np.dtype(width).itemsize
+        offsets = np.frombuffer(offsets_buffer, width, count=len(array) + 1, offset=at)
+        first, last = int(offsets[0]), int(offsets[-1])
+        values = np.frombuffer(data, np.uint8)[first:last] if data is not None else _NO_BYTES
+        out[name] = (offsets - first if first else offsets, values)
+    return out
+
+
+def text_values(offsets: np.ndarray, data: np.ndarray, kind: str) -> list[Any]:
+    """The Python values (``str``, ``bytes``) of a column :func:`text_buffers` gave as
+    ``offsets`` and ``data`` (views into a slot: the values are objects of their own) of
+    the type named ``kind``."""
+    buffers = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(TEXT_TYPES[kind], len(offsets) - 1, buffers).to_pylist()  # type: ignore[no-any-return]
+
+
 def _aligned(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
-__all__ = ["FREE", "FULL", "Placed", "SlotRing"]
+__all__ = [
+    "FREE",
+    "FULL",
+    "TEXT_TYPES",
+    "Placed",
+    "SlotRing",
+    "text_buffers",
+    "text_values",
+    "worker_rings",
+]
