@@ -1,6 +1,7 @@
 """Run one contender through the phases of a bench run and turn what it did into figures.
 
-Phases, each on fresh pipelines of the contender and in the same rank processes:
+Phases, each on fresh pipelines of the contender, in the same rank processes but for the
+resume, which runs in new ones (as a job resumed after a stop does):
 
 0. Conversion, only for a contender that reads its own format (a
    :class:`~ingest.tools.bench.contenders.Converter`): both datasets are written in it with
@@ -12,7 +13,8 @@ Phases, each on fresh pipelines of the contender and in the same rank processes:
    barrier, as in data-parallel training). At 45% of epoch 1 (:data:`RESUME_AT`: inside a
    shuffle window, not at a shard's end) each rank takes the contender's state (a
    checkpoint), where it has one.
-2. Resume: a new pipeline from those states, run to the end of the epoch; seconds until
+2. Resume: a new pipeline from those states, in new rank processes (their imports done
+   before the clock), run to the end of the epoch; seconds until
    every rank has its first batch, and whether the rows before the checkpoint and the rows
    after the resume hold every id exactly once.
 3. Shuffle quality: one epoch over the labeled dataset.
@@ -158,6 +160,12 @@ def conversion_cpu_seconds() -> float:
     return total
 
 
+def _shown(states: Sequence[Any], most: int = 4000) -> str:
+    """The ranks' states as one line, cut at ``most`` characters."""
+    text = repr(list(states))
+    return text if len(text) <= most else text[:most] + "..."
+
+
 def _check_ids(records: Sequence[EpochRecord], total: int) -> tuple[int, int]:
     """Duplicated and missing ids over all ranks of one epoch (ids are 0..total-1)."""
     return _check(np.concatenate([r.ids for r in records]), total)
@@ -177,10 +185,37 @@ class _Run:
         self, contender: Contender, entry: Entry, config: BenchConfig, proxy: CountingProxy
     ) -> None:
         self.contender = contender
+        self.entry = entry
         self.config = config
         self.proxy = proxy
-        self.actors = [RankActor.remote(rank) for rank in range(contender.ranks)]
-        ray.get([a.warm.remote(entry.modules) for a in self.actors])
+        self.actors = self._started()
+
+    def _started(self) -> list[Any]:
+        """New rank processes, the contender's modules imported (before any clock)."""
+        actors = [RankActor.remote(rank) for rank in range(self.contender.ranks)]
+        ray.get([a.warm.remote(self.entry.modules) for a in actors])
+        return actors
+
+    def _restart(self) -> None:
+        """Replace the rank processes with new ones, as a job resumed after a stop runs in
+        processes of its own.
+
+        A resumed pipeline built in the processes that ran the checkpointed one shares with
+        it what a peer keeps per process and releases only at exit or when collected: the
+        torch worker processes of the closed loader, Mosaic's shared memory handles (its
+        epoch counter and resume slot; unlinked at exit), LitData's rank variables in the
+        environment. One run of ``test_bench_peers`` in several saw a peer's resume deliver
+        266 ids twice and miss 266 of 1,024: the right count after the 448 seen, in an order
+        unrelated to the checkpointed one (an unrelated order overlaps the 448 by 252 ids on
+        average), as a resume that replays another epoch's order would. Reading the peers'
+        code found no such path within one pipeline; from new processes nothing the first
+        pipeline held can reach the resumed one, and a violation names the states loaded
+        (the report's note) so that the next one says which.
+        """
+        old, self.actors = self.actors, []
+        for actor in old:
+            ray.kill(actor)
+        self.actors = self._started()
 
     def _epoch(self, sources: Sequence[Any] | None, spec: EpochSpec) -> list[EpochRecord]:
         refs = [
@@ -282,6 +317,7 @@ class _Run:
             return _Resumed(None, f"state_dict() at the checkpoint failed: {main.state_error}")
         if any(s is None for s in states):
             return _Resumed(None, "no checkpoint was taken in epoch 1 (epoch too short)")
+        self._restart()  # before the clock: the imports are the warm-up's
         start = time.time()
         try:
             sources = self.contender.resume(data, states)
@@ -298,7 +334,11 @@ class _Run:
         ids = np.concatenate([*main.seen, *(r.ids for r in records)])
         duplicates, missing = _check(ids, data.rows)
         first = max(f for f in firsts if f is not None) - start
-        return _Resumed(first, duplicates=duplicates, missing=missing)
+        note = None
+        if duplicates or missing:  # what the next look needs: the states the ranks loaded
+            rows = [int(r.ids.size) for r in records]
+            note = f"rows after the resume per rank {rows}; the states loaded: {_shown(states)}"
+        return _Resumed(first, note, duplicates=duplicates, missing=missing)
 
     def quality(self, data: Dataset) -> tuple[float, int, int]:
         """Mean full-batch label entropy over ``data``, duplicates and missing ids."""

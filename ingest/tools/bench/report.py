@@ -160,6 +160,7 @@ def contender_report(name: str, title: str, measured: Measured, uniform: float) 
         notes["resume_exactly_once"] = (
             f"before the checkpoint and after the resume: {measured.resume_duplicates:,} "
             f"duplicated, {measured.resume_missing:,} missing ids"
+            + (f"; {measured.resume_note}" if measured.resume_note else "")
         )
     once = all(e.duplicates == 0 and e.missing == 0 for e in measured.epochs) and (
         measured.quality_duplicates == 0 and measured.quality_missing == 0
