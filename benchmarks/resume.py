@@ -28,7 +28,13 @@ and <= the faster peer's resume (fixed figures from the issue, Mosaic and LitDat
 Figures from a shared 2-core machine are noisy: compare the ratios of one run.
 
     .venv/bin/python benchmarks/resume.py [--quick] [--repeat N] [--json PATH]
-        [--peers-json PATH] [--pairs stream dl2 dl2-dl1 dl2-stream ray]
+        [--peers-json PATH] [--pairs stream dl2 dl2-dl1 dl2-stream ray] [--preload]
+
+``--preload`` starts the local Ray with ``preload_python_modules`` (:data:`PRELOAD`): the
+workers Ray starts ahead import the reader's and the coordinator's modules and s3fs before
+an actor takes them, as on a cluster started with ``RAY_preload_python_modules=...``; a
+``RayStream`` cannot set it on a running cluster. Without it, each actor imports them as it
+starts.
 
 Each fresh and each resumed epoch runs ``--repeat`` times (default 3; 1 with ``--quick``):
 the first batch reported is the median, every run is checked for exactly once, and the
@@ -68,6 +74,13 @@ ISSUE_PEERS: dict[str, dict[str, float]] = {
 }
 """Issue 32's resume first-batch seconds of the peers, with 1 and with 2 workers."""
 ISSUE_SOURCE = "issue 32 (fixed reference figures)"
+PRELOAD = (
+    "ingest.distributed.pool",
+    "ingest.distributed.coordinator",
+    "ingest.storage.sources.s3",
+)
+"""What ``--preload`` has Ray's workers import before they take an actor: the reader's
+and the coordinator's modules and the S3 filesystem (s3fs, aiohttp, botocore)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -664,6 +677,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "(a shared 2-core machine: one run's figures vary by 20-50%%); default 3, 1 with "
         "--quick",
     )
+    parser.add_argument(
+        "--preload",
+        action="store_true",
+        help="start the local Ray with preload_python_modules (its idle workers import "
+        "the reader's and the coordinator's modules before an actor takes them), as a "
+        "cluster started with RAY_preload_python_modules=... does",
+    )
     parser.add_argument("--json", metavar="PATH", help="write every figure here")
     parser.add_argument(
         "--peers-json", metavar="PATH", help="an `ingest bench --json` document: peer resumes"
@@ -692,7 +712,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if distributed:
             import ray
 
-            ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+            config = {"preload_python_modules": list(PRELOAD)} if args.preload else {}
+            ray.init(
+                address="local",
+                num_cpus=4,
+                include_dashboard=False,
+                log_to_driver=False,
+                _system_config=config,
+            )
             try:
                 more_fresh, more_rows = measure(env, distributed, reference)
             finally:
@@ -700,6 +727,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             fresh, rows = fresh + more_fresh, rows + more_rows
     out = document(s, args.quick, fresh, rows, reference, time.perf_counter() - start)
     out["config"]["repeat"] = repeat
+    out["config"]["preload"] = list(PRELOAD) if args.preload else []
     report(fresh, rows, reference, s)
     print(f"\n{out['wall_s']:.0f} s in all; every row exactly once: {out['exactly_once_ok']}")
     if args.json:
