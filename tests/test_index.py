@@ -539,3 +539,28 @@ def test_cli_index_with_ray_joins_the_cluster(
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["3 shards, 3 indexed, 0 already indexed, 300 rows"]
     assert len(list((tmp_path / "i").rglob("*.json"))) == 3
+
+
+def test_a_second_scan_infers_no_schema_of_an_unchanged_shard(
+    local: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A stream lists its source every epoch; a JSONL schema is inferred by parsing a block
+    # of the first shard (12% of a warm epoch's CPU over a tokenized corpus, issue 34).
+    from ingest.formats.jsonl import JsonlFormat
+
+    write_dataset(local.fs, local.url("d"), "jsonl", 3, 100)
+    calls: list[str] = []
+    infer = JsonlFormat.infer_schema
+
+    def counted(self: Any, source: Any, shard: Any, info: Any, options: Any) -> Any:
+        calls.append(shard.url)
+        return infer(self, source, shard, info, options)
+
+    monkeypatch.setattr(JsonlFormat, "infer_schema", counted)
+    catalog = Catalog(Source(local.url("d")), READ, None)
+    first = catalog.scan()
+    again = catalog.scan()
+    assert len(calls) == 1 and again.schema == first.schema
+    local.write("d/part-00000.jsonl", b'{"id": 1, "text": "changed", "extra": 2.5}\n')
+    changed = catalog.scan()  # the first shard changed: its schema is inferred again
+    assert len(calls) == 2 and "extra" in changed.schema.names
