@@ -59,8 +59,9 @@ class Acks:
         cursor: Cursor | None = None,
         *,
         again: bool = False,
-    ) -> None:
-        """See :meth:`ingest.core.book.EpochBook.ack`."""
+    ) -> Sequence[StepRecord]:
+        """See :meth:`ingest.core.book.EpochBook.ack`; returns the records recorded (a
+        resend's steps recorded already left out)."""
         if again:
             records = [r for r in records if not self.ledger.has(rank, r.step)]
         self.ledger.ack(rank, records)
@@ -71,6 +72,7 @@ class Acks:
                 self._short[r.step] = self._short.get(r.step, 0) + self.batch_size - r.rows
             if r.quarantined:
                 self.note_quarantined(r.quarantined, r.step)
+        return records
 
     def cursor(self, rank: int) -> tuple[int, Cursor] | None:
         """``(step, cursor)``: ``rank``'s position after the last step it acked with one."""

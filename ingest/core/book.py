@@ -361,11 +361,9 @@ class EpochBook(Generic[L]):
         recorded are left out, with their rows and quarantines, instead of refused as a
         replay: a resend counts nothing twice.
         """
-        if again:
-            records = [r for r in records if not self.ledger.has(rank, r.step)]
-        self.acks.ack(rank, records, cursor)
-        if self.log is not None and records:
-            self._log(rank, records)
+        recorded = self.acks.ack(rank, records, cursor, again=again)
+        if self.log is not None and recorded:
+            self._log(rank, recorded)
 
     def _log(self, rank: int, records: Sequence[StepRecord]) -> None:
         """Tell :attr:`log` the steps ``rank`` acked, epoch by epoch."""
