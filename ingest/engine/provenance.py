@@ -369,27 +369,29 @@ class ProvenanceLog:
         recorded (not reached, or rolled back and not reached again) has no row."""
         wanted = [steps] if isinstance(steps, int) else sorted(set(steps))
         attempts = self.attempts()
-        tables = []
+        by_chunk: dict[str, list[int]] = {}  # each chunk read once for all its steps asked
         for step in wanted:
             chosen = authoritative(attempts, step)
             if chosen is None:
                 continue
-            bucket = step // BUCKET_STEPS
-            for first, last, name, path in self._chunks(bucket):
-                if name == chosen.name and first <= step <= last and path not in self._bad:
-                    got = self._read_step(path, step)
-                    if got is not None:
-                        tables.append(got)
-        if not tables:
+            for first, last, name, path in self._chunks(step // BUCKET_STEPS):
+                if name == chosen.name and first <= step <= last:
+                    by_chunk.setdefault(path, []).append(step)
+        tables = [self._read_steps(path, got) for path, got in by_chunk.items()]
+        found = [t for t in tables if t is not None]
+        if not found:
             return _PLAIN.empty_table()
-        return pa.concat_tables([_plain(t) for t in tables]).sort_by(
+        return pa.concat_tables([_plain(t) for t in found]).sort_by(
             [("step", "ascending"), ("rank", "ascending")]
         )
 
-    def _read_step(self, path: str, step: int) -> pa.Table | None:
-        """The record batches of ``step`` in one chunk (a chunk holds a batch per step)."""
+    def _read_steps(self, path: str, steps: list[int]) -> pa.Table | None:
+        """The rows of ``steps`` in one chunk; None: none, or a chunk that cannot be read
+        whole (told once)."""
+        if path in self._bad:
+            return None
         try:
-            return _read_step(self._fs, path, step)
+            return _read_steps(self._fs, path, steps)
         except (pa.ArrowInvalid, OSError, KeyError, ValueError) as e:
             self._bad.add(path)
             warnings.warn(
@@ -441,16 +443,21 @@ def _parse_name(name: str) -> tuple[int, int, str]:
     return int(first), int(last), attempt
 
 
-def _read_step(fs: Any, path: str, step: int) -> pa.Table | None:
-    """The record batches of ``step`` in one chunk, read from its footer on."""
+def _read_steps(fs: Any, path: str, steps: list[int]) -> pa.Table | None:
+    """The rows of ``steps`` in one chunk: its footer, then only the record batches whose
+    steps (the schema's metadata) hold one of them."""
     with fs.open(path, "rb") as f:
         reader = pa.ipc.open_file(f)
         ranges = json.loads(reader.schema.metadata[b"steps"])
-        found = [reader.get_batch(i) for i, (a, b) in enumerate(ranges) if a <= step <= b]
+        found = [
+            reader.get_batch(i)
+            for i, (a, b) in enumerate(ranges)
+            if any(a <= step <= b for step in steps)
+        ]
         if not found:
             return None
         table = pa.Table.from_batches(found).replace_schema_metadata(None)
-        table = table.filter(pc.equal(table["step"], step))
+        table = table.filter(pc.is_in(table["step"], pa.array(steps, pa.int64())))
         return table if table.num_rows else None
 
 
