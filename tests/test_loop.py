@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from ingest.core.ledger import Closed, Rows, Run, Runs, StepRecord
+from ingest.core.provenance import BatchPieces
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import Cursor
 from ingest.engine.loop import Ending, RankLoop
@@ -41,9 +42,17 @@ class Link:
     rank: int = 3
     sent: list[tuple[object, ...]] = field(default_factory=list)
 
-    def ack(self, rank: int, records: list[StepRecord], cursor: Cursor | None) -> None:
+    def ack(
+        self,
+        rank: int,
+        records: list[StepRecord],
+        cursor: Cursor | None,
+        pieces: Sequence[BatchPieces] = (),
+    ) -> None:
         assert rank == self.rank
         self.sent.append(("ack", [r.step for r in records], cursor))
+        if pieces:
+            self.sent.append(("pieces", [p[0] for p in pieces]))
 
     def end(self, rank: int, epoch: int, ending: Ending) -> None:
         assert rank == self.rank
@@ -185,3 +194,22 @@ def test_hand_out_and_end_serve_items_of_several_ranks_interleaved() -> None:
     assert got == [(0, "batch 0"), (1, "batch 0"), (1, "batch 1")]
     assert links[0].sent == [("ack", [0, 1], cursor(1))]
     assert links[1].sent == [("ack", [0, 1], cursor(1)), ("end", 5, 2)]
+
+
+def test_a_packing_ranks_batches_go_to_the_book_with_the_next_message() -> None:
+    """A packing rank's batches (for the provenance log) are held as records are: sent with
+    the next message, or once ``ack_every`` are held, and before a state (flush)."""
+    link = Link()
+    loop = RankLoop(3, link, ack_every=2)
+    piece = np.zeros((1, 5), dtype=np.int64)
+    loop.log_batch((7, 0, piece))
+    assert link.sent == []
+    loop.log_batch((8, 0, piece))
+    assert link.sent == [("ack", [], None), ("pieces", [7, 8])]
+    loop.log_batch((9, 1, piece))
+    loop.flush()
+    assert link.sent[-1] == ("pieces", [9])
+    loop.log_batch((10, 1, piece))
+    loop.restart(4)  # a state loaded: what was held is of the position left behind
+    loop.flush()
+    assert link.sent[-1] == ("pieces", [9])

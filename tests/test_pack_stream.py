@@ -335,7 +335,9 @@ def test_cut_documents_in_the_epochs_remainder_are_carried_with_their_offsets() 
 
     def packing(remainder: str) -> PackedRank:
         plan = Plan()
-        book = SimpleNamespace(config=SimpleNamespace(remainder=remainder), plan=lambda e: plan)
+        book = SimpleNamespace(
+            config=SimpleNamespace(remainder=remainder), plan=lambda e: plan, log=None
+        )
         packed = PackedRank(Pack(seq_len=8), 2, cast(Any, None), cast(Any, book))
         packed.begin(["s3://b/a.jsonl", "s3://b/b.jsonl"])
         for shard, row, offset in ((1, 11, 5), (1, 2, 7), (0, 3, 1)):

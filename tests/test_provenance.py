@@ -152,11 +152,6 @@ def test_a_log_with_no_attempt_names_the_fix(tmp_path: Path) -> None:
         which(str(tmp_path / "empty"), 0)
 
 
-def test_provenance_with_pack_or_a_mixture_is_refused_naming_the_fix(data: list[str]) -> None:
-    with pytest.raises(ingest.ConfigError, match="provenance=True"):
-        ingest.Stream(data, pack=ingest.Pack(seq_len=8), provenance="/tmp/x")
-
-
 def test_a_writer_pickles_without_what_it_holds(tmp_path: Path) -> None:
     import pickle
 

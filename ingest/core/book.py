@@ -46,7 +46,7 @@ from ingest.core.errors import ConfigError, StateError
 from ingest.core.ledger import Ledger, Run, Runs, StepRecord
 from ingest.core.listing import L, Lister
 from ingest.core.progress import add_runs
-from ingest.core.provenance import StepLog, step_rows
+from ingest.core.provenance import BatchPieces, StepLog, step_pieces, step_rows
 from ingest.core.quarantine import Quarantined
 from ingest.core.share import FeedPlan
 from ingest.core.snapshot import state_acked, state_after, state_in
@@ -96,6 +96,12 @@ class EpochBook(Generic[L]):
         ``provenance=``: :mod:`ingest.core.provenance`); None: nowhere."""
         self._urls: dict[int, list[str]] = {}
         """Per epoch, its listing's shard URLs, for :attr:`log`."""
+        self.logs_batches = False
+        """The stream packs (``pack=``): its steps are the batches its ranks' nodes made of
+        the read steps, which they log with their acks (:meth:`ack`'s ``pieces``); the read
+        steps acked are not logged."""
+        self._logged: dict[int, int] = {}
+        """Per rank, the last batch whose pieces :attr:`log` was told (a resend's are not)."""
 
     def _new_acks(self, first_step: int, quarantined: Iterable[Quarantined] = ()) -> Acks:
         config = self.config
@@ -353,6 +359,7 @@ class EpochBook(Generic[L]):
         cursor: Cursor | None = None,
         *,
         again: bool = False,
+        pieces: Sequence[BatchPieces] = (),
     ) -> None:
         """Record ``rank``'s consumed steps; ``cursor`` is its position after the last.
 
@@ -360,10 +367,35 @@ class EpochBook(Generic[L]):
         unreachable for a moment, so it may or may not have run it). Its steps already
         recorded are left out, with their rows and quarantines, instead of refused as a
         replay: a resend counts nothing twice.
+
+        ``pieces``: with ``pack``, the batches the rank's node handed out since its last
+        message, for :attr:`log` (see :attr:`logs_batches`).
         """
         recorded = self.acks.ack(rank, records, cursor, again=again)
-        if self.log is not None and recorded:
+        if self.log is None:
+            return
+        if self.logs_batches:
+            if pieces:
+                self._log_pieces(rank, pieces)
+        elif recorded:
             self._log(rank, recorded)
+
+    def _log_pieces(self, rank: int, batches: Sequence[BatchPieces]) -> None:
+        """Tell :attr:`log` a packing rank's batches (those a resend brings again left out)."""
+        last = self._logged.get(rank, -1)
+        by_epoch: dict[int, list[tuple[int, npt.NDArray[np.int64]]]] = {}
+        for step, read_step, pieces in batches:
+            if step <= last:
+                continue
+            last = step
+            e = self._epoch_holding(read_step, read_step)
+            by_epoch.setdefault(e.epoch, []).append((step, step_pieces(pieces)))
+            if e.epoch not in self._urls:
+                self._urls[e.epoch] = [s.url for s in e.listing.shards]
+        self._logged[rank] = last
+        assert self.log is not None
+        for epoch, steps in by_epoch.items():
+            self.log.record(rank, epoch, self._urls[epoch], steps)
 
     def _log(self, rank: int, records: Sequence[StepRecord]) -> None:
         """Tell :attr:`log` the steps ``rank`` acked, epoch by epoch."""
@@ -547,9 +579,13 @@ class EpochBook(Generic[L]):
             except StateError:
                 self.__dict__.update(before)
                 raise
-        self._urls = {}
+        self._urls, self._logged = {}, {}
         if self.log is not None:  # a new attempt: it supersedes the steps from here on
-            self.log.start(state.progress.step, self.world_size)
+            # (a packing stream's steps are its batches; a state saved before they were
+            # kept has none: its log starts again at 0)
+            batches = state.progress.batches or 0
+            first = batches if self.logs_batches else state.progress.step
+            self.log.start(first, self.world_size)
 
 
 __all__ = ["FOLD_EVERY", "MAIN", "BookConfig", "EpochBook", "Remainder"]

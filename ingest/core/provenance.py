@@ -12,6 +12,13 @@ count is learnt by reading, and a filter's survivors by running it. A log holds 
 ranks were handed: about 3.5 bytes a row of a shuffled batch after compression
 (``benchmarks/provenance.py``).
 
+*Packing.* With ``pack=``, a step is a batch of sequences (the user's step), not a read
+step: the rank's pack node logs each batch's pieces (:data:`BatchPieces`: which tokens of
+which row went into which sequence) through its loop, with the read steps it acks, and the
+book passes them on in place of the read steps. The steps count the batches handed out
+since the run began (:class:`ingest.engine.pack.StepCount`), and a state keeps the count
+(``pack.steps``) for the attempt that loads it.
+
 *Attempts.* A run that stops and resumes from an earlier state hands out the steps after
 that state again (at another world size, other rows). Each book is one attempt, starting at
 the step of the state it loaded (0 for a fresh run). For a step, the attempt that counts is
@@ -33,7 +40,15 @@ from ingest.core.ledger import Rows, Run, Runs, unpacked_row
 
 StepRows = npt.NDArray[np.int64]
 """A step's rows as ``(shard, start, stop)`` runs, ``(n, 3)`` int64, in the order the batch
-held them where the rank told it (packed rows), else sorted by shard and row."""
+held them where the rank told it (packed rows), else sorted by shard and row; for a packing
+stream's batch, its pieces (:func:`step_pieces`)."""
+BatchPieces = tuple[int, int, npt.NDArray[np.int64]]
+"""A packing rank's batch for the log: its step (the rank's batches since the run began),
+the read step its last document came in (whose epoch it is of), and its pieces
+``(sequence, shard, row, token start, token stop)``."""
+PIECE_WIDTH = 6
+"""Columns of a packed batch's :data:`StepRows`: ``(shard, row, row + 1, sequence, token
+start, token stop)``."""
 
 
 class StepLog(Protocol):
@@ -74,6 +89,13 @@ def step_rows(entry: Runs | Rows | Sequence[Run]) -> StepRows:
     return np.ascontiguousarray(runs.reshape(-1, 4)[:, 1:])
 
 
+def step_pieces(pieces: npt.NDArray[np.int64]) -> StepRows:
+    """A packed batch's pieces, ``(sequence, shard, row, token start, token stop)`` as
+    ``Pack(provenance=True)`` gives them, as the rows its log keeps (:data:`PIECE_WIDTH`)."""
+    p = np.asarray(pieces, dtype=np.int64).reshape(-1, 5)
+    return np.stack([p[:, 1], p[:, 2], p[:, 2] + 1, p[:, 0], p[:, 3], p[:, 4]], axis=1)
+
+
 def _merged(shard: npt.NDArray[np.int64], row: npt.NDArray[np.int64]) -> StepRows:
     """Rows in order to runs: a run goes on while the next row is the same shard's next."""
     cut = np.nonzero((np.diff(row) != 1) | (np.diff(shard) != 0))[0] + 1
@@ -109,4 +131,13 @@ def authoritative(attempts: Sequence[Attempt], step: int) -> Attempt | None:
     return max(eligible, key=lambda a: (a.started_ns, a.name))
 
 
-__all__ = ["Attempt", "StepLog", "StepRows", "authoritative", "step_rows"]
+__all__ = [
+    "PIECE_WIDTH",
+    "Attempt",
+    "BatchPieces",
+    "StepLog",
+    "StepRows",
+    "authoritative",
+    "step_pieces",
+    "step_rows",
+]

@@ -126,7 +126,9 @@ def state_acked(
 
 
 def state_with_tokens(
-    state: StreamState, tokens: Sequence[tuple[int, int, int, int]]
+    state: StreamState,
+    tokens: Sequence[tuple[int, int, int, int]],
+    batches: int | None = None,
 ) -> StreamState:
     """``state`` (a rank's book at its last step acked) with the rows after it that reached a
     batch in part or whole, ``tokens`` (``(segment, shard, row, offset)``: tokens ``[0,
@@ -136,12 +138,16 @@ def state_with_tokens(
     :mod:`ingest.engine.pack`): its rank acks a step to the book only when every row of it
     was handed out whole, so the book's steps stay whole and a resume reads its steps
     again as the book has them (in the same order, when the settings are the same); the
-    rows these tokens name are packed again from their offsets.
+    rows these tokens name are packed again from their offsets. ``batches``: the stage's
+    batches handed out since the run began (``pack.steps``, the steps its provenance log
+    numbers); None: kept as ``state`` has them.
 
     Raises:
         StateError: If a row of ``tokens`` is among the rows consumed.
     """
-    out = replace(state, progress=replace(state.progress, tokens=sorted(tokens)))
+    kept = state.progress.batches if batches is None else batches
+    progress = replace(state.progress, tokens=sorted(tokens), batches=kept)
+    out = replace(state, progress=progress)
     out.check_tokens()
     return out
 

@@ -29,6 +29,7 @@ import ray
 
 from ingest.core.errors import IngestError, StateError, SupersededError
 from ingest.core.ledger import Rows, Run, Runs, StepRecord
+from ingest.core.provenance import BatchPieces
 from ingest.core.quarantine import Quarantined, summary
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor, StreamState
@@ -109,7 +110,7 @@ class _Coordinator(PoolDirectory):
         self._spec = spec
         self._planner = spec.planner(indexer)
         self._planner.wait = self._wait
-        self._book = spec.book(world_size, self._planner)
+        self._book = spec.book(world_size, self._planner, packs=packs)
         self._packs = packs
         """The ranks' nodes agree on their steps (``pack=``: a rank regroups its documents,
         :mod:`ingest.distributed.rank_pack`): the coordinator keeps their part
@@ -186,7 +187,7 @@ class _Coordinator(PoolDirectory):
         made just before the state was loaded plans it from the listing it made at its start
         (``HEAD`` per shard: a second listing sent them all again)."""
         listing = None if relist else self._book.first_listing()
-        book = self._spec.book(world_size, self._planner)
+        book = self._spec.book(world_size, self._planner, packs=self._packs)
         start = None if state is None else StreamState.from_json(state)
         if start is not None:
             book.load(start, listing, listed_here=True)
@@ -342,10 +343,13 @@ class _Coordinator(PoolDirectory):
                 "packing rank starts an epoch only after node_start answers"
             )
 
-    def node_start(self, rank: int, session: int) -> tuple[int, dict[int, int], bool] | None:
+    def node_start(
+        self, rank: int, session: int
+    ) -> tuple[int, dict[int, int], bool, int | None, bool] | None:
         """Where a rank's node starts its next loop: its epoch, the node's part it starts
-        with (for packing, the documents cut before: packed row -> offset), and whether the
-        rank made batches of it already; None while another rank has not closed the epoch
+        with (for packing, the documents cut before: packed row -> offset), whether the
+        rank made batches of it already, the step of its first batch, and whether its
+        batches go to the provenance log; None while another rank has not closed the epoch
         before (ask again)."""
         with self._lock:
             self._await_listing()
@@ -363,7 +367,10 @@ class _Coordinator(PoolDirectory):
                         "again, or resume from the last state"
                     )
                 return None
-            return epoch, self._packed.offsets(book, epoch), self._packed.busy(rank, epoch)
+            packed = self._packed
+            logs = book.log is not None
+            first = packed.saved_first_step(epoch)
+            return epoch, packed.offsets(book, epoch), packed.busy(rank, epoch), first, logs
 
     def agree(
         self, rank: int, epoch: int, session: int, count: int, ended: bool
@@ -384,17 +391,19 @@ class _Coordinator(PoolDirectory):
         part: Sequence[tuple[int, int]],
         step: int | None = None,
         timeout_s: float = 0.0,
+        handed: int = 0,
     ) -> dict[str, Any] | None:
         """A rank's node's part of the state in ``epoch`` (for packing, its documents in
-        flight); with no ``step``, as its loop leaves (for the driver's state). With a
-        ``step``: the state after the rank's batch ``step`` of ``epoch``, once every rank
-        sent its part there (each flushed its acks first)."""
+        flight); with no ``step``, as its loop leaves (for the driver's state: ``handed``,
+        its batches of ``epoch``). With a ``step``: the state after the rank's batch
+        ``step`` of ``epoch`` (its ``step`` batches handed out; -1: between epochs), once
+        every rank sent its part there (each flushed its acks first)."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             self._check(session)
             self._check_node()
             packed = self._packed
-            packed.entries(rank, epoch, part)
+            packed.entries(rank, epoch, part, handed)
             if step is None:
                 return None
             key = (epoch, step)
@@ -412,7 +421,7 @@ class _Coordinator(PoolDirectory):
                     )
                 self._lock.wait(timeout=min(left, 1.0))
             if key not in packed.states:
-                packed.states[key] = packed.state(self._book).to_json()
+                packed.states[key] = packed.state(self._book, max(step, 0)).to_json()
                 for old in sorted(packed.states)[:-4]:  # the ranks asked for those already
                     del packed.states[old]
             return packed.states[key]
@@ -436,10 +445,12 @@ class _Coordinator(PoolDirectory):
         session: int,
         cursor: Cursor | None = None,
         lease: int | None = None,
+        pieces: Sequence[BatchPieces] = (),
         *,
         again: bool = False,
     ) -> None:
-        """Record a rank's steps; ``again``: a resend (see :meth:`EpochBook.ack`).
+        """Record a rank's steps; ``again``: a resend (see :meth:`EpochBook.ack`);
+        ``pieces``: a packing rank's batches for the provenance log.
 
         Raises:
             SupersededError: If another iterator took the rank over (``lease`` is older): the
@@ -449,7 +460,7 @@ class _Coordinator(PoolDirectory):
             self._check(session)  # never dropped: a restarted actor or a replaced group
             self._check_lease(rank, lease)
             book = self._book
-            book.ack(rank, records, cursor, again=again)
+            book.ack(rank, records, cursor, again=again, pieces=pieces)
             self._touched = True
             book.fold_due()  # on a window's edge where there is one: no sort
             self._lock.notify_all()

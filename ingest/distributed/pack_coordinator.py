@@ -49,6 +49,20 @@ class PackedRanks:
         """The ranks' documents cut and carried, by epoch, until every rank ended it."""
         self._entries: dict[int, tuple[int, list[tuple[int, int]]]] = {}
         """Each rank's documents in flight, by its epoch's listing, as it last sent them."""
+        self._first: dict[int, int] = {
+            start.progress.epoch if start is not None else 0: (
+                start.progress.batches or 0 if start is not None else 0
+            )
+        }
+        """Per epoch, the step of its first batch in this session (every rank's batches
+        since the run began: a loaded state's ``pack.steps``, then each epoch's count)."""
+        self._known = start is None or start.progress.batches is not None
+        """Whether the steps count from the run's start (see
+        :class:`ingest.engine.pack.StepCount`)."""
+        self._final: dict[int, int] = {}
+        """Per epoch, its batches on every rank in this session, once known."""
+        self._handed: dict[int, int] = {}
+        """Per rank, its batches of its epoch as its loop last left (the driver's state)."""
         self.states: dict[tuple[int, int], dict[str, Any]] = {}
         """States made at ``(epoch, output step)``, for the ranks that ask after the first."""
         self.asked: dict[tuple[int, int], set[int]] = {}
@@ -64,7 +78,29 @@ class PackedRanks:
         low = min(c for c, _ in counts)
         ends = [c for c, e in counts if e]
         final = min(ends) if ends and low >= min(ends) else None
+        if final is not None:
+            self._final[epoch] = final
         return low, final
+
+    def first_step(self, epoch: int) -> int:
+        """The step of ``epoch``'s first batch (see :class:`ingest.engine.pack.StepCount`):
+        the epochs before it in this session ended on every rank, so their counts are known.
+        """
+        return self._first_step(epoch)
+
+    def saved_first_step(self, epoch: int) -> int | None:
+        """:meth:`first_step`, None where the steps do not count from the run's start."""
+        return self._first_step(epoch) if self._known else None
+
+    def _first_step(self, epoch: int) -> int:
+        known = max((e for e in self._first if e <= epoch), default=None)
+        if known is None:  # pragma: no cover - a session starts at its first epoch
+            return 0
+        step = self._first[known]
+        for e in range(known, epoch):
+            step += self._final.get(e, 0)
+        self._first[epoch] = step
+        return step
 
     @staticmethod
     def waits(book: EpochBook[Any], epoch: int) -> bool:
@@ -88,9 +124,13 @@ class PackedRanks:
             if url in by_url
         }
 
-    def entries(self, rank: int, epoch: int, entries: Sequence[tuple[int, int]]) -> None:
-        """``rank``'s documents in flight in ``epoch`` (see the module docstring)."""
+    def entries(
+        self, rank: int, epoch: int, entries: Sequence[tuple[int, int]], handed: int = 0
+    ) -> None:
+        """``rank``'s documents in flight in ``epoch`` (see the module docstring), and its
+        batches of it handed out."""
         self._entries[rank] = (epoch, list(entries))
+        self._handed[rank] = handed
 
     def closed(
         self,
@@ -104,6 +144,7 @@ class PackedRanks:
         the copies the epoch's remainder holds (those, and the loaded ones no rank read), and
         the next epoch's carried rows start at their copies' (:mod:`ingest.core.carry`)."""
         self._entries.pop(rank, None)
+        self._handed.pop(rank, None)
         urls = [s.url for s in book.plan(epoch).listing.shards]
         mine = self._surplus.setdefault(epoch, {})
         for key, offset in cut:
@@ -135,11 +176,16 @@ class PackedRanks:
         for (shard, row), offset in out.offsets.items():
             nxt[(CARRY, urls[shard], row)] = offset
 
-    def state(self, book: EpochBook[Any]) -> StreamState:
+    def state(self, book: EpochBook[Any], handed: int | None = None) -> StreamState:
         """The book's state after every read step acked, with the documents in flight (each
-        rank's as last sent, and the cut ones of the state's epoch not read again yet)."""
+        rank's as last sent, and the cut ones of the state's epoch not read again yet), and
+        the batches handed out: ``handed`` of the state's epoch on every rank; None: as
+        many as the rank furthest on when the loops left (the driver's state)."""
         base = book.snapshot_acked()
         epoch = base.progress.epoch
+        if handed is None:
+            handed = max(self._handed.values(), default=0)
+        batches = self.first_step(epoch) + handed if self._known else None
         by_url = {s.url: n for n, s in enumerate(base.shards)}
         cut = list(self._cut.get(epoch, {}).items())
         for got, entries in self._entries.values():
@@ -153,7 +199,7 @@ class PackedRanks:
             for (segment, url, row), offset in cut
             if url in by_url and not base.consumed_whole(segment, by_url[url], row)
         )
-        return state_with_tokens(base, tokens) if tokens else base
+        return state_with_tokens(base, tokens, batches)
 
 
 __all__ = ["PackedRanks"]

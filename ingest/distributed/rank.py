@@ -24,7 +24,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +32,7 @@ import ray
 
 from ingest.core.errors import IngestError, StreamTimeoutError, SupersededError
 from ingest.core.ledger import StepRecord
+from ingest.core.provenance import BatchPieces
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import Cursor
 from ingest.core.validate import COUNT, SECONDS, check_numbers
@@ -155,7 +156,8 @@ class RankIterator:
     @property
     def step(self) -> int:
         """The step of the last batch yielded (-1 before any), equal on every rank at the
-        same batch: the global step, or with ``pack`` this iterator's batches less one."""
+        same batch: the global step, or with ``pack`` the rank's batches since the run
+        began less one (:class:`ingest.engine.pack.StepCount`)."""
         return self._driver.step
 
     @property
@@ -426,14 +428,16 @@ class RankIterator:
         for ref, args in sent:
             self._answer(ref, "ack", args, again=True)
 
-    def _send_acks(self, records: list[StepRecord], cursor: Cursor | None) -> None:
+    def _send_acks(
+        self, records: list[StepRecord], cursor: Cursor | None, pieces: Sequence[BatchPieces] = ()
+    ) -> None:
         """Send an ack message without waiting for its answer (see :class:`_CoordinatorLink`).
 
         A message goes unanswered for a while, but never more than two do: a coordinator
         that died stops the loop within a few messages (its error says how to resume), not
         at the end of the epoch with every ack since lost.
         """
-        args = (self.rank, records, self._session(), cursor, self.lease)
+        args = (self.rank, records, self._session(), cursor, self.lease, list(pieces))
         self._acks.append((self.coordinator.ack.remote(*args), args))
         ready, _ = ray.wait([ref for ref, _ in self._acks], num_returns=len(self._acks), timeout=0)
         done = set(ready)
@@ -462,8 +466,14 @@ class _CoordinatorLink:
     def __init__(self, it: RankIterator) -> None:
         self._it = it
 
-    def ack(self, rank: int, records: list[StepRecord], cursor: Cursor | None) -> None:
-        self._it._send_acks(records, cursor)
+    def ack(
+        self,
+        rank: int,
+        records: list[StepRecord],
+        cursor: Cursor | None,
+        pieces: Sequence[BatchPieces] = (),
+    ) -> None:
+        self._it._send_acks(records, cursor, pieces)
 
     def end(self, rank: int, epoch: int, ending: Ending) -> None:
         it = self._it

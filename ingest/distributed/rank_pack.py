@@ -76,7 +76,6 @@ class PackedDriver:
         self.ended: End | None = None
         """The feed's end, once taken."""
         self.unread: list[Item] = []
-        self._yielded = 0
 
     @classmethod
     def of(cls, pack: Grouping, batch_size: int, it: IteratorLink) -> PackedDriver:
@@ -85,11 +84,12 @@ class PackedDriver:
 
     @property
     def step(self) -> int:
-        """This iterator's batches less one (equal on every rank)."""
-        return self._yielded - 1
+        """The step of the last batch handed out (equal on every rank): the rank's batches
+        since the run began, less one (:class:`ingest.engine.pack.StepCount`); -1: none."""
+        return self.packing.step
 
-    def _start(self, epoch: int, offsets: dict[int, int]) -> None:
-        self.packing.load_offsets(offsets)
+    def _start(self, epoch: int, offsets: dict[int, int], first: int | None, logs: bool) -> None:
+        self.packing.load_offsets(offsets, first, logs)
         self.epoch, self.fed, self.allowed, self.final, self.ended = epoch, -1, 0, None, None
         self.unread = []
 
@@ -108,7 +108,7 @@ class PackedDriver:
                 )
             time.sleep(delay)
             delay = min(2 * delay, 0.2)
-        epoch, offsets, busy = got
+        epoch, offsets, busy, first, logs = got
         taken = it.take_over()
         if taken != epoch:  # pragma: no cover - node_start and claim read the same book
             raise IngestError(f"rank {it.rank}: epoch {taken} claimed, {epoch} expected")
@@ -121,7 +121,7 @@ class PackedDriver:
                     "over the same iterator again, or resume from the last state "
                     "(load_state_dict)"
                 )
-            self._start(epoch, offsets)
+            self._start(epoch, offsets, first, logs)
         return int(epoch)
 
     def batches(self, epoch: int) -> Iterator[Batch]:
@@ -140,7 +140,6 @@ class PackedDriver:
             if k < self.allowed and packing.ready:
                 delay = 0.002
                 deadline = time.monotonic() + it.timeout_s
-                self._yielded += 1
                 yield packing.next_batch()
                 continue
             if not packing.ready and self.ended is None:
@@ -218,7 +217,8 @@ class PackedDriver:
 
     def left(self, epoch: int) -> None:
         it = self._it
-        it.call("node_state", it.rank, it.session(), epoch, self._entries())
+        handed = self.packing.handed if self.epoch is not None else 0
+        it.call("node_state", it.rank, it.session(), epoch, self._entries(), None, 0.0, handed)
 
     def counts(self) -> dict[str, int]:
         return self.packing.counts()

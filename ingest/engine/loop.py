@@ -29,6 +29,7 @@ from typing import Any, Protocol, TypeVar, cast
 
 from ingest.core.book import EpochBook
 from ingest.core.ledger import Closed, Rows, Run, Runs, StepRecord
+from ingest.core.provenance import BatchPieces
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import Cursor
 
@@ -89,8 +90,16 @@ BatchT = TypeVar("BatchT")
 class RankLink(Protocol):
     """How a rank's loop reaches its book."""
 
-    def ack(self, rank: int, records: list[StepRecord], cursor: Cursor | None) -> None:
-        """Record ``rank``'s handed-out batches; ``cursor``: its position after the last."""
+    def ack(
+        self,
+        rank: int,
+        records: list[StepRecord],
+        cursor: Cursor | None,
+        pieces: Sequence[BatchPieces] = (),
+    ) -> None:
+        """Record ``rank``'s handed-out batches; ``cursor``: its position after the last;
+        ``pieces``: a packing rank's batches for the provenance log
+        (:meth:`ingest.core.book.EpochBook.ack`)."""
         ...
 
     def end(self, rank: int, epoch: int, ending: Ending) -> None:
@@ -104,8 +113,14 @@ class BookLink:
     def __init__(self, book: EpochBook[Any]) -> None:
         self.book = book
 
-    def ack(self, rank: int, records: list[StepRecord], cursor: Cursor | None) -> None:
-        self.book.ack(rank, records, cursor)
+    def ack(
+        self,
+        rank: int,
+        records: list[StepRecord],
+        cursor: Cursor | None,
+        pieces: Sequence[BatchPieces] = (),
+    ) -> None:
+        self.book.ack(rank, records, cursor, pieces=pieces)
         self.book.fold_due()
 
     def end(self, rank: int, epoch: int, ending: Ending) -> None:
@@ -146,6 +161,8 @@ class RankLoop:
         self.cursor: Cursor | None = None
         """The rank's position after that batch (None: none in this epoch yet, or it ended)."""
         self._held: list[StepRecord] = []
+        self._pieces: list[BatchPieces] = []
+        """A packing rank's batches for the provenance log, sent with the next message."""
 
     def batches(
         self,
@@ -193,17 +210,25 @@ class RankLoop:
             return None
         return batch
 
+    def log_batch(self, batch: BatchPieces) -> None:
+        """A packing rank handed out a batch: its pieces go to the book's provenance log
+        with the next message (sent once :attr:`ack_every` are held, as records are)."""
+        self._pieces.append(batch)
+        if len(self._pieces) >= self.ack_every:
+            self.flush()
+
     def flush(self) -> None:
         """Send the held records to the book (before a state, a rewind, an epoch's end)."""
-        if self._held:
+        if self._held or self._pieces:
             held, self._held = self._held, []
-            self.link.ack(self.rank, held, self.cursor)
+            pieces, self._pieces = self._pieces, []
+            self.link.ack(self.rank, held, self.cursor, pieces)
 
     def restart(self, step: int, cursor: Cursor | None = None) -> None:
         """Go on after ``step`` (a loaded state's last, or the rank's last acked when another
         iterator took it over) at ``cursor``, forgetting the records held: the position they
         were of is replaced."""
-        self._held = []
+        self._held, self._pieces = [], []
         self.step, self.cursor = step, cursor
 
     def end(self, epoch: int, ending: Ending) -> None:

@@ -149,14 +149,6 @@ class StreamOptions:
                 "there is no transform; give the stages (e.g. transform=ingest.Tokenize(...)) "
                 "or leave derived out"
             )
-        if self.provenance is not None and self.pack is not None:
-            # The book's steps of a packing stream are read steps; its batches' pieces
-            # (documents' token ranges) live in the rank's pack node, which logs nothing yet.
-            raise ConfigError(
-                f"provenance={redact(self.provenance)!r} with pack=: a packing stream's "
-                "provenance log is not built yet; pass pack=ingest.Pack(..., "
-                "provenance=True) to get each batch's pieces, or leave provenance out"
-            )
 
     @classmethod
     def of(cls, owner: str, keywords: StreamKeywords) -> StreamOptions:

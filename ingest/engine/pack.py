@@ -76,6 +76,40 @@ class _Step:
     acked)."""
 
 
+class StepCount:
+    """A packing stream's steps: the batches handed out since the run began, numbered in
+    the order they reach the user's loop, so shared by the nodes of one loop (a
+    :class:`ingest.DataLoader`'s workers' nodes hand their batches out through one loader).
+
+    A provenance log keys each batch's pieces by its step (:mod:`ingest.core.provenance`),
+    and a state keeps the count (``pack.steps``), so the steps go on after a resume at any
+    world size. A Ray rank's count is its own (every rank hands out as many batches).
+    """
+
+    def __init__(self, first: int = 0) -> None:
+        self.next = first
+        """The step of the next batch."""
+        self.known = True
+        """Whether :attr:`next` counts from the run's start: not after loading a state saved
+        before the count was kept (its log's steps start again at 0, and its states keep
+        no count, as the loaded one)."""
+
+    def load(self, batches: int | None) -> None:
+        """Go on after a state's ``pack.steps`` (None: not kept in it)."""
+        self.next, self.known = batches or 0, batches is not None
+
+    @property
+    def saved(self) -> int | None:
+        """What a state keeps (``pack.steps``): the count, if known."""
+        return self.next if self.known else None
+
+    def take(self) -> int:
+        """The next batch's step."""
+        step = self.next
+        self.next += 1
+        return step
+
+
 def _pad_of(pack: Grouping, table: pa.Table) -> int:
     """The pad id: ``pack.pad_id``, else the ``eos_id`` the token ids were made with (their
     field's metadata, :data:`ingest.engine.tokenize.EOS_KEY`), else 0, with a warning."""
@@ -129,12 +163,25 @@ class PackedRank:
         rank: The rank's loop, which acks read steps to its book.
         book: The rank's book (for :meth:`state` and the carry at an epoch's end); None: the
             book is in another process (a Ray rank, :mod:`ingest.distributed.rank_pack`).
+        steps: The loop's batch count, shared with the other nodes whose batches the same
+            loop hands out (a DataLoader's); None: the node's own.
     """
 
     def __init__(
-        self, pack: Grouping, batch_size: int, rank: RankLoop, book: EpochBook[Any] | None
+        self,
+        pack: Grouping,
+        batch_size: int,
+        rank: RankLoop,
+        book: EpochBook[Any] | None,
+        steps: StepCount | None = None,
     ) -> None:
         self.pack = pack
+        self.steps = steps or StepCount()
+        self.logs = book is not None and book.log is not None
+        """Each batch's pieces go to the book's provenance log (``provenance=``; a Ray
+        rank is told by its coordinator, :meth:`load_offsets`)."""
+        self._last_read = -1
+        """The last read step packed (its epoch is the batches')."""
         self._stream_batch = batch_size
         self.batch_size = pack.per_batch(batch_size)
         """Groups per batch (for a :class:`Pack`, sequences: the stream's batch size)."""
@@ -163,6 +210,11 @@ class PackedRank:
         self._pad = pack.pad_id
         """The pad id (None: from the first read step's ids, :func:`_pad_of`)."""
 
+    @property
+    def step(self) -> int:
+        """The step of the last batch handed out (see :class:`StepCount`)."""
+        return self.steps.next - 1
+
     def check(self, state: StreamState) -> None:
         """Any state loads (one without documents in flight too)."""
         return None
@@ -175,6 +227,7 @@ class PackedRank:
             (segment, state.shards[shard].url, row, offset)
             for segment, shard, row, offset in state.progress.tokens
         ]
+        self.steps.load(state.progress.batches)
 
     def _reset(self) -> None:
         self._steps.clear()
@@ -276,12 +329,16 @@ class PackedRank:
         rows = np.concatenate(leftover) if leftover else np.zeros(0, np.int64)
         return records, rows, cut
 
-    def load_offsets(self, offsets: Mapping[int, int]) -> None:
+    def load_offsets(self, offsets: Mapping[int, int], first_step: int | None, logs: bool) -> None:
         """Start an epoch with these documents cut before, ``packed row -> tokens handed
-        out``, by the epoch's listing (a Ray rank: its coordinator knows the listing)."""
+        out``, by the epoch's listing, its first batch's step (None: not known, see
+        :class:`StepCount`), and whether its batches are logged (a Ray rank: its
+        coordinator knows the listing and the other ranks' steps)."""
         self._reset()
         self._offsets = dict(offsets)
         self.handed = 0
+        self.steps.load(first_step)
+        self.logs = logs
 
     def in_flight(self) -> list[tuple[int, int]]:
         """``(packed row, offset)`` of the documents of the read steps not acked yet that
@@ -360,6 +417,7 @@ class PackedRank:
                 'ReadOptions(on_error="raise") when packing'
             )
         table = item.table
+        self._last_read = item.step
         if self._pad is None:
             self._pad = _pad_of(self.pack, table)
         origin = table.column(ORIGIN).to_numpy()
@@ -412,31 +470,32 @@ class PackedRank:
 
     def _hand_out(self, size: int) -> Batch:
         self.handed += 1
+        step = self.steps.take()
         groups, self._closed = self._closed[:size], self._closed[size:]
         batch = self.pack.collate(groups, self._pad or 0)
-        pieces = self._provenance(batch.pieces) if self.pack.provenance else None
+        wanted = self.pack.provenance or self.logs
+        pieces = self._provenance(batch.pieces) if wanted else None
+        if self.logs and pieces is not None:  # logged with the read steps it acks next
+            self.rank.log_batch((step, self._last_read, pieces))
         # (serial, stop, last) per piece, zipped from three lists: a list per piece made
         # Python's collector run every 700 pieces
         self._done(zip(*batch.pieces[:, [1, 3, 4]].T.tolist(), strict=True))
-        import torch  # here: the readers of a Ray stream import this module, not torch
-
         real = batch.real_tokens
         self.tokens += real
         self.padding += batch.size - real
-        out: Batch = {
-            name: value if isinstance(value, int) else torch.from_numpy(value)
-            for name, value in batch.arrays.items()
-        }
-        if pieces is not None:
-            out["pieces"] = torch.from_numpy(pieces)
+        out = packed_torch(batch.arrays)
+        if pieces is not None and self.pack.provenance:
+            out["pieces"] = packed_torch({"pieces": pieces})["pieces"]
         return out
 
     def _provenance(self, pieces: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """``(sequence, shard, row, start, stop)`` per piece (see :attr:`Pack.provenance`)."""
+        docs = self._docs
+        keys = np.fromiter((docs[s][1] for s in pieces[:, 1].tolist()), np.int64, len(pieces))
+        _, shard, row = unpacked_row(keys)  # type: ignore[arg-type]
         out = np.empty((len(pieces), 5), dtype=np.int64)
-        for n, (seq, serial, start, stop, _) in enumerate(pieces.tolist()):
-            _, shard, row = unpacked_row(self._docs[serial][1])
-            out[n] = (seq, shard, row, start, stop)
+        out[:, 0], out[:, 1], out[:, 2] = pieces[:, 0], shard, row
+        out[:, 3:] = pieces[:, 2:4]
         return out
 
     def _done(self, pieces: Iterable[Sequence[int]]) -> None:
@@ -464,8 +523,7 @@ class PackedRank:
         if self.book is None:
             raise IngestError("a Ray rank's state comes from its coordinator")
         base = self.book.snapshot(self.rank.step)
-        tokens = self.entries(base)
-        return state_with_tokens(base, tokens) if tokens else base
+        return state_with_tokens(base, self.entries(base), self.steps.saved)
 
     def entries(self, base: StreamState) -> list[tuple[int, int, int, int]]:
         """``(segment, shard, row, offset)`` of the documents of the read steps not acked yet
@@ -487,6 +545,16 @@ class PackedRank:
             tokens.append((segment, by_url[url], row, offset))
         tokens += [(s, by_url[url], row, off) for s, url, row, off in self._loaded if url in by_url]
         return [t for t in tokens if not base.consumed_whole(t[0], t[1], t[2])]
+
+
+def packed_torch(arrays: Mapping[str, Any]) -> Batch:
+    """A collated batch's arrays as torch tensors (``max_seqlen`` stays an int)."""
+    import torch  # here: the readers of a Ray stream import this module, not torch
+
+    return {
+        name: value if isinstance(value, int) else torch.from_numpy(value)
+        for name, value in arrays.items()
+    }
 
 
 def merged(entries: Iterable[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
@@ -511,4 +579,12 @@ def _nothing(_: Any) -> None:
     return None
 
 
-__all__ = ["ORIGIN", "Pack", "PackedRank", "merged", "with_origin"]
+__all__ = [
+    "ORIGIN",
+    "Pack",
+    "PackedRank",
+    "StepCount",
+    "merged",
+    "packed_torch",
+    "with_origin",
+]

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from fsspec.core import url_to_fs
 
 from ingest.core.errors import ConfigError, LocationError, StateError, redact
-from ingest.core.provenance import Attempt, StepRows, authoritative
+from ingest.core.provenance import PIECE_WIDTH, Attempt, StepRows, authoritative
 from ingest.core.skipping import SkipRows, apply_skip
 from ingest.core.state import StreamState, read_state
 
@@ -58,6 +58,13 @@ _SCHEMA = pa.schema(
 )
 """A chunk's columns. A run's length, not its stop: a shuffled batch's runs are a row each,
 so ``rows`` is all ones and compresses to nothing (3.4 bytes a row, 5.2 with ``stop``)."""
+_PIECES = (
+    _SCHEMA.append(pa.field("sequence", pa.int32()))
+    .append(pa.field("token_start", pa.int64()))
+    .append(pa.field("token_stop", pa.int64()))
+)
+"""A packing stream's chunk: a row per piece of a document in a batch (``rows`` 1), the
+batch's sequence it went into and its tokens ``[token_start, token_stop)`` of the row."""
 _WRITE = pa.ipc.IpcWriteOptions(compression="zstd")
 
 
@@ -249,7 +256,8 @@ def _chunk(part: Sequence[tuple[int, int, int, Sequence[str], StepRows]]) -> byt
     dictionary. Vectorised over the records: a coordinator of 1,024 ranks logs 1,024 a step."""
     n = len(part)
     lens = np.fromiter((len(h[4]) for h in part), dtype=np.int64, count=n)
-    rows = np.concatenate([h[4] for h in part]).reshape(-1, 3).astype(np.int64)
+    width = part[0][4].shape[1] if part[0][4].ndim == 2 else 3
+    rows = np.concatenate([h[4] for h in part]).reshape(-1, width).astype(np.int64)
     lists: dict[int, int] = {}
     listed: list[Sequence[str]] = []
     which_list = np.empty(n, dtype=np.int64)
@@ -267,19 +275,22 @@ def _chunk(part: Sequence[tuple[int, int, int, Sequence[str], StepRows]]) -> byt
         urls, shard = listed[k >> 32], k & 0xFFFFFFFF
         names.append(urls[shard] if shard < len(urls) else f"shard {shard}")
     step = np.repeat(np.fromiter((h[0] for h in part), dtype=np.int64, count=n), lens)
-    table = pa.record_batch(
-        [
-            pa.array(step),
-            pa.array(np.repeat(np.fromiter((h[1] for h in part), np.int32, n), lens)),
-            pa.array(np.repeat(np.fromiter((h[2] for h in part), np.int32, n), lens)),
-            pa.DictionaryArray.from_arrays(
-                pa.array(inverse.reshape(-1).astype(np.int32)), pa.array(names, pa.string())
-            ),
-            pa.array(rows[:, 1]),
-            pa.array((rows[:, 2] - rows[:, 1]).astype(np.int32)),
-        ],
-        schema=_SCHEMA,
-    )
+    columns = [
+        pa.array(step),
+        pa.array(np.repeat(np.fromiter((h[1] for h in part), np.int32, n), lens)),
+        pa.array(np.repeat(np.fromiter((h[2] for h in part), np.int32, n), lens)),
+        pa.DictionaryArray.from_arrays(
+            pa.array(inverse.reshape(-1).astype(np.int32)), pa.array(names, pa.string())
+        ),
+        pa.array(rows[:, 1]),
+        pa.array((rows[:, 2] - rows[:, 1]).astype(np.int32)),
+    ]
+    kind = _SCHEMA
+    if width == PIECE_WIDTH:  # a packing stream's pieces
+        kind = _PIECES
+        sequence = pa.array(rows[:, 3].astype(np.int32))
+        columns += [sequence, pa.array(rows[:, 4]), pa.array(rows[:, 5])]
+    table = pa.record_batch(columns, schema=kind)
     # A record batch per run of whole steps of BATCH_RUNS runs or more (compressing many
     # small buffers costs more than the bytes: 25 -> 5 ms a chunk of 64 steps of 1,024
     # rows), its steps in the schema's metadata: a lookup reads the footer and the record
@@ -291,7 +302,7 @@ def _chunk(part: Sequence[tuple[int, int, int, Sequence[str], StepRows]]) -> byt
             ranges.append([int(step[at]), int(step[start - 1])])
             cuts.append(start)
             at = start
-    schema = _SCHEMA.with_metadata({b"steps": json.dumps(ranges).encode()})
+    schema = kind.with_metadata({b"steps": json.dumps(ranges).encode()})
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, schema, options=_WRITE) as writer:
         for a, b in itertools.pairwise(cuts):
@@ -366,7 +377,12 @@ class ProvenanceLog:
         """The rows each rank's ``steps`` consumed, as the run's authoritative attempt
         recorded them: one row per run of rows (``step``, ``rank``, ``epoch``, ``url``,
         ``start``, ``stop``), by step, rank, then the batch's order. A step no attempt
-        recorded (not reached, or rolled back and not reached again) has no row."""
+        recorded (not reached, or rolled back and not reached again) has no row.
+
+        A packing stream's log (``pack=``) answers a row per piece of a document in the
+        step's batch, in the batch's order: the row (``start``, ``stop`` = ``start + 1``),
+        the batch's ``sequence`` it went into, and its tokens ``[token_start, token_stop)``
+        (the document's, counted from its first token)."""
         wanted = [steps] if isinstance(steps, int) else sorted(set(steps))
         attempts = self.attempts()
         by_chunk: dict[str, list[int]] = {}  # each chunk read once for all its steps asked
@@ -378,12 +394,16 @@ class ProvenanceLog:
                 if name == chosen.name and first <= step <= last:
                     by_chunk.setdefault(path, []).append(step)
         tables = [self._read_steps(path, got) for path, got in by_chunk.items()]
-        found = [t for t in tables if t is not None]
+        found = [_plain(t) for t in tables if t is not None]
         if not found:
             return _PLAIN.empty_table()
-        return pa.concat_tables([_plain(t) for t in found]).sort_by(
-            [("step", "ascending"), ("rank", "ascending")]
-        )
+        if len({t.schema for t in found}) > 1:  # pragma: no cover - a log holds one kind
+            raise ProvenanceError(
+                self.url,
+                "it holds both row runs and packed pieces",
+                "give each stream its own provenance= URL",
+            )
+        return pa.concat_tables(found).sort_by([("step", "ascending"), ("rank", "ascending")])
 
     def _read_steps(self, path: str, steps: list[int]) -> pa.Table | None:
         """The rows of ``steps`` in one chunk; None: none, or a chunk that cannot be read
@@ -404,7 +424,8 @@ class ProvenanceLog:
 
     def records(self, steps: int | Iterable[int]) -> list[dict[str, Any]]:
         """:meth:`which` as a list of records (``{"step", "rank", "epoch", "url", "start",
-        "stop"}``)."""
+        "stop"}``, and ``"sequence", "token_start", "token_stop"`` from a packing
+        stream's log)."""
         return self.which(steps).to_pylist()  # type: ignore[no-any-return]
 
 
@@ -421,20 +442,29 @@ _PLAIN = pa.schema(
 """What :meth:`ProvenanceLog.which` answers: a run's stop, its URL as a string."""
 
 
+_PLAIN_PIECES = (
+    _PLAIN.append(pa.field("sequence", pa.int32()))
+    .append(pa.field("token_start", pa.int64()))
+    .append(pa.field("token_stop", pa.int64()))
+)
+"""What :meth:`ProvenanceLog.which` answers from a packing stream's log."""
+
+
 def _plain(table: pa.Table) -> pa.Table:
-    """A chunk's rows as :data:`_PLAIN`."""
+    """A chunk's rows as :data:`_PLAIN` (:data:`_PLAIN_PIECES`, a packing stream's)."""
     stop = pc.add(table["start"], table["rows"].cast(pa.int64()))
-    return pa.table(
-        [
-            table["step"],
-            table["rank"],
-            table["epoch"],
-            table["url"].cast(pa.string()),
-            table["start"],
-            stop,
-        ],
-        schema=_PLAIN,
-    )
+    columns = [
+        table["step"],
+        table["rank"],
+        table["epoch"],
+        table["url"].cast(pa.string()),
+        table["start"],
+        stop,
+    ]
+    if "sequence" not in table.column_names:
+        return pa.table(columns, schema=_PLAIN)
+    extra = [table["sequence"], table["token_start"], table["token_stop"]]
+    return pa.table(columns + extra, schema=_PLAIN_PIECES)
 
 
 def _parse_name(name: str) -> tuple[int, int, str]:

@@ -27,7 +27,7 @@ from ingest.core.errors import IngestError, StateError
 from ingest.core.state import StreamState
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import Ending, RankLoop
-from ingest.engine.pack import ORIGIN, PackedRank, with_origin
+from ingest.engine.pack import ORIGIN, PackedRank, StepCount, with_origin
 from ingest.engine.transform import applying
 
 if TYPE_CHECKING:  # convert imports torch; the Ray readers import the engine, not torch
@@ -76,6 +76,12 @@ class RankNode(Protocol):
         """What the node counts for ``stream.stats``."""
         ...
 
+    @property
+    def step(self) -> int:
+        """The step of the last batch handed out, as a provenance log numbers it (a plain
+        rank's: its read step; with ``pack``: its batches since the run began); -1: none."""
+        ...
+
 
 class PlainRank:
     """A rank without ``pack``: each read step is one batch (see the module docstring).
@@ -93,6 +99,10 @@ class PlainRank:
 
     def begin(self, urls: Sequence[str]) -> None:
         return None
+
+    @property
+    def step(self) -> int:
+        return self.loop.step
 
     def feed(self, item: Any, convert: Convert | None = None) -> Iterator[tuple[int, Batch]]:
         batch = self.loop.hand_out(item, convert or _to_torch)
@@ -128,12 +138,18 @@ class PlainRank:
 
 
 def rank_node(
-    pack: Grouping | None, batch_size: int, loop: RankLoop, book: EpochBook[Any] | None
+    pack: Grouping | None,
+    batch_size: int,
+    loop: RankLoop,
+    book: EpochBook[Any] | None,
+    steps: StepCount | None = None,
 ) -> RankNode:
-    """The node of a rank over ``loop``: plain, or regrouping its documents by ``pack``."""
+    """The node of a rank over ``loop``: plain, or regrouping its documents by ``pack``
+    (``steps``: the batch count it shares with the other nodes of one loop, see
+    :class:`~ingest.engine.pack.StepCount`)."""
     if pack is None:
         return PlainRank(loop, book, batch_size)
-    return PackedRank(pack, batch_size, loop, book)
+    return PackedRank(pack, batch_size, loop, book, steps)
 
 
 def read_transform(

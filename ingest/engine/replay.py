@@ -16,10 +16,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from ingest.core.errors import IngestError
 from ingest.core.intervals import IntervalSet
+from ingest.core.packing import Packed, Piece
+from ingest.engine.grouping import Grouping
+from ingest.engine.pack import _pad_of, _tokens_of
 from ingest.formats import get_format
 from ingest.formats.base import BadRows, ReadOptions
 from ingest.planner.catalog import Listing
@@ -84,6 +88,71 @@ def replay(
         yield _batch(key, parts, transform)
 
 
+def replay_packed(
+    log: pa.Table,
+    listing: Listing,
+    source: Source,
+    read: ReadOptions,
+    columns: tuple[str, ...] | None,
+    transform: Callable[[pa.Table], pa.Table] | None,
+    pack: Grouping,
+) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """A packing stream's batches that ``log`` names (its pieces: :meth:`ingest.engine.
+    provenance.ProvenanceLog.which` of a log kept with ``pack=``), as ``(step, rank,
+    arrays)``: each step's documents read and tokenized again (``transform``, the stream's
+    with :data:`~ingest.engine.pack.ORIGIN`), the pieces' tokens put back into their
+    sequences in the batch's order, and the sequences collated as the rank collated them.
+
+    Raises:
+        IngestError: As :func:`replay`, or if a document has fewer tokens now than a piece
+            names (the data or the tokenizer changed since the run).
+    """
+    if not log.num_rows:
+        return
+    step = log["step"].to_numpy()
+    rank = log["rank"].to_numpy()
+    cuts = np.flatnonzero((np.diff(step) != 0) | (np.diff(rank) != 0)) + 1
+    starts = [0, *cuts.tolist()]
+    stops = [*cuts.tolist(), log.num_rows]
+    pad = pack.pad_id
+    for a, b in zip(starts, stops, strict=True):
+        pieces = log.slice(a, b - a).to_pylist()
+        docs = list(dict.fromkeys((p["url"], p["start"]) for p in pieces))  # in batch order
+        rows = pa.table(
+            {
+                "step": [pieces[0]["step"]] * len(docs),
+                "rank": [pieces[0]["rank"]] * len(docs),
+                "url": [u for u, _ in docs],
+                "start": [r for _, r in docs],
+                "stop": [r + 1 for _, r in docs],
+            }
+        )
+        (got,) = replay(rows, listing, source, read, columns, transform)
+        if pad is None:
+            pad = _pad_of(pack, got.table)
+        lengths, flat = _tokens_of(got.table, pack)
+        ends = np.cumsum(lengths)
+        index = {doc: k for k, doc in enumerate(docs)}
+        sequences: dict[int, Packed] = {}
+        for p in pieces:
+            k = index[(p["url"], p["start"])]
+            first, n = int(ends[k] - lengths[k]), int(lengths[k])
+            start, stop = p["token_start"], p["token_stop"]
+            if stop > n:
+                raise IngestError(
+                    f"{p['url']} row {p['start']} has {n} tokens now, and step {p['step']} "
+                    f"packed its tokens [{start}, {stop}): the data or the tokenizer changed "
+                    "since the run; replay with the same ones"
+                )
+            seq = sequences.setdefault(p["sequence"], Packed())
+            if start == stop:  # a document without a token left: a piece, no span (as packed)
+                seq.pieces.append(Piece(k, start, stop, stop == n))
+            else:
+                seq.put(k, flat[first + start : first + stop], start, stop == n)
+        batch = pack.collate([sequences[s] for s in sorted(sequences)], pad or 0)
+        yield pieces[0]["step"], pieces[0]["rank"], dict(batch.arrays)
+
+
 def _batch(
     key: tuple[int, int], parts: list[pa.Table], transform: Callable[[pa.Table], Any] | None
 ) -> Replayed:
@@ -121,4 +190,4 @@ def _rows_of(spans: list[tuple[int, int, pa.Table]], url: str, start: int, stop:
     raise IngestError(f"{url} rows [{start}, {stop}) were not read")  # pragma: no cover
 
 
-__all__ = ["Replayed", "replay"]
+__all__ = ["Replayed", "replay", "replay_packed"]

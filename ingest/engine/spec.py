@@ -159,9 +159,13 @@ class StreamSpec:
             follows=self.follow is not None,
         )
 
-    def book(self, world_size: int, planner: Planner | None = None) -> EpochBook[Listing]:
-        """A book of ``world_size`` ranks listing with ``planner`` (default: a new one)."""
+    def book(
+        self, world_size: int, planner: Planner | None = None, *, packs: bool = False
+    ) -> EpochBook[Listing]:
+        """A book of ``world_size`` ranks listing with ``planner`` (default: a new one);
+        ``packs``: the stream has ``pack=`` (its provenance log numbers its batches)."""
         book = EpochBook(self.book_config(), world_size, planner or self.planner())
+        book.logs_batches = packs
         if self.provenance is not None:
             log = ProvenanceWriter(self.provenance, self.options_for(self.provenance))
             log.start(0, world_size)

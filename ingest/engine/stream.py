@@ -21,7 +21,7 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ingest.core.errors import ConfigError, IngestError, SupersededError
+from ingest.core.errors import ConfigError, IngestError, SupersededError, redact
 from ingest.core.quarantine import Quarantined, is_skip, summary
 from ingest.core.state import StreamState
 from ingest.engine.convert import Batch, to_torch
@@ -30,9 +30,10 @@ from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.options import StreamKeywords, StreamOptions
+from ingest.engine.pack import packed_torch
 from ingest.engine.provenance import ProvenanceLog
 from ingest.engine.rank_node import rank_node, read_transform
-from ingest.engine.replay import replay
+from ingest.engine.replay import replay, replay_packed
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import build_transform
 from ingest.planner.catalog import Listing
@@ -97,8 +98,8 @@ class Stream:
             for ``ingest which`` / :func:`ingest.which` and :func:`ingest.skip` (after a
             loss spike): written as the book folds (every 64 steps), at each state and at
             each epoch's end, about 3.5 bytes a row of a shuffled batch
-            (:mod:`ingest.engine.provenance`). Not with ``pack`` or a mixture yet. None
-            (default): nothing is kept.
+            (:mod:`ingest.engine.provenance`); with ``pack``, each batch's pieces of
+            documents (their sequences and token ranges). None (default): nothing is kept.
     """
 
     def __new__(cls, source: Any = None, **options: Any) -> Stream:
@@ -141,7 +142,7 @@ class Stream:
             build_transform(transform), regrouped=pack is not None
         )
         self._planner = self.spec.planner(progress=options.progress)
-        self._book = self.spec.book(1, self._planner)
+        self._book = self.spec.book(1, self._planner, packs=pack is not None)
         self._next_epoch = 0
         self._rank = RankLoop(0, BookLink(self._book), on_quarantined=self._log)
         """The one rank's loop: batches handed out and their acks (:mod:`ingest.engine.loop`)."""
@@ -257,6 +258,19 @@ class Stream:
             )
         options = self.spec.options_for(url) if storage_options is None else storage_options
         log = ProvenanceLog(url, options).which(steps)
+        if "sequence" in log.column_names:  # a packing stream's log: its batches' pieces
+            pack = self.pack
+            if pack is None:
+                raise ConfigError(
+                    f"{redact(url)} is the log of a packing stream (pack=): replay it with a "
+                    "stream made with the run's pack= and transform="
+                )
+            for step, rank, arrays in replay_packed(
+                log, self.listing(), self._planner.source, self.spec.read, self.spec.columns,
+                self._transform, pack,
+            ):  # fmt: skip
+                yield step, rank, packed_torch(arrays)
+            return
         for got in replay(
             log, self.listing(), self._planner.source, self.spec.read, self.spec.columns,
             self._transform,

@@ -57,7 +57,7 @@ from ingest.engine.convert import Batch, column_to_torch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
-from ingest.engine.pack import merged
+from ingest.engine.pack import PackedRank, StepCount, merged
 from ingest.engine.rank_node import RankNode, rank_node, worker_table
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
@@ -539,7 +539,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         stream had started, the epoch and its listing (made here, once, for every worker)."""
         start = StreamState.from_json(state)
         # The stream's planner: footers read in earlier epochs are not read again.
-        book = self.stream.spec.book(ranks, self.stream.parts.planner)
+        book = self.stream.spec.book(
+            ranks, self.stream.parts.planner, packs=self.stream.pack is not None
+        )
         started = start.started or start.progress.epoch > 0 or bool(start.progress.tokens)
         if started:
             book.load(start)
@@ -622,8 +624,11 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         ``pack``)."""
         urls = [s.url for s in listing.shards]
         out = {}
+        steps = StepCount()  # the loader's batches, whichever worker's node made them
         for rank, loop in self._ranks.items():
-            node = out[rank] = rank_node(self.stream.pack, self.stream.batch_size, loop, book)
+            node = out[rank] = rank_node(
+                self.stream.pack, self.stream.batch_size, loop, book, steps
+            )
             node.load(start)
             node.begin(urls)
         return out
@@ -661,7 +666,11 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._flush()
         state = self._book.snapshot_acked()
         tokens = merged(t for node in self._nodes.values() for t in node.entries(state))
-        return state_with_tokens(state, tokens) if tokens else state
+        if self.stream.pack is None:
+            return state_with_tokens(state, tokens) if tokens else state
+        # the loader's batches (one count, shared by the workers' nodes)
+        (steps,) = {node.steps for node in self._nodes.values() if isinstance(node, PackedRank)}
+        return state_with_tokens(state, tokens, steps.saved)
 
     def state_dict(self) -> dict[str, Any]:
         """The state after every batch this loader handed out (all workers); plain JSON."""

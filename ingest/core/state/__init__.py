@@ -18,11 +18,14 @@ class, then one part per node of the rank's chain that holds any (``pack``)::
      "position": {"seed": 0, "batch_size": 1024,                      # PositionState
                   "shuffle": {"window": 16384, "lanes": 16},
                   "ranks": [cursor or null, ...]},
-     "pack": {"tokens": [[segment, shard, row, offset], ...]}}        # with pack= only
+     "pack": {"tokens": [[segment, shard, row, offset], ...],         # with pack= only
+              "steps": 1234}}
 
 ``pack.tokens`` (:mod:`ingest.engine.pack`): rows whose tokens ``[0, offset)`` reached a
 batch and the rest not; a resume packs them again from there (``ProgressState.tokens`` once
-parsed). A part of a node this ingest does not have is refused, never ignored.
+parsed). ``pack.steps``: the batches handed out since the run began (a packing stream's
+steps, as its provenance log numbers them; ``ProgressState.batches``). A part of a node
+this ingest does not have is refused, never ignored.
 
 The version says nothing of what a state holds (its parts do). Earlier versions numbered it,
 and are still read: 2 (a listing as records), 3 (packed, below), 5 (``tokens`` inside

@@ -31,6 +31,10 @@ class ProgressState:
     """``(segment, shard, row, offset)``: rows whose tokens ``[0, offset)`` reached a step and
     the rest not (a document packed into sequences, :mod:`ingest.engine.pack`); such a row is
     not in ``consumed``, and a resume reads it again from ``offset``. Sorted; version 5."""
+    batches: int | None = None
+    """A packing stream's batches handed out since the run began (``pack.steps``): the steps
+    its provenance log numbers (:mod:`ingest.core.provenance`), which go on from here after a
+    resume. None: not a packing stream's state, or one saved before they were kept."""
 
     def to_json(self, dataset: DatasetState) -> dict[str, Any]:
         out = {
@@ -53,6 +57,7 @@ class ProgressState:
         data: Mapping[str, Any],
         shards: Sequence[ShardRecord],
         tokens: tuple[Any, str] | None = None,
+        batches: int | None = None,
     ) -> ProgressState:
         """The progress part; ``tokens``: the rows consumed in part and the field they were
         read from (version 7: ``pack.tokens``); None: ``progress.tokens`` (versions 5, 6)."""
@@ -66,6 +71,7 @@ class ProgressState:
             consumed=Consumed.from_json(data.get("consumed", {}), shards),
             quarantined=_quarantined(data.get("quarantined", [])),
             tokens=_tokens(given, shards, field_),
+            batches=batches,
         )
         if out.first_step > out.step:
             raise StateError(

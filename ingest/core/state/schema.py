@@ -22,6 +22,7 @@ from ingest.core.state.checks import (
     READ_VERSIONS,
     STATE_VERSION,
     check_size,
+    checked_int,
     refuse,
     too_large,
 )
@@ -73,8 +74,13 @@ class StreamState:
             "distributed": self.distributed.to_json(),
             "position": self.position.to_json(),
         }
+        pack: dict[str, Any] = {}
         if self.progress.tokens:
-            out["pack"] = {"tokens": [list(t) for t in self.progress.tokens]}
+            pack["tokens"] = [list(t) for t in self.progress.tokens]
+        if self.progress.batches is not None:
+            pack["steps"] = self.progress.batches
+        if pack:
+            out["pack"] = pack
         return out
 
     @classmethod
@@ -125,12 +131,12 @@ class StreamState:
                 f"versions {', '.join(map(str, READ_VERSIONS))}); resume with the ingest "
                 "release that wrote it, or start without the state"
             )
-        tokens = None if version < 7 else _node_parts(data)
+        tokens, batches = (None, None) if version < 7 else _node_parts(data)
         try:
             dataset = DatasetState.from_json(data["dataset"], version)
             state = cls(
                 dataset,
-                ProgressState.from_json(data["progress"], dataset.shards, tokens),
+                ProgressState.from_json(data["progress"], dataset.shards, tokens, batches),
                 DistributedState.from_json(data.get("distributed") or {}, dataset.shards),
                 PositionState.from_json(data.get("position") or {}),
             )
@@ -239,11 +245,11 @@ class StreamState:
         return self.progress.consumed.count() + self.distributed.carry_consumed.count()
 
 
-def _node_parts(data: Mapping[str, Any]) -> tuple[Any, str]:
-    """The node parts of a version 7 state (:data:`NODE_PARTS`): ``pack.tokens`` and the
-    name it is refused under. A part of a node this ingest does not have is refused: a
-    state is exact only with every part read (a later node's part may hold rows to leave
-    out), so it is never ignored."""
+def _node_parts(data: Mapping[str, Any]) -> tuple[tuple[Any, str], int | None]:
+    """The node parts of a version 7 state (:data:`NODE_PARTS`): ``pack.tokens`` with the
+    name it is refused under, and ``pack.steps`` (None: not kept). A part of a node this
+    ingest does not have is refused: a state is exact only with every part read (a later
+    node's part may hold rows to leave out), so it is never ignored."""
     known = {"version", *BOOK_PARTS, *NODE_PARTS}
     unknown = sorted(str(k) for k in data if k not in known)
     if unknown:
@@ -253,15 +259,17 @@ def _node_parts(data: Mapping[str, Any]) -> tuple[Any, str]:
             "release that wrote it"
         )
     pack = data.get("pack", {})
-    if not isinstance(pack, Mapping) or set(pack) - {"tokens"}:
+    if not isinstance(pack, Mapping) or set(pack) - {"tokens", "steps"}:
         raise StateError(
-            f"the state's pack part is {pack!r}, not {{'tokens': [...]}}: the state was "
-            f"edited or corrupted; {FIX}"
+            f"the state's pack part is {pack!r}, not {{'tokens': [...], 'steps': N}}: the "
+            f"state was edited or corrupted; {FIX}"
         )
+    steps = pack.get("steps")
+    batches = None if steps is None else checked_int(steps, "pack.steps")
     progress = data.get("progress")
     if isinstance(progress, Mapping) and "tokens" in progress:
         raise StateError(
             "the state (version 7) has progress.tokens: since version 7 they are pack.tokens; "
             f"the state was edited or corrupted; {FIX}"
         )
-    return pack.get("tokens", []), "pack.tokens"
+    return (pack.get("tokens", []), "pack.tokens"), batches
