@@ -15,9 +15,13 @@ its :class:`ingest.engine.provenance.ProvenanceWriter`; the writer is driven her
    timed for a step early and one late in the run, each from a new
    :class:`~ingest.engine.provenance.ProvenanceLog` (nothing cached), median of
    ``--repeat``; and the answer is checked (every rank, its one run).
+3. *Packed.* A packing stream's log (``pack=``): the pieces of batches of ``--seqs``
+   sequences of ``--seq-len`` tokens, packed best-fit from shuffled documents. Printed: bytes
+   per piece and per rank-step, and the time of ``which`` for a step of that log.
 
     .venv/bin/python benchmarks/provenance.py                    # 1,024 ranks x 100,000 steps
     .venv/bin/python benchmarks/provenance.py --ranks 64 --steps 5000   # a quick look
+    .venv/bin/python benchmarks/provenance.py --packed-only             # parts 1 and 3
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from ingest.core.ledger import packed_row
-from ingest.core.provenance import step_rows
+from ingest.core.packing import Packed, Packer
+from ingest.core.provenance import step_pieces, step_rows
 from ingest.engine.provenance import ProvenanceLog, ProvenanceWriter
 
 FOLD = 64
@@ -76,6 +81,58 @@ def shuffled_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
     return {
         "bytes_per_row": size / (rank_steps * args.batch),
         "bytes_per_rank_step": size / rank_steps,
+    }
+
+
+def packed_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """Part 3: a packing stream's log (``pack=``): shuffled documents of lognormal lengths
+    (median ``--doc-tokens``) packed best-fit into sequences of ``--seq-len`` by the real
+    :class:`~ingest.core.packing.Packer`, ``--seqs`` a batch; each batch's pieces go to the
+    writer as the pack node hands them over (:func:`ingest.core.provenance.step_pieces`).
+    Bytes per piece and per rank-step, and ``which`` of one step of that log."""
+    rng = np.random.default_rng(1)
+    writer = ProvenanceWriter(str(root / "packed"))
+    writer.start(0, args.sample_ranks)
+    shards = 4096
+    urls = [f"s3://bucket/train/part-{i:05d}.jsonl" for i in range(shards)]
+    pieces_n = 0
+    for rank in range(args.sample_ranks):
+        packer = Packer(args.seq_len)
+        closed: list[Packed] = []
+        docs: dict[int, tuple[int, int]] = {}
+        serial, step = 0, 0
+        while step < args.sample_steps:
+            n = int(min(rng.lognormal(np.log(args.doc_tokens), 1.0), 8 * args.seq_len)) + 1
+            docs[serial] = (int(rng.integers(shards)), int(rng.integers(1 << 20)))
+            closed += packer.add(serial, np.zeros(n, dtype=np.int64))
+            serial += 1
+            while len(closed) >= args.seqs and step < args.sample_steps:
+                batch, closed = closed[: args.seqs], closed[args.seqs :]
+                table = [
+                    (seq, *docs[p.key], p.start, p.stop)
+                    for seq, packed in enumerate(batch)
+                    for p in packed.pieces
+                ]
+                pieces = np.array(table, dtype=np.int64)
+                writer.record(rank, 0, urls, [(step, step_pieces(pieces))])
+                pieces_n += len(pieces)
+                step += 1
+                if step % FOLD == 0:
+                    writer.flush()
+    writer.flush()
+    size = _bytes(root / "packed")
+    rank_steps = args.sample_ranks * args.sample_steps
+    times = []
+    for _ in range(args.repeat):
+        t = time.perf_counter()
+        table = ProvenanceLog(str(root / "packed")).which(args.sample_steps // 2)
+        times.append(time.perf_counter() - t)
+    assert sorted(set(table["rank"].to_pylist())) == list(range(args.sample_ranks))
+    return {
+        "packed_bytes_per_piece": size / pieces_n,
+        "packed_pieces_per_rank_step": pieces_n / rank_steps,
+        "packed_bytes_per_rank_step": size / rank_steps,
+        "packed_which_s": statistics.median(times),
     }
 
 
@@ -125,6 +182,10 @@ def main() -> int:
     p.add_argument("--sample-ranks", type=int, default=8)
     p.add_argument("--sample-steps", type=int, default=256)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--seq-len", type=int, default=2048, help="part 3: tokens a sequence")
+    p.add_argument("--seqs", type=int, default=8, help="part 3: sequences a batch")
+    p.add_argument("--doc-tokens", type=int, default=600, help="part 3: median document")
+    p.add_argument("--packed-only", action="store_true", help="parts 1 and 3 only")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="ingest-provenance-") as tmp:
@@ -136,6 +197,20 @@ def main() -> int:
             f"ranks x {args.steps:,} steps: "
             f"{cost['bytes_per_rank_step'] * args.ranks * args.steps / 1e9:,.1f} GB"
         )
+        packed = packed_cost(args, root)
+        print(
+            f"packed batches of {args.seqs} x {args.seq_len} tokens (documents of median "
+            f"{args.doc_tokens} tokens): {packed['packed_pieces_per_rank_step']:.1f} pieces "
+            f"a rank-step, {packed['packed_bytes_per_piece']:.2f} bytes a piece, "
+            f"{packed['packed_bytes_per_rank_step']:,.0f} bytes a rank-step; a run of "
+            f"{args.ranks:,} ranks x {args.steps:,} steps: "
+            f"{packed['packed_bytes_per_rank_step'] * args.ranks * args.steps / 1e9:,.1f} GB; "
+            f"which(step) of {args.sample_ranks} ranks: "
+            f"{packed['packed_which_s'] * 1e3:.0f} ms"
+        )
+        cost.update(packed)
+        if args.packed_only:
+            return 0
         found = lookups(args, root)
         print(
             f"{args.ranks:,} ranks x {args.steps:,} steps, one run a rank-step: "
