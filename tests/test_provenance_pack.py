@@ -7,6 +7,7 @@ every transport. Token ``j`` of document ``d`` is ``d * 10_000 + j + 1``
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -208,3 +209,26 @@ def test_replay_collates_the_steps_sequences_again(local: Store, tmp_path: Path)
     plain = ingest.Stream(url, storage_options=local.storage_options)
     with pytest.raises(ingest.ConfigError, match="packing stream"):
         next(plain.replay(2, provenance=log))
+
+
+def test_ingest_which_prints_each_piece_with_its_sequence_and_tokens(
+    local: Store, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ingest.tools.cli import main
+
+    url = write_corpus(local)
+    log = str(tmp_path / "log")
+    batches = list(make(url, local, log))
+    assert main(["which", log, "--steps", "1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    tokens = sum(len(s) for s in seqs(batches[1]))
+    assert out[-1].startswith("1 step(s), 1 rank-steps, ")
+    assert out[-1].endswith(f"pieces of documents, {tokens} tokens")
+    line = re.fullmatch(
+        r"step 1 rank 0 epoch 0 \S+/part-\d\.jsonl \[(\d+), (\d+)\) sequence=(\d+) "
+        r"token_start=(\d+) token_stop=(\d+)",
+        out[0],
+    )
+    assert line is not None, out[0]
+    start, stop, sequence, first, last = map(int, line.groups())
+    assert stop == start + 1 and sequence == 0 and 0 <= first <= last

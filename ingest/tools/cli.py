@@ -209,18 +209,24 @@ def which(url: str, steps: range, storage_options: Sequence[str], as_json: bool)
 
     table = which_rows(url, steps, storage_options=parse_storage_options(storage_options))
     records = table.to_pylist()
+    base = ("step", "rank", "epoch", "url", "start", "stop")
     for r in records:
         if as_json:
             print(json.dumps(r))
-        else:
+        else:  # a packing stream's pieces, a mixture's sources: their columns after
+            more = "".join(f" {k}={v}" for k, v in r.items() if k not in base)
             print(f"step {r['step']} rank {r['rank']} epoch {r['epoch']} {r['url']} "
-                  f"[{r['start']}, {r['stop']})")  # fmt: skip
+                  f"[{r['start']}, {r['stop']}){more}")  # fmt: skip
     found = {r["step"] for r in records}
-    rows = sum(r["stop"] - r["start"] for r in records)
+    if "token_start" in table.column_names:
+        tokens = sum(r["token_stop"] - r["token_start"] for r in records)
+        what = f"{len(records)} pieces of documents, {tokens} tokens"
+    else:
+        what = f"{sum(r['stop'] - r['start'] for r in records)} rows"
     missing = len(steps) - len(found)
     print(
         f"{len(found)} step(s), {len({(r['step'], r['rank']) for r in records})} rank-steps, "
-        f"{rows} rows" + (f"; {missing} step(s) in no attempt of the log" if missing else ""),
+        f"{what}" + (f"; {missing} step(s) in no attempt of the log" if missing else ""),
         file=sys.stderr if as_json else sys.stdout,
     )
     return 0 if found else 1
