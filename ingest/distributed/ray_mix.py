@@ -30,6 +30,7 @@ from ingest.distributed.pool import ReaderPool
 from ingest.distributed.rank import RankOptions
 from ingest.distributed.ray_stream import RayStream
 from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
+from ingest.engine.mix_provenance import MixLog, logged
 from ingest.engine.options import StreamOptions
 from ingest.planner.index import IndexConfig
 
@@ -45,10 +46,16 @@ class MixedRankIterator:
             docstring), and are turned off in the parts.
         mixer: The mixture's draws, loaded from the state the run resumes from.
         placement: ``pin_memory`` and ``device`` (a copy's); None: the parts' options.
+        log: With ``provenance``: the rank's log of which source step each slot of a batch
+            was (:mod:`ingest.engine.mix_provenance`).
     """
 
     def __init__(
-        self, parts: Mapping[str, Any], mixer: Mixer, placement: tuple[bool, Any] | None = None
+        self,
+        parts: Mapping[str, Any],
+        mixer: Mixer,
+        placement: tuple[bool, Any] | None = None,
+        log: MixLog | None = None,
     ) -> None:
         self.parts = dict(parts)
         if placement is None:
@@ -58,6 +65,7 @@ class MixedRankIterator:
                 it.options = replace(it.options, pin_memory=False, device=None)
         self.placement = placement
         self.mixer = mixer
+        self.log = log
         self.draws = Draws(self._start, self._epoch, lambda name: f"rank {self.rank}'s {name}")
         self._yielded = 0
 
@@ -70,7 +78,7 @@ class MixedRankIterator:
     def __reduce__(self) -> tuple[Any, ...]:
         # A copy is new iterators of the rank's sources (RankIterator.__reduce__), with the
         # mixture's counts as they are now.
-        return (MixedRankIterator, (self.parts, self.mixer, self.placement))
+        return (MixedRankIterator, (self.parts, self.mixer, self.placement, self.log))
 
     @property
     def rank(self) -> int:
@@ -89,18 +97,39 @@ class MixedRankIterator:
         from ingest.engine.convert import placed  # torch: on the rank, not the driver
 
         pin_memory, device = self.placement
-        for batch in self.mixer.epoch_batches(self.draws.pull):
+        batches = self.mixer.epoch_batches(self._pull)
+        for batch in logged(batches, self.log, lambda: self.mixer.drawn, self._attempt):
             self._yielded += 1
             yield placed(batch, pin_memory, device)
+
+    def _pull(self, name: str) -> tuple[Batch, bool, int]:
+        got = self.draws.pull(name)
+        if self.log is not None:
+            # the source's step of the draw just pulled, as its own log numbers it
+            self.log.pulled(name, int(self.parts[name].step))
+        return got
+
+    def _attempt(self) -> str:
+        """The name of the attempt this rank's batches are part of (asked at its first
+        batch): the coordinator session of its first source drawn from, which every rank of
+        the worker group carries (they draw alike) and which a new group, or a state loaded,
+        changes."""
+        sessions = [it.session for it in self.parts.values() if it.session is not None]
+        return f"{sessions[0]:x}"
 
     def flush(self) -> None:
         for it in self.parts.values():
             it.flush()
+        if self.log is not None:
+            self.log.flush()
 
     def state_dict(self) -> dict[str, Any]:
         """Flush, then the state after this rank's last batch (the same on every rank): every
         rank calls it at the same step."""
-        return mixed_state({name: it.state_dict() for name, it in self.parts.items()}, self.mixer)
+        state = mixed_state({name: it.state_dict() for name, it in self.parts.items()}, self.mixer)
+        if self.log is not None:
+            self.log.flush()  # the state is covered by the log
+        return state
 
 
 class MixedRayStream(RayStream):
@@ -126,14 +155,13 @@ class MixedRayStream(RayStream):
         self.seq_len = options.draw_tokens()
         """With packing, the sequence length (a draw's tokens); None: rows."""
         self.mixer(None)  # the weights checked before any actor starts
-        each = options.of_sources()
         self.streams: dict[str, RayStream] = {}
         """Each source's one-source stream, by name."""
         try:
             for part, urls in source.sources.items():
                 self.streams[part] = RayStream.of(
-                    urls, each, world_size=world_size, readers=readers, index=index,
-                    name=f"{self.name}-{part}", timeout_s=timeout_s,
+                    urls, options.of_sources(part), world_size=world_size, readers=readers,
+                    index=index, name=f"{self.name}-{part}", timeout_s=timeout_s,
                 )  # fmt: skip
         except BaseException:
             self.shutdown()  # no actor outlives a stream that could not start
@@ -159,7 +187,14 @@ class MixedRayStream(RayStream):
     def rank_iterator(self, rank: int, *, options: RankOptions | None = None) -> MixedRankIterator:
         # each source's stream checks the rank (the same world size)
         parts = {n: s.rank_iterator(rank, options=options) for n, s in self.streams.items()}
-        return MixedRankIterator(parts, self.mixer(None))
+        return MixedRankIterator(parts, self.mixer(None), log=self._log(rank, self.world_size))
+
+    def _log(self, rank: int, world_size: int) -> MixLog | None:
+        """With ``provenance``: ``rank``'s log of its batches' slots."""
+        url = self.options.provenance
+        if url is None:
+            return None
+        return MixLog(url, self.options.storage_options, rank, world_size, self.batch_size)
 
     def joined(
         self,
@@ -180,7 +215,7 @@ class MixedRayStream(RayStream):
             )
             for name, stream in self.streams.items()
         }
-        return MixedRankIterator(parts, self.mixer(state))
+        return MixedRankIterator(parts, self.mixer(state), log=self._log(rank, world_size))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         parsed = load_mixed(state, self._fresh())  # checked before any source loads its part

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ingest.core.errors import ConfigError, IngestError
 from ingest.core.quarantine import Quarantined
 from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
+from ingest.engine.mix_provenance import MixLog, logged, new_attempt
 from ingest.engine.options import StreamOptions
 from ingest.engine.stream import Stream, StreamParts
 
@@ -36,8 +37,9 @@ class MixedStream(Stream):
         self._batch_size = options.batch_size
         self.mixed = self
         self.mix = source
-        each = options.of_sources()
-        self.streams = {name: Stream.of(urls, each) for name, urls in source.sources.items()}
+        self.streams = {
+            name: Stream.of(urls, options.of_sources(name)) for name, urls in source.sources.items()
+        }
         """Each source's one-source stream, by name."""
         self.mixer = Mixer(source, options.batch_size, options.draw_tokens())
         self.draws = Draws(
@@ -46,6 +48,12 @@ class MixedStream(Stream):
             self._describe,
         )
         self._active_mix: Iterator[Batch] | None = None
+        self.log = None
+        if options.provenance is not None:
+            self.log = MixLog(options.provenance, options.storage_options, 0, 1, self.batch_size)
+        """With ``provenance``: which source step each slot of a batch was
+        (:mod:`ingest.engine.mix_provenance`)."""
+        self._attempt = new_attempt()
 
     def _describe(self, name: str) -> str:
         return str(self.mix.sources[name])
@@ -87,13 +95,27 @@ class MixedStream(Stream):
         if self._active_mix is not None:  # one loop at a time, as a one-source stream
             with contextlib.suppress(ValueError):  # ValueError: another thread is inside it
                 self._active_mix.close()  # type: ignore[attr-defined]
-        self._active_mix = self.mixer.epoch_batches(self.draws.pull)
+        batches = self.mixer.epoch_batches(self._pull)
+        self._active_mix = logged(batches, self.log, lambda: self.mixer.drawn, self._named)
         return self._active_mix
+
+    def _pull(self, name: str) -> tuple[Batch, bool, int]:
+        got = self.draws.pull(name)
+        if self.log is not None:
+            # the source's step of the draw just pulled, as its own log numbers it
+            self.log.pulled(name, self.streams[name]._node.step)
+        return got
+
+    def _named(self) -> str:
+        return self._attempt
 
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch: the sources' and the mix part
         (:mod:`ingest.engine.mix`)."""
-        return mixed_state({n: s.state_dict() for n, s in self.streams.items()}, self.mixer)
+        state = mixed_state({n: s.state_dict() for n, s in self.streams.items()}, self.mixer)
+        if self.log is not None:
+            self.log.flush()  # the state is covered by the log
+        return state
 
     def load_state_dict(  # type: ignore[override]
         self, state: Mapping[str, Any] | str, *, listing: Listing | None = None
@@ -104,6 +126,9 @@ class MixedStream(Stream):
         self._stop_mix()
         for name, stream in self.streams.items():
             stream.load_state_dict(parsed.parts[name])
+        if self.log is not None:  # a new attempt from the state's step
+            self.log.restart()
+            self._attempt = new_attempt()
 
     def _stop_mix(self) -> None:
         if self._active_mix is not None:
@@ -115,6 +140,8 @@ class MixedStream(Stream):
         self._stop_mix()
         for stream in self.streams.values():
             stream.close()
+        if self.log is not None:
+            self.log.flush()
 
 
 def not_for_a_mixture(what: str) -> IngestError:

@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from ingest.core.book import Remainder
-from ingest.core.errors import ConfigError, redact
+from ingest.core.errors import ConfigError
 from ingest.core.validate import BYTES_OR_NONE, COUNT, check_numbers, check_values
 from ingest.engine.derived.store import DerivedConfig
 from ingest.engine.grouping import Grouping
+from ingest.engine.mix_provenance import source_log
 from ingest.engine.pack_settings import Pack, check_read
 from ingest.engine.transform import Transform
 from ingest.formats.base import ReadOptions
@@ -172,17 +173,13 @@ class StreamOptions:
         )
         return cls(shuffle=shuffle, **given)
 
-    def of_sources(self) -> StreamOptions:
-        """The options of a mixture's source streams: batches of one row (a draw)."""
-        if self.provenance is not None:
-            # Each source's book numbers its own draws: the mixture's steps are not theirs.
-            raise ConfigError(
-                f"provenance={redact(self.provenance)!r} over an ingest.Mix: a mixture's "
-                "provenance log is not built yet; log each source's stream on its own, or "
-                "leave provenance out"
-            )
+    def of_sources(self, name: str) -> StreamOptions:
+        """The options of a mixture's source stream ``name``: batches of one row (a draw),
+        and with ``provenance``, its own log at ``URL/sources/<name>`` (its steps are its
+        draws; the mixture logs which draw each slot was, :mod:`ingest.engine.mix_provenance`)."""
         self.draw_tokens()
-        return dataclasses.replace(self, batch_size=1)
+        log = None if self.provenance is None else source_log(self.provenance, name)
+        return dataclasses.replace(self, batch_size=1, provenance=log)
 
     def draw_tokens(self) -> int | None:
         """The tokens a mixture's draw counts: with ``pack``, a sequence (its ``seq_len``);
