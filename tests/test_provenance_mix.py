@@ -92,7 +92,7 @@ def test_a_mixed_stream_logs_each_slot_through_a_rolled_back_stop(
     for k, batch in enumerate(resumed):  # the rest of the mixture's epoch
         seen[(0, 6 + k)] = drawn(batch)
     resumed.state_dict()
-    table = which_mixed(log, range(len(seen)))
+    table = ingest.which(log, range(len(seen)))  # a mixture's log: which_mixed
     assert answer(table, data) == seen  # the second attempt's steps 6..11 count
     assert table.column_names[:5] == ["step", "rank", "slot", "source", "source_step"]
     assert table.filter(pa.compute.equal(table["step"], 0))["slot"].to_pylist() == list(
@@ -200,7 +200,8 @@ def test_skipped_mixed_steps_stay_out_of_every_source_and_the_rest_comes_once(
         if 11 <= step <= 14:
             spiked += batch
     first.state_dict()  # the run logged steps 9..19, then the loss spiked at 11..14
-    edited = skip_mixed(state, steps=range(11, 15), provenance=log)
+    edited = ingest.skip(state, steps=range(11, 15), provenance=log)
+    assert edited == skip_mixed(state, steps=range(11, 15), provenance=log)
     assert {k: v for k, v in edited.items() if k != "sources"} == {
         k: v for k, v in state.items() if k != "sources"
     }
@@ -300,7 +301,7 @@ def test_packed_sources_name_every_piece_of_every_slot_through_a_rolled_back_sto
     for k, batch in enumerate(resumed):
         seen[(0, 5 + k)] = sequences(batch)
     resumed.state_dict()
-    table = which_mixed(log, range(len(seen)))
+    table = ingest.which(log, range(len(seen)))
     assert {"sequence", "token_start", "token_stop"} <= set(table.column_names)
     assert tokens_named(table) == seen
 
@@ -337,4 +338,4 @@ def test_packed_sources_on_ray_ranks_at_2_then_3_then_a_stream(
     for k, batch in enumerate(last):
         seen[(0, first + k)] = sequences(batch)
     last.state_dict()
-    assert tokens_named(which_mixed(log, {s for _, s in seen})) == seen
+    assert tokens_named(ingest.which(log, {s for _, s in seen})) == seen

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.core import url_to_fs
 
-from ingest.core.errors import ConfigError, LocationError, StateError, redact
+from ingest.core.errors import ConfigError, LocationError, redact
 from ingest.core.provenance import PIECE_WIDTH, Attempt, StepRows, authoritative
 from ingest.core.skipping import SkipRows, apply_skip
 from ingest.core.state import StreamState, read_state
@@ -495,7 +495,12 @@ def which(
     url: str, steps: int | Iterable[int], *, storage_options: Mapping[str, Any] | None = None
 ) -> pa.Table:
     """The rows each rank's ``steps`` consumed in the run whose log is at ``url`` (the
-    stream's ``provenance=``): see :meth:`ProvenanceLog.which`."""
+    stream's ``provenance=``): see :meth:`ProvenanceLog.which`, and over an ingest.Mix
+    :func:`ingest.engine.mix_provenance.which_mixed` (``source``, ``source_step`` columns)."""
+    from ingest.engine.mix_provenance import is_mixed, which_mixed  # it imports this module
+
+    if is_mixed(url, storage_options):
+        return which_mixed(url, steps, storage_options=storage_options)
     return ProvenanceLog(url, storage_options).which(steps)
 
 
@@ -515,7 +520,8 @@ def skip(
     :mod:`ingest.core.skipping`.
 
     Args:
-        state: A state a stream saved (one source).
+        state: A state a stream saved (over an ingest.Mix, ``steps`` are its mixed steps:
+            :func:`ingest.engine.mix_provenance.skip_mixed`).
         steps: Leave out every row these steps consumed on any rank, as the run's
             provenance log recorded them (``provenance``). Steps at or before the state's
             were consumed already: nothing changes for them.
@@ -526,13 +532,14 @@ def skip(
     Raises:
         ProvenanceError: If ``steps`` is given without a log, or a step is in none of its
             attempts.
-        StateError: For a mixture's state, or rows of another epoch than the state's.
+        StateError: For rows of another epoch than the state's.
     """
     parsed = read_state(state.to_json() if isinstance(state, StreamState) else state)
-    if not isinstance(parsed, StreamState):
-        raise StateError(
-            "ingest.skip takes one source's state; a mixture's is not supported yet: skip "
-            "rows in each source's part (state['sources'][name])"
+    if not isinstance(parsed, StreamState):  # a mixture's: each source's part, its rows
+        from ingest.engine.mix_provenance import skip_mixed
+
+        return skip_mixed(
+            parsed, steps=steps, rows=rows, provenance=provenance, storage_options=storage_options
         )
     given = list(rows or ())
     wanted: list[SkipRows] = [SkipRows(u, int(a), int(b)) for u, a, b in given]
