@@ -108,12 +108,12 @@ def packed_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
             serial += 1
             while len(closed) >= args.seqs and step < args.sample_steps:
                 batch, closed = closed[: args.seqs], closed[args.seqs :]
-                table = [
+                made = [
                     (seq, *docs[p.key], p.start, p.stop)
                     for seq, packed in enumerate(batch)
                     for p in packed.pieces
                 ]
-                pieces = np.array(table, dtype=np.int64)
+                pieces = np.array(made, dtype=np.int64)
                 writer.record(rank, 0, urls, [(step, step_pieces(pieces))])
                 pieces_n += len(pieces)
                 step += 1

@@ -49,7 +49,14 @@ from ingest.core.errors import StateError, redact
 from ingest.core.provenance import Attempt, authoritative
 from ingest.core.skipping import SkipRows, apply_skip
 from ingest.core.state import SourcesState, read_state
-from ingest.engine.provenance import BUCKET_STEPS, ProvenanceError, ProvenanceLog, ProvenanceWarning
+from ingest.engine.provenance import (
+    BUCKET_STEPS,
+    ProvenanceError,
+    ProvenanceLog,
+    ProvenanceWarning,
+    put_whole,
+    step_span,
+)
 
 FOLD_STEPS = 64
 """Mixed steps a rank holds before its chunk is written (behind the loop)."""
@@ -191,7 +198,7 @@ class MixLog:
             "world_size": self.world_size,
             "rank": self.rank,
         }
-        _put(fs, f"{root}/attempts/{name}-{self.rank}.json", json.dumps(data).encode())
+        put_whole(fs, f"{root}/attempts/{name}-{self.rank}.json", json.dumps(data).encode())
 
     def _start_thread(self) -> None:
         if self._thread is None:
@@ -220,7 +227,7 @@ class MixLog:
             self._chunks += 1
             first, last = part[0][0], part[-1][0]
             file = f"{first:012d}-{last:012d}-{name}-{self.rank}-{self._chunks:05d}.arrow"
-            _put(fs, f"{root}/steps/{bucket:06d}/{file}", self._chunk(part))
+            put_whole(fs, f"{root}/steps/{bucket:06d}/{file}", self._chunk(part))
 
     def _chunk(self, part: list[tuple[int, list[tuple[str, int]]]]) -> bytes:
         rows = [(step, slot, s, k) for step, picks in part for slot, (s, k) in enumerate(picks)]
@@ -367,27 +374,6 @@ class MixedLog:
         return table.set_column(3, "source", table["source"].cast(pa.string()))
 
 
-def _put(fs: Any, path: str, data: bytes) -> None:
-    """Write ``data`` at ``path`` whole (a reader never sees part of it): a local file by
-    rename, a store object by one put. The same as ``ingest.engine.provenance``'s writer
-    does, which keeps it private."""
-    if "file" in ((fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{secrets.token_hex(4)}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    else:
-        fs.pipe_file(path, data)
-
-
-def _span(steps: list[int]) -> str:
-    """Steps as a message or a skip's record names them: ``first..last`` if consecutive."""
-    if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1:
-        return f"{steps[0]}..{steps[-1]}"
-    return ", ".join(str(s) for s in steps[:8]) + (" ..." if len(steps) > 8 else "")
-
-
 def _plain_schema() -> pa.Schema:
     return _SCHEMA.set(3, pa.field("source", pa.string()))
 
@@ -463,7 +449,7 @@ def skip_mixed(
     wanted: dict[str, list[SkipRows]] = {name: [] for name in parsed.parts}
     asked: list[str] = []
     if steps is not None:
-        asked.append(f"mixed steps {_span(sorted(set(steps)))}")
+        asked.append(f"mixed steps {step_span(sorted(set(steps)))}")
         for name, got in _rows_of_steps(sorted(set(steps)), provenance, storage_options).items():
             wanted[name] += got
     given = list(rows or ())
@@ -487,7 +473,7 @@ def _rows_of_steps(
     if provenance is None:
         raise ProvenanceError(
             "(none)",
-            f"mixed steps {_span(steps)} asked without a log",
+            f"mixed steps {step_span(steps)} asked without a log",
             "pass provenance= the URL the run was given as provenance=",
         )
     table = which_mixed(provenance, steps, storage_options=storage_options)
@@ -495,7 +481,7 @@ def _rows_of_steps(
     if missing:
         raise ProvenanceError(
             mix_log(provenance),
-            f"mixed step(s) {_span(missing)} are in no attempt of the log (not reached yet?)",
+            f"mixed step(s) {step_span(missing)} are in no attempt of the log (not reached yet?)",
             "skip only steps the run handed out, or name rows= instead",
         )
     out: dict[str, list[SkipRows]] = {}

@@ -103,7 +103,7 @@ class MixedStream(Stream):
         got = self.draws.pull(name)
         if self.log is not None:
             # the source's step of the draw just pulled, as its own log numbers it
-            self.log.pulled(name, self.streams[name]._node.step)
+            self.log.pulled(name, self.streams[name].step)
         return got
 
     def _named(self) -> str:

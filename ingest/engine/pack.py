@@ -110,7 +110,7 @@ class StepCount:
         return step
 
 
-def _pad_of(pack: Grouping, table: pa.Table) -> int:
+def pad_of(pack: Grouping, table: pa.Table) -> int:
     """The pad id: ``pack.pad_id``, else the ``eos_id`` the token ids were made with (their
     field's metadata, :data:`ingest.engine.tokenize.EOS_KEY`), else 0, with a warning."""
     if pack.pad_id is not None:
@@ -131,7 +131,7 @@ def _pad_of(pack: Grouping, table: pa.Table) -> int:
     return 0
 
 
-def _tokens_of(table: pa.Table, pack: Grouping) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
+def tokens_of(table: pa.Table, pack: Grouping) -> tuple[npt.NDArray[np.int64], npt.NDArray[Any]]:
     """Each row's token count, and all the tokens one after another."""
     column, name = pack.column, type(pack).__name__
     if column not in table.column_names:
@@ -208,12 +208,17 @@ class PackedRank:
         self.handed = 0
         """Batches handed out in the epoch (this run of it)."""
         self._pad = pack.pad_id
-        """The pad id (None: from the first read step's ids, :func:`_pad_of`)."""
+        """The pad id (None: from the first read step's ids, :func:`pad_of`)."""
 
     @property
     def step(self) -> int:
         """The step of the last batch handed out (see :class:`StepCount`)."""
         return self.steps.next - 1
+
+    def batches(self) -> int | None:
+        """The batches handed out since the run began, as a state keeps them (``pack.steps``);
+        None: not known (see :class:`StepCount`)."""
+        return self.steps.saved
 
     def check(self, state: StreamState) -> None:
         """Any state loads (one without documents in flight too)."""
@@ -419,9 +424,9 @@ class PackedRank:
         table = item.table
         self._last_read = item.step
         if self._pad is None:
-            self._pad = _pad_of(self.pack, table)
+            self._pad = pad_of(self.pack, table)
         origin = table.column(ORIGIN).to_numpy()
-        lengths, flat = _tokens_of(table, self.pack)
+        lengths, flat = tokens_of(table, self.pack)
         ends = np.cumsum(lengths)
         step = _Step(item, self._serial)
         self._steps.append(step)
@@ -523,7 +528,7 @@ class PackedRank:
         if self.book is None:
             raise IngestError("a Ray rank's state comes from its coordinator")
         base = self.book.snapshot(self.rank.step)
-        return state_with_tokens(base, self.entries(base), self.steps.saved)
+        return state_with_tokens(base, self.entries(base), self.batches())
 
     def entries(self, base: StreamState) -> list[tuple[int, int, int, int]]:
         """``(segment, shard, row, offset)`` of the documents of the read steps not acked yet
@@ -586,5 +591,7 @@ __all__ = [
     "StepCount",
     "merged",
     "packed_torch",
+    "pad_of",
+    "tokens_of",
     "with_origin",
 ]

@@ -206,7 +206,7 @@ class ProvenanceWriter:
     def _write(self, attempt: Attempt, held: list[_Held]) -> None:
         fs, root = self._filesystem()
         if attempt.name not in self._announced:
-            _put(fs, f"{root}/attempts/{attempt.name}.json", _attempt_json(attempt))
+            put_whole(fs, f"{root}/attempts/{attempt.name}.json", _attempt_json(attempt))
             self._announced.add(attempt.name)
         held.sort(key=lambda h: (h[0], h[1]))
         by_bucket: dict[int, list[_Held]] = {}
@@ -216,7 +216,7 @@ class ProvenanceWriter:
             first, last = part[0][0], part[-1][0]
             self._chunks += 1
             name = f"{first:012d}-{last:012d}-{attempt.name}-{self._chunks:05d}.arrow"
-            _put(fs, f"{root}/steps/{bucket:06d}/{name}", _chunk(part))
+            put_whole(fs, f"{root}/steps/{bucket:06d}/{name}", _chunk(part))
 
 
 _Held = tuple[int, int, int, Sequence[str], StepRows]
@@ -234,8 +234,9 @@ def _attempt_json(a: Attempt) -> bytes:
     ).encode()
 
 
-def _put(fs: Any, path: str, data: bytes) -> None:
-    """Write ``data`` at ``path`` whole: a local file by rename, a store object by one put."""
+def put_whole(fs: Any, path: str, data: bytes) -> None:
+    """Write ``data`` at ``path`` whole (a reader never sees part of it): a local file by
+    rename, a store object by one put."""
     if "file" in _protocols(fs):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{secrets.token_hex(4)}.tmp"
@@ -549,7 +550,7 @@ def skip(
         if provenance is None:
             raise ProvenanceError(
                 "(none)",
-                f"steps {_span(steps)} asked without a log",
+                f"steps {step_span(steps)} asked without a log",
                 "pass provenance= the URL the run was given as provenance=",
             )
         table = which(provenance, steps, storage_options=storage_options)
@@ -557,18 +558,19 @@ def skip(
         if missing:
             raise ProvenanceError(
                 provenance,
-                f"step(s) {_span(missing)} are in no attempt of the log (not reached yet?)",
+                f"step(s) {step_span(missing)} are in no attempt of the log (not reached yet?)",
                 "skip only steps the run handed out, or name rows= instead",
             )
         wanted += [SkipRows(r["url"], r["start"], r["stop"], r["epoch"]) for r in table.to_pylist()]
-        asked.append(f"steps {_span(steps)}")
+        asked.append(f"steps {step_span(steps)}")
     if rows is not None:
         asked.append(f"{len(given)} row range(s)")
     out, _ = apply_skip(parsed, wanted, ", ".join(asked) or "nothing")
     return out.to_json()
 
 
-def _span(steps: Sequence[int]) -> str:
+def step_span(steps: Sequence[int]) -> str:
+    """Steps as a message or a skip's record names them: ``first..last`` if consecutive."""
     if len(steps) > 1 and steps[-1] - steps[0] == len(steps) - 1:
         return f"{steps[0]}..{steps[-1]}"
     return ", ".join(str(s) for s in steps[:8]) + (" ..." if len(steps) > 8 else "")
@@ -580,6 +582,8 @@ __all__ = [
     "ProvenanceLog",
     "ProvenanceWarning",
     "ProvenanceWriter",
+    "put_whole",
     "skip",
+    "step_span",
     "which",
 ]

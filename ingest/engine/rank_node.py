@@ -82,6 +82,11 @@ class RankNode(Protocol):
         rank's: its read step; with ``pack``: its batches since the run began); -1: none."""
         ...
 
+    def batches(self) -> int | None:
+        """What a state keeps of the node's count of batches (``pack.steps``); None: none
+        (a plain rank's steps are the book's)."""
+        ...
+
 
 class PlainRank:
     """A rank without ``pack``: each read step is one batch (see the module docstring).
@@ -103,6 +108,9 @@ class PlainRank:
     @property
     def step(self) -> int:
         return self.loop.step
+
+    def batches(self) -> int | None:
+        return None
 
     def feed(self, item: Any, convert: Convert | None = None) -> Iterator[tuple[int, Batch]]:
         batch = self.loop.hand_out(item, convert or _to_torch)

@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ingest.core.errors import IngestError
+from ingest.core.errors import ConfigError, IngestError
 from ingest.core.intervals import IntervalSet
 from ingest.core.packing import Packed, Piece
+from ingest.engine.convert import Batch, to_torch
 from ingest.engine.grouping import Grouping
-from ingest.engine.pack import _pad_of, _tokens_of
+from ingest.engine.pack import packed_torch, pad_of, tokens_of
 from ingest.formats import get_format
 from ingest.formats.base import BadRows, ReadOptions
 from ingest.planner.catalog import Listing
@@ -88,6 +89,34 @@ def replay(
         yield _batch(key, parts, transform)
 
 
+def replayed(
+    log: pa.Table,
+    listing: Listing,
+    source: Source,
+    read: ReadOptions,
+    columns: tuple[str, ...] | None,
+    transform: Callable[[pa.Table], pa.Table] | None,
+    pack: Grouping | None,
+) -> Iterator[tuple[int, int, Batch]]:
+    """The batches ``log`` names as torch tensors, ``(step, rank, batch)``: a plain stream's
+    (:func:`replay`), or a packing stream's (:func:`replay_packed`, its log holds pieces).
+
+    Raises:
+        ConfigError: If the log is a packing stream's and ``pack`` is None.
+    """
+    if "sequence" not in log.column_names:
+        for got in replay(log, listing, source, read, columns, transform):
+            yield got.step, got.rank, to_torch(got.table)
+        return
+    if pack is None:
+        raise ConfigError(
+            "the log is a packing stream's (pack=): replay it with a stream made with the "
+            "run's pack= and transform="
+        )
+    for step, rank, arrays in replay_packed(log, listing, source, read, columns, transform, pack):
+        yield step, rank, packed_torch(arrays)
+
+
 def replay_packed(
     log: pa.Table,
     listing: Listing,
@@ -129,8 +158,8 @@ def replay_packed(
         )
         (got,) = replay(rows, listing, source, read, columns, transform)
         if pad is None:
-            pad = _pad_of(pack, got.table)
-        lengths, flat = _tokens_of(got.table, pack)
+            pad = pad_of(pack, got.table)
+        lengths, flat = tokens_of(got.table, pack)
         ends = np.cumsum(lengths)
         index = {doc: k for k, doc in enumerate(docs)}
         sequences: dict[int, Packed] = {}
@@ -190,4 +219,4 @@ def _rows_of(spans: list[tuple[int, int, pa.Table]], url: str, start: int, stop:
     raise IngestError(f"{url} rows [{start}, {stop}) were not read")  # pragma: no cover
 
 
-__all__ = ["Replayed", "replay", "replay_packed"]
+__all__ = ["Replayed", "replay", "replay_packed", "replayed"]

@@ -21,19 +21,18 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ingest.core.errors import ConfigError, IngestError, SupersededError, redact
+from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.quarantine import Quarantined, is_skip, summary
 from ingest.core.state import StreamState
-from ingest.engine.convert import Batch, to_torch
+from ingest.engine.convert import Batch
 from ingest.engine.feed import Feed, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.mix import Mix
 from ingest.engine.options import StreamKeywords, StreamOptions
-from ingest.engine.pack import packed_torch
 from ingest.engine.provenance import ProvenanceLog
 from ingest.engine.rank_node import rank_node, read_transform
-from ingest.engine.replay import replay, replay_packed
+from ingest.engine.replay import replayed
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import build_transform
 from ingest.planner.catalog import Listing
@@ -225,6 +224,12 @@ class Stream:
         """List the source now (one listing; footers read once per shard)."""
         return self._planner.scan()
 
+    @property
+    def step(self) -> int:
+        """The step of the last batch handed out, as a provenance log numbers it (the book's
+        step; with ``pack``, the batches since the run began, less one); -1: none."""
+        return self._node.step
+
     def replay(
         self,
         steps: int | Iterable[int],
@@ -258,24 +263,8 @@ class Stream:
             )
         options = self.spec.options_for(url) if storage_options is None else storage_options
         log = ProvenanceLog(url, options).which(steps)
-        if "sequence" in log.column_names:  # a packing stream's log: its batches' pieces
-            pack = self.pack
-            if pack is None:
-                raise ConfigError(
-                    f"{redact(url)} is the log of a packing stream (pack=): replay it with a "
-                    "stream made with the run's pack= and transform="
-                )
-            for step, rank, arrays in replay_packed(
-                log, self.listing(), self._planner.source, self.spec.read, self.spec.columns,
-                self._transform, pack,
-            ):  # fmt: skip
-                yield step, rank, packed_torch(arrays)
-            return
-        for got in replay(
-            log, self.listing(), self._planner.source, self.spec.read, self.spec.columns,
-            self._transform,
-        ):  # fmt: skip
-            yield got.step, got.rank, to_torch(got.table)
+        source, read, columns = self._planner.source, self.spec.read, self.spec.columns
+        yield from replayed(log, self.listing(), source, read, columns, self._transform, self.pack)
 
     def __len__(self) -> int:
         raise TypeError(

@@ -12,17 +12,17 @@ and loads with any worker count (or into a ``Stream`` or a ``RayStream``).
 
 The workers are kept across epochs (torch's persistent workers): an epoch's start costs no
 process start, and each worker keeps its planner (and so its fsspec filesystems). The workers
-never list: each has a queue, made before it started, on which the main process sends it
-every epoch's order (:class:`_Order`: the state to start from and the epoch's listing)
-right before torch tells the workers to begin the epoch; a loop left early, or a state
-loaded, leaves the workers' read-ahead behind (torch drops what they send of it). An epoch
-that ends whole plans the next one at once, from the state it ended on, and sends it as an
-early order: each worker opens its share's feed and reads its first window while the caller
-is between epochs; the next loop starts it with a go (:class:`_Go`) if the stream's state is
-still that one, or sends a new order (a state loaded since). The
-workers stop when the loader goes, on :meth:`DataLoader.close`, and at the interpreter's
-exit; ``persistent_workers=False`` stops them at each epoch's end instead. ``batch_size``
-is the stream's; the ``DataLoader`` does no batching or collation of its own.
+never list: each has a queue, made before it started, on which the main process sends it every
+epoch's order (:class:`_Order`: the state to start from and the epoch's listing) right before
+torch tells the workers to begin the epoch; a loop left early, or a state loaded, leaves the
+workers' read-ahead behind (torch drops what they send of it). An epoch that ends whole plans
+the next one at once, from the state it ended on, and sends it as an early order: each worker
+opens its share's feed and reads its first window while the caller is between epochs; the next
+loop starts it with a go (:class:`_Go`) if the stream's state is still that one, or sends a new
+order (a state loaded since). The workers stop when the loader goes, on
+:meth:`DataLoader.close`, and at the interpreter's exit; ``persistent_workers=False`` stops them
+at each epoch's end instead. ``batch_size`` is the stream's; the ``DataLoader`` does no batching
+or collation of its own.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from ingest.engine.convert import Batch, column_to_torch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
-from ingest.engine.pack import PackedRank, StepCount, merged
+from ingest.engine.pack import StepCount, merged
 from ingest.engine.rank_node import RankNode, rank_node, worker_table
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
@@ -537,11 +537,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
     ) -> tuple[EpochBook[Listing], StreamState, bool, int, Listing]:
         """The book of an epoch that starts from ``state`` (the stream's JSON), whether the
         stream had started, the epoch and its listing (made here, once, for every worker)."""
-        start = StreamState.from_json(state)
+        start, stream = StreamState.from_json(state), self.stream
         # The stream's planner: footers read in earlier epochs are not read again.
-        book = self.stream.spec.book(
-            ranks, self.stream.parts.planner, packs=self.stream.pack is not None
-        )
+        book = stream.spec.book(ranks, stream.parts.planner, packs=stream.pack is not None)
         started = start.started or start.progress.epoch > 0 or bool(start.progress.tokens)
         if started:
             book.load(start)
@@ -620,15 +618,11 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
     def _rank_nodes(
         self, book: EpochBook[Listing], start: StreamState, listing: Listing
     ) -> dict[int, RankNode]:
-        """Each worker's node, going on from ``start`` (its documents in flight, with
-        ``pack``)."""
-        urls = [s.url for s in listing.shards]
-        out = {}
-        steps = StepCount()  # the loader's batches, whichever worker's node made them
-        for rank, loop in self._ranks.items():
-            node = out[rank] = rank_node(
-                self.stream.pack, self.stream.batch_size, loop, book, steps
-            )
+        """Each worker's node, going on from ``start`` (its documents in flight, with ``pack``)."""
+        urls, out = [s.url for s in listing.shards], {}
+        pack, size, steps = self.stream.pack, self.stream.batch_size, StepCount()
+        for rank, loop in self._ranks.items():  # one count of batches: the loader's
+            node = out[rank] = rank_node(pack, size, loop, book, steps)
             node.load(start)
             node.begin(urls)
         return out
@@ -664,13 +658,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         workers' packings handed out in part or beyond their read steps acked."""
         assert self._book is not None
         self._flush()
-        state = self._book.snapshot_acked()
-        tokens = merged(t for node in self._nodes.values() for t in node.entries(state))
-        if self.stream.pack is None:
-            return state_with_tokens(state, tokens) if tokens else state
-        # the loader's batches (one count, shared by the workers' nodes)
-        (steps,) = {node.steps for node in self._nodes.values() if isinstance(node, PackedRank)}
-        return state_with_tokens(state, tokens, steps.saved)
+        state, nodes = self._book.snapshot_acked(), list(self._nodes.values())
+        tokens = merged(t for node in nodes for t in node.entries(state))
+        return state_with_tokens(state, tokens, nodes[0].batches() if nodes else None)
 
     def state_dict(self) -> dict[str, Any]:
         """The state after every batch this loader handed out (all workers); plain JSON."""
