@@ -119,6 +119,13 @@ def test_which_for_a_step_not_logged_is_empty_and_a_missing_log_names_the_fix(
         which_mixed(str(tmp_path / "elsewhere"), [0])
 
 
+def test_a_dataloader_over_a_logged_mixture_is_refused_naming_the_fix(
+    data: dict[str, list[str]], tmp_path: Path
+) -> None:
+    with pytest.raises(ingest.ConfigError, match=r"ingest.Stream\(mix, provenance=...\)"):
+        ingest.DataLoader(make(data, str(tmp_path / "log")), num_workers=1)
+
+
 # -- Ray: 2 -> 3 ranks, then a Stream ---------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch.utils.data
 
+from ingest.core.errors import ConfigError
 from ingest.engine.convert import Batch, placed
 from ingest.engine.mix import Draws, load_mixed, mixed_state
 from ingest.integrations.loader import DataLoader, checked_keywords
@@ -38,6 +39,14 @@ class MixedLoader(DataLoader):
         mixed = stream.mixed
         if mixed is None:  # pragma: no cover - DataLoader.__new__ picks the class
             raise TypeError("a MixedLoader reads a stream over an ingest.Mix")
+        if getattr(mixed, "log", None) is not None:
+            # A source's loader numbers its steps per worker: a slot's source step would need
+            # the worker too, which the mixture's log does not keep.
+            raise ConfigError(
+                "ingest.DataLoader over an ingest.Mix does not keep a provenance log: read the "
+                "mixture with ingest.Stream(mix, provenance=...) or ingest.RayStream, or make "
+                "the stream without provenance="
+            )
         self.stream = stream
         self.mixed = mixed
         self.loaders: dict[str, DataLoader] = {
