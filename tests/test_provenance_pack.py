@@ -232,3 +232,45 @@ def test_ingest_which_prints_each_piece_with_its_sequence_and_tokens(
     assert line is not None, out[0]
     start, stop, sequence, first, last = map(int, line.groups())
     assert stop == start + 1 and sequence == 0 and 0 <= first <= last
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
+def test_the_steps_after_the_last_state_are_logged_when_the_stream_shuts_down(
+    s3_store: Store, tmp_path: Path
+) -> None:
+    """A run that ends mid-epoch (no state after its last batches) still logs them: the
+    ranks' loops send what they hold as they leave, and the coordinator writes its log
+    before it stops; a one-process Stream writes its own at close()."""
+    url = write_corpus(s3_store, 480)
+    log = str(tmp_path / "log")
+    with ingest.RayStream(
+        url,
+        world_size=2,
+        batch_size=BATCH,
+        transform=ingest.Tokenize(tokenize),
+        pack=ingest.Pack(seq_len=SEQ_LEN, read_rows=READ_ROWS, max_open=8, pad_id=0),
+        shuffle_seed=3,
+        storage_options=s3_store.storage_options,
+        timeout_s=120,
+        provenance=log,
+    ) as stream:
+        got = ray.get([_first.remote(stream.rank_iterator(r), 5) for r in range(2)], timeout=240)
+    seen = {(rank, step): v for rank, steps in enumerate(got) for step, v in steps.items()}
+    assert named(which(log, range(5)), 480) == seen
+    local_log = str(tmp_path / "local")
+    one = make(write_corpus(s3_store, 480), s3_store, local_log)
+    mine = {(0, step): seqs(b) for step, b in zip(range(3), one, strict=False)}
+    one.close()
+    assert named(which(local_log, range(3)), 480) == mine
+
+
+@ray.remote(num_cpus=0)
+def _first(it: Any, n: int) -> dict[int, Seqs]:
+    got: dict[int, Seqs] = {}
+    for batch in it:
+        got[it.step] = seqs(batch)
+        if len(got) == n:
+            break
+    it.flush()  # what the loop holds, as a rank whose loop ends sends it
+    return got

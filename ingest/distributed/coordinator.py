@@ -465,6 +465,14 @@ class _Coordinator(PoolDirectory):
             book.fold_due()  # on a window's edge where there is one: no sort
             self._lock.notify_all()
 
+    def flush_log(self) -> None:
+        """Write what the provenance log holds and wait for it (the stream stops: the steps
+        the ranks acked since the last state are in the log too)."""
+        with self._lock:
+            log = self._book.log
+        if log is not None:
+            log.flush()
+
     def acked(self) -> list[int]:
         with self._lock:
             return [self._book.ledger.acked(r) for r in range(self._book.world_size)]

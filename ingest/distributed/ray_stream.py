@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -376,9 +377,16 @@ class RayStream:
         return got
 
     def shutdown(self) -> None:
-        """Stop the reader pool and the coordinator actor (every source's, over a Mix)."""
+        """Stop the reader pool and the coordinator actor (every source's, over a Mix),
+        after the coordinator wrote what its provenance log holds (``provenance=``)."""
         if self.sizer is not None:
             self.sizer.stop()
+        if self.spec.provenance is not None:
+            try:
+                self._get(self.coordinator.flush_log.remote())
+            except Exception as e:  # told, not raised: the stream stops all the same (a
+                # coordinator lost, or a log that cannot be written)
+                warnings.warn(f"the provenance log was not written whole: {e}", stacklevel=2)
         self._pool.kill()
         ray.kill(self.coordinator)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -403,6 +404,12 @@ class Stream:
         if self._running:
             with contextlib.suppress(IngestError):
                 self._rewind()
+        log = self._book.log
+        if log is not None:  # the steps handed out since the last state, written too
+            try:
+                log.flush()
+            except IngestError as e:  # told, not raised (close runs as a loop fails too)
+                warnings.warn(f"the provenance log was not written whole: {e}", stacklevel=2)
 
     def __enter__(self) -> Stream:
         return self
