@@ -345,3 +345,33 @@ def test_packed_sources_on_ray_through_three_stops_at_world_sizes_3_2_4(
         state = got[0][1] if stop_after is not None else state
     assert len({s for _, s in seen}) > 8  # past the three stops, to the mixture's end
     assert tokens_named(ingest.which(log, {s for _, s in seen})) == seen
+
+
+def test_replay_of_mixed_steps_gives_each_slot_again_from_its_source(
+    local: Store, tmp_path: Path
+) -> None:
+    """Replay over a mixture: every slot of the steps read again from its source (only the
+    rows its source step consumed, packed again) and joined as the mixed batch was, every
+    tensor the same (the source and its epoch too)."""
+    urls = write_corpora(local)
+    log = str(tmp_path / "log")
+    run = packed(urls, local, log)
+    batches = [b for _, b in zip(range(7), run, strict=False)]
+    run.close()
+    again = list(packed(urls, local, log).replay(range(3, 7)))
+    assert [(step, rank) for step, rank, _ in again] == [(s, 0) for s in range(3, 7)]
+    for (step, _, got), want in zip(again, batches[3:], strict=True):
+        assert set(got) == set(want), step
+        for name, value in want.items():
+            assert (got[name] == value).all() if hasattr(value, "shape") else got[name] == value
+
+
+def test_replay_of_a_plain_mixture_gives_each_slots_row_again(
+    data: dict[str, list[str]], tmp_path: Path
+) -> None:
+    log = str(tmp_path / "log")
+    run = make(data, log)
+    batches = [drawn(b) for _, b in zip(range(5), run, strict=False)]
+    run.close()
+    again = [drawn(b) for _, _, b in make(data, log).replay(range(1, 5))]
+    assert again == batches[1:]

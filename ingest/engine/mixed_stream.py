@@ -9,13 +9,13 @@ the same members over its sources' streams.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ingest.core.errors import ConfigError, IngestError
+from ingest.core.errors import ConfigError, IngestError, redact
 from ingest.core.quarantine import Quarantined
-from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
-from ingest.engine.mix_provenance import MixLog, logged, new_attempt
+from ingest.engine.mix import Draws, Mix, Mixer, added, join, load_mixed, mixed_state
+from ingest.engine.mix_provenance import MixLog, logged, new_attempt, source_log, which_mixed
 from ingest.engine.options import StreamOptions
 from ingest.engine.stream import Stream, StreamParts
 
@@ -108,6 +108,58 @@ class MixedStream(Stream):
 
     def _named(self) -> str:
         return self._attempt
+
+    def replay(
+        self,
+        steps: int | Iterable[int],
+        *,
+        provenance: str | None = None,
+        storage_options: Mapping[str, Any] | None = None,
+    ) -> Iterator[tuple[int, int, Batch]]:
+        """The mixed batches of ``steps`` again, as each rank got them: ``(step, rank,
+        batch)``. Each slot is its source's step read again by that source's stream
+        (:meth:`ingest.Stream.replay`: only its rows, the transform run, packed again with
+        ``pack``), and the slots are joined as the mixture joined them, with their
+        ``source`` and ``source_epoch``.
+
+        Raises:
+            ConfigError: If there is no log to read.
+            IngestError: If the log names a slot whose source step its source's log lacks.
+        """
+        url = provenance or self.options.provenance
+        if url is None:
+            raise ConfigError(
+                "replay reads the run's provenance log: pass provenance= the URL the run "
+                "was given as provenance=, or make this stream with it"
+            )
+        slots = which_mixed(url, steps, storage_options=storage_options).to_pylist()
+        draws: dict[tuple[str, int, int], Batch] = {}
+        for name in dict.fromkeys(r["source"] for r in slots):
+            asked = sorted({r["source_step"] for r in slots if r["source"] == name})
+            own = source_log(url, name)
+            for step, rank, batch in self.streams[name].replay(
+                asked, provenance=own, storage_options=storage_options
+            ):
+                draws[(name, step, rank)] = batch
+        by_step: dict[tuple[int, int], dict[int, tuple[str, int, int]]] = {}
+        for r in slots:  # a slot's rows (runs, or pieces) name the same draw: its first
+            at = by_step.setdefault((r["step"], r["rank"]), {})
+            at.setdefault(r["slot"], (r["source"], r["source_step"], r["epoch"]))
+        packs = self.mixer.seq_len is not None
+        for (step, rank), at in by_step.items():
+            parts, sources = [], []
+            for slot in sorted(at):
+                name, source_step, epoch = at[slot]
+                draw = draws.get((name, source_step, rank))
+                if draw is None or epoch is None:
+                    raise IngestError(
+                        f"{redact(url)}: step {step} slot {slot} was source {name!r}'s step "
+                        f"{source_step}, which {source_log(redact(url), name)} does not hold "
+                        "(a chunk left out, or the source's log was moved)"
+                    )
+                parts.append(draw)
+                sources.append((self.mix.names.index(name), epoch))
+            yield step, rank, join(parts, sources, packed=packs)
 
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch: the sources' and the mix part
