@@ -60,9 +60,11 @@ same in both, so it shows what the rest costs per token, on a busy machine too).
 from __future__ import annotations
 
 import argparse
+import atexit
 import itertools
 import json
 import os
+import shutil
 import statistics
 import tempfile
 import time
@@ -194,8 +196,10 @@ def timed(
 
 
 def write_jsonl(texts: list[str], shards: int = 8) -> Path:
-    """``texts`` as JSONL shards of ``{"text": ...}`` in a new folder."""
+    """``texts`` as JSONL shards of ``{"text": ...}`` in a new folder, removed when this
+    process exits (each run left 13.5 MB or more behind in the temp folder)."""
     root = Path(tempfile.mkdtemp(prefix="tokenize_pack_"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     per = -(-len(texts) // shards)
     for n in range(shards):
         lines = (json.dumps({"text": t}) for t in texts[n * per : (n + 1) * per])
