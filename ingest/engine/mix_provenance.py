@@ -31,10 +31,7 @@ of the mixture, so a state is covered by its log.
 from __future__ import annotations
 
 import json
-import os
-import queue
 import secrets
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -54,7 +51,10 @@ from ingest.engine.provenance import (
     ProvenanceError,
     ProvenanceLog,
     ProvenanceWarning,
+    WriteBehind,
+    list_chunks,
     put_whole,
+    read_attempts,
     step_span,
 )
 
@@ -123,11 +123,7 @@ class MixLog:
         self._picks: list[tuple[str, int]] = []
         self._held: list[tuple[int, list[tuple[str, int]]]] = []
         self._chunks = 0
-        self._queue: queue.Queue[tuple[str, list[tuple[int, list[tuple[str, int]]]]]] = (
-            queue.Queue()
-        )
-        self._thread: threading.Thread | None = None
-        self._failed: BaseException | None = None
+        self._behind = WriteBehind("ingest-mix-provenance", self._write)
 
     def __reduce__(self) -> tuple[Any, ...]:
         args = (self.url, self.storage_options, self.rank, self.world_size, self.batch_size)
@@ -165,11 +161,10 @@ class MixLog:
         """
         held, self._held = self._held, []
         if held and self._attempt is not None:
-            self._start_thread()
-            self._queue.put((self._attempt, held))
+            self._behind.put(self._attempt, held)
         if wait:
-            self._queue.join()
-        failed, self._failed = self._failed, None
+            self._behind.wait()
+        failed = self._behind.failure()
         if failed is not None:
             raise ProvenanceError(
                 mix_log(self.url),
@@ -199,24 +194,6 @@ class MixLog:
             "rank": self.rank,
         }
         put_whole(fs, f"{root}/attempts/{name}-{self.rank}.json", json.dumps(data).encode())
-
-    def _start_thread(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._write_behind, name="ingest-mix-provenance", daemon=True
-            )
-            self._thread.start()
-
-    def _write_behind(self) -> None:
-        while True:
-            name, held = self._queue.get()
-            try:
-                if self._failed is None:
-                    self._write(name, held)
-            except BaseException as e:  # told at the next flush
-                self._failed = e
-            finally:
-                self._queue.task_done()
 
     def _write(self, name: str, held: list[tuple[int, list[tuple[str, int]]]]) -> None:
         fs, root = self._filesystem()
@@ -292,28 +269,7 @@ class MixedLog:
         Raises:
             ProvenanceError: If no attempt is recorded there.
         """
-        found: dict[str, Attempt] = {}
-        try:
-            paths = self._fs.glob(f"{self._root}/attempts/*.json")
-        except FileNotFoundError:
-            paths = []
-        for path in paths:
-            data = json.loads(self._fs.cat_file(path))
-            a = Attempt(
-                str(data["name"]),
-                int(data["first_step"]),
-                int(data["started_ns"]),
-                int(data["world_size"]),
-            )
-            seen = found.get(a.name)
-            if seen is not None:  # the attempt's first rank to start dates it
-                a = Attempt(
-                    a.name,
-                    min(a.first_step, seen.first_step),
-                    min(a.started_ns, seen.started_ns),
-                    a.world_size,
-                )
-            found[a.name] = a
+        found = read_attempts(self._fs, self._root)
         if not found:
             raise ProvenanceError(
                 mix_log(self.url),
@@ -347,16 +303,7 @@ class MixedLog:
         return out.sort_by([("step", "ascending"), ("rank", "ascending"), ("slot", "ascending")])
 
     def _chunks(self, bucket: int) -> list[tuple[int, int, str, str]]:
-        try:
-            paths = self._fs.glob(f"{self._root}/steps/{bucket:06d}/*.arrow")
-        except FileNotFoundError:
-            paths = []
-        out = []
-        for path in paths:
-            first, last, rest = os.path.basename(path).split("-", 2)
-            name = rest.rsplit("-", 2)[0]
-            out.append((int(first), int(last), name, path))
-        return out
+        return list_chunks(self._fs, self._root, bucket, tail=2)  # ...-<rank>-<n>.arrow
 
     def _read(self, path: str, steps: list[int]) -> pa.Table | None:
         try:

@@ -25,7 +25,7 @@ import secrets
 import threading
 import time
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -78,6 +78,93 @@ class ProvenanceWarning(UserWarning):
     """A chunk of a provenance log was left out (it could not be read whole)."""
 
 
+class WriteBehind:
+    """Writes done in order by one daemon thread behind the caller (a log's chunks: a few
+    milliseconds of compression each, off the training loop's path); a write that fails is
+    told at the next :meth:`failure`, and the ones after it are not tried.
+
+    Daemon: an exit may lose the writes handed over since the last :meth:`wait` (a state
+    waits for them, so none that a state covers).
+
+    Args:
+        name: The thread's name.
+        write: Does one write, with the arguments handed to :meth:`put`.
+    """
+
+    def __init__(self, name: str, write: Callable[..., None]) -> None:
+        self._name = name
+        self._write = write
+        self._queue: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._failed: BaseException | None = None
+
+    def put(self, *args: Any) -> None:
+        """Have ``write(*args)`` done behind the caller, after the ones handed over before."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._queue.put(args)
+
+    def wait(self) -> None:
+        """Return once every write handed over is done (or failed)."""
+        self._queue.join()
+
+    def failure(self) -> BaseException | None:
+        """The failure of a write since the last call, if one failed (then forgotten)."""
+        failed, self._failed = self._failed, None
+        return failed
+
+    def _run(self) -> None:
+        while True:
+            args = self._queue.get()
+            try:
+                if self._failed is None:
+                    self._write(*args)
+            except BaseException as e:  # told at the next failure()
+                self._failed = e
+            finally:
+                self._queue.task_done()
+
+
+def read_attempts(fs: Any, root: str) -> dict[str, Attempt]:
+    """The attempts recorded under ``root/attempts/`` by name; an attempt recorded by each of
+    its ranks (a mixture's log) is as old as its first rank and starts at its first step."""
+    found: dict[str, Attempt] = {}
+    try:
+        paths = fs.glob(f"{root}/attempts/*.json")
+    except FileNotFoundError:
+        paths = []
+    for path in paths:
+        data = json.loads(fs.cat_file(path))
+        a = Attempt(
+            str(data["name"]),
+            int(data["first_step"]),
+            int(data["started_ns"]),
+            int(data["world_size"]),
+        )
+        seen = found.get(a.name)
+        if seen is not None:
+            started = min(a.started_ns, seen.started_ns)
+            a = Attempt(a.name, min(a.first_step, seen.first_step), started, a.world_size)
+        found[a.name] = a
+    return found
+
+
+def list_chunks(fs: Any, root: str, bucket: int, tail: int = 1) -> list[tuple[int, int, str, str]]:
+    """``(first, last, attempt, path)`` of the chunks under ``root/steps/<bucket>/``, each
+    named ``<first>-<last>-<attempt>-...`` with ``tail`` more ``-`` parts after the attempt's
+    name (which holds ``-`` itself)."""
+    try:
+        paths = fs.glob(f"{root}/steps/{bucket:06d}/*.arrow")
+    except FileNotFoundError:
+        paths = []
+    out = []
+    for path in paths:
+        first, last, rest = os.path.basename(path).split("-", 2)
+        out.append((int(first), int(last), rest.rsplit("-", tail)[0], path))
+    return out
+
+
 class ProvenanceWriter:
     """The :class:`~ingest.core.provenance.StepLog` a book writes at ``url``.
 
@@ -102,9 +189,7 @@ class ProvenanceWriter:
         self._held_runs = 0
         self._chunks = 0
         self._lock = threading.Lock()
-        self._queue: queue.Queue[tuple[Attempt, list[_Held]] | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._failed: BaseException | None = None
+        self._behind = WriteBehind("ingest-provenance", self._write)
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "storage_options": self.storage_options}
@@ -159,7 +244,7 @@ class ProvenanceWriter:
         with self._lock:
             self._hand_over()
         if wait:
-            self._queue.join()
+            self._behind.wait()
         self._raise_failure()
 
     # -- writing ----------------------------------------------------------------------------
@@ -169,29 +254,10 @@ class ProvenanceWriter:
         held, self._held, self._held_runs = self._held, [], 0
         if not held or self._attempt is None:
             return
-        if self._thread is None:
-            # Compressing a chunk takes a few milliseconds of a fold's time: behind the
-            # loop, in a daemon thread (a state waits for it; an exit may lose the chunks
-            # since the last state, which no state covers anyway).
-            self._thread = threading.Thread(
-                target=self._write_behind, name="ingest-provenance", daemon=True
-            )
-            self._thread.start()
-        self._queue.put((self._attempt, held))
-
-    def _write_behind(self) -> None:
-        while True:
-            got = self._queue.get()
-            try:
-                if got is not None and self._failed is None:
-                    self._write(*got)
-            except BaseException as e:  # told to the book at its next flush
-                self._failed = e
-            finally:
-                self._queue.task_done()
+        self._behind.put(self._attempt, held)
 
     def _raise_failure(self) -> None:
-        failed, self._failed = self._failed, None
+        failed = self._behind.failure()
         if failed is None:
             return
         if isinstance(failed, ProvenanceError):
@@ -336,20 +402,7 @@ class ProvenanceLog:
     def attempts(self) -> list[Attempt]:
         """Every attempt of the run, oldest first."""
         if self._attempts is None:
-            found: dict[str, Attempt] = {}
-            try:
-                paths = self._fs.glob(f"{self._root}/attempts/*.json")
-            except FileNotFoundError:
-                paths = []
-            for path in paths:
-                data = json.loads(self._fs.cat_file(path))
-                a = Attempt(
-                    str(data["name"]),
-                    int(data["first_step"]),
-                    int(data["started_ns"]),
-                    int(data["world_size"]),
-                )
-                found[a.name] = a
+            found = read_attempts(self._fs, self._root)
             if not found:
                 raise ProvenanceError(
                     self.url,
@@ -363,15 +416,7 @@ class ProvenanceLog:
     def _chunks(self, bucket: int) -> list[tuple[int, int, str, str]]:
         """``(first, last, attempt, path)`` of the chunks filed under ``bucket``."""
         if bucket not in self._listed:
-            try:
-                paths = self._fs.glob(f"{self._root}/steps/{bucket:06d}/*.arrow")
-            except FileNotFoundError:
-                paths = []
-            out = []
-            for path in paths:
-                first, last, attempt = _parse_name(os.path.basename(path))
-                out.append((first, last, attempt, path))
-            self._listed[bucket] = out
+            self._listed[bucket] = list_chunks(self._fs, self._root, bucket)
         return self._listed[bucket]
 
     def which(self, steps: int | Iterable[int]) -> pa.Table:
@@ -466,12 +511,6 @@ def _plain(table: pa.Table) -> pa.Table:
         return pa.table(columns, schema=_PLAIN)
     extra = [table["sequence"], table["token_start"], table["token_stop"]]
     return pa.table(columns + extra, schema=_PLAIN_PIECES)
-
-
-def _parse_name(name: str) -> tuple[int, int, str]:
-    first, last, rest = name.split("-", 2)
-    attempt = rest.rsplit("-", 1)[0]
-    return int(first), int(last), attempt
 
 
 def _read_steps(fs: Any, path: str, steps: list[int]) -> pa.Table | None:
@@ -582,7 +621,10 @@ __all__ = [
     "ProvenanceLog",
     "ProvenanceWarning",
     "ProvenanceWriter",
+    "WriteBehind",
+    "list_chunks",
     "put_whole",
+    "read_attempts",
     "skip",
     "step_span",
     "which",
