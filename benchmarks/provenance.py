@@ -18,10 +18,12 @@ its :class:`ingest.engine.provenance.ProvenanceWriter`; the writer is driven her
 3. *Packed.* A packing stream's log (``pack=``): the pieces of batches of ``--seqs``
    sequences of ``--seq-len`` tokens, packed best-fit from shuffled documents. Printed: bytes
    per piece and per rank-step, and the time of ``which`` for a step of that log.
+4. *Mixed.* A mixture's log over two sources (:mod:`ingest.engine.mix_provenance`): bytes a
+   rank's mixed step and the time of ``which`` (joined with the sources' logs).
 
     .venv/bin/python benchmarks/provenance.py                    # 1,024 ranks x 100,000 steps
     .venv/bin/python benchmarks/provenance.py --ranks 64 --steps 5000   # a quick look
-    .venv/bin/python benchmarks/provenance.py --packed-only             # parts 1 and 3
+    .venv/bin/python benchmarks/provenance.py --packed-only             # parts 1, 3 and 4
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import numpy as np
 from ingest.core.ledger import packed_row
 from ingest.core.packing import Packed, Packer
 from ingest.core.provenance import step_pieces, step_rows
+from ingest.engine.mix_provenance import MixLog, which_mixed
 from ingest.engine.provenance import ProvenanceLog, ProvenanceWriter
 
 FOLD = 64
@@ -136,6 +139,61 @@ def packed_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
     }
 
 
+def mixed_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
+    """Part 4: a mixture's log (two sources, weights 3:1, ``--mixed-batch`` draws a batch):
+    each rank's :class:`~ingest.engine.mix_provenance.MixLog` of ``--mixed-steps`` steps
+    (which source step each slot was), and each source's own log of its draws (a row each).
+    Bytes of the mixture's log per mixed step and rank, and ``which`` of a step early, in
+    the middle and late (each source's log read too), median of ``--repeat``."""
+    url = str(root / "mixed")
+    ranks, steps, batch = args.sample_ranks, args.mixed_steps, args.mixed_batch
+    _write_mixed(url, ranks, steps, batch)
+    size = _bytes(root / "mixed" / "mix")
+    out = {"mixed_bytes_per_rank_step": size / (ranks * steps)}
+    for name, step in (("early", 3), ("middle", steps // 2), ("late", steps - 2)):
+        times = []
+        for _ in range(args.repeat):
+            t = time.perf_counter()
+            table = which_mixed(url, [step])
+            times.append(time.perf_counter() - t)
+        assert table.num_rows == ranks * batch, (name, table.num_rows)
+        out[f"mixed_which_{name}_s"] = statistics.median(times)
+    return out
+
+
+def _write_mixed(url: str, ranks: int, steps: int, batch: int) -> None:
+    """Part 4's logs: the mixture's, and its sources' own, as a run's ranks write them."""
+    rng = np.random.default_rng(2)
+    names = ("web", "code")
+    sources = {n: ProvenanceWriter(f"{url}/sources/{n}") for n in names}
+    for w in sources.values():
+        w.start(0, ranks)
+    logs = [MixLog(url, None, r, ranks, batch) for r in range(ranks)]
+    urls = [f"s3://bucket/{n}/part-{i:05d}.parquet" for n in names for i in range(64)]
+    drawn = dict.fromkeys(names, 0)
+    for step in range(steps):
+        picks = [names[p] for p in rng.choice(2, batch, p=[0.75, 0.25])]
+        slots = []
+        for name in picks:  # every rank draws alike: the same source steps
+            slots.append((name, drawn[name]))
+            drawn[name] += 1
+        for log in logs:
+            for name, source_step in slots:
+                log.pulled(name, source_step)
+            log.batch((step + 1) * batch, lambda: "attempt-0")
+        for name in names:
+            mine = [k for n, k in slots if n == name]
+            for rank in range(ranks):
+                rows = rng.integers(0, 1 << 20, len(mine))
+                runs = np.stack([rng.integers(0, 64, len(mine)), rows, rows + 1], axis=1)
+                steps_ = [(k, run.reshape(1, 3)) for k, run in zip(mine, runs, strict=True)]
+                sources[name].record(rank, 0, urls, steps_)
+    for log in logs:
+        log.flush()
+    for w in sources.values():
+        w.flush()
+
+
 def lookups(args: argparse.Namespace, root: Path) -> dict[str, float]:
     """Part 2: a whole run's log (one run of rows per rank-step), then timed lookups."""
     path = root / "run"
@@ -185,7 +243,9 @@ def main() -> int:
     p.add_argument("--seq-len", type=int, default=2048, help="part 3: tokens a sequence")
     p.add_argument("--seqs", type=int, default=8, help="part 3: sequences a batch")
     p.add_argument("--doc-tokens", type=int, default=600, help="part 3: median document")
-    p.add_argument("--packed-only", action="store_true", help="parts 1 and 3 only")
+    p.add_argument("--mixed-steps", type=int, default=2000, help="part 4: mixed steps")
+    p.add_argument("--mixed-batch", type=int, default=32, help="part 4: draws a batch")
+    p.add_argument("--packed-only", action="store_true", help="parts 1, 3 and 4 only")
     p.add_argument("--json", help="write the figures here too")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="ingest-provenance-") as tmp:
@@ -209,6 +269,16 @@ def main() -> int:
             f"{packed['packed_which_s'] * 1e3:.0f} ms"
         )
         cost.update(packed)
+        mixed = mixed_cost(args, root)
+        print(
+            f"a mixture of 2 sources, batches of {args.mixed_batch} draws, "
+            f"{args.sample_ranks} ranks x {args.mixed_steps:,} steps: the mixture's log "
+            f"{mixed['mixed_bytes_per_rank_step']:.0f} bytes a rank-step (beside its sources' "
+            f"logs); which(step) early {mixed['mixed_which_early_s'] * 1e3:.0f} ms, middle "
+            f"{mixed['mixed_which_middle_s'] * 1e3:.0f} ms, late "
+            f"{mixed['mixed_which_late_s'] * 1e3:.0f} ms (median of {args.repeat})"
+        )
+        cost.update(mixed)
         if args.packed_only:
             return 0
         found = lookups(args, root)
