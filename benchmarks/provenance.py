@@ -141,15 +141,16 @@ def packed_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
 
 def mixed_cost(args: argparse.Namespace, root: Path) -> dict[str, float]:
     """Part 4: a mixture's log (two sources, weights 3:1, ``--mixed-batch`` draws a batch):
-    each rank's :class:`~ingest.engine.mix_provenance.MixLog` of ``--mixed-steps`` steps
-    (which source step each slot was), and each source's own log of its draws (a row each).
-    Bytes of the mixture's log per mixed step and rank, and ``which`` of a step early, in
+    rank 0's :class:`~ingest.engine.mix_provenance.MixLog` of ``--mixed-steps`` steps (which
+    source step each slot was: every rank's, as a RayStream logs it), and each source's own
+    log of every rank's draws (a row each).
+    Bytes of the mixture's log per mixed step, and ``which`` of a step early, in
     the middle and late (each source's log read too), median of ``--repeat``."""
     url = str(root / "mixed")
     ranks, steps, batch = args.sample_ranks, args.mixed_steps, args.mixed_batch
     _write_mixed(url, ranks, steps, batch)
     size = _bytes(root / "mixed" / "mix")
-    out = {"mixed_bytes_per_rank_step": size / (ranks * steps)}
+    out = {"mixed_bytes_per_step": size / steps}  # every rank's (rank 0 logs them)
     for name, step in (("early", 3), ("middle", steps // 2), ("late", steps - 2)):
         times = []
         for _ in range(args.repeat):
@@ -168,7 +169,7 @@ def _write_mixed(url: str, ranks: int, steps: int, batch: int) -> None:
     sources = {n: ProvenanceWriter(f"{url}/sources/{n}") for n in names}
     for w in sources.values():
         w.start(0, ranks)
-    logs = [MixLog(url, None, r, ranks, batch) for r in range(ranks)]
+    logs = [MixLog(url, None, 0, ranks, batch)]  # rank 0's is every rank's (ray_mix)
     urls = [f"s3://bucket/{n}/part-{i:05d}.parquet" for n in names for i in range(64)]
     drawn = dict.fromkeys(names, 0)
     for step in range(steps):
@@ -273,9 +274,9 @@ def main() -> int:
         print(
             f"a mixture of 2 sources, batches of {args.mixed_batch} draws, "
             f"{args.sample_ranks} ranks x {args.mixed_steps:,} steps: the mixture's log "
-            f"{mixed['mixed_bytes_per_rank_step']:.0f} bytes a rank-step (beside its sources' "
-            f"logs); which(step) early {mixed['mixed_which_early_s'] * 1e3:.0f} ms, middle "
-            f"{mixed['mixed_which_middle_s'] * 1e3:.0f} ms, late "
+            f"{mixed['mixed_bytes_per_step']:.0f} bytes a step, every rank's (beside its "
+            f"sources' logs); which(step) early {mixed['mixed_which_early_s'] * 1e3:.0f} ms, "
+            f"middle {mixed['mixed_which_middle_s'] * 1e3:.0f} ms, late "
             f"{mixed['mixed_which_late_s'] * 1e3:.0f} ms (median of {args.repeat})"
         )
         cost.update(mixed)

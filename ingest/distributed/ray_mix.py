@@ -190,9 +190,11 @@ class MixedRayStream(RayStream):
         return MixedRankIterator(parts, self.mixer(None), log=self._log(rank, self.world_size))
 
     def _log(self, rank: int, world_size: int) -> MixLog | None:
-        """With ``provenance``: ``rank``'s log of its batches' slots."""
+        """With ``provenance``, on rank 0: the log of its batches' slots, which are every
+        rank's (every rank draws alike: the same sources, each source's same steps, see
+        :mod:`ingest.engine.mix`), so a lookup reads one chunk, not one per rank."""
         url = self.options.provenance
-        if url is None:
+        if url is None or rank != 0:
             return None
         return MixLog(url, self.options.storage_options, rank, world_size, self.batch_size)
 

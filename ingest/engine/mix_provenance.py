@@ -11,12 +11,13 @@ A stream over an :class:`ingest.Mix` given ``provenance=URL`` keeps two kinds of
 :func:`which_mixed` joins the two: the rows (or pieces) each slot of a mixed step held.
 :func:`skip_mixed` leaves the rows of some mixed steps out of each source's part of a state.
 
-Under ``URL/mix``:
+Under ``URL/mix`` (written by rank 0 alone: every rank of a Ray worker group draws alike,
+the same sources and each source's same steps, so rank 0's slots are every rank's, and a
+lookup reads one chunk however many ranks):
 
-- ``attempts/<attempt>-<rank>.json``: one per rank of an attempt (the ranks of one attempt
-  share its name: a one-process stream's is random; a Ray worker group's is its first
-  source's coordinator session, which every rank of the group carries and a new group or a
-  loaded state changes). An attempt is as old as its first rank's start.
+- ``attempts/<attempt>-<rank>.json``: one per rank that logs an attempt (a one-process
+  stream's name is random; a Ray worker group's is its first source's coordinator session,
+  which a new group or a loaded state changes), with its world size.
 - ``steps/<bucket>/<first>-<last>-<attempt>-<rank>-<n>.arrow``: a chunk of one rank's steps
   ``first..last`` (``step``, ``rank``, ``slot``, ``source``, ``source_step``), in folders of
   :data:`~ingest.engine.provenance.BUCKET_STEPS` steps.
@@ -286,10 +287,12 @@ class MixedLog:
         attempts = self.attempts()
         by_chunk: dict[str, list[int]] = {}
         listed: dict[int, list[tuple[int, int, str, str]]] = {}
+        ranks: dict[int, int] = {}  # per step, its attempt's world size
         for step in wanted:
             chosen = authoritative(attempts, step)
             if chosen is None:
                 continue
+            ranks[step] = chosen.world_size
             bucket = step // BUCKET_STEPS
             if bucket not in listed:
                 listed[bucket] = self._chunks(bucket)
@@ -299,7 +302,7 @@ class MixedLog:
         tables = [t for path, got in by_chunk.items() if (t := self._read(path, got)) is not None]
         if not tables:
             return _plain_schema().empty_table()
-        out = pa.concat_tables(tables)
+        out = _every_rank(pa.concat_tables(tables), ranks)
         return out.sort_by([("step", "ascending"), ("rank", "ascending"), ("slot", "ascending")])
 
     def _chunks(self, bucket: int) -> list[tuple[int, int, str, str]]:
@@ -319,6 +322,18 @@ class MixedLog:
             return None
         table = table.filter(pc.is_in(table["step"], pa.array(steps, pa.int64())))
         return table.set_column(3, "source", table["source"].cast(pa.string()))
+
+
+def _every_rank(table: pa.Table, ranks: Mapping[int, int]) -> pa.Table:
+    """Rank 0's slots as every rank's: each step's rows once per rank of its attempt (the
+    ranks of a Ray worker group draw alike; rank 0 alone logs them)."""
+    step = table["step"].to_numpy()
+    copies = np.fromiter((ranks[s] for s in step.tolist()), np.int64, len(step))
+    out = table.take(pa.array(np.repeat(np.arange(len(step)), copies)))
+    # each row's copies numbered 0.. (the ranks): position less the start of its run
+    starts = np.repeat(np.cumsum(copies) - copies, copies)
+    rank = (np.arange(int(copies.sum())) - starts).astype(np.int32)
+    return out.set_column(1, "rank", pa.array(rank))
 
 
 def _plain_schema() -> pa.Schema:
