@@ -181,7 +181,7 @@ def _write_mixed(url: str, ranks: int, steps: int, batch: int) -> None:
         for log in logs:
             for name, source_step in slots:
                 log.pulled(name, source_step)
-            log.batch((step + 1) * batch, lambda: "attempt-0")
+            log.batch(step, lambda: "attempt-0")
         for name in names:
             mine = [k for n, k in slots if n == name]
             for rank in range(ranks):

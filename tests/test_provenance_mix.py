@@ -375,3 +375,31 @@ def test_replay_of_a_plain_mixture_gives_each_slots_row_again(
     run.close()
     again = [drawn(b) for _, _, b in make(data, log).replay(range(1, 5))]
     assert again == batches[1:]
+
+
+def test_a_resume_with_another_batch_size_goes_on_from_the_mixed_steps_taken(
+    data: dict[str, list[str]], tmp_path: Path
+) -> None:
+    """Mixed steps are the batches handed out since the run began, kept in the state: a
+    resume with another batch size numbers its first batch after the state's last, and the
+    steps before the state stay the first run's."""
+    log = str(tmp_path / "log")
+    first = make(data, log)
+    it = iter(first)
+    seen = {}
+    for step in range(5):
+        seen[(0, step)] = drawn(next(it))
+    state = first.state_dict()
+    next(it)  # a step after the state, rolled back by the resume
+    first.close()
+    assert state["mix"]["mixture"]["steps"] == 5
+    resumed = ingest.Stream(
+        mix(data), columns=["id"], batch_size=4, shuffle_seed=4, shuffle_window=64,
+        provenance=log,
+    )  # fmt: skip
+    resumed.load_state_dict(state)
+    again = iter(resumed)
+    for step in range(5, 8):
+        seen[(0, step)] = drawn(next(again))
+    resumed.close()
+    assert answer(which_mixed(log, range(8)), data) == seen

@@ -98,7 +98,7 @@ class MixedRankIterator:
 
         pin_memory, device = self.placement
         batches = self.mixer.epoch_batches(self._pull)
-        for batch in logged(batches, self.log, lambda: self.mixer.drawn, self._attempt):
+        for batch in logged(batches, self.log, lambda: self.mixer.step, self._attempt):
             self._yielded += 1
             yield placed(batch, pin_memory, device)
 

@@ -133,6 +133,16 @@ class Mixer:
         """The sources that finished an epoch of their own since the mixture's epoch began."""
         self.drawn = 0
         self.taken = dict.fromkeys(self.names, 0)
+        self.steps: int | None = 0
+        """Batches handed out since the run began (kept in the state: a provenance log's
+        mixed steps, whatever the batch size of each attempt); None: a state saved before
+        they were kept was loaded (counted as ``drawn // batch_size``)."""
+
+    @property
+    def step(self) -> int:
+        """The step of the last batch (see :attr:`steps`); -1: none."""
+        steps = self.drawn // self.batch_size if self.steps is None else self.steps
+        return steps - 1
 
     def over(self) -> bool:
         """Whether the mixture's epoch is over: every source of positive weight ended one."""
@@ -160,13 +170,18 @@ class Mixer:
             self.taken[name] += 1
             parts.append(part)
             sources.append((self.names.index(name), epoch))
+        if self.steps is not None:
+            self.steps += 1
         return join(parts, sources, packed=self.seq_len is not None)
 
     # -- state -----------------------------------------------------------------------------
 
     def state(self) -> dict[str, Any]:
         """The mixture's part of the state (``mixture``), beside ``drawn`` and ``taken``."""
-        return {**self.mixture.state_dict(), "epoch": self.epoch, "ended": sorted(self.ended)}
+        out = {**self.mixture.state_dict(), "epoch": self.epoch, "ended": sorted(self.ended)}
+        if self.steps is not None:
+            out["steps"] = self.steps
+        return out
 
     def load(self, state: Mapping[str, Any], drawn: int, taken: Mapping[str, int]) -> None:
         """Go on after ``state`` (with this mixer's weights from its count on).
@@ -174,9 +189,12 @@ class Mixer:
         Raises:
             StateError: If the state is another mixture's, or malformed.
         """
-        epoch, ended = state.get("epoch"), state.get("ended")
+        epoch, ended, steps = state.get("epoch"), state.get("ended"), state.get("steps")
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise StateError(f"the state's mixture epoch {epoch!r} is not a count >= 0")
+        bad = isinstance(steps, bool) or not isinstance(steps, int) or steps < 0
+        if steps is not None and bad:
+            raise StateError(f"the state's mixture steps {steps!r} is not a count >= 0")
         if not isinstance(ended, list) or not set(ended) <= set(self.names):
             raise StateError(
                 f"the state's mixture lists {ended!r} as sources that ended an epoch; they "
@@ -187,6 +205,7 @@ class Mixer:
         self.ended = set(ended)
         self.drawn = drawn
         self.taken = {name: int(taken[name]) for name in self.names}
+        self.steps = steps
 
 
 class Draws:

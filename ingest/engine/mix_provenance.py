@@ -22,7 +22,7 @@ lookup reads one chunk however many ranks):
   ``first..last`` (``step``, ``rank``, ``slot``, ``source``, ``source_step``), in folders of
   :data:`~ingest.engine.provenance.BUCKET_STEPS` steps.
 
-Mixed steps are numbered since the run began (the state's ``drawn`` over the batch size), and
+Mixed steps are numbered since the run began (the mixer's batches, kept in the state), and
 a resume supersedes the steps from its first on, as in a one-source log
 (:func:`ingest.core.provenance.authoritative`). A chunk is written every
 :data:`FOLD_STEPS` steps behind the loop, and waited for at each state and each epoch's end
@@ -142,10 +142,10 @@ class MixLog:
         """A draw of the batch being made: ``source``'s step ``source_step``."""
         self._picks.append((source, source_step))
 
-    def batch(self, drawn: int, attempt: Callable[[], str]) -> None:
-        """The batch whose draws were pulled is handed out, the mixture having ``drawn``
-        draws after it; ``attempt`` names the attempt if this batch begins one."""
-        step = drawn // self.batch_size - 1
+    def batch(self, step: int, attempt: Callable[[], str]) -> None:
+        """The batch whose draws were pulled is handed out as mixed step ``step``
+        (:attr:`ingest.engine.mix.Mixer.step`); ``attempt`` names the attempt if this batch
+        begins one."""
         picks, self._picks = self._picks[-self.batch_size :], []
         if self._attempt is None:
             self._attempt = attempt()
@@ -227,15 +227,15 @@ class MixLog:
 
 
 def logged(
-    batches: Iterator[Any], log: MixLog | None, drawn: Callable[[], int], attempt: Callable[[], str]
+    batches: Iterator[Any], log: MixLog | None, step: Callable[[], int], attempt: Callable[[], str]
 ) -> Iterator[Any]:
-    """``batches`` (a mixer's), each logged as it is handed out (``drawn``: the mixer's
-    draws so far), and the log written at the end of the mixture's epoch."""
+    """``batches`` (a mixer's), each logged as it is handed out (``step``: the mixer's step
+    of the last batch), and the log written at the end of the mixture's epoch."""
     if log is None:
         yield from batches
         return
     for batch in batches:
-        log.batch(drawn(), attempt)
+        log.batch(step(), attempt)
         yield batch
     log.flush()
 

@@ -96,7 +96,7 @@ class MixedStream(Stream):
             with contextlib.suppress(ValueError):  # ValueError: another thread is inside it
                 self._active_mix.close()  # type: ignore[attr-defined]
         batches = self.mixer.epoch_batches(self._pull)
-        self._active_mix = logged(batches, self.log, lambda: self.mixer.drawn, self._named)
+        self._active_mix = logged(batches, self.log, lambda: self.mixer.step, self._named)
         return self._active_mix
 
     def _pull(self, name: str) -> tuple[Batch, bool, int]:
