@@ -297,6 +297,40 @@ def test_ingest_which_prints_each_ranks_rows_and_names_missing_steps(
     assert "no attempt is recorded" in capsys.readouterr().err
 
 
+def test_ingest_skip_edits_a_state_file_or_a_checkpoint_in_place(
+    data: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ingest.integrations.ray_train import STATE_FILE
+    from ingest.tools.cli import main
+
+    log = str(tmp_path / "log")
+    stream = ingest.Stream(data, columns=["id"], batch_size=BATCH, shuffle_seed=3, provenance=log)
+    it = iter(stream)
+    for step in range(16):
+        next(it)
+        if step == 6:
+            state = stream.state_dict()
+    stream.state_dict()
+    saved = tmp_path / "state.json"
+    saved.write_text(json.dumps(state))
+    out = tmp_path / "skipped.json"
+    args = ["skip", str(saved), "--steps", "8-11", "--provenance", log, "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"skipped on request: steps 8..11: {4 * BATCH} rows left out" in printed
+    assert json.loads(out.read_text()) == ingest.skip(state, steps=range(8, 12), provenance=log)
+    checkpoint = tmp_path / "checkpoint_000007"
+    checkpoint.mkdir()
+    (checkpoint / STATE_FILE).write_text(json.dumps(state))
+    row = f"{data[0]}:0-5"
+    assert main(["skip", str(checkpoint), "--rows", row, "--in-place"]) == 0
+    assert json.loads((checkpoint / f"{STATE_FILE}.bak").read_text()) == state
+    edited = json.loads((checkpoint / STATE_FILE).read_text())
+    assert edited == ingest.skip(state, rows=[(data[0], 0, 5)])
+    assert main(["skip", str(saved), "--out", str(out)]) == 2  # nothing named
+    assert "give --steps" in capsys.readouterr().err
+
+
 # -- replay (item 2) -------------------------------------------------------------------------
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     _index_parser(sub)
     _prepare_parser(sub)
     _which_parser(sub)
+    _skip_parser(sub)
     sub.add_parser(
         "bench",
         add_help=False,
@@ -192,6 +194,55 @@ def _which_parser(sub: Any) -> None:
     which.add_argument("--json", action="store_true", help="one JSON object per line")
 
 
+def _skip_parser(sub: Any) -> None:
+    skip = sub.add_parser(
+        "skip",
+        help="leave rows out of a saved state (after a loss spike), from a run's provenance log",
+        description="Write STATE with the rows some steps consumed (from the run's provenance "
+        "log) or the rows named left out: counted as consumed, never delivered at any world "
+        "size, and listed in the state (ingest.skip). STATE is a state saved as JSON, or a "
+        "Ray Train checkpoint directory holding the stream's state.",
+    )
+    skip.add_argument("state", help="a state's JSON file, or a checkpoint directory")
+    skip.add_argument(
+        "--steps", type=_steps, metavar="N or FIRST-LAST", help="the steps to leave out"
+    )
+    skip.add_argument(
+        "--rows",
+        action="append",
+        default=[],
+        type=_row_range,
+        metavar="URL:START-STOP",
+        help="rows [START, STOP) of a shard to leave out (repeat for more)",
+    )
+    skip.add_argument("--provenance", metavar="URL", help="the run's provenance= (for --steps)")
+    skip.add_argument(
+        "-o",
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec storage option for the log's URL",
+    )
+    where = skip.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", metavar="PATH", help="write the state there")
+    where.add_argument(
+        "--in-place", action="store_true", help="replace STATE's file (the old one kept as .bak)"
+    )
+
+
+def _row_range(text: str) -> tuple[str, int, int]:
+    url, _, span = text.rpartition(":")
+    first, _, last = span.partition("-")
+    try:
+        start, stop = int(first), int(last)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not URL:START-STOP") from None
+    if not url or start < 0 or stop <= start:
+        raise argparse.ArgumentTypeError(f"{text!r}: rows are URL:START-STOP, START < STOP")
+    return url, start, stop
+
+
 def _steps(text: str) -> range:
     first, _, last = text.partition("-")
     try:
@@ -230,6 +281,50 @@ def which(url: str, steps: range, storage_options: Sequence[str], as_json: bool)
         file=sys.stderr if as_json else sys.stdout,
     )
     return 0 if found else 1
+
+
+def skip(args: argparse.Namespace) -> int:
+    """``ingest skip``: the state at ``args.state`` with the rows left out, written out."""
+    from ingest.core.quarantine import is_skip
+    from ingest.core.state import StreamState, read_state
+    from ingest.core.state.checks import MAX_STATE_BYTES
+    from ingest.engine.provenance import skip as skip_rows
+    from ingest.integrations.ray_train import STATE_FILE
+
+    if args.steps is None and not args.rows:
+        raise ConfigError("ingest skip: give --steps (with --provenance) or --rows")
+    path = os.path.join(args.state, STATE_FILE) if os.path.isdir(args.state) else args.state
+    try:
+        with open(path, "rb") as f:
+            text = f.read(MAX_STATE_BYTES + 1).decode("utf-8", "replace")
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the state ({e.strerror or e})") from None
+    out = skip_rows(
+        text,
+        steps=args.steps,
+        rows=args.rows or None,
+        provenance=args.provenance,
+        storage_options=parse_storage_options(args.storage_option),
+    )
+    target = path if args.in_place else args.out
+    with open(target + ".tmp", "w") as written:
+        json.dump(out, written)
+    if args.in_place:  # the state before kept, the new one put in its place whole
+        os.replace(path, path + ".bak")
+    os.replace(target + ".tmp", target)
+
+    def skips(state: Any) -> list[Any]:
+        parsed = read_state(state)
+        parts = [parsed] if isinstance(parsed, StreamState) else list(parsed.parts.values())
+        return [q for part in parts for q in part.progress.quarantined if is_skip(q)]
+
+    added = [q for q in skips(out) if q not in skips(text)]
+    for q in added:
+        print(f"{q.reason}: {q.rows} rows left out")
+    if not added:
+        print("no row left out: the state had consumed them all already")
+    print(f"wrote {target}" + (f" (the state before: {path}.bak)" if args.in_place else ""))
+    return 0
 
 
 def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
@@ -400,6 +495,8 @@ def _run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     if args.command == "which":
         return which(args.url, args.steps, args.storage_option, args.json)
+    if args.command == "skip":
+        return skip(args)
     return prepare(args)  # the one command left: the parser takes no other
 
 
