@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -407,6 +408,41 @@ def test_a_raystream_resumed_from_a_skip_leaves_the_rows_out_and_exports_them(
     assert len(set(range(SHARDS * ROWS)) - set(delivered) - set(spiked)) < 2 * BATCH
 
 
+@ray.remote(num_cpus=0)
+def _two_epochs(it: Any) -> tuple[list[int], list[int]]:
+    def epoch() -> list[int]:
+        return [int(v) for batch in it for v in batch["id"].tolist()]
+
+    return epoch(), epoch()
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
+def test_a_raystream_leaves_out_the_skipped_steps_of_the_epoch_after_its_state(
+    data: list[str], tmp_path: Path
+) -> None:
+    log = str(tmp_path / "log")
+    first = ingest.Stream(data, columns=["id"], batch_size=BATCH, shuffle_seed=7, provenance=log)
+    it = iter(first)
+    head = [i for _ in range(30) for i in ids(next(it))]
+    state = first.state_dict()
+    rest0 = [i for b in it for i in ids(b)]
+    steps = SHARDS * ROWS // BATCH
+    spiked = [i for n, b in enumerate(first) if 3 <= n < 6 for i in ids(b)]  # steps 65..67
+    first.state_dict()
+    edited = ingest.skip(state, steps=range(steps + 3, steps + 6), provenance=log)
+    with ingest.RayStream(
+        data, columns=["id"], batch_size=BATCH, shuffle_seed=7, world_size=2,
+        name=f"ahead-{tmp_path.name}"[:60],
+    ) as stream:  # fmt: skip
+        stream.load_state_dict(edited)
+        got = ray.get([_two_epochs.remote(stream.rank_iterator(r)) for r in (0, 1)], timeout=240)
+        assert stream.stats()["rows_skipped_on_request"] == len(spiked)
+    epoch0 = [i for g in got for i in g[0]]
+    assert sorted(head + epoch0) == sorted(head + rest0)  # epoch 0 as the run had it
+    _once_but_skipped([i for g in got for i in g[1]], head + rest0, spiked, ranks=2)
+
+
 def test_a_followed_dataset_logs_each_rounds_steps_with_its_new_shards(tmp_path: Path) -> None:
     import pyarrow.parquet as pq
 
@@ -450,3 +486,102 @@ def test_a_log_that_cannot_be_written_fails_the_stream_naming_it(
         for _ in stream:
             pass
     assert str(blocked) in str(told.value)
+
+
+def _epoch(it: Any) -> list[list[int]]:
+    return [ids(b) for b in it]
+
+
+def _cli_skip_agrees(
+    state: dict[str, Any], steps: str, log: str, edited: dict[str, Any], tmp_path: Path
+) -> None:
+    from ingest.tools.cli import main
+
+    saved, out = tmp_path / "state.json", tmp_path / "skipped.json"
+    saved.write_text(json.dumps(state))
+    assert main(["skip", str(saved), "--steps", steps, "--provenance", log, "--out", str(out)]) == 0
+    assert json.loads(out.read_text()) == edited
+
+
+def _back_next_epoch(epoch2: set[int], spiked: list[int]) -> None:
+    """Only the skip's epoch leaves them out: the next misses no more than its remainder."""
+    assert len(set(range(SHARDS * ROWS)) - epoch2) < BATCH
+    assert len(set(spiked) - epoch2) < BATCH < len(spiked)
+
+
+def _once_but_skipped(
+    epoch1: list[int], epoch0: list[int], spiked: list[int], ranks: int = 1
+) -> None:
+    """``epoch1`` (the ids an epoch delivered) has no skipped row, every other row once and
+    the rows ``epoch0`` left over (carried in) twice, but for its own remainder."""
+    got = Counter(epoch1)
+    assert not set(got) & set(spiked)
+    carried = set(range(SHARDS * ROWS)) - set(epoch0)
+    due = Counter(i for i in [*range(SHARDS * ROWS), *carried] if i not in set(spiked))
+    assert not got - due  # nothing twice but the rows carried in
+    assert len(due - got) < ranks * BATCH  # the epoch's remainder, carried into the next
+
+
+def test_steps_of_a_later_epoch_are_skipped_when_the_resume_reaches_it(
+    data: list[str], tmp_path: Path
+) -> None:
+    """A spike one epoch after the checkpoint: the states of epoch 0 keep the skip until the
+    book plans epoch 1, through stops at world sizes 2 -> 1 (one at epoch 0's end) -> 1 -> 2
+    -> 1; epoch 2 reads the rows again (a skip leaves out the rows of the steps named, in
+    their epoch)."""
+    log = str(tmp_path / "log")
+
+    def make() -> ingest.Stream:
+        return ingest.Stream(data, columns=["id"], batch_size=BATCH, shuffle_seed=4, provenance=log)
+
+    first = make()
+    it = iter(first)
+    head = [ids(next(it)) for _ in range(41)]  # steps 0..40 of epoch 0
+    state = first.state_dict()
+    steps = SHARDS * ROWS // BATCH  # 62 steps an epoch (16 rows carried)
+    rest0 = _epoch(it)
+    epoch1 = _epoch(first)  # the run went on into epoch 1 ...
+    assert len(head) + len(rest0) == steps
+    spiked = [i for b in epoch1[8:12] for i in b]  # ... and spiked at steps 70..73
+    first.state_dict()
+    edited = ingest.skip(state, steps=range(steps + 8, steps + 12), provenance=log)
+    assert "quarantined" not in edited["progress"]  # epoch 0 loses nothing
+    _cli_skip_agrees(state, f"{steps + 8}-{steps + 11}", log, edited, tmp_path)
+    assert len(edited["progress"]["skip_ahead"]) == 1
+    # stop 1 at world size 2 inside epoch 0: the skip waits in the state
+    early = ingest.DataLoader(make(), num_workers=2)
+    early.load_state_dict(edited)
+    got0: list[int] = []
+    for n, b in enumerate(early):
+        got0 += ids(b)
+        if n == 4:
+            s1 = early.state_dict()
+            break
+    assert s1["progress"]["skip_ahead"] == edited["progress"]["skip_ahead"]
+    one = make()  # stop 2: the rest of epoch 0 in one process, saved at its end
+    one.load_state_dict(s1)
+    got0 += [i for b in one for i in ids(b)]
+    assert sorted(got0 + [i for b in head for i in b]) == sorted(i for b in head + rest0 for i in b)
+    s2 = one.state_dict()
+    assert s2["progress"]["epoch"] == 1 and s2["progress"]["skip_ahead"]
+    two = make()  # stop 3: epoch 1 planned from the state at its start
+    two.load_state_dict(s2)
+    it1 = iter(two)
+    got1 = [ids(next(it1)) for _ in range(3)]
+    saved = two.state_dict()
+    loader = ingest.DataLoader(make(), num_workers=2)  # stop 4: world size 2
+    loader.load_state_dict(saved)
+    for n, b in enumerate(loader):
+        got1.append(ids(b))
+        if n == 9:
+            again = loader.state_dict()
+            break
+    last = make()  # and the rest of epoch 1 in one process
+    last.load_state_dict(again)
+    got1 += _epoch(last)
+    _once_but_skipped([i for b in got1 for i in b], [i for b in head + rest0 for i in b], spiked)
+    assert last.stats["rows_skipped_on_request"] == len(spiked)
+    assert [q.reason for q in last.quarantined] == [
+        f"skipped on request: steps {steps + 8}..{steps + 11}"
+    ]
+    _back_next_epoch({i for b in _epoch(last) for i in b}, spiked)

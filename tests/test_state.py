@@ -19,6 +19,7 @@ from ingest.core.state import (
     PositionState,
     ProgressState,
     ShardRecord,
+    SkipAhead,
     StreamState,
     match_listing,
 )
@@ -369,5 +370,28 @@ def test_copies_owed_round_trip_and_are_checked() -> None:
     for rule, owed in bad.items():
         edited = json.loads(json.dumps(data))
         edited["distributed"]["owed"] = owed
+        with pytest.raises(StateError, match=re.escape(rule)):
+            StreamState.from_json(edited)
+
+
+def test_skips_of_later_epochs_round_trip_and_are_checked() -> None:
+    state = make_state()
+    rows = IntervalSet([(0, 3), (7, 9)])
+    state.progress.ahead = [SkipAhead(3, "steps 70..73", {"s3://b/part-9.parquet": rows})]
+    data = json.loads(json.dumps(state.to_json()))
+    assert data["progress"]["skip_ahead"] == [
+        {"epoch": 3, "what": "steps 70..73", "rows": {"s3://b/part-9.parquet": [[0, 3], [7, 9]]}}
+    ]  # by URL: a later epoch lists anew (a shard the state does not list is kept)
+    assert StreamState.from_json(data).progress.ahead == state.progress.ahead
+    assert "skip_ahead" not in make_state().to_json()["progress"], "none: left out"
+    bad = {
+        "at least the state's (2)": {"epoch": 1, "what": "x", "rows": {}},
+        "{'epoch': e, 'what': text, 'rows': {url: rows}}": {"epoch": 3, "rows": {}},
+        "map URLs to row intervals": {"epoch": 3, "what": "x", "rows": [[0, 1]]},
+        "not a [start, stop] pair": {"epoch": 3, "what": "x", "rows": {"u": [[0]]}},
+    }
+    for rule, entry in bad.items():
+        edited = json.loads(json.dumps(data))
+        edited["progress"]["skip_ahead"] = [entry]
         with pytest.raises(StateError, match=re.escape(rule)):
             StreamState.from_json(edited)

@@ -25,6 +25,7 @@ the rows still to deliver are shared out again among the ranks there are now (el
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Generic
 
 import numpy as np
@@ -49,10 +50,12 @@ from ingest.core.progress import add_runs
 from ingest.core.provenance import BatchPieces, StepLog, step_pieces, step_rows
 from ingest.core.quarantine import Quarantined
 from ingest.core.share import FeedPlan
+from ingest.core.skipping import consume_ahead
 from ingest.core.snapshot import state_acked, state_after, state_in
 from ingest.core.state import (
     Consumed,
     Cursor,
+    SkipAhead,
     StreamState,
     match_listing,
 )
@@ -102,6 +105,9 @@ class EpochBook(Generic[L]):
         steps acked are not logged."""
         self._logged: dict[int, int] = {}
         """Per rank, the last batch whose pieces :attr:`log` was told (a resend's are not)."""
+        self._ahead: list[SkipAhead] = []
+        """The loaded state's skips of later epochs, consumed as their epochs are planned
+        (:func:`ingest.core.skipping.consume_ahead`) and kept in the states before."""
 
     def _new_acks(self, first_step: int, quarantined: Iterable[Quarantined] = ()) -> Acks:
         config = self.config
@@ -238,11 +244,12 @@ class EpochBook(Generic[L]):
         listing = self._list(wanted if self.config.follows else None)
         made = last[1] if last is not None and last[0] is listing else None
         carry, main, owed = made or self.plans.round_after(prev, listing)
+        carried = self._skip_ahead(epoch, listing, carry, main, Consumed())
         drop = self.config.remainder == "drop"
         dropped = prev.dropped + (prev.assignment.remainder_rows + len(prev.owed) if drop else 0)
         first = prev.first_step + prev.steps
         planned = self.plans.plan(
-            epoch, first, listing, carry, main, Consumed(), 0, dropped, first, None
+            epoch, first, listing, carry, main, carried, 0, dropped, first, None
         )
         planned.owed = owed
         return planned
@@ -274,6 +281,7 @@ class EpochBook(Generic[L]):
             listing = self._list(wanted if waits else None, first=True)
             match_listing(start.dataset, listing.records(), listing.classes)
         carry, main, carried = resumed_in(start, listing)
+        carried = self._skip_ahead(epoch, listing, carry, main, carried)
         p = start.progress
         if self._in_order:
             planned = self.plans.plan(
@@ -299,6 +307,35 @@ class EpochBook(Generic[L]):
         planned.owed = owed_in(start, listing)
         planned.dataset = planned.dataset.with_counts_of(start.dataset)
         return planned
+
+    def _skip_ahead(
+        self, epoch: int, listing: L, carry: Sequence[Span], main: Consumed, carried: Consumed
+    ) -> Consumed:
+        """Consume the loaded state's skips of ``epoch`` in ``main`` (in place) and in a copy
+        of ``carried``, returned; their records kept with the quarantines."""
+        if not any(a.epoch == epoch for a in self._ahead):
+            return carried
+        carried = carried.copy()
+        records = consume_ahead(
+            self._ahead,
+            epoch,
+            [s.url for s in listing.shards],
+            [(s.shard, s.start, s.stop) for s in carry],
+            main,
+            carried,
+        )
+        self.acks.note_quarantined(records)
+        return carried
+
+    def _with_ahead(self, state: StreamState, *, at_start: bool = False) -> StreamState:
+        """``state`` with the skips of the epochs it has not planned: those after its epoch,
+        and its epoch's own when it is the state at that epoch's start (``at_start``:
+        :func:`state_after`'s, whose consumed rows are none yet)."""
+        e = state.progress.epoch
+        kept = [a for a in self._ahead if a.epoch > e or (at_start and a.epoch == e)]
+        if not kept:
+            return state
+        return replace(state, progress=replace(state.progress, ahead=kept))
 
     def rank_plan(self, rank: int, epoch: int) -> FeedPlan[L]:
         """What ``rank`` reads in ``epoch``."""
@@ -449,21 +486,23 @@ class EpochBook(Generic[L]):
             )
         nxt = step + 1
         if not self._epochs and nxt == self._start_step:
-            return state_in(self.config, self.acks, self.plan(self._start_epoch), step)
+            e = self.plan(self._start_epoch)
+            return self._with_ahead(state_in(self.config, self.acks, e, step))
         for e in sorted(self._epochs.values(), key=lambda x: x.epoch):
             end = e.end_step
             if e.first_step <= nxt and (end is None or nxt < end):
-                return state_in(self.config, self.acks, e, step)
+                return self._with_ahead(state_in(self.config, self.acks, e, step))
             if nxt == end:
                 # An epoch with no step is over when every rank reached its end (steps do
                 # not tell), and so are those with no step right after it.
                 if end == e.first_step and not over(e.epoch):
-                    return state_in(self.config, self.acks, e, step)
+                    return self._with_ahead(state_in(self.config, self.acks, e, step))
                 while (f := self._epochs.get(e.epoch + 1)) is not None and (
                     f.first_step == f.end_step == nxt and over(f.epoch)
                 ):
                     e = f
-                return state_after(self.config, self.acks, e, step)
+                after = state_after(self.config, self.acks, e, step)
+                return self._with_ahead(after, at_start=True)
         raise StateError(f"step {step} is outside every planned epoch")
 
     def snapshot_acked(self) -> StreamState:
@@ -490,7 +529,7 @@ class EpochBook(Generic[L]):
         if top == step:
             return self.snapshot(step)
         e = self._epoch_holding(step + 1, top)
-        return state_acked(self.config, self.acks, e, step, top)
+        return self._with_ahead(state_acked(self.config, self.acks, e, step, top))
 
     def _epoch_holding(self, first: int, last: int) -> PlannedEpoch[L]:
         """The planned epoch whose steps include ``first..last``.
@@ -571,7 +610,11 @@ class EpochBook(Generic[L]):
         self._handed = handed
         self._start_epoch = state.progress.epoch
         self._start_step = state.progress.step
-        self._in_order = self.plans.same_order(state, listing)
+        self._ahead = list(state.progress.ahead)
+        # a skip of the state's epoch planned at its start changes the epoch's shares
+        self._in_order = self.plans.same_order(state, listing) and not any(
+            a.epoch == state.progress.epoch for a in self._ahead
+        )
         self.acks = self._new_acks(state.progress.step, state.progress.quarantined)
         if self._in_order and state.progress.step > state.progress.first_step:
             try:  # the saved positions resume the plan: they must fit it

@@ -400,8 +400,8 @@ def skip_mixed(
     Raises:
         ProvenanceError: If ``steps`` is given without a log, or a step is in none of its
             attempts.
-        StateError: If the state is not a mixture's, or a source's rows are of another epoch
-            than its part's (skip them from a state saved in that epoch).
+        StateError: If the state is not a mixture's, or a source's rows are of an earlier
+            epoch than its part's (skip them from a state saved in that epoch).
     """
     parsed = state if isinstance(state, SourcesState) else read_state(state)
     if not isinstance(parsed, SourcesState):

@@ -572,7 +572,8 @@ def skip(
     Raises:
         ProvenanceError: If ``steps`` is given without a log, or a step is in none of its
             attempts.
-        StateError: For rows of another epoch than the state's.
+        StateError: For rows of an earlier epoch than the state's (a later epoch's wait in
+            the state until the run reaches it: :mod:`ingest.core.skipping`).
     """
     parsed = read_state(state.to_json() if isinstance(state, StreamState) else state)
     if not isinstance(parsed, StreamState):  # a mixture's: each source's part, its rows

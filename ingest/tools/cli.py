@@ -318,10 +318,19 @@ def skip(args: argparse.Namespace) -> int:
         parts = [parsed] if isinstance(parsed, StreamState) else list(parsed.parts.values())
         return [q for part in parts for q in part.progress.quarantined if is_skip(q)]
 
+    def ahead(state: Any) -> list[Any]:
+        parsed = read_state(state)
+        parts = [parsed] if isinstance(parsed, StreamState) else list(parsed.parts.values())
+        return [a for part in parts for a in part.progress.ahead]
+
     added = [q for q in skips(out) if q not in skips(text)]
     for q in added:
         print(f"{q.reason}: {q.rows} rows left out")
-    if not added:
+    later = [a for a in ahead(out) if a not in ahead(text)]
+    for a in later:
+        print(f"skipped on request: {a.what}: {a.count()} rows of epoch {a.epoch} left out when "
+              "the resumed run reaches it")  # fmt: skip
+    if not added and not later:
         print("no row left out: the state had consumed them all already")
     print(f"wrote {target}" + (f" (the state before: {path}.bak)" if args.in_place else ""))
     return 0

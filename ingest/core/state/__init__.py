@@ -12,7 +12,9 @@ class, then one part per node of the rank's chain that holds any (``pack``)::
                                "partial": {"41": [[0, 512], ...]},    # rows of the others
                                "rows": {"41": 9000}},                 # counts learnt by reading
                   "quarantined": [{"url": ..., "start": 500,          # on_error="skip" only:
-                                   "stop": 1000, "reason": ...}]},    # rows skipped, consumed
+                                   "stop": 1000, "reason": ...}],     # rows skipped, consumed
+                  "skip_ahead": [{"epoch": 3, "what": ...,            # ingest.skip of a later
+                                  "rows": {url: [[0, 5]]}}]},         # epoch's steps
      "distributed": {"world_size": 4,                                 # DistributedState
                      "carry": {"spans": [[3, 0, 17]], "consumed": {}}},
      "position": {"seed": 0, "batch_size": 1024,                      # PositionState
@@ -101,7 +103,13 @@ from ingest.core.state.consumed import Consumed, Intervals
 from ingest.core.state.dataset import DatasetState
 from ingest.core.state.matching import match_listing
 from ingest.core.state.packed import PackedFingerprint
-from ingest.core.state.parts import Cursor, DistributedState, PositionState, ProgressState
+from ingest.core.state.parts import (
+    Cursor,
+    DistributedState,
+    PositionState,
+    ProgressState,
+    SkipAhead,
+)
 from ingest.core.state.schema import StreamState
 from ingest.core.state.shards import ShardRecord, ShardTable, packed_digest
 from ingest.core.state.sources import SourcesState, read_state
@@ -120,6 +128,7 @@ __all__ = [
     "ProgressState",
     "ShardRecord",
     "ShardTable",
+    "SkipAhead",
     "SourcesState",
     "StreamState",
     "match_listing",

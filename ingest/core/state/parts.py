@@ -8,11 +8,53 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ingest.core.errors import StateError
+from ingest.core.intervals import IntervalSet
 from ingest.core.quarantine import Quarantined
 from ingest.core.state.checks import checked_index, checked_int, checked_list, refuse
 from ingest.core.state.consumed import Consumed, check_bounds
 from ingest.core.state.dataset import DatasetState
 from ingest.core.state.shards import ShardRecord
+
+
+@dataclass(frozen=True, slots=True)
+class SkipAhead:
+    """Rows a skip leaves out of a later epoch than the state's (``ingest.skip`` of steps
+    the run reached after the state was saved, :mod:`ingest.core.skipping`): the book
+    consumes them, with the skip's record, when it plans ``epoch``. By URL, since that
+    epoch is listed anew (a followed dataset may list shards the state does not)."""
+
+    epoch: int
+    what: str
+    """What was asked, for the skip's record (``steps 70..73``)."""
+    rows: Mapping[str, IntervalSet]
+
+    def count(self) -> int:
+        return sum(s.count for s in self.rows.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "what": self.what,
+            "rows": {url: s.encode() for url, s in sorted(self.rows.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: Any, what: str, after: int) -> SkipAhead:
+        """``data`` checked (``what``: where it was read); its epoch must be ``after`` or
+        later (the state's epoch: a state at an epoch's start may hold that epoch's)."""
+        if not isinstance(data, dict) or set(data) != {"epoch", "what", "rows"}:
+            raise refuse(what, data, "it must be {'epoch': e, 'what': text, 'rows': {url: rows}}")
+        epoch = checked_int(data["epoch"], f"{what}.epoch")
+        if epoch < after or not isinstance(data["what"], str):
+            raise refuse(what, data, f"its epoch must be at least the state's ({after})")
+        rows = data["rows"]
+        if not isinstance(rows, dict) or not all(isinstance(u, str) for u in rows):
+            raise refuse(what, data, "its rows must map URLs to row intervals")
+        try:
+            sets = {url: IntervalSet.from_json(r) for url, r in rows.items()}
+        except ValueError as e:
+            raise refuse(what, data, str(e)) from None
+        return cls(epoch, data["what"], sets)
 
 
 @dataclass(slots=True)
@@ -35,6 +77,8 @@ class ProgressState:
     """A packing stream's batches handed out since the run began (``pack.steps``): the steps
     its provenance log numbers (:mod:`ingest.core.provenance`), which go on from here after a
     resume. None: not a packing stream's state, or one saved before they were kept."""
+    ahead: list[SkipAhead] = field(default_factory=list)
+    """Skips of later epochs (``skip_ahead``), kept until the book plans their epoch."""
 
     def to_json(self, dataset: DatasetState) -> dict[str, Any]:
         out = {
@@ -49,6 +93,8 @@ class ProgressState:
         }
         if self.quarantined:
             out["quarantined"] = [q.to_json() for q in self.quarantined]
+        if self.ahead:
+            out["skip_ahead"] = [a.to_json() for a in self.ahead]
         return out  # ``tokens`` is the pack node's part of the state (version 7)
 
     @classmethod
@@ -62,8 +108,9 @@ class ProgressState:
         """The progress part; ``tokens``: the rows consumed in part and the field they were
         read from (version 7: ``pack.tokens``); None: ``progress.tokens`` (versions 5, 6)."""
         given, field_ = (data.get("tokens", []), "progress.tokens") if tokens is None else tokens
+        epoch = checked_int(data["epoch"], "progress.epoch")
         out = cls(
-            epoch=checked_int(data["epoch"], "progress.epoch"),
+            epoch=epoch,
             first_step=checked_int(data.get("first_step", 0), "progress.first_step"),
             step=checked_int(data.get("step", 0), "progress.step"),
             delivered=checked_int(data.get("delivered", 0), "progress.delivered"),
@@ -72,6 +119,10 @@ class ProgressState:
             quarantined=_quarantined(data.get("quarantined", [])),
             tokens=_tokens(given, shards, field_),
             batches=batches,
+            ahead=[
+                SkipAhead.from_json(a, f"progress.skip_ahead[{n}]", epoch)
+                for n, a in enumerate(checked_list(data.get("skip_ahead", []), "skip_ahead"))
+            ],
         )
         if out.first_step > out.step:
             raise StateError(
