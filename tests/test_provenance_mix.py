@@ -231,6 +231,40 @@ def test_skipped_mixed_steps_stay_out_of_every_source_and_the_rest_comes_once(
     assert resumed.stats["rows_skipped_on_request"] == len(spiked)
 
 
+def test_a_skip_reaching_into_a_sources_next_epoch_waits_for_it(
+    data: dict[str, list[str]], tmp_path: Path
+) -> None:
+    """Mixed steps whose draws of source a are of a's second epoch (a is drawn twice as
+    often) and of b's first: b's part leaves them out now, a's when a's book plans it."""
+    log = str(tmp_path / "log")
+    first = make(data, log)
+    it = iter(first)
+    tagged: list[tuple[Draw, int]] = []  # each draw with its source's epoch
+    for step in range(70):
+        got = next(it)
+        tagged += zip(drawn(got), got["source_epoch"].tolist(), strict=True)
+        if step == 8:
+            state = first.state_dict()
+    first.state_dict()
+    spiked = tagged[64 * BATCH : 67 * BATCH]  # steps 64..66
+    assert {(d[0], e) for d, e in spiked} == {("a", 1), ("b", 0)}
+    edited = ingest.skip(state, steps=range(64, 67), provenance=log)
+    assert edited["sources"]["a"]["progress"]["skip_ahead"][0]["epoch"] == 1
+    assert "skip_ahead" not in edited["sources"]["b"]["progress"]
+    resumed = make(data, log)
+    resumed.load_state_dict(edited)
+    after = tagged[: 9 * BATCH]
+    for got in resumed:  # b's first epoch, and a's first two
+        after += zip(drawn(got), got["source_epoch"].tolist(), strict=True)
+    every = {(name, i) for name in NAMES for i in range(SHARDS * ROWS)}
+    for name, epoch in (("a", 0), ("a", 1), ("b", 0)):
+        mine = [d for d, e in after if (d[0], e) == (name, epoch)]
+        assert len(mine) == len(set(mine))
+        left = {d for d, e in spiked if (d[0], e) == (name, epoch)}
+        assert set(mine) == {d for d in every if d[0] == name} - left
+    assert resumed.stats["rows_skipped_on_request"] == len(spiked)
+
+
 def test_a_one_source_skip_of_a_mixtures_state_names_what_to_do(
     data: dict[str, list[str]], tmp_path: Path
 ) -> None:

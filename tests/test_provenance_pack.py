@@ -21,7 +21,15 @@ import ingest
 from ingest.core.provenance import step_pieces
 from ingest.engine.provenance import ProvenanceWriter, which
 from ingest.testing import Store
-from tests.test_pack_stream import SHARDS, carried_tokens, every_token, tokenize, write_corpus
+from tests.test_pack_stream import (
+    DOCS,
+    SHARDS,
+    carried_tokens,
+    every_token,
+    tokenize,
+    tokens_due,
+    write_corpus,
+)
 
 SEQ_LEN, READ_ROWS, BATCH = 64, 16, 4
 
@@ -274,3 +282,38 @@ def _first(it: Any, n: int) -> dict[int, Seqs]:
             break
     it.flush()  # what the loop holds, as a rank whose loop ends sends it
     return got
+
+
+def test_skipped_steps_of_the_next_epoch_leave_their_documents_out_of_it(
+    local: Store, tmp_path: Path
+) -> None:
+    """A packing run's spike after an epoch's end its checkpoint did not reach: the state
+    keeps the skip until the book plans that epoch, through a stop at another world size;
+    that epoch leaves the documents out whole and hands out every other token once."""
+    url = write_corpus(local)
+    log = str(tmp_path / "log")
+    first = make(url, local, log)
+    it = iter(first)
+    head = [t for _ in range(6) for s in seqs(next(it)) for t in s]
+    state = first.state_dict()
+    steps0 = 6 + len(list(it))
+    epoch1 = [seqs(b) for b in first]
+    at = steps0 + len(epoch1) // 2  # the middle of epoch 1: no document carried into it
+    spiked = [t for b in epoch1[at - steps0 : at - steps0 + 2] for s in b for t in s]
+    first.state_dict()
+    edited = ingest.skip(state, steps=range(at, at + 2), provenance=log)
+    assert edited["progress"]["skip_ahead"][0]["epoch"] == 1
+    docs = {t // 10_000 for t in spiked}
+    loader = ingest.DataLoader(make(url, local, log), num_workers=2)
+    loader.load_state_dict(edited)
+    after = [t for b in loader for s in seqs(b) for t in s]  # the rest of epoch 0
+    between = loader.state_dict()
+    second = make(url, local, log)  # epoch 1 in one process
+    second.load_state_dict(between)
+    later = [t for b in second for s in seqs(b) for t in s]
+    assert not {t // 10_000 for t in later} & docs  # no token of a skipped document
+    # left out: the documents' own tokens, and those of their copies carried in (a skip
+    # leaves out both)
+    left_out = Counter(t for t in every_token() if t // 10_000 in docs)
+    left_out += Counter(t for t in carried_tokens(between).elements() if t // 10_000 in docs)
+    assert Counter(head + after + later) + left_out == tokens_due(second.state_dict(), DOCS, 2)
