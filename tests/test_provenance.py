@@ -210,6 +210,11 @@ def test_ray_ranks_through_stops_at_world_sizes_3_2_4(data: list[str], tmp_path:
     assert answer == seen
     delivered = [i for v in seen.values() for i in v]
     assert len(delivered) == len(set(delivered))
+    # a notebook's stream replays any steps as each rank of each attempt got them
+    steps = {2, 3, 5, max(s for _, s in seen)}  # world sizes 3, 3, 2 and 4
+    notebook = ingest.Stream(data, columns=["id"], batch_size=BATCH, shuffle_seed=9)
+    again = {(r, s): ids(b) for s, r, b in notebook.replay(steps, provenance=log)}
+    assert again == {k: v for k, v in seen.items() if k[1] in steps}
 
 
 # -- skips (item 3) --------------------------------------------------------------------------
