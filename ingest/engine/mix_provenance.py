@@ -57,6 +57,7 @@ from ingest.engine.provenance import (
     put_whole,
     read_attempts,
     step_span,
+    steps_logged,
 )
 
 FOLD_STEPS = 64
@@ -432,20 +433,14 @@ def skip_mixed(
 def _rows_of_steps(
     steps: list[int], provenance: str | None, storage_options: Mapping[str, Any] | None
 ) -> dict[str, list[SkipRows]]:
-    if provenance is None:
-        raise ProvenanceError(
-            "(none)",
-            f"mixed steps {step_span(steps)} asked without a log",
-            "pass provenance= the URL the run was given as provenance=",
-        )
-    table = which_mixed(provenance, steps, storage_options=storage_options)
-    missing = sorted(set(steps) - set(table["step"].to_pylist()))
-    if missing:
-        raise ProvenanceError(
-            mix_log(provenance),
-            f"mixed step(s) {step_span(missing)} are in no attempt of the log (not reached yet?)",
-            "skip only steps the run handed out, or name rows= instead",
-        )
+    table = steps_logged(
+        steps,
+        provenance,
+        lambda url: which_mixed(url, steps, storage_options=storage_options),
+        "mixed step",
+        mix_log,
+    )
+    assert provenance is not None  # steps_logged refused none
     out: dict[str, list[SkipRows]] = {}
     for r in table.to_pylist():
         if r["url"] is None:

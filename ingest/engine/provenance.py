@@ -587,26 +587,45 @@ def skip(
     asked = []
     if steps is not None:
         steps = sorted(set(steps))
-        if provenance is None:
-            raise ProvenanceError(
-                "(none)",
-                f"steps {step_span(steps)} asked without a log",
-                "pass provenance= the URL the run was given as provenance=",
-            )
-        table = which(provenance, steps, storage_options=storage_options)
-        missing = sorted(set(steps) - set(table["step"].to_pylist()))
-        if missing:
-            raise ProvenanceError(
-                provenance,
-                f"step(s) {step_span(missing)} are in no attempt of the log (not reached yet?)",
-                "skip only steps the run handed out, or name rows= instead",
-            )
+        table = steps_logged(
+            steps, provenance, lambda url: which(url, steps, storage_options=storage_options)
+        )
         wanted += [SkipRows(r["url"], r["start"], r["stop"], r["epoch"]) for r in table.to_pylist()]
         asked.append(f"steps {step_span(steps)}")
     if rows is not None:
         asked.append(f"{len(given)} row range(s)")
     out, _ = apply_skip(parsed, wanted, ", ".join(asked) or "nothing")
     return out.to_json()
+
+
+def steps_logged(
+    steps: list[int],
+    provenance: str | None,
+    lookup: Callable[[str], pa.Table],
+    what: str = "step",
+    log_of: Callable[[str], str] = str,
+) -> pa.Table:
+    """``lookup(provenance)``, the log's rows of ``steps`` (``what``: what a step is called),
+    for a skip: every step must be in the log (``log_of``: the log's URL, to name it).
+
+    Raises:
+        ProvenanceError: If there is no log, or a step is in none of its attempts.
+    """
+    if provenance is None:
+        raise ProvenanceError(
+            "(none)",
+            f"{what}s {step_span(steps)} asked without a log",
+            "pass provenance= the URL the run was given as provenance=",
+        )
+    table = lookup(provenance)
+    missing = sorted(set(steps) - set(table["step"].to_pylist()))
+    if missing:
+        raise ProvenanceError(
+            log_of(provenance),
+            f"{what}(s) {step_span(missing)} are in no attempt of the log (not reached yet?)",
+            "skip only steps the run handed out, or name rows= instead",
+        )
+    return table
 
 
 def step_span(steps: Sequence[int]) -> str:
@@ -628,5 +647,6 @@ __all__ = [
     "read_attempts",
     "skip",
     "step_span",
+    "steps_logged",
     "which",
 ]
