@@ -317,3 +317,36 @@ def test_a_raystream_reads_nothing_for_the_plan_a_loaded_state_replaces(
         ray.get([_rank.remote(s.rank_iterator(r), None) for r in range(3)], timeout=300)
     ranges = server.ranges()[served:]
     assert len(ranges) == len(set(ranges)), sorted(r for r in ranges if ranges.count(r) > 1)
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
+def test_a_worker_group_joined_from_a_state_lists_the_source_no_second_time(
+    web: tuple[LoopbackHTTP, list[str]],
+) -> None:
+    """A RayStream made on the driver and joined by a worker group from a checkpoint's state
+    (``RayStream.joined``, as ``ingest.train`` does when a run resumes) plans the state from
+    the listing the stream made as it started, as ``load_state_dict`` does. Its coordinator
+    listed the source a second time (a HEAD per shard here, on a store a LIST, with a
+    filesystem the coordinator made cold under its lock: the joined resume's first batch
+    came 1.2-1.6 s after a ``load_state_dict`` resume's in ``benchmarks/resume.py``'s data).
+    The rest is delivered exactly once, with no more requests than a fresh epoch."""
+    server, urls = web
+    before = requests(server)
+    _, fresh_end = on_ray(urls, 3, None, None)
+    fresh = Epoch(server)
+    fresh.requests, fresh.carried = requests(server) - before, carried(fresh_end)
+    head, state = on_ray(urls, 2, None, AT // 2)
+    pool = ingest.ReaderPool(min_size=2, max_size=2, num_cpus=0.25)
+    with ingest.RayStream(
+        urls, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=3, readers=pool
+    ) as s:
+        listed = server.requests().get("HEAD", 0)
+        rest = Epoch(server)
+        its = [s.joined(r, 3, json.loads(json.dumps(state))) for r in range(3)]
+        out = ray.get([_rank.remote(it, None) for it in its], timeout=300)
+        heads = server.requests().get("HEAD", 0) - listed
+        rest.ids = [i for got, _ in out for i in got]
+        rest.done(s.state_dict())
+    assert heads == 0, f"{heads} HEAD requests after the stream's own listing"
+    check(head, state, rest, fresh)

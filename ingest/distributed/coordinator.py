@@ -130,6 +130,9 @@ class _Coordinator(PoolDirectory):
         self._joined: set[int] = set()
         self._touched = False
         self._leases: dict[int, int] = {}
+        self._listing: Listing | None = None
+        """The driver's listing of the source as the stream started (:meth:`prepare`): what
+        a state loaded or joined before any rank ran is planned from (:meth:`_reset`)."""
         wait = listing_wait_s > 0 and not self._restarted  # a restarted actor gets none
         self._listing_due = time.monotonic() + listing_wait_s if wait else None
         """While the driver lists the source (:meth:`prepare` brings the listing), until
@@ -165,6 +168,7 @@ class _Coordinator(PoolDirectory):
         (``initial``, the state the driver loaded, which a restarted actor has lost).
         """
         with self._lock:
+            self._await_listing()  # a state joined now is planned from the driver's listing
             if self._initial is None and initial is not None:
                 self._initial = dict(initial)
             fresh = not self._joined and state is None and not self._touched
@@ -172,7 +176,7 @@ class _Coordinator(PoolDirectory):
             new = rank in self._joined or world_size != self._book.world_size
             if new or (not self._joined and not fresh):
                 start = state if state is not None else self._initial
-                self._reset(world_size, start)
+                self._reset(world_size, start, relist=self._used())
             self._joined.add(rank)
             return self._session
 
@@ -180,13 +184,23 @@ class _Coordinator(PoolDirectory):
         """A followed round's wait for new shards: the lock is free meanwhile (acks go on)."""
         self._lock.wait(timeout=seconds)
 
+    def _used(self) -> bool:
+        """Whether a rank joined or acked in this life, or this actor restarted: a state
+        loaded or joined now lists the source again, not planned from the listing made as
+        the stream started (:meth:`_reset`)."""
+        return self._touched or self._restarted or bool(self._joined)
+
     def _reset(
         self, world_size: int, state: Mapping[str, Any] | None, *, relist: bool = True
     ) -> None:
-        """A new book for ``world_size`` ranks from ``state``. ``relist`` False: a stream
-        made just before the state was loaded plans it from the listing it made at its start
-        (``HEAD`` per shard: a second listing sent them all again)."""
-        listing = None if relist else self._book.first_listing()
+        """A new book for ``world_size`` ranks from ``state``. ``relist`` False: a state
+        loaded on the driver or brought by the first worker group (``join``, ``ingest.train``
+        from a checkpoint) before any rank ran is planned from the listing the driver made as
+        the stream started (:attr:`_listing`; none: listed here). A second listing sent
+        every shard's ``HEAD`` again (a ``LIST`` on a store), from a filesystem this actor
+        made cold under its lock, while every rank's join waited: a joined resume's first
+        batch came 1.2-1.6 s after a loaded one's (``test_resume_seek``)."""
+        listing = None if relist else self._listing
         book = self._spec.book(world_size, self._planner, packs=self._packs)
         start = None if state is None else StreamState.from_json(state)
         if start is not None:
@@ -278,6 +292,7 @@ class _Coordinator(PoolDirectory):
             self._listing_due = None
             self._lock.notify_all()
             if listing is not None:
+                self._listing = listing
                 self._book.adopt(listing)
             if plan:
                 self._book.plan(self._book.first_epoch)
@@ -545,8 +560,7 @@ class _Coordinator(PoolDirectory):
         """Restart from ``state`` in a new session; returns the session."""
         with self._lock:
             self._await_listing()
-            relist = self._touched or self._restarted or bool(self._joined)
-            self._reset(self._book.world_size, state, relist=relist)
+            self._reset(self._book.world_size, state, relist=self._used())
             self._initial = dict(state)
             skipped = summary(self._book.quarantined())["rows_skipped_on_request"]
             name = ray.get_runtime_context().get_actor_name() or "ingest"
