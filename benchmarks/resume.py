@@ -36,9 +36,14 @@ an actor takes them, as on a cluster started with ``RAY_preload_python_modules=.
 ``RayStream`` cannot set it on a running cluster. Without it, each actor imports them as it
 starts.
 
-Each fresh and each resumed epoch runs ``--repeat`` times (default 3; 1 with ``--quick``):
-the first batch reported is the median, every run is checked for exactly once, and the
-requests are the first run's.
+Each fresh and each resumed epoch runs ``--repeat`` times (default 3; 1 with ``--quick``),
+in rounds: each round runs every fresh epoch, then every resume, so that a load that
+changes during the run (other jobs on a shared machine) weighs on both alike (``order`` in
+the JSON). The first batch reported is the median, every run is checked for exactly once,
+and the requests are the first run's. Each run's 1-minute load average is kept and printed
+(min-max); a ``RayStream``'s phases (its pool started, the state loaded, the first batch:
+medians) say where a resume's first batch went: its pool starts before any state is loaded,
+so a resume and a fresh epoch differ there only by the machine's noise.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
 import platform
 import re
 import sys
@@ -195,6 +201,12 @@ class Epoch:
     """Every run's first-batch seconds (``--repeat``); ``first_batch_s`` is their median."""
     every_once: bool = True
     """Whether every repeated run delivered each id exactly once (checked per run)."""
+    loads: list[float] = field(default_factory=list)
+    """The machine's 1-minute load average as each run began (``os.getloadavg``)."""
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    """A ``RayStream``'s seconds from the build to: its pool started (``RayStream(...)``
+    returned), the state loaded (``load_state_dict`` returned; the same as the pool for a
+    fresh epoch) and every rank's first batch; one per run."""
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -293,9 +305,11 @@ def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) 
     counted = env.proxy.counters()
     start = time.perf_counter()
     stream = ingest.RayStream(env.url, world_size=world, **env.kwargs)
+    started = loaded = time.perf_counter() - start
     try:
         if state is not None:
             stream.load_state_dict(state)
+            loaded = time.perf_counter() - start
         its = [stream.rank_iterator(rank) for rank in range(world)]
         with ThreadPoolExecutor(world) as pool:
             ranks = list(pool.map(lambda it: _iterate_rank(it, set(steps)), its))
@@ -303,51 +317,55 @@ def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) 
         reads = _reads(stream.stats())
     finally:
         stream.shutdown()
+    first = max(r.first for r in ranks) - start
     return Epoch(
-        first_batch_s=max(r.first for r in ranks) - start,
+        first_batch_s=first,
         requests=requests,
         ids=np.concatenate([c for r in ranks for c in r.chunks]),
         states={n: ranks[0].states[s] for s, n in steps.items()},
         before={n: np.concatenate([r.before[s] for r in ranks]) for s, n in steps.items()},
         end_state=ranks[0].end_state,
         reads=reads,
+        phases={
+            "pool_started_s": [started],
+            "state_loaded_s": [loaded],
+            "first_batch_s": [first],
+        },
     )
 
 
 def run_once(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) -> Epoch:
     """One epoch of ``transport``, from ``state`` (None: a fresh epoch)."""
+    load = os.getloadavg()[0]
     start = time.perf_counter()
     if transport.kind == "ray":
         epoch = run_ray(env, transport, state, save_at)
     else:
         epoch = run_local(env, transport, state, save_at)
+    epoch.runs, epoch.loads = [epoch.first_batch_s], [load]
+    phases = " ".join(f"{k[:-2]} {v[0]:.2f}" for k, v in epoch.phases.items())
     _log(
-        f"  first batch {epoch.first_batch_s:.2f} s, {epoch.requests} requests, epoch "
-        f"{time.perf_counter() - start:.1f} s"
+        f"  first batch {epoch.first_batch_s:.2f} s{f' ({phases})' if phases else ''}, "
+        f"{epoch.requests} requests, epoch {time.perf_counter() - start:.1f} s, load {load:.1f}"
     )
     return epoch
 
 
-def run(
-    env: Env,
-    transport: Transport,
-    state: Any = None,
-    save_at: Iterable[int] = (),
-    *,
-    before: np.ndarray | None = None,
-) -> Epoch:
-    """``env.repeat`` epochs of ``transport`` from ``state``: the first one's figures and
-    states, with the median first batch of all. ``before``: the ids delivered before
-    ``state`` (every run is checked to deliver the rest exactly once)."""
-    first = run_once(env, transport, state, save_at)
-    first.runs = [first.first_batch_s]
-    for _ in range(env.repeat - 1):
-        again = run_once(env, transport, state, ())
-        first.runs.append(again.first_batch_s)
-        delivered = [again.ids] if before is None else [before, again.ids]
-        first.every_once &= bool(exactly_once(delivered, again.end_state, env.settings)["ok"])
-    first.first_batch_s = float(np.median(first.runs))
-    return first
+def record(series: Epoch | None, again: Epoch, before: np.ndarray | None, s: Settings) -> Epoch:
+    """``again`` added to the runs of ``series`` (None: ``again`` is the first run, whose
+    figures and states are kept); the first batch is the median of the runs. ``before``:
+    the ids delivered before the state ``again`` resumed (None: a fresh epoch): every
+    run is checked to deliver the rest exactly once."""
+    if series is None:
+        return again
+    series.runs += again.runs
+    series.loads += again.loads
+    for name, values in again.phases.items():
+        series.phases.setdefault(name, []).extend(values)
+    delivered = [again.ids] if before is None else [before, again.ids]
+    series.every_once &= bool(exactly_once(delivered, again.end_state, s)["ok"])
+    series.first_batch_s = float(np.median(series.runs))
+    return series
 
 
 def warm_up(env: Env) -> None:
@@ -455,6 +473,8 @@ def resume_row(
         return {
             **row,
             **dict.fromkeys(("first_batch_s", "vs_fresh", "requests", "reads")),
+            "first_batch_runs_s": [],
+            "load_1min": [],
             "error": resumed,
             "exactly_once": {"ok": False, "error": resumed},
             "goals_met": dict.fromkeys(("vs_fresh", "vs_peer", "state_per_rank"), False),
@@ -467,6 +487,8 @@ def resume_row(
         "requests": resumed.requests,
         "reads": resumed.reads,
         "first_batch_runs_s": resumed.runs,
+        "load_1min": resumed.loads,
+        **_phases(resumed),
         "exactly_once": {
             **exactly_once([origin.before[point], resumed.ids], resumed.end_state, s),
             **({} if resumed.every_once else {"ok": False, "repeated_runs": "NOT exactly once"}),
@@ -479,6 +501,13 @@ def resume_row(
     }
 
 
+def _phases(epoch: Epoch) -> dict[str, Any]:
+    """``phases_s``: the median of each phase over the runs (a RayStream's); none else."""
+    if not epoch.phases:
+        return {}
+    return {"phases_s": {k: float(np.median(v)) for k, v in epoch.phases.items()}}
+
+
 def fresh_row(transport: Transport, epoch: Epoch, s: Settings) -> dict[str, Any]:
     return {
         "transport": transport.name,
@@ -486,6 +515,8 @@ def fresh_row(transport: Transport, epoch: Epoch, s: Settings) -> dict[str, Any]
         "first_batch_runs_s": epoch.runs,
         "requests": epoch.requests,
         "reads": epoch.reads,
+        "load_1min": epoch.loads,
+        **_phases(epoch),
         "exactly_once": {
             **exactly_once([epoch.ids], epoch.end_state, s),
             **({} if epoch.every_once else {"ok": False, "repeated_runs": "NOT exactly once"}),
@@ -501,37 +532,50 @@ def _log(message: str) -> None:
 
 
 def measure(
-    env: Env, pairs: list[tuple[Transport, Transport]], reference: dict[str, Any]
+    env: Env,
+    pairs: list[tuple[Transport, Transport]],
+    reference: dict[str, Any],
+    order: list[dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Fresh epochs of every transport, then every pair at both points."""
+    """``env.repeat`` rounds, each a fresh epoch of every transport, then every pair at
+    both points; the states are the first round's. Rounds, not each series run whole in
+    turn: on a shared machine the load changes within minutes (other jobs start and end),
+    and a series run after another measured a different machine (a resume 1.26-1.38x its
+    fresh epoch in one run, 1.0x in the next). ``order`` gets each run as it goes (the
+    local pairs and the Ray pairs are measured apart: ``group``)."""
     s = env.settings
     points = s.points(2)
+    saving = {saved for saved, _ in pairs}
+    transports = list(dict.fromkeys(t for pair in pairs for t in pair))
+    group = "ray" if any(t.kind == "ray" for t in transports) else "local"
     epochs: dict[Transport, Epoch] = {}
-    for saved, _ in pairs:
-        if saved not in epochs:
-            _log(f"fresh {saved.name}, states at batches {points}")
-            epochs[saved] = run(env, saved, None, points)
-    for _, loaded in pairs:
-        if loaded not in epochs:
-            _log(f"fresh {loaded.name}")
-            epochs[loaded] = run(env, loaded)
-    rows = []
-    for saved, loaded in pairs:
-        for point in points:
-            _log(f"{saved.name} at batch {point} -> {loaded.name}")
-            resumed: Epoch | str
-            try:
-                resumed = run(
-                    env, loaded, epochs[saved].states[point], before=epochs[saved].before[point]
-                )
-            except Exception as e:  # reported in its row; the other pairs still run
-                resumed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                _log(f"  failed: {resumed}")
-            rows.append(
-                resume_row(
-                    saved, loaded, point, epochs[saved], resumed, epochs[loaded], reference, s
-                )
-            )
+    resumed: dict[tuple[Transport, Transport, int], Epoch | str] = {}
+    for round_ in range(env.repeat):
+        for t in transports:
+            save = points if round_ == 0 and t in saving else ()
+            _log(f"round {round_ + 1}: fresh {t.name}" + (f", states at {points}" if save else ""))
+            order.append({"group": group, "round": round_, "kind": "fresh", "run": t.name})
+            epochs[t] = record(epochs.get(t), run_once(env, t, None, save), None, s)
+        for saved, loaded in pairs:
+            for point in points:
+                key = (saved, loaded, point)
+                name = f"{saved.name} at batch {point} -> {loaded.name}"
+                done = resumed.get(key)
+                if isinstance(done, str):  # failed in an earlier round: reported as that
+                    continue
+                _log(f"round {round_ + 1}: {name}")
+                order.append({"group": group, "round": round_, "kind": "resume", "run": name})
+                try:
+                    again = run_once(env, loaded, epochs[saved].states[point], ())
+                except Exception as e:  # reported in its row; the other pairs still run
+                    resumed[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                    _log(f"  failed: {resumed[key]}")
+                    continue
+                resumed[key] = record(done, again, epochs[saved].before[point], s)
+    rows = [
+        resume_row(saved, loaded, point, epochs[saved], got, epochs[loaded], reference, s)
+        for (saved, loaded, point), got in resumed.items()
+    ]
     return [fresh_row(t, e, s) for t, e in epochs.items()], rows
 
 
@@ -543,6 +587,13 @@ def _reads_text(reads: dict[str, int] | None) -> str:
     if reads is None:
         return "n/a"
     return " ".join(f"{k} {v:,}" for k, v in reads.items())
+
+
+def _load_text(loads: list[float]) -> str:
+    if not loads:
+        return "-"
+    low, high = min(loads), max(loads)
+    return f"{low:.1f}" if f"{low:.1f}" == f"{high:.1f}" else f"{low:.1f}-{high:.1f}"
 
 
 def _once_text(once: dict[str, Any]) -> str:
@@ -566,20 +617,20 @@ def report(
         f"{s.row_group:,}), batch {s.batch_size:,}, shuffle_seed={s.seed}: {s.batches} batches "
         "an epoch; loopback S3 through the counting proxy"
     )
-    print("\nfresh epoch")
-    print("| transport | first batch s | requests (epoch) | stats reads | exactly once |")
-    print("|---|---|---|---|---|")
+    print("\nfresh epoch (load: the 1-minute load average as the runs began, min-max)")
+    print("| transport | first batch s | load | requests (epoch) | stats reads | exactly once |")
+    print("|---|---|---|---|---|---|")
     for f in fresh:
         print(
-            f"| {f['transport']} | {f['first_batch_s']:.2f} | {f['requests']} | "
-            f"{_reads_text(f['reads'])} | {_once_text(f['exactly_once'])} |"
+            f"| {f['transport']} | {f['first_batch_s']:.2f} | {_load_text(f['load_1min'])} | "
+            f"{f['requests']} | {_reads_text(f['reads'])} | {_once_text(f['exactly_once'])} |"
         )
     print("\nresume (requests: from building the resumed loader to the end of the epoch)")
     print(
         "| saved by -> loaded by | at batch (step, % epoch) | state KB (per rank) | first batch s"
-        " | x fresh | peer s | requests | stats reads | exactly once |"
+        " | x fresh | load | peer s | requests | stats reads | exactly once |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         peer, first, ratio = r["peer_reference_s"], r["first_batch_s"], r["vs_fresh"]
         print(
@@ -587,10 +638,25 @@ def report(
             f"{r['epoch_fraction']:.0%}) | {r['state_bytes'] / 1000:.1f} "
             f"({r['state_bytes_per_rank'] / 1000:.1f}) | "
             f"{'-' if first is None else f'{first:.2f}'} | "
-            f"{'-' if ratio is None else f'{ratio:.2f}x'} | "
+            f"{'-' if ratio is None else f'{ratio:.2f}x'} | {_load_text(r['load_1min'])} | "
             f"{'n/a' if peer is None else f'{peer:.1f}'} | {r['requests'] or '-'} | "
             f"{_reads_text(r['reads'])} | {_once_text(r['exactly_once'])} |"
         )
+    phased = [(f["transport"], f) for f in fresh if "phases_s" in f]
+    phased += [(f"{r['saved_by']} -> {r['loaded_by']} at {r['at_batch']}", r) for r in rows]
+    phased = [(name, f["phases_s"]) for name, f in phased if "phases_s" in f]
+    if phased:
+        print(
+            "\nRayStream phases, seconds from the build (medians): the pool started "
+            "(RayStream(...) returned), the state loaded, every rank's first batch"
+        )
+        print("| run | pool started | state loaded | first batch | first batch - state loaded |")
+        print("|---|---|---|---|---|")
+        for name, p in phased:
+            print(
+                f"| {name} | {p['pool_started_s']:.2f} | {p['state_loaded_s']:.2f} | "
+                f"{p['first_batch_s']:.2f} | {p['first_batch_s'] - p['state_loaded_s']:.2f} |"
+            )
     faster = ", ".join(f"{k} worker(s) {v:.1f} s" for k, v in sorted(reference["faster"].items()))
     print(f"\npeer resume figures: {reference['source']}: the faster peer with {faster}")
     for name, figures in reference["figures"].items():
@@ -708,7 +774,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = Env(url=url, kwargs=kwargs, proxy=proxy, settings=s, repeat=repeat)
         warm_up(env)
         # DataLoader workers fork: every local pair runs before Ray starts in this process.
-        fresh, rows = measure(env, local, reference) if local else ([], [])
+        order: list[dict[str, Any]] = []
+        fresh, rows = measure(env, local, reference, order) if local else ([], [])
         if distributed:
             import ray
 
@@ -721,13 +788,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _system_config=config,
             )
             try:
-                more_fresh, more_rows = measure(env, distributed, reference)
+                more_fresh, more_rows = measure(env, distributed, reference, order)
             finally:
                 ray.shutdown()
             fresh, rows = fresh + more_fresh, rows + more_rows
     out = document(s, args.quick, fresh, rows, reference, time.perf_counter() - start)
     out["config"]["repeat"] = repeat
     out["config"]["preload"] = list(PRELOAD) if args.preload else []
+    out["order"] = order
     report(fresh, rows, reference, s)
     print(f"\n{out['wall_s']:.0f} s in all; every row exactly once: {out['exactly_once_ok']}")
     if args.json:

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "resume.py"
 
 # The subprocess tests (system): a moto server, DataLoader workers and a local Ray with
-# six RayStreams, 2 to 3 minutes on 2 busy cores.
+# ten RayStreams (two rounds: --repeat 2, so that the rounds are checked), 3 to 5 minutes
+# on 2 busy cores.
 
 PAIRS = {
     ("Stream", "Stream"),
@@ -47,14 +48,17 @@ RESUME_FIELDS = {
     "requests",
     "reads",
     "exactly_once",
+    "first_batch_runs_s",
+    "load_1min",
 }
+RAY_PHASES = {"pool_started_s", "state_loaded_s", "first_batch_s"}
 
 
 @pytest.fixture(scope="module")
 def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("resume") / "resume.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", "--repeat", "2", "--json", str(out)],
         check=False,
         cwd=ROOT,
         capture_output=True,
@@ -76,6 +80,43 @@ def test_every_fresh_transport_is_measured(document: dict[str, Any]) -> None:
         assert figures["first_batch_s"] > 0
         assert figures["requests"] > 0
         assert figures["exactly_once"]["ok"], figures["exactly_once"]
+        assert len(figures["load_1min"]) == len(figures["first_batch_runs_s"]) >= 1
+
+
+@pytest.mark.system
+@pytest.mark.timeout(600)
+def test_fresh_and_resumed_runs_alternate_in_rounds(document: dict[str, Any]) -> None:
+    """A load that changes during the run (other jobs on the machine) must weigh on a
+    transport's fresh runs and on its resumes alike: each round runs every fresh epoch,
+    then every resume, so no series runs all before another."""
+    order = document["order"]
+    repeat = document["config"]["repeat"]
+    assert repeat == 2
+    runs = len(document["fresh"]) + len(document["resumes"])
+    assert len(order) == runs * repeat
+    for group in ("local", "ray"):  # the local pairs run before Ray starts
+        rounds = [o["round"] for o in order if o["group"] == group]
+        assert rounds == sorted(rounds) and set(rounds) == set(range(repeat)), rounds
+        for r in range(repeat):
+            runs_of = [o for o in order if (o["group"], o["round"]) == (group, r)]
+            kinds = [o["kind"] for o in runs_of]
+            assert kinds == sorted(kinds, key=lambda k: k != "fresh"), kinds
+            # every fresh epoch and every resume once a round
+            assert len({o["run"] for o in runs_of}) == len(runs_of)
+
+
+@pytest.mark.system
+@pytest.mark.timeout(600)
+def test_ray_runs_say_where_their_first_batch_went(document: dict[str, Any]) -> None:
+    """A RayStream's first batch is its pool starting, the state loaded and the first read:
+    the phases (medians) say which of them a resume spent more on than a fresh start."""
+    ray = [f for f in document["fresh"] if f["transport"].startswith("RayStream")]
+    ray += [r for r in document["resumes"] if r["loaded_by"].startswith("RayStream")]
+    assert ray
+    for figures in ray:
+        phases = figures["phases_s"]
+        assert set(phases) == RAY_PHASES
+        assert 0 < phases["pool_started_s"] <= phases["state_loaded_s"] <= phases["first_batch_s"]
 
 
 @pytest.mark.system
@@ -97,6 +138,8 @@ def test_every_pair_is_resumed_at_both_points_with_its_figures(
         assert row["vs_fresh"] == pytest.approx(row["first_batch_s"] / row["fresh_first_batch_s"])
         assert row["requests"] > 0
         assert 0 < row["epoch_fraction"] < 1
+        assert len(row["first_batch_runs_s"]) == document["config"]["repeat"]
+        assert len(row["load_1min"]) == document["config"]["repeat"]
 
 
 @pytest.mark.system
