@@ -265,6 +265,10 @@ class LineReader(ShardReader):
     def parse(self, chunk: bytes) -> pa.Table:
         """Parse whole lines into a table with the stream's (projected) schema."""
 
+    def newlines(self, body: bytes) -> int:
+        """The newline bytes in ``body``, a chunk just read (and parsed, if it held text)."""
+        return newlines(body)
+
     @abstractmethod
     def describe_error(self, line: bytes, error: Exception) -> tuple[str, str, bool]:
         """(problem, fix, is_schema_mismatch) for the first line that fails to parse."""
@@ -307,7 +311,7 @@ class LineReader(ShardReader):
                     yield batch
                     row = batch.stop
             if line is not None:
-                line += newlines(body)
+                line += self.newlines(body)
 
     def _chunk(
         self, body: bytes, row: int, line: int | None, chunk_offset: int, skip: int

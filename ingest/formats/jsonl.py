@@ -90,7 +90,16 @@ def too_deep(chunk: bytes, limit: int) -> int | None:
     neither pyarrow nor the json module stops at a depth: pyarrow crashes, json raises
     RecursionError.
     """
-    opens = chunk.translate(None, _NOT_OPENS).split(b"\n")  # each line's opening brackets
+    return _deeper(chunk, _opens(chunk), limit)
+
+
+def _opens(chunk: bytes) -> list[bytes]:
+    """Each line's opening brackets (one more item than ``chunk`` has newlines)."""
+    return chunk.translate(None, _NOT_OPENS).split(b"\n")
+
+
+def _deeper(chunk: bytes, opens: list[bytes], limit: int) -> int | None:
+    """:func:`too_deep` with ``chunk``'s :func:`_opens`."""
     if max(map(len, opens)) <= limit:
         return None
     lines = chunk.split(b"\n")
@@ -110,9 +119,14 @@ def _depth(line: bytes) -> int:
 
 
 def _parse(
-    chunk: bytes, schema: pa.Schema | None, columns: list[str] | None, max_depth: int
+    chunk: bytes,
+    schema: pa.Schema | None,
+    columns: list[str] | None,
+    max_depth: int,
+    opens: list[bytes] | None = None,
 ) -> pa.Table:
-    depth = too_deep(chunk, max_depth)
+    """``chunk``'s lines as a table (``opens``: its :func:`_opens`, if counted already)."""
+    depth = _deeper(chunk, _opens(chunk) if opens is None else opens, max_depth)
     if depth is not None:
         raise TooDeepError(depth, max_depth)
     parse_options = pj.ParseOptions(
@@ -140,9 +154,16 @@ class _JsonlReader(LineReader):
         if schema is not None and self._columns is not None:
             schema = pa.schema([schema.field(c) for c in self._columns if c in schema.names])
         self._schema = schema
+        self._counted: tuple[bytes | None, int] = (None, 0)
+        """The last chunk parsed and its newlines."""
 
     def parse(self, chunk: bytes) -> pa.Table:
-        table = _parse(chunk, self._schema, self._columns, self.ctx.options.max_json_depth)
+        opens = _opens(chunk)
+        # The depth check's pass over the chunk counts its newlines too: the line reader
+        # asks for them next (LineReader.newlines), and need not pass over it again.
+        self._counted = (chunk, len(opens) - 1)
+        depth = self.ctx.options.max_json_depth
+        table = _parse(chunk, self._schema, self._columns, depth, opens)
         if self._columns is not None:
             missing = [c for c in self._columns if c not in table.column_names]
             if missing:
@@ -151,6 +172,11 @@ class _JsonlReader(LineReader):
                 )
             table = table.select(self._columns)
         return table
+
+    def newlines(self, body: bytes) -> int:
+        chunk, count = self._counted
+        self._counted = (None, 0)  # the chunk is not held past its count
+        return count if chunk is body else super().newlines(body)
 
     def describe_error(self, line: bytes, error: Exception) -> tuple[str, str, bool]:
         if isinstance(error, TooDeepError):
