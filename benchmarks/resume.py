@@ -8,8 +8,10 @@ epoch's batches (batches handed to the training loop, all ranks together; rounde
 whole step of the saving transport); each state is then loaded into a new loader of the
 loading transport, which runs to the end of the epoch. Pairs, saved by -> loaded by:
 ``Stream -> Stream``, ``DataLoader(2) -> DataLoader(2)``, ``-> DataLoader(1)``, ``->
-Stream``, and ``RayStream(2) -> RayStream(3)`` (a local Ray started here, each rank
-iterated in a thread of its own).
+Stream``, ``RayStream(2) -> RayStream(3)`` (a local Ray started here, each rank
+iterated in a thread of its own), and ``RayStream(2) -> RayStream(3) joined`` (the ranks'
+iterators from ``RayStream.joined`` with the state, as ``ingest.train`` resumes a worker
+group from its checkpoint; its fresh epoch joined with no state).
 
 For each resume it prints the state's JSON size (``len(json.dumps(state))``, and that over
 the world size at save), the seconds from building the resumed loader (``Stream(...)``,
@@ -28,7 +30,8 @@ and <= the faster peer's resume (fixed figures from the issue, Mosaic and LitDat
 Figures from a shared 2-core machine are noisy: compare the ratios of one run.
 
     .venv/bin/python benchmarks/resume.py [--quick] [--repeat N] [--json PATH]
-        [--peers-json PATH] [--pairs stream dl2 dl2-dl1 dl2-stream ray] [--preload]
+        [--peers-json PATH] [--pairs stream dl2 dl2-dl1 dl2-stream ray ray-joined]
+        [--preload]
 
 ``--preload`` starts the local Ray with ``preload_python_modules`` (:data:`PRELOAD`): the
 workers Ray starts ahead import the reader's and the coordinator's modules and s3fs before
@@ -91,17 +94,21 @@ and the coordinator's modules and the S3 filesystem (s3fs, aiohttp, botocore).""
 
 @dataclass(frozen=True, slots=True)
 class Transport:
-    """How batches reach the loop: ``stream``, ``loader`` (n workers) or ``ray`` (n ranks)."""
+    """How batches reach the loop: ``stream``, ``loader`` (n workers) or ``ray`` (n ranks;
+    ``joined``: each rank's iterator from ``RayStream.joined`` with the state, as
+    ``ingest.train`` resumes a worker group from its checkpoint, in place of
+    ``load_state_dict`` and ``rank_iterator``)."""
 
     kind: str
     n: int = 1
+    joined: bool = False
 
     @property
     def name(self) -> str:
         return {
             "stream": "Stream",
             "loader": f"DataLoader({self.n})",
-            "ray": f"RayStream({self.n})",
+            "ray": f"RayStream({self.n}){' joined' if self.joined else ''}",
         }[self.kind]
 
     @property
@@ -117,6 +124,7 @@ PAIRS: dict[str, tuple[Transport, Transport]] = {
     "dl2-dl1": (Transport("loader", 2), Transport("loader", 1)),
     "dl2-stream": (Transport("loader", 2), STREAM),
     "ray": (Transport("ray", 2), Transport("ray", 3)),
+    "ray-joined": (Transport("ray", 2), Transport("ray", 3, joined=True)),
 }
 """Every resume measured, by the name ``--pairs`` takes: (saved by, loaded by)."""
 
@@ -307,10 +315,15 @@ def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) 
     stream = ingest.RayStream(env.url, world_size=world, **env.kwargs)
     started = loaded = time.perf_counter() - start
     try:
-        if state is not None:
-            stream.load_state_dict(state)
+        its: list[Any]
+        if transport.joined:  # every rank joins before any iterates, as a worker group's
+            its = [stream.joined(rank, world, state) for rank in range(world)]
             loaded = time.perf_counter() - start
-        its = [stream.rank_iterator(rank) for rank in range(world)]
+        else:
+            if state is not None:
+                stream.load_state_dict(state)
+                loaded = time.perf_counter() - start
+            its = [stream.rank_iterator(rank) for rank in range(world)]
         with ThreadPoolExecutor(world) as pool:
             ranks = list(pool.map(lambda it: _iterate_rank(it, set(steps)), its))
         requests = (env.proxy.counters() - counted).requests
