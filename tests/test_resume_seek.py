@@ -350,3 +350,32 @@ def test_a_worker_group_joined_from_a_state_lists_the_source_no_second_time(
         rest.done(s.state_dict())
     assert heads == 0, f"{heads} HEAD requests after the stream's own listing"
     check(head, state, rest, fresh)
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
+def test_a_state_loaded_after_the_ranks_ran_lists_the_source_again(tmp_path: Path) -> None:
+    """The listing a RayStream made as it started plans only a state loaded (or joined)
+    before any rank ran: once the ranks ran and a state was loaded, a later state is planned
+    from a new listing, so a shard changed meanwhile is refused. A start listing kept for
+    the stream's life planned it from the stream's first moments (a shard rewritten since
+    was taken as the state's)."""
+    paths = write_dataset(
+        fsspec.filesystem("file"), str(tmp_path / "d"), "parquet", 4, 4096, row_group_rows=1024
+    )
+    with LoopbackHTTP(tmp_path) as server:
+        urls = [server.url(f"d/{Path(p).name}") for p in paths]
+        pool = ingest.ReaderPool(min_size=2, max_size=2, num_cpus=0.25)
+        with ingest.RayStream(
+            urls, columns=["id"], batch_size=256, shuffle_seed=0, world_size=2, readers=pool
+        ) as s:
+            out = ray.get([_rank.remote(s.rank_iterator(r), 4) for r in range(2)], timeout=300)
+            state = out[0][1]
+            assert state is not None
+            s.load_state_dict(state)  # after the ranks ran: listed again
+            rewritten = write_dataset(
+                fsspec.filesystem("file"), str(tmp_path / "new"), "parquet", 1, 5000
+            )[0]
+            Path(paths[1]).write_bytes(Path(rewritten).read_bytes())
+            with pytest.raises(ingest.StateError, match="part-00001"):
+                s.load_state_dict(state)

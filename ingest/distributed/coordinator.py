@@ -132,7 +132,8 @@ class _Coordinator(PoolDirectory):
         self._leases: dict[int, int] = {}
         self._listing: Listing | None = None
         """The driver's listing of the source as the stream started (:meth:`prepare`): what
-        a state loaded or joined before any rank ran is planned from (:meth:`_reset`)."""
+        a state loaded or joined before any rank ran is planned from (:meth:`_reset`);
+        dropped at the first reset after a rank ran (every later one lists again)."""
         wait = listing_wait_s > 0 and not self._restarted  # a restarted actor gets none
         self._listing_due = time.monotonic() + listing_wait_s if wait else None
         """While the driver lists the source (:meth:`prepare` brings the listing), until
@@ -200,7 +201,9 @@ class _Coordinator(PoolDirectory):
         every shard's ``HEAD`` again (a ``LIST`` on a store), from a filesystem this actor
         made cold under its lock, while every rank's join waited: a joined resume's first
         batch came 1.2-1.6 s after a loaded one's (``test_resume_seek``)."""
-        listing = None if relist else self._listing
+        if relist:  # a rank ran since the stream started: its start listing is old now
+            self._listing = None
+        listing = self._listing
         book = self._spec.book(world_size, self._planner, packs=self._packs)
         start = None if state is None else StreamState.from_json(state)
         if start is not None:
