@@ -341,6 +341,37 @@ def test_every_s3fs_function_that_reaches_its_retry_loop_is_rebound() -> None:
     assert one_attempt._NAMESPACE["_error_wrapper"] is one_attempt._error_wrapper
 
 
+def test_s3_filesystems_share_the_parsed_service_models_not_their_sessions(s3: Any) -> None:
+    """Each stream's S3 filesystem (a new one per stream with skip_instance_cache=True, as
+    the loopback server's options say) has a session of its own (credentials resolved for
+    it), but botocore's parsed service models and endpoint rules are loaded once a process:
+    each new client loaded them again, 36,000 objects (0.04 s of CPU) that only a full
+    collection of Python's garbage collector frees, and that collection, run at a resume's
+    first batch, walked them all (benchmarks/resume.py, DataLoader(2) -> Stream)."""
+    import gc
+
+    from aiobotocore.session import AioSession  # type: ignore[import-untyped]
+
+    url = s3.create_bucket("shared-models") + "/a.jsonl"
+    options = s3.storage_options()
+    assert options["skip_instance_cache"]
+    first = Source(url, storage_options=options).filesystem(url)
+    first.connect()
+    second = Source(url, storage_options=options).filesystem(url)
+    gc.collect()
+    before = len(gc.get_objects())
+    second.connect()
+    made = len(gc.get_objects()) - before
+    assert second is not first and second.session is not first.session
+    loader = first.session.get_component("data_loader")
+    assert second.session.get_component("data_loader") is loader
+    assert made < 10_000, f"a second S3 client made {made} objects"
+    own = AioSession()  # a session the user passes is used as it is
+    given = Source(url, storage_options={**options, "session": own}).filesystem(url)
+    given.connect()
+    assert given.session is own
+
+
 def test_a_directory_named_with_a_slash_is_listed_in_one_request(s3: Any) -> None:
     from ingest.testing import FaultProxy, write_dataset
 
