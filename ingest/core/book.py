@@ -568,12 +568,6 @@ class EpochBook(Generic[L]):
 
     # -- restore ---------------------------------------------------------------------------
 
-    def first_listing(self) -> L | None:
-        """The listing handed to :meth:`adopt` for the first epoch, while no state is loaded:
-        a state loaded into a stream just made is planned from it (``load(state, listing,
-        listed_here=True)``), not from a second listing of the source."""
-        return self._start_listing if self._start is None else None
-
     def load(
         self, state: StreamState, listing: L | None = None, *, listed_here: bool = False
     ) -> None:
@@ -582,8 +576,8 @@ class EpochBook(Generic[L]):
         Args:
             state: The state.
             listing: A listing of the source made this epoch (None: list now).
-            listed_here: ``listing`` came from this stream's own lister
-                (:meth:`first_listing`), not from a caller that planned with it (a
+            listed_here: ``listing`` came from this stream's own lister (the coordinator's
+                start listing), not from a caller that planned with it (a
                 DataLoader's main process): a followed round loaded at its start may wait
                 for new shards and list again, as after a listing of its own.
 
