@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -464,3 +465,24 @@ def test_a_loop_asked_from_two_threads_at_once_is_a_clear_error(local: Store) ->
     worker.join(60)
     rest = [i for b in loop for i in key_ids(b)]
     assert Counter(got + rest) == Counter(range(SHARDS * ROWS))
+
+
+def test_a_stream_left_open_at_exit_closes_without_a_traceback(tmp_path: Path) -> None:
+    """A script (or a notebook's kernel) that ends with a stream's iterator still open: the
+    generator is closed while the interpreter tears its modules down, and closing it must
+    not print "Exception ignored" tracebacks."""
+    import subprocess
+    import sys
+
+    script = f"""
+import fsspec, ingest
+from ingest.testing import write_dataset
+paths = write_dataset(fsspec.filesystem("file"), {str(tmp_path / "d")!r}, "parquet", 2, 4096)
+it = iter(ingest.Stream(sorted(paths), batch_size=64, shuffle_seed=0))
+next(it)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr

@@ -527,10 +527,14 @@ class Feed:
             self._deriving.close()
         for lane in self._lanes:
             if lane.reader is not None:
-                with contextlib.suppress(Exception):
+                # try, not contextlib.suppress: a feed left open at exit is closed while
+                # the interpreter tears down its modules (contextlib is None by then)
+                try:
                     close = getattr(lane.reader, "close", None)
                     if close is not None:
                         close()
+                except Exception:  # a reader that fails to close is let go
+                    pass
                 lane.reader = None
             lane.pending = None
 
