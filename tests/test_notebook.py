@@ -24,5 +24,7 @@ def test_explore_notebook_runs(tmp_path: Path) -> None:
     )
     assert "6 shards, 24,000 rows" in outputs
     assert "duplicates: 0" in outputs
+    assert "... the same batch again" in outputs  # a loss spike's steps replayed
+    assert "0 of them delivered after the resume" in outputs  # and skipped
     images = [o for c in nb.cells for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
     assert images, "the throughput plot was drawn"
