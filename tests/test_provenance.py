@@ -374,7 +374,12 @@ def test_replay_gives_the_steps_batches_again_reading_only_their_rows(
 
 @ray.remote(num_cpus=0)
 def _all_ids(it: Any) -> list[int]:
-    return [int(v) for batch in it for v in batch["id"].tolist()]
+    return _epoch_ids(it)
+
+
+def _epoch_ids(it: Any) -> list[int]:
+    """The ids of one epoch of a rank's iterator."""
+    return [i for batch in it for i in ids(batch)]
 
 
 @pytest.mark.system
@@ -415,10 +420,7 @@ def test_a_raystream_resumed_from_a_skip_leaves_the_rows_out_and_exports_them(
 
 @ray.remote(num_cpus=0)
 def _two_epochs(it: Any) -> tuple[list[int], list[int]]:
-    def epoch() -> list[int]:
-        return [int(v) for batch in it for v in batch["id"].tolist()]
-
-    return epoch(), epoch()
+    return _epoch_ids(it), _epoch_ids(it)
 
 
 @pytest.mark.system

@@ -271,14 +271,18 @@ def on_ray(
         return [i for got, _ in out for i in got], end
 
 
+def _fresh_on_ray(server: LoopbackHTTP, urls: list[str]) -> Epoch:
+    """A fresh 3-rank epoch's requests and carried rows."""
+    fresh = Epoch(server)
+    _, end = on_ray(urls, 3, None, None)
+    return fresh.done(end)
+
+
 @pytest.mark.system
 @pytest.mark.usefixtures("ray_session")
 def test_raystream_2_to_raystream_3(web: tuple[LoopbackHTTP, list[str]]) -> None:
     server, urls = web
-    before = requests(server)
-    _, fresh_end = on_ray(urls, 3, None, None)
-    fresh = Epoch(server)
-    fresh.requests, fresh.carried = requests(server) - before, carried(fresh_end)
+    fresh = _fresh_on_ray(server, urls)
     head, state = on_ray(urls, 2, None, AT // 2)
     before, served = requests(server), len(server.ranges())
     got, end = on_ray(urls, 3, json.loads(json.dumps(state)), None)
@@ -332,10 +336,7 @@ def test_a_worker_group_joined_from_a_state_lists_the_source_no_second_time(
     came 1.2-1.6 s after a ``load_state_dict`` resume's in ``benchmarks/resume.py``'s data).
     The rest is delivered exactly once, with no more requests than a fresh epoch."""
     server, urls = web
-    before = requests(server)
-    _, fresh_end = on_ray(urls, 3, None, None)
-    fresh = Epoch(server)
-    fresh.requests, fresh.carried = requests(server) - before, carried(fresh_end)
+    fresh = _fresh_on_ray(server, urls)
     head, state = on_ray(urls, 2, None, AT // 2)
     pool = ingest.ReaderPool(min_size=2, max_size=2, num_cpus=0.25)
     with ingest.RayStream(

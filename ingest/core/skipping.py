@@ -97,7 +97,7 @@ def _skip_now(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple[
         added += mine.count - before
         skipped.setdefault(shard, IntervalSet()).add(r.start, r.stop)
         if shard in carry:
-            for a, b in _overlap(carry[shard], r):
+            for a, b in _overlap(carry[shard], r.start, r.stop):
                 carried.of(shard).add(a, b)
     if not skipped:
         return state, 0
@@ -117,11 +117,11 @@ def _skip_now(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple[
     return replace(state, progress=new_progress, distributed=new_dist, position=position), added
 
 
-def _overlap(carry: IntervalSet, r: SkipRows) -> list[tuple[int, int]]:
-    """The parts of ``[r.start, r.stop)`` that the carried spans hold."""
+def _overlap(carry: IntervalSet, start: int, stop: int) -> list[tuple[int, int]]:
+    """The parts of ``[start, stop)`` that the carried spans hold."""
     out = []
     for a, b in carry:
-        lo, hi = max(a, r.start), min(b, r.stop)
+        lo, hi = max(a, start), min(b, stop)
         if lo < hi:
             out.append((lo, hi))
     return out
@@ -169,7 +169,7 @@ def consume_ahead(
             if at in spans:
                 theirs = carried.sets.get(at, IntervalSet()).copy()
                 for start, stop in rows:
-                    for lo, hi in _overlap(spans[at], SkipRows(url, start, stop)):
+                    for lo, hi in _overlap(spans[at], start, stop):
                         theirs.add(lo, hi)
                 carried.add_sets({at: theirs})
         records.append(Quarantined(f"{SKIPPED}: {a.what}", epoch, 0, rows=added))

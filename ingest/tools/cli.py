@@ -285,7 +285,7 @@ def which(url: str, steps: range, storage_options: Sequence[str], as_json: bool)
 
 def skip(args: argparse.Namespace) -> int:
     """``ingest skip``: the state at ``args.state`` with the rows left out, written out."""
-    from ingest.core.quarantine import is_skip
+    from ingest.core.quarantine import SKIPPED, is_skip
     from ingest.core.state import StreamState, read_state
     from ingest.core.state.checks import MAX_STATE_BYTES
     from ingest.engine.provenance import skip as skip_rows
@@ -313,23 +313,21 @@ def skip(args: argparse.Namespace) -> int:
         os.replace(path, path + ".bak")
     os.replace(target + ".tmp", target)
 
-    def skips(state: Any) -> list[Any]:
+    def progress_of(state: Any) -> list[Any]:  # each part's progress (a mixture's several)
         parsed = read_state(state)
         parts = [parsed] if isinstance(parsed, StreamState) else list(parsed.parts.values())
-        return [q for part in parts for q in part.progress.quarantined if is_skip(q)]
+        return [part.progress for part in parts]
 
-    def ahead(state: Any) -> list[Any]:
-        parsed = read_state(state)
-        parts = [parsed] if isinstance(parsed, StreamState) else list(parsed.parts.values())
-        return [a for part in parts for a in part.progress.ahead]
-
-    added = [q for q in skips(out) if q not in skips(text)]
+    before, after = progress_of(text), progress_of(out)
+    had = [q for p in before for q in p.quarantined if is_skip(q)]
+    added = [q for p in after for q in p.quarantined if is_skip(q) and q not in had]
     for q in added:
         print(f"{q.reason}: {q.rows} rows left out")
-    later = [a for a in ahead(out) if a not in ahead(text)]
+    waiting = [a for p in before for a in p.ahead]
+    later = [a for p in after for a in p.ahead if a not in waiting]
     for a in later:
-        print(f"skipped on request: {a.what}: {a.count()} rows of epoch {a.epoch} left out when "
-              "the resumed run reaches it")  # fmt: skip
+        print(f"{SKIPPED}: {a.what}: {a.count()} rows of epoch {a.epoch} left out when the "
+              "resumed run reaches it")  # fmt: skip
     if not added and not later:
         print("no row left out: the state had consumed them all already")
     print(f"wrote {target}" + (f" (the state before: {path}.bak)" if args.in_place else ""))
