@@ -380,3 +380,33 @@ def test_a_state_loaded_after_the_ranks_ran_lists_the_source_again(tmp_path: Pat
             Path(paths[1]).write_bytes(Path(rewritten).read_bytes())
             with pytest.raises(ingest.StateError, match="part-00001"):
                 s.load_state_dict(state)
+
+
+def test_the_rest_of_a_loaders_windows_reaches_a_streams_feed_as_a_few_pieces(
+    web: tuple[LoopbackHTTP, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A state taken inside the windows of two ranks, loaded by one, re-shares the rest of
+    those windows: thousands of spans of a row or two. Each record batch read hands the
+    feed the rows of all its spans as one piece, not a piece (a slice, a Python object in
+    the lanes, the window and its origin) per span: 6,166 pieces made the first window
+    before (issue 32: 1.38x a fresh first batch)."""
+    from ingest.engine.window import Origin
+
+    server, urls = web
+    windows: list[tuple[int, int]] = []  # (pieces, rows) of each window made
+    of = Origin.of
+
+    def counted(pieces: Any) -> Any:
+        origin, keys = of(pieces)
+        windows.append((len(pieces), len(keys)))
+        return origin, keys
+
+    monkeypatch.setattr(Origin, "of", staticmethod(counted))
+    head, state = saved_by_loader(urls, 2)
+    spans = sum(len(r["lanes"]) for r in state["position"]["ranks"] if r)
+    windows.clear()
+    rest = on_stream(server, urls, state)
+    check(head, state, rest, on_stream(server, urls, None))
+    pieces, rows = windows[0]
+    assert rows >= 1000, windows[:3]
+    assert pieces <= 8 * SHARDS, (pieces, rows, spans)

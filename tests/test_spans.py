@@ -6,8 +6,8 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ingest.formats.base import BadRows, RowBatch
-from ingest.formats.spans import GAP_ROWS, Range, coalesce, cut
+from ingest.formats.base import BadRows, Gathered, RowBatch
+from ingest.formats.spans import GAP_ROWS, Parts, Range, coalesce, cut, cut_together
 
 
 def batches_of(start: int, stop: int, size: int) -> list[RowBatch]:
@@ -58,7 +58,36 @@ def test_cut_gives_each_span_its_rows_in_order(
     for index, batch in cut(read, ranges, spans):
         assert batch.data.column("id").to_pylist() == list(range(batch.row, batch.stop))
         got.setdefault(index, []).extend(range(batch.row, batch.stop))
-    assert got == {i: list(range(a, end if b is None else b)) for i, (a, b) in enumerate(spans)}
+    want = {i: list(range(a, end if b is None else b)) for i, (a, b) in enumerate(spans)}
+    assert got == want
+    # Cut together, each batch's rows of several spans gathered: the same rows per span.
+    together: dict[int, list[int]] = {}
+    for item in cut_together(read, ranges, spans):
+        if isinstance(item, Parts):
+            assert len(item.parts) > 1
+            g = Gathered.of(item.batch, item.parts)
+            assert g.data.column("id").to_pylist() == g.rows.tolist()
+            assert list(g.ends()) == [(i, hi) for i, _, hi in item.parts]
+            for index, row in zip(g.spans.tolist(), g.rows.tolist(), strict=True):
+                together.setdefault(index, []).append(row)
+        else:
+            index, batch = item
+            together.setdefault(index, []).extend(range(batch.row, batch.stop))
+    assert together == want
+
+
+def test_a_gathered_piece_slices_and_renumbers_its_spans() -> None:
+    batch = RowBatch(100, pa.record_batch({"id": list(range(100, 110))}), (96, 7))
+    g = Gathered.of(batch, [(3, 100, 101), (4, 103, 106), (7, 109, 110)])
+    assert g.rows.tolist() == [100, 103, 104, 105, 109]
+    assert (g.row, g.stop, g.seek) == (100, 110, (96, 7))
+    assert g.share == batch.nbytes * 5 // 10
+    head, rest = g.slice(0, 2), g.slice(2, 3)
+    assert (head.rows.tolist(), head.spans.tolist()) == ([100, 103], [3, 4])
+    assert rest.data.column("id").to_pylist() == [104, 105, 109]
+    assert list(rest.ends()) == [(4, 106), (7, 110)]
+    renumbered = g.renumbered([0, 0, 0, 10, 11, 0, 0, 12])
+    assert renumbered.spans.tolist() == [10, 11, 11, 11, 12]
 
 
 def test_a_batch_of_bad_rows_stays_one_when_cut() -> None:

@@ -78,7 +78,7 @@ from ingest.engine.prefetch import in_order, read_ahead
 from ingest.engine.stage import RowError
 from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures
 from ingest.engine.window import Hole, Lane, Origin, Piece, Window, indices, piece_rows
-from ingest.formats.base import ReadOptions, RowBatch
+from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source
 
@@ -277,7 +277,7 @@ class Feed:
     def _window(
         self, index: int, start: Cursor, end: Cursor, pieces: list[tuple[Span, Piece]]
     ) -> Window:
-        data = [b.data for _, b in pieces if isinstance(b, RowBatch)]
+        data = [b.data for _, b in pieces if not isinstance(b, Hole)]
         # One table of every piece, the schema's metadata dropped once: from_batches keeps
         # the first batch's and does not compare them (per piece, it cost 0.15 s of a first
         # batch after a resume inside a window, thousands of pieces a few rows long).
@@ -303,7 +303,7 @@ class Feed:
             return self._with_holes(index, start, end, pieces, table, origin, keys, take)
         # The pieces' bytes, known already (RowBatch.nbytes): the table's own nbytes walks
         # every chunk, thousands of slices after a resume inside a window (0.25 s).
-        nbytes = sum(b.nbytes for _, b in pieces if isinstance(b, RowBatch))
+        nbytes = sum(b.nbytes for _, b in pieces if not isinstance(b, Hole))
         if take is not None and nbytes > self._gather_bytes:
             # Large rows: each batch gathers its own (see _GATHER_BYTES).
             return Window(index, start, end, table, keys[take], origin, order=take, nbytes=nbytes)
@@ -541,7 +541,7 @@ class Feed:
 
 def _with_data(pieces: Sequence[tuple[Span, Piece]]) -> npt.NDArray[np.bool_]:
     """Per window position in reading order, whether it has a row (is not a hole)."""
-    sized = [(isinstance(b, RowBatch), piece_rows(b)) for _, b in pieces if piece_rows(b)]
+    sized = [(not isinstance(b, Hole), piece_rows(b)) for _, b in pieces if piece_rows(b)]
     return np.repeat([d for d, _ in sized], [n for _, n in sized]).astype(bool)
 
 

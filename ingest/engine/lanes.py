@@ -16,12 +16,14 @@ from __future__ import annotations
 import functools
 from collections import deque
 from collections.abc import Iterator, Sequence
+from typing import cast
 
 from ingest.core.assign import TO_END, Span
 from ingest.core.errors import IngestError, ShardError, StoreError
 from ingest.core.quarantine import Quarantine, skippable
 from ingest.core.share import FeedPlan
 from ingest.engine.derived.reading import Deriving
+from ingest.engine.derived.reading import Read as DerivedRead
 from ingest.engine.prefetch import Prefetcher
 from ingest.engine.window import (
     Hole,
@@ -29,13 +31,14 @@ from ingest.engine.window import (
     Piece,
     SpanEnd,
     head_of,
+    piece_at,
     piece_rows,
     read_bytes,
     read_whole,
     rest_of,
 )
 from ingest.formats import get_format
-from ingest.formats.base import BadRows, ReadContext, ReadOptions, RowBatch, Seek
+from ingest.formats.base import BadRows, Gathered, ReadContext, ReadOptions, RowBatch, Seek
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source
 
@@ -197,9 +200,10 @@ class LaneReader:
             want -= n
             if n == size:
                 lane.pending = None
-                lane.at = (k, batch.stop, batch.seek)
+                lane.at = (*piece_at(batch, k), batch.seek)
             else:
                 rest = rest_of(batch, n)
+                k = int(rest.spans[0]) if isinstance(rest, Gathered) else k
                 lane.pending = (k, rest)
                 lane.at = (k, rest.row, batch.seek)
         return out
@@ -247,7 +251,11 @@ class LaneReader:
             ranges[0] = (max(first[0], row), first[1])
             ctx = self.plan.listing.context(shard, self.source, self.read, self.columns)
             if self.deriving is None:
-                yield from self._read_ranges(ctx, shard, run, ranges, seek)
+                # The rows of many spans in one batch come gathered (one piece), where they
+                # are all of one segment: a piece's origin is that of its first span.
+                segment = spans[lane[run[0]]].segment
+                together = all(spans[lane[j]].segment == segment for j in run)
+                yield from self._read_ranges(ctx, shard, run, ranges, seek, together)
             else:
                 read = functools.partial(self._read_some, ctx, shard, run[0], seek)
                 yield from self.deriving.reads(
@@ -263,10 +271,13 @@ class LaneReader:
         seek: Seek | None,
         run: list[int],
         ranges: list[tuple[int, int | None]],
-    ) -> Iterator[Read]:
+    ) -> Iterator[DerivedRead]:
         """:meth:`_read_ranges` of the ranges of a run a derived cache did not have; the
-        run's ``seek`` goes with its ``first`` span only."""
-        return self._read_ranges(ctx, shard, run, ranges, seek if run[:1] == [first] else None)
+        run's ``seek`` goes with its ``first`` span only. Each span's rows come apart (not
+        gathered): the cache keeps a span's outputs by its rows."""
+        first_seek = seek if run[:1] == [first] else None
+        reads = self._read_ranges(ctx, shard, run, ranges, first_seek, together=False)
+        return cast(Iterator[DerivedRead], reads)
 
     def _read_ranges(
         self,
@@ -275,14 +286,21 @@ class LaneReader:
         run: list[int],
         ranges: list[tuple[int, int | None]],
         seek: Seek | None,
+        together: bool,
     ) -> Iterator[Read]:
         """Batches of one shard's ``ranges`` (lane spans ``run``), the shard opened once;
-        what cannot be read as holes under ``on_error="skip"``."""
+        what cannot be read as holes under ``on_error="skip"``. ``together``: the rows of
+        several spans in one batch come as one :class:`~ingest.formats.base.Gathered`."""
         last = [start for start, _ in ranges]
         at = 0
         try:
-            for index, batch in self._read_run(ctx, ranges, seek, last):
+            for index, batch in self._read_run(ctx, ranges, seek, last, together):
                 at = index
+                if isinstance(batch, Gathered):
+                    for i, end in batch.ends():
+                        last[i] = end
+                    yield run[index], batch.renumbered(run)
+                    continue
                 if isinstance(batch, BadRows):  # on_error="skip": just these rows
                     n = int(batch.data.num_rows)
                     self.quarantine.add(
@@ -311,7 +329,8 @@ class LaneReader:
         ranges: list[tuple[int, int | None]],
         seek: Seek | None,
         last: list[int],
-    ) -> Iterator[tuple[int, RowBatch]]:
+        together: bool,
+    ) -> Iterator[tuple[int, RowBatch | Gathered]]:
         """``(index in ranges, batch)`` of one shard's ranges, read in order.
 
         A node's cached copy of the shard that fails to read (a :class:`ShardError`, or bad
@@ -325,13 +344,14 @@ class LaneReader:
         while True:
             with get_format(ctx.shard.format).open(ctx) as reader:
                 spans = [(last[i], ranges[i][1]) for i in todo]
+                read = reader.read_gathered if together else reader.read_spans
                 try:
-                    for j, batch in reader.read_spans(spans, seek):
+                    for j, batch in read(spans, seek):
                         at = todo[j]
                         damaged = isinstance(batch, BadRows)
                         if damaged and not again and self.source.drop_cached(ctx.shard):
                             break
-                        yield at, batch
+                        yield at, batch.renumbered(todo) if isinstance(batch, Gathered) else batch
                     else:
                         return
                 except ShardError as e:

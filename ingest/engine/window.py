@@ -15,7 +15,7 @@ import pyarrow as pa
 from ingest.core.assign import Span
 from ingest.core.ledger import Rows, Runs, as_runs, pack_base
 from ingest.core.state import Cursor
-from ingest.formats.base import RowBatch, Seek
+from ingest.formats.base import Gathered, RowBatch, Seek, indices
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,15 +38,7 @@ class Hole:
         return self.row + self.size
 
 
-Piece = RowBatch | Hole
-
-
-def indices(rows: npt.NDArray[np.int64]) -> pa.Array:
-    """``rows`` as an Arrow int64 array for a take, over the same memory. ``pa.array`` would
-    first import pandas to ask whether its argument is a pandas object: 0.4 to 0.7 s of CPU
-    in every reader process, which never uses pandas."""
-    rows = np.ascontiguousarray(rows, dtype=np.int64)
-    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+Piece = RowBatch | Gathered | Hole
 
 
 def read_whole(span: tuple[int, int | None], last: int) -> bool:
@@ -56,6 +48,14 @@ def read_whole(span: tuple[int, int | None], last: int) -> bool:
 
 def piece_rows(piece: Piece) -> int:
     return piece.size if isinstance(piece, Hole) else int(piece.data.num_rows)
+
+
+def piece_at(piece: Piece, span: int) -> tuple[int, int]:
+    """``(span, row)`` where a lane that handed out ``piece`` whole goes on: the span of
+    its last row (``span``, that of its first, for a piece of one span) and the row after."""
+    if isinstance(piece, Gathered):
+        return int(piece.spans[-1]), piece.stop
+    return span, piece.stop
 
 
 def head_of(piece: Piece, n: int) -> Piece:
@@ -123,16 +123,23 @@ class Origin:
 
     @staticmethod
     def of(pieces: Sequence[tuple[Span, Piece]]) -> tuple[Origin, npt.NDArray[np.int64]]:
-        """The origin of ``pieces`` and the key of each of their rows, in reading order."""
-        pieces = [(span, batch) for span, batch in pieces if piece_rows(batch)]
-        sizes = np.array([piece_rows(b) for _, b in pieces], dtype=np.int64)
-        segments = np.array([s.segment for s, _ in pieces], dtype=np.int64)
-        shards = np.array([s.shard for s, _ in pieces], dtype=np.int64)
-        firsts = np.array([b.row for _, b in pieces], dtype=np.int64)
+        """The origin of ``pieces`` and the key of each of their rows, in reading order.
+
+        A :class:`~ingest.formats.base.Gathered` piece counts as its runs of consecutive
+        rows (all of one segment and shard: a lane gathers the spans of one run)."""
+        segments, shards, firsts, sizes = _runs_of(pieces)
+        if len(sizes) and not sizes.all():
+            kept = sizes > 0
+            segments, shards, firsts, sizes = (
+                segments[kept],
+                shards[kept],
+                firsts[kept],
+                sizes[kept],
+            )
         by_key = np.lexsort((firsts, shards, segments))
         segments, shards, firsts = segments[by_key], shards[by_key], firsts[by_key]
         sizes_k = sizes[by_key]
-        gaps = np.ones(len(pieces), dtype=np.int64)
+        gaps = np.ones(len(sizes), dtype=np.int64)
         gaps[:1] = 0
         gaps[1:] -= (
             (segments[1:] == segments[:-1])
@@ -141,13 +148,13 @@ class Origin:
         )
         starts_k = np.cumsum(sizes_k + gaps) - sizes_k
         # A gap's key goes with the piece before it; no row has that key.
-        of_key = np.repeat(np.arange(len(pieces)), np.append(gaps[1:], 0) + sizes_k)
+        of_key = np.repeat(np.arange(len(sizes)), np.append(gaps[1:], 0) + sizes_k)
         starts = np.empty_like(starts_k)
         starts[by_key] = starts_k
         keys = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
         keys += np.arange(len(keys), dtype=np.int64)
         offsets = firsts - starts_k
-        last = int((firsts + sizes_k).max()) - 1 if pieces else 0
+        last = int((firsts + sizes_k).max()) - 1 if len(sizes) else 0
         base = pack_base(segments, shards, offsets, last)
         origin = Origin(segments, shards, starts_k, sizes_k, offsets, of_key, base)
         return origin, keys
@@ -184,6 +191,39 @@ class Origin:
         out[:, 0], out[:, 1], out[:, 2] = self.locate(k[bounds[:-1]])
         np.add(out[:, 2], np.diff(bounds), out=out[:, 3])
         return out
+
+
+def _runs_of(
+    pieces: Sequence[tuple[Span, Piece]],
+) -> tuple[
+    npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64], npt.NDArray[np.int64]
+]:
+    """Segment, shard, first row and size of each run of consecutive rows of ``pieces``, in
+    reading order: a piece of one span is one run, a gathered piece as many as it has."""
+    if not any(isinstance(b, Gathered) for _, b in pieces):
+        return (
+            np.array([s.segment for s, _ in pieces], dtype=np.int64),
+            np.array([s.shard for s, _ in pieces], dtype=np.int64),
+            np.array([b.row for _, b in pieces], dtype=np.int64),
+            np.array([piece_rows(b) for _, b in pieces], dtype=np.int64),
+        )
+    parts: list[tuple[int, int, npt.NDArray[np.int64], npt.NDArray[np.int64]]] = []
+    for span, b in pieces:
+        if isinstance(b, Gathered):
+            rows = b.rows
+            heads = np.flatnonzero(np.diff(rows) != 1) + 1
+            bounds = np.concatenate(([0], heads, [len(rows)]))
+            parts.append((span.segment, span.shard, rows[bounds[:-1]], np.diff(bounds)))
+        else:
+            one = np.array([b.row], dtype=np.int64)
+            parts.append((span.segment, span.shard, one, np.array([piece_rows(b)], np.int64)))
+    counts = [len(f) for _, _, f, _ in parts]
+    return (
+        np.repeat(np.array([p[0] for p in parts], dtype=np.int64), counts),
+        np.repeat(np.array([p[1] for p in parts], dtype=np.int64), counts),
+        np.concatenate([p[2] for p in parts]),
+        np.concatenate([p[3] for p in parts]),
+    )
 
 
 class Chunks:
@@ -268,6 +308,7 @@ class Window:
 
 __all__ = [
     "Chunks",
+    "Gathered",
     "Hole",
     "Lane",
     "Origin",
@@ -275,6 +316,8 @@ __all__ = [
     "SpanEnd",
     "Window",
     "head_of",
+    "indices",
+    "piece_at",
     "piece_rows",
     "read_bytes",
     "read_whole",

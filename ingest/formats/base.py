@@ -13,12 +13,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError, ShardError
 from ingest.core.validate import BYTES_OR_NONE, COUNT, SECONDS, Number, check_numbers
 from ingest.formats.memory import use_fork_safe_allocator
-from ingest.formats.spans import coalesce, cut
+from ingest.formats.spans import Parts, Range, coalesce, cut, cut_together
 from ingest.storage.cache import CacheOptions
 from ingest.storage.sources import RetryPolicy, Shard, Source
 
@@ -225,6 +227,81 @@ class BadRows(RowBatch):
     error: Exception | None = None
 
 
+def indices(rows: npt.NDArray[np.int64]) -> pa.Array:
+    """``rows`` as an Arrow int64 array for a take, over the same memory. ``pa.array`` would
+    first import pandas to ask whether its argument is a pandas object: 0.4 to 0.7 s of CPU
+    in every reader process, which never uses pandas."""
+    rows = np.ascontiguousarray(rows, dtype=np.int64)
+    return pa.Array.from_buffers(pa.int64(), len(rows), [None, pa.py_buffer(rows)])
+
+
+@dataclass(frozen=True, slots=True)
+class Gathered:
+    """Rows of one shard that do not all follow each other, read together: the parts of a
+    read batch that belong to several spans (:meth:`ShardReader.read_gathered`), gathered
+    in one take. A resume inside a shuffle window leaves the rest of the window as hundreds
+    of spans a row or two long in each record batch; a slice, a piece and a Python object
+    per span downstream took longer than the read (issue 32).
+
+    ``rows[i]`` is the shard row of ``data``'s row ``i`` (increasing) and ``spans[i]`` the
+    index of its span (increasing), as the caller numbers them (:meth:`renumbered`).
+    """
+
+    data: pa.RecordBatch
+    rows: npt.NDArray[np.int64]
+    spans: npt.NDArray[np.int64]
+    seek: Seek | None
+    share: int
+
+    @staticmethod
+    def of(batch: RowBatch, parts: Sequence[tuple[int, int, int]]) -> Gathered:
+        """The rows of ``batch`` in ``parts`` (``(span, first row, row after the last)``, in
+        row order)."""
+        bounds = np.array(parts, dtype=np.int64).reshape(-1, 3)
+        sizes = bounds[:, 2] - bounds[:, 1]
+        firsts = bounds[:, 1] - batch.row
+        local = np.repeat(firsts - (np.cumsum(sizes) - sizes), sizes)
+        local += np.arange(len(local), dtype=np.int64)
+        rows_in = int(batch.data.num_rows)
+        share = batch.nbytes * len(local) // rows_in if rows_in else 0
+        data = batch.data.take(indices(local))
+        return Gathered(data, local + batch.row, np.repeat(bounds[:, 0], sizes), batch.seek, share)
+
+    @property
+    def row(self) -> int:
+        return int(self.rows[0])
+
+    @property
+    def stop(self) -> int:
+        return int(self.rows[-1]) + 1
+
+    @property
+    def nbytes(self) -> int:
+        return self.share
+
+    def slice(self, offset: int, length: int) -> Gathered:
+        """Rows ``offset:offset + length`` of ``data``, with their share of the bytes."""
+        rows = len(self.rows)
+        share = self.share * length // rows if rows else 0
+        end = offset + length
+        return Gathered(
+            self.data.slice(offset, length),
+            self.rows[offset:end],
+            self.spans[offset:end],
+            self.seek,
+            share,
+        )
+
+    def renumbered(self, spans: Sequence[int]) -> Gathered:
+        """The same rows, span ``i`` called ``spans[i]``."""
+        return replace(self, spans=np.asarray(spans, dtype=np.int64)[self.spans])
+
+    def ends(self) -> Iterator[tuple[int, int]]:
+        """``(span, row after its last row here)`` of each span it holds rows of."""
+        last = np.flatnonzero(np.diff(self.spans, append=-1))
+        yield from zip(self.spans[last].tolist(), (self.rows[last] + 1).tolist(), strict=True)
+
+
 @dataclass(frozen=True, slots=True)
 class ReadContext:
     """Everything a shard reader needs, passed as one value.
@@ -272,16 +349,36 @@ class ShardReader(ABC):
 
         Yields ``(index of the span, batch)``. ``seek`` applies to the first span. Spans a
         few rows apart (what a resume inside a shuffle window leaves) are read as one range
-        and cut (:mod:`ingest.formats.spans`). Formats with random access override this to
-        fetch the bytes of many spans at once.
+        (:meth:`read_ranges`) and cut (:mod:`ingest.formats.spans`).
         """
         ranges = coalesce(spans)
-        read = (
-            (n, batch)
-            for n, r in enumerate(ranges)
-            for batch in self.read(r.start, r.stop, seek if n == 0 else None)
-        )
-        yield from cut(read, ranges, spans)
+        yield from cut(self.read_ranges(ranges, seek), ranges, spans)
+
+    def read_gathered(
+        self, spans: Sequence[tuple[int, int | None]], seek: Seek | None
+    ) -> Iterator[tuple[int, RowBatch | Gathered]]:
+        """:meth:`read_spans`, but the rows of several spans in one read batch come as one
+        :class:`Gathered` (``(index of its first span, rows)``), not a slice each."""
+        ranges = coalesce(spans)
+        for item in cut_together(self.read_ranges(ranges, seek), ranges, spans):
+            if not isinstance(item, Parts):
+                yield item
+            elif type(item.batch) is RowBatch:
+                gathered = Gathered.of(item.batch, item.parts)
+                yield int(gathered.spans[0]), gathered
+            else:  # bad rows: each span's own (the feed quarantines them by span)
+                batch, row = item.batch, item.batch.row
+                yield from ((i, batch.slice(lo - row, hi - lo)) for i, lo, hi in item.parts)
+
+    def read_ranges(
+        self, ranges: Sequence[Range], seek: Seek | None
+    ) -> Iterator[tuple[int, RowBatch]]:
+        """``(index of the range, batch)`` of coalesced ``ranges``, each range's batches in
+        row order; ``seek`` applies to the first. Formats with random access override this
+        to fetch the bytes of many ranges at once."""
+        for n, r in enumerate(ranges):
+            for batch in self.read(r.start, r.stop, seek if n == 0 else None):
+                yield n, batch
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and buffers."""

@@ -32,7 +32,7 @@ from ingest.formats.base import (
     ShardReader,
     check_schema,
 )
-from ingest.formats.spans import coalesce, cut
+from ingest.formats.spans import Range
 from ingest.storage.sources import Shard, Source
 
 _TAIL_BYTES = 64 << 10
@@ -233,13 +233,12 @@ class _ParquetReader(ShardReader):
         for _, batch in self.read_spans([(start, stop)], seek):
             yield batch
 
-    def read_spans(
-        self, spans: Sequence[tuple[int, int | None]], seek: Seek | None
+    def read_ranges(
+        self, ranges: Sequence[Range], seek: Seek | None
     ) -> Iterator[tuple[int, RowBatch]]:
         # Spans a few rows apart in one row group (the rest of a shuffle window) are one
         # range: the group is fetched and decoded once, not once per span.
-        ranges = coalesce(spans)
-        yield from cut(self._read_ranges([(r.start, r.stop) for r in ranges]), ranges, spans)
+        return self._read_ranges([(r.start, r.stop) for r in ranges])
 
     def _read_ranges(
         self, spans: Sequence[tuple[int, int | None]]

@@ -75,15 +75,22 @@ def coalesce(spans: Sequence[tuple[int, int | None]], gap: int = GAP_ROWS) -> li
     return out
 
 
-def cut(
+@dataclass(frozen=True, slots=True)
+class Parts:
+    """Parts of one batch that belong to several spans, cut by :func:`cut_together` and not
+    sliced: ``parts[i] = (index of the span, first row, row after the last)``, in row order."""
+
+    batch: Any
+    parts: tuple[tuple[int, int, int], ...]
+
+
+def _cut(
     read: Iterable[tuple[int, B]],
     ranges: Sequence[Range],
     spans: Sequence[tuple[int, int | None]],
-) -> Iterator[tuple[int, B]]:
-    """The batches ``read`` gives for ``ranges`` (``(index of the range, batch)``, each
-    range's batches in row order) as ``(index of the span, batch)``: each batch cut to the
-    spans it holds, the rows between them dropped. A batch is handed on as it is (a
-    :class:`~ingest.formats.base.BadRows` stays one) when it lies in one span whole."""
+) -> Iterator[tuple[B, list[tuple[int, int, int]]]]:
+    """Each batch of ``read`` with its parts: ``(index of the span, first row, row after
+    the last)`` for every span it holds rows of, in row order."""
     at = [0] * len(ranges)  # per range: its first member not read to its end yet
     for n, batch in read:
         members = ranges[n].members
@@ -95,17 +102,53 @@ def cut(
                 break
             m += 1
         at[n] = m
+        parts: list[tuple[int, int, int]] = []
         for index in members[m:]:
             start, stop = spans[index]
             if start >= end:
                 break
             lo, hi = max(start, row), end if stop is None else min(stop, end)
-            if hi <= lo:
-                continue
-            if (lo, hi) == (row, end):
-                yield index, batch
-            else:
-                yield index, batch.slice(lo - row, hi - lo)
+            if hi > lo:
+                parts.append((index, lo, hi))
+        yield batch, parts
 
 
-__all__ = ["GAP_ROWS", "Range", "coalesce", "cut"]
+def cut(
+    read: Iterable[tuple[int, B]],
+    ranges: Sequence[Range],
+    spans: Sequence[tuple[int, int | None]],
+) -> Iterator[tuple[int, B]]:
+    """The batches ``read`` gives for ``ranges`` (``(index of the range, batch)``, each
+    range's batches in row order) as ``(index of the span, batch)``: each batch cut to the
+    spans it holds, the rows between them dropped. A batch is handed on as it is (a
+    :class:`~ingest.formats.base.BadRows` stays one) when it lies in one span whole."""
+    for batch, parts in _cut(read, ranges, spans):
+        yield from _sliced(batch, parts)
+
+
+def cut_together(
+    read: Iterable[tuple[int, B]],
+    ranges: Sequence[Range],
+    spans: Sequence[tuple[int, int | None]],
+) -> Iterator[tuple[int, B] | Parts]:
+    """:func:`cut`, but a batch that holds rows of several spans comes whole with its parts
+    (:class:`Parts`), for the caller to gather in one take: the rest of a window after a
+    resume is hundreds of one-row spans per batch, and a slice (and a piece downstream) per
+    span cost more than the read (issue 32)."""
+    for batch, parts in _cut(read, ranges, spans):
+        if len(parts) > 1:
+            yield Parts(batch, tuple(parts))
+        else:
+            yield from _sliced(batch, parts)
+
+
+def _sliced(batch: B, parts: list[tuple[int, int, int]]) -> Iterator[tuple[int, B]]:
+    row, end = batch.row, batch.stop
+    for index, lo, hi in parts:
+        if (lo, hi) == (row, end):
+            yield index, batch
+        else:
+            yield index, batch.slice(lo - row, hi - lo)
+
+
+__all__ = ["GAP_ROWS", "Parts", "Range", "coalesce", "cut", "cut_together"]
