@@ -54,7 +54,9 @@ place of running the transform; rows read in part run it per batch, as without t
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -187,6 +189,7 @@ class Feed:
                 self.quarantine.add(error, url=plan.listing.shards[n].url)
         self._window_rows = config.window if plan.window is None else plan.window
         self._lanes = make_lanes(plan, 1 if config.seed is None else config.lanes)
+        _LIVE.add(self)
         budget = config.read.prefetch_bytes
         self._reader = LaneReader(
             plan,
@@ -537,6 +540,22 @@ class Feed:
                     pass
                 lane.reader = None
             lane.pending = None
+
+
+_LIVE: weakref.WeakSet[Feed] = weakref.WeakSet()
+"""Feeds made in this process and not collected yet (:func:`_close_live_feeds`)."""
+
+
+@atexit.register
+def _close_live_feeds() -> None:
+    """Close the feeds still open as the interpreter exits (a script or a kernel that
+    stopped iterating a stream), while their modules are whole. Left to the collector, their
+    lanes' readers (generators of the caller's thread without read-ahead) are closed as the
+    modules are torn down, and every ``except`` naming a module's exception (``pa.ArrowInvalid``)
+    printed an "Exception ignored" traceback."""
+    for feed in list(_LIVE):
+        with contextlib.suppress(Exception):  # exiting: a feed that fails to close goes
+            feed.close()
 
 
 def _with_data(pieces: Sequence[tuple[Span, Piece]]) -> npt.NDArray[np.bool_]:
