@@ -432,3 +432,45 @@ def test_ray_transform_that_raises_gives_an_empty_step_and_a_record(tmp_path: Pa
     assert q.reason == "ValueError: id 1234 cannot be tokenized"
     seen = Counter(i for r in ranks for b in r for i in b)
     assert max(seen.values()) == 1 and 1234 not in seen and len(seen) == 2 * ROWS - 100
+
+
+def test_bad_lines_in_the_rest_of_two_ranks_windows_are_quarantined_once_by_one_rank(
+    tmp_path: Path,
+) -> None:
+    """A state taken inside the windows of a two-worker loader, loaded by a stream of one
+    rank: the rest of the windows is read as spans a few rows long, several gathered from
+    one parsed chunk (:class:`ingest.formats.base.Gathered`), and the bad lines among them
+    stay each its own quarantine, never delivered, every other line once."""
+    rows = 400
+    bad = {0: [150, 151], 1: [37, 290], 2: [5, 333]}
+    for i in range(3):
+        lines = encode(make_table(i * rows, rows), "jsonl").split(b"\n")
+        for n in bad[i]:
+            lines[n] = b"{not json"
+        (tmp_path / f"part-{i}.jsonl").write_bytes(b"\n".join(lines))
+    options: dict[str, Any] = {
+        "columns": ["id"],
+        "batch_size": 20,
+        "shuffle_seed": 3,
+        "shuffle_window": 400,
+    }
+    read = ingest.ReadOptions(on_error="skip", block_bytes=4096)
+    loader = ingest.DataLoader(ingest.Stream(str(tmp_path), read=read, **options), num_workers=2)
+    first: list[dict[str, Any]] = []
+    try:
+        for batch in loader:
+            first.append(batch)
+            if len(first) == 8:  # 4 steps of 2 ranks: inside each rank's first window
+                break
+        state = json.loads(json.dumps(loader.state_dict()))
+    finally:
+        loader.close()
+    resumed = ingest.Stream(str(tmp_path), read=read, **options)
+    resumed.load_state_dict(state)
+    rest = list(resumed)
+    records = resumed.quarantined
+    assert sorted((q.url or "")[-7:-6] + f":{q.start}" for q in records) == sorted(
+        f"{i}:{n}" for i, lines in bad.items() for n in lines
+    )
+    assert all(q.rows == 1 for q in records), records
+    exactly_once_but_quarantined(ids_of(first + rest), records, 3 * rows, rows_per_shard=rows)

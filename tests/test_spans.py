@@ -97,3 +97,27 @@ def test_a_batch_of_bad_rows_stays_one_when_cut() -> None:
     out = list(cut([(0, bad)], ranges, [(0, 2), (5, 7)]))
     assert [(i, type(b).__name__, b.row, b.stop) for i, b in out] == [(1, "BadRows", 5, 7)]
     assert out[0][1].error is error
+
+
+def test_bad_rows_of_several_spans_are_not_gathered() -> None:
+    """A batch of bad rows (nulls, one per row) that holds rows of several spans comes as
+    one :class:`BadRows` per span, as :func:`cut` gives it: the feed quarantines each span's
+    rows, and a gathered piece would carry rows of data."""
+    from collections.abc import Iterator
+
+    from ingest.formats.base import Seek, ShardReader
+
+    error = ValueError("bad block")
+
+    class Bad(ShardReader):
+        def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+            assert stop is not None
+            yield BadRows(start, pa.record_batch({"id": [None] * (stop - start)}), None, error)
+
+    out = list(Bad(None).read_gathered([(0, 2), (3, 5), (9, 10)], None))  # type: ignore[arg-type]
+    assert [(i, type(b).__name__, b.row, b.stop) for i, b in out] == [
+        (0, "BadRows", 0, 2),
+        (1, "BadRows", 3, 5),
+        (2, "BadRows", 9, 10),
+    ]
+    assert all(isinstance(b, BadRows) and b.error is error for _, b in out)
