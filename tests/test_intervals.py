@@ -73,3 +73,11 @@ def test_a_fully_consumed_run_is_one_interval() -> None:
 def test_from_json_rejects_malformed(bad: object) -> None:
     with pytest.raises(ValueError, match="interval"):
         IntervalSet.from_json(bad)
+
+
+def test_rows_of_runs_gives_each_runs_rows_in_turn() -> None:
+    from ingest.core.intervals import rows_of_runs
+
+    assert rows_of_runs([10, 3, 7], [2, 0, 3]).tolist() == [10, 11, 7, 8, 9]
+    assert rows_of_runs([], []).tolist() == []
+    assert runs(rows_of_runs([5, 0], [2, 3])) == [(0, 3), (5, 7)]

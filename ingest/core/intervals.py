@@ -313,6 +313,16 @@ def runs(rows: npt.NDArray[np.int64]) -> list[tuple[int, int]]:
     return [(int(values[s]), int(values[e - 1]) + 1) for s, e in zip(starts, stops, strict=True)]
 
 
+def rows_of_runs(first: npt.ArrayLike, counts: npt.ArrayLike) -> npt.NDArray[np.int64]:
+    """The rows ``first[i] .. first[i] + counts[i] - 1`` of each run ``i``, one run after the
+    other (the inverse of :func:`runs` for runs in any order), in one pass: no array a run."""
+    first = np.asarray(first, dtype=np.int64)
+    counts = np.asarray(counts, dtype=np.int64)
+    out = np.repeat(first - (np.cumsum(counts) - counts), counts)
+    out += np.arange(len(out), dtype=np.int64)
+    return out
+
+
 _MIN_BITMAP_INTERVALS = 16
 """Sets of fewer intervals are always written as pairs (short, and readable)."""
 

@@ -13,6 +13,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.assign import Span
+from ingest.core.intervals import rows_of_runs
 from ingest.core.ledger import Rows, Runs, as_runs, pack_base
 from ingest.core.state import Cursor
 from ingest.formats.base import Gathered, RowBatch, Seek, indices
@@ -151,8 +152,7 @@ class Origin:
         of_key = np.repeat(np.arange(len(sizes)), np.append(gaps[1:], 0) + sizes_k)
         starts = np.empty_like(starts_k)
         starts[by_key] = starts_k
-        keys = np.repeat(starts - (np.cumsum(sizes) - sizes), sizes)
-        keys += np.arange(len(keys), dtype=np.int64)
+        keys = rows_of_runs(starts, sizes)
         offsets = firsts - starts_k
         last = int((firsts + sizes_k).max()) - 1 if len(sizes) else 0
         base = pack_base(segments, shards, offsets, last)

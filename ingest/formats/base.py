@@ -18,9 +18,10 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError, ShardError
+from ingest.core.intervals import rows_of_runs
 from ingest.core.validate import BYTES_OR_NONE, COUNT, SECONDS, Number, check_numbers
 from ingest.formats.memory import use_fork_safe_allocator
-from ingest.formats.spans import Parts, Range, coalesce, cut, cut_together
+from ingest.formats.spans import Parts, Range, coalesce, cut, cut_together, sliced
 from ingest.storage.cache import CacheOptions
 from ingest.storage.sources import RetryPolicy, Shard, Source
 
@@ -259,9 +260,7 @@ class Gathered:
         row order)."""
         bounds = np.array(parts, dtype=np.int64).reshape(-1, 3)
         sizes = bounds[:, 2] - bounds[:, 1]
-        firsts = bounds[:, 1] - batch.row
-        local = np.repeat(firsts - (np.cumsum(sizes) - sizes), sizes)
-        local += np.arange(len(local), dtype=np.int64)
+        local = rows_of_runs(bounds[:, 1] - batch.row, sizes)
         rows_in = int(batch.data.num_rows)
         share = batch.nbytes * len(local) // rows_in if rows_in else 0
         data = batch.data.take(indices(local))
@@ -367,8 +366,7 @@ class ShardReader(ABC):
                 gathered = Gathered.of(item.batch, item.parts)
                 yield int(gathered.spans[0]), gathered
             else:  # bad rows: each span's own (the feed quarantines them by span)
-                batch, row = item.batch, item.batch.row
-                yield from ((i, batch.slice(lo - row, hi - lo)) for i, lo, hi in item.parts)
+                yield from sliced(item.batch, item.parts)
 
     def read_ranges(
         self, ranges: Sequence[Range], seek: Seek | None

@@ -123,7 +123,7 @@ def cut(
     spans it holds, the rows between them dropped. A batch is handed on as it is (a
     :class:`~ingest.formats.base.BadRows` stays one) when it lies in one span whole."""
     for batch, parts in _cut(read, ranges, spans):
-        yield from _sliced(batch, parts)
+        yield from sliced(batch, parts)
 
 
 def cut_together(
@@ -139,10 +139,12 @@ def cut_together(
         if len(parts) > 1:
             yield Parts(batch, tuple(parts))
         else:
-            yield from _sliced(batch, parts)
+            yield from sliced(batch, parts)
 
 
-def _sliced(batch: B, parts: list[tuple[int, int, int]]) -> Iterator[tuple[int, B]]:
+def sliced(batch: B, parts: Sequence[tuple[int, int, int]]) -> Iterator[tuple[int, B]]:
+    """``(index of the span, rows)`` of each of ``batch``'s ``parts`` (``(span, first row,
+    row after the last)``): the batch itself for a part that is all of it, else a slice."""
     row, end = batch.row, batch.stop
     for index, lo, hi in parts:
         if (lo, hi) == (row, end):
@@ -151,4 +153,4 @@ def _sliced(batch: B, parts: list[tuple[int, int, int]]) -> Iterator[tuple[int, 
             yield index, batch.slice(lo - row, hi - lo)
 
 
-__all__ = ["GAP_ROWS", "Parts", "Range", "coalesce", "cut", "cut_together"]
+__all__ = ["GAP_ROWS", "Parts", "Range", "coalesce", "cut", "cut_together", "sliced"]

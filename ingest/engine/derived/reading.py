@@ -37,6 +37,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.assign import TO_END
+from ingest.core.intervals import rows_of_runs
 from ingest.engine.derived.codec import DerivedUnit
 from ingest.engine.derived.copies import DerivedStoreError
 from ingest.engine.derived.keys import DerivedKey, DerivedWarning, chain_fingerprint
@@ -391,7 +392,7 @@ class Deriving:
             tables.append(unit.staged.table)
             parts.append(unit.staged.part)
             at += unit.staged.table.num_rows
-        out = _ranges(first, counts)
+        out = rows_of_runs(first, counts)
         table = _rows_of(_concat(tables), out)
         return Staged(table, np.repeat(rows, counts), _parts(parts, tables, out))
 
@@ -472,15 +473,6 @@ def _rows_of(table: pa.Table, rows: npt.NDArray[np.int64]) -> pa.Table:
     if len(rows) and int(rows[-1]) - int(rows[0]) == len(rows) - 1 and (np.diff(rows) == 1).all():
         return table.slice(int(rows[0]), len(rows))
     return table.take(indices(rows))
-
-
-def _ranges(first: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """``first[i] .. first[i] + counts[i]`` for each ``i``, one after the other."""
-    total = int(counts.sum())
-    if not total:
-        return np.zeros(0, np.int64)
-    starts = np.repeat(first - (np.cumsum(counts) - counts), counts)
-    return (starts + np.arange(total, dtype=np.int64)).astype(np.int64)
 
 
 def _by_range(reads: Iterator[Read], at: dict[int, int]) -> Iterator[tuple[int, list[Read]]]:
