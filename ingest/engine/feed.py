@@ -530,14 +530,11 @@ class Feed:
             self._deriving.close()
         for lane in self._lanes:
             if lane.reader is not None:
-                # try, not contextlib.suppress: a feed left open at exit is closed while
-                # the interpreter tears down its modules (contextlib is None by then)
-                try:
+                # (a feed left open at exit was closed by _close_live_feeds, modules whole)
+                with contextlib.suppress(Exception):  # a reader that fails to close goes
                     close = getattr(lane.reader, "close", None)
                     if close is not None:
                         close()
-                except Exception:  # a reader that fails to close is let go
-                    pass
                 lane.reader = None
             lane.pending = None
 
