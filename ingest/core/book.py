@@ -484,26 +484,35 @@ class EpochBook(Generic[L]):
                 f"not every rank has acked step {step} yet; flush the rank "
                 "iterators (RankIterator.state_dict) before the snapshot"
             )
-        nxt = step + 1
+        e, after = self._epoch_at(step + 1, over)
+        if after:
+            return self._with_ahead(state_after(self.config, acks, e, step), at_start=True)
+        return self._with_ahead(state_in(self.config, acks, e, step))
+
+    def _epoch_at(self, nxt: int, over: Callable[[int], bool]) -> tuple[PlannedEpoch[L], bool]:
+        """The epoch a state before step ``nxt`` is in, and whether it is the state after
+        that epoch's end (:meth:`snapshot`; ``over``: whether an epoch with no step is over).
+
+        Raises:
+            StateError: If no epoch planned holds step ``nxt`` or ends before it.
+        """
         if not self._epochs and nxt == self._start_step:
-            e = self.plan(self._start_epoch)
-            return self._with_ahead(state_in(self.config, self.acks, e, step))
+            return self.plan(self._start_epoch), False
         for e in sorted(self._epochs.values(), key=lambda x: x.epoch):
             end = e.end_step
             if e.first_step <= nxt and (end is None or nxt < end):
-                return self._with_ahead(state_in(self.config, self.acks, e, step))
+                return e, False
             if nxt == end:
                 # An epoch with no step is over when every rank reached its end (steps do
                 # not tell), and so are those with no step right after it.
                 if end == e.first_step and not over(e.epoch):
-                    return self._with_ahead(state_in(self.config, self.acks, e, step))
+                    return e, False
                 while (f := self._epochs.get(e.epoch + 1)) is not None and (
                     f.first_step == f.end_step == nxt and over(f.epoch)
                 ):
                     e = f
-                after = state_after(self.config, self.acks, e, step)
-                return self._with_ahead(after, at_start=True)
-        raise StateError(f"step {step} is outside every planned epoch")
+                return e, True
+        raise StateError(f"step {nxt - 1} is outside every planned epoch")
 
     def snapshot_acked(self) -> StreamState:
         """The state after every batch any rank acked, when ranks acked unequal steps.
