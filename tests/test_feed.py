@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -302,3 +303,37 @@ def test_window_permutation_with_keys_that_share_their_high_bits() -> None:
     high = np.sort(splitmix_keys(n, base) >> np.uint64(20))
     assert (high[1:] == high[:-1]).any()
     assert permutation(n, "tie", 3).tolist() == reference_permutation(n, base)
+
+
+def _lane_plan(spans: list[Span], blocks: tuple[int, ...] | None, rows: int | None) -> Any:
+    """A plan of ``spans`` over one shard of ``rows`` rows and ``blocks``."""
+    from types import SimpleNamespace
+
+    from ingest.core.share import FeedPlan
+
+    listing = SimpleNamespace(infos=[SimpleNamespace(rows=rows, blocks=blocks)])
+    return FeedPlan(0, 0, 0, None, tuple(spans), ({}, {}), None, listing)
+
+
+def test_the_rest_of_a_unit_consumed_in_part_leads_a_lane() -> None:
+    """Spans of one row group with rows consumed between them (a re-shared window's rest)
+    are a rest; one span per unit (a fresh share, cut at most at its ends), carried rows or
+    a unit whose rows are unknown are not."""
+    from ingest.engine.lanes import unit_rest
+
+    blocks, rows = (0, 100, 200, 300), 400
+    rest = [Span(0, 210, 212), Span(0, 215, 230), Span(0, 290, 300), Span(0, 0, 100)]
+    plan = _lane_plan(rest, blocks, rows)
+    assert unit_rest(plan, [0, 1, 2, 3]) == 2 + 15 + 10
+    assert unit_rest(plan, [3, 0]) is None  # a whole unit first
+    assert unit_rest(plan, [2, 3]) is None  # one span of its unit: a share's cut end
+    cut = [Span(0, 150, 200), Span(0, 300, 400)]
+    assert unit_rest(_lane_plan(cut, blocks, rows), [0, 1]) is None
+    carried = [Span(0, 210, 212, CARRY), Span(0, 215, 230, CARRY)]
+    assert unit_rest(_lane_plan(carried, blocks, rows), [0, 1]) is None
+    # no blocks: the shard is one unit; its rest is every span of it at the lane's head
+    whole = [Span(0, 10, 20), Span(0, 30, 400)]
+    assert unit_rest(_lane_plan(whole, None, rows), [0, 1]) == 380
+    assert unit_rest(_lane_plan([Span(0, 10, 20), Span(0, 30, 1 << 62)], None, None), [0, 1]) == (
+        10 + (1 << 62) - 30
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -156,3 +157,19 @@ def test_grown_dataset_keeps_the_relative_order_of_old_shards() -> None:
 def test_negative_epoch_is_refused() -> None:
     with pytest.raises(ValueError, match="epoch"):
         epoch_units([], 0, -1)
+
+
+@given(
+    st.lists(st.integers(1, 50), min_size=0, max_size=6),
+    st.integers(0, 10_000),
+)
+def test_unit_of_is_the_epoch_unit_that_holds_the_row(sizes: list[int], seed: int) -> None:
+    from ingest.core.plan import unit_of
+
+    rows = sum(sizes) or 7
+    blocks = tuple(itertools.accumulate([0, *sizes[:-1]])) if sizes else None
+    units = epoch_units([PlanShard("s", rows, blocks)], seed, 0)
+    for u in units:
+        for row in range(u.start, u.stop or rows):
+            assert unit_of(rows, blocks, row) == (u.start, u.stop)
+    assert unit_of(None, blocks, 5) == (0, None)  # an unknown count is one unit

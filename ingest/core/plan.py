@@ -12,6 +12,7 @@ kept as arrays (:class:`Units`); a :class:`Unit` object is made only when one is
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import operator
 from collections.abc import Iterator, Sequence
@@ -193,6 +194,16 @@ class _Blocks:
     stops: npt.NDArray[np.int64]
     keep: npt.NDArray[np.bool_]
     """Units that hold rows (a block may be empty)."""
+
+
+def unit_of(rows: int | None, blocks: Sequence[int] | None, row: int) -> tuple[int, int | None]:
+    """Rows ``[start, stop)`` of the unit of :func:`epoch_units` that holds ``row`` of a shard
+    of ``rows`` rows (None: unknown; ``stop`` None then) and ``blocks``: its block, or the
+    whole shard where it is one unit (an unknown count, no blocks or a single block)."""
+    if rows is None or not blocks or len(blocks) <= 1:
+        return 0, rows
+    at = bisect.bisect_right(blocks, row) - 1
+    return int(blocks[max(at, 0)]), int(blocks[at + 1]) if at + 1 < len(blocks) else rows
 
 
 def epoch_units(shards: Sequence[PlanShard], seed: int | None, epoch: int) -> Units:

@@ -75,7 +75,7 @@ from ingest.core.state import Cursor
 from ingest.engine.derived.batches import DerivedBatches
 from ingest.engine.derived.reading import REF, Deriving, refs_of
 from ingest.engine.derived.store import DerivedConfig
-from ingest.engine.lanes import LaneReader, make_lanes
+from ingest.engine.lanes import LaneReader, make_lanes, unit_rest
 from ingest.engine.prefetch import in_order, read_ahead
 from ingest.engine.stage import RowError
 from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures
@@ -267,15 +267,23 @@ class Feed:
             index += 1
 
     def _first(self, lane: Lane) -> int:
-        """Rows ``lane`` gives the first window: its share of the window, or all the rows
+        """Rows ``lane`` gives the first window: its share of the window; or all the rows
         carried into the epoch it holds (they lead its spans), so that every carried row of
-        the rank is in the first window, where it goes first (:meth:`_window`)."""
+        the rank is in the first window, where it goes first (:meth:`_window`); or, where
+        the lane begins with the rest of a unit consumed in part (a share cut anew from a
+        state taken inside windows: :func:`~ingest.engine.lanes.unit_rest`), that rest
+        alone when it is less than the share: one row group read for the first batch, as
+        in a fresh epoch, not two."""
         spans, carried = self.plan.spans, 0
+        share = max(1, self._window_rows // len(self._lanes))
         for k in lane.spans:
             if spans[k].segment != CARRY:
                 break
             carried += spans[k].rows
-        return max(carried, 1, self._window_rows // len(self._lanes))
+        if carried:
+            return max(carried, share)
+        rest = unit_rest(self.plan, lane.spans)
+        return share if rest is None else max(1, min(rest, share))
 
     def _window(
         self, index: int, start: Cursor, end: Cursor, pieces: list[tuple[Span, Piece]]

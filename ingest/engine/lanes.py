@@ -18,8 +18,9 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import cast
 
-from ingest.core.assign import TO_END, Span
+from ingest.core.assign import MAIN, TO_END, Span
 from ingest.core.errors import IngestError, ShardError, StoreError
+from ingest.core.plan import unit_of
 from ingest.core.quarantine import Quarantine, skippable
 from ingest.core.share import FeedPlan
 from ingest.engine.derived.reading import Deriving
@@ -139,6 +140,40 @@ def make_lanes(plan: FeedPlan[Listing], count: int) -> list[Lane]:
             seek = None if seek_row is None else (int(seek_row), int(seek_cursor))
             lane.at = (int(k), int(row), seek)
     return lanes
+
+
+def unit_rest(plan: FeedPlan[Listing], lane: Sequence[int]) -> int | None:
+    """The rows of the rest of a unit that ``lane`` (indices into ``plan.spans``) begins
+    with, if the unit was consumed in part inside it; else None.
+
+    A share cut anew from a state taken inside shuffle windows (another world size, another
+    transport) begins each lane with what the windows left of their units: a few hundred
+    rows, hundreds of spans between the rows consumed. Two spans or more of one unit at the
+    head of a lane are such a rest: a share cut from the whole epoch has one span per unit
+    (cut at most at a share's ends), and a share that resumes in the original order keeps
+    its spans whole (the rows consumed are left out by ``skip``). A rest that lies in one
+    row group and the lane's next unit lie in two: :meth:`ingest.engine.feed.Feed._first`
+    gives the first window the rest alone, so that a resume's first batch decodes no more
+    row groups than a fresh one's (issue 32: 16 against 8, 1.16x a fresh first batch)."""
+    if len(lane) < 2:
+        return None
+    spans, infos = plan.spans, plan.listing.infos
+    first = spans[lane[0]]
+    if first.segment != MAIN:
+        return None
+    info = infos[first.shard]
+    start, stop = unit_of(info.rows, info.blocks, first.start)
+    end = TO_END if stop is None else stop
+    rows = count = 0
+    for k in lane:
+        span = spans[k]
+        if span.shard != first.shard or span.segment != MAIN:
+            break
+        if span.start < start or span.stop > end:
+            break
+        rows += span.stop - span.start
+        count += 1
+    return rows if count > 1 else None
 
 
 class LaneReader:
@@ -396,4 +431,4 @@ class LaneReader:
         yield from out
 
 
-__all__ = ["LaneReader", "Read", "Unbundled", "bundled", "make_lanes"]
+__all__ = ["LaneReader", "Read", "Unbundled", "bundled", "make_lanes", "unit_rest"]
