@@ -271,13 +271,30 @@ and options changes (its columns, their types, where ``eos_id`` goes), so that t
 copies an older one made are never read."""
 
 
+def default_parallel_batches() -> int:
+    """:class:`Tokenize`'s batches tokenized at once by default: 2 where this process may
+    run on more than two CPUs, else 1.
+
+    The second batch's ids are made arrays while the first is encoded, and the encoding
+    takes every core already (rayon): on two, the overlap bought no wall time and cost the
+    threads' switching, about 20 ms of CPU per epoch of ``benchmarks/tokenize_pack.py``
+    (its toy tokenizer: 0.87x the tokenizer's tokens per CPU second with two, 0.90x with
+    one, the same tokens per second; issue 32)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on every platform (macOS)
+        cpus = os.cpu_count() or 1
+    return 2 if cpus > 2 else 1
+
+
 class Tokenize(Stage):
     """Token ids of a text column (see the module docstring).
 
-    Two batches are tokenized at once (``parallel_batches``): while a Rust tokenizer encodes
-    one on every core without the GIL, the other's ids become arrays and the feed cuts the
-    next batch (one encoding runs at a time). Pass ``parallel_batches=1`` for a callable
-    that is not thread-safe.
+    Where the process has more than two CPUs, two batches are tokenized at once
+    (``parallel_batches``): while a Rust tokenizer encodes one on every core without the
+    GIL, the other's ids become arrays and the feed cuts the next batch (one encoding runs
+    at a time). On two CPUs or fewer, one (:func:`default_parallel_batches`). Pass
+    ``parallel_batches=1`` for a callable that is not thread-safe.
 
     Args:
         tokenizer: The tokenizer (see the module docstring).
@@ -286,7 +303,8 @@ class Tokenize(Stage):
         eos_id: A token appended to every document (an end of text), or None.
         keep: Other input columns kept beside the ids (the text column is dropped unless
             named here).
-        parallel_batches: Batches tokenized at once, in threads (see above).
+        parallel_batches: Batches tokenized at once, in threads (see above); None:
+            :func:`default_parallel_batches`.
     """
 
     def __init__(
@@ -297,8 +315,10 @@ class Tokenize(Stage):
         output: str = "input_ids",
         eos_id: int | None = None,
         keep: Sequence[str] = (),
-        parallel_batches: int = 2,
+        parallel_batches: int | None = None,
     ) -> None:
+        if parallel_batches is None:
+            parallel_batches = default_parallel_batches()
         if parallel_batches < 1:
             raise ConfigError(f"Tokenize(parallel_batches={parallel_batches}) must be at least 1")
         if eos_id is not None and (
@@ -374,4 +394,4 @@ class Tokenize(Stage):
         return Staged(out, np.arange(table.num_rows, dtype=np.int64))
 
 
-__all__ = ["EOS_KEY", "MAX_ID", "Tokenize"]
+__all__ = ["EOS_KEY", "MAX_ID", "Tokenize", "default_parallel_batches"]
