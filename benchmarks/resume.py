@@ -47,11 +47,21 @@ and the requests are the first run's. Each run's 1-minute load average is kept a
 (min-max); a ``RayStream``'s phases (its pool started, the state loaded, the first batch:
 medians) say where a resume's first batch went: its pool starts before any state is loaded,
 so a resume and a fresh epoch differ there only by the machine's noise.
+
+Each run starts after one batch of a ``Stream`` (not measured) and with the garbage of the
+runs before collected (``gc.collect``). A ``Stream`` run right after a ``DataLoader`` run
+was 15-35 ms slower to its first batch than after a ``Stream`` run (a fresh epoch: 240
+against 205 ms, 7 runs each, 2026-12-03; the process's pages written for the first time
+since the workers forked, a collection left due): in each round the resumes a ``Stream``
+loads follow a ``DataLoader`` run and the fresh ``Stream`` does not, which weighed against
+them (``--pairs stream`` alone: ``Stream -> Stream`` at 24 0.99x, against 1.14x to 1.21x in
+a run of every pair).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import json
 import os
@@ -348,7 +358,11 @@ def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) 
 
 
 def run_once(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) -> Epoch:
-    """One epoch of ``transport``, from ``state`` (None: a fresh epoch)."""
+    """One epoch of ``transport``, from ``state`` (None: a fresh epoch), after one batch of
+    a ``Stream`` and a collection of the garbage of the runs before (see the module
+    docstring)."""
+    warm_up(env)
+    gc.collect()
     load = os.getloadavg()[0]
     start = time.perf_counter()
     if transport.kind == "ray":
