@@ -175,6 +175,14 @@ def cpu_seconds() -> float:
     return time.process_time() + live + ended.children_user + ended.children_system
 
 
+def rates(loop: Callable[[], int]) -> tuple[float, float]:
+    """Tokens/s and tokens per CPU second (every process of the loop) of one call."""
+    wall, cpu = time.perf_counter(), cpu_seconds()
+    tokens = loop()
+    wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
+    return tokens / wall, tokens / cpu
+
+
 def timed(
     loops: dict[str, Callable[[], int]], repeat: int
 ) -> dict[str, tuple[float, float, float, float]]:
@@ -186,10 +194,7 @@ def timed(
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in loops}
     for _ in range(repeat):
         for name, loop in loops.items():
-            wall, cpu = time.perf_counter(), cpu_seconds()
-            tokens = loop()
-            wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
-            runs[name].append((tokens / wall, tokens / cpu))
+            runs[name].append(rates(loop))
     base = runs[next(iter(loops))]
     return {
         name: (
@@ -222,19 +227,9 @@ def timed_apart(
     ``base``; its ratios are of the medians. Taking turns with the other loops, its workers
     read ahead while those ran: their CPU was counted in the others' and its epochs found
     their batches made (44 million tokens/s against 4.7 for the tokenizer alone)."""
-    runs: list[tuple[float, float]] = []
-    for _ in range(repeat):
-        wall, cpu = time.perf_counter(), cpu_seconds()
-        tokens = loop()
-        wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
-        runs.append((tokens / wall, tokens / cpu))
+    runs = [rates(loop) for _ in range(repeat)]
     loop.close()
-    bases: list[tuple[float, float]] = []
-    for _ in range(repeat):
-        wall, cpu = time.perf_counter(), cpu_seconds()
-        tokens = base()
-        wall, cpu = time.perf_counter() - wall, cpu_seconds() - cpu
-        bases.append((tokens / wall, tokens / cpu))
+    bases = [rates(base) for _ in range(repeat)]
     rate, per_cpu = (statistics.median(r[i] for r in runs) for i in (0, 1))
     base_rate, base_cpu = (statistics.median(r[i] for r in bases) for i in (0, 1))
     return rate, per_cpu, rate / base_rate, per_cpu / base_cpu
