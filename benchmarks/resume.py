@@ -396,7 +396,8 @@ def record(series: Epoch | None, again: Epoch, before: np.ndarray | None, s: Set
 
 
 def warm_up(env: Env) -> None:
-    """One batch of a ``Stream`` first: imports and the first connection are not measured."""
+    """One batch of a ``Stream``, before each run (:func:`run_once`): imports, the first
+    connection and what the run before left are not measured."""
     stream = ingest.Stream(env.url, **env.kwargs)
     next(iter(stream))
     stream.close()

@@ -78,13 +78,6 @@ def _stream(case: dict[str, Any]) -> ingest.Stream:
     return ingest.Stream(str(DATA / case["data"]), columns=["id"], **options)
 
 
-def _epoch_starts(saved: dict[str, Any]) -> set[int]:
-    """Where each of the two loops starts in ``ids_after``: 0 and the first loop's length."""
-    fresh = _stream(saved["case"])
-    fresh.load_state_dict(saved["state"])
-    return {0, sum(len(b["id"]) for b in fresh)}
-
-
 def test_every_case_is_here() -> None:
     assert OLD == [
         "dataloader_two_workers",
@@ -120,8 +113,10 @@ def test_a_state_of_an_earlier_main_resumes_with_the_same_rows(data: Path, name:
     saved = SAVED[name]
     stream = _stream(saved["case"])
     stream.load_state_dict(saved["state"])
-    ids = [int(i) for _ in range(2) for b in stream for i in b["id"]]
+    loops = [[int(i) for b in stream for i in b["id"]] for _ in range(2)]
+    ids = loops[0] + loops[1]
     assert ids == saved["ids_after"]
+    epoch_starts = {0, len(loops[0])}  # where each of the two loops starts in ids_after
     # Orders changed on purpose, each kept as it was (``ids_after_at_<commit>``): the same
     # rows, and the same order up to the epoch whose first window changed.
     # - f5e380e, issue 31 (finding 4): the rows carried into an epoch lead its first window,
@@ -133,7 +128,7 @@ def test_a_state_of_an_earlier_main_resumes_with_the_same_rows(data: Path, name:
         earlier = saved[key]
         assert sorted(ids) == sorted(earlier), key
         changed = next(k for k, (a, b) in enumerate(zip(ids, earlier, strict=True)) if a != b)
-        assert changed in _epoch_starts(saved), (key, changed)
+        assert changed in epoch_starts, (key, changed)
 
 
 def _resumes(ray: bool) -> list[Any]:
