@@ -100,7 +100,7 @@ def test_batches_kept_stay_as_they_came_through_the_workers_shared_slots(data: s
     of a slot its worker writes again, and a loop left early (its batches in slots dropped)
     leaves the next loop's batches whole."""
     stream = ingest.Stream(data, columns=["id", "tokens"], batch_size=BATCH, shuffle_seed=3)
-    loader = ingest.DataLoader(stream, num_workers=2, prefetch_factor=1)  # 3 slots a worker
+    loader = ingest.DataLoader(stream, num_workers=2, prefetch_factor=1)  # 9 slots a worker
     kept: list[dict[str, Any]] = []
     for k, batch in enumerate(loader):
         kept.append(batch)
@@ -113,6 +113,48 @@ def test_batches_kept_stay_as_they_came_through_the_workers_shared_slots(data: s
         assert torch.equal(batch["tokens"], want.to(torch.int32))
     seen = ids(kept)
     assert len(seen) == len(set(seen)) and TOTAL - len(seen) < 2 * BATCH
+
+
+def test_workers_send_their_small_batches_a_few_to_a_torch_item(
+    data: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Torch's main process pays for each item a worker sends: the workers bundle their small
+    batches (ingest.integrations.worker_items), and the loop hands out the same batches in
+    the same order, epoch after epoch, as when each batch is an item of its own."""
+    from ingest.integrations import loader as loader_module
+    from ingest.integrations import worker_items
+
+    items: list[int] = []
+
+    def counted(received: Any, *args: Any) -> Any:
+        def count() -> Any:
+            for item in received:
+                bundle = item[worker_items.KEY]
+                items.append(len(getattr(bundle, "batches", [item])))
+                yield item
+
+        return worker_items.in_turn(count(), *args)
+
+    def epochs() -> list[list[int]]:
+        stream = ingest.Stream(data, columns=["id", "text"], batch_size=BATCH, shuffle_seed=3)
+        loader = ingest.DataLoader(stream, num_workers=2)
+        out = []
+        for _ in range(2):
+            got = list(loader)
+            assert all(isinstance(b["text"][0], str) for b in got)
+            out.append(ids(got))
+        loader.close()
+        return out
+
+    monkeypatch.setattr(loader_module, "in_turn", counted)
+    bundled = epochs()
+    batches = sum(len(e) for e in bundled) // BATCH
+    assert len(items) <= batches / 3 + 8, "most items carry a few batches"
+    assert max(items) == worker_items.BUNDLE_BATCHES
+    monkeypatch.setattr(worker_items, "BUNDLE_BATCHES", 1)  # the workers fork after this
+    items.clear()
+    assert epochs() == bundled
+    assert set(items) == {1}
 
 
 def test_a_loop_left_early_keeps_its_workers_for_the_next_loop(data: str) -> None:

@@ -8,7 +8,9 @@ after the fork or spawn). Every batch carries where its rows came from; the main
 takes that off and hands the batch out through that worker's rank loop
 (:meth:`ingest.engine.loop.RankLoop.hand_out`, which acks it), so
 :meth:`DataLoader.state_dict` covers every batch handed out by any worker, at any moment,
-and loads with any worker count (or into a ``Stream`` or a ``RayStream``).
+and loads with any worker count (or into a ``Stream`` or a ``RayStream``). What a worker
+sends, and how this process takes it (its small batches a few to a torch item, through a
+ring of shared slots, handed out in torch's order), is :mod:`ingest.integrations.worker_items`.
 
 The workers are kept across epochs (torch's persistent workers): an epoch's start costs no
 process start, and each worker keeps its planner (and so its fsspec filesystems). The workers
@@ -43,17 +45,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
 import torch.utils.data
 
 from ingest.core.book import EpochBook
 from ingest.core.errors import ConfigError, IngestError
-from ingest.core.ledger import Closed, Rows, Runs
-from ingest.core.quarantine import Quarantined
 from ingest.core.snapshot import state_with_tokens
-from ingest.core.state import Cursor, StreamState
-from ingest.engine.convert import Batch, column_to_torch, placed, to_torch
+from ingest.core.state import StreamState
+from ingest.engine.convert import Batch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
@@ -61,18 +59,21 @@ from ingest.engine.pack import StepCount, merged
 from ingest.engine.rank_node import RankNode, rank_node, worker_table
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
-from ingest.integrations.shared_slots import (
-    Placed,
-    SlotRing,
-    text_buffers,
-    text_values,
-    worker_rings,
+from ingest.integrations.shared_slots import SlotRing, worker_rings
+from ingest.integrations.worker_items import (
+    KEY,
+    Bundler,
+    Came,
+    Ended,
+    Failed,
+    in_turn,
+    ring_slots,
+    sent,
+    with_tensors,
 )
 from ingest.planner.catalog import Listing
 from ingest.planner.planner import Planner
 
-KEY = "__ingest__"
-"""The batch entry that carries a batch's provenance from a worker to the main process."""
 ORDER_WAIT_S = 120.0
 """Seconds a worker waits for its epoch's order: the main process sends it before it tells
 the workers to start the epoch, so it is there at once unless the main process is gone."""
@@ -81,16 +82,6 @@ LISTENER_JOIN_S = 10.0
 SLOT_BYTES = 64 << 20
 """Bytes of each slot of a worker's ring (:class:`SlotRing`): a batch's tensors larger than
 that go by the pipe. Only the pages written are backed by memory."""
-RUNS = "\0runs"
-"""The name a batch's runs have in a worker's ring (no column's: it begins with a NUL)."""
-_OFFSETS, _DATA = "\0offsets:", "\0data:"
-"""Prefixes of the names a string or binary column's offsets and bytes have in the ring."""
-_NO_ROWS = np.zeros(0, np.int64)
-SLOT_WAIT_S = 10.0
-"""Seconds a worker waits for a free slot of its ring before it sends that batch by the pipe
-(its ring is full only when more of its batches wait in the main process than it has slots:
-torch gives it ``prefetch_factor`` at a time, more once the other workers ended their share;
-or when the main process left the loop, which ends the wait at once)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,82 +128,6 @@ class _Opened:
     error: BaseException | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class _Came:
-    """Where a worker's batch came from (taken off in the main process)."""
-
-    rank: int
-    step: int
-    runs: Runs | Rows
-    rows: int
-    cursor: Cursor
-    quarantined: tuple[Quarantined, ...]
-    arrays: tuple[str, ...] = ()
-    """Tensors sent as numpy arrays (see :meth:`_Shares.__iter__`), made tensors again."""
-    placed: Placed | None = None
-    """Where in the worker's ring its tensors lie (None at their names in the batch), and
-    with them ``runs`` (:data:`RUNS`) and the buffers of the columns in :attr:`texts`."""
-    closed: Closed | None = None
-    table: pa.Table | None = None
-    """A packing stream's read step: its token ids and each row's origin, packed in the
-    main process (:class:`ingest.engine.pack.PackedRank`)."""
-    texts: tuple[tuple[str, str], ...] = ()
-    """The string and binary columns whose buffers lie in the ring (name, Arrow type)."""
-
-    def __reduce__(self) -> tuple[type[_Came], tuple[Any, ...]]:
-        # Sent with every batch: a frozen dataclass with slots pickles through
-        # dataclasses.fields() on both sides (about 10 us a batch in the main process).
-        return _Came, tuple(getattr(self, name) for name in self.__slots__)
-
-    @classmethod
-    def of(
-        cls,
-        rank: int,
-        item: Ready,
-        *,
-        arrays: tuple[str, ...] = (),
-        placed: Placed | None = None,
-        table: pa.Table | None = None,
-        texts: tuple[tuple[str, str], ...] = (),
-    ) -> _Came:
-        """Where ``item``, a batch of ``rank``'s feed, came from (its runs left out when
-        they lie in the ring, ``placed``)."""
-        runs = _NO_ROWS if placed is not None else item.runs
-        return cls(
-            rank,
-            item.step,
-            runs,
-            item.rows,
-            item.cursor,
-            item.quarantined,
-            arrays,
-            placed,
-            item.closed,
-            table,
-            texts,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    """A worker's read failed with this error, sent as it is: torch would re-raise it in the
-    main process as a RuntimeError of its message (it rebuilds errors from a message alone),
-    so ``except ingest.ShardError`` would not catch it."""
-
-    error: IngestError
-
-
-@dataclass(frozen=True, slots=True)
-class _Ended:
-    """A worker's feed ended: what the book needs when row counts were unknown."""
-
-    rank: int
-    steps: int
-    leftover: Runs
-    learned: dict[int, int]
-    quarantined: tuple[Quarantined, ...]
-
-
 class _Shares(torch.utils.data.IterableDataset[Batch]):
     """What the DataLoader's workers iterate: their rank's share of each epoch, by order."""
 
@@ -255,7 +170,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         if ring is not None:
             ring.begin()  # the main process takes none of what this worker sent before
         order = self.order if info is None else self._receive(rank)
-        if isinstance(order, _Failed):
+        if isinstance(order, Failed):
             yield {KEY: order}
             return
         assert order is not None, "the main process sets the order before it iterates"
@@ -264,24 +179,9 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         try:
             if opened.error is not None:
                 raise opened.error
-            for item in opened.items:
-                if isinstance(item, _Failed):
-                    yield {KEY: item}
-                    return
-                if isinstance(item, Tail):
-                    end = _Ended(rank, item.steps, item.leftover, item.learned, item.quarantined)
-                    ended = info is not None
-                    yield {KEY: end}
-                    return
-                assert isinstance(item, Ready)
-                table = worker_table(self.pack, item.table)
-                if table is not None:  # regrouped by the main process's node
-                    yield {KEY: _Came.of(rank, item, table=table)}
-                    continue
-                if info is None:
-                    yield {**to_torch(item.table), KEY: _Came.of(rank, item)}
-                    continue
-                yield _sent(rank, item, ring)
+            for out in _worker_items(rank, opened.items, self.pack, ring, info is not None):
+                ended = isinstance(out[KEY], Ended) and info is not None
+                yield out
         finally:
             opened.stack.close()
             if ended:  # the next epoch's order may come early: its feed is opened at once
@@ -311,7 +211,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         def listen() -> None:
             message = self._message(rank, time.monotonic() + ORDER_WAIT_S)
             if not (isinstance(message, _Order) and message.early):
-                self._held = message if message is not None else _Failed(_no_order(rank))
+                self._held = message if message is not None else Failed(_no_order(rank))
                 return
             self._taken = message.number + 1
             opened = None
@@ -354,7 +254,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
             self._planner = (pid, self.spec.planner())
         return self._planner[1]
 
-    def _receive(self, rank: int) -> _Order | _Failed:
+    def _receive(self, rank: int) -> _Order | Failed:
         """In worker ``rank``: the order of the epoch torch just began (older ones passed
         over); an early order once a :class:`_Go` of its number follows it."""
         listener, self._listener = self._listener, None
@@ -366,8 +266,8 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
             message, self._held = self._held, None
             if message is None:
                 message = self._message(rank, waited_until)
-            if message is None or isinstance(message, _Failed):
-                return message or _Failed(_no_order(rank))
+            if message is None or isinstance(message, Failed):
+                return message or Failed(_no_order(rank))
             if isinstance(message, _Go):
                 if candidate is not None and candidate.number == message.number:
                     return candidate
@@ -382,13 +282,13 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
 
     def _message(self, rank: int, waited_until: float) -> Any:
         """The next message from the main process (None: the loader is closing; a
-        :class:`_Failed` once ``waited_until`` has passed)."""
+        :class:`Failed` once ``waited_until`` has passed)."""
         while time.monotonic() < waited_until:
             try:
                 return self.queues[rank].get(timeout=1.0)
             except queue.Empty:
                 continue
-        return _Failed(_no_order(rank))
+        return Failed(_no_order(rank))
 
 
 def _no_order(rank: int) -> IngestError:
@@ -505,18 +405,17 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         ended = 0
         # Every kind of batch, as it leaves its rank (ingest.engine.convert.placed).
         place = functools.partial(placed, pin_memory=self.pin_memory, device=None)
-        for out in self._drawn(order):
+        shares = self._shares  # its rings are made as the workers start (_begin)
+        for out in in_turn(self._drawn(order), ranks, lambda rank: shares.rings[rank]):
             came = out.pop(KEY)
-            if isinstance(came, _Failed):
+            if isinstance(came, Failed):
                 raise came.error
             node = self._nodes[came.rank]
-            if isinstance(came, _Ended):
+            if isinstance(came, Ended):
                 made = node.finish(epoch, came)
                 ended += 1
             else:
-                if came.placed is not None:
-                    came = _taken(out, came, self._shares.rings[came.rank])
-                made = node.feed(came, functools.partial(_tensors, out))
+                made = node.feed(came, functools.partial(with_tensors, out))
             for _, batch in made:
                 yield place(batch)
         if ended != ranks:
@@ -587,9 +486,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             context = self.multiprocessing_context or torch.multiprocessing
             workers.queues = [context.Queue() for _ in range(self.num_workers)]
             self._shares.queues = workers.queues
-            workers.rings = worker_rings(
-                context, self.num_workers, self.prefetch_factor, SLOT_BYTES
-            )
+            slots = ring_slots(self.prefetch_factor)
+            workers.rings = worker_rings(context, self.num_workers, slots, SLOT_BYTES)
             self._shares.rings = workers.rings
             workers.sent = 0
             workers.send(order)
@@ -728,60 +626,30 @@ class _Workers:
             ring.close()
 
 
-def _sent(rank: int, item: Ready, ring: SlotRing | None) -> Batch:
-    """What a worker sends for ``item``, a batch of its feed, converted for torch: written
-    into its ring (not as torch's shared-memory tensors: a socket handshake per tensor, and
-    the sharing strategy is the user's to set), its tensors, runs and each string or binary
-    column as Arrow offsets and bytes (the main process decodes them: a list of 1,000
-    strings pickled and unpickled cost more); the ring full or the batch larger than a
-    slot, all by value through the pipe."""
-    table = item.table
-    texts = text_buffers(table) if ring is not None else {}
-    names = list(table.column_names) if texts else None
-    batch = to_torch(table.drop_columns(list(texts)) if texts else table)
-    tensors = {k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
-    placed = None
-    if ring is not None:
-        arrays = dict(tensors)
-        if isinstance(item.runs, np.ndarray):
-            arrays[RUNS] = item.runs
-        for name, (offsets, data) in texts.items():
-            arrays[_OFFSETS + name], arrays[_DATA + name] = offsets, data
-        placed = ring.put(arrays, SLOT_WAIT_S) if RUNS in arrays else None
-    if placed is not None:
-        kinds = tuple((name, str(table.schema.field(name).type)) for name in texts)
-        order = names if names is not None else batch
-        sent = {k: None if k in tensors or k in texts else batch[k] for k in order}
-        return {**sent, KEY: _Came.of(rank, item, placed=placed, texts=kinds)}
-    for name in texts:  # by the pipe after all: as Python objects
-        batch[name] = column_to_torch(table.column(name), name)
-    order = names if names is not None else batch
-    sent = {k: tensors.get(k, batch[k]) for k in order}
-    return {**sent, KEY: _Came.of(rank, item, arrays=tuple(tensors))}
-
-
-def _taken(batch: Batch, came: _Came, ring: SlotRing) -> _Came:
-    """Fill ``batch`` with what a worker wrote into its ``ring`` for it (``came.placed``):
-    its tensors copied out, its string and binary columns decoded; and return ``came`` with
-    the batch's runs. The slot is then free."""
-    assert came.placed is not None
-    with ring.viewed(came.placed) as views:
-        runs = views.pop(RUNS).copy()
-        for name, kind in came.texts:
-            offsets, data = views.pop(_OFFSETS + name), views.pop(_DATA + name)
-            batch[name] = text_values(offsets, data, kind)
-        for name, view in views.items():
-            batch[name] = torch.from_numpy(view.copy())
-        del views
-    return dataclasses.replace(came, runs=runs, placed=None, texts=())
-
-
-def _tensors(batch: Batch, came: _Came) -> Batch:
-    """``batch`` with the arrays a worker sent by its pipe (``came.arrays``) made tensors
-    again."""
-    for name in came.arrays:
-        batch[name] = torch.from_numpy(batch[name])
-    return batch
+def _worker_items(
+    rank: int, items: Iterator[Any], pack: Grouping | None, ring: SlotRing | None, forked: bool
+) -> Iterator[Batch]:
+    """What worker ``rank`` sends of its feed's ``items`` (``forked``: in a worker process,
+    not in the main one with ``num_workers=0``): its batches, a few to an item where they lie
+    in its ``ring``, then its end; or a failure (the batches before it first)."""
+    bundler = Bundler(rank)
+    for item in items:
+        if isinstance(item, Failed | Tail):
+            yield from bundler.flush()
+        if isinstance(item, Failed):
+            yield {KEY: item}
+            return
+        if isinstance(item, Tail):
+            yield {KEY: Ended(rank, item.steps, item.leftover, item.learned, item.quarantined)}
+            return
+        assert isinstance(item, Ready)
+        table = worker_table(pack, item.table)
+        if table is not None:  # regrouped by the main process's node
+            yield from bundler.add({KEY: Came.of(rank, item, table=table)}, 0)
+        elif not forked:
+            yield {**to_torch(item.table), KEY: Came.of(rank, item)}
+        else:
+            yield from bundler.add(sent(rank, item, ring), item.nbytes)
 
 
 def _as_is(batch: Any) -> Any:
@@ -789,11 +657,11 @@ def _as_is(batch: Any) -> Any:
 
 
 def _failing_as_item(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, then a :class:`_Failed` if they end with an :class:`IngestError`."""
+    """``items``, then a :class:`Failed` if they end with an :class:`IngestError`."""
     try:
         yield from items
     except IngestError as e:
-        yield _Failed(e)
+        yield Failed(e)
 
 
 __all__ = ["DataLoader"]

@@ -5,7 +5,7 @@ array into the pipe and the main process reads and unpickles it, two copies and 
 call per 64 KiB on each side. A :class:`SlotRing`, made by the main process before it forks
 the worker, is one anonymous shared mapping (``mmap.mmap(-1, n, flags=MAP_SHARED)``): it
 survives the fork with no name to clean up, and its pages cost memory only once written.
-The worker writes a batch's arrays into its next free slot and sends only where they lie
+The worker writes a batch's arrays into its lowest free slot and sends only where they lie
 (:class:`Placed`); the main process copies them out, one ``memcpy`` each (a batch may be kept
 for ever, so no view into a slot escapes), and frees the slot.
 
@@ -81,8 +81,6 @@ class SlotRing:
         self._generation = np.ndarray((1,), np.uint64, buffer=self._map, offset=0)
         self._states = np.ndarray((slots,), np.uint8, buffer=self._map, offset=8)
         self._free = multiprocessing.get_context("fork").Semaphore(slots)
-        self._next = 0
-        """The writer's next slot to look at (each process has its own after the fork)."""
         self._began = 0
         """The generation the writer's batches belong to."""
 
@@ -131,7 +129,6 @@ class SlotRing:
         for _ in range(self.slots):
             self._free.release()
         self._began = int(self._generation[0])
-        self._next = 0
 
     def put(self, arrays: Mapping[str, np.ndarray], wait_s: float) -> Placed | None:
         """Writer: write ``arrays`` into a free slot and return where they lie; None (send
@@ -153,7 +150,6 @@ class SlotRing:
             np.copyto(into, array, casting="no")
             del into
         self._states[slot] = FULL
-        self._next = (slot + 1) % self.slots
         return Placed(slot, tuple(layout))
 
     def _acquire(self, wait_s: float) -> bool:
@@ -170,26 +166,24 @@ class SlotRing:
                 return True
 
     def _free_slot(self) -> int:
-        """The first free slot from :attr:`_next` on (the reader frees them in order, unless
-        it lost a batch)."""
-        for k in range(self.slots):
-            slot = (self._next + k) % self.slots
-            if self._states[slot] == FREE:
-                return slot
-        raise AssertionError("the semaphore counted a free slot that the header has not")
+        """The lowest free slot: the reader frees slots in about the order they were
+        written, so the few a steady loop needs are used again and again (their pages stay
+        warm in the caches, and no more of the mapping is backed by memory than they)."""
+        free = np.flatnonzero(self._states == FREE)
+        if not len(free):
+            raise AssertionError("the semaphore counted a free slot that the header has not")
+        return int(free[0])
 
 
-def worker_rings(
-    context: Any, workers: int, prefetch_factor: int | None, slot_bytes: int
-) -> list[SlotRing]:
-    """A ring per DataLoader worker, where they fork from this process; none (they send by
-    the pipe) under ``spawn`` or ``forkserver``, or where the system refuses the mapping.
-    Two slots more than torch's ``prefetch_factor``: one being copied out, one written."""
+def worker_rings(context: Any, workers: int, slots: int, slot_bytes: int) -> list[SlotRing]:
+    """A ring of ``slots`` slots per DataLoader worker, where they fork from this process;
+    none (they send by the pipe) under ``spawn`` or ``forkserver``, or where the system
+    refuses the mapping."""
     method = context.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
     if method != "fork":
         return []
     try:
-        return [SlotRing((prefetch_factor or 2) + 2, slot_bytes) for _ in range(workers)]
+        return [SlotRing(slots, slot_bytes) for _ in range(workers)]
     except OSError:
         return []
 
