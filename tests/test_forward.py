@@ -103,6 +103,37 @@ def test_the_counting_proxy_counts_requests_and_body_bytes(upstream: str) -> Non
         assert proxy.counters() - before == Counters(requests=3, bytes_read=len(DATA))
 
 
+def test_the_counting_proxy_counts_a_request_before_its_answer_leaves(
+    upstream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client that has its answer finds it counted: the bench reads the counters right
+    after its last request (counted after the answer went, a loaded machine's counters
+    missed it: 2 requests where 3 were sent)."""
+    from ingest.tools.bench import proxy as proxy_module
+
+    counted_at_answer: list[int] = []
+    relay = proxy_module._Handler.relay
+
+    def watched(self: Any, *args: Any) -> None:
+        counted_at_answer.append(self._server().requests)
+        relay(self, *args)
+
+    monkeypatch.setattr(proxy_module._Handler, "relay", watched)
+    server = proxy_module._Server(0, upstream)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=30)
+    try:
+        for method, path in [("GET", "/data"), ("HEAD", "/data"), ("GET", "/empty")]:
+            ask(conn, method, path)
+    finally:
+        conn.close()
+        server.shutdown()
+        server.server_close()
+    assert counted_at_answer == [1, 2, 3]
+    assert server.bytes_read == len(DATA)
+
+
 @pytest.mark.parametrize("upstream", ["127.0.0.1:9", "https://127.0.0.1:9", "http://host"])
 def test_an_upstream_that_is_not_an_http_endpoint_is_refused(upstream: str) -> None:
     with pytest.raises(ValueError, match=r"upstream='.*' must be http://HOST:PORT"):
