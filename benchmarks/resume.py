@@ -11,7 +11,12 @@ loading transport, which runs to the end of the epoch. Pairs, saved by -> loaded
 Stream``, ``RayStream(2) -> RayStream(3)`` (a local Ray started here, each rank
 iterated in a thread of its own), and ``RayStream(2) -> RayStream(3) joined`` (the ranks'
 iterators from ``RayStream.joined`` with the state, as ``ingest.train`` resumes a worker
-group from its checkpoint; its fresh epoch joined with no state).
+group from its checkpoint; its fresh epoch joined with no state), and ``RayStream(2) ->
+RayStream(3) joined in place`` (Ray Train's restart after a worker failed: the driver's
+stream is up, its group of 2 ran past the checkpoint and stopped, and a group of 3 joins it
+from the checkpoint; timed from the join, see :func:`run_in_place`). A resume that starts a
+new ``RayStream`` starts its pool's processes first (a job resubmitted); one in place
+(a run's restart inside the job) does not.
 
 For each resume it prints the state's JSON size (``len(json.dumps(state))``, and that over
 the world size at save), the seconds from building the resumed loader (``Stream(...)``,
@@ -30,7 +35,8 @@ and <= the faster peer's resume (fixed figures from the issue, Mosaic and LitDat
 Figures from a shared 2-core machine are noisy: compare the ratios of one run.
 
     .venv/bin/python benchmarks/resume.py [--quick] [--repeat N] [--json PATH]
-        [--peers-json PATH] [--pairs stream dl2 dl2-dl1 dl2-stream ray ray-joined]
+        [--peers-json PATH] [--pairs stream dl2 dl2-dl1 dl2-stream ray ray-joined
+        ray-in-place]
         [--preload]
 
 ``--preload`` starts the local Ray with ``preload_python_modules`` (:data:`PRELOAD`): the
@@ -72,6 +78,7 @@ import time
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -107,18 +114,21 @@ class Transport:
     """How batches reach the loop: ``stream``, ``loader`` (n workers) or ``ray`` (n ranks;
     ``joined``: each rank's iterator from ``RayStream.joined`` with the state, as
     ``ingest.train`` resumes a worker group from its checkpoint, in place of
-    ``load_state_dict`` and ``rank_iterator``)."""
+    ``load_state_dict`` and ``rank_iterator``; ``in_place``: joined to a stream that is up,
+    see :func:`run_in_place`)."""
 
     kind: str
     n: int = 1
     joined: bool = False
+    in_place: bool = False
 
     @property
     def name(self) -> str:
         return {
             "stream": "Stream",
             "loader": f"DataLoader({self.n})",
-            "ray": f"RayStream({self.n}){' joined' if self.joined else ''}",
+            "ray": f"RayStream({self.n}){' joined' if self.joined else ''}"
+            + (" in place" if self.in_place else ""),
         }[self.kind]
 
     @property
@@ -135,6 +145,7 @@ PAIRS: dict[str, tuple[Transport, Transport]] = {
     "dl2-stream": (Transport("loader", 2), STREAM),
     "ray": (Transport("ray", 2), Transport("ray", 3)),
     "ray-joined": (Transport("ray", 2), Transport("ray", 3, joined=True)),
+    "ray-in-place": (Transport("ray", 2), Transport("ray", 3, joined=True, in_place=True)),
 }
 """Every resume measured, by the name ``--pairs`` takes: (saved by, loaded by)."""
 
@@ -357,6 +368,88 @@ def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) 
     )
 
 
+FAILED_STEPS = 4
+"""Steps the worker group of :func:`run_in_place` runs past its checkpoint before it fails."""
+
+
+def run_in_place(env: Env, transport: Transport, state: Any) -> Epoch:
+    """A worker group of ``transport.n`` ranks joining a ``RayStream`` that is up: Ray
+    Train's restart after a worker failed (or at another worker count, ``ingest.train``
+    calling ``RayStream.joined`` with the last checkpoint), where the driver's stream, its
+    coordinator and its readers live on. With ``state``: the stream was made at the state's
+    world size and its group ran :data:`FAILED_STEPS` steps of a fresh epoch, then stopped
+    (failed); the first batch is timed from the join, the requests counted from the join
+    to the epoch's end. Fresh (no state): a group joins a stream no group ran; the first
+    batch is timed from the join, the requests counted from the stream's build (its
+    listing among them: a resume in place lists the source again, the ranks having run)."""
+    world = transport.n if state is None else int(state["distributed"]["world_size"])
+    counted = env.proxy.counters()
+    stream = ingest.RayStream(env.url, world_size=world, **env.kwargs)
+    try:
+        if state is not None:
+            failed = [stream.rank_iterator(rank) for rank in range(world)]
+            with ThreadPoolExecutor(world) as pool:
+                list(pool.map(lambda it: list(islice(it, FAILED_STEPS)), failed))
+            counted = env.proxy.counters()
+        before = _reads(stream.stats())
+        start = time.perf_counter()
+        its = [stream.joined(rank, transport.n, state) for rank in range(transport.n)]
+        joined = time.perf_counter() - start
+        with ThreadPoolExecutor(transport.n) as pool:
+            ranks = list(pool.map(lambda it: _iterate_rank(it, set()), its))
+        requests = (env.proxy.counters() - counted).requests
+        reads = {k: v - before.get(k, 0) for k, v in _reads(stream.stats()).items()}
+    finally:
+        stream.shutdown()
+    first = max(r.first for r in ranks) - start
+    return Epoch(
+        first_batch_s=first,
+        requests=requests,
+        ids=np.concatenate([c for r in ranks for c in r.chunks]),
+        end_state=ranks[0].end_state,
+        reads=reads,
+        phases={"pool_started_s": [0.0], "state_loaded_s": [joined], "first_batch_s": [first]},
+    )
+
+
+def ray_floor(pairs: list[tuple[Transport, Transport]], repeat: int) -> dict[str, float]:
+    """Seconds for as many processes as each new ``RayStream`` of ``pairs`` starts (its
+    pool's readers and its coordinator) to start as actors of an empty class and answer a
+    call: the median of ``repeat`` runs, by process count. What Ray itself costs before
+    any of this project's code runs (1.2 CPU seconds a process, 2026-12-03)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Empty:
+        def ready(self) -> bool:
+            return True
+
+    cluster = ray.cluster_resources()  # type: ignore[no-untyped-call]
+    counts = sorted(
+        {
+            ingest.ReaderPool().on(cluster).size(t.n) + 1
+            for pair in pairs
+            for t in pair
+            if t.kind == "ray" and not t.in_place
+        }
+    )
+    out: dict[str, float] = {}
+    for n in counts:
+        runs = []
+        for _ in range(repeat):
+            gc.collect()
+            start = time.perf_counter()
+            actors = [Empty.remote() for _ in range(n)]  # type: ignore[attr-defined]
+            ray.get([a.ready.remote() for a in actors], timeout=120)
+            runs.append(time.perf_counter() - start)
+            for a in actors:
+                ray.kill(a)
+            time.sleep(1)  # their processes gone before the next run
+        out[f"{n} processes"] = float(np.median(runs))
+        _log(f"Ray's floor: {n} empty actors in {out[f'{n} processes']:.2f} s")
+    return out
+
+
 def run_once(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) -> Epoch:
     """One epoch of ``transport``, from ``state`` (None: a fresh epoch), after one batch of
     a ``Stream`` and a collection of the garbage of the runs before (see the module
@@ -365,7 +458,9 @@ def run_once(env: Env, transport: Transport, state: Any, save_at: Iterable[int])
     gc.collect()
     load = os.getloadavg()[0]
     start = time.perf_counter()
-    if transport.kind == "ray":
+    if transport.in_place:
+        epoch = run_in_place(env, transport, state)
+    elif transport.kind == "ray":
         epoch = run_ray(env, transport, state, save_at)
     else:
         epoch = run_local(env, transport, state, save_at)
@@ -676,7 +771,8 @@ def report(
     if phased:
         print(
             "\nRayStream phases, seconds from the build (medians): the pool started "
-            "(RayStream(...) returned), the state loaded, every rank's first batch"
+            "(RayStream(...) returned), the state loaded, every rank's first batch (in place: "
+            "from the join, the pool up before it)"
         )
         print("| run | pool started | state loaded | first batch | first batch - state loaded |")
         print("|---|---|---|---|---|")
@@ -735,6 +831,32 @@ def document(
         "resumes": rows,
         "exactly_once_ok": all(r["exactly_once"]["ok"] for r in [*fresh, *rows]),
     }
+
+
+def measure_on_ray(
+    env: Env,
+    pairs: list[tuple[Transport, Transport]],
+    reference: dict[str, Any],
+    order: list[dict[str, Any]],
+    preload: bool,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, float]]:
+    """The Ray pairs (:func:`measure`) and Ray's floor (:func:`ray_floor`) on a local Ray
+    of 4 logical CPUs started here, with ``preload_python_modules`` if ``preload``."""
+    import ray
+
+    config = {"preload_python_modules": list(PRELOAD)} if preload else {}
+    ray.init(
+        address="local",
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        _system_config=config,
+    )
+    try:
+        fresh, rows = measure(env, pairs, reference, order)
+        return fresh, rows, ray_floor(pairs, env.repeat)
+    finally:
+        ray.shutdown()
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -804,27 +926,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         # DataLoader workers fork: every local pair runs before Ray starts in this process.
         order: list[dict[str, Any]] = []
         fresh, rows = measure(env, local, reference, order) if local else ([], [])
+        floor: dict[str, float] = {}
         if distributed:
-            import ray
-
-            config = {"preload_python_modules": list(PRELOAD)} if args.preload else {}
-            ray.init(
-                address="local",
-                num_cpus=4,
-                include_dashboard=False,
-                log_to_driver=False,
-                _system_config=config,
+            more_fresh, more_rows, floor = measure_on_ray(
+                env, distributed, reference, order, args.preload
             )
-            try:
-                more_fresh, more_rows = measure(env, distributed, reference, order)
-            finally:
-                ray.shutdown()
             fresh, rows = fresh + more_fresh, rows + more_rows
     out = document(s, args.quick, fresh, rows, reference, time.perf_counter() - start)
+    out["ray_floor_s"] = floor
     out["config"]["repeat"] = repeat
     out["config"]["preload"] = list(PRELOAD) if args.preload else []
     out["order"] = order
     report(fresh, rows, reference, s)
+    if floor:
+        each = ", ".join(f"{n} in {v:.2f} s" for n, v in floor.items())
+        print(
+            f"\nRay's own floor (medians of {repeat}): processes that import nothing of this "
+            f"project (num_cpus=0 actors) started and answered: {each}. A new RayStream starts "
+            "its readers and its coordinator as processes, each from nothing: a resume that "
+            "builds one cannot come sooner than this; one in place starts none"
+        )
     print(f"\n{out['wall_s']:.0f} s in all; every row exactly once: {out['exactly_once_ok']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

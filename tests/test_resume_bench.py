@@ -31,6 +31,7 @@ PAIRS = {
     ("DataLoader(2)", "Stream"),
     ("RayStream(2)", "RayStream(3)"),
     ("RayStream(2)", "RayStream(3) joined"),
+    ("RayStream(2)", "RayStream(3) joined in place"),
 }
 FRESH = {
     "Stream",
@@ -39,6 +40,7 @@ FRESH = {
     "RayStream(2)",
     "RayStream(3)",
     "RayStream(3) joined",
+    "RayStream(3) joined in place",
 }
 RESUME_FIELDS = {
     "saved_by",
@@ -124,7 +126,20 @@ def test_ray_runs_say_where_their_first_batch_went(document: dict[str, Any]) -> 
     for figures in ray:
         phases = figures["phases_s"]
         assert set(phases) == RAY_PHASES
-        assert 0 < phases["pool_started_s"] <= phases["state_loaded_s"] <= phases["first_batch_s"]
+        # in place: timed from the join, to a stream whose pool was up before it
+        up = 0 if (figures.get("loaded_by") or figures["transport"]).endswith("in place") else 1
+        assert (phases["pool_started_s"] > 0) == bool(up), figures
+        assert phases["pool_started_s"] <= phases["state_loaded_s"] <= phases["first_batch_s"]
+
+
+@pytest.mark.system
+@pytest.mark.timeout(600)
+def test_rays_own_floor_is_measured_for_each_new_pool(document: dict[str, Any]) -> None:
+    """The processes a new RayStream starts (its readers, its coordinator), started as
+    actors of an empty class: what no resume that builds a stream can come under."""
+    floor = document["ray_floor_s"]
+    assert set(floor) == {"3 processes", "4 processes"}, floor  # RayStream(2) and (3)
+    assert all(v > 0 for v in floor.values()), floor
 
 
 @pytest.mark.system

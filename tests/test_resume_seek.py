@@ -297,6 +297,33 @@ def test_raystream_2_to_raystream_3(web: tuple[LoopbackHTTP, list[str]]) -> None
 
 @pytest.mark.system
 @pytest.mark.usefixtures("ray_session")
+def test_a_raystreams_own_pool_resumes_its_group_of_2_as_a_group_of_3(
+    web: tuple[LoopbackHTTP, list[str]],
+) -> None:
+    """Ray Train's restart: the driver's RayStream lives on (its coordinator and readers)
+    while its worker group of 2 fails after a checkpoint taken inside a window, and a group
+    of 3 joins it from that checkpoint (``ingest.train.rank_iterator`` calls
+    ``RayStream.joined``). No new pool: the rest comes exactly once, with no more requests
+    than a fresh 3-rank epoch (the ranks ran, so the join lists the source again)."""
+    server, urls = web
+    fresh = _fresh_on_ray(server, urls)
+    pool = ingest.ReaderPool(min_size=2, max_size=2, num_cpus=0.25)
+    with ingest.RayStream(
+        urls, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=2, readers=pool
+    ) as s:
+        ran = ray.get([_rank.remote(s.rank_iterator(r), AT // 2) for r in range(2)], timeout=300)
+        head = [i for got, _ in ran for i in got]
+        state = json.loads(json.dumps(ran[0][1]))
+        rest = Epoch(server)
+        group = [s.joined(r, 3, state) for r in range(3)]
+        out = ray.get([_rank.remote(it, None) for it in group], timeout=300)
+        rest.ids = [i for got, _ in out for i in got]
+        rest.done(s.state_dict())
+    check(head, state, rest, fresh)
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
 def test_a_raystream_reads_nothing_for_the_plan_a_loaded_state_replaces(
     web: tuple[LoopbackHTTP, list[str]],
 ) -> None:
