@@ -351,7 +351,22 @@ def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) 
         reads = _reads(stream.stats())
     finally:
         stream.shutdown()
+    return _ray_epoch(ranks, start, requests, reads, (started, loaded), steps)
+
+
+def _ray_epoch(
+    ranks: list[_Rank],
+    start: float,
+    requests: int,
+    reads: dict[str, int],
+    phases: tuple[float, float],
+    steps: dict[int, int] | None = None,
+) -> Epoch:
+    """The epoch of a RayStream's ``ranks`` timed from ``start``: ``phases`` are the
+    seconds to the pool started and the state loaded; ``steps`` the saved states' steps,
+    by the batches they follow."""
     first = max(r.first for r in ranks) - start
+    steps = steps or {}
     return Epoch(
         first_batch_s=first,
         requests=requests,
@@ -361,8 +376,8 @@ def run_ray(env: Env, transport: Transport, state: Any, save_at: Iterable[int]) 
         end_state=ranks[0].end_state,
         reads=reads,
         phases={
-            "pool_started_s": [started],
-            "state_loaded_s": [loaded],
+            "pool_started_s": [phases[0]],
+            "state_loaded_s": [phases[1]],
             "first_batch_s": [first],
         },
     )
@@ -401,15 +416,7 @@ def run_in_place(env: Env, transport: Transport, state: Any) -> Epoch:
         reads = {k: v - before.get(k, 0) for k, v in _reads(stream.stats()).items()}
     finally:
         stream.shutdown()
-    first = max(r.first for r in ranks) - start
-    return Epoch(
-        first_batch_s=first,
-        requests=requests,
-        ids=np.concatenate([c for r in ranks for c in r.chunks]),
-        end_state=ranks[0].end_state,
-        reads=reads,
-        phases={"pool_started_s": [0.0], "state_loaded_s": [joined], "first_batch_s": [first]},
-    )
+    return _ray_epoch(ranks, start, requests, reads, (0.0, joined))
 
 
 def ray_floor(pairs: list[tuple[Transport, Transport]], repeat: int) -> dict[str, float]:
