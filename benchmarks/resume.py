@@ -384,7 +384,7 @@ def _ray_epoch(
 
 
 FAILED_STEPS = 4
-"""Steps the worker group of :func:`run_in_place` runs past its checkpoint before it fails."""
+"""Steps the worker group of :func:`run_in_place` runs past the checkpoint's before it fails."""
 
 
 def run_in_place(env: Env, transport: Transport, state: Any) -> Epoch:
@@ -392,19 +392,21 @@ def run_in_place(env: Env, transport: Transport, state: Any) -> Epoch:
     Train's restart after a worker failed (or at another worker count, ``ingest.train``
     calling ``RayStream.joined`` with the last checkpoint), where the driver's stream, its
     coordinator and its readers live on. With ``state``: the stream was made at the state's
-    world size and its group ran :data:`FAILED_STEPS` steps of a fresh epoch, then stopped
-    (failed); the first batch is timed from the join, the requests counted from the join
-    to the epoch's end. Fresh (no state): a group joins a stream no group ran; the first
-    batch is timed from the join, the requests counted from the stream's build (its
-    listing among them: a resume in place lists the source again, the ranks having run)."""
+    world size and its group ran a fresh epoch to :data:`FAILED_STEPS` steps past the
+    state's step, then stopped (failed); the first batch is timed from the join, the
+    requests counted from the join to the epoch's end. Fresh (no state): a group joins a
+    stream no group ran; the first batch is timed from the join, the requests counted from
+    the stream's build (its listing among them: a resume in place lists the source again,
+    the ranks having run)."""
     world = transport.n if state is None else int(state["distributed"]["world_size"])
     counted = env.proxy.counters()
     stream = ingest.RayStream(env.url, world_size=world, **env.kwargs)
     try:
-        if state is not None:
+        if state is not None:  # the group that failed: past the state's step
+            steps = int(state.get("progress", {}).get("step", 0)) + FAILED_STEPS
             failed = [stream.rank_iterator(rank) for rank in range(world)]
             with ThreadPoolExecutor(world) as pool:
-                list(pool.map(lambda it: list(islice(it, FAILED_STEPS)), failed))
+                list(pool.map(lambda it: list(islice(it, steps)), failed))
             counted = env.proxy.counters()
         before = _reads(stream.stats())
         start = time.perf_counter()
