@@ -127,8 +127,8 @@ def test_ray_runs_say_where_their_first_batch_went(document: dict[str, Any]) -> 
         phases = figures["phases_s"]
         assert set(phases) == RAY_PHASES
         # in place: timed from the join, to a stream whose pool was up before it
-        up = 0 if (figures.get("loaded_by") or figures["transport"]).endswith("in place") else 1
-        assert (phases["pool_started_s"] > 0) == bool(up), figures
+        in_place = (figures.get("loaded_by") or figures["transport"]).endswith("in place")
+        assert (phases["pool_started_s"] > 0) != in_place, figures
         assert phases["pool_started_s"] <= phases["state_loaded_s"] <= phases["first_batch_s"]
 
 

@@ -14,6 +14,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -243,12 +244,21 @@ def test_loader_state_inside_a_window_to(web: tuple[LoopbackHTTP, list[str]], to
 
 
 @ray.remote(num_cpus=0)
-def _rank(it: Any, stop_after: int | None) -> tuple[list[int], dict[str, Any] | None]:
+def _rank(
+    it: Any, stop_after: int | None, go_on: int = 0
+) -> tuple[list[int], dict[str, Any] | None]:
+    """A rank's ids to its state after ``stop_after`` batches, and that state (None: the
+    epoch's ids, no state); then ``go_on`` batches more are taken and dropped, as by a
+    group that fails past its checkpoint."""
     got: list[int] = []
-    for n, batch in enumerate(it, 1):
+    batches = iter(it)
+    for n, batch in enumerate(batches, 1):
         got += ids(batch)
         if n == stop_after:
-            return got, it.state_dict()
+            state = it.state_dict()
+            for _ in islice(batches, go_on):
+                pass
+            return got, state
     return got, None
 
 
@@ -301,9 +311,10 @@ def test_a_raystreams_own_pool_resumes_its_group_of_2_as_a_group_of_3(
     web: tuple[LoopbackHTTP, list[str]],
 ) -> None:
     """Ray Train's restart: the driver's RayStream lives on (its coordinator and readers)
-    while its worker group of 2 fails after a checkpoint taken inside a window, and a group
-    of 3 joins it from that checkpoint (``ingest.train.rank_iterator`` calls
-    ``RayStream.joined``). No new pool: the rest comes exactly once, with no more requests
+    while its worker group of 2 fails 4 steps past a checkpoint taken inside a window (the
+    batches of those steps are the checkpoint's to deliver again), and a group of 3 joins
+    it from that checkpoint (``ingest.train.rank_iterator`` calls ``RayStream.joined``).
+    No new pool: the rest comes exactly once, with no more requests
     than a fresh 3-rank epoch (the ranks ran, so the join lists the source again)."""
     server, urls = web
     fresh = _fresh_on_ray(server, urls)
@@ -311,7 +322,9 @@ def test_a_raystreams_own_pool_resumes_its_group_of_2_as_a_group_of_3(
     with ingest.RayStream(
         urls, columns=["id"], batch_size=BATCH, shuffle_seed=0, world_size=2, readers=pool
     ) as s:
-        ran = ray.get([_rank.remote(s.rank_iterator(r), AT // 2) for r in range(2)], timeout=300)
+        ran = ray.get(
+            [_rank.remote(s.rank_iterator(r), AT // 2, go_on=4) for r in range(2)], timeout=300
+        )
         head = [i for got, _ in ran for i in got]
         state = json.loads(json.dumps(ran[0][1]))
         rest = Epoch(server)
