@@ -24,6 +24,7 @@ import ray
 
 import ingest
 from ingest.testing import LoopbackS3, write_dataset
+from ingest.tools.bench import bytecode
 
 
 @ray.remote(num_cpus=0)
@@ -107,6 +108,8 @@ def main() -> None:
         f"every rank {cold['first_batch_s']:.2f} s after creation "
         f"(goal <= 4 s: {'met' if cold['first_batch_s'] <= 4 else 'NOT met'})"
     )
+    if line := bytecode.warning():
+        print(line)
     cost = shuffle_cost(args.shards, args.rows)
     print(
         f"shuffle cost: ordered {cost['ordered']:,.0f} rows/s, shuffled {cost['shuffled']:,.0f}"

@@ -88,6 +88,7 @@ import pyarrow.parquet as pq
 
 import ingest
 from ingest.testing import LoopbackS3
+from ingest.tools.bench import bytecode
 from ingest.tools.bench.proxy import CountingProxy
 
 TOKENS = 128
@@ -839,7 +840,12 @@ def document(
             "points": s.points(2),
             "quick": quick,
         },
-        "environment": {"python": platform.python_version(), "platform": platform.platform()},
+        "environment": {
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            # each new process (a reader, the coordinator) compiles these from source
+            "uncached_modules": bytecode.uncached(),
+        },
         "wall_s": wall_s,
         "goals": {"vs_fresh_max": VS_FRESH_MAX, "state_bytes_per_rank_max": STATE_PER_RANK_MAX},
         "peers": reference,
@@ -962,6 +968,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "its readers and its coordinator as processes, each from nothing: a resume that "
             "builds one cannot come sooner than this; one in place starts none"
         )
+    if line := bytecode.warning():
+        print(f"\n{line}")
     print(f"\n{out['wall_s']:.0f} s in all; every row exactly once: {out['exactly_once_ok']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

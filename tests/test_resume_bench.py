@@ -194,6 +194,16 @@ def test_goals_and_peer_references_are_reported(document: dict[str, Any]) -> Non
         assert set(row["goals_met"]) == {"vs_fresh", "vs_peer", "state_per_rank"}
 
 
+@pytest.mark.system
+@pytest.mark.timeout(600)
+def test_modules_compiled_from_source_are_named(document: dict[str, Any]) -> None:
+    """Each reader and coordinator process imports this project: the document names the
+    modules it compiles from source (none after ``make compile``, as ``make test`` runs)."""
+    missing = document["environment"]["uncached_modules"]
+    assert isinstance(missing, list)
+    assert all(name == "ingest" or name.startswith("ingest.") for name in missing), missing
+
+
 def _peers(path: str | None) -> dict[str, Any]:
     spec = importlib.util.spec_from_file_location("resume_bench", SCRIPT)
     assert spec is not None and spec.loader is not None
