@@ -671,47 +671,80 @@ def _log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One run of :func:`measure`'s schedule: a fresh epoch of ``loaded`` (saving states at
+    ``save``), or ``loaded`` resumed from ``saved``'s state at batch ``point``."""
+
+    round: int
+    kind: str
+    """``fresh`` or ``resume``."""
+    loaded: Transport
+    saved: Transport | None = None
+    point: int = 0
+    save: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        if self.saved is None:
+            return self.loaded.name
+        return f"{self.saved.name} at batch {self.point} -> {self.loaded.name}"
+
+
+def runs(pairs: list[tuple[Transport, Transport]], points: list[int], repeat: int) -> list[Run]:
+    """The order :func:`measure` runs in: ``repeat`` rounds, each a fresh epoch of every
+    transport of ``pairs``, then every pair at both ``points``. The states are the first
+    round's: a transport that saves for a pair saves at ``points`` in round 0 only. Rounds,
+    not each series run whole in turn: on a shared machine the load changes within minutes
+    (other jobs start and end), and a series run after another measured a different machine
+    (a resume 1.26-1.38x its fresh epoch in one run, 1.0x in the next)."""
+    saving = {saved for saved, _ in pairs}
+    transports = list(dict.fromkeys(t for pair in pairs for t in pair))
+    schedule: list[Run] = []
+    for round_ in range(repeat):
+        for t in transports:
+            save = tuple(points) if round_ == 0 and t in saving else ()
+            schedule.append(Run(round_, "fresh", t, save=save))
+        for saved, loaded in pairs:
+            schedule += [Run(round_, "resume", loaded, saved, point) for point in points]
+    return schedule
+
+
 def measure(
     env: Env,
     pairs: list[tuple[Transport, Transport]],
     reference: dict[str, Any],
     order: list[dict[str, Any]],
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """``env.repeat`` rounds, each a fresh epoch of every transport, then every pair at
-    both points; the states are the first round's. Rounds, not each series run whole in
-    turn: on a shared machine the load changes within minutes (other jobs start and end),
-    and a series run after another measured a different machine (a resume 1.26-1.38x its
-    fresh epoch in one run, 1.0x in the next). ``order`` gets each run as it goes (the
-    local pairs and the Ray pairs are measured apart: ``group``)."""
+    """Every run of :func:`runs` (``env.repeat`` rounds) and the rows of their figures.
+    ``order`` gets each run as it goes (the local pairs and the Ray pairs are measured
+    apart: ``group``). A resume that fails is reported in its row and not run again."""
     s = env.settings
     points = s.points(2)
-    saving = {saved for saved, _ in pairs}
-    transports = list(dict.fromkeys(t for pair in pairs for t in pair))
-    group = "ray" if any(t.kind == "ray" for t in transports) else "local"
+    group = "ray" if any(t.kind == "ray" for pair in pairs for t in pair) else "local"
     epochs: dict[Transport, Epoch] = {}
     resumed: dict[tuple[Transport, Transport, int], Epoch | str] = {}
-    for round_ in range(env.repeat):
-        for t in transports:
-            save = points if round_ == 0 and t in saving else ()
-            _log(f"round {round_ + 1}: fresh {t.name}" + (f", states at {points}" if save else ""))
-            order.append({"group": group, "round": round_, "kind": "fresh", "run": t.name})
-            epochs[t] = record(epochs.get(t), run_once(env, t, None, save), None, s)
-        for saved, loaded in pairs:
-            for point in points:
-                key = (saved, loaded, point)
-                name = f"{saved.name} at batch {point} -> {loaded.name}"
-                done = resumed.get(key)
-                if isinstance(done, str):  # failed in an earlier round: reported as that
-                    continue
-                _log(f"round {round_ + 1}: {name}")
-                order.append({"group": group, "round": round_, "kind": "resume", "run": name})
-                try:
-                    again = run_once(env, loaded, epochs[saved].states[point], ())
-                except Exception as e:  # reported in its row; the other pairs still run
-                    resumed[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                    _log(f"  failed: {resumed[key]}")
-                    continue
-                resumed[key] = record(done, again, epochs[saved].before[point], s)
+    for run in runs(pairs, points, env.repeat):
+        t = run.loaded
+        if run.saved is None:
+            at = f", states at {list(run.save)}" if run.save else ""
+            _log(f"round {run.round + 1}: fresh {t.name}{at}")
+            order.append({"group": group, "round": run.round, "kind": "fresh", "run": run.name})
+            epochs[t] = record(epochs.get(t), run_once(env, t, None, run.save), None, s)
+            continue
+        key = (run.saved, t, run.point)
+        done = resumed.get(key)
+        if isinstance(done, str):  # failed in an earlier round: reported as that
+            continue
+        _log(f"round {run.round + 1}: {run.name}")
+        order.append({"group": group, "round": run.round, "kind": "resume", "run": run.name})
+        try:
+            again = run_once(env, t, epochs[run.saved].states[run.point], ())
+        except Exception as e:  # reported in its row; the other pairs still run
+            resumed[key] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            _log(f"  failed: {resumed[key]}")
+            continue
+        resumed[key] = record(done, again, epochs[run.saved].before[run.point], s)
     rows = [
         resume_row(saved, loaded, point, epochs[saved], got, epochs[loaded], reference, s)
         for (saved, loaded, point), got in resumed.items()

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "resume.py"
 
 # The subprocess tests (system): a moto server, DataLoader workers and a local Ray with
-# fourteen RayStreams (two rounds: --repeat 2, so that the rounds are checked), 1 to 5
-# minutes on 2 busy cores.
+# seven RayStreams, one round (--repeat 1: the rounds' order is the pure schedule, checked
+# without Ray below), 1 to 3 minutes on 2 busy cores.
 
 PAIRS = {
     ("Stream", "Stream"),
@@ -68,7 +68,7 @@ RAY_PHASES = {"pool_started_s", "state_loaded_s", "first_batch_s"}
 def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("resume") / "resume.json"
     done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--repeat", "2", "--json", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", "--repeat", "1", "--json", str(out)],
         check=False,
         cwd=ROOT,
         capture_output=True,
@@ -95,24 +95,46 @@ def test_every_fresh_transport_is_measured(document: dict[str, Any]) -> None:
 
 @pytest.mark.system
 @pytest.mark.timeout(600)
-def test_fresh_and_resumed_runs_alternate_in_rounds(document: dict[str, Any]) -> None:
+def test_the_run_follows_its_schedule(document: dict[str, Any]) -> None:
+    """The runs went in the order of ``runs()``: the local pairs, then the Ray pairs."""
+    module = _module()
+    points = sorted({r["at_batch"] for r in document["resumes"]})
+    assert len(points) == 2
+    local = [p for p in module.PAIRS.values() if p[0].kind != "ray"]
+    ray = [p for p in module.PAIRS.values() if p[0].kind == "ray"]
+    expected = [
+        (group, run.round, run.kind, run.name)
+        for group, pairs in (("local", local), ("ray", ray))
+        for run in module.runs(pairs, points, document["config"]["repeat"])
+    ]
+    got = [(o["group"], o["round"], o["kind"], o["run"]) for o in document["order"]]
+    assert got == expected
+
+
+def test_runs_alternate_fresh_and_resumed_in_rounds() -> None:
     """A load that changes during the run (other jobs on the machine) must weigh on a
     transport's fresh runs and on its resumes alike: each round runs every fresh epoch,
-    then every resume, so no series runs all before another."""
-    order = document["order"]
-    repeat = document["config"]["repeat"]
-    assert repeat == 2
-    runs = len(document["fresh"]) + len(document["resumes"])
-    assert len(order) == runs * repeat
-    for group in ("local", "ray"):  # the local pairs run before Ray starts
-        rounds = [o["round"] for o in order if o["group"] == group]
-        assert rounds == sorted(rounds) and set(rounds) == set(range(repeat)), rounds
-        for r in range(repeat):
-            runs_of = [o for o in order if (o["group"], o["round"]) == (group, r)]
-            kinds = [o["kind"] for o in runs_of]
-            assert kinds == sorted(kinds, key=lambda k: k != "fresh"), kinds
-            # every fresh epoch and every resume once a round
-            assert len({o["run"] for o in runs_of}) == len(runs_of)
+    then every resume, so no series runs all before another; states are saved once."""
+    module = _module()
+    pairs = list(module.PAIRS.values())
+    transports = {t for pair in pairs for t in pair}
+    schedule = module.runs(pairs, [24, 60], 3)
+    assert [r.round for r in schedule] == sorted(r.round for r in schedule)
+    for r in range(3):
+        kinds = [run.kind for run in schedule if run.round == r]
+        assert kinds == ["fresh"] * len(transports) + ["resume"] * 2 * len(pairs)
+        names = [run.name for run in schedule if run.round == r]
+        assert len(set(names)) == len(names)  # every fresh epoch and every resume once
+    saving = [run for run in schedule if run.save]
+    assert {run.loaded for run in saving} == {saved for saved, _ in pairs}
+    assert all(run.round == 0 and run.save == (24, 60) for run in saving)
+    resumes = [run for run in schedule if run.kind == "resume"]
+    assert {(run.saved, run.loaded) for run in resumes} == set(pairs)
+    assert {run.point for run in resumes} == {24, 60}
+    # a resume loads a state its saver's fresh epoch took earlier in the schedule
+    for run in resumes:
+        first = schedule.index(next(s for s in saving if s.loaded == run.saved))
+        assert first < schedule.index(run)
 
 
 @pytest.mark.system
@@ -204,13 +226,18 @@ def test_modules_compiled_from_source_are_named(document: dict[str, Any]) -> Non
     assert all(name == "ingest" or name.startswith("ingest.") for name in missing), missing
 
 
-def _peers(path: str | None) -> dict[str, Any]:
+def _module() -> Any:
+    """benchmarks/resume.py as a module (it is a script, not a package's)."""
     spec = importlib.util.spec_from_file_location("resume_bench", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up
     spec.loader.exec_module(module)
-    got: dict[str, Any] = module.peers(path)
+    return module
+
+
+def _peers(path: str | None) -> dict[str, Any]:
+    got: dict[str, Any] = _module().peers(path)
     return got
 
 
