@@ -46,11 +46,12 @@ typecheck: $(STAMP)
 
 # When pytest ends without its summary (a dead local Ray takes the driver with it), say why.
 # --durations: the slowest tests in every log, to keep the suite well inside its time.
-# XDIST="-n 2 --dist loadgroup --no-loadscope-reorder": two pytest-xdist workers, the system
-# tests one after the other on one of them, each other file on one worker (tests/conftest.py
-# says why); 20-21 min against 26.5 in one process on 2 busy cores. Not the default yet: of
-# two whole runs with it, one had a test time out under load (issue 33, item 8).
-XDIST ?=
+# XDIST: two pytest-xdist workers by default, the system tests one after the other on one of
+# them, each other file on one worker (tests/conftest.py says why). Two cores are enough:
+# most of a test's time is waiting (processes starting, Ray, loopback servers). On this
+# 2-core machine the whole suite took 19.0 min so (2026-12-04), against 39.3 min in one
+# process at the last fresh clone (2026-12-03). `make unit XDIST=` runs it in one process.
+XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
 unit: $(STAMP) compile
 	$(PY) -m pytest -q --durations=30 $(XDIST) || { $(PY) scripts/why_tests_died.py; exit 1; }
 

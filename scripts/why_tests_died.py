@@ -14,8 +14,10 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 
-# Written by tests/conftest.py as each test starts.
+# Written by tests/conftest.py as each test starts: one file, or one per pytest-xdist worker
+# (ingest-test-current-gw0, ...).
 CURRENT = os.path.join(tempfile.gettempdir(), "ingest-test-current")
 # Ray's log lines at level E (error) or F (fatal), and the words of a dying process.
 PATTERN = re.compile(r"^\[[^\]]* [EF] \d+ \d+\]|Check failed|out of memory|No space left")
@@ -24,9 +26,12 @@ LOGS = ("raylet.out", "raylet.err", "gcs_server.out", "gcs_server.err", "python-
 
 def main() -> None:
     print("\n=== why the test run ended (scripts/why_tests_died.py) ===")
-    if os.path.exists(CURRENT):
-        with open(CURRENT) as f:
-            print(f"last test started: {f.read().strip()}")
+    for path in sorted(glob.glob(CURRENT) + glob.glob(CURRENT + "-*")):
+        worker = path[len(CURRENT) + 1 :]
+        when = time.strftime("%H:%M:%S", time.localtime(os.path.getmtime(path)))
+        with open(path) as f:
+            on = f" on {worker}" if worker else ""
+            print(f"last test started{on} (at {when}): {f.read().strip()}")
     for path in (os.getcwd(), tempfile.gettempdir()):
         usage = shutil.disk_usage(path)
         print(f"disk {path}: {usage.free / 2**30:.1f} GiB free of {usage.total / 2**30:.1f}")

@@ -37,8 +37,8 @@ atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], ignore_errors=True)
 
 @pytest.hookimpl(trylast=True)  # after xdist's own hook, which the lines below stand in for
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (``make unit XDIST=...``, see the
-    Makefile); without it, nothing changes.
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``make unit`` and ``make unit-fast``,
+    see the Makefile); without it (``make unit XDIST=``), nothing changes.
 
     Every system test is in one group, so one worker runs them one after the other: two
     whole systems at once (multi-node clusters, Ray Train runs, a ``ray start --head`` and
@@ -85,8 +85,11 @@ def _name_group(item: pytest.Item, group: str) -> None:
 
 
 def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
-    """The running test, for scripts/why_tests_died.py when Ray takes the run down with it."""
-    with open(os.path.join(tempfile.gettempdir(), "ingest-test-current"), "w") as f:
+    """The running test, for scripts/why_tests_died.py when Ray takes the run down with it:
+    a file per pytest-xdist worker (``-gw0``, ``-gw1``), one without xdist."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    name = "ingest-test-current" + (f"-{worker}" if worker else "")
+    with open(os.path.join(tempfile.gettempdir(), name), "w") as f:
         f.write(nodeid + "\n")
 
 
