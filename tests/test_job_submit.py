@@ -29,18 +29,52 @@ ROOT = Path(__file__).resolve().parent.parent
 RAY = str(Path(sys.executable).with_name("ray"))
 
 
-def stop_processes_under(marker: str) -> None:
-    """SIGKILL every process whose command line names ``marker``: the head is the test's
-    alone, its files are removed next, and a graceful stop cost ~20 s of the test's time."""
-    procs = [
-        p
-        for p in psutil.process_iter(["cmdline"])
-        if any(marker in part for part in (p.info["cmdline"] or []))
-    ]
+def processes_under(tmp: str, root: int) -> list[psutil.Process]:
+    """Every process of the head in ``tmp`` that ``root`` (``ray start``) started: its
+    descendants, and any process whose command line names ``tmp`` or that holds a file
+    open under it (a session log). Ray's agents rename their command line
+    (``ray::DashboardAgent``) and overwrite their environment, and once their raylet is
+    killed their parent is init: one left running that way spun at 75% of a core for
+    minutes of the test session."""
+    found: dict[int, psutil.Process] = {}
+    with contextlib.suppress(psutil.NoSuchProcess):
+        head = psutil.Process(root)
+        found.update((p.pid, p) for p in [head, *head.children(recursive=True)])
+    for p in psutil.process_iter(["cmdline"]):
+        if p.pid == os.getpid() or p.pid in found:
+            continue
+        with contextlib.suppress(psutil.Error):
+            named = any(tmp in part for part in (p.info["cmdline"] or []))
+            if named or any(f.path.startswith(tmp + os.sep) for f in p.open_files()):
+                found[p.pid] = p
+    return list(found.values())
+
+
+def stop_processes_under(tmp: str, root: int) -> None:
+    """SIGKILL every process of the head in ``tmp`` (see :func:`processes_under`): the head
+    is the test's alone, its files are removed next, and a graceful stop cost ~20 s of the
+    test's time. Raises if any is still alive 10 s later."""
+    procs = processes_under(tmp, root)
     for p in procs:
         with contextlib.suppress(psutil.NoSuchProcess):
             p.kill()
-    psutil.wait_procs(procs, timeout=10)
+    _, alive = psutil.wait_procs(procs, timeout=10)
+    left = [p for p in processes_under(tmp, root) if _running(p)]
+    if alive or left:
+        names = sorted({f"{p.pid} {_name(p)}" for p in alive + left})
+        raise RuntimeError(f"processes of the head in {tmp} still run after SIGKILL: {names}")
+
+
+def _running(p: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.Error):
+        return bool(p.is_running() and p.status() != psutil.STATUS_ZOMBIE)
+    return False
+
+
+def _name(p: psutil.Process) -> str:
+    with contextlib.suppress(psutil.Error):
+        return " ".join(p.cmdline())[:80]
+    return "?"
 
 
 @pytest.fixture
@@ -95,7 +129,7 @@ def head() -> Iterator[tuple[str, dict[str, str]]]:
             time.sleep(2)
         yield address, env
     finally:
-        stop_processes_under(tmp)
+        stop_processes_under(tmp, proc.pid)
         proc.kill()
         log.close()
         # The runtime env's virtualenv (a clone of this one: GBs, ~20 s to delete) and the
