@@ -677,12 +677,15 @@ class Run:
     ``save``), or ``loaded`` resumed from ``saved``'s state at batch ``point``."""
 
     round: int
-    kind: str
-    """``fresh`` or ``resume``."""
     loaded: Transport
     saved: Transport | None = None
     point: int = 0
     save: tuple[int, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        """``fresh`` or ``resume``."""
+        return "fresh" if self.saved is None else "resume"
 
     @property
     def name(self) -> str:
@@ -704,10 +707,19 @@ def runs(pairs: list[tuple[Transport, Transport]], points: list[int], repeat: in
     for round_ in range(repeat):
         for t in transports:
             save = tuple(points) if round_ == 0 and t in saving else ()
-            schedule.append(Run(round_, "fresh", t, save=save))
+            schedule.append(Run(round_, t, save=save))
         for saved, loaded in pairs:
-            schedule += [Run(round_, "resume", loaded, saved, point) for point in points]
+            schedule += [Run(round_, loaded, saved, point) for point in points]
     return schedule
+
+
+def apart(
+    pairs: list[tuple[Transport, Transport]],
+) -> tuple[list[tuple[Transport, Transport]], list[tuple[Transport, Transport]]]:
+    """``pairs`` without Ray and those with it, in their order: each part is measured on its
+    own (:func:`measure`), the first before Ray starts (DataLoader workers fork)."""
+    local = [p for p in pairs if "ray" not in (p[0].kind, p[1].kind)]
+    return local, [p for p in pairs if p not in local]
 
 
 def measure(
@@ -729,7 +741,7 @@ def measure(
         if run.saved is None:
             at = f", states at {list(run.save)}" if run.save else ""
             _log(f"round {run.round + 1}: fresh {t.name}{at}")
-            order.append({"group": group, "round": run.round, "kind": "fresh", "run": run.name})
+            order.append({"group": group, "round": run.round, "kind": run.kind, "run": run.name})
             epochs[t] = record(epochs.get(t), run_once(env, t, None, run.save), None, s)
             continue
         key = (run.saved, t, run.point)
@@ -737,7 +749,7 @@ def measure(
         if isinstance(done, str):  # failed in an earlier round: reported as that
             continue
         _log(f"round {run.round + 1}: {run.name}")
-        order.append({"group": group, "round": run.round, "kind": "resume", "run": run.name})
+        order.append({"group": group, "round": run.round, "kind": run.kind, "run": run.name})
         try:
             again = run_once(env, t, epochs[run.saved].states[run.point], ())
         except Exception as e:  # reported in its row; the other pairs still run
@@ -964,8 +976,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     repeat = max(1, args.repeat if args.repeat is not None else 1 if args.quick else 3)
     reference = peers(args.peers_json)
     chosen = [PAIRS[name] for name in PAIRS if name in args.pairs]
-    local = [p for p in chosen if "ray" not in (p[0].kind, p[1].kind)]
-    distributed = [p for p in chosen if p not in local]
+    local, distributed = apart(chosen)
     start = time.perf_counter()
     with LoopbackS3() as s3, CountingProxy(s3.endpoint) as proxy:
         url = write_shards(s3, s)

@@ -100,8 +100,7 @@ def test_the_run_follows_its_schedule(document: dict[str, Any]) -> None:
     module = _module()
     points = sorted({r["at_batch"] for r in document["resumes"]})
     assert len(points) == 2
-    local = [p for p in module.PAIRS.values() if p[0].kind != "ray"]
-    ray = [p for p in module.PAIRS.values() if p[0].kind == "ray"]
+    local, ray = module.apart(list(module.PAIRS.values()))
     expected = [
         (group, run.round, run.kind, run.name)
         for group, pairs in (("local", local), ("ray", ray))
