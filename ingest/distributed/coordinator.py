@@ -130,6 +130,8 @@ class _Coordinator(PoolDirectory):
         self._joined: set[int] = set()
         self._touched = False
         self._leases: dict[int, int] = {}
+        self._opened = False
+        """Whether the lister's filesystems were made (:meth:`ack`)."""
         self._listing: Listing | None = None
         """The driver's listing of the source as the stream started (:meth:`prepare`): what
         a state loaded or joined before any rank ran is planned from (:meth:`_reset`);
@@ -482,6 +484,14 @@ class _Coordinator(PoolDirectory):
             self._touched = True
             book.fold_due()  # on a window's edge where there is one: no sort
             self._lock.notify_all()
+            if not self._opened:
+                # This actor lists the next epoch and any state joined or loaded from now
+                # on: it makes its filesystems in the background once a step is acked, not
+                # cold under its lock in that listing, and not as its process starts
+                # beside the readers' (the driver listed the first epoch).
+                self._opened = True
+                opener = self._planner.source.open_filesystems
+                threading.Thread(target=opener, daemon=True).start()
 
     def flush_log(self) -> None:
         """Write what the provenance log holds and wait for it (the stream stops: the steps

@@ -31,7 +31,6 @@ from typing import Any
 
 import pyarrow as pa
 import ray
-from fsspec.utils import get_protocol
 
 from ingest.core.errors import ConfigError, IngestError, StreamTimeoutError, SupersededError
 from ingest.core.quarantine import reason_of
@@ -277,21 +276,9 @@ class _Reader:
         self._decoding = 0
         """Decode calls from peers under way here (:meth:`retire` waits for them)."""
         self._busy_s, self._cpu_s = 0.0, time.process_time()
-        threading.Thread(target=self._open_filesystems, daemon=True).start()
-
-    def _open_filesystems(self) -> None:
-        """Make the source's filesystems (and an S3 client) while the actor waits for its
-        first call: importing s3fs and botocore and building the client took 0.3-0.5 s of
-        each reader's first read, after the pool had started (``benchmarks/resume.py``). No
-        request is sent. A filesystem that cannot be made here is made again, and its
-        error raised, by the read that needs it."""
-        for url in self.spec.urls:
-            try:
-                fs = self.source.filesystem(url)
-                if get_protocol(url) in ("s3", "s3a"):
-                    fs.connect()  # s3fs's session and client: botocore's models, no request
-            except Exception:  # the read that needs it raises it again, naming its URL
-                continue
+        # The filesystems (and an S3 client) are made while the actor waits for its first
+        # call, not in the first read.
+        threading.Thread(target=self.source.open_filesystems, daemon=True).start()
 
     def connect(self, peers: list[Any], budget: int) -> None:
         """The pool's actors (this one included), and this actor's share of the budget;

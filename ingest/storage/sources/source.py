@@ -137,6 +137,22 @@ class Source:
                 self._filesystems[protocol] = fs
             return fs
 
+    def open_filesystems(self) -> None:
+        """Make the filesystem of every URL's protocol now (and an S3 client: botocore's
+        models, s3fs's session), sending no request; a process that will read or list
+        later calls it in a background thread while it has nothing else to do. Importing
+        s3fs and botocore and building the client took 0.3-0.5 s of a reader's first read
+        and 0.25 s of a coordinator's listing under its lock (``benchmarks/resume.py``). A
+        filesystem that cannot be made here is made again, and its error raised, by the
+        call that needs it."""
+        for url in self.urls:
+            try:
+                fs = self.filesystem(url)
+                if get_protocol(url) in ("s3", "s3a"):
+                    fs.connect()  # s3fs's session and client: no request
+            except Exception:  # the call that needs it raises it again, naming its URL
+                continue
+
     def shared_filesystem(
         self, name: str, make: Callable[[], fsspec.AbstractFileSystem]
     ) -> fsspec.AbstractFileSystem:
