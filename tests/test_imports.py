@@ -353,32 +353,36 @@ def _reader_modules(reader: Any) -> dict[str, Any]:
     return got
 
 
+def _one_shard_stream(store: Any, folder: str, world_size: int) -> Any:
+    """A RayStream of ``world_size`` ranks, batches of 16, over one Parquet shard of ids
+    0-63 written to ``folder`` of ``store`` (a local folder or the loopback S3 store)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import ingest
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"id": list(range(64))}), sink)
+    store.write(f"{folder}/part-0.parquet", sink.getvalue())
+    return ingest.RayStream(
+        store.url(folder) + "/",
+        world_size=world_size,
+        batch_size=16,
+        storage_options=store.storage_options,
+    )
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("where", ["local", "s3_store"])
 def test_a_reader_imports_s3fs_only_for_s3_and_makes_it_before_the_first_read(
-    where: str, request: pytest.FixtureRequest
+    store: Any,
 ) -> None:
     """A reader of S3 shards imports s3fs and makes its filesystem (and client) as it starts,
     before a rank asks (it cost 0.3-0.5 s of each reader's first read on 2 busy cores,
     benchmarks/resume.py); a reader of local files never imports s3fs; none imports torch."""
     import time
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    import ingest
-
-    store = request.getfixturevalue(where)
-    sink = io.BytesIO()
-    pq.write_table(pa.table({"id": list(range(64))}), sink)
-    store.write("imports/part-0.parquet", sink.getvalue())
-    stream = ingest.RayStream(
-        store.url("imports") + "/",
-        world_size=2,
-        batch_size=16,
-        storage_options=store.storage_options,
-    )
+    stream = _one_shard_stream(store, "imports", world_size=2)
     try:
         protocol = "s3" if store.name == "s3" else "file"
         deadline = time.monotonic() + 60
@@ -413,10 +417,7 @@ def _coordinator_filesystems(coordinator: Any) -> dict[str, Any]:
 
 @pytest.mark.timeout(300)
 @pytest.mark.usefixtures("ray_session")
-@pytest.mark.parametrize("where", ["local", "s3_store"])
-def test_a_coordinator_makes_its_filesystem_once_a_rank_ran(
-    where: str, request: pytest.FixtureRequest
-) -> None:
+def test_a_coordinator_makes_its_filesystem_once_a_rank_ran(store: Any) -> None:
     """The coordinator lists the source itself after the first epoch (each later epoch, and
     a state joined or loaded once the ranks ran, as a worker group restarted in place): it
     makes its filesystem (and an S3 client) once the first step is acked, in the
@@ -426,21 +427,7 @@ def test_a_coordinator_makes_its_filesystem_once_a_rank_ran(
     beside the readers'."""
     import time
 
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    import ingest
-
-    store = request.getfixturevalue(where)
-    sink = io.BytesIO()
-    pq.write_table(pa.table({"id": list(range(64))}), sink)
-    store.write("lister/part-0.parquet", sink.getvalue())
-    stream = ingest.RayStream(
-        store.url("lister") + "/",
-        world_size=1,
-        batch_size=16,
-        storage_options=store.storage_options,
-    )
+    stream = _one_shard_stream(store, "lister", world_size=1)
     try:
         protocol = "s3" if store.name == "s3" else "file"
         before = _coordinator_filesystems(stream.coordinator)
