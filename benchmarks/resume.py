@@ -386,6 +386,12 @@ def _ray_epoch(
 
 FAILED_STEPS = 4
 """Steps the worker group of :func:`run_in_place` runs past the checkpoint's before it fails."""
+GROUP_START_S = 3.0
+"""Seconds between building the stream and a fresh worker group's join in
+:func:`run_in_place`: a Ray Train worker group takes that long or more to start (each
+worker imports torch) while the driver's pool settles. Joined at once, the readers were
+still importing s3fs and making their clients on the same 2 cores: the first batches came
+0.65-1.34 s after the first request, against 0.26-0.33 s 3 s after the build."""
 
 
 def run_in_place(env: Env, transport: Transport, state: Any) -> Epoch:
@@ -396,9 +402,14 @@ def run_in_place(env: Env, transport: Transport, state: Any) -> Epoch:
     world size and its group ran a fresh epoch to :data:`FAILED_STEPS` steps past the
     state's step, then stopped (failed); the first batch is timed from the join, the
     requests counted from the join to the epoch's end. Fresh (no state): a group joins a
-    stream no group ran; the first batch is timed from the join, the requests counted from
-    the stream's build (its listing among them: a resume in place lists the source again,
-    the ranks having run)."""
+    stream no group ran, :data:`GROUP_START_S` after the build (a worker group's start gives
+    the pool that long to settle), with no head start: the feeds start at the join, as a
+    resume's do, so the two compare what a join costs. (Sent to the group as a
+    ``TorchTrainer``'s config, a stream starts the feeds of a fresh epoch as it is
+    serialized, seconds before the join: with that head start, the first batches were there
+    0.04 s after the join. A resume has none: the state comes with the join.) The first
+    batch is timed from the join, the requests counted from the stream's build (its listing
+    among them: a resume in place lists the source again, the ranks having run)."""
     world = transport.n if state is None else int(state["distributed"]["world_size"])
     counted = env.proxy.counters()
     stream = ingest.RayStream(env.url, world_size=world, **env.kwargs)
@@ -409,6 +420,8 @@ def run_in_place(env: Env, transport: Transport, state: Any) -> Epoch:
             with ThreadPoolExecutor(world) as pool:
                 list(pool.map(lambda it: list(islice(it, steps)), failed))
             counted = env.proxy.counters()
+        else:  # the pool settles while the first worker group starts
+            time.sleep(GROUP_START_S)
         before = _reads(stream.stats())
         start = time.perf_counter()
         its = [stream.joined(rank, transport.n, state) for rank in range(transport.n)]
