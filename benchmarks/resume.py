@@ -61,7 +61,10 @@ against 205 ms, 7 runs each, 2026-12-03; the process's pages written for the fir
 since the workers forked, a collection left due): in each round the resumes a ``Stream``
 loads follow a ``DataLoader`` run and the fresh ``Stream`` does not, which weighed against
 them (``--pairs stream`` alone: ``Stream -> Stream`` at 24 0.99x, against 1.14x to 1.21x in
-a run of every pair).
+a run of every pair). On a quiet machine the next day it did not show (medians of 5: 185 ms
+after a ``Stream`` run, 179 ms after a ``DataLoader(2)`` run, 191 ms after one and 1 s),
+and a run of every pair read 1.31x for ``Stream -> Stream`` at 24 once: a ``Stream``'s
+first batch is 0.2 s, so 60 ms of the machine's noise is 1.3x; compare it over several runs.
 """
 
 from __future__ import annotations
