@@ -7,6 +7,7 @@ import ast
 import io
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -337,20 +338,26 @@ def test_no_transport_branches_on_its_nodes() -> None:
     assert not wrong, "a transport branches on its node's kind:\n" + "\n".join(wrong)
 
 
-def _reader_modules(reader: Any) -> dict[str, Any]:
-    """In a reader actor: which of s3fs and torch it imported, and its filesystems made."""
+def _in_actor(handle: Any, source_of: Callable[[Any], Any]) -> dict[str, Any]:
+    """In the actor ``handle``: which of s3fs and torch it imported, and the filesystems
+    made by its :class:`Source` (``source_of(actor)``)."""
 
     def probe(actor: Any) -> dict[str, Any]:
         return {
             "s3fs": "s3fs" in sys.modules,
             "torch": "torch" in sys.modules,
-            "filesystems": sorted(actor.source._filesystems),
+            "filesystems": sorted(source_of(actor)._filesystems),
         }
 
     import ray
 
-    got: dict[str, Any] = ray.get(reader.__ray_call__.remote(probe), timeout=60)
+    got: dict[str, Any] = ray.get(handle.__ray_call__.remote(probe), timeout=60)
     return got
+
+
+def _reader_modules(reader: Any) -> dict[str, Any]:
+    """:func:`_in_actor` of a reader (the source it reads)."""
+    return _in_actor(reader, lambda actor: actor.source)
 
 
 def _one_shard_stream(store: Any, folder: str, world_size: int) -> Any:
@@ -401,18 +408,8 @@ def test_a_reader_imports_s3fs_only_for_s3_and_makes_it_before_the_first_read(
 
 
 def _coordinator_filesystems(coordinator: Any) -> dict[str, Any]:
-    """In a coordinator actor: whether it imported s3fs, and its lister's filesystems made."""
-
-    def probe(actor: Any) -> dict[str, Any]:
-        return {
-            "s3fs": "s3fs" in sys.modules,
-            "filesystems": sorted(actor._planner.source._filesystems),
-        }
-
-    import ray
-
-    got: dict[str, Any] = ray.get(coordinator.__ray_call__.remote(probe), timeout=60)
-    return got
+    """:func:`_in_actor` of a coordinator (the source its planner lists)."""
+    return _in_actor(coordinator, lambda actor: actor._planner.source)
 
 
 @pytest.mark.timeout(300)
