@@ -8,6 +8,7 @@ epoch, every resume pair at both points, each with its figures, and every row ex
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import subprocess
@@ -225,8 +226,9 @@ def test_modules_compiled_from_source_are_named(document: dict[str, Any]) -> Non
     assert all(name == "ingest" or name.startswith("ingest.") for name in missing), missing
 
 
+@functools.cache
 def _module() -> Any:
-    """benchmarks/resume.py as a module (it is a script, not a package's)."""
+    """benchmarks/resume.py as a module (it is a script, not a package's), loaded once."""
     spec = importlib.util.spec_from_file_location("resume_bench", SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
