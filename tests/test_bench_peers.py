@@ -7,6 +7,9 @@ shuffle on, resume at 45%). `make setup` installs them (`make peers`).
 from __future__ import annotations
 
 import json
+import re
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,18 @@ PEERS = ("mosaic", "litdata")
 # state is the global sample offset into a deterministic order (every rank and worker
 # recomputes it), LitData's the samples each worker has yielded of its chunks.
 EXACT_RESUME = {"mosaic": True, "litdata": True}
+MOSAIC_NAME = re.compile(r"\d{6}_\w+")
+"""How Mosaic names its shared memory segments (``000042_barrier``) and its file locks
+(``000042_barrier_filelock``, in the temporary directory): nothing else here does."""
+
+
+def mosaic_leftovers() -> set[str]:
+    """Mosaic's shared memory segments and its file locks in the temporary directory."""
+    places = [Path("/dev/shm"), Path(tempfile.gettempdir())]
+    return {
+        str(p) for place in places if place.is_dir() for p in place.iterdir()
+        if MOSAIC_NAME.fullmatch(p.name)
+    }  # fmt: skip
 
 
 # Two conversions each, then epochs through worker processes that import torch: minutes on
@@ -36,7 +51,12 @@ def test_peers_convert_read_and_resume(tmp_path, capsys):
         *("--ranks", "2", "--workers", "2", "--epochs", "2", "--labels", "2"),
         *("--shuffle-window", "128", "--json", str(out), "--no-progress"),
     ]
+    before = mosaic_leftovers()
     assert main(argv) == 0
+    # Its rank processes were killed (ray.kill) before their exit handlers ran: every run
+    # left 19 segments in /dev/shm (the machine's memory until a reboot) and 4 file locks.
+    left = sorted(mosaic_leftovers() - before)
+    assert not left, f"the bench left Mosaic's shared memory or file locks: {left}"
 
     doc = json.loads(out.read_text())
     by_name = {c["name"]: c for c in doc["contenders"]}

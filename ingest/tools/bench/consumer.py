@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import resource
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -163,8 +164,17 @@ class _RankActor:
         self.rank = rank
         self.loader: Loader | None = None
 
-    def warm(self, modules: tuple[str, ...]) -> int:
-        """Import the contender's modules before any timing starts; returns the pid."""
+    def warm(self, modules: tuple[str, ...], temp_dir: str) -> int:
+        """Import the contender's modules before any timing starts; returns the pid.
+
+        This process and its children make their temporary files in ``temp_dir``, which the
+        run removes after its rank processes ended: a peer leaves files there (Mosaic its
+        file locks; LitData's loader workers, stopped by torch's ``terminate`` when they do
+        not exit within 5 s, their ``pymp-*`` directories). The ranks of one run share it, as
+        Mosaic's ranks share their locks there.
+        """
+        os.environ["TMPDIR"] = temp_dir  # for the children (a spawned worker starts anew)
+        tempfile.tempdir = temp_dir
         for name in modules:
             importlib.import_module(name)
         return os.getpid()
@@ -210,6 +220,13 @@ class _RankActor:
         if self.loader is not None:
             loader, self.loader = self.loader, None
             loader.close()
+
+    def exit(self) -> None:
+        """Close, then end this process as an interpreter ends, its exit handlers run: Mosaic
+        unlinks its shared memory in one (``ray.kill`` runs none: every run left its
+        segments in ``/dev/shm``). The caller sees the actor die (``RayActorError``)."""
+        self.close()
+        ray.actor.exit_actor()  # type: ignore[no-untyped-call]
 
 
 # The actor class; ray.remote on a class is opaque to type checkers, hence Any.

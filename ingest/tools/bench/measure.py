@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import contextlib
 import resource
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -178,6 +180,20 @@ def _check(ids: npt.NDArray[np.int64], total: int) -> tuple[int, int]:
     return len(ids) - len(unique), total - inside
 
 
+EXIT_WAIT_S = 60.0
+"""How long the rank processes get to close their loaders and run their exit handlers."""
+
+
+def _stop(actors: Sequence[Any]) -> None:
+    """End the rank processes: each closes its loader and exits with its exit handlers run
+    (``RankActor.exit``); one still there after :data:`EXIT_WAIT_S` (a loader that does not
+    close) is killed."""
+    exits = [actor.exit.remote() for actor in actors]
+    ray.wait(exits, num_returns=len(exits), timeout=EXIT_WAIT_S)
+    for actor in actors:
+        ray.kill(actor)  # a no-op for an actor that exited
+
+
 class _Run:
     """One contender's phases, on its own rank actors."""
 
@@ -188,12 +204,19 @@ class _Run:
         self.entry = entry
         self.config = config
         self.proxy = proxy
-        self.actors = self._started()
+        self.temp_dir = tempfile.mkdtemp(prefix="ingest-bench-ranks-")
+        """The rank processes' temporary directory (``RankActor.warm``), removed by
+        :meth:`kill`."""
+        try:
+            self.actors = self._started()
+        except BaseException:
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            raise
 
     def _started(self) -> list[Any]:
         """New rank processes, the contender's modules imported (before any clock)."""
         actors = [RankActor.remote(rank) for rank in range(self.contender.ranks)]
-        ray.get([a.warm.remote(self.entry.modules) for a in actors])
+        ray.get([a.warm.remote(self.entry.modules, self.temp_dir) for a in actors])
         return actors
 
     def _restart(self) -> None:
@@ -213,8 +236,7 @@ class _Run:
         (the report's note) so that the next one says which.
         """
         old, self.actors = self.actors, []
-        for actor in old:
-            ray.kill(actor)
+        _stop(old)
         self.actors = self._started()
 
     def _epoch(self, sources: Sequence[Any] | None, spec: EpochSpec) -> list[EpochRecord]:
@@ -354,8 +376,9 @@ class _Run:
         return float(np.mean(entropies)), duplicates, missing
 
     def kill(self) -> None:
-        for actor in self.actors:
-            ray.kill(actor)
+        """End the rank processes, then remove what they left in their temporary directory."""
+        _stop(self.actors)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def measure(
