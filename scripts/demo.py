@@ -68,9 +68,13 @@ def consume(args: argparse.Namespace) -> None:
             break
     np.save(args.ids, np.concatenate(ids))
     what = "resumed" if args.resume else "started"
+    stats = stream.stats
+    kinds = (("listing", "listings"), ("open", "opens"), ("read", "reads"))
+    sent = ", ".join(f"{stats[k]:,} {one if stats[k] == 1 else k}" for one, k in kinds if stats[k])
     print(
         f"  {what}: first batch after {first_batch_s:.3f} s, {sum(len(i) for i in ids):,} "
-        f"rows, requests {stream.stats}"
+        f"rows; requests: {sent}, {stats['bytes_read'] / 2**20:.1f} MiB read, "
+        f"{stats['retries']} retries"
     )
 
 
