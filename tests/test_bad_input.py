@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import pickle
 import re
 import subprocess
@@ -201,6 +202,59 @@ def test_wrong_credentials(s3_with_auth: tuple[LoopbackS3, dict[str, str]], whic
     assert time.monotonic() - start < QUICK_S
     assert secret not in str(err.value) and secret not in repr(err.value.__dict__)
     assert creds["secret"] not in str(err.value)
+
+
+def test_no_credentials_at_all_fail_at_once_saying_where_to_set_them(
+    s3: LoopbackS3, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """No credentials in the storage options, the environment or a profile (a laptop that
+    never ran ``aws configure``): botocore finds none before any request. No retry mends
+    that, so the error comes at once and names where credentials go, and ``anon`` for a
+    public bucket; it was retried for 19 s, then said to check the endpoint and network."""
+    for name in [n for n in os.environ if n.startswith("AWS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # no instance role on loopback
+    options = {"client_kwargs": {"endpoint_url": s3.endpoint}}
+    start = time.monotonic()
+    with pytest.raises(ingest.SourceError, match=r"s3://bucket/x: no credentials") as err:
+        ingest.list_shards("s3://bucket/x", storage_options=options)
+    assert time.monotonic() - start < 5, "retried"
+    assert "AWS_ACCESS_KEY_ID" in str(err.value) and "anon" in str(err.value)
+    assert "network" not in str(err.value)
+
+
+def test_a_read_without_credentials_is_not_retried_and_says_where_to_set_them() -> None:
+    """A reader on a node whose environment lacks the driver's credentials (Ray does not
+    carry a driver's environment to other nodes): its reads fail at once, saying where
+    credentials go; google-auth's missing default credentials the same."""
+    from botocore.exceptions import NoCredentialsError, PartialCredentialsError
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from ingest.storage.sources.faults import is_transient, missing_credentials
+    from ingest.storage.sources.retry import GaveUpError, RetryPolicy, attempt, store_error
+
+    calls = []
+
+    def read() -> bytes:
+        calls.append(1)
+        raise NoCredentialsError()
+
+    with pytest.raises(GaveUpError) as gave_up:
+        attempt(read, RetryPolicy(), None)
+    assert len(calls) == 1
+    error = store_error(
+        "s3://b/k.parquet", "cannot read", gave_up.value, "unused", endpoint="e", scrub=str
+    )
+    assert "no credentials for the store" in str(error) and "runtime_env" in str(error)
+    partial = PartialCredentialsError(provider="env", cred_var="secret")
+    for e in (partial, DefaultCredentialsError()):
+        assert not is_transient(e) and missing_credentials(e) is not None
+    wrapped = OSError("failed")
+    wrapped.__cause__ = NoCredentialsError()
+    assert not is_transient(wrapped)
+    assert missing_credentials(OSError("reset")) is None
 
 
 def test_an_unreachable_endpoint_fails_within_seconds_naming_no_credentials() -> None:

@@ -121,12 +121,45 @@ def refused_connection(error: BaseException) -> BaseException | None:
     return None
 
 
+# The client library found no credentials at all, before any request: botocore's provider
+# chain (storage options, environment, profile, instance role) and google-auth's default
+# credentials. botocore's and google-auth's own fetchers already retry an instance's
+# metadata service, and no retry here finds credentials that are not set.
+_NO_CREDENTIALS = {
+    "NoCredentialsError": (
+        "set them in storage_options (key and secret, or profile) or the environment "
+        "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE; on Ray, the reader "
+        "nodes' too: runtime_env={'env_vars': ...}); for a public bucket pass "
+        "storage_options={'anon': True}"
+    ),
+    "PartialCredentialsError": (
+        "set both the key and the secret: in storage_options (key, secret) or the "
+        "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+    ),
+    "DefaultCredentialsError": (
+        "set GOOGLE_APPLICATION_CREDENTIALS to a service account's key file, or pass "
+        "storage_options={'token': ...}; for a public bucket storage_options={'token': 'anon'}"
+    ),
+}
+
+
+def missing_credentials(error: BaseException) -> str | None:
+    """Where to set credentials, if ``error`` says the client found none (an S3 or GCS
+    client with nothing in the storage options, the environment or a profile)."""
+    for e in _chain(error):
+        fix = _NO_CREDENTIALS.get(type(e).__name__)
+        if fix is not None and type(e).__module__.split(".")[0] in ("botocore", "google"):
+            return fix
+    return None
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether another attempt may succeed where ``error`` failed: a refused connection may
-    (a store restarting), a missing object or a full local disk may not."""
+    (a store restarting); a missing object, missing credentials or a full local disk may
+    not."""
     if refused_connection(error) is not None:
         return True
-    if not is_store_error(error):
+    if not is_store_error(error) or missing_credentials(error) is not None:
         return False
     if _busy(error):  # also under a FileNotFoundError (fsspec's HTTP info)
         return True

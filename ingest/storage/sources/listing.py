@@ -15,7 +15,7 @@ from fsspec.utils import get_protocol
 
 from ingest.core.errors import NoShardsError, SourceError, redact
 from ingest.storage import hub
-from ingest.storage.sources.faults import refused_connection
+from ingest.storage.sources.faults import missing_credentials, refused_connection
 from ingest.storage.sources.hubfs import pin
 from ingest.storage.sources.options import strip_userinfo
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
@@ -112,34 +112,47 @@ def _file_infos(
     try:
         return attempt(infos, source.policy(url), source.stats)
     except GaveUpError as gave_up:
-        e = gave_up.last
-        if refused_connection(e) is not None:
-            raise SourceError(
-                url,
-                f"cannot list: the endpoint {source.endpoint(url)} refused the connection "
-                f"{gave_up.describe(source.scrub)}",
-                REFUSED_FIX,
-            ) from None
-        if isinstance(e, FileNotFoundError):
-            raise NoShardsError(
-                url,
-                f"not found ({source.scrub(str(e)) or 'no such object'})",
-                "check the bucket and path; for object stores the bucket must "
-                "exist and be visible with these credentials",
-            ) from None
-        if isinstance(e, PermissionError):
-            raise SourceError(
-                url,
-                f"access denied ({source.scrub(str(e))})",
-                "check the credentials in storage_options or the environment "
-                "(key/secret/token, or the profile)",
-            ) from None
-        raise SourceError(
+        raise _listing_error(source, url, gave_up) from None
+
+
+def _listing_error(source: Source, url: str, gave_up: GaveUpError) -> SourceError:
+    """The error of a listing that still failed at the retry deadline (or failed for good):
+    what the store said, and the fix."""
+    e = gave_up.last
+    if refused_connection(e) is not None:
+        return SourceError(
             url,
-            f"cannot list: {gave_up.describe(source.scrub)}",
-            "check the endpoint and the network; the deadline and timeouts are set "
-            "with ReadOptions(retry=ingest.RetryPolicy(...))",
-        ) from None
+            f"cannot list: the endpoint {source.endpoint(url)} refused the connection "
+            f"{gave_up.describe(source.scrub)}",
+            REFUSED_FIX,
+        )
+    credentials = missing_credentials(e)
+    if credentials is not None:
+        return SourceError(
+            url,
+            f"no credentials for the store ({type(e).__name__}: {source.scrub(str(e))})",
+            credentials,
+        )
+    if isinstance(e, FileNotFoundError):
+        return NoShardsError(
+            url,
+            f"not found ({source.scrub(str(e)) or 'no such object'})",
+            "check the bucket and path; for object stores the bucket must "
+            "exist and be visible with these credentials",
+        )
+    if isinstance(e, PermissionError):
+        return SourceError(
+            url,
+            f"access denied ({source.scrub(str(e))})",
+            "check the credentials in storage_options or the environment "
+            "(key/secret/token, or the profile)",
+        )
+    return SourceError(
+        url,
+        f"cannot list: {gave_up.describe(source.scrub)}",
+        "check the endpoint and the network; the deadline and timeouts are set "
+        "with ReadOptions(retry=ingest.RetryPolicy(...))",
+    )
 
 
 def _raise_no_match(

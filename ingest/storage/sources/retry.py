@@ -14,6 +14,7 @@ from ingest.storage.sources.faults import (
     is_not_found,
     is_store_error,
     is_transient,
+    missing_credentials,
     refused_connection,
     retry_after,
 )
@@ -126,6 +127,9 @@ def store_error(
         return gone
     if refused_connection(gave_up.last) is not None:
         what, fix = f"{what}: the endpoint {endpoint} refused the connection", REFUSED_FIX
+    credentials = missing_credentials(gave_up.last)
+    if credentials is not None:
+        what, fix = f"{what}: no credentials for the store", credentials
     return StoreError(url, f"{what} {gave_up.describe(scrub)}", fix, byte=byte)
 
 
