@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import json
 import math
+import sys
+import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from ray import cloudpickle
 
 from ingest.tools.bench import main
 from ingest.tools.bench.contenders import CONTENDERS, Entry
@@ -73,6 +77,66 @@ def test_smoke_run_reports_every_figure(tmp_path, capsys, monkeypatch):
     printed = capsys.readouterr().out
     assert "ingest.Stream (1 process)" in printed and "torch DataLoader + fsspec" in printed
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+class _Hanging:
+    """A contender whose ranks' loaders never hand out a batch (a peer's worker deadlocked)."""
+
+    ranks, resume_unsupported = 1, "it hangs"
+
+    def __init__(self, config: object) -> None:
+        pass
+
+    def start(self, data: object) -> list[_HangingSource]:
+        return [_HangingSource()]
+
+    resume = start
+
+    def stop(self) -> None:
+        pass
+
+
+class _HangingSource:
+    def open(self) -> _HangingSource:
+        return self
+
+    def epoch(self) -> Iterator[dict[str, object]]:
+        time.sleep(3600)
+        yield {}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_contender_that_hangs_fails_after_the_timeout_and_the_bench_goes_on(
+    tmp_path, capsys, monkeypatch
+):
+    """Every wait on the rank processes has a bound (--timeout-s): a loader that never
+    hands out a batch fails its contender, naming the phase and the bound, and the next
+    contender runs; the bench waited on the epoch for ever before."""
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks import no tests
+    monkeypatch.setitem(
+        CONTENDERS,
+        "hangs",
+        Entry(name="hangs", title="hangs", target=f"{__name__}:_Hanging", modules=()),
+    )
+    out = tmp_path / "bench.json"
+    argv = [
+        *("--contenders", "hangs,stream", "--shards", "2", "--rows", "512"),
+        *("--row-group", "256", "--batch-size", "128", "--epochs", "1", "--labels", "2"),
+        # The bound holds for stream's phases too: its rank processes' start (torch
+        # imported) takes seconds on a busy machine.
+        *("--timeout-s", "20", "--json", str(out), "--no-progress"),
+    ]
+    start = time.monotonic()
+    assert main(argv) == 1  # one contender failed
+    assert time.monotonic() - start < 180
+    by_name = {c["name"]: c for c in json.loads(out.read_text())["contenders"]}
+    assert by_name["hangs"]["status"] == "failed"
+    assert "epoch 1" in by_name["hangs"]["reason"] and "20 s" in by_name["hangs"]["reason"]
+    assert "--timeout-s" in by_name["hangs"]["reason"], by_name["hangs"]["reason"]
+    assert by_name["stream"]["status"] == "ok", by_name["stream"]["reason"]
 
 
 def test_unknown_contender_lists_the_valid_ones(capsys):

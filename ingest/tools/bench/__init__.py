@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ray-cpus", type=int, default=defaults.ray_cpus, help="logical CPUs of the local Ray"
     )
+    p.add_argument(
+        "--timeout-s",
+        type=float,
+        default=defaults.timeout_s,
+        help="longest wait for one phase of a contender (an epoch, a resume); then it fails",
+    )
     p.add_argument("--json", metavar="PATH", help="write every figure as JSON here")
     p.add_argument("--plot", metavar="PATH.png", help="write bar charts here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -108,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                 seed=args.seed, window=args.shuffle_window, lanes=args.shuffle_lanes
             ),
             ray_cpus=args.ray_cpus,
+            timeout_s=args.timeout_s,
             progress=not args.no_progress,
         )
         from ingest.tools.bench.contenders import entry

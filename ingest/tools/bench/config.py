@@ -64,6 +64,9 @@ class BenchConfig:
             ``i % labels`` only: every shard sorted by label).
         shuffle: The shuffle every contender uses.
         ray_cpus: Logical CPUs of the local Ray started for the run.
+        timeout_s: Longest wait on the rank processes for one phase (an epoch, a resume, a
+            close): a contender still running then fails, its processes killed, and the
+            bench goes on with the next.
         progress: Show a progress bar on stderr.
     """
 
@@ -78,6 +81,7 @@ class BenchConfig:
     labels: int = 8
     shuffle: ShuffleSettings = field(default_factory=ShuffleSettings)
     ray_cpus: int = field(default_factory=_default_ray_cpus)
+    timeout_s: float = 1800.0
     progress: bool = True
 
     def __post_init__(self) -> None:
@@ -96,6 +100,8 @@ class BenchConfig:
         ):
             if value < least:
                 raise ConfigError(f"{name}={value} must be >= {least}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s={self.timeout_s} must be > 0 seconds")
         if self.shards * self.rows < self.ranks * self.batch_size * 2:
             raise ConfigError(
                 f"{self.shards} shards x {self.rows} rows hold fewer than two batches of "

@@ -68,14 +68,6 @@ class EpochRecord:
     state_error: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class FirstBatch:
-    """When a rank's first batch arrived after (re)opening, or why it did not."""
-
-    at: float | None
-    error: str | None = None
-
-
 def cpu_seconds() -> float:
     """User + system CPU seconds of this process, all threads."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
@@ -192,24 +184,6 @@ class _RankActor:
         record = consume(self.loader, self.rank, spec, started)
         record.cpu_s += opened_cpu
         return record
-
-    def first_batch(self, source: RankSource) -> FirstBatch:
-        """Open ``source`` (a resumed contender), take one batch, close it."""
-        self.close()
-        try:
-            loader = source.open()
-            batches = loader.epoch()
-            try:
-                next(batches)
-                at = time.time()
-            finally:
-                close = getattr(batches, "close", None)
-                if close is not None:
-                    close()
-                loader.close()
-        except Exception as e:
-            return FirstBatch(None, error_line(e))
-        return FirstBatch(at)
 
     def peak_rss_bytes(self) -> int:
         """This process's peak resident memory so far."""

@@ -184,12 +184,13 @@ EXIT_WAIT_S = 60.0
 """How long the rank processes get to close their loaders and run their exit handlers."""
 
 
-def _stop(actors: Sequence[Any]) -> None:
+def _stop(actors: Sequence[Any], wait_s: float = EXIT_WAIT_S) -> None:
     """End the rank processes: each closes its loader and exits with its exit handlers run
-    (``RankActor.exit``); one still there after :data:`EXIT_WAIT_S` (a loader that does not
-    close) is killed."""
+    (``RankActor.exit``); one still there after ``wait_s`` (a loader that does not close)
+    is killed."""
     exits = [actor.exit.remote() for actor in actors]
-    ray.wait(exits, num_returns=len(exits), timeout=EXIT_WAIT_S)
+    if wait_s > 0:
+        ray.wait(exits, num_returns=len(exits), timeout=wait_s)
     for actor in actors:
         ray.kill(actor)  # a no-op for an actor that exited
 
@@ -207,17 +208,38 @@ class _Run:
         self.temp_dir = tempfile.mkdtemp(prefix="ingest-bench-ranks-")
         """The rank processes' temporary directory (``RankActor.warm``), removed by
         :meth:`kill`."""
+        self.hung = False
+        """Whether a phase ran past ``config.timeout_s``: the rank processes are killed
+        without being asked to close (the call would queue behind the one that hangs)."""
+        self.actors: list[Any] = []
         try:
             self.actors = self._started()
         except BaseException:
-            shutil.rmtree(self.temp_dir, ignore_errors=True)
+            self.kill()  # the processes that started, and the directory
             raise
 
     def _started(self) -> list[Any]:
         """New rank processes, the contender's modules imported (before any clock)."""
         actors = [RankActor.remote(rank) for rank in range(self.contender.ranks)]
-        ray.get([a.warm.remote(self.entry.modules, self.temp_dir) for a in actors])
+        self.actors = actors  # killed by kill() if they do not start
+        self._get([a.warm.remote(self.entry.modules, self.temp_dir) for a in actors], "start")
         return actors
+
+    def _get(self, refs: list[Any], phase: str) -> list[Any]:
+        """The rank processes' answers to ``refs``, waited for ``config.timeout_s`` at most.
+
+        Raises:
+            TimeoutError: Naming the phase and the bound, if an answer is missing then.
+        """
+        try:
+            answers: list[Any] = ray.get(refs, timeout=self.config.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            self.hung = True
+            raise TimeoutError(
+                f"{phase}: the rank processes did not answer within {self.config.timeout_s:g} "
+                "s (a loader that hangs: they are killed); raise --timeout-s for larger data"
+            ) from None
+        return answers
 
     def _restart(self) -> None:
         """Replace the rank processes with new ones, as a job resumed after a stop runs in
@@ -239,17 +261,23 @@ class _Run:
         _stop(old)
         self.actors = self._started()
 
-    def _epoch(self, sources: Sequence[Any] | None, spec: EpochSpec) -> list[EpochRecord]:
+    def _epoch(
+        self, sources: Sequence[Any] | None, spec: EpochSpec, phase: str
+    ) -> list[EpochRecord]:
         refs = [
             actor.run_epoch.remote(None if sources is None else sources[rank], spec)
             for rank, actor in enumerate(self.actors)
         ]
-        records: list[EpochRecord] = ray.get(refs)
+        records: list[EpochRecord] = self._get(refs, phase)
         return records
+
+    def _close_loaders(self) -> None:
+        if not self.hung:
+            self._get([a.close.remote() for a in self.actors], "closing the loaders")
 
     def close(self) -> None:
         """Close every rank's loader and the contender's driver side."""
-        ray.get([a.close.remote() for a in self.actors])
+        self._close_loaders()
         self.contender.stop()
 
     @contextlib.contextmanager
@@ -285,7 +313,7 @@ class _Run:
                 batch_size=self.config.batch_size,
                 checkpoint_after=checkpoint if epoch == 0 else None,
             )
-            records = self._epoch(sources, spec)
+            records = self._epoch(sources, spec, f"epoch {epoch + 1}")
             sources = None
             end = max(r.ended_at for r in records)
             now_counters, now_cpu = self.proxy.counters(), run_cpu_seconds()
@@ -325,7 +353,7 @@ class _Run:
 
     def peak_rss(self) -> int:
         """The largest peak resident memory of the rank processes."""
-        peaks: list[int] = ray.get([a.peak_rss_bytes.remote() for a in self.actors])
+        peaks: list[int] = self._get([a.peak_rss_bytes.remote() for a in self.actors], "memory")
         return max(peaks)
 
     def resume(self, data: Dataset, main: _MainRun) -> _Resumed:
@@ -343,12 +371,13 @@ class _Run:
         start = time.time()
         try:
             sources = self.contender.resume(data, states)
-            records = self._epoch(sources, EpochSpec(batch_size=self.config.batch_size))
+            spec = EpochSpec(batch_size=self.config.batch_size)
+            records = self._epoch(sources, spec, f"resume at {RESUME_AT:.0%}")
         except Exception as e:
             return _Resumed(None, f"resuming from its state_dict() failed: {error_line(e)}")
         finally:
             with contextlib.suppress(Exception):
-                ray.get([a.close.remote() for a in self.actors])
+                self._close_loaders()
             self.contender.stop()
         firsts = [r.first_batch_at for r in records]
         if any(f is None for f in firsts):
@@ -368,7 +397,7 @@ class _Run:
             batch_size=self.config.batch_size, label_column="label", labels=data.labels or 0
         )
         with self.closing():
-            records = self._epoch(self.contender.start(data), spec)
+            records = self._epoch(self.contender.start(data), spec, "shuffle quality")
         entropies = [e for r in records for e in r.entropies]
         if not entropies:
             raise RuntimeError("no full batch in the shuffle-quality epoch")
@@ -377,7 +406,7 @@ class _Run:
 
     def kill(self) -> None:
         """End the rank processes, then remove what they left in their temporary directory."""
-        _stop(self.actors)
+        _stop(self.actors, 0.0 if self.hung else EXIT_WAIT_S)
         shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
