@@ -172,6 +172,18 @@ class FormatContract:
         assert gaps[0] <= 1.5 * full[0] + 65536, (gaps, full)
         assert gaps[1] <= 2 * full[1] + 2, (gaps, full)
 
+    def test_a_column_it_does_not_have_is_an_error_naming_it(self, store: Store) -> None:
+        """``columns=[...]`` naming a column the shard lacks (a typo) fails naming the shard,
+        the column and the ones it has, in every format: Parquet handed out batches without
+        it (``{}`` for ``columns=["nope"]``), CSV raised pyarrow's ArrowKeyError, naming no
+        shard."""
+        store.write(f"shard.{self.fmt}", encode(make_table(0, ROWS), self.fmt))
+        source = Source(store.url(f"shard.{self.fmt}"), storage_options=store.storage_options)
+        catalog = Catalog(source, self.options, [self.key, "nope"])
+        with pytest.raises(ShardError, match=r"has no column\(s\) \['nope'\]; it has \[") as err:
+            read(catalog, catalog.scan())
+        assert err.value.url.endswith(f"shard.{self.fmt}") and self.key in str(err.value)
+
     def test_corrupt_input_raises_a_clear_error(self, store: Store) -> None:
         bad = self.corrupt(encode(make_table(0, ROWS), self.fmt))
         with pytest.raises(ShardError) as err:

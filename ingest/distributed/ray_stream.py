@@ -45,7 +45,8 @@ class RayStream:
             own with these options (its coordinator and reader pool), and every rank draws
             its batches' sequences (or rows) from them alike (:mod:`ingest.distributed.ray_mix`).
         format: Format name for every shard; None infers it from extensions.
-        columns: Columns to read; None reads all.
+        columns: Columns to read; None reads all. A shard that lacks one is an error
+            naming it and the columns the shard has (:class:`ingest.ShardError`).
         batch_size: Rows per batch on every rank.
         shuffle: The order on each rank: ``ingest.Shuffle(seed, window, bytes, lanes)``
             (see :class:`ingest.Shuffle`); the default reads in listing order.

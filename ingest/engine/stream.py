@@ -60,7 +60,8 @@ class Stream:
             own with these options, their rows (or sequences, with ``pack``) drawn by weight
             (see :mod:`ingest.engine.mix`).
         format: Format name for every shard; None infers it from each file's extension.
-        columns: Columns to read; None reads all.
+        columns: Columns to read; None reads all. A shard that lacks one is an error
+            naming it and the columns the shard has (:class:`ingest.ShardError`).
         batch_size: Rows per batch. Every batch is full: the rows of an epoch that do not
             fill one are carried into the next epoch (or dropped, see ``remainder``).
         shuffle: The order: ``ingest.Shuffle(seed, window, bytes, lanes)`` (see

@@ -451,20 +451,33 @@ def clip(batches: Iterator[RowBatch], start: int, stop: int | None) -> Iterator[
             return
 
 
+def check_columns(
+    url: str, columns: Sequence[str] | None, names: Sequence[str], row: int | None = None
+) -> None:
+    """Raise if ``columns`` (the stream's ``columns=[...]``) names one that is not among the
+    shard's ``names``, naming the missing ones and those it has (in every format: a
+    column asked for is never dropped without a word).
+
+    Raises:
+        ShardError: Naming ``url``, the missing columns and ``names``.
+    """
+    missing = [c for c in columns or () if c not in names]
+    if missing:
+        raise ShardError(
+            url, f"has no column(s) {missing}; it has {list(names)}", _COLUMNS_FIX, row=row
+        )
+
+
+_COLUMNS_FIX = "fix columns=[...] or the data"
+
+
 def select(
     batch: pa.RecordBatch, columns: Sequence[str] | None, url: str, row: int
 ) -> pa.RecordBatch:
     """Keep ``columns`` of ``batch``, with an error naming the missing ones."""
     if columns is None:
         return batch
-    missing = [c for c in columns if c not in batch.schema.names]
-    if missing:
-        raise ShardError(
-            url,
-            f"has no column(s) {missing}; it has {batch.schema.names}",
-            "fix columns=[...] or the data",
-            row=row,
-        )
+    check_columns(url, columns, batch.schema.names, row)
     return batch.select(list(columns))
 
 

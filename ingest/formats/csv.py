@@ -27,7 +27,14 @@ from ingest.formats._lines import (
     iter_chunks,
     not_utf8,
 )
-from ingest.formats.base import Format, ReadContext, ReadOptions, ShardInfo, ShardReader
+from ingest.formats.base import (
+    Format,
+    ReadContext,
+    ReadOptions,
+    ShardInfo,
+    ShardReader,
+    check_columns,
+)
 from ingest.storage.sources import Shard, Source
 
 _PARSE = pcsv.ParseOptions(newlines_in_values=True)
@@ -210,6 +217,7 @@ class _CsvReader(LineReader):
                 line=1,
                 byte=0,
             )
+        check_columns(ctx.shard.url, ctx.columns, names)  # pyarrow's error names no shard
         self._read_options = pcsv.ReadOptions(column_names=schema.names, use_threads=False)
         self._convert = pcsv.ConvertOptions(
             column_types=schema,

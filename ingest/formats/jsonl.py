@@ -27,6 +27,7 @@ from ingest.formats.base import (
     ReadOptions,
     ShardInfo,
     ShardReader,
+    check_columns,
 )
 from ingest.storage.sources import Shard, Source
 
@@ -165,11 +166,7 @@ class _JsonlReader(LineReader):
         depth = self.ctx.options.max_json_depth
         table = _parse(chunk, self._schema, self._columns, depth, opens)
         if self._columns is not None:
-            missing = [c for c in self._columns if c not in table.column_names]
-            if missing:
-                raise ShardError(
-                    self.ctx.shard.url, f"has no column(s) {missing}", "fix columns=[...]"
-                )
+            check_columns(self.ctx.shard.url, self._columns, table.column_names)
             table = table.select(self._columns)
         return table
 

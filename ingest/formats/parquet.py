@@ -30,6 +30,7 @@ from ingest.formats.base import (
     Seek,
     ShardInfo,
     ShardReader,
+    check_columns,
     check_schema,
 )
 from ingest.formats.spans import Range
@@ -172,6 +173,7 @@ class _ParquetReader(ShardReader):
         super().__init__(ctx)
         info = ctx.info
         assert info.schema is not None  # set by inspect
+        check_columns(ctx.shard.url, ctx.columns, info.schema.names)  # pyarrow skips them
         check_schema(ctx.shard.url, info.schema, ctx.schema, ctx.schema_origin, ctx.columns)
         self._ranged = ctx.source.fetches_ranges(ctx.shard)
         self._native = None if self._ranged else _open_native(ctx)

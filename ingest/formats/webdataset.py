@@ -46,6 +46,7 @@ from ingest.formats.base import (
     Seek,
     ShardInfo,
     ShardReader,
+    check_columns,
     clip,
 )
 from ingest.storage.sources import Shard, Source
@@ -207,6 +208,7 @@ class _WebDatasetReader(ShardReader):
         ctx = self.ctx
         schema = ctx.schema
         assert schema is not None
+        check_columns(ctx.shard.url, ctx.columns, schema.names)
         names = list(ctx.columns) if ctx.columns is not None else schema.names
         known = set(schema.names)
         out_schema = pa.schema([schema.field(n) for n in names])
