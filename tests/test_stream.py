@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,30 @@ def test_remainder_carry_starts_the_next_epoch(local: Store) -> None:
     assert sum(epoch1.values()) == 9 * 700  # 400 carried + 6000 own, less its own 100
     assert missing <= set(epoch1)
     assert max(epoch1.values()) <= 2  # a row may come once carried and once as its own
+
+
+def test_an_epoch_without_a_batch_says_why(local: Store) -> None:
+    """A batch larger than the dataset: every row is carried (or dropped) and the epoch
+    hands out nothing. It says so, naming the rows and the batch; it gave an empty epoch
+    without a word. An epoch resumed near its end gives no batch without a warning, and a
+    carried epoch that fills a batch hands it out."""
+    write(local, "parquet")
+    stream = make(local, batch_size=TOTAL + 1, shuffle_seed=1)
+    with pytest.warns(UserWarning, match=rf"epoch 0 gave no batch: the dataset \({TOTAL:,} rows"):
+        assert batches(stream) == []
+    assert flat(batches(stream)) != []  # the rows carried fill a batch in epoch 1
+    dropping = make(local, batch_size=TOTAL + 1, remainder="drop")
+    with pytest.warns(UserWarning, match=r"batch_size=6001.*dropped \(remainder='drop'\)"):
+        assert batches(dropping) == []
+
+    # Resumed with 1,000 rows of the epoch left, in batches of 1,500: no batch, no fault.
+    stopped = make(local, batch_size=1000, shuffle_seed=1)
+    assert len(batches(stopped, limit=5)) == 5
+    resumed = make(local, batch_size=1500, shuffle_seed=1)
+    resumed.load_state_dict(stopped.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert batches(resumed) == []
 
 
 def test_grown_dataset_joins_at_the_next_epoch(local: Store) -> None:

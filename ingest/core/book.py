@@ -222,6 +222,14 @@ class EpochBook(Generic[L]):
             got = self._epochs.setdefault(epoch, got)
         return got
 
+    def listed_rows(self, epoch: int, learned: Mapping[int, int]) -> int | None:
+        """Rows of ``epoch``'s listing, the counts ``learned`` by reading (shard index ->
+        rows) filled in; None while a shard's count is unknown."""
+        counts = self.plan(epoch).counts.copy()
+        for shard, n in learned.items():
+            counts[shard] = n
+        return int(counts.sum()) if (counts >= 0).all() else None
+
     def _make(self, epoch: int) -> PlannedEpoch[L]:
         if epoch == self._start_epoch:
             return self._make_first(epoch)

@@ -357,11 +357,8 @@ class PackedRank:
         (the rest consumed before the state) gives no batch too, and that is no fault."""
         rows, ranks, name = "", "", type(self.pack).__name__
         if self.book is not None:
-            counts = self.book.plan(epoch).counts.copy()
-            for shard, n in ending.learned.items():  # counted by reading (JSONL)
-                counts[shard] = n
-            if len(counts) and (counts >= 0).all():
-                total = int(counts.sum())
+            total = self.book.listed_rows(epoch, ending.learned)  # JSONL's counted by reading
+            if total is not None and len(self.book.plan(epoch).counts):
                 if total >= self.pack.read_rows * self.book.world_size:
                     return
                 rows = f" ({total:,} rows listed)"

@@ -19,6 +19,7 @@ transport drives a rank without knowing which it is. A Ray rank packs through
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -119,6 +120,8 @@ class PlainRank:
 
     def finish(self, epoch: int, ending: Ending) -> Iterator[tuple[int, Batch]]:
         self.loop.end(epoch, ending)
+        if not ending.steps and self.book is not None:
+            _warn_no_batch(self.book, epoch, ending, self.batch_size)
         return iter(())
 
     def load(self, state: StreamState) -> None:
@@ -143,6 +146,30 @@ class PlainRank:
 
     def counts(self) -> dict[str, int]:
         return {}
+
+
+def _warn_no_batch(book: EpochBook[Any], epoch: int, ending: Ending, batch_size: int) -> None:
+    """Say that ``epoch`` gave no batch because its dataset holds fewer rows than one batch
+    on every rank. Not when it holds more (an epoch resumed near its end gives no batch,
+    and that is no fault), while a row count is unknown, or for a followed dataset (a round
+    of a few new rows waits for more)."""
+    total = book.listed_rows(epoch, ending.learned)
+    world = book.world_size
+    if book.config.follows or not total or total >= batch_size * world:
+        return
+    fate = (
+        "dropped (remainder='drop')"
+        if book.config.remainder == "drop"
+        else "carried into the next epoch (remainder='carry')"
+    )
+    warnings.warn(
+        f"epoch {epoch} gave no batch: the dataset ({total:,} rows listed) holds fewer than "
+        f"one batch of batch_size={batch_size} rows x {world} ranks (or DataLoader "
+        f"workers), and its rows are {fate}. "
+        "Lower batch_size (to at most the rows per rank), or add data",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def rank_node(
