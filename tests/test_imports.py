@@ -32,6 +32,24 @@ def test_the_driver_and_the_ray_actors_do_not_import_torch(code: str) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
 
 
+def test_a_script_that_ends_while_torch_is_imported_for_its_rank_ends_cleanly() -> None:
+    """A rank imports torch on a thread as it starts (_import_torch_meanwhile). A script
+    that ended before that import did (a rank iterated an epoch without a batch, or failed
+    at once) printed three "Exception ignored" tracebacks from torch's finalizers at exit
+    (with Ray started: its exit hook runs while the import goes on)."""
+    code = (
+        "import ray\n"
+        "ray.init(address='local', num_cpus=1, include_dashboard=False, log_to_driver=False)\n"
+        "from ingest.distributed.rank import _import_torch_meanwhile\n"
+        "_import_torch_meanwhile()\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Exception ignored" not in done.stderr, done.stderr[-2000:]
+
+
 LAYERS = (
     "core",
     "storage",

@@ -57,10 +57,17 @@ def _import_torch_meanwhile() -> None:
     torch is imported where batches become tensors, not with this module: a driver that
     makes a :class:`ingest.RayStream` never needs it, and a fresh rank process overlaps it
     with its first calls to the coordinator and the reader.
+
+    Not a daemon: a process that ends while the import goes on (a rank that got no batch)
+    waits for it to finish. Cut short at exit, a half-imported torch printed three
+    "Exception ignored" tracebacks from its finalizers.
     """
     if "torch" not in sys.modules:
         threading.Thread(
-            target=importlib.import_module, args=("ingest.engine.convert",), daemon=True
+            target=importlib.import_module,
+            args=("ingest.engine.convert",),
+            name="ingest-import-torch",
+            daemon=False,
         ).start()
 
 
