@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -236,3 +238,42 @@ def test_a_script_ends_after_a_mixture_stream_without_starting_ray_again(
     assert code is not None, f"the script did not end within 120 s:\n{out}"
     assert code == 0 and "END OF SCRIPT" in out, out
     assert out.count("Started a local Ray instance") <= 1, f"Ray started again:\n{out}"
+
+
+LOG_SCRIPT = """\
+import sys, ray, ingest
+
+ray.init(address="local", num_cpus=2, include_dashboard=False, _temp_dir=sys.argv[2])
+with ingest.RayStream(sys.argv[1], batch_size=1000, world_size=2) as stream:
+    print("batches", [sum(1 for _ in stream.rank_iterator(r)) for r in range(2)], flush=True)
+"""
+
+
+@pytest.mark.system
+def test_a_raystreams_log_says_why_an_epoch_gave_no_batch_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    """What a RayStream's actors write to the driver's log: a batch larger than the dataset
+    (400 rows, 2 ranks of 1,000) gives each rank an empty epoch, and the coordinator says
+    why; it said nothing. And no RayDeprecationWarning: every coordinator wrote one (Ray's
+    own was_current_actor_reconstructed reads its deprecated actor_id). Read from the
+    session's log files, which the actors write themselves (what reaches the driver's
+    console is forwarded from them, after a delay)."""
+    _parquet(tmp_path / "data", 2, 200)
+    ray_tmp = tempfile.mkdtemp(prefix="rlog", dir="/tmp")  # short: Ray's socket paths
+    try:
+        path = tmp_path / "log.py"
+        path.write_text(LOG_SCRIPT)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+        env.pop("RAY_ADDRESS", None)
+        argv = [sys.executable, str(path), f"{tmp_path}/data/", ray_tmp]
+        out, code = run_bounded(argv, tmp_path, env, 120)
+        assert code == 0 and "batches [0, 0]" in out, out
+        logs = "".join(
+            p.read_text(errors="replace") for p in Path(ray_tmp).glob("session_*/logs/*.err")
+        )
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert "epoch 0 gave no batch: the dataset (400 rows listed)" in logs, logs[-3000:]
+    assert "DeprecationWarning" not in logs, logs[-3000:]

@@ -21,6 +21,7 @@ import logging
 import secrets
 import threading
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ from ingest.distributed.directory import PoolDirectory
 from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.metrics import skipped_on_request
 from ingest.distributed.pack_coordinator import PackedRanks
+from ingest.engine.rank_node import warn_no_batch
 from ingest.engine.spec import StreamSpec
 from ingest.planner.catalog import Listing
 
@@ -126,7 +128,11 @@ class _Coordinator(PoolDirectory):
         self._life = secrets.randbits(31)
         self._session = self._life << _SESSION_BITS
         # Restarted after a death: no state until a worker group or load_state_dict brings one.
-        self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        with warnings.catch_warnings():
+            # Ray 2.60's property reads its own deprecated actor_id: a RayDeprecationWarning
+            # in every driver's log, about nothing the driver can change.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self._restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
         self._joined: set[int] = set()
         self._touched = False
         self._leases: dict[int, int] = {}
@@ -345,6 +351,8 @@ class _Coordinator(PoolDirectory):
             if records:
                 book.ack(rank, records)
             book.finish(rank, epoch, steps, leftover, learned, quarantined)
+            if not steps and not rank and not self._packs:  # shown in the driver's log
+                warn_no_batch(book, epoch, learned)
             if carry is not None:
                 book.carry_over(epoch, carry)
             if self._packs:

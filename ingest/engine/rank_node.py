@@ -20,7 +20,7 @@ transport drives a rank without knowing which it is. A Ray rank packs through
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ingest.core.book import EpochBook
@@ -121,7 +121,7 @@ class PlainRank:
     def finish(self, epoch: int, ending: Ending) -> Iterator[tuple[int, Batch]]:
         self.loop.end(epoch, ending)
         if not ending.steps and self.book is not None:
-            _warn_no_batch(self.book, epoch, ending, self.batch_size)
+            warn_no_batch(self.book, epoch, ending.learned)
         return iter(())
 
     def load(self, state: StreamState) -> None:
@@ -148,13 +148,13 @@ class PlainRank:
         return {}
 
 
-def _warn_no_batch(book: EpochBook[Any], epoch: int, ending: Ending, batch_size: int) -> None:
+def warn_no_batch(book: EpochBook[Any], epoch: int, learned: Mapping[int, int]) -> None:
     """Say that ``epoch`` gave no batch because its dataset holds fewer rows than one batch
-    on every rank. Not when it holds more (an epoch resumed near its end gives no batch,
-    and that is no fault), while a row count is unknown, or for a followed dataset (a round
-    of a few new rows waits for more)."""
-    total = book.listed_rows(epoch, ending.learned)
-    world = book.world_size
+    on every rank (``learned``: row counts learnt by reading). Not when it holds more (an
+    epoch resumed near its end gives no batch, and that is no fault), while a row count is
+    unknown, or for a followed dataset (a round of a few new rows waits for more)."""
+    total = book.listed_rows(epoch, learned)
+    world, batch_size = book.world_size, book.config.batch_size
     if book.config.follows or not total or total >= batch_size * world:
         return
     fate = (
