@@ -269,6 +269,15 @@ def test_an_unreachable_endpoint_fails_within_seconds_naming_no_credentials() ->
     assert "hunter2" not in str(err.value) and "user" not in str(err.value)
 
 
+def test_a_glob_fsspec_refuses_is_an_error_naming_the_url_and_the_fix(local: Store) -> None:
+    """``d/**.parquet`` (``**`` inside a path component): fsspec's bare ValueError named
+    neither the URL nor how to write it."""
+    local.write("d/sub/a.parquet", encode(make_table(0, 10), "parquet"))
+    with pytest.raises(ingest.ConfigError, match=r"d/\*\*\.parquet: .*'\*\*'.*d/\*\*/\*\.parquet"):
+        ingest.list_shards(local.url("d/**.parquet"))
+    assert len(ingest.list_shards(local.url("d/**/*.parquet")).shards) == 1
+
+
 def test_unknown_format_lists_the_known_ones(local: Store) -> None:
     with pytest.raises(
         ingest.ConfigError,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import fsspec
 from fsspec.utils import get_protocol
 
-from ingest.core.errors import NoShardsError, SourceError, redact
+from ingest.core.errors import ConfigError, NoShardsError, SourceError, redact
 from ingest.storage import hub
 from ingest.storage.sources.faults import missing_credentials, refused_connection
 from ingest.storage.sources.hubfs import pin
@@ -96,7 +96,7 @@ def _file_infos(
     def infos() -> tuple[list[dict[str, Any]], bool]:
         source.stats.add(listings=1)
         if _is_glob(path):
-            return list(fs.glob(path, detail=True).values()), False
+            return list(_glob(fs, url, path).values()), False
         if url.endswith("/"):
             # A directory by its name: one listing, not a HEAD and a listing to tell
             # (object stores) first. Nothing under it: the checks below say why.
@@ -113,6 +113,26 @@ def _file_infos(
         return attempt(infos, source.policy(url), source.stats)
     except GaveUpError as gave_up:
         raise _listing_error(source, url, gave_up) from None
+
+
+def _glob(fs: fsspec.AbstractFileSystem, url: str, path: str) -> dict[str, Any]:
+    """``fs.glob`` of ``path``, its refusal of the pattern (``**`` inside a path component)
+    a :class:`ConfigError` naming ``url`` and the pattern it takes.
+
+    Raises:
+        ConfigError: If fsspec refuses the pattern.
+    """
+    try:
+        found: dict[str, Any] = fs.glob(path, detail=True)
+    except ValueError as e:
+        if "pattern" not in str(e).lower():
+            raise
+        fixed = re.sub(r"(?<=[^/])\*\*", "*/**", re.sub(r"\*\*(?=[^/])", "**/*", url))
+        raise ConfigError(
+            f"{redact(url)}: fsspec refuses this glob ({e}); '**' matches whole path "
+            f"components: write it as {redact(fixed)}"
+        ) from None
+    return found
 
 
 def _listing_error(source: Source, url: str, gave_up: GaveUpError) -> SourceError:
