@@ -64,6 +64,19 @@ def workers_of(loader: ingest.DataLoader, before: set[Any]) -> set[Any]:
     return set(multiprocessing.active_children()) - before
 
 
+def test_a_transform_spawned_workers_cannot_get_is_refused_naming_it(data: str) -> None:
+    """Spawned workers (macOS's default) get the stream's transform by pickling: a lambda
+    or a local function cannot be. Refused as the loader is made, naming the transform and
+    the fix; torch's worker start raised a bare "Can't pickle local object" at the first
+    loop."""
+    stream = ingest.Stream(data, columns=["id"], batch_size=BATCH, transform=lambda t: t)
+    with pytest.raises(ingest.ConfigError, match=r"spawn.*<lambda>.*top level.*'fork'"):
+        ingest.DataLoader(stream, num_workers=2, multiprocessing_context="spawn")
+    forked = ingest.DataLoader(stream, num_workers=2, multiprocessing_context="fork")
+    assert len(ids(forked)) == TOTAL
+    forked.close()
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_two_epochs_run_on_the_same_workers_every_row_once(data: str, context: str) -> None:
     loader = ingest.DataLoader(

@@ -371,6 +371,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             persistent_workers=num_workers > 0,
             **kwargs,
         )
+        checked_sendable(self._shares, num_workers, self.multiprocessing_context)
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
         self._stop()
@@ -586,6 +587,37 @@ def checked_keywords(num_workers: int, kwargs: dict[str, Any]) -> bool:
     if num_workers < 0:
         raise ConfigError(f"num_workers={num_workers} must be >= 0")
     return bool(kwargs.pop("persistent_workers", True))
+
+
+def checked_sendable(shares: _Shares, num_workers: int, context: Any) -> None:
+    """Refuse a stream that workers started by spawn or forkserver (macOS's default, and
+    ``multiprocessing_context="spawn"``) cannot get: they get it by pickling, where a forked
+    worker inherits it. A lambda or a local function as the transform cannot be pickled,
+    and torch's worker start said only "Can't pickle local object", at the first loop."""
+    if not num_workers:
+        return
+    if context is not None:
+        method = context.get_start_method()
+    else:  # the one set, or the default: the first of these (not fixed for the process)
+        set_ = multiprocessing.get_start_method(allow_none=True)
+        method = set_ or multiprocessing.get_all_start_methods()[0]
+    if method == "fork":
+        return
+    dumps = multiprocessing.reduction.ForkingPickler.dumps
+    try:
+        dumps(shares)
+    except Exception as e:
+        failed, what = e, "the stream"
+        try:
+            dumps(shares.transform)
+        except Exception:
+            what = f"its transform {shares.transform!r}"
+        raise ConfigError(
+            f"ingest.DataLoader's workers start by {method}: they get the stream by pickling, "
+            f"and {what} cannot be pickled ({type(failed).__name__}: {failed}). Define the "
+            "transform at a module's top level (not a lambda or a function inside another), "
+            "or pass multiprocessing_context='fork' (Linux)"
+        ) from None
 
 
 class _Workers:
