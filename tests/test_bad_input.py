@@ -295,6 +295,9 @@ def test_state_from_another_dataset_or_version(local: Store) -> None:
         ingest.Stream(local.url("b")).load_state_dict(state)
     with pytest.raises(ingest.StateError, match="version 9 is not supported"):
         ingest.Stream(local.url("a")).load_state_dict({**state, "version": 9})
+    # Another program's JSON (a trainer's state, a config): said so, not "version None".
+    with pytest.raises(ingest.StateError, match=r"not an ingest stream state: .*'global_step'"):
+        ingest.Stream(local.url("a")).load_state_dict({"global_step": 10, "epoch": 1.0})
 
 
 # -- line formats: long lines, compression, ragged and non-UTF-8 records ---------------------
