@@ -118,12 +118,11 @@ class StreamState:
         if not isinstance(data, Mapping):
             raise StateError(f"a stream state is a JSON object, got {type(data).__name__}")
         version = data.get("version")
-        if version is None or not {"dataset", "progress", "sources"} & data.keys():
+        if version is None:
             keys = ", ".join(map(repr, list(data)[:8])) or "none"
             raise StateError(
-                f"this is not an ingest stream state: it has no 'version', or no 'dataset' (its "
-                f"keys: {keys}); pass what state_dict() returned (in a checkpoint: "
-                "ingest_stream_state.json)"
+                f"this is not an ingest stream state: it has no 'version' (its keys: {keys}); "
+                "pass what state_dict() returned (in a checkpoint: ingest_stream_state.json)"
             )
         if version in (4, STATE_VERSION) and isinstance(data.get("sources"), Mapping):
             raise StateError(
