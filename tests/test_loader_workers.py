@@ -77,6 +77,16 @@ def test_a_transform_spawned_workers_cannot_get_is_refused_naming_it(data: str) 
     forked.close()
 
 
+def test_an_epoch_without_a_batch_says_why_on_workers_too(data: str) -> None:
+    """A batch larger than one worker's share of the dataset: the epoch hands out nothing,
+    and the main process says why (each worker is a rank), as a Stream does."""
+    stream = ingest.Stream(data, columns=["id"], batch_size=TOTAL)
+    loader = ingest.DataLoader(stream, num_workers=2)
+    with pytest.warns(UserWarning, match=rf"epoch 0 gave no batch: the dataset \({TOTAL:,} rows"):
+        assert ids(loader) == []
+    loader.close()
+
+
 @pytest.mark.parametrize("context", ["fork", "spawn"])
 def test_two_epochs_run_on_the_same_workers_every_row_once(data: str, context: str) -> None:
     loader = ingest.DataLoader(
