@@ -464,11 +464,11 @@ def check_columns(
     missing = [c for c in columns or () if c not in names]
     if missing:
         raise ShardError(
-            url, f"has no column(s) {missing}; it has {list(names)}", _COLUMNS_FIX, row=row
+            url,
+            f"has no column(s) {missing}; it has {list(names)}",
+            "fix columns=[...] or the data",
+            row=row,
         )
-
-
-_COLUMNS_FIX = "fix columns=[...] or the data"
 
 
 def select(

@@ -599,8 +599,10 @@ def checked_sendable(shares: _Shares, num_workers: int, context: Any) -> None:
     if context is not None:
         method = context.get_start_method()
     else:  # the one set, or the default: the first of these (not fixed for the process)
-        set_ = multiprocessing.get_start_method(allow_none=True)
-        method = set_ or multiprocessing.get_all_start_methods()[0]
+        method = (
+            multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_all_start_methods()[0]
+        )
     if method == "fork":
         return
     dumps = multiprocessing.reduction.ForkingPickler.dumps

@@ -213,17 +213,16 @@ class _Run:
         without being asked to close (the call would queue behind the one that hangs)."""
         self.actors: list[Any] = []
         try:
-            self.actors = self._started()
+            self._start()
         except BaseException:
             self.kill()  # the processes that started, and the directory
             raise
 
-    def _started(self) -> list[Any]:
-        """New rank processes, the contender's modules imported (before any clock)."""
-        actors = [RankActor.remote(rank) for rank in range(self.contender.ranks)]
-        self.actors = actors  # killed by kill() if they do not start
-        self._get([a.warm.remote(self.entry.modules, self.temp_dir) for a in actors], "start")
-        return actors
+    def _start(self) -> None:
+        """New rank processes (:attr:`actors`, killed by :meth:`kill` if they do not start),
+        the contender's modules imported (before any clock)."""
+        self.actors = [RankActor.remote(rank) for rank in range(self.contender.ranks)]
+        self._get([a.warm.remote(self.entry.modules, self.temp_dir) for a in self.actors], "start")
 
     def _get(self, refs: list[Any], phase: str) -> list[Any]:
         """The rank processes' answers to ``refs``, waited for ``config.timeout_s`` at most.
@@ -259,7 +258,7 @@ class _Run:
         """
         old, self.actors = self.actors, []
         _stop(old)
-        self.actors = self._started()
+        self._start()
 
     def _epoch(
         self, sources: Sequence[Any] | None, spec: EpochSpec, phase: str
