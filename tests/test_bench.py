@@ -7,9 +7,11 @@ import math
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
+import torch
 from ray import cloudpickle
 
 from ingest.tools.bench import main
@@ -137,6 +139,80 @@ def test_a_contender_that_hangs_fails_after_the_timeout_and_the_bench_goes_on(
     assert "epoch 1" in by_name["hangs"]["reason"] and "20 s" in by_name["hangs"]["reason"]
     assert "--timeout-s" in by_name["hangs"]["reason"], by_name["hangs"]["reason"]
     assert by_name["stream"]["status"] == "ok", by_name["stream"]["reason"]
+
+
+class _HangsOnResume:
+    """A contender whose epochs run but whose resumed loader never hands out a batch."""
+
+    ranks, resume_unsupported = 1, None
+
+    def __init__(self, config: object) -> None:
+        pass
+
+    def start(self, data: Any) -> list[_ListSource]:
+        return [_ListSource(data.rows, data.labels or 1)]
+
+    def resume(self, data: object, states: object) -> list[_HangingSource]:
+        return [_HangingSource()]
+
+    def stop(self) -> None:
+        pass
+
+
+class _ListSource:
+    """Every id once, in order, in batches of 128 (labels ``id % labels``)."""
+
+    def __init__(self, rows: int, labels: int) -> None:
+        self.rows, self.labels, self.batches = rows, labels, 0
+
+    def open(self) -> _ListSource:
+        return self
+
+    def epoch(self) -> Iterator[dict[str, object]]:
+        for start in range(0, self.rows, 128):
+            ids = torch.arange(start, min(start + 128, self.rows))
+            self.batches += 1
+            yield {"id": ids, "label": ids % self.labels}
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batches": self.batches}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_contender_whose_resume_hangs_keeps_its_other_figures(tmp_path, monkeypatch):
+    """A resume that hangs fails the resume alone: the rank processes stuck in it are
+    replaced, so the shuffle-quality phase runs on new ones (it queued behind the stuck
+    call before, waited a second --timeout-s and failed the contender, its figures lost)."""
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks import no tests
+    monkeypatch.setitem(
+        CONTENDERS,
+        "hangs-on-resume",
+        Entry(
+            name="hangs-on-resume",
+            title="hangs on resume",
+            target=f"{__name__}:_HangsOnResume",
+            modules=(),
+        ),
+    )
+    out = tmp_path / "bench.json"
+    argv = [
+        *("--contenders", "hangs-on-resume", "--shards", "2", "--rows", "512"),
+        *("--row-group", "256", "--batch-size", "128", "--epochs", "1", "--labels", "2"),
+        *("--timeout-s", "15", "--json", str(out), "--no-progress"),
+    ]
+    start = time.monotonic()
+    assert main(argv) == 0
+    assert time.monotonic() - start < 120
+    (report,) = json.loads(out.read_text())["contenders"]
+    assert report["status"] == "ok", report["reason"]
+    figures, notes = report["figures"], report["notes"]
+    assert figures["resume_first_batch_s"] is None
+    assert "resume at 45%" in notes["resume_first_batch_s"], notes
+    assert "15 s" in notes["resume_first_batch_s"], notes
+    assert 0 < figures["shuffle_quality"] <= 1.05
 
 
 def test_unknown_contender_lists_the_valid_ones(capsys):

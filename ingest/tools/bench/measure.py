@@ -242,7 +242,7 @@ class _Run:
 
     def _restart(self) -> None:
         """Replace the rank processes with new ones, as a job resumed after a stop runs in
-        processes of its own.
+        processes of its own (and after a phase that hung, whose processes are killed at once).
 
         A resumed pipeline built in the processes that ran the checkpointed one shares with
         it what a peer keeps per process and releases only at exit or when collected: the
@@ -257,7 +257,8 @@ class _Run:
         (the report's note) so that the next one says which.
         """
         old, self.actors = self.actors, []
-        _stop(old)
+        _stop(old, 0.0 if self.hung else EXIT_WAIT_S)
+        self.hung = False
         self._start()
 
     def _epoch(
@@ -378,6 +379,8 @@ class _Run:
             with contextlib.suppress(Exception):
                 self._close_loaders()
             self.contender.stop()
+            if self.hung:  # the next phase would queue behind the call that hangs
+                self._restart()
         firsts = [r.first_batch_at for r in records]
         if any(f is None for f in firsts):
             return _Resumed(None, "a rank received no batch after resuming")
