@@ -89,6 +89,49 @@ def test_zero_row_shards_and_empty_line_files_are_fine(store: Store) -> None:
     assert drain(stream) == 100
 
 
+@pytest.mark.parametrize("seed", [None, 0])
+def test_a_null_in_an_integer_column_names_its_shard_and_row(
+    local: Store, seed: int | None
+) -> None:
+    """No torch integer dtype holds a null: the error names the shard and the row, where a
+    shuffled batch of many shards said only the column before."""
+    local.write("d/a.parquet", encode(pa.table({"id": range(100), "v": range(100)}), "parquet"))
+    values: list[int | None] = list(range(100))
+    values[37] = None
+    table = pa.table({"id": pa.array(range(100, 200)), "v": pa.array(values, pa.int64())})
+    local.write("d/b.parquet", encode(table, "parquet"))
+    local.write(
+        "d/c.parquet", encode(pa.table({"id": range(200, 300), "v": range(100)}), "parquet")
+    )
+    stream = ingest.Stream(local.url("d"), columns=["id", "v"], shuffle_seed=seed, batch_size=50)
+    with pytest.raises(
+        ingest.ConfigError,
+        match=r"b\.parquet row 37: column 'v' \(int64\) is null.*fill_null",
+    ):
+        drain(stream)
+
+
+def test_a_null_after_the_transform_names_the_shards_of_its_batch(local: Store) -> None:
+    values = pa.array([None, *range(1, 10)], pa.int64())
+    table = pa.table({"id": range(10), "v": values, "s": [str(i) for i in range(10)]})
+    local.write("d/a.parquet", encode(table, "parquet"))
+
+    def blank(table: pa.Table) -> pa.Table:
+        return table.set_column(1, "v", pa.nulls(table.num_rows, pa.int64()))
+
+    for transform in (
+        blank,
+        ingest.Tokenize(lambda texts: [[1] for _ in texts], column="s", keep=["id", "v"]),
+    ):
+        stream = ingest.Stream(local.url("d"), batch_size=5, transform=transform)
+        with pytest.raises(
+            ingest.ConfigError,
+            match=r"column 'v' \(int64\) is null in row 0 of the transform's output for step 0 "
+            r"\(rows of .*a\.parquet\)",
+        ):
+            drain(stream)
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_a_zero_byte_binary_shard_is_refused(local: Store, fmt: str) -> None:
     """Issue 8: a zero-byte .parquet was listed as 0 rows without a word."""

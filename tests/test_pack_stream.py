@@ -522,3 +522,20 @@ def test_a_packed_stream_delivers_every_carried_document_in_the_next_epoch(local
             s.load_state_dict(end)
             source = ingest.DataLoader(s, num_workers=2) if epoch % 2 == 0 else s
         s.close()
+
+
+def test_a_null_in_a_column_packing_leaves_out_is_no_error(local: Store) -> None:
+    """The packer makes the batches of its own columns: a null in another integer column
+    of the documents never reaches a tensor, so the feed lets it through."""
+    docs = [{"doc": d, "text": f"{d} 5", "score": None if d == 3 else d} for d in range(64)]
+    local.write("nulls/a.jsonl", "".join(json.dumps(doc) + "\n" for doc in docs).encode())
+    every = Counter(d * 10_000 + j + 1 for d in range(64) for j in range(5))
+
+    def plain(table: pa.Table) -> pa.Table:  # a function, not a stage
+        ids = pa.array(tokenize(table.column("text").to_pylist()), pa.list_(pa.int64()))
+        return table.append_column("input_ids", ids)
+
+    for transform in (ingest.Tokenize(tokenize), plain):
+        url = local.url("nulls/*.jsonl")
+        got = tokens_of(list(stream(url, local, shuffle_seed=None, transform=transform)))
+        assert got and not got - every and 3 * 10_000 + 1 in got

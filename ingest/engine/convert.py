@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from ingest.core.errors import ConfigError
@@ -44,12 +45,42 @@ def _numeric(arr: pa.Array, name: str) -> torch.Tensor:
             return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
         raise ConfigError(
             f"column {name!r} ({arr.type}) has {arr.null_count} null(s) and no "
-            "torch integer dtype holds nulls; fill them in a transform "
-            "(pyarrow.compute.fill_null) or cast the column to float"
+            f"torch integer dtype holds nulls; {NULL_FIX}"
         )
     if pa.types.is_boolean(arr.type):
         return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
     return torch.from_numpy(_view(arr))
+
+
+NULL_FIX = "fill them in a transform (pyarrow.compute.fill_null) or cast the column to float"
+
+
+def refused_null(table: pa.Table) -> tuple[str, pa.DataType, int] | None:
+    """The first column of ``table`` with a null that :func:`column_to_torch` refuses, its
+    type and the row of its first null; None when every null it holds has a torch form
+    (NaN in a float, None in a list of strings).
+
+    Integers, booleans, dates and times, lists of numbers and tensors refuse a null: no torch
+    dtype of theirs holds one. The feed asks before the conversion, while it still knows each
+    row's shard (the conversion, on the rank, knows only the batch).
+    """
+    for name, column in zip(table.column_names, table.columns, strict=True):
+        if column.null_count and _refuses_null(column.type):
+            row = pc.index(pc.is_null(column), True).as_py()
+            return name, column.type, int(row)
+    return None
+
+
+def _refuses_null(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return bool(
+        pa.types.is_integer(t)
+        or pa.types.is_boolean(t)
+        or (pa.types.is_temporal(t) and not pa.types.is_interval(t))
+        or _is_number_list(t)
+        or isinstance(t, pa.FixedShapeTensorType)
+    )
 
 
 def _view(arr: pa.Array) -> np.ndarray[Any, Any]:

@@ -66,7 +66,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.assign import CARRY, MAIN, Span
-from ingest.core.errors import IngestError
+from ingest.core.errors import ConfigError, IngestError
 from ingest.core.ledger import Closed, Rows, Runs, as_runs, runs_of
 from ingest.core.plan import permutation
 from ingest.core.quarantine import Quarantine, Quarantined, skippable
@@ -76,6 +76,7 @@ from ingest.engine.derived.batches import DerivedBatches
 from ingest.engine.derived.reading import REF, Deriving, refs_of
 from ingest.engine.derived.store import DerivedConfig
 from ingest.engine.lanes import LaneReader, make_lanes, unit_rest
+from ingest.engine.pack_settings import ORIGIN
 from ingest.engine.prefetch import in_order, read_ahead
 from ingest.engine.stage import RowError
 from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures
@@ -461,11 +462,15 @@ class Feed:
         """A batch with the transform applied (in a thread of :func:`in_order`); its
         quarantines (``on_error="skip"``) go with it."""
         item, parts = cut
-        if isinstance(item, Tail) or self.transform is None:
+        if isinstance(item, Tail):
+            return item
+        if self.transform is None:
+            self._refuse_nulls(item.table, parts, None)
             return item
         size = self.config.batch_size
         if self._batches is not None:
             out = self._batches.outputs(item.table, item.step, lambda i: self._origin_of(parts, i))
+            self._refuse_nulls(out.table, parts, item.step)
             return replace(
                 item,
                 table=out.table,
@@ -494,9 +499,42 @@ class Feed:
             else:
                 failed.append(self.quarantine.record(e, step=item.step, rows=rows))
                 table, rows = output_of_no_rows(self.transform, table), 0
+        self._refuse_nulls(table, parts, item.step)
         quarantined = (*item.quarantined, *failed)
         return replace(
             item, table=table, quarantined=quarantined, rows=-1 if rows == size else rows
+        )
+
+    def _refuse_nulls(
+        self, table: pa.Table, parts: Sequence[tuple[Window, int, int]], step: int | None
+    ) -> None:
+        """Raise for a null that no torch tensor holds (:func:`refused_null`), naming where it
+        came from: its shard and row, or after a transform (``step``), whose rows need not be
+        the batch's, the step and the shards of the batch. Not for documents a packer
+        regroups (they carry :data:`ORIGIN`): it makes tensors of its own columns only."""
+        from ingest.engine.convert import NULL_FIX, refused_null  # imports torch
+
+        if ORIGIN in table.column_names:
+            return
+        found = refused_null(table)
+        if found is None:
+            return
+        name, kind, index = found
+        if step is None:
+            url, row = self._origin_of(parts, index)
+            raise ConfigError(
+                f"{url} row {row}: column {name!r} ({kind}) is null, and no torch tensor "
+                f"holds a null; {NULL_FIX}"
+            )
+        shards = np.unique(
+            np.concatenate([w.origin.locate(w.keys[lo:hi])[1] for w, lo, hi in parts])
+        )
+        urls = [self.plan.listing.shards[int(s)].url for s in shards[:3]]
+        more = f" and {len(shards) - 3} more" if len(shards) > 3 else ""
+        raise ConfigError(
+            f"column {name!r} ({kind}) is null in row {index} of the transform's output for "
+            f"step {step} (rows of {', '.join(urls)}{more}), and no torch tensor holds a null; "
+            f"fill it in the transform, or cast the column to float"
         )
 
     def _origin_of(self, parts: Sequence[tuple[Window, int, int]], index: int) -> tuple[str, int]:
