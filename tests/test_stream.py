@@ -191,6 +191,17 @@ def test_an_epoch_without_a_batch_says_why(local: Store) -> None:
         assert batches(resumed) == []
 
 
+def test_an_epoch_of_empty_shards_says_so(local: Store) -> None:
+    """Shards that are all empty (an export that wrote no rows) give an empty epoch: it
+    says so, naming the shards, where it ended without a word."""
+    for n in range(2):
+        local.write(f"empty/part-{n}.parquet", encode(make_table(0, 0), "parquet"))
+    local.write("empty/part-2.jsonl", b"")
+    stream = ingest.Stream(local.url("empty"), batch_size=10)
+    with pytest.warns(UserWarning, match=r"epoch 0 gave no batch: its 3 shards hold no rows"):
+        assert batches(stream) == []
+
+
 def test_grown_dataset_joins_at_the_next_epoch(local: Store) -> None:
     write(local, "parquet")
     first = make(local, shuffle_seed=0)

@@ -150,12 +150,22 @@ class PlainRank:
 
 def warn_no_batch(book: EpochBook[Any], epoch: int, learned: Mapping[int, int]) -> None:
     """Say that ``epoch`` gave no batch because its dataset holds fewer rows than one batch
-    on every rank (``learned``: row counts learnt by reading). Not when it holds more (an
+    on every rank, or none (``learned``: row counts learnt by reading). Not when it holds more (an
     epoch resumed near its end gives no batch, and that is no fault), while a row count is
     unknown, or for a followed dataset (a round of a few new rows waits for more)."""
     total = book.listed_rows(epoch, learned)
     world, batch_size = book.world_size, book.config.batch_size
-    if book.config.follows or not total or total >= batch_size * world:
+    if book.config.follows or total is None or total >= batch_size * world:
+        return
+    if total == 0:
+        shards = book.plan(epoch).listing.shards
+        warnings.warn(
+            f"epoch {epoch} gave no batch: its {len(shards):,} shards hold no rows "
+            f"({', '.join(s.url for s in shards[:3])}{', ...' if len(shards) > 3 else ''}). "
+            "Check that the URL names the data you meant, and that its writer wrote rows",
+            UserWarning,
+            stacklevel=2,
+        )
         return
     fate = (
         "dropped (remainder='drop')"
