@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 
 from ingest.core.errors import ConfigError
+from ingest.engine.tensor_types import NULL_FIX, is_number_list
 
 # Arrow buffers are immutable, so numpy views of them are read-only and torch warns once per
 # conversion that it will not enforce that. Zero-copy is the point here; the module
@@ -50,37 +50,6 @@ def _numeric(arr: pa.Array, name: str) -> torch.Tensor:
     if pa.types.is_boolean(arr.type):
         return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
     return torch.from_numpy(_view(arr))
-
-
-NULL_FIX = "fill them in a transform (pyarrow.compute.fill_null) or cast the column to float"
-
-
-def refused_null(table: pa.Table) -> tuple[str, pa.DataType, int] | None:
-    """The first column of ``table`` with a null that :func:`column_to_torch` refuses, its
-    type and the row of its first null; None when every null it holds has a torch form
-    (NaN in a float, None in a list of strings).
-
-    Integers, booleans, dates and times, lists of numbers and tensors refuse a null: no torch
-    dtype of theirs holds one. The feed asks before the conversion, while it still knows each
-    row's shard (the conversion, on the rank, knows only the batch).
-    """
-    for name, column in zip(table.column_names, table.columns, strict=True):
-        if column.null_count and _refuses_null(column.type):
-            row = pc.index(pc.is_null(column), True).as_py()
-            return name, column.type, int(row)
-    return None
-
-
-def _refuses_null(t: pa.DataType) -> bool:
-    if pa.types.is_dictionary(t):
-        t = t.value_type
-    return bool(
-        pa.types.is_integer(t)
-        or pa.types.is_boolean(t)
-        or (pa.types.is_temporal(t) and not pa.types.is_interval(t))
-        or _is_number_list(t)
-        or isinstance(t, pa.FixedShapeTensorType)
-    )
 
 
 def _view(arr: pa.Array) -> np.ndarray[Any, Any]:
@@ -117,14 +86,9 @@ def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
     if pa.types.is_temporal(t) and not pa.types.is_interval(t):
         # Dates, times, timestamps (as UTC instants), durations: see the module docstring.
         return _numeric(arr.cast(pa.int64() if t.bit_width == 64 else pa.int32()), name)
-    if _is_number_list(t):
+    if is_number_list(t):
         return _number_lists(arr, name)
     return arr.to_pylist()  # strings, binary and nested values stay Python objects
-
-
-def _is_number_list(t: pa.DataType) -> bool:
-    lists = pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
-    return bool(lists and _is_number(t.value_type))
 
 
 def _number_lists(arr: pa.Array, name: str) -> Any:
@@ -138,10 +102,6 @@ def _number_lists(arr: pa.Array, name: str) -> Any:
     offsets = arr.offsets.to_numpy()
     values = _numeric(arr.values, name)
     return [values[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
-
-
-def _is_number(t: pa.DataType) -> bool:
-    return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
 
 
 def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:

@@ -79,6 +79,7 @@ from ingest.engine.lanes import LaneReader, make_lanes, unit_rest
 from ingest.engine.pack_settings import ORIGIN
 from ingest.engine.prefetch import in_order, read_ahead
 from ingest.engine.stage import RowError
+from ingest.engine.tensor_types import NULL_FIX, refused_null
 from ingest.engine.transform import output_of_no_rows, parallel_batches, split_failures
 from ingest.engine.window import Hole, Lane, Origin, Piece, Window, indices, piece_rows
 from ingest.formats.base import ReadOptions
@@ -512,8 +513,6 @@ class Feed:
         came from: its shard and row, or after a transform (``step``), whose rows need not be
         the batch's, the step and the shards of the batch. Not for documents a packer
         regroups (they carry :data:`ORIGIN`): it makes tensors of its own columns only."""
-        from ingest.engine.convert import NULL_FIX, refused_null  # imports torch
-
         if ORIGIN in table.column_names:
             return
         found = refused_null(table)
