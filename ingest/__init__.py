@@ -12,7 +12,7 @@ Public API::
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ingest.core.errors import (
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
     from ingest.planner.index import IndexConfig, IndexStore
     from ingest.storage.cache import CacheOptions
     from ingest.storage.follow import Follow
-    from ingest.storage.sources import IOStats, RetryPolicy, Shard, Source
+    from ingest.storage.sources import IOStats, RetryPolicy, Shard, Source, URLs
     from ingest.storage.sources.url_list import urls_from
 
 __version__ = "0.1.0"
@@ -190,7 +190,7 @@ def __getattr__(name: str) -> Any:
 
 
 def list_shards(
-    source: str | Sequence[str],
+    source: URLs,
     *,
     storage_options: Mapping[str, Any] | None = None,
     format: str | None = None,

@@ -60,6 +60,22 @@ def test_glob_list_of_urls_and_duplicates(store: Store) -> None:
     ]
 
 
+def test_paths_are_urls_and_other_objects_are_refused(local: Store) -> None:
+    """A pathlib.Path is a local URL, alone or in a list (it raised 'PosixPath' object is
+    not iterable, or has no attribute 'decode'); a value that is neither is named."""
+    local.write("d/a.parquet", encode(make_table(0, 10), "parquet"))
+    root = Path(local.url("d").removeprefix("file://"))
+    assert [i.rows for i in ingest.list_shards(root).infos] == [10]
+    assert sum(len(b["id"]) for b in ingest.Stream(root, batch_size=5)) == 10
+    local.write("d/b.parquet", encode(make_table(10, 10), "parquet"))
+    both: list[str | Path] = [root / "a.parquet", str(root / "b.parquet")]
+    assert sum(len(b["id"]) for b in ingest.Stream(both, batch_size=5)) == 20
+    with pytest.raises(ingest.ConfigError, match=r"source URL 3 \(int\) is not a string"):
+        ingest.Stream([str(root), 3])  # type: ignore[list-item]
+    with pytest.raises(ingest.ConfigError, match=r"source URL None \(NoneType\) is not a"):
+        ingest.list_shards(None)  # type: ignore[arg-type]
+
+
 def test_explicit_file_with_unknown_extension_asks_for_a_format(local: Store) -> None:
     local.write("d/data.bin", encode(make_table(0, 5), "parquet"))
     with pytest.raises(ingest.ConfigError, match="pass format="):

@@ -20,7 +20,7 @@ would lose the draws' pinning, and make the ``source`` columns on the CPU).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -33,6 +33,7 @@ from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
 from ingest.engine.mix_provenance import MixLog, logged
 from ingest.engine.options import StreamOptions
 from ingest.planner.index import IndexConfig
+from ingest.storage.sources import URLs
 
 Batch = dict[str, Any]
 
@@ -139,7 +140,7 @@ class MixedRayStream(RayStream):
 
     def _start(
         self,
-        source: str | Sequence[str] | Mix,
+        source: URLs | Mix,
         options: StreamOptions,
         world_size: int,
         readers: ReaderPool | None,

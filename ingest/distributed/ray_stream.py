@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import ray
@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # typing.Unpack is 3.11's
     from typing_extensions import Unpack
 
     from ingest.distributed.ray_mix import MixedRankIterator, MixedRayStream
+    from ingest.storage.sources import URLs
 
 
 class RayStream:
@@ -101,7 +102,7 @@ class RayStream:
 
     def __init__(
         self,
-        source: str | Sequence[str] | Mix,
+        source: URLs | Mix,
         *,
         world_size: int = 1,
         readers: ReaderPool | None = None,
@@ -123,7 +124,7 @@ class RayStream:
     @classmethod
     def of(
         cls,
-        source: str | Sequence[str] | Mix,
+        source: URLs | Mix,
         options: StreamOptions,
         *,
         world_size: int,
@@ -140,7 +141,7 @@ class RayStream:
 
     def _start(
         self,
-        source: str | Sequence[str] | Mix,
+        source: URLs | Mix,
         options: StreamOptions,
         world_size: int,
         readers: ReaderPool | None,

@@ -44,6 +44,7 @@ from typing import Any
 from ingest.core.errors import ConfigError, StateError
 from ingest.core.mixture import Mixture
 from ingest.core.state import SourcesState, StreamState, read_state
+from ingest.storage.sources import URLs
 
 Batch = dict[str, Any]
 SOURCE = "source"
@@ -67,7 +68,7 @@ class Mix:
         seed: Orders the ties between sources.
     """
 
-    sources: Mapping[str, str | Sequence[str]]
+    sources: Mapping[str, URLs]
     weights: Mapping[str, float] | None = None
     schedule: Sequence[tuple[int, Mapping[str, float]]] = ()
     seed: int = 0

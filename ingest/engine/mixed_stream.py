@@ -9,7 +9,7 @@ the same members over its sources' streams.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ingest.core.errors import ConfigError, IngestError, redact
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ingest.engine.convert import Batch
     from ingest.engine.grouping import Grouping
     from ingest.planner.catalog import Listing
+    from ingest.storage.sources import URLs
 
 
 class MixedStream(Stream):
@@ -30,7 +31,7 @@ class MixedStream(Stream):
     ``batch_size`` 1: a row, or one sequence) and the mixer of their draws. Made by
     ``ingest.Stream(mix, ...)``; see :class:`ingest.Stream` for the members."""
 
-    def _start(self, source: str | Sequence[str] | Mix, options: StreamOptions) -> None:
+    def _start(self, source: URLs | Mix, options: StreamOptions) -> None:
         if not isinstance(source, Mix):  # pragma: no cover - Stream.__new__ picks the class
             raise ConfigError(f"a MixedStream reads an ingest.Mix, not {source!r}")
         self.options = options

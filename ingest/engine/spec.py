@@ -23,7 +23,7 @@ from ingest.planner.catalog import Catalog, Listing
 from ingest.planner.index import IndexConfig, Indexer, IndexStore
 from ingest.planner.planner import Planner
 from ingest.storage.follow import Follow
-from ingest.storage.sources import Source
+from ingest.storage.sources import Source, URLs, as_urls
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,7 +85,7 @@ class StreamSpec:
     @classmethod
     def of(
         cls,
-        source: str | Sequence[str],
+        source: URLs,
         *,
         storage_options: Mapping[str, Any] | None = None,
         columns: Sequence[str] | None = None,
@@ -101,7 +101,7 @@ class StreamSpec:
         if columns is not None and (isinstance(columns, str) or not columns):
             raise ConfigError(f"columns={columns!r} must be a non-empty list of names, or None")
         return cls(
-            urls=(source,) if isinstance(source, str) else tuple(source),
+            urls=as_urls(source),
             storage_options=dict(storage_options or {}),
             columns=tuple(columns) if columns is not None else None,
             read=read or ReadOptions(),

@@ -43,6 +43,7 @@ if TYPE_CHECKING:  # typing.Unpack is 3.11's
     from typing_extensions import Unpack
 
     from ingest.engine.mixed_stream import MixedStream
+    from ingest.storage.sources import URLs
 
 _log = logging.getLogger(__name__)
 
@@ -113,19 +114,17 @@ class Stream:
             return super().__new__(MixedStream)
         return super().__new__(cls)
 
-    def __init__(
-        self, source: str | Sequence[str] | Mix, **options: Unpack[StreamKeywords]
-    ) -> None:
+    def __init__(self, source: URLs | Mix, **options: Unpack[StreamKeywords]) -> None:
         self._start(source, StreamOptions.of("Stream", options))
 
     @classmethod
-    def of(cls, source: str | Sequence[str] | Mix, options: StreamOptions) -> Stream:
+    def of(cls, source: URLs | Mix, options: StreamOptions) -> Stream:
         """The stream of ``source`` with ``options`` (what the keywords make)."""
         stream = cls.__new__(cls, source)
         stream._start(source, options)
         return stream
 
-    def _start(self, source: str | Sequence[str] | Mix, options: StreamOptions) -> None:
+    def _start(self, source: URLs | Mix, options: StreamOptions) -> None:
         batch_size, pack, transform = options.batch_size, options.pack, options.transform
         self.options = options
         """The settings this stream was made with."""

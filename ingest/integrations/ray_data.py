@@ -29,10 +29,11 @@ from ingest.engine.spec import StreamSpec
 from ingest.formats import get_format
 from ingest.formats.base import BadRows, ReadOptions
 from ingest.planner.catalog import Listing
+from ingest.storage.sources import URLs
 
 
 def read(
-    source: str | Sequence[str],
+    source: URLs,
     *,
     storage_options: Mapping[str, Any] | None = None,
     columns: Sequence[str] | None = None,

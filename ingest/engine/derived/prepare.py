@@ -48,7 +48,7 @@ from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, build_transform
 from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Listing
-from ingest.storage.sources import Source
+from ingest.storage.sources import Source, URLs
 
 OnError = Literal["raise", "skip"]
 
@@ -100,7 +100,7 @@ class PrepareReport:
 
 
 def prepare(
-    source: str | Sequence[str],
+    source: URLs,
     transform: Transform,
     derived: DerivedConfig | str,
     *,

@@ -31,7 +31,7 @@ from ingest.storage.sources.listing import UnversionedShardWarning
 from ingest.storage.sources.options import parse_storage_options
 from ingest.storage.sources.retry import RetryPolicy
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
-from ingest.storage.sources.source import Source
+from ingest.storage.sources.source import Source, URLs, as_urls
 from ingest.storage.sources.stats import IOStats
 
 __all__ = [
@@ -43,7 +43,9 @@ __all__ = [
     "RetryPolicy",
     "Shard",
     "Source",
+    "URLs",
     "UnversionedShardWarning",
+    "as_urls",
     "is_store_error",
     "parse_storage_options",
 ]

@@ -5,6 +5,7 @@ counted."""
 
 from __future__ import annotations
 
+import os
 import threading
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,32 @@ from ingest.storage.sources.stats import IOStats
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 
 
+URLs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+"""One URL or several; a local path may be a :class:`pathlib.Path`."""
+
+
+def as_urls(urls: URLs) -> tuple[str, ...]:
+    """``urls`` as a tuple of strings (paths as their strings).
+
+    Raises:
+        ConfigError: Naming a value that is neither a string nor a path.
+    """
+    many = [urls] if isinstance(urls, str | os.PathLike) else urls
+    if not isinstance(many, Sequence):
+        many = [many]
+    out = []
+    for url in many:
+        if isinstance(url, os.PathLike):
+            url = os.fspath(url)
+        if not isinstance(url, str):
+            raise ConfigError(
+                f"source URL {url!r} ({type(url).__name__}) is not a string or a path; pass "
+                "a URL ('s3://bucket/train/*.parquet'), a local path, or a list of them"
+            )
+        out.append(url)
+    return tuple(out)
+
+
 class Source:
     """One or more fsspec URLs (files, directories or globs) with their storage options.
 
@@ -65,14 +92,14 @@ class Source:
 
     def __init__(
         self,
-        urls: str | Sequence[str],
+        urls: URLs,
         *,
         storage_options: Mapping[str, Any] | None = None,
         format: str | None = None,
         retry: RetryPolicy | None = None,
         cache: CacheOptions | None = None,
     ) -> None:
-        self.urls: tuple[str, ...] = (urls,) if isinstance(urls, str) else tuple(urls)
+        self.urls = as_urls(urls)
         if not self.urls:
             raise ConfigError("a Source needs at least one URL; got an empty list")
         self.format = format
