@@ -45,6 +45,14 @@ def test_a_plain_dataloader_gets_the_clear_error_with_the_fix(data: str) -> None
         next(iter(loader))
 
 
+def test_a_loader_has_no_length_and_says_why(data: str) -> None:
+    """len(loader) (a progress bar, a schedule) is a TypeError, as libraries that ask expect
+    of a loader without one, saying why and what to do; it named the private _Shares."""
+    loader = ingest.DataLoader(stream_of(data))
+    with pytest.raises(TypeError, match=r"an ingest.DataLoader has no length: .*max_steps"):
+        len(loader)
+
+
 @pytest.mark.parametrize("workers", [0, 1, 2, 3])
 def test_workers_read_disjoint_shares_every_row_once_per_epoch(data: str, workers: int) -> None:
     loader = ingest.DataLoader(stream_of(data), num_workers=workers)

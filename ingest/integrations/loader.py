@@ -373,6 +373,16 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         )
         checked_sendable(self._shares, num_workers, self.multiprocessing_context)
 
+    def __len__(self) -> int:
+        # A TypeError, as torch's loaders without a length raise: libraries that ask
+        # (progress bars, trainers) catch it and go on without one.
+        raise TypeError(
+            "an ingest.DataLoader has no length: an epoch's batch count is known only once "
+            "its shards are read (rows of JSONL or CSV shards, rows carried from the epoch "
+            "before); count steps in the loop, and give a trainer its length in steps "
+            "(transformers' TrainingArguments(max_steps=N), Lightning's max_steps)"
+        )
+
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
         self._stop()
         loop = self._loop()
