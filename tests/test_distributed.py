@@ -513,3 +513,24 @@ def test_an_iterator_taken_over_after_its_epochs_last_batch_does_not_end_the_epo
         with pytest.raises(ingest.SupersededError, match="another iterator of rank 0"):
             next(first)
     assert len(set(head)) == 96 and len(nxt) == 48
+
+
+def test_a_stream_is_not_iterated_itself_and_once_shut_down_says_so(local: Store) -> None:
+    """`for batch in stream` names the rank iterators; a stream shut down says so where it
+    said its coordinator died and asked for a resume from the last state (and its readers'
+    start was retried on dead actors)."""
+    local.write("d/a.parquet", encode(make_table(0, 100), "parquet"))
+    stream = ingest.RayStream(local.url("d"), columns=["id"], batch_size=10, world_size=1)
+    with pytest.raises(TypeError, match=r"rank_iterator\(rank\)"):
+        iter(stream)  # type: ignore[call-overload]
+    state = stream.state_dict()
+    stream.shutdown()
+    stream.shutdown()  # once more: nothing to stop
+    for call in (
+        lambda: stream.rank_iterator(0),
+        stream.state_dict,
+        lambda: stream.load_state_dict(state),
+        stream.stats,
+    ):
+        with pytest.raises(ingest.IngestError, match=r"this RayStream was shut down"):
+            call()

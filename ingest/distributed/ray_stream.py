@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 import uuid
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import ray
 
-from ingest.core.errors import ConfigError, NoShardsError
+from ingest.core.errors import ConfigError, IngestError, NoShardsError
 from ingest.core.quarantine import Quarantined, summary
 from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.index_tasks import ray_indexer
@@ -245,6 +245,18 @@ class RayStream:
         self.loaded_state: dict[str, Any] | None = None
         """The state given to :meth:`load_state_dict`, if any: where a worker group starts
         when there is no checkpoint yet, also on a coordinator restarted since."""
+        self._shut_down = False
+        """Whether :meth:`shutdown` ran: the actors are gone, and a call says so."""
+
+    def _running(self) -> None:
+        """Raise if :meth:`shutdown` ran (a call would meet dead actors: a coordinator said
+        lost, a reader's start retried on them)."""
+        if self._shut_down:
+            raise IngestError(
+                f"this RayStream was shut down (stream.shutdown(), or the end of its `with` "
+                f"block): its coordinator and readers ({self.name}) are gone. Make a new "
+                "RayStream, and load the last state into it to go on"
+            )
 
     def _get(self, ref: Any, timeout_s: float | None = None) -> Any:
         try:
@@ -282,6 +294,7 @@ class RayStream:
         self, rank: int, *, options: RankOptions | None = None
     ) -> RankIterator | MixedRankIterator:
         """The iterator of ``rank`` (0 <= rank < world_size); picklable."""
+        self._running()
         if not 0 <= rank < self.world_size:
             raise ConfigError(f"rank {rank} is outside world_size {self.world_size}")
         self._warm()
@@ -315,6 +328,7 @@ class RayStream:
         :func:`ingest.train.rank_iterator`), the coordinator joined from ``state`` (the last
         checkpoint's; None: the state loaded on the driver, or a fresh start). The group's
         world size may differ from the stream's."""
+        self._running()
         ref = self.coordinator.join.remote(
             rank, world_size, None if state is None else dict(state), self.loaded_state
         )
@@ -328,6 +342,7 @@ class RayStream:
 
     def reader_for(self, rank: int) -> Any:
         """The reader actor that hosts ``rank``'s feed (ranks of any world size)."""
+        self._running()
         return self._reader(rank)
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:
@@ -336,6 +351,7 @@ class RayStream:
         It covers every batch the ranks' iterators handed out up to that step (an iterator
         left early sends its acks as it returns). Over a Mix, states are taken on the ranks.
         """
+        self._running()
         ref = self.coordinator.state_dict.remote(step, self.timeout_s)
         try:
             return ray.get(ref, timeout=self.timeout_s + 30)  # type: ignore[no-any-return]
@@ -347,6 +363,7 @@ class RayStream:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue after ``state``, which may come from another world size, pool size or a
         single-process :class:`ingest.Stream`. Load before any rank iterates."""
+        self._running()
         deadline = time.monotonic() + self.timeout_s
         while True:  # a coordinator that is restarting takes the state once it is back
             try:
@@ -366,6 +383,7 @@ class RayStream:
         """Requests and bytes the pool sent to the store, summed over its readers, and the
         quarantines (``quarantined``, ``rows_skipped``) the ranks acked; over a Mix, summed
         over its sources."""
+        self._running()
         out: dict[str, int] = {}
         for part in [*self._get([r.stats.remote() for r in self.readers]), self._pool.gone]:
             for key, value in part.items():
@@ -375,12 +393,17 @@ class RayStream:
     def quarantined(self) -> list[Quarantined]:
         """What ``ReadOptions(on_error="skip")`` skipped and the ranks acked: shard URL, rows
         and reason, oldest first (also in the state; see :mod:`ingest.core.quarantine`)."""
+        self._running()
         got: list[Quarantined] = self._get(self.coordinator.quarantined.remote())
         return got
 
     def shutdown(self) -> None:
         """Stop the reader pool and the coordinator actor (every source's, over a Mix),
-        after the coordinator wrote what its provenance log holds (``provenance=``)."""
+        after the coordinator wrote what its provenance log holds (``provenance=``). Once:
+        a second call does nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         if self.sizer is not None:
             self.sizer.stop()
         if self.spec.provenance is not None:
@@ -391,6 +414,15 @@ class RayStream:
                 warnings.warn(f"the provenance log was not written whole: {e}", stacklevel=2)
         self._pool.kill()
         ray.kill(self.coordinator)
+
+    def __iter__(self) -> Iterator[Any]:
+        # Without it, `for batch in stream` said only "'RayStream' object is not iterable".
+        raise TypeError(
+            "a RayStream serves its ranks, each through its own iterator: iterate "
+            "stream.rank_iterator(rank) (in a notebook, rank 0 of world_size=1), or hand the "
+            "stream to Ray Train (ingest.train.rank_iterator in the train loop); a one-process "
+            "stream is ingest.Stream"
+        )
 
     def __enter__(self) -> RayStream:
         return self
