@@ -394,7 +394,7 @@ COMPRESSORS: dict[str, Callable[[bytes], bytes]] = {
 
 
 @pytest.mark.parametrize("codec", ["gz", "zst"])
-@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "tar"])
 def test_a_truncated_compressed_shard_is_an_error_not_fewer_rows(
     store: Store, fmt: str, codec: str
 ) -> None:

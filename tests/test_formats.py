@@ -341,11 +341,27 @@ class TestWebDataset(FormatContract):
     options = ReadOptions(block_bytes=256 << 10, batch_rows=256)
 
     def test_fields_are_bytes_and_grouped_by_key(self, local: Store) -> None:
-        catalog, listing = open_shard(local, "tar", encode(make_table(0, 10), "tar"))
+        catalog, listing = open_shard(local, self.fmt, encode(make_table(0, 10), self.fmt))
         batch = read(catalog, listing)[0].data
         assert batch.schema.names == ["__key__", "json", "txt"]
         assert batch.column("txt")[3].as_py() == b"row 3"
         assert batch.column("json")[3].as_py() == b'{"id": 3}'
+
+
+class TestWebDatasetGzip(TestWebDataset):
+    """A compressed tar (``.tar.gz``, as ``webdataset`` reads it): decompressed as it is read,
+    seek points in the tar's own bytes, a resume skipped through."""
+
+    fmt = "tar.gz"
+    seeks = False
+
+
+class TestWebDatasetTgz(TestWebDatasetGzip):
+    fmt = "tgz"
+
+
+class TestWebDatasetZstd(TestWebDatasetGzip):
+    fmt = "tar.zst"
 
 
 def zstd(data: bytes) -> bytes:

@@ -29,7 +29,7 @@ def make(store: Store, fmt: str = "parquet", **kwargs: Any) -> ingest.Stream:
         "storage_options": store.storage_options,
         **kwargs,
     }
-    columns = ["__key__"] if fmt == "tar" else ["id"]
+    columns = ["__key__"] if fmt.startswith("tar") else ["id"]
     return ingest.Stream(store.url(fmt), columns=options.pop("columns", columns), **options)
 
 
@@ -56,7 +56,9 @@ def write(store: Store, fmt: str, shards: int = SHARDS) -> None:
     write_dataset(store.fs, store.url(fmt), fmt, shards, ROWS, row_group_rows=400)
 
 
-@pytest.mark.parametrize("fmt", ["parquet", "jsonl", "csv", "arrow", "tar", "jsonl.gz"])
+@pytest.mark.parametrize(
+    "fmt", ["parquet", "jsonl", "csv", "arrow", "tar", "jsonl.gz", "tar.gz", "tar.zst"]
+)
 @pytest.mark.parametrize("seed", [None, 5])
 def test_resume_gives_the_batches_of_the_uninterrupted_run(
     local: Store, fmt: str, seed: int | None

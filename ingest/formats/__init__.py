@@ -60,9 +60,10 @@ _EXTENSIONS: dict[str, str] = {
     ".ipc": "arrow",
     ".arrows": "arrow",
     ".tar": "webdataset",
+    ".tgz": "webdataset",
 }
 COMPRESSIONS: dict[str, str] = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-_COMPRESSIBLE = ("jsonl", "csv")
+_COMPRESSIBLE = ("jsonl", "csv", "webdataset")
 _instances: dict[str, Format] = {}
 
 
@@ -126,8 +127,11 @@ def get_format(name: str) -> Format:
 
 
 def split_compression(path: str) -> tuple[str, str | None]:
-    """``("a.jsonl", "gzip")`` for ``"a.jsonl.gz"``; ``(path, None)`` when uncompressed."""
+    """``("a.jsonl", "gzip")`` for ``"a.jsonl.gz"`` (``("a.tar", "gzip")`` for ``"a.tgz"``);
+    ``(path, None)`` when uncompressed."""
     root, ext = posixpath.splitext(path)
+    if ext.lower() == ".tgz":
+        return root + ".tar", "gzip"
     if ext.lower() in COMPRESSIONS:
         return root, COMPRESSIONS[ext.lower()]
     return path, None

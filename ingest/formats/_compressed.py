@@ -170,6 +170,11 @@ class DecompressedFile:
     def _error(self, problem: str) -> ShardError:
         return ShardError(self._url, problem, _FIX, byte=self._position + self._ready)
 
+    @property
+    def position(self) -> int:
+        """Decompressed bytes handed out so far (the offset of the next one)."""
+        return self._position
+
     def close(self) -> None:
         self._raw.close()
 

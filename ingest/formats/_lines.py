@@ -75,7 +75,7 @@ def open_decompressed(source: Source, shard: Shard, block_bytes: int) -> tuple[A
         raise
 
 
-def _go_to(f: Any, seekable: bool, start: int, block_bytes: int, url: str) -> int:
+def go_to(f: Any, seekable: bool, start: int, block_bytes: int, url: str) -> int:
     """Move ``f`` to decompressed byte ``start``: a seek, or reads skipped (a compressed
     stream). Returns ``start``.
 
@@ -129,7 +129,7 @@ def iter_chunks(
     step = min(block_bytes, max_line_bytes)
     f, seekable = open_decompressed(source, shard, block_bytes)
     with f:
-        offset = _go_to(f, seekable, start, block_bytes, shard.url)
+        offset = go_to(f, seekable, start, block_bytes, shard.url)
         ends = records()
         parts: list[bytes] = []  # the record in progress, read so far
         pending = 0

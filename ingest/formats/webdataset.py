@@ -3,7 +3,9 @@
 ``images/0001.jpg`` and ``images/0001.cls`` are fields ``jpg`` and ``cls`` of the sample
 with key ``images/0001``. Fields stay bytes: nothing is decoded here, and pickled fields
 (``.pyd``, ``.pickle``) are never unpickled; decode them in a transform if you trust them.
-Seek points are ``(row, byte offset of the sample's first tar header)``.
+Seek points are ``(row, byte offset of the sample's first tar header)``. A compressed shard
+(``.tar.gz`` or ``.tgz``, ``.tar.zst``), as ``webdataset`` reads them, is decompressed as it
+is read; its seek points are offsets in the tar, and a resume skips through to them.
 
 What a shard may hold, as WebDataset users expect it:
 
@@ -38,6 +40,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from ingest.core.errors import SchemaMismatchError, ShardError
+from ingest.formats._lines import go_to, open_decompressed
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -66,14 +69,17 @@ def split_name(name: str) -> tuple[str, str]:
 def _samples(
     source: Source, shard: Shard, offset: int, block_bytes: int
 ) -> Iterator[tuple[int, str, dict[str, bytes]]]:
-    """Yield ``(header offset, key, fields)`` for each sample from byte ``offset``.
+    """Yield ``(header offset, key, fields)`` for each sample from byte ``offset`` (of the
+    tar: in a compressed shard, ``.tar.gz``, ``.tgz`` or ``.tar.zst``, of its decompressed
+    bytes, skipped through to get there).
 
     Raises:
         ShardError: If the tar is corrupt or truncated, or a member is refused (see the
             module docstring).
     """
-    with source.open(shard, block_size=block_bytes) as f:
-        f.seek(offset)
+    f, seekable = open_decompressed(source, shard, block_bytes)
+    with f:
+        go_to(f, seekable, offset, block_bytes, shard.url)
         key: str | None = None
         fields: dict[str, bytes] = {}
         start = end = position = offset
@@ -107,8 +113,10 @@ def _samples(
                 shard.url, f"tar stream is corrupt or truncated ({e})", _FIX, byte=position
             ) from None
         # tarfile takes a file cut at a member boundary for a clean end; a complete archive
-        # ends with two zero blocks (1024 bytes) after its last member.
-        if shard.size - end < 2 * tarfile.BLOCKSIZE:
+        # ends with two zero blocks (1024 bytes) after its last member. A compressed one is
+        # read to its end for its size (the decompressor refuses a truncated stream).
+        size = shard.size if seekable else len(f.read()) + f.position
+        if size - end < 2 * tarfile.BLOCKSIZE:
             raise ShardError(
                 shard.url,
                 "tar archive ends without its end-of-archive marker (the file is truncated)",
@@ -175,7 +183,7 @@ _KINDS = {
 
 class WebDatasetFormat(Format):
     name = "webdataset"
-    extensions = (".tar",)
+    extensions = (".tar", ".tgz")
 
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         return ShardInfo(rows=None)

@@ -135,6 +135,9 @@ _ENCODERS: dict[str, Callable[[pa.Table, int], bytes]] = {
     "arrow": lambda table, rows: _ipc_bytes(table, rows, file=True),
     "arrows": lambda table, rows: _ipc_bytes(table, rows, file=False),
     "tar": lambda table, _: _tar_bytes(table),
+    "tar.gz": lambda table, _: gzip.compress(_tar_bytes(table)),
+    "tgz": lambda table, _: gzip.compress(_tar_bytes(table)),
+    "tar.zst": lambda table, _: _zstd_bytes(_tar_bytes(table)),
 }
 """Generated shard formats: name -> ``(table, rows per row group or batch) -> bytes``."""
 
@@ -146,7 +149,7 @@ def encode(table: pa.Table, fmt: str, *, row_group_rows: int = 1000) -> bytes:
         table: The rows (as :func:`make_table` builds them).
         fmt: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``csv``, ``arrow`` (IPC
             file), ``arrows`` (IPC stream) or ``tar`` (WebDataset: ``.txt`` and ``.json`` per
-            sample).
+            sample; ``tar.gz``, ``tgz`` and ``tar.zst`` compressed).
         row_group_rows: Rows per Parquet row group or Arrow IPC record batch.
 
     Returns:
