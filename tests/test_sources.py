@@ -70,6 +70,7 @@ def test_paths_are_urls_and_other_objects_are_refused(local: Store) -> None:
     local.write("d/b.parquet", encode(make_table(10, 10), "parquet"))
     both: list[str | Path] = [root / "a.parquet", str(root / "b.parquet")]
     assert sum(len(b["id"]) for b in ingest.Stream(both, batch_size=5)) == 20
+    assert sum(len(b["id"]) for b in ingest.Stream(iter(both), batch_size=5)) == 20
     with pytest.raises(ingest.ConfigError, match=r"source URL 3 \(int\) is not a string"):
         ingest.Stream([str(root), 3])  # type: ignore[list-item]
     with pytest.raises(ingest.ConfigError, match=r"source URL None \(NoneType\) is not a"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import IO, Any
 from urllib.parse import urlsplit
 
@@ -39,7 +39,7 @@ from ingest.storage.sources.stats import IOStats
 _LOCAL_PROTOCOLS = frozenset({"file", "local"})
 
 
-URLs = str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
+URLs = str | os.PathLike[str] | Iterable[str | os.PathLike[str]]
 """One URL or several; a local path may be a :class:`pathlib.Path`."""
 
 
@@ -49,9 +49,9 @@ def as_urls(urls: URLs) -> tuple[str, ...]:
     Raises:
         ConfigError: Naming a value that is neither a string nor a path.
     """
-    many = [urls] if isinstance(urls, str | os.PathLike) else urls
-    if not isinstance(many, Sequence):
-        many = [many]
+    many: Iterable[object] = [urls]
+    if isinstance(urls, Iterable) and not isinstance(urls, str | os.PathLike):
+        many = urls  # a list, a tuple, a generator...
     out = []
     for url in many:
         if isinstance(url, os.PathLike):
