@@ -24,6 +24,7 @@ import torch
 import ingest
 from ingest.core.assign import Span
 from ingest.core.errors import StateError
+from ingest.core.intervals import IntervalSet
 from ingest.engine.pack import Pack, PackedRank
 from ingest.testing import Store
 
@@ -357,14 +358,29 @@ def test_cut_documents_in_the_epochs_remainder_are_carried_with_their_offsets() 
     assert not dropped._loaded and not dropped._offsets
 
 
-def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
-    """The tokens of the documents ``state`` (at an epoch's start) carries into its epoch, and
-    of the copies it owes."""
+def carry_consumed(state: dict[str, Any], n: int = DOCS) -> set[int]:
+    """The documents of ``state``'s carry spans consumed already (``carry.consumed``): rows
+    the spans cover that were handed out before the state, or left out (``ingest.skip``)."""
     per = -(-n // SHARDS)
+    consumed = state["distributed"]["carry"].get("consumed", {})
+    return {
+        int(shard) * per + row
+        for shard, rows in consumed.items()
+        for start, stop in IntervalSet.from_json(rows)
+        for row in range(start, stop)
+    }
+
+
+def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
+    """The tokens of the documents ``state`` (at an epoch's start) carries into its epoch (its
+    carry spans' rows not consumed), and of the copies it owes."""
+    per = -(-n // SHARDS)
+    consumed = carry_consumed(state, n)
     docs = [
         shard * per + row
         for shard, start, stop in state["distributed"]["carry"]["spans"]
         for row in range(start, stop)
+        if shard * per + row not in consumed
     ]
     # A carried document cut before the stop carries only its tokens from its offset.
     start = {
