@@ -17,6 +17,7 @@ import ray
 
 import ingest
 from ingest.testing import Store, write_dataset
+from tests.carry import carried_rows
 from tests.test_derived_stream import BATCH, EXPECTED, ROWS, SHARDS, Split
 from tests.test_metrics import scrape
 from tests.test_pack_stream import (
@@ -93,11 +94,7 @@ def _carried(stream: ingest.RayStream) -> Counter[tuple[int, int]]:
     carries in first: ``[shard, start, stop]`` spans of the listing's shards in id order."""
     state = stream.state_dict()
     assert state["progress"]["epoch"] == 1, "the epoch ended"
-    rows = [
-        shard * ROWS + r
-        for shard, start, stop in state["distributed"]["carry"]["spans"]
-        for r in range(start, stop)
-    ]
+    rows = [shard * ROWS + r for shard, r in carried_rows(state)]
     return Counter((i, k) for i in rows for k in range(i % 3))
 
 

@@ -21,6 +21,7 @@ from ingest.core.errors import ShardError
 from ingest.engine.derived import CorruptCopyWarning, DerivedWarning
 from ingest.engine.stage import RowError
 from ingest.testing import Store, write_dataset
+from tests.carry import carried_rows
 
 SHARDS, ROWS, BATCH = 4, 64, 16
 """256 rows: 16 batches an epoch, none carried."""
@@ -455,11 +456,7 @@ def test_a_shard_of_unknown_count_is_one_copy_for_every_transport(
 def _carried_outputs(state: dict[str, Any]) -> Counter[tuple[int, int]]:
     """The outputs of the rows an ended epoch carries into the next (``[shard, start, stop]``
     spans of the listing's shards in id order)."""
-    rows = [
-        shard * ROWS + r
-        for shard, start, stop in state["distributed"]["carry"]["spans"]
-        for r in range(start, stop)
-    ]
+    rows = [shard * ROWS + r for shard, r in carried_rows(state)]
     return Counter((i, k) for i in rows for k in range(i % 3))
 
 

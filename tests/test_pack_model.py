@@ -60,6 +60,7 @@ from hypothesis.stateful import (
 import ingest
 from ingest.core.state import StreamState
 from ingest.testing import Store
+from tests.carry import carried_rows
 from tests.test_mix import times_due, write_corpora
 from tests.test_pack_stream import lengths as lengths_of
 from tests.test_pack_stream import tokenize as mix_tokenize
@@ -137,9 +138,8 @@ def carried(state: dict[str, Any]) -> Counter[int]:
     for the ones cut before (``progress.tokens`` of segment 0)."""
     start = carry_offsets(state)
     out: Counter[int] = Counter()
-    for shard, first, stop in state["distributed"]["carry"]["spans"]:
-        for row in range(first, stop):
-            out.update(doc_tokens(doc_of(shard, row))[start.get((shard, row), 0) :])
+    for shard, row in carried_rows(state):
+        out.update(doc_tokens(doc_of(shard, row))[start.get((shard, row), 0) :])
     return out
 
 

@@ -24,9 +24,9 @@ import torch
 import ingest
 from ingest.core.assign import Span
 from ingest.core.errors import StateError
-from ingest.core.intervals import IntervalSet
 from ingest.engine.pack import Pack, PackedRank
 from ingest.testing import Store
+from tests.carry import carried_rows, carry_consumed
 
 SEQ_LEN = 64
 DOCS = 192  # 12 read steps of 16: no remainder
@@ -358,30 +358,17 @@ def test_cut_documents_in_the_epochs_remainder_are_carried_with_their_offsets() 
     assert not dropped._loaded and not dropped._offsets
 
 
-def carry_consumed(state: dict[str, Any], n: int = DOCS) -> set[int]:
-    """The documents of ``state``'s carry spans consumed already (``carry.consumed``): rows
-    the spans cover that were handed out before the state, or left out (``ingest.skip``)."""
+def consumed_docs(state: dict[str, Any], n: int = DOCS) -> set[int]:
+    """The documents of ``state``'s carry spans consumed already (:func:`carry_consumed`)."""
     per = -(-n // SHARDS)
-    consumed = state["distributed"]["carry"].get("consumed", {})
-    return {
-        int(shard) * per + row
-        for shard, rows in consumed.items()
-        for start, stop in IntervalSet.from_json(rows)
-        for row in range(start, stop)
-    }
+    return {shard * per + row for shard, row in carry_consumed(state)}
 
 
 def carried_tokens(state: dict[str, Any], n: int = DOCS) -> Counter[int]:
-    """The tokens of the documents ``state`` (at an epoch's start) carries into its epoch (its
-    carry spans' rows not consumed), and of the copies it owes."""
+    """The tokens of the documents ``state`` (at an epoch's start) carries into its epoch
+    (:func:`carried_rows`), and of the copies it owes."""
     per = -(-n // SHARDS)
-    consumed = carry_consumed(state, n)
-    docs = [
-        shard * per + row
-        for shard, start, stop in state["distributed"]["carry"]["spans"]
-        for row in range(start, stop)
-        if shard * per + row not in consumed
-    ]
+    docs = [shard * per + row for shard, row in carried_rows(state)]
     # A carried document cut before the stop carries only its tokens from its offset.
     start = {
         shard * per + row: offset

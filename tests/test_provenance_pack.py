@@ -25,7 +25,7 @@ from tests.test_pack_stream import (
     DOCS,
     SHARDS,
     carried_tokens,
-    carry_consumed,
+    consumed_docs,
     every_token,
     tokenize,
     tokens_due,
@@ -319,6 +319,6 @@ def test_skipped_steps_of_the_next_epoch_leave_their_documents_out_of_it(
     # its epoch handed out before the state (consumed too, and no copy is carried).
     epoch0 = Counter(head + after)
     left_out = Counter(t for t in every_token() if t // 10_000 in docs)
-    skipped_copies = docs & carry_consumed(between)
+    skipped_copies = docs & consumed_docs(between)
     left_out += Counter(t for t in every_token() if t // 10_000 in skipped_copies) - epoch0
     assert Counter(head + after + later) + left_out == tokens_due(second.state_dict(), DOCS, 2)

@@ -26,6 +26,7 @@ import ingest
 from ingest.testing import LoopbackS3, write_dataset
 from ingest.tools.bench.proxy import CountingProxy
 from ingest.tools.loopback.http import LoopbackHTTP
+from tests.carry import carried_rows
 
 SHARDS, ROWS, BATCH, AT = 8, 16_384, 1024, 24
 TOTAL = SHARDS * ROWS
@@ -61,11 +62,7 @@ def ids(batch: Any) -> list[int]:
 def carried(state: dict[str, Any]) -> set[int]:
     """The ids a state at an epoch's start carries from the epoch before (left over by
     unequal shares); ``[shard, start, stop]`` spans of the listing's shards in id order."""
-    return {
-        shard * ROWS + r
-        for shard, start, stop in state["distributed"]["carry"]["spans"]
-        for r in range(start, stop)
-    }
+    return {shard * ROWS + r for shard, r in carried_rows(state)}
 
 
 class Epoch:
