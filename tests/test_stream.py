@@ -261,6 +261,21 @@ def test_transform_runs_on_each_batch(local: Store) -> None:
     assert next(iter(stream))["twice"].tolist() == list(range(0, 20, 2))
 
 
+def test_a_transform_may_return_a_pandas_data_frame(local: Store) -> None:
+    """As Ray Data's and datasets' batch functions may; it was refused ('returned
+    DataFrame'). The frame's index is not a column."""
+    write(local, "parquet")
+
+    def double(table: Any) -> Any:
+        frame = table.to_pandas()
+        frame["twice"] = frame["id"] * 2
+        return frame[frame.columns[::-1]]
+
+    batch = next(iter(make(local, transform=double, batch_size=10)))
+    assert list(batch) == ["twice", "id"]
+    assert batch["twice"].tolist() == [2 * i for i in batch["id"].tolist()] == list(range(0, 20, 2))
+
+
 def test_a_transform_that_changes_the_row_count_is_refused(local: Store) -> None:
     # As in the reader pool (ingest.engine.transform.apply): rows and acks must stay one to one.
     write(local, "parquet")

@@ -70,11 +70,14 @@ def parallel_batches(fn: Any) -> int:
 
 
 def as_table(out: Any, what: str) -> pa.Table:
-    """A transform's result as an Arrow table (numpy arrays of any rank are accepted)."""
+    """A transform's result as an Arrow table (numpy arrays of any rank are accepted; a
+    pandas DataFrame's index is not a column)."""
     if isinstance(out, pa.Table):
         return out
     if isinstance(out, pa.RecordBatch):
         return pa.Table.from_batches([out])
+    if type(out).__name__ == "DataFrame" and type(out).__module__.startswith("pandas"):
+        return pa.Table.from_pandas(out, preserve_index=False)  # pandas is imported already
     if isinstance(out, Mapping):
         columns = {}
         for name, value in out.items():
@@ -89,7 +92,7 @@ def as_table(out: Any, what: str) -> pa.Table:
         return pa.table(columns)
     raise ConfigError(
         f"{what} returned {type(out).__name__}; return a pyarrow Table or "
-        "RecordBatch, or a dict of column name -> numpy array/tensor/list"
+        "RecordBatch, a pandas DataFrame, or a dict of column name -> numpy array/tensor/list"
     )
 
 
