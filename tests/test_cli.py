@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -61,6 +62,22 @@ def test_ls_on_loopback_s3(s3: LoopbackS3, s3_store: Store) -> None:
     assert counted_lines[1].split()[-1] == "7"  # extra.jsonl, read to count its rows
     assert counted_lines[-1] == f"4 shards, 607 rows, {total_bytes} bytes"
     assert s3.secret not in out.stdout + out.stderr + counted.stdout + counted.stderr
+
+
+def test_ls_json_is_one_object_per_shard_and_nothing_on_stderr(local: Store) -> None:
+    """For scripts: `ingest ls --json` writes a JSON object per shard (rows null when not
+    counted), and no progress bar on a stderr that is not a terminal."""
+    a, b = encode(make_table(0, 100), "parquet"), encode(make_table(0, 7), "jsonl")
+    local.write("d/a.parquet", a)
+    local.write("d/b.jsonl", b)
+    out = run("ls", local.url("d"), "--json")
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    assert [json.loads(line) for line in out.stdout.splitlines()] == [
+        {"url": local.url("d", "a.parquet"), "format": "parquet", "bytes": len(a), "rows": 100},
+        {"url": local.url("d", "b.jsonl"), "format": "jsonl", "bytes": len(b), "rows": None},
+    ]
+    counted = run("ls", local.url("d"), "--json", "--count")
+    assert [json.loads(line)["rows"] for line in counted.stdout.splitlines()] == [100, 7]
 
 
 def test_ls_bad_input_exits_2_with_one_line(local: Store) -> None:

@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="read shards whose footer has no row count (JSONL, CSV, tar) to count",
     )
+    ls.add_argument(
+        "--json",
+        action="store_true",
+        help="one JSON object per shard and line (url, format, bytes, rows: null if not counted)",
+    )
     _index_parser(sub)
     _prepare_parser(sub)
     _which_parser(sub)
@@ -339,7 +344,8 @@ def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
     listing may mix formats and schemas; a stream over it could not, a listing can)."""
     rows: list[int | None] = [i.rows for i in listing.infos]
     todo = [n for n, r in enumerate(rows) if r is None]
-    for n in tqdm(todo, desc="counting rows", unit="shard", leave=False, disable=not todo):
+    quiet = not todo or not sys.stderr.isatty()  # bars only on a terminal
+    for n in tqdm(todo, desc="counting rows", unit="shard", leave=False, disable=quiet):
         one = listing.subset([listing.shards[n].url])
         schema, origin = catalog.shard_schema(one.shards[0], one.infos[0])
         ctx = Listing(one.shards, one.infos, schema, origin).context(
@@ -350,11 +356,23 @@ def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
     return rows
 
 
-def ls(urls: Sequence[str], storage_options: Sequence[str], format: str | None, count: bool) -> int:
+def ls(
+    urls: Sequence[str],
+    storage_options: Sequence[str],
+    format: str | None,
+    count: bool,
+    as_json: bool = False,
+) -> int:
     source = Source(urls, storage_options=parse_storage_options(storage_options), format=format)
     catalog = Catalog(source, ReadOptions(), None)
-    listing = catalog.scan(progress=True, schema=False)
+    # Bars only on a terminal: in logs and pipes they are noise around the listing.
+    listing = catalog.scan(progress=sys.stderr.isatty(), schema=False)
     rows = _count(catalog, listing) if count else [i.rows for i in listing.infos]
+    if as_json:
+        for shard, r in zip(listing.shards, rows, strict=True):
+            line = {"url": shard.url, "format": shard.format, "bytes": shard.size, "rows": r}
+            print(json.dumps(line))
+        return 0
     width = max(len(s.url) for s in listing.shards)
     print(f"{'path':<{width}}  {'format':<10}  {'bytes':>14}  {'rows':>12}")
     for shard, r in zip(listing.shards, rows, strict=True):
@@ -494,7 +512,7 @@ def bench(argv: Sequence[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     """The command ``args`` names (every one but ``bench``), run."""
     if args.command == "ls":
-        return ls(args.urls, args.storage_option, args.format, args.count)
+        return ls(args.urls, args.storage_option, args.format, args.count, args.json)
     if args.command == "index":
         return index(
             args.urls, args.storage_option, args.format, args.index_dir, args.index_option,
