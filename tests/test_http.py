@@ -4,8 +4,11 @@ through a stop and a resume, footers once, the Ray pool; requests counted at the
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import socketserver
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -337,3 +340,53 @@ def test_a_header_credential_reaches_no_state_error_or_log(
     # Were a message to quote it, a source scrubs a header's value.
     source = ingest.Source(urls, storage_options=options)
     assert source.scrub(f"sent {SECRET} to the server") == "sent *** to the server"
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    """Answers every request ``status`` (401 or 403); with ``head_ok``, a HEAD is answered
+    200 first (a signed URL that expired between the listing and the read)."""
+
+    status = 403
+    head_ok = False
+    size = 5000
+
+    def do_HEAD(self) -> None:
+        if self.head_ok:
+            self.send_response(200)
+            self.send_header("Content-Length", str(self.size))
+            self.send_header("ETag", '"v1"')
+        else:
+            self.send_response(self.status)
+            self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.send_response(self.status)
+        self.send_header("Content-Length", "9")
+        self.end_headers()
+        self.wfile.write(b"forbidden")
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("status", "head_ok"), [(403, False), (401, False), (403, True)])
+def test_a_server_that_refuses_access_is_named_as_such_not_as_missing(
+    status: int, head_ok: bool
+) -> None:
+    """A 401 or 403 was reported as 'not found' at listing ("check the bucket and path"); at
+    a read (a signed URL that expired after the listing), as a store fault. It names the
+    status, says it is not retried, and where credentials go."""
+    handler = type("Handler", (_Refusing,), {"status": status, "head_ok": head_ok})
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/a.parquet"
+        start = time.monotonic()
+        with pytest.raises(ingest.IngestError) as err:
+            next(iter(ingest.Stream(url, batch_size=BATCH)))
+        server.shutdown()
+    message = str(err.value)
+    assert f"HTTP {status}" in message and "a.parquet" in message, message
+    assert "not found" not in message, message
+    assert "headers" in message and "signed URL" in message, message
+    assert time.monotonic() - start < 20

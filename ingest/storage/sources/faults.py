@@ -153,6 +153,28 @@ def missing_credentials(error: BaseException) -> str | None:
     return None
 
 
+_REFUSALS = {401: "Unauthorized", 403: "Forbidden"}
+
+HTTP_REFUSED_FIX = (
+    "the URL needs credentials the request did not carry, or no longer accepts them: pass "
+    "them as headers (storage_options={'headers': {'Authorization': 'Bearer ...'}}), or "
+    "make a new signed URL (a signed URL expires); not retried"
+)
+
+
+def http_refusal(url: str, error: BaseException) -> str | None:
+    """``"HTTP 403 Forbidden"`` when an HTTP(S) server refused ``url`` (401 or 403 in
+    ``error``'s chain); None otherwise. fsspec's HTTP filesystem reports a refused HEAD or
+    GET of a file's info as a ``FileNotFoundError``: the cause says which it was. Object
+    stores say so their own way (a ``PermissionError`` from s3fs or gcsfs)."""
+    if not url.lower().startswith(("http://", "https://")):
+        return None
+    status, _ = _http_status(error)
+    if status not in _REFUSALS:
+        return None
+    return f"HTTP {status} {_REFUSALS[status]}"
+
+
 def is_transient(error: BaseException) -> bool:
     """Whether another attempt may succeed where ``error`` failed: a refused connection may
     (a store restarting); a missing object, missing credentials or a full local disk may

@@ -15,7 +15,12 @@ from fsspec.utils import get_protocol
 
 from ingest.core.errors import ConfigError, NoShardsError, SourceError, redact
 from ingest.storage import hub
-from ingest.storage.sources.faults import missing_credentials, refused_connection
+from ingest.storage.sources.faults import (
+    HTTP_REFUSED_FIX,
+    http_refusal,
+    missing_credentials,
+    refused_connection,
+)
 from ingest.storage.sources.hubfs import pin
 from ingest.storage.sources.options import strip_userinfo
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
@@ -153,6 +158,9 @@ def _listing_error(source: Source, url: str, gave_up: GaveUpError) -> SourceErro
             f"no credentials for the store ({type(e).__name__}: {source.scrub(str(e))})",
             credentials,
         )
+    refusal = http_refusal(url, e)
+    if refusal is not None:
+        return SourceError(url, f"the server refused access ({refusal})", HTTP_REFUSED_FIX)
     if isinstance(e, FileNotFoundError):
         return NoShardsError(
             url,

@@ -11,6 +11,8 @@ from typing import TypeVar
 
 from ingest.core.errors import ConfigError, SourceError, StoreError
 from ingest.storage.sources.faults import (
+    HTTP_REFUSED_FIX,
+    http_refusal,
     is_not_found,
     is_store_error,
     is_transient,
@@ -130,6 +132,9 @@ def store_error(
     credentials = missing_credentials(gave_up.last)
     if credentials is not None:
         what, fix = f"{what}: no credentials for the store", credentials
+    refusal = http_refusal(url, gave_up.last)
+    if refusal is not None:
+        what, fix = f"{what}: the server refused access ({refusal})", HTTP_REFUSED_FIX
     return StoreError(url, f"{what} {gave_up.describe(scrub)}", fix, byte=byte)
 
 
