@@ -300,6 +300,33 @@ def test_a_read_without_credentials_is_not_retried_and_says_where_to_set_them() 
     assert missing_credentials(OSError("reset")) is None
 
 
+def test_a_read_the_store_denies_says_access_denied_not_the_network() -> None:
+    """A bucket whose policy lets these credentials list but not read (s3fs and gcsfs raise
+    PermissionError): the read fails at once naming the denial and the permission to grant;
+    it said to check the store and the network."""
+    from ingest.storage.sources.retry import GaveUpError, RetryPolicy, attempt, store_error
+
+    calls = []
+
+    def read() -> bytes:
+        calls.append(1)
+        raise PermissionError("Access Denied")
+
+    with pytest.raises(GaveUpError) as gave_up:
+        attempt(read, RetryPolicy(), None)
+    assert len(calls) == 1
+    error = store_error(
+        "s3://b/k.parquet",
+        "read of bytes [0, 10) failed",
+        gave_up.value,
+        "check the store and the network",
+        endpoint="e",
+        scrub=str,
+    )
+    assert "access denied" in str(error) and "s3:GetObject" in str(error), str(error)
+    assert "network" not in str(error)
+
+
 def test_an_unreachable_endpoint_fails_within_seconds_naming_no_credentials() -> None:
     """A refused connection is retried up to the deadline, then reported naming the endpoint
     but never the credentials in the URL. One wait for both checks (they were two tests of

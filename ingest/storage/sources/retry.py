@@ -111,6 +111,13 @@ REFUSED_FIX = (
 """The fix named when the store's endpoint refused the connection."""
 
 
+DENIED_FIX = (
+    "let these credentials read the objects (s3:GetObject on S3, storage.objects.get on "
+    "GCS; a bucket policy may allow listing and not reading), or use credentials that may "
+    "(storage_options or the environment; on Ray, the reader nodes' too); not retried"
+)
+
+
 def store_error(
     url: str,
     what: str,
@@ -135,6 +142,8 @@ def store_error(
     refusal = http_refusal(url, gave_up.last)
     if refusal is not None:
         what, fix = f"{what}: the server refused access ({refusal})", HTTP_REFUSED_FIX
+    elif isinstance(gave_up.last, PermissionError):  # s3fs and gcsfs: a 403 on this object
+        what, fix = f"{what}: access denied", DENIED_FIX
     return StoreError(url, f"{what} {gave_up.describe(scrub)}", fix, byte=byte)
 
 
