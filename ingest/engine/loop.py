@@ -32,6 +32,7 @@ from ingest.core.ledger import Closed, Rows, Run, Runs, StepRecord
 from ingest.core.provenance import BatchPieces
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import Cursor
+from ingest.engine.interrupts import commit
 
 ACK_EVERY = 16
 """Batches whose acks go to the book together: one pass packs them all (one call per batch
@@ -199,6 +200,7 @@ class RankLoop:
         conversion that raises records nothing: the batch is read again.
         """
         batch = convert(item)
+        commit()  # recorded from here: a Ctrl-C waits for the loop's return
         self._held.append(
             StepRecord(item.step, item.runs, item.rows, item.quarantined, item.closed)
         )
@@ -220,6 +222,7 @@ class RankLoop:
     def flush(self) -> None:
         """Send the held records to the book (before a state, a rewind, an epoch's end)."""
         if self._held or self._pieces:
+            commit()
             held, self._held = self._held, []
             pieces, self._pieces = self._pieces, []
             self.link.ack(self.rank, held, self.cursor, pieces)
@@ -234,6 +237,7 @@ class RankLoop:
     def end(self, epoch: int, ending: Ending) -> None:
         """The rank's feed reached the end of ``epoch``: its last acks, then the end; the
         next batch handed out starts the next epoch (no cursor until then)."""
+        commit()
         self.flush()
         self.link.end(self.rank, epoch, ending)
         self.cursor = None

@@ -55,6 +55,7 @@ from ingest.core.packing import Packed, Packer
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
 from ingest.engine.grouping import Grouper, Grouping
+from ingest.engine.interrupts import commit
 from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.pack_settings import ORIGIN, Pack, with_origin
 from ingest.engine.tokenize import EOS_KEY
@@ -253,12 +254,14 @@ class PackedRank:
     def finish(self, epoch: int, ending: Ending) -> Iterator[tuple[int, Batch]]:
         """The rank's feed of ``epoch`` ended: its open sequences closed, the last batches
         (the last one may be short), then the end of the epoch for its book."""
+        commit()  # see ingest.engine.interrupts
         self.close_all()
         self._firsts.clear()
         while self._closed:
             yield self._handed(self._hand_out(self.batch_size))
         if self._steps or self._docs:  # pragma: no cover - the packer holds none
             raise IngestError(f"epoch {epoch} ended with {len(self._docs)} documents not packed")
+        commit()  # resumed after the last batch's return
         if not self.handed and not ending.steps:
             self._warn_empty(epoch, ending)
         self.rank.end(epoch, ending)
@@ -406,6 +409,7 @@ class PackedRank:
         self._loaded = []
 
     def _take(self, item: _ReadStep) -> None:
+        commit()  # the read step's documents join the packer whole (ingest.engine.interrupts)
         keys = item.runs
         if keys.ndim != 1:
             raise IngestError(
@@ -471,6 +475,7 @@ class PackedRank:
         return f"shard {shard} of the epoch's listing"
 
     def _hand_out(self, size: int) -> Batch:
+        commit()  # see ingest.engine.interrupts
         self.handed += 1
         step = self.steps.take()
         groups, self._closed = self._closed[:size], self._closed[size:]

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.quarantine import Quarantined, is_skip, summary
 from ingest.core.state import StreamState
+from ingest.engine import interrupts
 from ingest.engine.convert import Batch
 from ingest.engine.feed import Feed, Tail
 from ingest.engine.grouping import Grouping
@@ -277,11 +278,12 @@ class Stream:
     def __iter__(self) -> Iterator[Batch]:
         """One epoch, or the rest of the one a loop left; a loop still held stops (see
         :class:`_Loop`). Over a Mix: one epoch of the mixture (:mod:`ingest.engine.mix`)."""
-        self._stop_active(superseded=True)
-        if self._running:
-            self._rewind()
-        loop = _Loop(self._run(self._next_epoch))
-        self._active = weakref.ref(loop)
+        with interrupts.deferred():  # a Ctrl-C in the rewind: at its end (interrupts)
+            self._stop_active(superseded=True)
+            if self._running:
+                self._rewind()
+            loop = _Loop(self._run(self._next_epoch))
+            self._active = weakref.ref(loop)
         return loop
 
     def _stop_active(self, *, superseded: bool = False) -> None:
@@ -359,8 +361,9 @@ class Stream:
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`
         (over a Mix, a state of several sources: :mod:`ingest.engine.mix`)."""
-        state = self._snapshot().to_json()
-        self._book.fold(self._rank.step)
+        with interrupts.deferred():  # its acks are sent whole (ingest.engine.interrupts)
+            state = self._snapshot().to_json()
+            self._book.fold(self._rank.step)
         return state
 
     def _snapshot(self) -> StreamState:
@@ -385,14 +388,15 @@ class Stream:
                 dataset whose shards are gone or changed (new shards join next epoch).
         """
         parsed = state if isinstance(state, StreamState) else StreamState.from_json(state)
-        self._stop_active(superseded=True)
-        self._rank.restart(parsed.progress.step - 1)  # acks of the position left behind: gone
-        self._running = False
-        self._node.check(parsed)
-        self._book.load(parsed, listing)
-        self._node.load(parsed)
-        self._next_epoch = parsed.progress.epoch
-        self._delivered = parsed.progress.delivered
+        with interrupts.deferred():  # loaded whole (ingest.engine.interrupts)
+            self._stop_active(superseded=True)
+            self._rank.restart(parsed.progress.step - 1)  # acks of the position left: gone
+            self._running = False
+            self._node.check(parsed)
+            self._book.load(parsed, listing)
+            self._node.load(parsed)
+            self._next_epoch = parsed.progress.epoch
+            self._delivered = parsed.progress.delivered
 
     def close(self) -> None:
         """Stop background reading. Iterating again resumes where the stream stopped.
@@ -450,12 +454,27 @@ class _Loop(Iterator[Batch]):
                 "load_state_dict) took over from this one, after its last batch; iterate the "
                 "newest loop only"
             )
-        if not self._busy.acquire(blocking=False):
-            raise _two_threads()
+        guarded = interrupts.enter()  # see ingest.engine.interrupts
+        guard = interrupts.GUARD
         try:
-            return next(self._batches)
-        finally:
-            self._busy.release()
+            if not self._busy.acquire(blocking=False):
+                raise _two_threads()
+            try:
+                if guarded:
+                    guard.safe = True  # nothing recorded yet: a Ctrl-C may come at once
+                batch = next(self._batches)
+            finally:
+                if guarded:
+                    guard.safe = False
+                self._busy.release()
+        except BaseException:
+            if guarded:
+                guard.depth -= 1
+                interrupts.raise_held()  # no batch handed out: nothing to lose
+            raise
+        if guarded:
+            guard.depth -= 1  # the last statement before the return (no call in between)
+        return batch
 
     def stop(self, *, superseded: bool) -> None:
         """End the loop (its read-ahead stops); ``superseded``: say so when next asked."""
