@@ -18,8 +18,11 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+import pytest
+
 import ingest
 from ingest.testing import Store, encode, make_table
+from tests.carry import carried_rows
 from tests.test_pack_stream import every_token, tokenize, tokens_of, write_corpus
 
 LIBRARY = os.path.dirname(ingest.__file__)
@@ -67,8 +70,16 @@ def _interrupted_at(line: int, call: Callable[[], Any]) -> Any:
         sys.settrace(None)
 
 
-def _sweep(make: Callable[[], ingest.Stream], key: Callable[[dict[str, Any]], list[int]]) -> None:
-    """For every line of the third ``next()``: interrupt it there, go on, count every row."""
+def _sweep(
+    make: Callable[[], Any],
+    key: Callable[[dict[str, Any]], list[int]],
+    stride: int = 1,
+    carried: Callable[[dict[str, Any]], list[int]] = lambda state: [],
+) -> None:
+    """For every line of the third ``next()`` (every ``stride``-th): interrupt it there, go
+    on, count every row: those handed out, and those the epoch carried into the next
+    (``carried`` of the state at its end: a loader resumed on 2 workers after an odd number
+    of batches shares the rest out again, and carries what fills no step on both)."""
     probe = iter(make())
     next(probe), next(probe)
     trace = _trace(lambda: next(probe))
@@ -77,9 +88,9 @@ def _sweep(make: Callable[[], ingest.Stream], key: Callable[[dict[str, Any]], li
     # The last line is the loop's return, after it left the critical part. A Ctrl-C that
     # comes there is handled at the eval loop's next check, in the caller's frame, the batch
     # in hand; under a tracer, the handler runs in the tracer itself, before that return.
-    assert trace[-1] == ("_Loop.__next__", "return batch"), trace[-3:]
+    assert trace[-1] == ("Guarded.__next__", "return item"), trace[-3:]
     every: Counter[int] | None = None
-    for line in range(1, lines):
+    for line in range(1, lines, stride):
         stream = make()
         it = iter(stream)
         got = key(next(it)) + key(next(it))
@@ -90,7 +101,7 @@ def _sweep(make: Callable[[], ingest.Stream], key: Callable[[dict[str, Any]], li
             pass
         for batch in stream:
             got += key(batch)
-        counted = Counter(got)
+        counted = Counter(got + carried(stream.state_dict()))
         if every is None:
             every = counted
         assert counted == every, f"interrupted at line {line} of {lines}"
@@ -105,6 +116,25 @@ def test_a_ctrl_c_at_any_line_of_a_hand_out_loses_no_batch(local: Store) -> None
         return ingest.Stream(local.url("d"), columns=["id"], batch_size=10, shuffle_seed=0)
 
     _sweep(make, lambda batch: batch["id"].tolist())
+
+
+@pytest.mark.parametrize(("workers", "stride"), [(0, 1), (2, 7)])
+def test_a_ctrl_c_at_any_line_of_a_dataloader_hand_out_loses_no_batch(
+    local: Store, workers: int, stride: int
+) -> None:
+    """The same through ingest.DataLoader, in this process or from 2 worker processes (every
+    7th line: each run starts its workers)."""
+    for n in range(2):
+        local.write(f"d/p{n}.parquet", encode(make_table(n * 60, 60), "parquet", row_group_rows=20))
+
+    def make() -> ingest.DataLoader:
+        stream = ingest.Stream(local.url("d"), columns=["id"], batch_size=10, shuffle_seed=0)
+        return ingest.DataLoader(stream, num_workers=workers)
+
+    def carried(state: dict[str, Any]) -> list[int]:  # shard n holds ids 60n..60n+59
+        return [shard * 60 + row for shard, row in carried_rows(state)]
+
+    _sweep(make, lambda batch: batch["id"].tolist(), stride, carried)
 
 
 def test_a_ctrl_c_at_any_line_of_a_packed_hand_out_loses_no_token(local: Store) -> None:

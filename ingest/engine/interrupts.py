@@ -39,6 +39,9 @@ import signal
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 class _Guard:
@@ -112,6 +115,51 @@ def raise_held() -> None:
         raise KeyboardInterrupt
 
 
+class Guarded(Iterator[T]):
+    """A loop's iterator over ``items`` (a generator that hands out batches): its
+    ``next()`` is interruptible while it waits, and holds a Ctrl-C from the commit on.
+
+    Subclasses check and take what one ``next()`` holds in :meth:`_acquire` (an interrupt is
+    held there) and give it back in :meth:`_release`.
+    """
+
+    def __init__(self, items: Iterator[T]) -> None:
+        self._items = items
+
+    def _acquire(self) -> None:
+        return None
+
+    def _release(self) -> None:
+        return None
+
+    def close(self) -> None:
+        """End the loop: its generator closes (its read-ahead stops)."""
+        close = getattr(self._items, "close", None)
+        if close is not None:
+            close()
+
+    def __next__(self) -> T:
+        guarded = enter()
+        try:
+            self._acquire()
+            try:
+                if guarded:
+                    GUARD.safe = True  # nothing recorded yet: a Ctrl-C may come at once
+                item = next(self._items)
+            finally:
+                if guarded:
+                    GUARD.safe = False
+                self._release()
+        except BaseException:
+            if guarded:
+                GUARD.depth -= 1
+                raise_held()  # no batch handed out: nothing to lose
+            raise
+        if guarded:
+            GUARD.depth -= 1  # the last statement before the return (no call in between)
+        return item
+
+
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """The block is critical: an interrupt in it is raised when it ends."""
@@ -131,4 +179,4 @@ def deferred() -> Iterator[None]:
         raise_held()
 
 
-__all__ = ["GUARD", "commit", "deferred", "enter", "raise_held"]
+__all__ = ["GUARD", "Guarded", "commit", "deferred", "enter", "raise_held"]

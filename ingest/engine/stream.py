@@ -431,7 +431,7 @@ class StreamParts:
     transform: Callable[[Any], Any] | None
 
 
-class _Loop(Iterator[Batch]):
+class _Loop(interrupts.Guarded[Batch]):
     """One loop over a :class:`Stream`: its batches, for one consumer at a time.
 
     A stream delivers through one loop at a time, so that a state covers every batch handed
@@ -439,42 +439,28 @@ class _Loop(Iterator[Batch]):
     :class:`ingest.SupersededError` if asked for another batch (it ended silently, as if the
     epoch were over). Two threads that ask one loop at once, or a new loop while another
     thread is inside this one, get a :class:`ingest.ConfigError` (a generator raised
-    ``ValueError: generator already executing``).
+    ``ValueError: generator already executing``). A Ctrl-C loses no batch
+    (:class:`ingest.engine.interrupts.Guarded`).
     """
 
     def __init__(self, batches: Generator[Batch, None, None]) -> None:
+        super().__init__(batches)
         self._batches = batches
         self._busy = threading.Lock()
         self._superseded = False
 
-    def __next__(self) -> Batch:
+    def _acquire(self) -> None:
         if self._superseded:
             raise SupersededError(
                 "a newer loop over this ingest.Stream (iter(stream) again, or "
                 "load_state_dict) took over from this one, after its last batch; iterate the "
                 "newest loop only"
             )
-        guarded = interrupts.enter()  # see ingest.engine.interrupts
-        guard = interrupts.GUARD
-        try:
-            if not self._busy.acquire(blocking=False):
-                raise _two_threads()
-            try:
-                if guarded:
-                    guard.safe = True  # nothing recorded yet: a Ctrl-C may come at once
-                batch = next(self._batches)
-            finally:
-                if guarded:
-                    guard.safe = False
-                self._busy.release()
-        except BaseException:
-            if guarded:
-                guard.depth -= 1
-                interrupts.raise_held()  # no batch handed out: nothing to lose
-            raise
-        if guarded:
-            guard.depth -= 1  # the last statement before the return (no call in between)
-        return batch
+        if not self._busy.acquire(blocking=False):
+            raise _two_threads()
+
+    def _release(self) -> None:
+        self._busy.release()
 
     def stop(self, *, superseded: bool) -> None:
         """End the loop (its read-ahead stops); ``superseded``: say so when next asked."""

@@ -51,6 +51,7 @@ from ingest.core.book import EpochBook
 from ingest.core.errors import ConfigError, IngestError
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
+from ingest.engine import interrupts
 from ingest.engine.convert import Batch, placed, to_torch
 from ingest.engine.feed import Feed, Ready, Tail
 from ingest.engine.grouping import Grouping
@@ -384,9 +385,10 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         )
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
-        self._stop()
-        loop = self._loop()
-        self._running = weakref.ref(loop)
+        with interrupts.deferred():  # a Ctrl-C in the last loop's end: at its end
+            self._stop()
+            loop = interrupts.Guarded(self._loop())  # a Ctrl-C loses no batch
+            self._running = weakref.ref(loop)
         return loop
 
     def close(self) -> None:
@@ -575,14 +577,16 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         """The state after every batch this loader handed out (all workers); plain JSON."""
         if self._book is None:
             return self.stream.state_dict()
-        return self._state().to_json()
+        with interrupts.deferred():  # its acks are sent whole (ingest.engine.interrupts)
+            return self._state().to_json()
 
     def load_state_dict(self, state: Mapping[str, Any] | str) -> None:
         """Start the next epoch exactly after ``state`` (from any loader, Stream or
         RayStream, any worker count or world size)."""
-        self._end_loop()  # its state is replaced: not saved into the stream first
-        self._book, self._ranks, self._nodes = None, {}, {}
-        self.stream.load_state_dict(state)
+        with interrupts.deferred():
+            self._end_loop()  # its state is replaced: not saved into the stream first
+            self._book, self._ranks, self._nodes = None, {}, {}
+            self.stream.load_state_dict(state)
 
 
 def checked_keywords(num_workers: int, kwargs: dict[str, Any]) -> bool:
