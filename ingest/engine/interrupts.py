@@ -22,9 +22,10 @@ that comes inside a *critical* part, and raises it otherwise, as Python's does:
   before the eval loop's next check; ``b = next(it)`` checks after the call, before the
   store, so a Ctrl-C that comes as it returns is raised with the batch in no variable.)
 
-Not guarded: an :class:`ingest.DataLoader`'s loop (torch's iterator) and a Ray rank's
-iterator, which record as before; a loop in a thread other than the main one, where no
-signal comes.
+Guarded: an :class:`ingest.Stream`'s loop and an :class:`ingest.DataLoader`'s (its main
+process, which records what its workers read), each a :class:`Guarded`. Not guarded: a Ray
+rank's iterator, which records as before, and a loop in a thread other than the main one,
+where no signal comes.
 
 Python runs a signal's handler between bytecodes, at points CPython's eval loop checks
 (calls, backward jumps); the loop leaves the critical part in its last statement before it
