@@ -9,23 +9,37 @@ its end; every row came once.
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import signal
 import sys
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 import pytest
 
 import ingest
+from ingest.engine import interrupts
 from ingest.testing import Store, encode, make_table
 from tests.carry import carried_rows
 from tests.test_pack_stream import every_token, tokenize, tokens_of, write_corpus
 
 LIBRARY = os.path.dirname(ingest.__file__)
+
+
+@pytest.fixture(autouse=True)
+def default_sigint() -> Iterator[None]:
+    """Python's own SIGINT handler, as in a script or a notebook cell (the session's may be
+    another's), and no Ctrl-C held from before; put back after."""
+    saved = signal.signal(signal.SIGINT, signal.default_int_handler)
+    interrupts.GUARD.pending = False
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, saved)
 
 
 def _lines_of(call: Callable[[], Any]) -> int:
@@ -70,6 +84,16 @@ def _interrupted_at(line: int, call: Callable[[], Any]) -> Any:
         sys.settrace(None)
 
 
+@contextlib.contextmanager
+def _no_escape(line: int) -> Iterator[None]:
+    """A Ctrl-C that escapes where none is due fails the test, not the whole session (pytest
+    ends its run at a KeyboardInterrupt)."""
+    try:
+        yield
+    except KeyboardInterrupt as e:
+        raise AssertionError(f"a Ctrl-C raised at line {line} came out later") from e
+
+
 def _sweep(
     make: Callable[[], Any],
     key: Callable[[dict[str, Any]], list[int]],
@@ -91,17 +115,19 @@ def _sweep(
     assert trace[-1] == ("Guarded.__next__", "return item"), trace[-3:]
     every: Counter[int] | None = None
     for line in range(1, lines, stride):
-        stream = make()
-        it = iter(stream)
-        got = key(next(it)) + key(next(it))
+        with _no_escape(line):  # before the Ctrl-C: none may be held from the last run
+            stream = make()
+            it = iter(stream)
+            got = key(next(it)) + key(next(it))
         try:
             got += key(_interrupted_at(line, lambda: next(it)))  # noqa: B023
             got += key(next(it))  # a Ctrl-C held while a batch was handed out comes here
         except KeyboardInterrupt:
             pass
-        for batch in stream:
-            got += key(batch)
-        counted = Counter(got + carried(stream.state_dict()))
+        with _no_escape(line):
+            for batch in stream:
+                got += key(batch)
+            counted = Counter(got + carried(stream.state_dict()))
         if every is None:
             every = counted
         assert counted == every, f"interrupted at line {line} of {lines}"
@@ -179,7 +205,8 @@ def test_a_ctrl_c_at_any_line_of_state_dict_keeps_every_batch(local: Store) -> N
             state = _interrupted_at(line, stream.state_dict)
         except KeyboardInterrupt:
             state = stream.state_dict()
-        resumed = make()
-        resumed.load_state_dict(state)
-        got += [i for batch in resumed for i in ids(batch)]
+        with _no_escape(line):
+            resumed = make()
+            resumed.load_state_dict(state)
+            got += [i for batch in resumed for i in ids(batch)]
         assert sorted(got) == list(range(100)), f"interrupted at line {line} of {lines}"
