@@ -164,14 +164,10 @@ class Guarded(Iterator[T]):
 @contextlib.contextmanager
 def deferred() -> Iterator[None]:
     """The block is critical: an interrupt in it is raised when it ends."""
-    if not GUARD.install():
+    safe = GUARD.safe
+    if not enter():
         yield
         return
-    if GUARD.pending:
-        GUARD.pending = False
-        raise KeyboardInterrupt
-    GUARD.depth += 1
-    safe, GUARD.safe = GUARD.safe, False
     try:
         yield
     finally:

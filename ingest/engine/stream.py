@@ -445,7 +445,6 @@ class _Loop(interrupts.Guarded[Batch]):
 
     def __init__(self, batches: Generator[Batch, None, None]) -> None:
         super().__init__(batches)
-        self._batches = batches
         self._busy = threading.Lock()
         self._superseded = False
 
@@ -468,7 +467,7 @@ class _Loop(interrupts.Guarded[Batch]):
             raise _two_threads()
         try:
             self._superseded = superseded
-            self._batches.close()
+            super().close()
         finally:
             self._busy.release()
 
