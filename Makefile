@@ -51,7 +51,9 @@ typecheck: $(STAMP)
 # most of a test's time is waiting (processes starting, Ray, loopback servers). On this
 # 2-core machine the whole suite took 19.0 min so (2026-12-04), against 39.3 min in one
 # process at the last fresh clone (2026-12-03). `make unit XDIST=` runs it in one process.
-XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder
+# --max-worker-restart=0: a worker that dies ends the run, its test named. Replaced, it could
+# hang the run for ever (pytest-xdist 3.8.0, issues 1323 and 1327; tests/test_suite_runner.py).
+XDIST ?= -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart=0
 unit: $(STAMP) compile
 	$(PY) -m pytest -q --durations=30 $(XDIST) || { $(PY) scripts/why_tests_died.py; exit 1; }
 
