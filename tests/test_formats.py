@@ -323,6 +323,26 @@ class TestCsv(FormatContract):
         return b"\n".join(lines)
 
 
+class TestTsv(TestCsv):
+    """Tab-separated values: CSV with a tab between values (``.tsv``, as Hugging Face
+    ``datasets`` reads them: its csv builder with ``sep="\\t"``)."""
+
+    fmt = "tsv"
+
+    def corrupt(self, data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        lines[900] = b"1\t2"
+        return b"\n".join(lines)
+
+
+class TestTsvGzip(TestTsv):
+    fmt = "tsv.gz"
+    seeks = False
+
+    def corrupt(self, data: bytes) -> bytes:
+        return FormatContract.corrupt(self, data)
+
+
 class TestArrowFile(FormatContract):
     fmt = "arrow"
     footer_rows = True
@@ -456,11 +476,13 @@ def test_index_gives_rows_and_seek_points(local: Store, fmt: str) -> None:
 # -- CSV records with newlines inside quoted values (issue 17, item 5) ---------------------
 
 
-def read_all_as_pyarrow(data: bytes, schema: pa.Schema | None = None) -> list[dict[str, Any]]:
+def read_all_as_pyarrow(
+    data: bytes, schema: pa.Schema | None = None, delimiter: str = ","
+) -> list[dict[str, Any]]:
     """What pyarrow reads from the whole file in one call: the reference for the reader."""
     rows: list[dict[str, Any]] = pcsv.read_csv(
         pa.BufferReader(data),
-        parse_options=pcsv.ParseOptions(newlines_in_values=True),
+        parse_options=pcsv.ParseOptions(newlines_in_values=True, delimiter=delimiter),
         convert_options=pcsv.ConvertOptions(column_types=schema),
     ).to_pylist()
     return rows
@@ -494,41 +516,74 @@ def test_csv_with_newlines_in_quoted_values_reads_like_pyarrow(local: Store) -> 
         assert rows_of(read(catalog, listing, row, row + 3)) == expected[row : row + 3]
 
 
+def test_a_tsv_value_may_hold_commas_and_a_quoted_one_tabs(local: Store) -> None:
+    """A ``.tsv`` shard is read with tabs between values: a comma is text, a quoted value
+    may hold a tab. Before, ``.tsv`` was "cannot tell the format", and ``format="csv"``
+    read each line as one column."""
+    data = b'id\ttext\n1\ta, b "c"\n2\t"x\ty"\n3\t\n'
+    local.write("notes.tsv", data)
+    (batch,) = list(ingest.Stream(local.url("notes.tsv"), batch_size=3))
+    rows = sorted(zip(batch["id"].tolist(), batch["text"], strict=True))
+    assert rows == [(1, 'a, b "c"'), (2, "x\ty"), (3, "")]
+    rows = [(r["id"], r["text"]) for r in read_all_as_pyarrow(data, delimiter="\t")]
+    assert sorted(rows) == [(1, 'a, b "c"'), (2, "x\ty"), (3, "")]
+
+
+@pytest.mark.parametrize(
+    ("fmt", "data"), [("csv", b"a\n" + b" \n" * 2000), ("tsv", b"a\tb\n" + b"\t\n" * 2000)]
+)
+def test_records_of_blanks_and_delimiters_are_rows_as_pyarrow_reads_them(
+    local: Store, fmt: str, data: bytes
+) -> None:
+    """A record of spaces (a one-column CSV) or of tabs alone (a TSV of empty values) is a
+    row, as pyarrow reads it. Before, a chunk whose records held no other byte was taken for
+    blank lines and left out: 0 rows of 2,000."""
+    catalog, listing = open_shard(local, fmt, data, ReadOptions(block_bytes=1024))
+    delimiter = "," if fmt == "csv" else "\t"
+    assert rows_of(read(catalog, listing)) == read_all_as_pyarrow(data, delimiter=delimiter)
+    assert len(rows_of(read(catalog, listing))) == 2000
+
+
 _PLAIN = st.text(alphabet="ab ;\"'é", min_size=0, max_size=6).filter(
     lambda s: not s.startswith('"')
 )  # unquoted: no delimiter or line break; a quote inside is a literal one
-_QUOTED = st.text(alphabet='ab,\n\r"é ', min_size=0, max_size=12).map(
+_QUOTED = st.text(alphabet='ab,\t\n\r"é ', min_size=0, max_size=12).map(
     lambda s: '"' + s.replace('"', '""') + '"'
 )
 # A quoted value may go on with text after its closing quote (pyarrow reads '"ab"c"d' as
 # 'abc"d').
 _VALUE = st.one_of(_PLAIN, _QUOTED, st.tuples(_QUOTED, _PLAIN).map("".join))
-_RECORD = st.tuples(_VALUE, _VALUE).map(",".join)
+_PAIR = st.tuples(_VALUE, _VALUE)
 
 
-@settings(max_examples=80)
+@settings(max_examples=60)
 @given(
-    records=st.lists(_RECORD, min_size=1, max_size=100),
+    pairs=st.lists(_PAIR, min_size=1, max_size=100),
     endings=st.lists(st.sampled_from(["\n", "\r\n", "\n\n"]), min_size=1, max_size=300),
     block_bytes=st.integers(1024, 4096),
 )
+@pytest.mark.parametrize("fmt", ["csv", "tsv"])
 def test_csv_records_and_seek_points_match_pyarrow_at_any_block_size(
     tmp_path_factory: pytest.TempPathFactory,
-    records: list[str],
+    fmt: str,
+    pairs: list[tuple[str, str]],
     endings: list[str],
     block_bytes: int,
 ) -> None:
-    """Property: for records of quoted values (newlines, CRLF, commas, doubled quotes) and
-    unquoted ones (literal quotes inside), every block size reads what pyarrow reads from the
-    whole file, and a read from any row, at the index's seek point before it, is the tail."""
+    """Property: for records of quoted values (newlines, CRLF, commas, tabs, doubled quotes)
+    and unquoted ones (literal quotes inside), every block size reads what pyarrow reads from
+    the whole file, and a read from any row, at the index's seek point before it, is the
+    tail; with commas between values (CSV) and with tabs (TSV)."""
+    delimiter = "," if fmt == "csv" else "\t"
+    records = [delimiter.join(pair) for pair in pairs]
     body = "".join(r + endings[i % len(endings)] for i, r in enumerate(records)).encode()
-    data = b"a,b\n" + body * (3 * block_bytes // len(body) + 1)  # several blocks
-    root = tmp_path_factory.mktemp("csv")
+    data = f"a{delimiter}b\n".encode() + body * (3 * block_bytes // len(body) + 1)
+    root = tmp_path_factory.mktemp(fmt)
     store = Store("local", fsspec.filesystem("file"), f"file://{root}", {})
     schema = pa.schema([("a", pa.string()), ("b", pa.string())])
     options = ReadOptions(block_bytes=block_bytes, batch_rows=64, schema=schema)
-    catalog, listing = open_shard(store, "csv", data, options)
-    expected = read_all_as_pyarrow(data, schema)
+    catalog, listing = open_shard(store, fmt, data, options)
+    expected = read_all_as_pyarrow(data, schema, delimiter)
     assert rows_of(read(catalog, listing)) == expected
     listing = indexed(catalog, listing)
     assert listing.infos[0].rows == len(expected)

@@ -43,6 +43,7 @@ _REGISTRY: dict[str, str] = {
     "parquet": "ingest.formats.parquet:ParquetFormat",
     "jsonl": "ingest.formats.jsonl:JsonlFormat",
     "csv": "ingest.formats.csv:CsvFormat",
+    "tsv": "ingest.formats.csv:TsvFormat",
     "arrow": "ingest.formats.arrow:ArrowFormat",
     "webdataset": "ingest.formats.webdataset:WebDatasetFormat",
     "imagefolder": "ingest.formats.folder:ImageFolderFormat",
@@ -55,6 +56,7 @@ _EXTENSIONS: dict[str, str] = {
     ".ndjson": "jsonl",
     ".json": "jsonl",
     ".csv": "csv",
+    ".tsv": "tsv",
     ".arrow": "arrow",
     ".feather": "arrow",
     ".ipc": "arrow",
@@ -63,7 +65,7 @@ _EXTENSIONS: dict[str, str] = {
     ".tgz": "webdataset",
 }
 COMPRESSIONS: dict[str, str] = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-_COMPRESSIBLE = ("jsonl", "csv", "webdataset")
+_COMPRESSIBLE = ("jsonl", "csv", "tsv", "webdataset")
 _instances: dict[str, Format] = {}
 
 

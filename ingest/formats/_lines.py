@@ -265,8 +265,13 @@ class LineReader(ShardReader):
     def parse(self, chunk: bytes) -> pa.Table:
         """Parse whole lines into a table with the stream's (projected) schema."""
 
+    def has_rows(self, body: bytes) -> bool:
+        """Whether ``body`` (whole records) holds a row: a byte other than whitespace (a
+        blank line is none, in JSON Lines)."""
+        return has_text(body)
+
     def newlines(self, body: bytes) -> int:
-        """The newline bytes in ``body``, a chunk just read (and parsed, if it held text)."""
+        """The newline bytes in ``body``, a chunk just read (and parsed, if it held rows)."""
         return newlines(body)
 
     @abstractmethod
@@ -306,7 +311,7 @@ class LineReader(ShardReader):
                 body = chunk[skip:]
                 if line is not None:
                     line += 1
-            if has_text(body):
+            if self.has_rows(body):
                 for batch in self._chunk(body, row, line, chunk_offset, skip):
                     yield batch
                     row = batch.stop
@@ -343,7 +348,7 @@ class LineReader(ShardReader):
         """``on_error="skip"``: the chunk's tables, with each line that does not parse as a
         :class:`BadRows` of one row in its place (found by bisection: O(log n) parses per
         bad line), so only that line is quarantined and the lines after it are read."""
-        while has_text(body):
+        while self.has_rows(body):
             try:
                 yield self.parse(body)
                 return
@@ -351,7 +356,7 @@ class LineReader(ShardReader):
                 lines = self.split(body)
                 bad, error = self._locate(lines, row, line, offset, e)
             good = b"".join(lines[:bad])
-            if has_text(good):
+            if self.has_rows(good):
                 table = self.parse(good)
                 yield table
                 row += table.num_rows
@@ -374,7 +379,7 @@ class LineReader(ShardReader):
         that names it: the shard, its row, line and byte, what is wrong and the fix."""
         bad, error = first_bad_line(self.parse, lines)
         byte = offset + sum(len(x) for x in lines[:bad])
-        rows_before = sum(1 for x in lines[:bad] if x.strip())
+        rows_before = sum(1 for x in lines[:bad] if self.has_rows(x))
         problem, fix, schema = self.describe_error(lines[bad], error or first_error)
         cls = SchemaMismatchError if schema else ShardError
         return bad, cls(
@@ -390,7 +395,7 @@ class LineReader(ShardReader):
         """``body`` with the lines that do not parse left out (found as
         :meth:`_parse_skipping` finds them: the lines it would quarantine), for a schema
         inferred under ``on_error="skip"``; empty if none parses."""
-        while has_text(body):
+        while self.has_rows(body):
             try:
                 self.parse(body)
                 return body

@@ -1,4 +1,6 @@
-"""CSV (plain, .gz, .zst) with a header line, parsed by pyarrow in chunks of whole records.
+"""CSV and TSV (plain, .gz, .zst) with a header line, parsed by pyarrow in chunks of whole
+records. TSV is CSV with a tab between values (``.tsv``; quoting as in CSV, as Hugging Face
+``datasets`` reads it: its csv builder with ``sep="\\t"``).
 
 Row k is the k-th record after the header. A quoted value may hold newlines: chunks are cut,
 and resume seeks by byte offset, only at record ends (:class:`CsvRecords`), never inside a
@@ -10,8 +12,9 @@ types as one read from the top.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -37,20 +40,35 @@ from ingest.formats.base import (
 )
 from ingest.storage.sources import Shard, Source
 
-_PARSE = pcsv.ParseOptions(newlines_in_values=True)
-"""pyarrow's defaults (``,``, ``"``, doubled quotes), and records that hold newlines in
-quoted values: without it pyarrow's own blocks (1 MiB) would cut such records too."""
 
-_QUOTE, _COMMA, _CR, _LF = b'"'[0], b","[0], b"\r"[0], b"\n"[0]
+def _parse_options(delimiter: str) -> pcsv.ParseOptions:
+    """pyarrow's defaults (``"``, doubled quotes) with ``delimiter`` between values, and
+    records that hold newlines in quoted values: without it pyarrow's own blocks (1 MiB)
+    would cut such records too."""
+    return pcsv.ParseOptions(delimiter=delimiter, newlines_in_values=True)
+
+
+_QUOTE, _CR, _LF = b'"'[0], b"\r"[0], b"\n"[0]
+_NOT_A_LINE_BREAK = re.compile(rb"[^\r\n]")
+
+
+def holds_record(body: bytes) -> bool:
+    """Whether ``body`` (whole records) holds a record: a byte other than a line break.
+    pyarrow skips empty lines only: a line of spaces is a value in a one-column CSV, one of
+    tabs a record of empty values in TSV."""
+    return _NOT_A_LINE_BREAK.search(body) is not None
+
+
 _OTHER = 0
 """``CsvRecords._before`` for a byte after which a quote is text (not a value's start)."""
 
 
 class CsvRecords:
-    """Where CSV records end, as pyarrow's parser (the options of :data:`_PARSE`) reads them.
+    """Where CSV records end, as pyarrow's parser (:func:`_parse_options`) reads them.
 
     A newline ends a record unless it is inside a quoted value. A quote opens a quoted value
-    only at the start of a value (after ``,``, a line break or at the record's start); one
+    only at the start of a value (after the delimiter, a line break or at the record's
+    start); one
     elsewhere (``6" tall``) is text. Inside, ``""`` is a quote and a lone quote closes the
     value. Written here because pyarrow does not tell where its records start, and resume
     needs that offset. Vectorised: the quotes of a read are taken as alternately opening and
@@ -58,7 +76,9 @@ class CsvRecords:
     over the read's quotes follows the parser's rules one by one.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, delimiter: str = ",") -> None:
+        self._delimiter = delimiter.encode()[0]
+        """The byte between values (``,``; a tab for TSV)."""
         self._inside = False
         """Whether the bytes read so far end inside a quoted value."""
         self._before = _LF
@@ -120,7 +140,9 @@ class CsvRecords:
         if len(opening) and opening[0] == 0:
             before[0] = self._before
         # A quote before an opening one is the one that closed a value: ``""`` inside it.
-        starts = (before == _COMMA) | (before == _LF) | (before == _QUOTE) | (before == _CR)
+        starts = (
+            (before == self._delimiter) | (before == _LF) | (before == _QUOTE) | (before == _CR)
+        )
         if starts.all():
             return quotes
         return self._quotes_one_by_one(a, quotes)
@@ -137,7 +159,9 @@ class CsvRecords:
                 inside, closed = False, p
                 continue
             before = int(a[p - 1]) if p else self._before
-            if before in (_COMMA, _CR, _LF) or (before == _QUOTE and (p == 0 or closed == p - 1)):
+            if before in (self._delimiter, _CR, _LF) or (
+                before == _QUOTE and (p == 0 or closed == p - 1)
+            ):
                 kept.append(p)
                 inside = True
         return np.array(kept, np.intp)
@@ -148,24 +172,31 @@ class CsvRecords:
         return f"the quoted value opened at byte {self._opened} never closes"
 
 
-def split_records(body: bytes) -> list[bytes]:
+def split_records(body: bytes, delimiter: str = ",") -> list[bytes]:
     """The CSV records of ``body``, each with its newline (the last one may have none)."""
-    cuts = [int(x) + 1 for x in CsvRecords().ends(body, 0)] if body else []
+    cuts = [int(x) + 1 for x in CsvRecords(delimiter).ends(body, 0)] if body else []
     if not cuts or cuts[-1] != len(body):
         cuts.append(len(body))
     return [body[lo:hi] for lo, hi in zip([0, *cuts[:-1]], cuts, strict=True)]
 
 
-def _first_record(source: Source, shard: Shard, options: ReadOptions) -> bytes:
+def _first_record(source: Source, shard: Shard, options: ReadOptions, delimiter: str) -> bytes:
     block_bytes = min(options.block_bytes, 1 << 20)
-    for _, chunk in iter_chunks(source, shard, 0, block_bytes, options.max_line_bytes, CsvRecords):
-        return split_records(chunk)[0]
+    records = functools.partial(CsvRecords, delimiter)
+    for _, chunk in iter_chunks(source, shard, 0, block_bytes, options.max_line_bytes, records):
+        return split_records(chunk, delimiter)[0]
     return b""
 
 
 class CsvFormat(Format):
     name = "csv"
     extensions = (".csv",)
+    delimiter = ","
+    """The character between values."""
+
+    def records(self) -> Callable[[], CsvRecords]:
+        """What finds this format's record ends (for :func:`iter_chunks`)."""
+        return functools.partial(CsvRecords, self.delimiter)
 
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         return ShardInfo(rows=None)
@@ -173,39 +204,50 @@ class CsvFormat(Format):
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
+        parse = _parse_options(self.delimiter)
         for _, chunk in iter_chunks(
-            source, shard, 0, options.block_bytes, options.max_line_bytes, CsvRecords
+            source, shard, 0, options.block_bytes, options.max_line_bytes, self.records()
         ):
-            records = split_records(chunk)
+            records = split_records(chunk, self.delimiter)
             header, lines = records[0], records[1:]
             try:
-                schema = pcsv.read_csv(pa.BufferReader(chunk), parse_options=_PARSE).schema
+                schema = pcsv.read_csv(pa.BufferReader(chunk), parse_options=parse).schema
             except pa.ArrowInvalid as e:
-                raise _locate(shard, header, lines, ()) or ShardError(
+                raise _locate(shard, header, lines, (), parse) or ShardError(
                     shard.url,
-                    f"is not valid CSV ({e})",
+                    f"is not valid {self.name.upper()} ({e})",
                     "check the file, or pass ReadOptions(schema=...)",
                 ) from None
             # pyarrow infers binary only for a column with a value that is not UTF-8.
             text = [f.name for f in schema if pa.types.is_binary(f.type)]
-            error = _locate(shard, header, lines, text) if text else None
+            error = _locate(shard, header, lines, text, parse) if text else None
             if error is not None:
                 raise error
             return schema
         raise ShardError(shard.url, "has no header line", "pass ReadOptions(schema=...)")
 
     def open(self, ctx: ReadContext) -> ShardReader:
-        return _CsvReader(ctx)
+        return _CsvReader(ctx, self.delimiter)
+
+
+class TsvFormat(CsvFormat):
+    """Tab-separated values: CSV with a tab between values."""
+
+    name = "tsv"
+    extensions = (".tsv",)
+    delimiter = "\t"
 
 
 class _CsvReader(LineReader):
-    def __init__(self, ctx: ReadContext) -> None:
+    def __init__(self, ctx: ReadContext, delimiter: str = ",") -> None:
         super().__init__(ctx)
         schema = ctx.schema
         assert schema is not None  # the stream always resolves a schema for CSV
-        self._header = _first_record(ctx.source, ctx.shard, ctx.options)
+        self._delimiter = delimiter
+        self._parse = _parse_options(delimiter)
+        self._header = _first_record(ctx.source, ctx.shard, ctx.options, delimiter)
         names = (
-            pcsv.read_csv(pa.BufferReader(self._header), parse_options=_PARSE).column_names
+            pcsv.read_csv(pa.BufferReader(self._header), parse_options=self._parse).column_names
             if self._header
             else []
         )
@@ -225,13 +267,16 @@ class _CsvReader(LineReader):
         )
 
     def record_ends(self) -> RecordEnds:
-        return CsvRecords()
+        return CsvRecords(self._delimiter)
 
     def header(self) -> bytes | None:
         return self._header
 
     def split(self, body: bytes) -> list[bytes]:
-        return split_records(body)
+        return split_records(body, self._delimiter)
+
+    def has_rows(self, body: bytes) -> bool:
+        return holds_record(body)
 
     def parse(self, chunk: bytes) -> pa.Table:
         options = pcsv.ReadOptions(
@@ -242,7 +287,7 @@ class _CsvReader(LineReader):
         return pcsv.read_csv(
             pa.BufferReader(chunk),
             read_options=options,
-            parse_options=_PARSE,
+            parse_options=self._parse,
             convert_options=self._convert,
         )
 
@@ -265,7 +310,11 @@ def _describe(line: bytes, error: Exception) -> tuple[str, str]:
 
 
 def _locate(
-    shard: Shard, header: bytes, lines: list[bytes], text: Sequence[str]
+    shard: Shard,
+    header: bytes,
+    lines: list[bytes],
+    text: Sequence[str],
+    parse_options: pcsv.ParseOptions,
 ) -> ShardError | None:
     """The error for the first of ``lines`` (after ``header``) that pyarrow cannot read.
 
@@ -274,6 +323,7 @@ def _locate(
         header: The header line.
         lines: The lines after it.
         text: Columns to read as strings (pyarrow infers binary for invalid UTF-8).
+        parse_options: The format's (its delimiter).
 
     Returns:
         The error, or None if pyarrow reads every line.
@@ -282,7 +332,7 @@ def _locate(
 
     def parse(body: bytes) -> pa.Table:
         return pcsv.read_csv(
-            pa.BufferReader(header + body), parse_options=_PARSE, convert_options=convert
+            pa.BufferReader(header + body), parse_options=parse_options, convert_options=convert
         )
 
     try:
@@ -297,7 +347,7 @@ def _locate(
         shard.url,
         problem,
         fix,
-        row=sum(1 for x in lines[:bad] if x.strip()),
+        row=sum(1 for x in lines[:bad] if holds_record(x)),
         line=1 + sum(x.count(b"\n") for x in [header, *lines[:bad]]),
         byte=len(header) + sum(len(x) for x in lines[:bad]),
     )

@@ -111,9 +111,10 @@ def _zstd_bytes(data: bytes) -> bytes:
     return bytes(zstandard.ZstdCompressor().compress(data))
 
 
-def _csv_bytes(table: pa.Table) -> bytes:
+def _csv_bytes(table: pa.Table, delimiter: str = ",") -> bytes:
     sink = io.BytesIO()
-    pcsv.write_csv(table.select(["id", "score", "text"]), sink)
+    options = pcsv.WriteOptions(delimiter=delimiter)
+    pcsv.write_csv(table.select(["id", "score", "text"]), sink, write_options=options)
     return sink.getvalue()
 
 
@@ -132,6 +133,8 @@ _ENCODERS: dict[str, Callable[[pa.Table, int], bytes]] = {
     "jsonl.gz": lambda table, _: gzip.compress(_jsonl_bytes(table)),
     "jsonl.zst": lambda table, _: _zstd_bytes(_jsonl_bytes(table)),
     "csv": lambda table, _: _csv_bytes(table),
+    "tsv": lambda table, _: _csv_bytes(table, "\t"),
+    "tsv.gz": lambda table, _: gzip.compress(_csv_bytes(table, "\t")),
     "arrow": lambda table, rows: _ipc_bytes(table, rows, file=True),
     "arrows": lambda table, rows: _ipc_bytes(table, rows, file=False),
     "tar": lambda table, _: _tar_bytes(table),
@@ -147,9 +150,10 @@ def encode(table: pa.Table, fmt: str, *, row_group_rows: int = 1000) -> bytes:
 
     Args:
         table: The rows (as :func:`make_table` builds them).
-        fmt: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``csv``, ``arrow`` (IPC
-            file), ``arrows`` (IPC stream) or ``tar`` (WebDataset: ``.txt`` and ``.json`` per
-            sample; ``tar.gz``, ``tgz`` and ``tar.zst`` compressed).
+        fmt: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``csv``, ``tsv`` (tabs),
+            ``tsv.gz``, ``arrow`` (IPC file), ``arrows`` (IPC stream) or ``tar`` (WebDataset:
+            ``.txt`` and ``.json`` per sample; ``tar.gz``, ``tgz`` and ``tar.zst``
+            compressed).
         row_group_rows: Rows per Parquet row group or Arrow IPC record batch.
 
     Returns:
