@@ -42,6 +42,7 @@ from ingest.distributed.rank_driver import rank_driver
 from ingest.distributed.rank_feed import End, FeedLostError, Item, TransformFailed
 from ingest.distributed.rank_link import RankDriver
 from ingest.distributed.unwrap import unwrap
+from ingest.engine import interrupts
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import REMOTE_ACK_EVERY, Ending, RankLoop
 
@@ -140,6 +141,10 @@ class RankIterator:
     """This iterator's lease of the rank (0: none yet; see :meth:`_take_over`)."""
     _superseded: bool = False
     """A newer iterator of the rank in this process took it over while this one's loop ran."""
+    _interrupted: bool = False
+    """A Ctrl-C ended the last loop while it took a batch (before it handed it out): the
+    items it had taken from the reader, or the answer it waited for, may be lost, so the
+    next loop has the reader go on after the last batch handed out (:meth:`_recover`)."""
     pack: Grouping | None = None
     """The stream's grouping (``pack=``: :mod:`ingest.distributed.rank_pack`), or None."""
     pack_batch: int = 0
@@ -269,6 +274,9 @@ class RankIterator:
             self._inflight = None
             self._loop.restart(claim.step, claim.cursor)
             self._adopt(claim.epoch)
+        elif self._interrupted:
+            self._recover(claim.epoch)
+        self._interrupted = False
         return int(claim.epoch)
 
     def _adopt(self, epoch: int) -> None:
@@ -341,9 +349,19 @@ class RankIterator:
         return item
 
     def __iter__(self) -> Iterator[Batch]:
+        # A Ctrl-C (the main thread's SIGINT) while a batch is handed out is held until
+        # the loop returns it; one while the loop waits or reads is raised at once, and the
+        # next loop reads again what it was taking (ingest.engine.interrupts).
+        return interrupts.Guarded(self._batches())
+
+    def _batches(self) -> Iterator[Batch]:
         _import_torch_meanwhile()
         driver = self._driver
-        epoch = driver.begin()
+        try:
+            epoch = driver.begin()
+        except KeyboardInterrupt:  # in a claim or an adopt: the next loop adopts again
+            self._interrupted = True
+            raise
         got = driver.batches(epoch)
         done = False
         if self._meter is None:
@@ -358,6 +376,9 @@ class RankIterator:
             meter.report()
             done = True
             self.epoch = epoch + 1
+        except KeyboardInterrupt:
+            self._interrupted = True
+            raise
         finally:
             # Left early: the acks of every batch handed out reach the coordinator (an error
             # here would hide the one that left the loop, if any). Not once Ray is shut down

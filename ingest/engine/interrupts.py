@@ -22,10 +22,12 @@ that comes inside a *critical* part, and raises it otherwise, as Python's does:
   before the eval loop's next check; ``b = next(it)`` checks after the call, before the
   store, so a Ctrl-C that comes as it returns is raised with the batch in no variable.)
 
-Guarded: an :class:`ingest.Stream`'s loop and an :class:`ingest.DataLoader`'s (its main
-process, which records what its workers read), each a :class:`Guarded`. Not guarded: a Ray
-rank's iterator, which records as before, and a loop in a thread other than the main one,
-where no signal comes.
+Guarded: an :class:`ingest.Stream`'s loop, an :class:`ingest.DataLoader`'s (its main
+process, which records what its workers read) and a Ray rank's iterator in the main thread
+(a notebook's, on the driver), each a :class:`Guarded`. A rank's loop that a Ctrl-C ends
+while it waits for its reader may lose the reader's answer: its next loop has the reader go
+on after the last batch handed out (``RankIterator._recover``). A loop in a thread other
+than the main one (a Ray Train worker's) is not guarded: no signal comes there.
 
 Python runs a signal's handler between bytecodes, at points CPython's eval loop checks
 (calls, backward jumps); the loop leaves the critical part in its last statement before it
