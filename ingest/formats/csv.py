@@ -68,12 +68,11 @@ class CsvRecords:
 
     A newline ends a record unless it is inside a quoted value. A quote opens a quoted value
     only at the start of a value (after the delimiter, a line break or at the record's
-    start); one
-    elsewhere (``6" tall``) is text. Inside, ``""`` is a quote and a lone quote closes the
-    value. Written here because pyarrow does not tell where its records start, and resume
-    needs that offset. Vectorised: the quotes of a read are taken as alternately opening and
-    closing, which is exact when each opening one starts a value (checked); otherwise a loop
-    over the read's quotes follows the parser's rules one by one.
+    start); one elsewhere (``6" tall``) is text. Inside, ``""`` is a quote and a lone quote
+    closes the value. Written here because pyarrow does not tell where its records start,
+    and resume needs that offset. Vectorised: the quotes of a read are taken as alternately
+    opening and closing, which is exact when each opening one starts a value (checked);
+    otherwise a loop over the read's quotes follows the parser's rules one by one.
     """
 
     def __init__(self, delimiter: str = ",") -> None:
