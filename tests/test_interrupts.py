@@ -182,17 +182,20 @@ def test_a_ctrl_c_at_any_line_of_a_dataloader_hand_out_loses_no_batch(
     _sweep(make, lambda batch: batch["id"].tolist(), stride, carried)
 
 
+PACKED: dict[str, Any] = {
+    "batch_size": 4,
+    "transform": ingest.Tokenize(tokenize),
+    "pack": ingest.Pack(seq_len=64, read_rows=16),
+    "shuffle_seed": 0,
+}
+"""The packing streams' settings (a Stream's, a RayStream's)."""
+
+
 def test_a_ctrl_c_at_any_line_of_a_packed_hand_out_loses_no_token(local: Store) -> None:
     url = write_corpus(local)
 
     def make() -> ingest.Stream:
-        return ingest.Stream(
-            url,
-            batch_size=4,
-            transform=ingest.Tokenize(tokenize),
-            pack=ingest.Pack(seq_len=64, read_rows=16),
-            shuffle_seed=0,
-        )
+        return ingest.Stream(url, **PACKED)
 
     def tokens(batch: dict[str, Any]) -> list[int]:
         return list(tokens_of([batch]).elements())
@@ -299,14 +302,7 @@ def test_a_ctrl_c_at_any_line_of_a_packed_ray_rank_hand_out_loses_no_token(
     on. Before, a Ctrl-C at the 32nd line lost the tokens of a read step."""
     url = write_corpus(local)
     pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
-    with ingest.RayStream(
-        url,
-        batch_size=4,
-        transform=ingest.Tokenize(tokenize),
-        pack=ingest.Pack(seq_len=64, read_rows=16),
-        shuffle_seed=0,
-        readers=pool,
-    ) as stream:
+    with ingest.RayStream(url, readers=pool, **PACKED) as stream:
         it = stream.rank_iterator(0)
 
         def owed(epochs: int) -> Counter[int]:
