@@ -297,9 +297,10 @@ def test_a_ctrl_c_at_any_line_of_a_packed_ray_rank_hand_out_loses_no_token(
     local: Store,
 ) -> None:
     """The same for a packing RayStream's rank (40 lines spread over its 260 or 6,200: the
-    third batch packs a read step or not; every line, run once for 18 minutes, lost none):
-    every token handed out as often as the epochs owe it, less what the last one carries
-    on. Before, a Ctrl-C at the 32nd line lost the tokens of a read step."""
+    third batch packs a read step or not; every line in turn, run for 18 minutes until a
+    timeout stopped it, lost none): every token handed out as often as the epochs owe it,
+    less what the last one carries on. Before, a Ctrl-C at the 32nd line lost the tokens of
+    a read step."""
     url = write_corpus(local)
     pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.5)
     with ingest.RayStream(url, readers=pool, **PACKED) as stream:
