@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -179,12 +179,19 @@ def split_records(body: bytes, delimiter: str = ",") -> list[bytes]:
     return [body[lo:hi] for lo, hi in zip([0, *cuts[:-1]], cuts, strict=True)]
 
 
-def _first_record(source: Source, shard: Shard, options: ReadOptions, delimiter: str) -> bytes:
-    block_bytes = min(options.block_bytes, 1 << 20)
+def _first_chunk(
+    source: Source, shard: Shard, block_bytes: int, options: ReadOptions, delimiter: str
+) -> bytes | None:
+    """The shard's first chunk of whole records (None for an empty shard)."""
     records = functools.partial(CsvRecords, delimiter)
     for _, chunk in iter_chunks(source, shard, 0, block_bytes, options.max_line_bytes, records):
-        return split_records(chunk, delimiter)[0]
-    return b""
+        return chunk
+    return None
+
+
+def _first_record(source: Source, shard: Shard, options: ReadOptions, delimiter: str) -> bytes:
+    chunk = _first_chunk(source, shard, min(options.block_bytes, 1 << 20), options, delimiter)
+    return b"" if chunk is None else split_records(chunk, delimiter)[0]
 
 
 class CsvFormat(Format):
@@ -193,37 +200,32 @@ class CsvFormat(Format):
     delimiter = ","
     """The character between values."""
 
-    def records(self) -> Callable[[], CsvRecords]:
-        """What finds this format's record ends (for :func:`iter_chunks`)."""
-        return functools.partial(CsvRecords, self.delimiter)
-
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         return ShardInfo(rows=None)
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
+        chunk = _first_chunk(source, shard, options.block_bytes, options, self.delimiter)
+        if chunk is None:
+            raise ShardError(shard.url, "has no header line", "pass ReadOptions(schema=...)")
         parse = _parse_options(self.delimiter)
-        for _, chunk in iter_chunks(
-            source, shard, 0, options.block_bytes, options.max_line_bytes, self.records()
-        ):
-            records = split_records(chunk, self.delimiter)
-            header, lines = records[0], records[1:]
-            try:
-                schema = pcsv.read_csv(pa.BufferReader(chunk), parse_options=parse).schema
-            except pa.ArrowInvalid as e:
-                raise _locate(shard, header, lines, (), parse) or ShardError(
-                    shard.url,
-                    f"is not valid {self.name.upper()} ({e})",
-                    "check the file, or pass ReadOptions(schema=...)",
-                ) from None
-            # pyarrow infers binary only for a column with a value that is not UTF-8.
-            text = [f.name for f in schema if pa.types.is_binary(f.type)]
-            error = _locate(shard, header, lines, text, parse) if text else None
-            if error is not None:
-                raise error
-            return schema
-        raise ShardError(shard.url, "has no header line", "pass ReadOptions(schema=...)")
+        records = split_records(chunk, self.delimiter)
+        header, lines = records[0], records[1:]
+        try:
+            schema = pcsv.read_csv(pa.BufferReader(chunk), parse_options=parse).schema
+        except pa.ArrowInvalid as e:
+            raise _locate(shard, header, lines, (), parse) or ShardError(
+                shard.url,
+                f"is not valid {self.name.upper()} ({e})",
+                "check the file, or pass ReadOptions(schema=...)",
+            ) from None
+        # pyarrow infers binary only for a column with a value that is not UTF-8.
+        text = [f.name for f in schema if pa.types.is_binary(f.type)]
+        error = _locate(shard, header, lines, text, parse) if text else None
+        if error is not None:
+            raise error
+        return schema
 
     def open(self, ctx: ReadContext) -> ShardReader:
         return _CsvReader(ctx, self.delimiter)
@@ -238,7 +240,7 @@ class TsvFormat(CsvFormat):
 
 
 class _CsvReader(LineReader):
-    def __init__(self, ctx: ReadContext, delimiter: str = ",") -> None:
+    def __init__(self, ctx: ReadContext, delimiter: str) -> None:
         super().__init__(ctx)
         schema = ctx.schema
         assert schema is not None  # the stream always resolves a schema for CSV
