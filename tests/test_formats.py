@@ -172,6 +172,20 @@ class FormatContract:
         assert gaps[0] <= 1.5 * full[0] + 65536, (gaps, full)
         assert gaps[1] <= 2 * full[1] + 2, (gaps, full)
 
+    def test_inspect_reads_the_shard_exactly_when_the_format_says_so(self, store: Store) -> None:
+        """A listing inspects in threads only the shards of formats whose ``inspect`` reads
+        (``Format.inspect_reads``): a format that says it reads nothing must not, or its
+        shards' footers would be read one after another on the listing's thread."""
+        catalog, listing = self.shard(store)
+        shard = listing.shards[0]
+        fmt = get_format(shard.format)
+        stats = catalog.source.stats
+        before = (stats.opens, stats.reads)
+        info = fmt.inspect(catalog.source, shard, self.options)
+        touched = (stats.opens, stats.reads) != before
+        assert touched == fmt.inspect_reads, (fmt.name, before, stats.opens, stats.reads)
+        assert info.rows == (ROWS if self.footer_rows else None)
+
     def test_a_column_it_does_not_have_is_an_error_naming_it(self, store: Store) -> None:
         """``columns=[...]`` naming a column the shard lacks (a typo) fails naming the shard,
         the column and the ones it has, in every format: Parquet handed out batches without

@@ -23,6 +23,8 @@ def redact(text: str) -> str:
     (``?token=abc&x=1`` -> ``?token=***&x=***``): pre-signed URLs and tokens travel in the
     query. Works on a bare URL and on free text (an exception message) alike.
     """
+    if "@" not in text and "?" not in text:  # nothing to hide: a listing's every URL
+        return text
     text = _USERINFO.sub(r"\g<scheme>***@", text)
     return _QUERY.sub(lambda m: m["head"] + _QUERY_VALUE.sub("=***", m["query"]), text)
 

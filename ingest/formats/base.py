@@ -399,6 +399,11 @@ class Format(ABC):
     empty_is_valid: ClassVar[bool] = True
     """Whether a zero-byte file is a shard of no rows (line formats) or a broken file
     (formats that start with a magic number)."""
+    inspect_reads: ClassVar[bool] = True
+    """Whether :meth:`inspect` reads the shard (a footer, a header). A listing inspects the
+    shards of formats that do in threads, and the others in line: a thread per shard that
+    reads nothing was half of a 20,000-shard listing's time
+    (``benchmarks/listing_scale.py``)."""
 
     @abstractmethod
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:

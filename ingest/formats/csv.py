@@ -200,6 +200,8 @@ class CsvFormat(Format):
     delimiter = ","
     """The character between values."""
 
+    inspect_reads = False
+
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         return ShardInfo(rows=None)
 

@@ -137,6 +137,8 @@ class _FolderFormat(Format):
             ]
         )
 
+    inspect_reads = False
+
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         if not shard.members:
             raise ShardError(

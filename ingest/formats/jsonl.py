@@ -36,6 +36,8 @@ class JsonlFormat(Format):
     name = "jsonl"
     extensions = (".jsonl", ".ndjson", ".json")
 
+    inspect_reads = False
+
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         return ShardInfo(rows=None)  # only a full read can count lines
 

@@ -185,6 +185,8 @@ class WebDatasetFormat(Format):
     name = "webdataset"
     extensions = (".tar", ".tgz")
 
+    inspect_reads = False
+
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         return ShardInfo(rows=None)
 

@@ -28,6 +28,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import cast
 
 import pyarrow as pa
 from fsspec.utils import get_protocol
@@ -140,11 +141,11 @@ class Catalog:
         self._indexer = indexer
         self._cache: dict[tuple[str, int, str], ShardInfo] = {}
         self._index_cache: dict[tuple[str, int, str, str], ShardInfo] = {}
+        """Indexes built or loaded by this catalog, by (url, size, version, format)."""
         self._schemas: dict[tuple[str, int, str, str], pa.Schema] = {}
         """Schemas inferred by parsing a shard's first block (JSONL, CSV), by its URL, size,
         version and format: a stream lists its source every epoch, and parsing a block again
         cost 12% of a warm epoch's CPU over a tokenized JSONL corpus (issue 34)."""
-        """Indexes built or loaded by this catalog, by (url, size, version, format)."""
         self._lock = threading.Lock()
 
     def inspect(self, shard: Shard) -> ShardInfo:
@@ -199,32 +200,41 @@ class Catalog:
             self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store)
         )
         known = self._recall_footers(shards)
-        infos: list[ShardInfo]
-        todo = sum(1 for s in shards if (s.url, s.size, s.version) not in self._cache)
+        with self._lock:
+            reads = [
+                n
+                for n, s in enumerate(shards)
+                if s.size > 0
+                and (s.url, s.size, s.version) not in self._cache
+                and get_format(s.format).inspect_reads
+            ]
+        found: list[ShardInfo | None] = [None] * len(shards)
+        threaded = set(reads)
+        for n, shard in enumerate(shards):  # the inspections that read nothing: in line, first
+            if n not in threaded:
+                found[n] = self._inspect_or_unread(shard)
         with tqdm(
-            total=len(shards),
+            total=len(reads),
             desc="reading footers",
             unit="shard",
-            disable=not progress or todo == 0,
+            disable=not progress or not reads,
             leave=False,
         ) as bar:
 
-            def one(shard: Shard) -> ShardInfo:
-                try:
-                    info = self.inspect(shard)
-                except Exception as e:
-                    info = self._unread(e)
+            def one(n: int) -> None:
+                found[n] = self._inspect_or_unread(shards[n])
                 bar.update(1)
-                return info
 
-            threads = min(_INSPECT_THREADS, todo)
+            threads = min(_INSPECT_THREADS, len(reads))
             if all(get_protocol(url) in ("file", "local") for url in self.source.urls):
                 threads = min(threads, os.cpu_count() or 1)
             if threads > 1:
                 with ThreadPoolExecutor(threads) as pool:
-                    infos = list(pool.map(one, shards))
+                    list(pool.map(one, reads))
             else:
-                infos = [one(s) for s in shards]
+                for n in reads:
+                    one(n)
+        infos = cast(list[ShardInfo], found)  # every one set above
         if self.index_store is not None:  # footers read just now, for the next job
             keep_footers(self.index_store, list(zip(shards, infos, strict=True)), known)
         if not schema:
@@ -234,6 +244,13 @@ class Catalog:
             self._check_schemas(shards, infos, stream_schema, origin)
         listing = Listing(tuple(shards), tuple(infos), stream_schema, origin, classes)
         return self._index(listing, progress) if index else listing
+
+    def _inspect_or_unread(self, shard: Shard) -> ShardInfo:
+        """:meth:`inspect`, or the error as an unread shard's (see :meth:`_unread`)."""
+        try:
+            return self.inspect(shard)
+        except Exception as e:
+            return self._unread(e)
 
     def _check_schemas(
         self, shards: Sequence[Shard], infos: list[ShardInfo], schema: pa.Schema, origin: str

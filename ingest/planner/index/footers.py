@@ -44,13 +44,23 @@ def _key(shard: Shard) -> Key:
     return (shard.url, shard.size, shard.version)
 
 
+_KEEPS: dict[type, bool] = {}
+"""Whether each format class is a :class:`FooterFormat`: ``isinstance`` against a runtime
+protocol looks up its members every call, a third of a 20,000-shard listing's time
+(``benchmarks/listing_scale.py``)."""
+
+
 def _format(shard: Shard) -> FooterFormat | None:
     """``shard``'s format if it keeps footers and the shard has one (not empty, not a folder
     dataset's unit), else None."""
     if shard.size <= 0 or shard.members:
         return None
     fmt = get_format(shard.format)
-    return fmt if isinstance(fmt, FooterFormat) else None
+    kind = type(fmt)
+    keeps = _KEEPS.get(kind)
+    if keeps is None:
+        keeps = _KEEPS[kind] = isinstance(fmt, FooterFormat)
+    return fmt if keeps else None  # type: ignore[return-value]
 
 
 def stored_footers(store: IndexStore, shards: Sequence[Shard]) -> dict[Key, ShardInfo]:
