@@ -13,6 +13,7 @@ its windows with :meth:`LaneReader.take`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -49,35 +50,62 @@ the end of its shard (the shard's row count, learnt)."""
 
 _BUNDLE_READS = 256
 _BUNDLE_BYTES = 256 << 10
-"""A lane's thread hands its small reads over in bundles of up to this many reads or bytes.
-The rest of a window after a resume is hundreds of spans a few rows long, each its own
-piece: one queue handoff each between the lane's thread and the feed's took 2 of the 3.4 s
-to a resumed first batch (6,164 pieces, the two threads taking the GIL in turn). A read of
-more than :data:`_ALONE_BYTES` (a record batch of a fresh epoch) goes alone, so that the
-lane's byte bound, which always lets one item through, is overshot by one bundle at most."""
+"""A lane's thread hands its small reads of one shard over in bundles of up to this many
+reads or bytes. The rest of a window after a resume is hundreds of spans a few rows long,
+each its own piece: one queue handoff each between the lane's thread and the feed's took 2
+of the 3.4 s to a resumed first batch (6,164 pieces, the two threads taking the GIL in
+turn). A read of more than :data:`_ALONE_BYTES` (a record batch of a fresh epoch) goes
+alone, so that the lane's byte bound, which always lets one item through, is overshot by
+one bundle at most. A bundle ends with its shard: one that went on into the next shards held
+back the rows read until dozens of small shards were opened (a shuffled first batch over
+1,000 JSON Lines shards of 100 rows waited for 983 of them), and ``prefetch`` bundles ahead
+were that many times more shards."""
 _ALONE_BYTES = 64 << 10
 
 
-def bundled(reads: Iterator[Read]) -> Iterator[list[Read]]:
-    """``reads`` in lists: up to :data:`_BUNDLE_READS` small reads or :data:`_BUNDLE_BYTES`
-    together, a read of more than :data:`_ALONE_BYTES` on its own."""
-    bundle: list[Read] = []
-    size = 0
-    for read in reads:
-        n = read_bytes(read)
-        if n > _ALONE_BYTES:
-            if bundle:
-                yield bundle
-                bundle, size = [], 0
-            yield [read]
-            continue
-        bundle.append(read)
-        size += n
-        if size >= _BUNDLE_BYTES or len(bundle) >= _BUNDLE_READS:
+def bundled(shards: Iterator[Iterator[Read]]) -> Iterator[list[Read]]:
+    """The reads of each of ``shards`` (a shard's reads each) in lists: up to
+    :data:`_BUNDLE_READS` small reads or :data:`_BUNDLE_BYTES` of one shard together, a read
+    of more than :data:`_ALONE_BYTES` on its own; a shard's last list before the next shard
+    is opened."""
+    for reads in shards:
+        bundle: list[Read] = []
+        size = 0
+        with _closing(reads):
+            for read in reads:
+                n = read_bytes(read)
+                if n > _ALONE_BYTES:
+                    if bundle:
+                        yield bundle
+                        bundle, size = [], 0
+                    yield [read]
+                    continue
+                bundle.append(read)
+                size += n
+                if size >= _BUNDLE_BYTES or len(bundle) >= _BUNDLE_READS:
+                    yield bundle
+                    bundle, size = [], 0
+        if bundle:
             yield bundle
-            bundle, size = [], 0
-    if bundle:
-        yield bundle
+
+
+def flat(shards: Iterator[Iterator[Read]]) -> Iterator[Read]:
+    """The reads of each of ``shards`` one after another (a lane read in the feed's
+    thread)."""
+    for reads in shards:
+        with _closing(reads):
+            yield from reads
+
+
+@contextlib.contextmanager
+def _closing(reads: Iterator[Read]) -> Iterator[None]:
+    """Closes ``reads`` (a shard's, open) on leaving: a lane closed mid-shard closes it."""
+    try:
+        yield
+    finally:
+        close = getattr(reads, "close", None)
+        if close is not None:
+            close()
 
 
 class Unbundled:
@@ -248,7 +276,7 @@ class LaneReader:
         k, row, seek = lane.at
         depth = self.depth
         if not depth:
-            return self._read_lane(lane.spans, k, row, seek)
+            return flat(self._read_lane(lane.spans, k, row, seek))
         return Unbundled(
             Prefetcher(
                 lambda: bundled(self._read_lane(lane.spans, k, row, seek)),
@@ -260,8 +288,11 @@ class LaneReader:
             )
         )
 
-    def _read_lane(self, lane: list[int], k: int, row: int, seek: Seek | None) -> Iterator[Read]:
-        """Batches of the lane's spans from span ``k``, row ``row``; the shard opened once.
+    def _read_lane(
+        self, lane: list[int], k: int, row: int, seek: Seek | None
+    ) -> Iterator[Iterator[Read]]:
+        """Batches of the lane's spans from span ``k``, row ``row``, a shard's at a time (an
+        iterator of each shard's reads, the shard opened once).
 
         With a derived cache (:attr:`deriving`), each span read whole (from its first row,
         no seek) comes from its copy or becomes one, and every row is handed out as a ref
@@ -290,12 +321,10 @@ class LaneReader:
                 # are all of one segment: a piece's origin is that of its first span.
                 segment = spans[lane[run[0]]].segment
                 together = all(spans[lane[j]].segment == segment for j in run)
-                yield from self._read_ranges(ctx, shard, run, ranges, seek, together)
+                yield self._read_ranges(ctx, shard, run, ranges, seek, together)
             else:
                 read = functools.partial(self._read_some, ctx, shard, run[0], seek)
-                yield from self.deriving.reads(
-                    ctx.shard, shard, run, ranges, whole, read, ctx.info.rows
-                )
+                yield self.deriving.reads(ctx.shard, shard, run, ranges, whole, read, ctx.info.rows)
             row, seek = 0, None
 
     def _read_some(

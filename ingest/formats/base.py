@@ -55,8 +55,10 @@ class ReadOptions:
             parses it: pyarrow recurses once per level and crashes the process on lines
             thousands of levels deep. At most :data:`MAX_JSON_DEPTH`.
         batch_rows: Most rows per record batch a reader yields (parquet, Arrow, tar samples).
-        prefetch: Record batches each lane of a feed reads ahead in a thread of its own, and
-            batches a feed with a transform makes ahead in another (0: read on demand).
+        prefetch: Record batches each lane of a feed reads ahead in a thread of its own
+            (small ones of one shard, as after a resume inside a window, handed over
+            together, up to 256 or 256 KiB: one item), and batches a feed with a transform
+            makes ahead in another (0: read on demand).
         prefetch_bytes: Bytes read ahead, about, per feed (one rank's reading): the lanes'
             threads share it, and the ready batches ahead of the loop are held within it
             too; one item is always read ahead, however large (a record batch: a Parquet row
