@@ -331,6 +331,63 @@ def test_numeric_columns_are_zero_copy_views_of_arrow_buffers() -> None:
         to_torch(pa.record_batch({"v": pa.array([1, None])}))
 
 
+def test_nested_fixed_size_lists_are_one_tensor_of_their_shape() -> None:
+    """A fixed-size list of fixed-size lists of numbers (a 2x2 matrix a row, an embedding per
+    token, a fixed-shape spectrogram written by Arrow or Parquet writers) is one
+    ``(n, *shape)`` tensor over Arrow's buffer, as a fixed-size list of numbers is one
+    ``(n, size)`` tensor; a variable list of them, a list of ``(k, *shape)`` tensors. Before,
+    both became nested Python lists of floats."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ingest.engine.convert import to_torch
+
+    flat = pa.array(np.arange(48, dtype=np.float32))
+    rows = pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(flat, 3), 4)
+    points = pa.ListArray.from_arrays(
+        pa.array([0, 2, 2, 6], pa.int32()), pa.FixedSizeListArray.from_arrays(flat[:18], 3)
+    )
+    batch = pa.record_batch({"m": rows.slice(1, 3), "p": points}).slice(1, 2)
+    out = to_torch(pa.Table.from_batches([pa.record_batch({"m": rows.slice(1, 2)})]))
+    assert out["m"].shape == (2, 4, 3) and out["m"].dtype == torch.float32
+    assert out["m"].data_ptr() == flat.buffers()[1].address + 12 * 4
+    assert torch.equal(out["m"][1, 3], torch.tensor([33.0, 34.0, 35.0]))
+    got = to_torch(batch)
+    assert got["m"].shape == (2, 4, 3) and got["m"][0, 0].tolist() == [24.0, 25.0, 26.0]
+    assert [t.shape for t in got["p"]] == [(0, 3), (4, 3)]
+    assert got["p"][1][0].tolist() == [6.0, 7.0, 8.0]
+    inner_null = pa.FixedSizeListArray.from_arrays(
+        pa.FixedSizeListArray.from_arrays(flat[:12], 3, mask=pa.array([False, True, False, False])),
+        2,
+    )
+    with pytest.raises(ingest.ConfigError, match="null"):
+        to_torch(pa.record_batch({"m": inner_null}))
+
+
+def test_a_stream_hands_out_nested_fixed_size_lists_as_tensors(tmp_path: Path) -> None:
+    """The same through a Parquet shard and a shuffled ``Stream``, every row once."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    n = 300
+    values = pa.array(np.arange(n * 4, dtype=np.int16))
+    table = pa.table(
+        {
+            "id": pa.array(np.arange(n)),
+            "m": pa.FixedSizeListArray.from_arrays(pa.FixedSizeListArray.from_arrays(values, 2), 2),
+        }
+    )
+    pq.write_table(table, tmp_path / "part.parquet", row_group_size=64)
+    seen = []
+    for batch in ingest.Stream(str(tmp_path / "part.parquet"), batch_size=50, shuffle_seed=0):
+        assert batch["m"].shape == (50, 2, 2) and batch["m"].dtype == torch.int16
+        ids = batch["id"]
+        assert torch.equal(batch["m"].reshape(50, 4)[:, 0], (ids * 4).to(torch.int16))
+        seen += ids.tolist()
+    assert sorted(seen) == list(range(n))
+
+
 def test_the_first_batch_imports_no_pandas(local: Store) -> None:
     """pyarrow's Array.to_numpy imports pandas to ask whether it may help: 0.4-0.8 s of CPU
     on the first batch of every process that converts (a resumed rank's first batch among

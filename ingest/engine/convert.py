@@ -1,8 +1,9 @@
 """Arrow record batches -> dicts of torch tensors, zero-copy where the dtype allows.
 
-Numeric columns without nulls and fixed-size lists of them become tensors that share the
-Arrow buffers (read-only memory: copy before writing into them in place). Variable-length
-lists of numbers become lists of tensors that are views into one flat buffer. Strings and
+Numeric columns without nulls and fixed-size lists of them (nested too: a matrix a row)
+become tensors that share the Arrow buffers (read-only memory: copy before writing into them
+in place). Variable-length lists of numbers (or of fixed-size lists of them) become lists of
+tensors that are views into one flat buffer. Strings and
 binaries become lists of ``str``/``bytes``. Fixed-shape tensor columns (n-d arrays returned
 by a transform) become one ``(n, *shape)`` tensor. Booleans and nullable floats are copied.
 
@@ -92,16 +93,34 @@ def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
 
 
 def _number_lists(arr: pa.Array, name: str) -> Any:
-    """A fixed-size list column is one (n, size) tensor; a variable one, a list of tensors."""
+    """A fixed-size list column is one ``(n, size)`` tensor (fixed-size lists of them,
+    ``(n, size, *inner)``); a variable one, a list of tensors (of ``(k, *inner)``)."""
+    if pa.types.is_fixed_size_list(arr.type):
+        flat, shape = _fixed(arr, name)
+        return _numeric(flat, name).reshape(len(arr), *shape)
     if arr.null_count:
         raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
-    if pa.types.is_fixed_size_list(arr.type):
-        size = arr.type.list_size
-        flat = arr.values.slice(arr.offset * size, len(arr) * size)  # zero-copy view
-        return _numeric(flat, name).reshape(len(arr), size)
     offsets = arr.offsets.to_numpy()
-    values = _numeric(arr.values, name)
+    flat, inner = _fixed(arr.values, name)
+    values = _numeric(flat, name).reshape(len(arr.values), *inner)
     return [values[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
+
+
+def _fixed(arr: pa.Array, name: str) -> tuple[pa.Array, tuple[int, ...]]:
+    """The numbers of ``arr``'s rows (nested fixed-size lists, or numbers), one after another
+    (zero-copy views), and a row's shape (``()`` for numbers).
+
+    Raises:
+        ConfigError: If a list at any depth is null (its slots hold no values).
+    """
+    shape: list[int] = []
+    while pa.types.is_fixed_size_list(arr.type):
+        if arr.null_count:
+            raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
+        size = arr.type.list_size
+        arr = arr.values.slice(arr.offset * size, len(arr) * size)
+        shape.append(size)
+    return arr, tuple(shape)
 
 
 def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:
