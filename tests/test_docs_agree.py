@@ -94,6 +94,8 @@ FOREIGN = {
 
 FOREIGN_BARE = {
     "HF_ENDPOINT": "the Hub client's environment variable for a mirror",
+    "Array2D": "a Hugging Face datasets feature: an array of a fixed shape per row",
+    "Array5D": "a Hugging Face datasets feature: an array of a fixed shape per row",
     "HfFileSystem": "huggingface_hub's filesystem",
     "ObjectRef": "Ray's reference to an object in its store",
     "StatefulDataLoader": "torchdata's loader (a bench peer)",

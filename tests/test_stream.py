@@ -388,6 +388,83 @@ def test_a_stream_hands_out_nested_fixed_size_lists_as_tensors(tmp_path: Path) -
     assert sorted(seen) == list(range(n))
 
 
+HF_ARRAY2D = "datasets.features.features.Array2DExtensionType"
+
+
+def hf_array_field(name: str, shape: list[int | None], dtype: str = "float32") -> pa.Field:
+    """A column as Hugging Face ``datasets`` writes an ``Array2D`` (``Array3D``...) feature,
+    read where ``datasets`` is not imported: its storage (lists of lists), and the extension's
+    name and ``[shape, dtype]`` in the field's metadata."""
+    storage: pa.DataType = pa.from_numpy_dtype(__import__("numpy").dtype(dtype))
+    for _ in shape:
+        storage = pa.list_(storage)
+    metadata = {
+        b"ARROW:extension:name": HF_ARRAY2D.replace("2D", f"{len(shape)}D").encode(),
+        b"ARROW:extension:metadata": json.dumps([shape, dtype]).encode(),
+    }
+    return pa.field(name, storage, metadata=metadata)
+
+
+def test_hugging_face_array_features_are_tensors_of_their_shape() -> None:
+    """``datasets``' ``Array2D`` to ``Array5D`` features (precomputed embeddings, features of
+    a fixed shape) are lists of lists in Arrow, with their shape in the extension type: one
+    ``(n, *shape)`` tensor, as ``datasets``' own torch format gives (a first dimension of
+    None: a list of ``(k, *rest)`` tensors). Before, nested Python lists of floats. Read
+    where ``datasets`` is not imported (a reader, a rank) the type is its storage and the
+    shape is in the field's metadata; where it is, the registered type."""
+    import numpy as np
+
+    from ingest.engine.convert import to_torch
+
+    rows = [np.arange(6, dtype=np.float32).reshape(2, 3) + 10 * i for i in range(4)]
+    field = hf_array_field("emb", [2, 3])
+    storage = pa.array([r.tolist() for r in rows], field.type)
+    batch = pa.RecordBatch.from_arrays([storage], schema=pa.schema([field])).slice(1, 3)
+    out = to_torch(batch)["emb"]
+    assert out.shape == (3, 2, 3) and out.dtype == torch.float32
+    assert torch.equal(out, torch.from_numpy(np.stack(rows[1:])))
+
+    ragged = hf_array_field("pts", [None, 3], "int64")
+    values = [[[1, 2, 3]], [], [[4, 5, 6], [7, 8, 9]]]
+    got = to_torch(
+        pa.RecordBatch.from_arrays([pa.array(values, ragged.type)], schema=pa.schema([ragged]))
+    )
+    assert [t.shape for t in got["pts"]] == [(1, 3), (0, 3), (2, 3)]
+    assert got["pts"][2].tolist() == values[2] and got["pts"][2].dtype == torch.int64
+
+    wrong = pa.array([[[1.0, 2.0, 3.0], [4.0, 5.0]]], field.type)
+    with pytest.raises(ingest.ConfigError, match=r"'emb'.*\(2, 3\)"):
+        to_torch(pa.RecordBatch.from_arrays([wrong], schema=pa.schema([field])))
+
+    datasets = pytest.importorskip("datasets")
+    kind = datasets.features.features.Array2DExtensionType((2, 3), "float32")
+    registered = pa.ExtensionArray.from_storage(kind, storage)
+    assert torch.equal(
+        to_torch(pa.record_batch({"emb": registered}))["emb"], torch.from_numpy(np.stack(rows))
+    )
+
+
+def test_a_stream_hands_out_hugging_face_array_features_as_tensors(tmp_path: Path) -> None:
+    """The same through a Parquet shard written as ``datasets`` writes one and a shuffled
+    ``Stream``, every row once."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    n = 200
+    field = hf_array_field("emb", [2, 2])
+    emb = pa.array([[[i, i + 0.5], [-i, 1.0]] for i in range(n)], field.type)
+    schema = pa.schema([pa.field("id", pa.int64()), field])
+    pq.write_table(
+        pa.Table.from_arrays([pa.array(np.arange(n)), emb], schema=schema), tmp_path / "t.parquet"
+    )
+    seen = []
+    for batch in ingest.Stream(str(tmp_path / "t.parquet"), batch_size=40, shuffle_seed=0):
+        assert batch["emb"].shape == (40, 2, 2)
+        assert torch.equal(batch["emb"][:, 0, 0], batch["id"].float())
+        seen += batch["id"].tolist()
+    assert sorted(seen) == list(range(n))
+
+
 def test_the_first_batch_imports_no_pandas(local: Store) -> None:
     """pyarrow's Array.to_numpy imports pandas to ask whether it may help: 0.4-0.8 s of CPU
     on the first batch of every process that converts (a resumed rank's first batch among

@@ -5,7 +5,10 @@ become tensors that share the Arrow buffers (read-only memory: copy before writi
 in place). Variable-length lists of numbers (or of fixed-size lists of them) become lists of
 tensors that are views into one flat buffer. Strings and
 binaries become lists of ``str``/``bytes``. Fixed-shape tensor columns (n-d arrays returned
-by a transform) become one ``(n, *shape)`` tensor. Booleans and nullable floats are copied.
+by a transform) become one ``(n, *shape)`` tensor, and so do Hugging Face ``datasets``'
+``Array2D`` to ``Array5D`` features (lists of lists, their shape in the extension type or,
+where ``datasets`` is not imported, in the field's metadata; a first dimension of None: a
+list of tensors). Booleans and nullable floats are copied.
 
 Dates and times become integers (torch has no such dtypes), in the units of their Arrow
 type, which the stream's schema states: a timestamp, int64 counts of its unit (s, ms, us or
@@ -25,10 +28,11 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from ingest.core.errors import ConfigError
-from ingest.engine.tensor_types import NULL_FIX, is_number_list
+from ingest.engine.tensor_types import NULL_FIX, hf_array_shape, is_number_list
 
 # Arrow buffers are immutable, so numpy views of them are read-only and torch warns once per
 # conversion that it will not enforce that. Zero-copy is the point here; the module
@@ -67,11 +71,18 @@ def _view(arr: pa.Array) -> np.ndarray[Any, Any]:
     return np.frombuffer(data, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
 
 
-def column_to_torch(arr: pa.Array | pa.ChunkedArray, name: str) -> Any:
-    """Convert one column; see the module docstring for the rules."""
+def column_to_torch(
+    arr: pa.Array | pa.ChunkedArray, name: str, field: pa.Field | None = None
+) -> Any:
+    """Convert one column (``field``: its field, whose metadata may tell a Hugging Face
+    array feature's shape); see the module docstring for the rules."""
     if isinstance(arr, pa.ChunkedArray):
         arr = arr.chunk(0) if arr.num_chunks == 1 else arr.combine_chunks()
     t = arr.type
+    shape = hf_array_shape(t, field.metadata if field is not None else None)
+    if shape is not None and all(d is not None for d in shape[1:]):
+        storage = arr.storage if isinstance(arr, pa.ExtensionArray) else arr
+        return _hf_array(storage, shape, name)
     if isinstance(t, pa.FixedShapeTensorType):
         # Decoded images and other n-d arrays from a transform: one (n, *shape) tensor.
         if arr.null_count:
@@ -106,6 +117,42 @@ def _number_lists(arr: pa.Array, name: str) -> Any:
     return [values[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
 
 
+def _hf_array(storage: pa.Array, shape: tuple[int | None, ...], name: str) -> Any:
+    """A ``datasets`` ``ArrayND`` column (its lists of lists, ``len(shape)`` deep): one
+    ``(n, *shape)`` tensor; with a first dimension of None, a list of ``(k, *shape[1:])``
+    tensors, one per row.
+
+    Raises:
+        ConfigError: If a row is null, or a list is not as long as its dimension.
+    """
+    level = storage
+    for size in shape:
+        if not (pa.types.is_list(level.type) or pa.types.is_large_list(level.type)):
+            raise ConfigError(
+                f"column {name!r} ({storage.type}) is not {len(shape)} lists deep as its "
+                f"feature's shape {shape} says; write it with datasets' own features"
+            )
+        if level.null_count:
+            raise ConfigError(f"column {name!r} has null arrays; fill them in a transform")
+        if size is not None and len(level):
+            lengths = pc.list_value_length(level)
+            if not pc.all(pc.equal(lengths, size)).as_py():
+                raise ConfigError(
+                    f"column {name!r} holds a row that is not of its feature's shape {shape} "
+                    f"(a list of {pc.min_max(lengths).as_py()} items where {size} are due); "
+                    "fix the rows, or declare the feature with the shape they have"
+                )
+        level = level.flatten()
+    values = _numeric(level, name)
+    rest = [int(d) for d in shape[1:] if d is not None]  # the caller checked: all of them
+    if shape[0] is not None:
+        return values.reshape(len(storage), shape[0], *rest)
+    rows = values.reshape(-1, *rest)
+    bounds = np.zeros(len(storage) + 1, dtype=np.int64)
+    np.cumsum(pc.list_value_length(storage).to_numpy(), out=bounds[1:])
+    return [rows[bounds[i] : bounds[i + 1]] for i in range(len(storage))]
+
+
 def _fixed(arr: pa.Array, name: str) -> tuple[pa.Array, tuple[int, ...]]:
     """The numbers of ``arr``'s rows (nested fixed-size lists, or numbers), one after another
     (zero-copy views), and a row's shape (``()`` for numbers).
@@ -126,9 +173,10 @@ def _fixed(arr: pa.Array, name: str) -> tuple[pa.Array, tuple[int, ...]]:
 def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:
     """Convert a record batch, a table or a dict of arrays/tensors to a dict for torch."""
     if isinstance(batch, pa.RecordBatch | pa.Table):
+        schema = batch.schema
         return {
-            name: column_to_torch(batch.column(i), name)
-            for i, name in enumerate(batch.schema.names)
+            name: column_to_torch(batch.column(i), name, schema.field(i))
+            for i, name in enumerate(schema.names)
         }
     out: Batch = {}
     for name, value in batch.items():

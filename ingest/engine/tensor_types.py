@@ -4,6 +4,9 @@ goes to its rank)."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -39,6 +42,33 @@ def _refuses_null(t: pa.DataType) -> bool:
     )
 
 
+HF_ARRAY = "datasets.features.features.Array"
+"""The start of the extension names of Hugging Face ``datasets``' ``Array2D`` to
+``Array5D`` features (``...Array2DExtensionType``): lists of lists of one shape."""
+
+
+def hf_array_shape(
+    t: pa.DataType, metadata: Mapping[bytes, bytes] | None
+) -> tuple[int | None, ...] | None:
+    """The shape of a row of a ``datasets`` ``ArrayND`` column (its first dimension None
+    where rows differ there), from its type where ``datasets`` is imported (the registered
+    extension type), or from the field's ``metadata`` where it is not (the type is then its
+    storage, lists of lists); None for any other column."""
+    if isinstance(t, pa.ExtensionType):
+        shape = getattr(t, "shape", None)
+        if t.extension_name.startswith(HF_ARRAY) and shape is not None:
+            return tuple(shape)
+        return None
+    name = (metadata or {}).get(b"ARROW:extension:name", b"")
+    if not name.startswith(HF_ARRAY.encode()):
+        return None
+    try:
+        shape, _ = json.loads((metadata or {})[b"ARROW:extension:metadata"])
+        return tuple(None if d is None else int(d) for d in shape)
+    except (KeyError, ValueError, TypeError):
+        return None  # not the metadata datasets writes: the lists stay lists
+
+
 def is_number_list(t: pa.DataType) -> bool:
     """A list (fixed or variable) of integers or floats, or of fixed-size lists of them at any
     depth: one tensor, or a list of views."""
@@ -53,4 +83,4 @@ def _numbers_within(t: pa.DataType) -> bool:
     return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
 
 
-__all__ = ["NULL_FIX", "is_number_list", "refused_null"]
+__all__ = ["HF_ARRAY", "NULL_FIX", "hf_array_shape", "is_number_list", "refused_null"]
