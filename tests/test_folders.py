@@ -321,3 +321,78 @@ def test_the_image_job_trains_on_an_image_folder_exactly_once(tmp_path: Any) -> 
     assert done.returncode == 0, out[-4000:]
     assert "exactly once: 384 of 384 rows seen 1x" in out, out[-4000:]
     assert (tmp_path / "died").exists(), "the injected death happened"
+
+
+def hub_media_shard(path: Path, column: str, datas: list[bytes | None]) -> None:
+    """A Parquet shard as the Hugging Face Hub holds an image or audio dataset (what
+    ``datasets`` writes for an ``Image()`` or ``Audio()`` feature): each row's file as
+    ``struct<bytes, path>`` beside its ``label``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    files = [{"bytes": d, "path": f"train/{n:03d}.bin"} for n, d in enumerate(datas)]
+    pq.write_table(
+        pa.table({column: pa.array(files, kind), "label": list(range(len(datas)))}), path
+    )
+
+
+def test_images_decode_from_a_hub_dataset_s_image_column(tmp_path: Path) -> None:
+    """Image datasets on the Hub are Parquet with an ``Image()`` feature, ``struct<bytes,
+    path>``, often not named ``image`` (CIFAR-10's is ``img``). Before, ``Images`` took the
+    ``image`` column's values as bytes: a KeyError on ``img``, and a struct failed to decode
+    ("a bytes-like object is required, not 'dict'")."""
+    import io
+
+    from PIL import Image
+
+    def png(level: int) -> bytes:
+        out = io.BytesIO()
+        Image.new("RGB", (5, 7), (level, 0, 0)).save(out, format="PNG")
+        return out.getvalue()
+
+    hub_media_shard(tmp_path / "train.parquet", "img", [png(10 * n) for n in range(6)])
+    s = ingest.Stream(
+        str(tmp_path / "train.parquet"),
+        batch_size=6,
+        transform=ingest.decode.Images((4, 4), column="img"),
+    )
+    (batch,) = list(s)
+    assert batch["img"].shape == (6, 3, 4, 4)
+    assert ((batch["img"][:, 0, 0, 0] * 255).round().long() == 10 * batch["label"]).all()
+
+    hub_media_shard(tmp_path / "bad.parquet", "img", [png(0), None])
+    bad = ingest.Stream(
+        str(tmp_path / "bad.parquet"), batch_size=2, transform=ingest.decode.Images(column="img")
+    )
+    with pytest.raises(ingest.ShardError, match=r"train/001\.bin.*no bytes"):
+        list(bad)
+    with pytest.raises(ingest.ConfigError, match=r"column 'image'.*\['img', 'label'\]"):
+        list(
+            ingest.Stream(
+                str(tmp_path / "train.parquet"), batch_size=6, transform=ingest.decode.Images()
+            )
+        )
+
+
+def test_audio_decodes_from_a_hub_dataset_s_audio_column(tmp_path: Path) -> None:
+    import io
+
+    import numpy as np
+
+    soundfile = pytest.importorskip("soundfile")
+
+    def wav(level: float) -> bytes:
+        out = io.BytesIO()
+        soundfile.write(out, np.full(800, level, np.float32), 8000, format="WAV")
+        return out.getvalue()
+
+    hub_media_shard(tmp_path / "train.parquet", "speech", [wav(n / 10) for n in range(4)])
+    s = ingest.Stream(
+        str(tmp_path / "train.parquet"),
+        batch_size=4,
+        transform=ingest.decode.Audio(8000, 0.2, column="speech"),
+    )
+    (batch,) = list(s)
+    assert batch["speech"].shape == (4, 1600) and batch["frames"].tolist() == [800] * 4
+    assert np.allclose(batch["speech"][:, 0].numpy(), batch["label"].numpy() / 10, atol=1e-4)

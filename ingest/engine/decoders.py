@@ -1,4 +1,5 @@
-"""Decode transforms for folder datasets: image and audio bytes -> fixed-shape arrays.
+"""Decode transforms for folder datasets and Hugging Face datasets' ``Image()`` and
+``Audio()`` features: image and audio bytes -> fixed-shape arrays.
 
 Pass one as a stream's ``transform``: in a :class:`ingest.RayStream` it runs in the CPU
 reader pool, so training ranks receive ready float tensors and never decode. Instances are
@@ -31,6 +32,9 @@ class Images:
         size: ``(height, width)`` every image is resized to (bilinear).
         mode: Pillow mode to convert to first (``"RGB"``: 3 channels, ``"L"``: 1).
         keep: Columns passed through unchanged (numeric ones become tensors).
+        column: The column of the images, and of the decoded arrays: an image folder's
+            ``image``, or a Hugging Face dataset's ``Image()`` feature (``struct<bytes,
+            path>`` in its Parquet files; CIFAR-10's is ``img``).
     """
 
     def __init__(
@@ -39,19 +43,20 @@ class Images:
         *,
         mode: str = "RGB",
         keep: Sequence[str] = ("label",),
+        column: str = "image",
     ) -> None:
         if len(size) != 2 or min(size) < 1:
             raise ConfigError(f"size={size!r} must be (height, width), both >= 1")
         self.size = (int(size[0]), int(size[1]))
         self.mode = mode
         self.keep = tuple(keep)
+        self.column = column
 
     def __call__(self, table: pa.Table) -> dict[str, Any]:
         from PIL import Image
 
         height, width = self.size
-        datas = table.column("image").to_pylist()
-        paths = _paths(table)
+        datas, paths = _files(table, self.column)
         out: list[np.ndarray] = []
         for n, data in enumerate(datas):
             try:
@@ -68,7 +73,7 @@ class Images:
             if out
             else np.zeros((0, len(self.mode), height, width), np.float32)
         )
-        return {"image": images, **_kept(table, self.keep)}
+        return {self.column: images, **_kept(table, self.keep)}
 
 
 class Audio:
@@ -82,16 +87,25 @@ class Audio:
         sample_rate: The files' sample rate (Hz).
         seconds: Length of every clip delivered.
         keep: Columns passed through unchanged.
+        column: The column of the clips, and of the decoded ones: an audio folder's
+            ``audio``, or a Hugging Face dataset's ``Audio()`` feature (``struct<bytes,
+            path>`` in its Parquet files).
     """
 
     def __init__(
-        self, sample_rate: int = 16_000, seconds: float = 1.0, *, keep: Sequence[str] = ("label",)
+        self,
+        sample_rate: int = 16_000,
+        seconds: float = 1.0,
+        *,
+        keep: Sequence[str] = ("label",),
+        column: str = "audio",
     ) -> None:
         if sample_rate < 1 or seconds <= 0:
             raise ConfigError(f"sample_rate={sample_rate} and seconds={seconds} must be > 0")
         self.sample_rate = int(sample_rate)
         self.frames = round(seconds * sample_rate)
         self.keep = tuple(keep)
+        self.column = column
 
     def __call__(self, table: pa.Table) -> dict[str, Any]:
         try:
@@ -100,8 +114,7 @@ class Audio:
             raise ConfigError(
                 "ingest.decode.Audio needs soundfile: pip install 'ingest[media]'"
             ) from None
-        datas = table.column("audio").to_pylist()
-        paths = _paths(table)
+        datas, paths = _files(table, self.column)
         clips = np.zeros((len(datas), self.frames), np.float32)
         lengths = np.zeros(len(datas), np.int64)
         for n, data in enumerate(datas):
@@ -120,13 +133,46 @@ class Audio:
             mono = samples.mean(axis=1)
             lengths[n] = len(mono)
             clips[n, : min(len(mono), self.frames)] = mono[: self.frames]
-        return {"audio": clips, "frames": lengths, **_kept(table, self.keep)}
+        return {self.column: clips, "frames": lengths, **_kept(table, self.keep)}
 
 
-def _paths(table: pa.Table) -> list[str]:
-    if "path" in table.column_names:
-        return [str(p) for p in table.column("path").to_pylist()]
-    return [f"row {n} of a batch" for n in range(table.num_rows)]
+def _files(table: pa.Table, column: str) -> tuple[list[bytes], list[str]]:
+    """Each row's file bytes in ``column``, and a name for each row's file in errors.
+
+    The column holds bytes (a folder dataset's, its file's URL in ``path``), or a Hugging
+    Face ``Image()``/``Audio()`` feature as ``datasets`` writes it: ``struct<bytes, path>``,
+    the path the file's name in the dataset.
+
+    Raises:
+        ConfigError: If the batch has no such column.
+        ShardError: If a struct's row holds no bytes (``datasets`` keeps a path alone for
+            files it did not embed), naming the path.
+    """
+    if column not in table.column_names:
+        raise ConfigError(
+            f"the decoder's column {column!r} is not in the batch; it has "
+            f"{table.column_names}: pass column='...' (a Hugging Face image dataset's may "
+            "be 'img')"
+        )
+    values = table.column(column).combine_chunks()
+    if not pa.types.is_struct(values.type) or values.type.get_field_index("bytes") < 0:
+        datas = values.to_pylist()
+        if "path" in table.column_names:
+            return datas, [str(p) for p in table.column("path").to_pylist()]
+        return datas, [f"row {n} of a batch" for n in range(table.num_rows)]
+    datas = values.field("bytes").to_pylist()
+    named = values.type.get_field_index("path") >= 0
+    names = values.field("path").to_pylist() if named else [None] * len(datas)
+    paths = [str(p) if p else f"row {n} of a batch" for n, p in enumerate(names)]
+    for n, data in enumerate(datas):
+        if data is None:
+            raise ShardError(
+                paths[n],
+                f"has no bytes in the {column!r} column (the dataset keeps its path only)",
+                "embed the files' bytes in the dataset (datasets' embed_external_files), "
+                "or decode them in a transform of your own",
+            )
+    return datas, paths
 
 
 def _kept(table: pa.Table, keep: Sequence[str]) -> dict[str, Any]:
