@@ -352,7 +352,7 @@ def test_unknown_format_lists_the_known_ones(local: Store) -> None:
     with pytest.raises(
         ingest.ConfigError,
         match="unknown format 'avro'; known formats: arrow, audiofolder, csv, imagefolder, jsonl, "
-        "parquet, tsv, webdataset",
+        "parquet, text, tsv, webdataset",
     ):
         ingest.Stream(local.url("d"), format="avro")
 

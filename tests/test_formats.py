@@ -71,7 +71,10 @@ def ids(batches: list[RowBatch], key: str) -> list[int]:
     out: list[int] = []
     for b in batches:
         col = b.data.column(key).to_pylist()
-        out += [int(v[len("sample") :]) for v in col] if key == "__key__" else col
+        if key == "__key__":
+            out += [int(v[len("sample") :]) for v in col]
+        else:  # a text shard's lines are the ids as text
+            out += [int(v) for v in col] if key == "text" else col
     return out
 
 
@@ -355,6 +358,43 @@ class TestTsvGzip(TestTsv):
         return FormatContract.corrupt(self, data)
 
 
+class TestText(FormatContract):
+    """Plain text, a row per line in a ``text`` column (``.txt``, as Hugging Face
+    ``datasets``' text builder reads it); the generated shards' lines are the ids."""
+
+    fmt = "txt"
+    key = "text"
+
+    def corrupt(self, data: bytes) -> bytes:
+        lines = data.split(b"\n")
+        lines[1700] = b"17\xff00"
+        return b"\n".join(lines)
+
+    def test_a_line_that_is_not_utf8_is_named(self, store: Store) -> None:
+        catalog, listing = open_shard(
+            store, self.fmt, self.corrupt(encode(make_table(0, ROWS), self.fmt))
+        )
+        with pytest.raises(
+            ShardError, match=r"shard\.txt at line 1701, row 1700, byte \d+: is not UTF-8"
+        ):
+            read(catalog, listing)
+
+
+class TestTextGzip(TestText):
+    fmt = "txt.gz"
+    seeks = False
+
+    def corrupt(self, data: bytes) -> bytes:
+        return gzip.compress(TestText.corrupt(self, gzip.decompress(data)))
+
+    def test_a_line_that_is_not_utf8_is_named(self, store: Store) -> None:
+        catalog, listing = open_shard(
+            store, self.fmt, self.corrupt(encode(make_table(0, ROWS), self.fmt))
+        )
+        with pytest.raises(ShardError, match=r"shard\.txt\.gz at line 1701.*is not UTF-8"):
+            read(catalog, listing)
+
+
 class TestArrowFile(FormatContract):
     fmt = "arrow"
     footer_rows = True
@@ -628,3 +668,71 @@ def test_timestamps_with_a_zone_dates_and_times_arrive_as_integers_since_the_epo
     assert batch["day"].dtype == torch.int32 and batch["day"].tolist() == [19_723]
     assert batch["at"].tolist() == [3_723_000_000]
     assert batch["took"].tolist() == [2000]
+
+
+def test_text_lines_are_rows_as_datasets_text_builder_reads_them(tmp_path: Any) -> None:
+    """A ``.txt`` shard is a row per line, in a ``text`` column, as Hugging Face ``datasets``
+    reads text files (``load_dataset("text", ...)``): blank lines are rows (empty texts), a
+    ``\\r\\n`` ends a line as ``\\n`` does (neither is kept), a last line without a newline
+    is a row, and the row count is the line count. Before, ``.txt`` shards were refused
+    ("cannot tell the format")."""
+    body = 'first line\r\n\n  indented, with, commas\t"quotes"\n{not json}\nlast, no newline'
+    (tmp_path / "a.txt").write_bytes(body.encode())
+    (tmp_path / "b.txt").write_bytes(b"")
+    stream = ingest.Stream(str(tmp_path) + "/", batch_size=1, shuffle_seed=None)
+    texts = [t for batch in stream for t in batch["text"]]
+    assert texts == [
+        "first line",
+        "",
+        '  indented, with, commas\t"quotes"',
+        "{not json}",
+        "last, no newline",
+    ]
+    state = stream.state_dict()
+    assert state  # a text stream's state saves like any other
+
+
+def test_a_text_stream_resumes_at_a_line(tmp_path: Any) -> None:
+    """A corpus of ``.txt`` files, shuffled: every line once across a resume, which seeks to
+    a byte offset (the seek of line formats) and reads less than the corpus again."""
+    lines = [f"line {n} " + "word " * (n % 7) for n in range(3000)]
+    for k in range(3):
+        (tmp_path / f"part-{k}.txt").write_text("\n".join(lines[k * 1000 : (k + 1) * 1000]) + "\n")
+    read = ReadOptions(block_bytes=2048)
+
+    def stream() -> ingest.Stream:
+        shuffle = ingest.Shuffle(seed=3, window=300, lanes=3)
+        return ingest.Stream(str(tmp_path) + "/", batch_size=50, shuffle=shuffle, read=read)
+
+    first = stream()
+    seen: list[str] = []
+    for batch in first:
+        seen += batch["text"]
+        if len(seen) == 1250:
+            break
+    state = first.state_dict()
+    second = stream()
+    second.load_state_dict(state)
+    seen += [t for batch in second for t in batch["text"]]
+    assert sorted(seen) == sorted(lines)
+    assert second.stats["bytes_read"] < sum(
+        (tmp_path / f"part-{k}.txt").stat().st_size for k in range(3)
+    )
+
+
+def test_text_files_beside_shards_of_another_format_are_left_out_with_a_warning(
+    tmp_path: Any,
+) -> None:
+    """A ``README.txt`` or ``LICENSE.txt`` beside Parquet shards is a document, not a text
+    shard: the listing leaves it out and says so; a folder of text files alone is read."""
+    from ingest.formats.text import IncidentalFilesWarning
+
+    pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "part-0.parquet")
+    (tmp_path / "README.txt").write_text("a dataset of ids\n")
+    (tmp_path / "LICENSE.txt").write_text("CC0\n")
+    with pytest.warns(IncidentalFilesWarning, match=r"left out 2 text file\(s\).*README\.txt"):
+        batches = list(ingest.Stream(str(tmp_path) + "/", batch_size=2, shuffle_seed=None))
+    assert [b["id"].tolist() for b in batches] == [[1, 2]]
+    (tmp_path / "part-0.parquet").unlink()
+    texts = [t for b in ingest.Stream(str(tmp_path) + "/", batch_size=1) for t in b["text"]]
+    assert sorted(texts) == ["CC0", "a dataset of ids"]

@@ -44,6 +44,7 @@ _REGISTRY: dict[str, str] = {
     "jsonl": "ingest.formats.jsonl:JsonlFormat",
     "csv": "ingest.formats.csv:CsvFormat",
     "tsv": "ingest.formats.csv:TsvFormat",
+    "text": "ingest.formats.text:TextFormat",
     "arrow": "ingest.formats.arrow:ArrowFormat",
     "webdataset": "ingest.formats.webdataset:WebDatasetFormat",
     "imagefolder": "ingest.formats.folder:ImageFolderFormat",
@@ -57,6 +58,7 @@ _EXTENSIONS: dict[str, str] = {
     ".json": "jsonl",
     ".csv": "csv",
     ".tsv": "tsv",
+    ".txt": "text",
     ".arrow": "arrow",
     ".feather": "arrow",
     ".ipc": "arrow",
@@ -65,7 +67,7 @@ _EXTENSIONS: dict[str, str] = {
     ".tgz": "webdataset",
 }
 COMPRESSIONS: dict[str, str] = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
-_COMPRESSIBLE = ("jsonl", "csv", "tsv", "webdataset")
+_COMPRESSIBLE = ("jsonl", "csv", "tsv", "text", "webdataset")
 _instances: dict[str, Format] = {}
 
 

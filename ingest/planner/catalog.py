@@ -41,6 +41,7 @@ from ingest.core.state import ShardRecord
 from ingest.formats import FORMAT_RESOLVER, get_format
 from ingest.formats import folder as folders
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
+from ingest.formats.text import without_incidental
 from ingest.planner.index import Indexer, IndexStore, local_indexer
 from ingest.planner.index.footers import keep_footers, stored_footers
 from ingest.storage.sources import Shard, Source
@@ -197,7 +198,7 @@ class Catalog:
             IndexStoreError: If the index store cannot be read or written.
         """
         shards, classes = folders.group(
-            self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store)
+            without_incidental(self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store))
         )
         known = self._recall_footers(shards)
         with self._lock:

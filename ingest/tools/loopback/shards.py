@@ -111,6 +111,11 @@ def _zstd_bytes(data: bytes) -> bytes:
     return bytes(zstandard.ZstdCompressor().compress(data))
 
 
+def _text_bytes(table: pa.Table) -> bytes:
+    """A line per row: its id, as text."""
+    return "".join(f"{i}\n" for i in table.column("id").to_pylist()).encode()
+
+
 def _csv_bytes(table: pa.Table, delimiter: str = ",") -> bytes:
     sink = io.BytesIO()
     options = pcsv.WriteOptions(delimiter=delimiter)
@@ -135,6 +140,8 @@ _ENCODERS: dict[str, Callable[[pa.Table, int], bytes]] = {
     "csv": lambda table, _: _csv_bytes(table),
     "tsv": lambda table, _: _csv_bytes(table, "\t"),
     "tsv.gz": lambda table, _: gzip.compress(_csv_bytes(table, "\t")),
+    "txt": lambda table, _: _text_bytes(table),
+    "txt.gz": lambda table, _: gzip.compress(_text_bytes(table)),
     "arrow": lambda table, rows: _ipc_bytes(table, rows, file=True),
     "arrows": lambda table, rows: _ipc_bytes(table, rows, file=False),
     "tar": lambda table, _: _tar_bytes(table),
@@ -151,9 +158,9 @@ def encode(table: pa.Table, fmt: str, *, row_group_rows: int = 1000) -> bytes:
     Args:
         table: The rows (as :func:`make_table` builds them).
         fmt: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``csv``, ``tsv`` (tabs),
-            ``tsv.gz``, ``arrow`` (IPC file), ``arrows`` (IPC stream) or ``tar`` (WebDataset:
-            ``.txt`` and ``.json`` per sample; ``tar.gz``, ``tgz`` and ``tar.zst``
-            compressed).
+            ``tsv.gz``, ``txt`` (a line per row: its id), ``txt.gz``, ``arrow`` (IPC
+            file), ``arrows`` (IPC stream) or ``tar`` (WebDataset: ``.txt`` and ``.json``
+            per sample; ``tar.gz``, ``tgz`` and ``tar.zst`` compressed).
         row_group_rows: Rows per Parquet row group or Arrow IPC record batch.
 
     Returns:
