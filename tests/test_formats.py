@@ -736,3 +736,24 @@ def test_text_files_beside_shards_of_another_format_are_left_out_with_a_warning(
     (tmp_path / "part-0.parquet").unlink()
     texts = [t for b in ingest.Stream(str(tmp_path) + "/", batch_size=1) for t in b["text"]]
     assert sorted(texts) == ["CC0", "a dataset of ids"]
+
+
+@pytest.mark.parametrize(
+    ("chunk", "texts"),
+    [
+        (b"", []),
+        (b"\n", [""]),
+        (b"a", ["a"]),
+        (b"a\r", ["a"]),
+        (b"a\r\nb\n\n", ["a", "b", ""]),
+        (b"\r\n", [""]),
+        (b"x\ry\n", ["x\ry"]),
+        ("é\nü".encode(), ["é", "ü"]),
+    ],
+)
+def test_text_lines_of_a_chunk(chunk: bytes, texts: list[str]) -> None:
+    """The cut of a chunk into lines at its edges: no chunk, blank lines, ``\\r\\n``, a last
+    line without its newline, a ``\\r`` inside a line (kept), UTF-8 beyond ASCII."""
+    from ingest.formats.text import lines
+
+    assert lines(chunk).to_pylist() == texts

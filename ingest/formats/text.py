@@ -64,6 +64,8 @@ def lines(chunk: bytes) -> pa.StringArray:
     Raises:
         pyarrow.ArrowInvalid: If a line is not UTF-8.
     """
+    if not chunk:
+        return pa.array([], pa.string())
     data = np.frombuffer(chunk, np.uint8)
     breaks = np.flatnonzero(data == _NEWLINE)
     ends = breaks if chunk.endswith(b"\n") else np.append(breaks, len(data))
