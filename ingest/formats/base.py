@@ -445,6 +445,17 @@ class Format(ABC):
         return replace(ctx.info, rows=rows, seeks=tuple(seeks))
 
 
+class UncountedFormat(Format):
+    """A format whose shards tell no row count short of reading them whole (JSON Lines, CSV,
+    text, tar): its inspection reads nothing, and the shard index counts them
+    (:meth:`Format.index`)."""
+
+    inspect_reads = False
+
+    def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
+        return ShardInfo(rows=None)
+
+
 def clip(batches: Iterator[RowBatch], start: int, stop: int | None) -> Iterator[RowBatch]:
     """Trim a stream of batches to rows ``[start, stop)``, stopping early at ``stop``."""
     for b in batches:

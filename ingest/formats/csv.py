@@ -31,11 +31,11 @@ from ingest.formats._lines import (
     not_utf8,
 )
 from ingest.formats.base import (
-    Format,
     ReadContext,
     ReadOptions,
     ShardInfo,
     ShardReader,
+    UncountedFormat,
     check_columns,
 )
 from ingest.storage.sources import Shard, Source
@@ -194,16 +194,11 @@ def _first_record(source: Source, shard: Shard, options: ReadOptions, delimiter:
     return b"" if chunk is None else split_records(chunk, delimiter)[0]
 
 
-class CsvFormat(Format):
+class CsvFormat(UncountedFormat):
     name = "csv"
     extensions = (".csv",)
     delimiter = ","
     """The character between values."""
-
-    inspect_reads = False
-
-    def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
-        return ShardInfo(rows=None)
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions

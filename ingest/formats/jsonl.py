@@ -22,24 +22,19 @@ from ingest.core.errors import ShardError
 from ingest.formats._lines import LineReader, iter_chunks, not_utf8
 from ingest.formats.base import (
     MAX_JSON_DEPTH,
-    Format,
     ReadContext,
     ReadOptions,
     ShardInfo,
     ShardReader,
+    UncountedFormat,
     check_columns,
 )
 from ingest.storage.sources import Shard, Source
 
 
-class JsonlFormat(Format):
+class JsonlFormat(UncountedFormat):
     name = "jsonl"
     extensions = (".jsonl", ".ndjson", ".json")
-
-    inspect_reads = False
-
-    def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
-        return ShardInfo(rows=None)  # only a full read can count lines
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions

@@ -23,11 +23,11 @@ import pyarrow as pa
 
 from ingest.formats._lines import LineReader, not_utf8
 from ingest.formats.base import (
-    Format,
     ReadContext,
     ReadOptions,
     ShardInfo,
     ShardReader,
+    UncountedFormat,
     check_columns,
 )
 from ingest.storage.sources import Shard, Source
@@ -37,15 +37,11 @@ SCHEMA = pa.schema([pa.field(COLUMN, pa.string())])
 _NEWLINE, _RETURN = ord("\n"), ord("\r")
 
 
-class TextFormat(Format):
+class TextFormat(UncountedFormat):
     name = "text"
     extensions = (".txt",)
 
-    inspect_reads = False
     incidental = True
-
-    def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
-        return ShardInfo(rows=None)  # only a full read can count lines
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions

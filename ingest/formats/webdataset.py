@@ -42,13 +42,13 @@ import pyarrow as pa
 from ingest.core.errors import SchemaMismatchError, ShardError
 from ingest.formats._lines import go_to, open_decompressed
 from ingest.formats.base import (
-    Format,
     ReadContext,
     ReadOptions,
     RowBatch,
     Seek,
     ShardInfo,
     ShardReader,
+    UncountedFormat,
     check_columns,
     clip,
 )
@@ -181,14 +181,9 @@ _KINDS = {
 }
 
 
-class WebDatasetFormat(Format):
+class WebDatasetFormat(UncountedFormat):
     name = "webdataset"
     extensions = (".tar", ".tgz")
-
-    inspect_reads = False
-
-    def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
-        return ShardInfo(rows=None)
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
