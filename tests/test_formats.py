@@ -7,7 +7,9 @@ where the format can seek), corrupt input raises a clear error naming the URL.
 
 from __future__ import annotations
 
+import bz2
 import gzip
+import lzma
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -343,6 +345,22 @@ class TestJsonlZstd(FormatContract):
     seeks = False
 
 
+class TestJsonlBz2(FormatContract):
+    """bzip2 (``.bz2``), as Hugging Face ``datasets`` reads it (Wikipedia dumps, older
+    corpora): before, a listing skipped ``.jsonl.bz2`` as unknown, and ``format="jsonl"``
+    read its compressed bytes as text ("invalid JSON ... b'BZh91AY&SY...'")."""
+
+    fmt = "jsonl.bz2"
+    seeks = False
+
+
+class TestJsonlXz(FormatContract):
+    """xz (``.xz``), as ``datasets`` reads it."""
+
+    fmt = "jsonl.xz"
+    seeks = False
+
+
 class TestCsv(FormatContract):
     fmt = "csv"
     short: ClassVar[bytes] = b"1,2"
@@ -442,6 +460,9 @@ def jsonl_ids(first: int, count: int) -> bytes:
         ("jsonl.gz", gzip.compress(jsonl_ids(0, 3000)) + bytes(1000)),
         # pzstd and `cat a.zst b.zst` write several frames
         ("jsonl.zst", zstd(jsonl_ids(0, 1000)) + zstd(jsonl_ids(1000, 2000))),
+        # pbzip2 and `cat a.bz2 b.bz2` write several streams; xz alike
+        ("jsonl.bz2", bz2.compress(jsonl_ids(0, 1500)) + bz2.compress(jsonl_ids(1500, 1500))),
+        ("jsonl.xz", lzma.compress(jsonl_ids(0, 10)) + lzma.compress(jsonl_ids(10, 2990))),
     ],
 )
 def test_every_member_or_frame_of_a_compressed_shard_is_read(
@@ -458,6 +479,8 @@ def test_every_member_or_frame_of_a_compressed_shard_is_read(
         # the CRC-32 of the gzip trailer: the data decompresses, and its check fails
         ("jsonl.gz", gzip.compress, -8, "the gzip stream is corrupt near compressed byte"),
         ("jsonl.zst", zstd, 0.5, "the zstd stream is corrupt near compressed byte"),
+        ("jsonl.bz2", bz2.compress, 0.5, "the bz2 stream is corrupt near compressed byte"),
+        ("jsonl.xz", lzma.compress, 0.5, "the xz stream is corrupt near compressed byte"),
     ],
 )
 def test_corrupt_compressed_bytes_are_an_error(

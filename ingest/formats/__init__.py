@@ -66,7 +66,13 @@ _EXTENSIONS: dict[str, str] = {
     ".tar": "webdataset",
     ".tgz": "webdataset",
 }
-COMPRESSIONS: dict[str, str] = {".gz": "gzip", ".zst": "zstd", ".zstd": "zstd"}
+COMPRESSIONS: dict[str, str] = {
+    ".gz": "gzip",
+    ".zst": "zstd",
+    ".zstd": "zstd",
+    ".bz2": "bz2",
+    ".xz": "xz",
+}
 _COMPRESSIBLE = ("jsonl", "csv", "tsv", "text", "webdataset")
 _instances: dict[str, Format] = {}
 

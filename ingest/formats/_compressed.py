@@ -1,20 +1,24 @@
-"""The decompressed bytes of a gzip or zstd shard, read as a file that fails loudly.
+"""The decompressed bytes of a gzip, zstd, bzip2 or xz shard, read as a file that fails loudly.
 
 Python's ``GzipFile`` reports a truncated stream but not where the damage is, and
 zstandard's stream reader ends a truncated frame as if the file were complete: the rows
 before the cut would be delivered and the rest lost without a word. This reader feeds the
-compressed bytes to a decompressor object, follows gzip members and zstd frames one after
-another (``cat a.gz b.gz`` and ``pzstd`` output are valid), and raises a
+compressed bytes to a decompressor object, follows gzip members, zstd frames and bzip2 or xz
+streams one after another (``cat a.gz b.gz``, ``pzstd`` and ``pbzip2`` output are valid), and
+raises a
 :class:`~ingest.core.errors.ShardError` naming the decompressed byte offset and the compressed one
 when the input ends inside a member or frame, or is corrupt.
 
 Compressed input is fed in pieces of :data:`_STEP` bytes. Memory: gzip output is bounded by
-the size asked for; zstd's decompressor has no output bound per call, so a piece's output is
+the size asked for; the others' are given no output bound per call (bzip2's and xz's would
+hold the rest inside, to be drained before the input's end is judged), so a piece's output is
 bounded only by the compression ratio.
 """
 
 from __future__ import annotations
 
+import bz2
+import lzma
 import zlib
 from typing import Any, Protocol
 
@@ -23,9 +27,17 @@ from ingest.core.errors import ConfigError, ShardError
 _GZIP_MAGIC = b"\x1f\x8b"
 _STEP = 16 << 10
 _FIX = (
-    "re-upload the complete file (check that its writer finished; `gzip -t FILE` or "
-    "`zstd -t FILE` tests one)"
+    "re-upload the complete file (check that its writer finished; `gzip -t FILE`, "
+    "`zstd -t FILE`, `bzip2 -t FILE` or `xz -t FILE` tests one)"
 )
+
+
+_STREAMS: dict[str, type[bz2.BZ2Decompressor] | type[lzma.LZMADecompressor]] = {
+    "bz2": bz2.BZ2Decompressor,
+    "xz": lzma.LZMADecompressor,
+}
+"""The codecs of the standard library whose decompressors take one stream each (the next
+stream of a file, ``pbzip2``'s, gets a new one), by name."""
 
 
 class _Readable(Protocol):
@@ -39,7 +51,7 @@ class DecompressedFile:
 
     Args:
         raw: The compressed shard, opened for reading.
-        codec: ``"gzip"`` or ``"zstd"``.
+        codec: ``"gzip"``, ``"zstd"``, ``"bz2"`` or ``"xz"``.
         url: The shard URL, for errors.
         read_bytes: Compressed bytes read from ``raw`` per call.
 
@@ -56,8 +68,8 @@ class DecompressedFile:
                     f"{url}: reading .zst needs the zstandard package; pip install zstandard"
                 ) from None
             self._zstd: Any = zstandard
-        elif codec != "gzip":
-            raise ConfigError(f"{url}: unknown compression {codec!r}; known: gzip, zstd")
+        elif codec not in _STREAMS and codec != "gzip":
+            raise ConfigError(f"{url}: unknown compression {codec!r}; known: gzip, zstd, bz2, xz")
         self._raw = raw
         self._codec = codec
         self._url = url
@@ -120,6 +132,9 @@ class DecompressedFile:
         if self._codec == "zstd":
             self._decoder = self._zstd.ZstdDecompressor().decompressobj()
             return True
+        if self._codec in _STREAMS:
+            self._decoder = _STREAMS[self._codec]()
+            return True
         # Writers may pad a gzip file with zeros after its last member.
         while self._at < len(self._buffer) and self._buffer[self._at] == 0:
             self._at += 1
@@ -152,6 +167,10 @@ class DecompressedFile:
             raise self._error(
                 f"the gzip stream is corrupt near compressed byte {self._consumed()} ({e})"
             ) from None
+        except (OSError, EOFError, lzma.LZMAError) as e:  # bz2's and xz's decompressors
+            raise self._error(
+                f"the {self._codec} stream is corrupt near compressed byte {self._consumed()} ({e})"
+            ) from None
         except Exception as e:
             if type(e).__name__ != "ZstdError":
                 raise
@@ -165,7 +184,7 @@ class DecompressedFile:
         return self._compressed - len(self._buffer) + self._at
 
     def _unit(self) -> str:
-        return "member" if self._codec == "gzip" else "frame"
+        return {"gzip": "member", "zstd": "frame"}.get(self._codec, "stream")
 
     def _error(self, problem: str) -> ShardError:
         return ShardError(self._url, problem, _FIX, byte=self._position + self._ready)

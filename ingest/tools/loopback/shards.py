@@ -4,9 +4,11 @@ them (:class:`Store`).
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
 import json
+import lzma
 import os
 import tarfile
 from collections.abc import Callable
@@ -140,6 +142,8 @@ _ENCODERS: dict[str, Callable[[pa.Table, int], bytes]] = {
     "csv": lambda table, _: _csv_bytes(table),
     "tsv": lambda table, _: _csv_bytes(table, "\t"),
     "tsv.gz": lambda table, _: gzip.compress(_csv_bytes(table, "\t")),
+    "jsonl.bz2": lambda table, _: bz2.compress(_jsonl_bytes(table)),
+    "jsonl.xz": lambda table, _: lzma.compress(_jsonl_bytes(table)),
     "txt": lambda table, _: _text_bytes(table),
     "txt.gz": lambda table, _: gzip.compress(_text_bytes(table)),
     "arrow": lambda table, rows: _ipc_bytes(table, rows, file=True),
@@ -157,7 +161,8 @@ def encode(table: pa.Table, fmt: str, *, row_group_rows: int = 1000) -> bytes:
 
     Args:
         table: The rows (as :func:`make_table` builds them).
-        fmt: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``csv``, ``tsv`` (tabs),
+        fmt: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``jsonl.bz2``,
+            ``jsonl.xz``, ``csv``, ``tsv`` (tabs),
             ``tsv.gz``, ``txt`` (a line per row: its id), ``txt.gz``, ``arrow`` (IPC
             file), ``arrows`` (IPC stream) or ``tar`` (WebDataset: ``.txt`` and ``.json``
             per sample; ``tar.gz``, ``tgz`` and ``tar.zst`` compressed).
