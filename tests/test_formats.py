@@ -738,7 +738,7 @@ def test_text_files_beside_shards_of_another_format_are_left_out_with_a_warning(
 ) -> None:
     """A ``README.txt`` or ``LICENSE.txt`` beside Parquet shards is a document, not a text
     shard: the listing leaves it out and says so; a folder of text files alone is read."""
-    from ingest.formats.text import IncidentalFilesWarning
+    from ingest.formats import IncidentalFilesWarning
 
     pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "part-0.parquet")
     (tmp_path / "README.txt").write_text("a dataset of ids\n")

@@ -395,7 +395,7 @@ def hf_array_field(name: str, shape: list[int | None], dtype: str = "float32") -
     """A column as Hugging Face ``datasets`` writes an ``Array2D`` (``Array3D``...) feature,
     read where ``datasets`` is not imported: its storage (lists of lists), and the extension's
     name and ``[shape, dtype]`` in the field's metadata."""
-    storage: pa.DataType = pa.from_numpy_dtype(__import__("numpy").dtype(dtype))
+    storage: pa.DataType = pa.type_for_alias(dtype)
     for _ in shape:
         storage = pa.list_(storage)
     metadata = {

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import importlib
 import posixpath
+import warnings
+from collections.abc import Sequence
 from typing import cast
 
 from ingest.core.errors import ConfigError
@@ -22,10 +24,12 @@ from ingest.formats.base import (
     ShardInfo,
     ShardReader,
 )
+from ingest.storage.sources import Shard
 
 __all__ = [
     "FORMAT_RESOLVER",
     "Format",
+    "IncidentalFilesWarning",
     "ReadContext",
     "ReadOptions",
     "RowBatch",
@@ -37,6 +41,7 @@ __all__ = [
     "known_extensions",
     "register_format",
     "registered_formats",
+    "without_incidental",
 ]
 
 _REGISTRY: dict[str, str] = {
@@ -203,6 +208,32 @@ class _RegistryResolver:
     def describe(self) -> str:
         """The known extensions, and the way to name a format instead."""
         return f"known extensions: {', '.join(known_extensions())}; or pass format=..."
+
+
+class IncidentalFilesWarning(UserWarning):
+    """A listing left out files of a format that are documents beside shards of another
+    (a ``README.txt`` beside Parquet shards); ``format=`` reads them."""
+
+
+def without_incidental(shards: Sequence[Shard]) -> list[Shard]:
+    """``shards`` without those of an incidental format (``Format.incidental``: text) when
+    others are of another format, with a warning naming them; all of them otherwise."""
+    kinds = {s.format for s in shards}
+    if len(kinds) < 2:
+        return list(shards)
+    left = {k for k in kinds if get_format(k).incidental}
+    if not left or left == kinds:
+        return list(shards)
+    dropped = [s.url for s in shards if s.format in left]
+    named = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+    warnings.warn(
+        f"left out {len(dropped)} {'/'.join(sorted(left))} file(s) listed beside "
+        f"{'/'.join(sorted(kinds - left))} shards, taken for documents: {named}; list them "
+        "apart with format=... to read them",
+        IncidentalFilesWarning,
+        stacklevel=3,
+    )
+    return [s for s in shards if s.format not in left]
 
 
 FORMAT_RESOLVER = _RegistryResolver()

@@ -404,7 +404,7 @@ class Format(ABC):
     incidental: ClassVar[bool] = False
     """Whether files of this format listed beside shards of another are documents, left out
     (text: a ``README.txt`` beside Parquet shards;
-    :func:`ingest.formats.text.without_incidental`)."""
+    :func:`ingest.formats.without_incidental`)."""
     inspect_reads: ClassVar[bool] = True
     """Whether :meth:`inspect` reads the shard (a footer, a header). A listing inspects the
     shards of formats that do in threads, and the others in line: a thread per shard that

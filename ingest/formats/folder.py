@@ -125,6 +125,7 @@ def _unit(files: list[Shard], index: dict[str, int]) -> Shard:
 class _FolderFormat(Format):
     selective = True
     empty_is_valid = False
+    inspect_reads = False
     column: ClassVar[str]
 
     def schema(self) -> pa.Schema:
@@ -136,8 +137,6 @@ class _FolderFormat(Format):
                 pa.field("label_name", pa.string()),
             ]
         )
-
-    inspect_reads = False
 
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         if not shard.members:

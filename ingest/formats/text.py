@@ -1,4 +1,4 @@
-"""Plain text (plain, .gz, .zst): a row per line, in one ``text`` column.
+"""Plain text (plain, .gz, .zst, .bz2, .xz): a row per line, in one ``text`` column.
 
 Read as Hugging Face ``datasets`` reads text files (its ``text`` builder, ``sample_by="line"``,
 ``keep_linebreaks=False``): row k is the k-th line, blank lines included (empty texts); a
@@ -9,14 +9,11 @@ must be UTF-8: one that is not is named with its line, row and byte.
 
 A listing that finds ``.txt`` files beside shards of another format (a ``README.txt`` or a
 ``LICENSE.txt`` beside Parquet shards) leaves them out, with a
-:class:`IncidentalFilesWarning` naming them (:func:`without_incidental`); ``format="text"``
-reads them.
+:class:`~ingest.formats.IncidentalFilesWarning` naming them (``TextFormat.incidental``:
+:func:`ingest.formats.without_incidental`); ``format="text"`` reads them.
 """
 
 from __future__ import annotations
-
-import warnings
-from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -99,32 +96,4 @@ class _TextReader(LineReader):
         return problem, fix, False
 
 
-class IncidentalFilesWarning(UserWarning):
-    """A listing left out files of a format that are documents beside shards of another
-    (a ``README.txt`` beside Parquet shards); ``format=`` reads them."""
-
-
-def without_incidental(shards: Sequence[Shard]) -> list[Shard]:
-    """``shards`` without those of an incidental format (``Format.incidental``: text) when
-    others are of another format, with a warning naming them; all of them otherwise."""
-    from ingest.formats import get_format
-
-    kinds = {s.format for s in shards}
-    if len(kinds) < 2:
-        return list(shards)
-    left = {k for k in kinds if get_format(k).incidental}
-    if not left or left == kinds:
-        return list(shards)
-    dropped = [s.url for s in shards if s.format in left]
-    named = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
-    warnings.warn(
-        f"left out {len(dropped)} {'/'.join(sorted(left))} file(s) listed beside "
-        f"{'/'.join(sorted(kinds - left))} shards, taken for documents: {named}; list them "
-        "apart with format=... to read them",
-        IncidentalFilesWarning,
-        stacklevel=3,
-    )
-    return [s for s in shards if s.format not in left]
-
-
-__all__ = ["COLUMN", "IncidentalFilesWarning", "TextFormat", "lines", "without_incidental"]
+__all__ = ["COLUMN", "TextFormat", "lines"]

@@ -38,10 +38,9 @@ from ingest.core.errors import IngestError, ShardError, redact
 from ingest.core.plan import PlanShard
 from ingest.core.quarantine import skippable
 from ingest.core.state import ShardRecord
-from ingest.formats import FORMAT_RESOLVER, get_format
+from ingest.formats import FORMAT_RESOLVER, get_format, without_incidental
 from ingest.formats import folder as folders
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
-from ingest.formats.text import without_incidental
 from ingest.planner.index import Indexer, IndexStore, local_indexer
 from ingest.planner.index.footers import keep_footers, stored_footers
 from ingest.storage.sources import Shard, Source
