@@ -75,6 +75,18 @@ def test_read_fingerprint_follows_the_format_and_columns() -> None:
     assert read_fingerprint("jsonl", ("text",)) == read_fingerprint("jsonl", ["text"])
 
 
+def test_read_fingerprint_follows_the_partition_columns_a_shard_is_read_with() -> None:
+    """A shard's hive partitions are columns of the rows the chain is given (unless read with
+    ``partitioning=None``): a copy made with them is not one made without, nor of another
+    value. A shard with none keeps the key it had before partitions were read."""
+    plain = read_fingerprint("jsonl", None)
+    assert read_fingerprint("jsonl", None, ()) == plain == '{"columns":null,"format":"jsonl"}'
+    en = read_fingerprint("jsonl", None, (("lang", "en"),))
+    assert en != plain
+    assert en != read_fingerprint("jsonl", None, (("lang", "fr"),))
+    assert en != read_fingerprint("jsonl", None, (("lang", None),))
+
+
 def test_tokenize_is_fingerprinted_by_its_tokenizer_and_options() -> None:
     base = chain_fingerprint(Tokenize(word_tokenizer(WORDS), eos_id=4))
     assert base is not None

@@ -39,7 +39,7 @@ from ingest.engine.window import (
     read_whole,
     rest_of,
 )
-from ingest.formats import get_format
+from ingest.formats import open_reader
 from ingest.formats.base import BadRows, Gathered, ReadContext, ReadOptions, RowBatch, Seek
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source
@@ -406,7 +406,7 @@ class LaneReader:
         at = 0
         todo = list(range(len(ranges)))
         while True:
-            with get_format(ctx.shard.format).open(ctx) as reader:
+            with open_reader(ctx) as reader:
                 spans = [(last[i], ranges[i][1]) for i in todo]
                 read = reader.read_gathered if together else reader.read_spans
                 try:

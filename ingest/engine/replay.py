@@ -25,7 +25,7 @@ from ingest.core.packing import Packed, Piece
 from ingest.engine.convert import Batch, to_torch
 from ingest.engine.grouping import Grouping
 from ingest.engine.pack import packed_torch, pad_of, tokens_of
-from ingest.formats import get_format
+from ingest.formats import open_reader
 from ingest.formats.base import BadRows, ReadOptions
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source
@@ -193,7 +193,7 @@ def _batch(
 def _read(ctx: Any, spans: list[tuple[int, int]]) -> Iterator[tuple[int, int, pa.Table]]:
     """``(start, stop, rows)`` of each span of one shard, the shard opened once."""
     got: dict[int, list[pa.RecordBatch]] = {}
-    with get_format(ctx.shard.format).open(ctx) as reader:
+    with open_reader(ctx) as reader:
         for j, batch in reader.read_spans(spans, None):
             if isinstance(batch, BadRows):
                 raise IngestError(

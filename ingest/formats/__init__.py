@@ -24,6 +24,7 @@ from ingest.formats.base import (
     ShardInfo,
     ShardReader,
 )
+from ingest.formats.partitions import PartitionedReader
 from ingest.storage.sources import Shard
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "format_for_path",
     "get_format",
     "known_extensions",
+    "open_reader",
     "register_format",
     "registered_formats",
     "without_incidental",
@@ -139,6 +141,16 @@ def get_format(name: str) -> Format:
         ) from None
     _instances[name] = fmt
     return fmt
+
+
+def open_reader(ctx: ReadContext) -> ShardReader:
+    """A reader over ``ctx.shard`` by its format, whose batches hold the shard's hive
+    partition columns too (:attr:`ReadContext.partition_columns`,
+    :mod:`ingest.formats.partitions`). Every read of the stream's rows opens one so."""
+    reader = get_format(ctx.shard.format).open(ctx)
+    if not ctx.partition_columns:
+        return reader
+    return PartitionedReader(ctx, reader)
 
 
 def split_compression(path: str) -> tuple[str, str | None]:

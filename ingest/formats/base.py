@@ -86,6 +86,12 @@ class ReadOptions:
             disk after, by every process of the node and after a restart. None: off.
         file_concurrency: Folder datasets (``imagefolder``, ``audiofolder``): files of a
             work unit fetched at once by one reader.
+        partitioning: ``"hive"`` (default): the ``key=value`` directories of a shard's path
+            below the listed root (``lang=en/year=2024/part-0.parquet``, as Spark, Hive and
+            pyarrow write a partitioned table) are string columns of its rows, after the
+            file's own, null where a shard's path has no such key (Hive's
+            ``__HIVE_DEFAULT_PARTITION__`` too), as ``ray.data.read_parquet`` reads them
+            (:mod:`ingest.formats.partitions`). None: the files' columns alone.
     """
 
     block_bytes: int = 8 << 20
@@ -103,10 +109,16 @@ class ReadOptions:
     max_errors: int = 100
     cache: CacheOptions | None = None
     file_concurrency: int = 16
+    partitioning: str | None = "hive"
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f'on_error={self.on_error!r} must be "raise" or "skip"')
+        if self.partitioning not in ("hive", None):
+            raise ConfigError(
+                f"partitioning={self.partitioning!r} must be 'hive' or None (the files' "
+                "columns alone)"
+            )
         check_numbers(
             self,
             "",
@@ -312,9 +324,16 @@ class ReadContext:
         shard: The shard to read.
         info: The shard's inspection result.
         options: Read options.
-        schema: The stream's schema (all columns), which every shard must match.
+        schema: The stream's schema of the files' columns (all of them), which every shard
+            must match.
         schema_origin: URL of the shard the schema was taken from, for error messages.
-        columns: Columns to keep, or None for all.
+        columns: Columns of the file to keep, or None for all.
+        partition_columns: The hive partition columns each batch gets after the file's
+            (from :attr:`Shard.partition <ingest.storage.sources.Shard.partition>`: null
+            where the shard has no such key); :func:`ingest.formats.open_reader` adds them,
+            not the format.
+        order: The order of the columns with them, where the stream names its columns (None:
+            the file's, then the partition columns).
     """
 
     source: Source
@@ -324,6 +343,8 @@ class ReadContext:
     schema: pa.Schema | None
     schema_origin: str
     columns: Sequence[str] | None
+    partition_columns: tuple[str, ...] = ()
+    order: tuple[str, ...] | None = None
 
 
 class ShardReader(ABC):

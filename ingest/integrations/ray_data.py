@@ -26,7 +26,7 @@ from ray.data.datasource import Datasource, ReadTask
 
 from ingest.core.errors import ConfigError
 from ingest.engine.spec import StreamSpec
-from ingest.formats import get_format
+from ingest.formats import open_reader
 from ingest.formats.base import BadRows, ReadOptions
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import URLs
@@ -107,7 +107,7 @@ def _reader(spec: StreamSpec, listing: Listing, group: list[int]) -> Any:
         source = spec.source()
         for n in group:
             ctx = listing.context(n, source, spec.read, spec.columns)
-            with get_format(ctx.shard.format).open(ctx) as reader:
+            with open_reader(ctx) as reader:
                 for batch in reader.read(0, None, None):
                     if isinstance(batch, BadRows):  # quarantined rows (on_error="skip")
                         continue

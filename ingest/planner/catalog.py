@@ -41,6 +41,11 @@ from ingest.core.state import ShardRecord
 from ingest.formats import FORMAT_RESOLVER, get_format, without_incidental
 from ingest.formats import folder as folders
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
+from ingest.formats.partitions import (
+    partition_keys,
+    with_partition_fields,
+    without_partition_fields,
+)
 from ingest.planner.index import Indexer, IndexStore, local_indexer
 from ingest.planner.index.footers import keep_footers, stored_footers
 from ingest.storage.sources import Shard, Source
@@ -61,6 +66,9 @@ class Listing:
     schema_origin: str
     classes: tuple[str, ...] = ()
     """Folder datasets: the sorted class names, the ``label`` indices' meaning."""
+    partition_keys: tuple[str, ...] = ()
+    """The hive partition columns of the stream, the last fields of :attr:`schema`
+    (:mod:`ingest.formats.partitions`); none under ``ReadOptions(partitioning=None)``."""
 
     def records(self) -> list[ShardRecord]:
         return [
@@ -94,19 +102,35 @@ class Listing:
             self.schema,
             self.schema_origin,
             self.classes,
+            self.partition_keys,
         )
 
     def context(
         self, index: int, source: Source, options: ReadOptions, columns: Sequence[str] | None
     ) -> ReadContext:
+        """What a reader of shard ``index`` needs: the files' part of the schema and of
+        ``columns``, and the partition columns its batches get after them."""
+        keys = self.partition_keys
+        if not keys:
+            return ReadContext(
+                source,
+                self.shards[index],
+                self.infos[index],
+                options,
+                self.schema,
+                self.schema_origin,
+                columns,
+            )
         return ReadContext(
             source,
             self.shards[index],
             self.infos[index],
             options,
-            self.schema,
+            without_partition_fields(self.schema, keys),
             self.schema_origin,
-            columns,
+            None if columns is None else [c for c in columns if c not in keys],
+            keys if columns is None else tuple(c for c in columns if c in keys),
+            None if columns is None else tuple(columns),
         )
 
 
@@ -199,6 +223,7 @@ class Catalog:
         shards, classes = folders.group(
             without_incidental(self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store))
         )
+        shards = self._partitioned(shards)
         known = self._recall_footers(shards)
         with self._lock:
             reads = [
@@ -239,11 +264,28 @@ class Catalog:
             keep_footers(self.index_store, list(zip(shards, infos, strict=True)), known)
         if not schema:
             return Listing(tuple(shards), tuple(infos), None, "", classes)
+        listing = self._settled(shards, infos, classes)
+        return self._index(listing, progress) if index else listing
+
+    def _partitioned(self, shards: list[Shard]) -> list[Shard]:
+        """``shards`` with the hive partitions the stream reads: none under
+        ``ReadOptions(partitioning=None)`` (so that derived copies are keyed without them)."""
+        if self.options.partitioning is not None:
+            return shards
+        return [replace(s, partition=()) if s.partition else s for s in shards]
+
+    def _settled(
+        self, shards: list[Shard], infos: list[ShardInfo], classes: tuple[str, ...]
+    ) -> Listing:
+        """The listing with the stream's schema: the files' (every footer checked against
+        it), then the partition columns."""
+        keys = partition_keys(shards)
         stream_schema, origin = self._schema(shards, infos)
         if stream_schema is not None:
-            self._check_schemas(shards, infos, stream_schema, origin)
-        listing = Listing(tuple(shards), tuple(infos), stream_schema, origin, classes)
-        return self._index(listing, progress) if index else listing
+            self._check_schemas(shards, infos, stream_schema, origin, keys)
+            if keys:
+                stream_schema = with_partition_fields(stream_schema, keys, shards, origin)
+        return Listing(tuple(shards), tuple(infos), stream_schema, origin, classes, keys)
 
     def _inspect_or_unread(self, shard: Shard) -> ShardInfo:
         """:meth:`inspect`, or the error as an unread shard's (see :meth:`_unread`)."""
@@ -253,14 +295,23 @@ class Catalog:
             return self._unread(e)
 
     def _check_schemas(
-        self, shards: Sequence[Shard], infos: list[ShardInfo], schema: pa.Schema, origin: str
+        self,
+        shards: Sequence[Shard],
+        infos: list[ShardInfo],
+        schema: pa.Schema,
+        origin: str,
+        keys: Sequence[str],
     ) -> None:
         """Check every footer's schema against the stream's (a shard that differs is marked
-        unread in ``infos`` under ``on_error="skip"``)."""
+        unread in ``infos`` under ``on_error="skip"``); ``keys``: the partition columns,
+        which no file holds."""
+        columns = self.columns
+        if columns is not None and keys:
+            columns = [c for c in columns if c not in keys]
         for n, (shard, info) in enumerate(zip(shards, infos, strict=True)):
             if info.schema is not None and info.rows:
                 try:
-                    check_schema(shard.url, info.schema, schema, origin, self.columns)
+                    check_schema(shard.url, info.schema, schema, origin, columns)
                 except Exception as e:
                     infos[n] = self._unread(e)
 
@@ -304,9 +355,7 @@ class Catalog:
             todo = [n for n in todo if infos[n].rows is None]
         if todo:
             self._build(listing, todo, infos, progress)
-        return Listing(
-            listing.shards, tuple(infos), listing.schema, listing.schema_origin, listing.classes
-        )
+        return replace(listing, infos=tuple(infos))
 
     def _build(
         self, listing: Listing, todo: list[int], infos: list[ShardInfo], progress: bool

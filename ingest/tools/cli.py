@@ -25,7 +25,7 @@ from fsspec.utils import get_protocol
 from tqdm.auto import tqdm
 
 from ingest.core.errors import ConfigError, IngestError
-from ingest.formats import get_format
+from ingest.formats import open_reader
 from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Catalog, Listing
 from ingest.planner.index import IndexConfig, Indexer, IndexStore, default_location, local_indexer
@@ -351,7 +351,7 @@ def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
         ctx = Listing(one.shards, one.infos, schema, origin).context(
             0, catalog.source, catalog.options, None
         )
-        with get_format(ctx.shard.format).open(ctx) as reader:
+        with open_reader(ctx) as reader:
             rows[n] = sum(b.data.num_rows for b in reader.read(0, None, None))
     return rows
 

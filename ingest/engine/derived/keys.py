@@ -21,6 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from ingest.core.errors import ConfigError
 from ingest.engine.stage import checked_version
 from ingest.engine.transform import Chain
+from ingest.storage.sources.partitions import Partition
 
 KEY_VERSION = 1
 """Part of every key's name: bump it when what a copy holds changes meaning (the codec, what
@@ -97,14 +98,19 @@ class DerivedKey:
         return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-def read_fingerprint(format: str, columns: Sequence[str] | None) -> str:
-    """The ``read`` part of a :class:`DerivedKey`: the format that reads the shard and the
-    columns it reads (None: all), which together make the rows the chain is given."""
-    return json.dumps(
-        {"format": format, "columns": None if columns is None else list(columns)},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+def read_fingerprint(format: str, columns: Sequence[str] | None, partition: Partition = ()) -> str:
+    """The ``read`` part of a :class:`DerivedKey`: the format that reads the shard, the
+    columns it reads (None: all) and the hive partition columns its rows get (the shard's
+    ``partition``: empty when read with ``ReadOptions(partitioning=None)``), which together
+    make the rows the chain is given. Without partitions, the key it was before they were
+    read."""
+    fields: dict[str, Any] = {
+        "format": format,
+        "columns": None if columns is None else list(columns),
+    }
+    if partition:
+        fields["partition"] = [list(pair) for pair in partition]
+    return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
 def chain_fingerprint(stages: Any) -> str | None:

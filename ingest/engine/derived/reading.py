@@ -160,7 +160,7 @@ class Deriving:
             start=int(start),
             stop=None if to_end else int(stop),  # type: ignore[arg-type]
             chain=self.fingerprint,
-            read=_read_fingerprint(shard.format, self.columns),
+            read=_read_fingerprint(shard.format, self.columns, shard.partition),
         )
 
     def _get(self, key: DerivedKey) -> DerivedUnit | None:

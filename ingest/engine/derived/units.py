@@ -23,7 +23,7 @@ from ingest.engine.derived.codec import encode
 from ingest.engine.derived.keys import DerivedKey, DerivedWarning, chain_fingerprint
 from ingest.engine.derived.store import DerivedConfig, DerivedStore, frame
 from ingest.engine.transform import Transform, build_transform, parallel_batches, staged
-from ingest.formats import get_format
+from ingest.formats import open_reader
 from ingest.formats.base import BadRows, ReadContext
 
 Outcome = Literal["derived", "present", "unkept", "failed"]
@@ -162,7 +162,7 @@ def _read(
         return
     at, rows = 0, list[pa.RecordBatch]()
     try:
-        with get_format(ctx.shard.format).open(ctx) as reader:
+        with open_reader(ctx) as reader:
             for j, batch in reader.read_spans([(u.start, u.stop) for u in units], None):
                 if isinstance(batch, BadRows):  # on_error="skip": a stream quarantines them
                     raise ValueError(f"rows [{batch.row}, {batch.stop}) do not read: {batch.error}")

@@ -23,6 +23,7 @@ from ingest.storage.sources.faults import (
 )
 from ingest.storage.sources.hubfs import pin
 from ingest.storage.sources.options import strip_userinfo
+from ingest.storage.sources.partitions import base_of, hive_partition
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
 
@@ -61,6 +62,7 @@ def list_url(
                     if i.get("type", "file") == "file"
                 ],
             )
+    base = base_of(_without_query(path), glob=_is_glob(path))
     shards: list[Shard] = []
     for info in infos:
         if info.get("type", "file") != "file":
@@ -81,6 +83,11 @@ def list_url(
                 size=int(info.get("size") or 0),
                 version=_version_of(info),
                 format=fmt,
+                partition=(
+                    hive_partition(base, _without_query(name))
+                    if "=" in name and not explicit
+                    else ()
+                ),
             )
         )
     if not shards:

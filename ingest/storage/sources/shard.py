@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ingest.storage.sources.partitions import Partition
+
 
 @dataclass(frozen=True, slots=True)
 class Shard:
@@ -24,6 +26,9 @@ class Shard:
             each one row; empty for a file. A unit's size is theirs added up, its version a
             hash of theirs, and its URL its first member's with ``+N`` (the N after it).
         labels: The class index of each member (folder datasets).
+        partition: The ``key=value`` directories of its path below the listed root, in
+            order (:mod:`ingest.storage.sources.partitions`): hive-style partitions, which
+            the stream reads as columns. Empty for a file named explicitly.
     """
 
     url: str
@@ -32,6 +37,7 @@ class Shard:
     format: str
     members: tuple[Shard, ...] = ()
     labels: tuple[int, ...] = ()
+    partition: Partition = ()
 
 
 class FormatResolver(Protocol):
