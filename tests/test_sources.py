@@ -44,6 +44,21 @@ def test_listing_gives_sizes_versions_formats_and_footer_rows(store: Store) -> N
     assert all(s.url.startswith(store.root.split("://")[0] + "://") for s in listing.shards)
 
 
+def test_a_question_mark_in_a_listed_name_is_part_of_the_name(store: Store) -> None:
+    """A file or key named ``page?id=7.parquet`` (a crawl keyed by its URL) is a shard of a
+    directory's listing like any other. Before, its name was cut at the ``?`` as if a query
+    string followed (``page``, no extension) and the shard was left out without a word; and
+    with it read, ``?id=7`` and ``?id=8`` were scrubbed to one URL (``?id=***``)."""
+    names = ["page?id=7.parquet", "page?id=8.parquet", "plain.parquet"]
+    for n, name in enumerate(names):
+        store.write(f"q/{name}", encode(make_table(5 * n, 5), "parquet"))
+    listing = ingest.list_shards(store.url("q"), storage_options=store.storage_options)
+    # Its own name, whole: no query value scrubbed (two such names would be one shard).
+    assert [s.url.rsplit("/", 1)[1] for s in listing.shards] == names
+    stream = ingest.Stream(store.url("q"), batch_size=5, storage_options=store.storage_options)
+    assert sorted(i for b in stream for i in b["id"].tolist()) == list(range(15))
+
+
 def test_glob_list_of_urls_and_duplicates(store: Store) -> None:
     for n in range(3):
         store.write(f"d/p{n}.parquet", encode(make_table(0, 5), "parquet"))

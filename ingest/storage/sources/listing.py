@@ -70,11 +70,16 @@ def list_url(
         name = info["name"]
         if not explicit and posixpath.basename(name).startswith((".", "_")):
             continue  # _SUCCESS, .crc and other writer droppings
-        fmt = formats.format_of(_without_query(name), chosen=source.format, explicit=explicit)
+        # A query string (``?token=...``, ``?versionId=...``) comes only with a URL named
+        # explicitly: in a directory's or a glob's listing, a '?' is part of the file's name.
+        plain = _without_query(name) if explicit else name
+        fmt = formats.format_of(plain, chosen=source.format, explicit=explicit)
         if fmt is None:
             continue
         real = fs.unstrip_protocol(name)
-        shown = redact(real)
+        # A listed name holds no secret (a '?' in it is its own): a query's values are
+        # scrubbed only from a URL named explicitly, where a token may be one.
+        shown = redact(real) if explicit else real
         if shown != real:
             source.hide(shown, real)
         shards.append(
@@ -83,11 +88,7 @@ def list_url(
                 size=int(info.get("size") or 0),
                 version=_version_of(info),
                 format=fmt,
-                partition=(
-                    hive_partition(base, _without_query(name))
-                    if "=" in name and not explicit
-                    else ()
-                ),
+                partition=hive_partition(base, name) if "=" in name and not explicit else (),
             )
         )
     if not shards:
