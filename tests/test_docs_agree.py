@@ -85,6 +85,7 @@ coordinator actor, as the rank calls them (``reader.take.remote``)."""
 FOREIGN = {
     "gcsfs": "gcsfs, the GCS filesystem (gcsfs.core.GCSFileSystem)",
     "huggingface_hub": "the Hub's client (HfFileSystem)",
+    "json": "Python's json module (json.dump writes a JSON array document)",
     "pyarrow": "Arrow (pyarrow.parquet.write_table)",
     "ray": "Ray (ray.init, ray.data.Dataset, ray.util.metrics, ray.cluster_utils.Cluster)",
     "tokenizers": "Hugging Face tokenizers (tokenizers.Tokenizer)",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import json
 import lzma
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -359,6 +360,63 @@ class TestJsonlXz(FormatContract):
 
     fmt = "jsonl.xz"
     seeks = False
+
+
+class TestJsonArray(FormatContract):
+    """A ``.json`` file that is one JSON array of objects (``json.dump(rows, f, indent=2)``:
+    Alpaca's ``alpaca_data.json`` and most instruction datasets on the Hub), as Hugging Face
+    ``datasets``' json builder reads it: a row per item. Before: "invalid JSON ... b'[\\n'
+    ... every line must be one JSON object". It is read whole (no seek inside it)."""
+
+    fmt = "json"
+    seeks = False
+
+
+class TestJsonArrayGzip(TestJsonArray):
+    fmt = "json.gz"
+
+
+def test_a_json_array_streams_and_resumes_exactly_once(local: Store) -> None:
+    """Shuffled, stopped inside a window, resumed; and counted for a DataLoader's workers
+    (the index reads it whole too). A BOM and whitespace before the ``[`` are allowed."""
+    for n in range(3):
+        rows = make_table(n * 100, 100).select(["id", "text"]).to_pylist()
+        local.write(f"sft/part{n}.json", b"\xef\xbb\xbf \n" + json.dumps(rows, indent=4).encode())
+    kwargs: dict[str, Any] = {"batch_size": 10, "shuffle_seed": 4, "shuffle_window": 50}
+    stream = ingest.Stream(local.url("sft"), **kwargs)
+    it = iter(stream)
+    before = [i for _ in range(7) for i in next(it)["id"].tolist()]
+    resumed = ingest.Stream(local.url("sft"), **kwargs)
+    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
+    after = [i for b in resumed for i in b["id"].tolist()]
+    assert sorted(before + after) == list(range(300))
+    loader = ingest.DataLoader(ingest.Stream(local.url("sft"), batch_size=10), num_workers=2)
+    try:
+        batches = list(loader)
+    finally:
+        loader.close()
+    assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(300))
+    assert batches[0]["text"][0].startswith("row ")
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b'[{"id": 1}, 2, {"id": 3}]', r"item 1 of its JSON array is int, not an object"),
+        (b'[{"id": 1}, {"id": 2}', r"at byte 21: is a JSON array.*not valid JSON"),
+        (b'[{"id": 1}, {"id": "\xff"}]', r"is not UTF-8"),
+        (b"[" + b'{"id": 1},' * 200 + b'{"id": 1}]', r"read whole.*max_line_bytes=1024.*jq -c"),
+    ],
+)
+def test_a_json_array_that_cannot_be_read_is_named_with_the_fix(
+    local: Store, data: bytes, says: str
+) -> None:
+    local.write("bad.json", data)
+    source = Source(local.url("bad.json"))
+    catalog = Catalog(source, ReadOptions(max_line_bytes=1024), None)
+    with pytest.raises(ShardError, match=says) as err:
+        read(catalog, catalog.scan())
+    assert err.value.url.endswith("bad.json")
 
 
 class TestCsv(FormatContract):

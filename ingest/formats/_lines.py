@@ -101,6 +101,11 @@ def go_to(f: Any, seekable: bool, start: int, block_bytes: int, url: str) -> int
     return offset
 
 
+Opener = Callable[[Source, Shard, int, int], tuple[Any, bool]]
+"""Opens a shard's bytes for a read from its first byte: ``(source, shard, block_bytes,
+max_line_bytes) -> (file, seekable)``."""
+
+
 def iter_chunks(
     source: Source,
     shard: Shard,
@@ -108,6 +113,7 @@ def iter_chunks(
     block_bytes: int,
     max_line_bytes: int,
     records: Callable[[], RecordEnds] = Newlines,
+    opener: Opener | None = None,
 ) -> Iterator[tuple[int, bytes]]:
     """Yield ``(offset, chunk)``: whole records starting at decompressed byte ``offset``.
 
@@ -118,6 +124,10 @@ def iter_chunks(
         block_bytes: Bytes read per step; a longer record makes a longer chunk.
         max_line_bytes: Longest record allowed, its last newline not counted.
         records: Makes what tells where records end (default: at every newline).
+        opener: Opens the shard for a read from its first byte, in place of
+            :func:`open_decompressed` (JSON Lines: a JSON array document is made lines
+            there, :func:`ingest.formats.jsonl.open_json`). A read from a later byte, a seek
+            point's, opens it plainly: a document made lines hands out none past byte 0.
 
     Raises:
         LineTooLongError: At the first record longer than ``max_line_bytes``.
@@ -127,7 +137,10 @@ def iter_chunks(
     # Lines within one read are shorter than the read, so only lines that span reads need
     # counting: reads no larger than the limit make that check exact.
     step = min(block_bytes, max_line_bytes)
-    f, seekable = open_decompressed(source, shard, block_bytes)
+    if opener is not None and start == 0:
+        f, seekable = opener(source, shard, block_bytes, max_line_bytes)
+    else:
+        f, seekable = open_decompressed(source, shard, block_bytes)
     with f:
         offset = go_to(f, seekable, start, block_bytes, shard.url)
         ends = records()
@@ -257,6 +270,11 @@ class LineReader(ShardReader):
         """Bytes of a header line to drop from the first chunk (CSV), or None."""
         return None
 
+    def opener(self) -> Opener | None:
+        """What opens the shard for a read from its first byte (:func:`iter_chunks`); None:
+        :func:`open_decompressed`."""
+        return None
+
     def split(self, body: bytes) -> list[bytes]:
         """``body``'s records, each with its newline (the last one may have none)."""
         return split_lines(body)
@@ -293,6 +311,7 @@ class LineReader(ShardReader):
             opts.block_bytes,
             opts.max_line_bytes,
             self.record_ends,
+            self.opener(),
         )
         header = self.header()
         while True:

@@ -1,4 +1,6 @@
-"""JSON Lines (plain, .gz, .zst): one JSON object per line, parsed by pyarrow in chunks.
+"""JSON Lines (plain, .gz, .zst, .bz2, .xz): one JSON object per line, parsed by pyarrow in
+chunks; a shard that is one JSON array of objects is read as the lines of its items
+(:mod:`ingest.formats._json_document`), as ``datasets``' json builder reads it.
 
 Row k is the k-th non-blank line. Uncompressed shards resume by byte offset; compressed ones
 decompress and skip within the shard. The schema is inferred from the first block of the
@@ -19,7 +21,8 @@ import pyarrow as pa
 import pyarrow.json as pj
 
 from ingest.core.errors import ShardError
-from ingest.formats._lines import LineReader, iter_chunks, not_utf8
+from ingest.formats._json_document import open_json
+from ingest.formats._lines import LineReader, Opener, iter_chunks, not_utf8
 from ingest.formats.base import (
     MAX_JSON_DEPTH,
     ReadContext,
@@ -40,7 +43,10 @@ class JsonlFormat(UncountedFormat):
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
         reader = _JsonlReader(ReadContext(source, shard, info, options, None, shard.url, None))
-        for _, chunk in iter_chunks(source, shard, 0, options.block_bytes, options.max_line_bytes):
+        chunks = iter_chunks(
+            source, shard, 0, options.block_bytes, options.max_line_bytes, opener=open_json
+        )
+        for _, chunk in chunks:
             if chunk.strip():
                 try:
                     return _parse(chunk, None, None, options.max_json_depth).schema
@@ -154,6 +160,11 @@ class _JsonlReader(LineReader):
         self._schema = schema
         self._counted: tuple[bytes | None, int] = (None, 0)
         """The last chunk parsed and its newlines."""
+
+    def opener(self) -> Opener:
+        """A JSON array document is read as the JSON Lines of its items
+        (:mod:`ingest.formats._json_document`)."""
+        return open_json
 
     def parse(self, chunk: bytes) -> pa.Table:
         opens = _opens(chunk)

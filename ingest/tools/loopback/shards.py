@@ -87,6 +87,13 @@ def _jsonl_bytes(table: pa.Table) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
+def _json_array_bytes(table: pa.Table) -> bytes:
+    """The rows as one JSON array document, pretty-printed (as ``json.dump(rows, f,
+    indent=2)`` writes an instruction dataset such as Alpaca's ``alpaca_data.json``)."""
+    rows = table.select(["id", "score", "text"]).to_pylist()
+    return json.dumps(rows, indent=2).encode()
+
+
 def _tar_bytes(table: pa.Table) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
@@ -139,6 +146,8 @@ _ENCODERS: dict[str, Callable[[pa.Table, int], bytes]] = {
     "jsonl": lambda table, _: _jsonl_bytes(table),
     "jsonl.gz": lambda table, _: gzip.compress(_jsonl_bytes(table)),
     "jsonl.zst": lambda table, _: _zstd_bytes(_jsonl_bytes(table)),
+    "json": lambda table, _: _json_array_bytes(table),
+    "json.gz": lambda table, _: gzip.compress(_json_array_bytes(table)),
     "csv": lambda table, _: _csv_bytes(table),
     "tsv": lambda table, _: _csv_bytes(table, "\t"),
     "tsv.gz": lambda table, _: gzip.compress(_csv_bytes(table, "\t")),
@@ -162,7 +171,8 @@ def encode(table: pa.Table, fmt: str, *, row_group_rows: int = 1000) -> bytes:
     Args:
         table: The rows (as :func:`make_table` builds them).
         fmt: ``parquet``, ``jsonl``, ``jsonl.gz``, ``jsonl.zst``, ``jsonl.bz2``,
-            ``jsonl.xz``, ``csv``, ``tsv`` (tabs),
+            ``jsonl.xz``, ``json`` and ``json.gz`` (one JSON array of the rows, indented),
+            ``csv``, ``tsv`` (tabs),
             ``tsv.gz``, ``txt`` (a line per row: its id), ``txt.gz``, ``arrow`` (IPC
             file), ``arrows`` (IPC stream) or ``tar`` (WebDataset: ``.txt`` and ``.json``
             per sample; ``tar.gz``, ``tgz`` and ``tar.zst`` compressed).
