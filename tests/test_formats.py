@@ -12,6 +12,7 @@ import gzip
 import json
 import lzma
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, ClassVar
 
 import fsspec
@@ -25,7 +26,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ingest
-from ingest.core.errors import ShardError
+from ingest.core.errors import ConfigError, ShardError
+from ingest.engine.derived import read_fingerprint
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions, RowBatch
 from ingest.planner.catalog import Catalog, Listing
@@ -619,6 +621,73 @@ def indexed(catalog: Catalog, listing: Listing) -> Listing:
     ctx = listing.context(0, catalog.source, catalog.options, None)
     info = get_format(ctx.shard.format).index(ctx)
     return Listing(listing.shards, (info,), listing.schema, listing.schema_origin)
+
+
+def test_a_csv_with_another_delimiter_reads_with_delimiter_and_a_warning_without(
+    local: Store,
+) -> None:
+    """Semicolons between values (a spreadsheet saved in a European locale), pipes: as
+    ``datasets`` takes ``sep=``, a stream takes ``ReadOptions(delimiter=";")``, and a record
+    holding newlines, quotes and the delimiter in a quoted value reads as pyarrow reads it,
+    resumes included. Before, there was no way to say so, and without it every row came as
+    one value of one column (``{'id;text;score': ['1;hello;0.5', ...]}``) without a word:
+    now a header read as one column that holds ``;``, ``|`` or a tab says which to pass."""
+    rows = [(i, f'say "{i}";\nthen {i}', i / 10) for i in range(600)]
+    quoted = ['"{}"'.format(t.replace('"', '""')) for _, t, _ in rows]
+    text = "id;text;score\n" + "".join(
+        f"{i};{q};{x}\n" for (i, _, x), q in zip(rows, quoted, strict=True)
+    )
+    local.write("semi/a.csv", text.encode())
+    semi = ReadOptions(delimiter=";", block_bytes=4096)
+    got = [
+        row
+        for b in ingest.Stream(local.url("semi"), batch_size=100, read=semi)
+        for row in zip(b["id"].tolist(), b["text"], b["score"].tolist(), strict=True)
+    ]
+    assert got == [(i, t, pytest.approx(x)) for i, t, x in rows]
+    kwargs: dict[str, Any] = {"batch_size": 50, "shuffle_seed": 2, "read": semi}
+    stream = ingest.Stream(local.url("semi"), **kwargs)
+    it = iter(stream)
+    before = [i for _ in range(5) for i in next(it)["id"].tolist()]
+    resumed = ingest.Stream(local.url("semi"), **kwargs)
+    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
+    assert sorted(before + [i for b in resumed for i in b["id"].tolist()]) == list(range(600))
+    with pytest.warns(UserWarning, match=r"a\.csv.*one column.*';'.*ReadOptions\(delimiter=';'\)"):
+        next(iter(ingest.Stream(local.url("semi"), batch_size=100)))
+    local.write("pipe/a.csv", b"a|b\n1|2\n")
+    pipe = ingest.Stream(local.url("pipe"), batch_size=1, read=ReadOptions(delimiter="|"))
+    assert {k: v.tolist() for k, v in next(iter(pipe)).items()} == {"a": [1], "b": [2]}
+    for bad in ["", ";;", '"', "\n"]:
+        with pytest.raises(ConfigError, match="delimiter"):
+            ReadOptions(delimiter=bad)
+
+
+def test_a_delimiter_is_part_of_the_shards_format_in_the_index_and_derived_keys(
+    local: Store, tmp_path: Any
+) -> None:
+    """A quote opens a value only after the delimiter, so one file is other records with
+    another one: the shard index and derived copies, kept across jobs, must not hand a count
+    or rows made with one delimiter to a read with another. The shard's format names it
+    (``csv[;]``), and the format is part of both keys."""
+    from ingest.planner.index import IndexConfig, IndexStore
+
+    local.write("q.csv", b'a;b\n1;"x\ny"\n2;z\n')
+    index = IndexStore(IndexConfig(location=str(tmp_path / "index")))
+    counts = {}
+    for delimiter in [None, ";", None]:
+        options = ReadOptions(delimiter=delimiter)
+        catalog = Catalog(Source(local.url("q.csv")), options, None, index_store=index)
+        one_column = delimiter is None  # 'a;b' read with commas: warned
+        with pytest.warns(UserWarning, match="one column") if one_column else nullcontext():
+            listing = catalog.scan(index=True)
+        counts[delimiter] = (listing.shards[0].format, listing.infos[0].rows)
+        assert counts[delimiter][1] == sum(b.data.num_rows for b in read(catalog, listing))
+    assert counts == {None: ("csv", 3), ";": ("csv[;]", 2)}
+    assert read_fingerprint("csv[;]", None) != read_fingerprint("csv", None)
+    assert get_format("csv[;]").name == "csv[;]"
+    assert getattr(get_format("tsv[|]"), "delimiter", None) == "|"
+    with pytest.raises(ConfigError, match="take a delimiter"):
+        get_format("jsonl[;]")
 
 
 def test_csv_with_newlines_in_quoted_values_reads_like_pyarrow(local: Store) -> None:

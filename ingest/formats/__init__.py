@@ -41,6 +41,7 @@ __all__ = [
     "get_format",
     "known_extensions",
     "open_reader",
+    "read_as",
     "register_format",
     "registered_formats",
     "without_incidental",
@@ -125,6 +126,16 @@ def get_format(name: str) -> Format:
     fmt = _instances.get(name)
     if fmt is not None:
         return fmt
+    if name.endswith("]") and "[" in name:  # a variant: csv[;] (read_as)
+        base, _, delimiter = name[:-1].partition("[")
+        with_delimiter = getattr(get_format(base), "with_delimiter", None)
+        if with_delimiter is None or len(delimiter) != 1:
+            raise ConfigError(
+                f"unknown format {name!r}: only {', '.join(_DELIMITED)} take a delimiter (csv[;])"
+            )
+        fmt = cast(Format, with_delimiter(delimiter))
+        _instances[name] = fmt
+        return fmt
     target = _REGISTRY.get(name)
     if target is None and ":" in name:
         target = name  # an import path: usable in every process without registering
@@ -141,6 +152,29 @@ def get_format(name: str) -> Format:
         ) from None
     _instances[name] = fmt
     return fmt
+
+
+_DELIMITED = ("csv", "tsv")
+"""The formats ``ReadOptions.delimiter`` applies to."""
+
+
+def variant(name: str, delimiter: str) -> str:
+    """The name of format ``name`` read with ``delimiter`` between values: ``csv[;]``."""
+    return f"{name}[{delimiter}]"
+
+
+def read_as(name: str, options: ReadOptions) -> str:
+    """The format that reads a shard listed as format ``name`` under ``options``: CSV or TSV
+    with ``ReadOptions.delimiter`` is its variant (:func:`variant`), anything else itself.
+
+    The delimiter makes other rows of the same bytes (a quote opens a value only after one),
+    and a shard's format is part of every key kept across jobs (the shard index's entries,
+    derived copies): as a name of its own, a count or a copy made with one delimiter is never
+    taken for another's. The catalog renames the shards it lists so."""
+    if options.delimiter is None or name not in _DELIMITED:
+        return name
+    native = getattr(get_format(name), "delimiter", None)
+    return name if options.delimiter == native else variant(name, options.delimiter)
 
 
 def open_reader(ctx: ReadContext) -> ShardReader:

@@ -86,6 +86,9 @@ class ReadOptions:
             disk after, by every process of the node and after a restart. None: off.
         file_concurrency: Folder datasets (``imagefolder``, ``audiofolder``): files of a
             work unit fetched at once by one reader.
+        delimiter: CSV and TSV: the character between values, in place of the format's
+            (``,``; a tab for TSV), as ``datasets`` takes ``sep=`` (``";"`` for a
+            spreadsheet saved in a European locale, ``"|"``). None: the format's.
         partitioning: ``"hive"`` (default): the ``key=value`` directories of a shard's path
             below the listed root (``lang=en/year=2024/part-0.parquet``, as Spark, Hive and
             pyarrow write a partitioned table) are string columns of its rows, after the
@@ -109,11 +112,22 @@ class ReadOptions:
     max_errors: int = 100
     cache: CacheOptions | None = None
     file_concurrency: int = 16
+    delimiter: str | None = None
     partitioning: str | None = "hive"
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f'on_error={self.on_error!r} must be "raise" or "skip"')
+        if self.delimiter is not None and (
+            not isinstance(self.delimiter, str)
+            or len(self.delimiter) != 1
+            or self.delimiter in '"\r\n'
+            or len(self.delimiter.encode()) != 1
+        ):
+            raise ConfigError(
+                f"delimiter={self.delimiter!r} must be one ASCII character other than a quote "
+                "or a line break (',', ';', '|', '\\t'), or None for the format's own"
+            )
         if self.partitioning not in ("hive", None):
             raise ConfigError(
                 f"partitioning={self.partitioning!r} must be 'hive' or None (the files' "

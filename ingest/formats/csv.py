@@ -12,8 +12,10 @@ types as one read from the top.
 
 from __future__ import annotations
 
+import copy
 import functools
 import re
+import warnings
 from collections.abc import Sequence
 
 import numpy as np
@@ -21,7 +23,8 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ingest.core.errors import SchemaMismatchError, ShardError
+from ingest.core.errors import SchemaMismatchError, ShardError, redact
+from ingest.formats import variant
 from ingest.formats._lines import (
     PARSE_ERRORS,
     LineReader,
@@ -200,14 +203,23 @@ class CsvFormat(UncountedFormat):
     delimiter = ","
     """The character between values."""
 
+    def with_delimiter(self, delimiter: str) -> CsvFormat:
+        """This format with ``delimiter`` between values (``ReadOptions.delimiter``), named
+        for it (:func:`ingest.formats.read_as`)."""
+        other = copy.copy(self)
+        other.delimiter = delimiter
+        other.name = variant(self.name, delimiter)  # type: ignore[misc]  # its own name
+        return other
+
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
-        chunk = _first_chunk(source, shard, options.block_bytes, options, self.delimiter)
+        delimiter = self.delimiter
+        chunk = _first_chunk(source, shard, options.block_bytes, options, delimiter)
         if chunk is None:
             raise ShardError(shard.url, "has no header line", "pass ReadOptions(schema=...)")
-        parse = _parse_options(self.delimiter)
-        records = split_records(chunk, self.delimiter)
+        parse = _parse_options(delimiter)
+        records = split_records(chunk, delimiter)
         header, lines = records[0], records[1:]
         try:
             schema = pcsv.read_csv(pa.BufferReader(chunk), parse_options=parse).schema
@@ -222,10 +234,31 @@ class CsvFormat(UncountedFormat):
         error = _locate(shard, header, lines, text, parse) if text else None
         if error is not None:
             raise error
+        if len(schema) == 1 and options.delimiter is None:
+            _warn_one_column(shard, schema.names[0], delimiter)
         return schema
 
     def open(self, ctx: ReadContext) -> ShardReader:
         return _CsvReader(ctx, self.delimiter)
+
+
+_OTHER_DELIMITERS = (";", "|", "\t", ",")
+
+
+def _warn_one_column(shard: Shard, name: str, delimiter: str) -> None:
+    """Warn where a header read as one column holds another likely delimiter: every row
+    would come as one value."""
+    for other in _OTHER_DELIMITERS:
+        if other != delimiter and other in name:
+            warnings.warn(
+                f"{redact(shard.url)}: its header is read as one column, {name[:80]!r}, which "
+                f"holds {other!r}: if values are separated by {other!r}, read with "
+                f"ReadOptions(delimiter={other!r}); every row is one value of that column "
+                "otherwise",
+                UserWarning,
+                stacklevel=2,
+            )
+            return
 
 
 class TsvFormat(CsvFormat):

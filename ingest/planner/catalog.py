@@ -38,7 +38,7 @@ from ingest.core.errors import IngestError, ShardError, redact
 from ingest.core.plan import PlanShard
 from ingest.core.quarantine import skippable
 from ingest.core.state import ShardRecord
-from ingest.formats import FORMAT_RESOLVER, get_format, without_incidental
+from ingest.formats import FORMAT_RESOLVER, get_format, read_as, without_incidental
 from ingest.formats import folder as folders
 from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
 from ingest.formats.partitions import (
@@ -223,7 +223,7 @@ class Catalog:
         shards, classes = folders.group(
             without_incidental(self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store))
         )
-        shards = self._partitioned(shards)
+        shards = self._as_read(shards)
         known = self._recall_footers(shards)
         with self._lock:
             reads = [
@@ -267,12 +267,19 @@ class Catalog:
         listing = self._settled(shards, infos, classes)
         return self._index(listing, progress) if index else listing
 
-    def _partitioned(self, shards: list[Shard]) -> list[Shard]:
-        """``shards`` with the hive partitions the stream reads: none under
-        ``ReadOptions(partitioning=None)`` (so that derived copies are keyed without them)."""
-        if self.options.partitioning is not None:
-            return shards
-        return [replace(s, partition=()) if s.partition else s for s in shards]
+    def _as_read(self, shards: list[Shard]) -> list[Shard]:
+        """``shards`` as the stream's options read them: the hive partitions it reads (none
+        under ``ReadOptions(partitioning=None)``, so that derived copies are keyed without
+        them), and the format that reads each (CSV with another ``delimiter`` is a variant
+        of its own, :func:`ingest.formats.read_as`)."""
+        out = []
+        for s in shards:
+            fmt = read_as(s.format, self.options)
+            if fmt != s.format or (s.partition and self.options.partitioning is None):
+                keep = self.options.partitioning is not None
+                s = replace(s, format=fmt, partition=s.partition if keep else ())
+            out.append(s)
+        return out
 
     def _settled(
         self, shards: list[Shard], infos: list[ShardInfo], classes: tuple[str, ...]
