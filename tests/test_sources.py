@@ -6,6 +6,7 @@ import ast
 import errno
 import pickle
 import sys
+import warnings
 from pathlib import Path
 from types import CodeType, FunctionType
 from typing import Any
@@ -16,8 +17,9 @@ import ingest
 import ingest.core.errors
 import ingest.storage.sources
 from ingest.formats import FORMAT_RESOLVER
-from ingest.storage.sources import Source, parse_storage_options
+from ingest.storage.sources import MixedSplitsWarning, Source, parse_storage_options
 from ingest.storage.sources.listing import _is_glob
+from ingest.storage.sources.splits import split_of
 from ingest.testing import Store, encode, make_table
 
 
@@ -57,6 +59,57 @@ def test_a_question_mark_in_a_listed_name_is_part_of_the_name(store: Store) -> N
     assert [s.url.rsplit("/", 1)[1] for s in listing.shards] == names
     stream = ingest.Stream(store.url("q"), batch_size=5, storage_options=store.storage_options)
     assert sorted(i for b in stream for i in b["id"].tolist()) == list(range(15))
+
+
+@pytest.mark.parametrize(
+    ("path", "split"),
+    [
+        ("data/train-00000-of-00004.parquet", "train"),
+        ("train.jsonl", "train"),
+        ("en/training_set/part-0.parquet", "train"),
+        ("validation/part.parquet", "validation"),
+        ("data/val-0.parquet", "validation"),
+        ("dev.tsv", "validation"),
+        ("wiki.test.raw.txt", "test"),
+        ("eval/x.jsonl", "test"),
+        ("part-00000.parquet", None),
+        ("attestation/a.parquet", None),
+        ("retrain.parquet", None),
+        ("interval-3/devices.jsonl", None),
+        ("contest_entries.csv", None),
+    ],
+)
+def test_the_split_a_path_names_is_datasets_rule(path: str, split: str | None) -> None:
+    assert split_of(path) == split
+
+
+def test_a_listing_of_several_splits_is_warned_about(store: Store) -> None:
+    """A dataset laid out as the Hub's are (``data/train-00000-of-00004.parquet`` beside
+    ``data/test-...``, or ``train/`` and ``validation/`` folders) listed from its root mixes
+    its splits: the test rows are trained on, without a word (before). It is warned about,
+    naming each split's files, as ``datasets`` tells splits apart by these names; a glob or
+    folder of one split, or URLs named one by one, are not."""
+    for name in [
+        "data/train-00000-of-00002.parquet",
+        "data/train-00001-of-00002.parquet",
+        "data/test-00000-of-00001.parquet",
+        "dev/part.parquet",
+    ]:
+        store.write(f"hub/{name}", encode(make_table(0, 5), "parquet"))
+    options = store.storage_options
+    with pytest.warns(MixedSplitsWarning, match=r"3 splits.*train: 2 .*validation: 1 .*test: 1"):
+        ingest.list_shards(store.url("hub"), storage_options=options)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", MixedSplitsWarning)
+        ingest.list_shards(store.url("hub/data/train-*.parquet"), storage_options=options)
+        ingest.list_shards(
+            [store.url("hub/data/train-00000-of-00002.parquet"), store.url("hub/dev/part.parquet")],
+            storage_options=options,
+        )
+        # Words that hold a split's name are none: "attestation", "eval" in the root's own path.
+        store.write("evaluation-runs/attestations/a.parquet", encode(make_table(0, 5), "parquet"))
+        store.write("evaluation-runs/retrain_notes/b.parquet", encode(make_table(0, 5), "parquet"))
+        ingest.list_shards(store.url("evaluation-runs"), storage_options=options)
 
 
 def test_glob_list_of_urls_and_duplicates(store: Store) -> None:

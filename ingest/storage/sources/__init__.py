@@ -13,6 +13,9 @@ Modules, one concept each:
   (:class:`FormatResolver`, :class:`ListingStore`).
 - :mod:`.source`: the :class:`Source`: filesystems, opens and range reads.
 - :mod:`.listing`: one URL (file, directory or glob) -> its shards.
+- :mod:`.partitions`: the hive partitions (``key=value`` directories) of a shard's path.
+- :mod:`.splits`: the split (train, validation, test) a shard's path names; a listing of
+  several warns.
 - :mod:`.hubfs`: ``hf://`` URLs pinned to a commit and read over HTTP.
 - :mod:`.cached`: shards read through the node's shard cache.
 - :mod:`.files`: the file handed to readers, each read whole, retried and counted.
@@ -32,6 +35,7 @@ from ingest.storage.sources.options import parse_storage_options
 from ingest.storage.sources.retry import RetryPolicy
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
 from ingest.storage.sources.source import Source, URLs, as_urls
+from ingest.storage.sources.splits import MixedSplitsWarning
 from ingest.storage.sources.stats import IOStats
 
 __all__ = [
@@ -39,6 +43,7 @@ __all__ = [
     "FormatResolver",
     "IOStats",
     "ListingStore",
+    "MixedSplitsWarning",
     "RangeIgnoredWarning",
     "RetryPolicy",
     "Shard",

@@ -26,6 +26,7 @@ from ingest.storage.sources.options import strip_userinfo
 from ingest.storage.sources.partitions import base_of, hive_partition
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
+from ingest.storage.sources.splits import warn_mixed_splits
 
 if TYPE_CHECKING:
     from ingest.storage.sources.source import Source
@@ -44,26 +45,10 @@ def list_url(
         url = pin(source, url)
         key = f"{hub.endpoint_of(source.storage_options)} {url} {source.format}"
     path = fs._strip_protocol(strip_userinfo(url))
-    stored = listings.get_listing(key) if listings is not None and key else None
-    if stored is not None:
-        infos: list[dict[str, Any]] = [
-            {"name": name, "size": size, "ETag": version, "type": "file"}
-            for name, size, version in stored
-        ]
-        explicit = len(infos) == 1 and infos[0]["name"] == path
-    else:
-        infos, explicit = _file_infos(source, fs, url, path)
-        if listings is not None and key:
-            listings.put_listing(
-                key,
-                [
-                    (str(i["name"]), int(i.get("size") or 0), _version_of(i))
-                    for i in infos
-                    if i.get("type", "file") == "file"
-                ],
-            )
+    infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
     base = base_of(_without_query(path), glob=_is_glob(path))
     shards: list[Shard] = []
+    names: list[str] = []  # each shard's path on its filesystem
     for info in infos:
         if info.get("type", "file") != "file":
             continue
@@ -91,10 +76,53 @@ def list_url(
                 partition=hive_partition(base, name) if "=" in name and not explicit else (),
             )
         )
+        names.append(name)
     if not shards:
         _raise_no_match(fs, url, path, formats)
     _warn_unversioned(url, shards)
+    if not explicit:
+        _warn_splits(fs, url, base, shards)
     return shards
+
+
+def _kept_or_listed(
+    source: Source,
+    fs: fsspec.AbstractFileSystem,
+    url: str,
+    path: str,
+    key: str | None,
+    listings: ListingStore | None,
+) -> tuple[list[dict[str, Any]], bool]:
+    """The fsspec infos of ``url`` and whether it named one file: from ``listings`` where it
+    keeps this listing (``key``: a Hub commit's, which never changes), else listed (and kept
+    there)."""
+    stored = listings.get_listing(key) if listings is not None and key else None
+    if stored is not None:
+        infos: list[dict[str, Any]] = [
+            {"name": name, "size": size, "ETag": version, "type": "file"}
+            for name, size, version in stored
+        ]
+        return infos, len(infos) == 1 and infos[0]["name"] == path
+    infos, explicit = _file_infos(source, fs, url, path)
+    if listings is not None and key:
+        listings.put_listing(
+            key,
+            [
+                (str(i["name"]), int(i.get("size") or 0), _version_of(i))
+                for i in infos
+                if i.get("type", "file") == "file"
+            ],
+        )
+    return infos, explicit
+
+
+def _warn_splits(fs: fsspec.AbstractFileSystem, url: str, base: str, shards: list[Shard]) -> None:
+    """Warn if the shards ``url`` lists name several splits below its root ``base``
+    (:mod:`ingest.storage.sources.splits`)."""
+    if len(shards) > 1:
+        prefix = len(base) + 1 if base else 0
+        below = [fs._strip_protocol(s.url)[prefix:] for s in shards]
+        warn_mixed_splits(url, below, [s.url for s in shards])
 
 
 def _file_infos(
