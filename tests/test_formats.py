@@ -26,7 +26,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ingest
-from ingest.core.errors import ConfigError, ShardError
+from ingest.core.errors import ConfigError, SchemaMismatchError, ShardError
 from ingest.engine.derived import read_fingerprint
 from ingest.formats import get_format
 from ingest.formats.base import ReadOptions, RowBatch
@@ -688,6 +688,52 @@ def test_a_delimiter_is_part_of_the_shards_format_in_the_index_and_derived_keys(
     assert getattr(get_format("tsv[|]"), "delimiter", None) == "|"
     with pytest.raises(ConfigError, match="take a delimiter"):
         get_format("jsonl[;]")
+
+
+@pytest.mark.parametrize("first_large", [False, True])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_shards_whose_types_differ_only_in_offset_width_are_one_stream(
+    local: Store, fmt: str, first_large: bool
+) -> None:
+    """polars writes ``large_string`` (and large binary and lists) where pyarrow and pandas
+    write ``string``: the same values with 64-bit offsets. Shards of both were refused
+    ("column 't' is large_string, not string"), so a dataset grown by two tools could not be
+    read at all. Now each batch comes in the stream's types (the first shard's)."""
+
+    def table(first: int, large: bool) -> pa.Table:
+        ids = list(range(first, first + 50))
+        return pa.table(
+            {
+                "id": ids,
+                "t": pa.array([f"t{i}" for i in ids], pa.large_string() if large else pa.string()),
+                "b": pa.array(
+                    [b"x%d" % i for i in ids], pa.large_binary() if large else pa.binary()
+                ),
+                "l": pa.array(
+                    [[i, i] for i in ids],
+                    pa.large_list(pa.int32()) if large else pa.list_(pa.int32()),
+                ),
+                "s": pa.array(
+                    [{"k": str(i)} for i in ids],
+                    pa.struct([("k", pa.large_string() if large else pa.string())]),
+                ),
+            }
+        )
+
+    for n in range(4):
+        local.write(f"w/{n}.{fmt}", encode(table(n * 50, (n % 2 == 0) == first_large), fmt))
+    got = {}
+    for batch in ingest.Stream(local.url("w"), batch_size=20, shuffle_seed=1):
+        columns = (batch["id"].tolist(), batch["t"], batch["b"], batch["l"], batch["s"])
+        for i, text, blob, pair, struct in zip(*columns, strict=True):
+            got[i] = (text, blob, pair.tolist(), struct)
+    assert got == {i: (f"t{i}", b"x%d" % i, [i, i], {"k": str(i)}) for i in range(200)}
+    # Other values are refused as before, naming the column.
+    local.write(
+        f"w/z.{fmt}", encode(table(200, False).set_column(1, "t", pa.array(range(50))), fmt)
+    )
+    with pytest.raises(SchemaMismatchError, match=r"column 't' is int64, not (large_)?string"):
+        list(ingest.Stream(local.url("w"), batch_size=20))
 
 
 def test_csv_with_newlines_in_quoted_values_reads_like_pyarrow(local: Store) -> None:

@@ -1,0 +1,108 @@
+"""Offset widths: the same values in 32- or 64-bit offsets are one type to a stream.
+
+``string`` and ``large_string``, ``binary`` and ``large_binary``, ``list`` and
+``large_list`` hold the same values; only the width of their offsets differs. polars writes
+the large kinds where pyarrow and pandas write the small ones, so a dataset grown by two
+tools holds both. The stream's schema (the first shard's) decides; a shard whose types
+differ from it only so is checked as agreeing (:func:`same_values`, used by
+:func:`ingest.formats.base.check_schema`) and read through :class:`CastReader`, which
+casts each batch's columns to the stream's types (:func:`ingest.formats.open_reader`).
+Written here because pyarrow's schema unification (``promote_options="permissive"``)
+picks the large kinds, where a stream keeps its first shard's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+
+import pyarrow as pa
+
+from ingest.formats.base import BadRows, ReadContext, RowBatch, Seek, ShardReader
+from ingest.formats.spans import Range
+
+_FAMILIES = (
+    (pa.types.is_string, pa.types.is_large_string),
+    (pa.types.is_binary, pa.types.is_large_binary),
+)
+
+
+def same_values(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether ``a`` and ``b`` hold the same values, offset widths aside (nested types
+    compared member by member; list item names aside)."""
+    if a.equals(b) or any(
+        (small(a) or large(a)) and (small(b) or large(b)) for small, large in _FAMILIES
+    ):
+        return True
+    if _is_list(a) and _is_list(b):
+        return same_values(a.value_type, b.value_type)
+    if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
+        return a.list_size == b.list_size and same_values(a.value_type, b.value_type)
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return [f.name for f in a] == [f.name for f in b] and all(
+            same_values(x.type, y.type) for x, y in zip(a, b, strict=True)
+        )
+    if pa.types.is_map(a) and pa.types.is_map(b):
+        return same_values(a.key_type, b.key_type) and same_values(a.item_type, b.item_type)
+    return False
+
+
+def _is_list(t: pa.DataType) -> bool:
+    return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
+
+
+def casts(
+    schema: pa.Schema | None, expected: pa.Schema | None, columns: Sequence[str] | None
+) -> dict[str, pa.DataType]:
+    """The columns of a shard of ``schema`` (of ``columns``, None: all) whose type is not
+    ``expected``'s but holds the same values: each to the stream's type."""
+    if schema is None or expected is None:
+        return {}
+    names = expected.names if columns is None else [c for c in columns if c in expected.names]
+    out = {}
+    for name in names:
+        if name in schema.names:
+            got, want = schema.field(name).type, expected.field(name).type
+            if not got.equals(want) and same_values(got, want):
+                out[name] = want
+    return out
+
+
+class CastReader(ShardReader):
+    """A format's reader whose batches' columns named in ``casts`` are cast to the type
+    given (the stream's)."""
+
+    def __init__(self, ctx: ReadContext, inner: ShardReader, casts: dict[str, pa.DataType]):
+        super().__init__(ctx)
+        self.inner = inner
+        self._casts = casts
+
+    def _cast(self, batch: RowBatch) -> RowBatch:
+        if isinstance(batch, BadRows):  # quarantined, never delivered
+            return batch
+        data = batch.data
+        arrays = list(data.columns)
+        fields = list(data.schema)
+        for i, field in enumerate(fields):
+            want = self._casts.get(field.name)
+            if want is not None:
+                arrays[i] = arrays[i].cast(want)
+                fields[i] = field.with_type(want)
+        schema = pa.schema(fields, metadata=data.schema.metadata)
+        return replace(batch, data=pa.RecordBatch.from_arrays(arrays, schema=schema))
+
+    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+        for batch in self.inner.read(start, stop, seek):
+            yield self._cast(batch)
+
+    def read_ranges(
+        self, ranges: Sequence[Range], seek: Seek | None
+    ) -> Iterator[tuple[int, RowBatch]]:
+        for n, batch in self.inner.read_ranges(ranges, seek):
+            yield n, self._cast(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+__all__ = ["CastReader", "casts", "same_values"]
