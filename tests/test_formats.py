@@ -690,6 +690,26 @@ def test_a_delimiter_is_part_of_the_shards_format_in_the_index_and_derived_keys(
         get_format("jsonl[;]")
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_shards_with_the_same_columns_in_another_order_are_one_stream(
+    local: Store, fmt: str
+) -> None:
+    """Two writers, two column orders (a DataFrame's columns reordered between jobs): the
+    columns are the same by name, and each batch comes in the stream's order (the first
+    shard's). Before: refused, "schema differs ...: column order differs"."""
+    tables = [make_table(0, 60), make_table(60, 60)]
+    tables[1] = tables[1].select(list(reversed(tables[1].column_names)))
+    for n, table in enumerate(tables):
+        local.write(f"o/{n}.{fmt}", encode(table, fmt))
+    names = tables[0].column_names
+    batches = list(ingest.Stream(local.url("o"), batch_size=30, shuffle_seed=3))
+    assert all(list(b) == names for b in batches)
+    got = {i: t for b in batches for i, t in zip(b["id"].tolist(), b["text"], strict=True)}
+    assert got == {i: f"row {i}" for i in range(120)}
+    some = ingest.Stream(local.url("o"), batch_size=30, columns=["text", "id"])
+    assert all(list(b) == ["text", "id"] for b in some)
+
+
 @pytest.mark.parametrize("first_large", [False, True])
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
 def test_shards_whose_types_differ_only_in_offset_width_are_one_stream(

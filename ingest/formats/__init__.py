@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import cast
 
 from ingest.core.errors import ConfigError
-from ingest.formats import widths
+from ingest.formats import conform
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -179,16 +179,18 @@ def read_as(name: str, options: ReadOptions) -> str:
 
 
 def open_reader(ctx: ReadContext) -> ShardReader:
-    """A reader over ``ctx.shard`` by its format, whose batches are in the stream's types
-    (a shard whose types differ only in offset widths is cast: :mod:`ingest.formats.widths`)
+    """A reader over ``ctx.shard`` by its format, whose batches are in the stream's column
+    order and types (a shard that differs only so is conformed: :mod:`ingest.formats.conform`)
     and hold the shard's hive partition columns too (:attr:`ReadContext.partition_columns`,
     :mod:`ingest.formats.partitions`). Every read of the stream's rows opens one so."""
     reader = get_format(ctx.shard.format).open(ctx)
     known = ctx.info.schema
     if known is not None and ctx.schema is not None and not known.equals(ctx.schema):
-        cast = widths.casts(known, ctx.schema, ctx.columns)
-        if cast:
-            reader = widths.CastReader(ctx, reader, cast)
+        cast = conform.casts(known, ctx.schema, ctx.columns)
+        reorder = conform.reorders(known, ctx.schema, ctx.columns)
+        if cast or reorder:
+            order = ctx.schema.names if reorder else None
+            reader = conform.ConformingReader(ctx, reader, cast, order)
     if ctx.partition_columns:
         reader = PartitionedReader(ctx, reader)
     return reader

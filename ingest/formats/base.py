@@ -547,9 +547,9 @@ def check_schema(
 ) -> None:
     """Raise :class:`SchemaMismatchError` if ``schema`` differs from ``expected``.
 
-    Only ``columns`` are compared when given. Types that differ only in their offsets'
-    width (``string`` and ``large_string``...) agree: such a shard is read cast to the
-    stream's types (:mod:`ingest.formats.widths`).
+    Only ``columns`` are compared when given. Columns in another order, and types that
+    differ only in their offsets' width (``string`` and ``large_string``...), agree: such a
+    shard is read conformed to the stream's (:mod:`ingest.formats.conform`).
     """
     from ingest.core.errors import SchemaMismatchError
 
@@ -560,12 +560,12 @@ def check_schema(
     want = _project(expected, names)
     if got.equals(want):
         return
-    from ingest.formats.widths import same_values  # it reads through this module's types
+    from ingest.formats.conform import same_values  # it reads through this module's types
 
-    if got.names == want.names and all(
-        same_values(g.type, w.type) for g, w in zip(got, want, strict=True)
+    if sorted(got.names) == sorted(want.names) and all(
+        same_values(got.field(w.name).type, w.type) for w in want
     ):
-        return  # offset widths aside, the same: read cast (ingest.formats.widths)
+        return  # but for order and offset widths, the same: read conformed (formats.conform)
     diffs = []
     for f in want:
         other = got.field(f.name) if f.name in got.names else None

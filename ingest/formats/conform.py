@@ -1,14 +1,16 @@
-"""Offset widths: the same values in 32- or 64-bit offsets are one type to a stream.
+"""A shard's batches in the stream's schema: its columns' order and offset widths.
 
+Shards written by several tools or jobs hold the same columns and values in other forms:
+the columns in another order (a DataFrame's columns reordered between two jobs), or
 ``string`` and ``large_string``, ``binary`` and ``large_binary``, ``list`` and
-``large_list`` hold the same values; only the width of their offsets differs. polars writes
-the large kinds where pyarrow and pandas write the small ones, so a dataset grown by two
-tools holds both. The stream's schema (the first shard's) decides; a shard whose types
-differ from it only so is checked as agreeing (:func:`same_values`, used by
-:func:`ingest.formats.base.check_schema`) and read through :class:`CastReader`, which
-casts each batch's columns to the stream's types (:func:`ingest.formats.open_reader`).
-Written here because pyarrow's schema unification (``promote_options="permissive"``)
-picks the large kinds, where a stream keeps its first shard's.
+``large_list``, which hold the same values with 32- or 64-bit offsets (polars writes the
+large kinds where pyarrow and pandas write the small ones). The stream's schema (the first
+shard's) decides; a shard that differs from it only so agrees (:func:`same_values`, in
+:func:`ingest.formats.base.check_schema`) and is read through :class:`ConformingReader`,
+which puts each batch's columns in the stream's order and casts them to its types
+(:func:`ingest.formats.open_reader`). Written here because pyarrow's schema unification
+(``promote_options="permissive"``) picks the large kinds, where a stream keeps its first
+shard's.
 """
 
 from __future__ import annotations
@@ -68,28 +70,48 @@ def casts(
     return out
 
 
-class CastReader(ShardReader):
-    """A format's reader whose batches' columns named in ``casts`` are cast to the type
-    given (the stream's)."""
+def reorders(schema: pa.Schema, expected: pa.Schema, columns: Sequence[str] | None) -> bool:
+    """Whether a shard of ``schema`` gives the stream's columns (``columns``, None: all of
+    ``expected``) in another order than the stream's: its reader reads all of them in its
+    own order (a format reads the columns asked for in the order it has them)."""
+    if columns is not None:
+        return False  # a reader keeps the order ``columns`` names (check_columns, select)
+    return bool([n for n in schema.names if n in expected.names] != expected.names)
 
-    def __init__(self, ctx: ReadContext, inner: ShardReader, casts: dict[str, pa.DataType]):
+
+class ConformingReader(ShardReader):
+    """A format's reader whose batches' columns come in ``order`` (None: as read) and those
+    named in ``casts`` cast to the type given (the stream's)."""
+
+    def __init__(
+        self,
+        ctx: ReadContext,
+        inner: ShardReader,
+        casts: dict[str, pa.DataType],
+        order: Sequence[str] | None,
+    ) -> None:
         super().__init__(ctx)
         self.inner = inner
         self._casts = casts
+        self._order = None if order is None else list(order)
 
     def _cast(self, batch: RowBatch) -> RowBatch:
         if isinstance(batch, BadRows):  # quarantined, never delivered
             return batch
         data = batch.data
-        arrays = list(data.columns)
-        fields = list(data.schema)
-        for i, field in enumerate(fields):
-            want = self._casts.get(field.name)
-            if want is not None:
-                arrays[i] = arrays[i].cast(want)
-                fields[i] = field.with_type(want)
-        schema = pa.schema(fields, metadata=data.schema.metadata)
-        return replace(batch, data=pa.RecordBatch.from_arrays(arrays, schema=schema))
+        if self._order is not None:
+            data = data.select(self._order)
+        if self._casts:
+            arrays = list(data.columns)
+            fields = list(data.schema)
+            for i, field in enumerate(fields):
+                want = self._casts.get(field.name)
+                if want is not None:
+                    arrays[i] = arrays[i].cast(want)
+                    fields[i] = field.with_type(want)
+            schema = pa.schema(fields, metadata=data.schema.metadata)
+            data = pa.RecordBatch.from_arrays(arrays, schema=schema)
+        return replace(batch, data=data)
 
     def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
         for batch in self.inner.read(start, stop, seek):
@@ -105,4 +127,4 @@ class CastReader(ShardReader):
         self.inner.close()
 
 
-__all__ = ["CastReader", "casts", "same_values"]
+__all__ = ["ConformingReader", "casts", "reorders", "same_values"]
