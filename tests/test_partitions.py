@@ -140,6 +140,17 @@ def test_a_partition_key_that_is_also_a_column_is_refused(local: Store) -> None:
     with pytest.raises(ConfigError, match=r"'id'.*partition.*column of .*a\.parquet") as e:
         next(iter(ingest.Stream(local.url("clash"), batch_size=4)))
     assert "partitioning=None" in str(e.value)
+    # An explicit schema that names one is told to leave it out.
+    local.write("clash2/lang=en/a.jsonl", b'{"id": 1}\n')
+    schema = pa.schema([("id", pa.int64()), ("lang", pa.string())])
+    with pytest.raises(ConfigError, match=r"leave the partition columns out of ReadOptions"):
+        next(
+            iter(
+                ingest.Stream(
+                    local.url("clash2"), batch_size=1, read=ingest.ReadOptions(schema=schema)
+                )
+            )
+        )
 
 
 def test_shards_without_a_key_read_it_as_null(local: Store) -> None:

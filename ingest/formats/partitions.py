@@ -47,11 +47,16 @@ def with_partition_fields(
         if key in schema.names:
             shard = next(s for s in shards if any(k == key for k, _ in s.partition))
             value = dict(shard.partition)[key]
+            fix = (
+                "leave the partition columns out of ReadOptions(schema=...): they come from "
+                "the paths, as strings (cast them in a stage)"
+                if origin == "ReadOptions.schema"
+                else "rename the directories or the column"
+            )
             raise ConfigError(
                 f"{redact(shard.url)}: the directory '{key}={value}' makes {key!r} a hive "
-                f"partition column, and {key!r} is also a column of {redact(origin)}: read "
-                "with ReadOptions(partitioning=None) (the files' columns alone), or rename the "
-                "directories or the column"
+                f"partition column, and {key!r} is also a column of {redact(origin)}: {fix}, "
+                "or read with ReadOptions(partitioning=None) (the files' columns alone)"
             )
     out = schema
     for key in keys:
