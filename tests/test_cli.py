@@ -80,6 +80,22 @@ def test_ls_json_is_one_object_per_shard_and_nothing_on_stderr(local: Store) -> 
     assert [json.loads(line)["rows"] for line in counted.stdout.splitlines()] == [100, 7]
 
 
+def test_ls_and_index_take_the_streams_delimiter(local: Store, tmp_path: object) -> None:
+    """`--delimiter ';'` reads as ReadOptions(delimiter=';') does: `ls --count` counts the
+    records its quotes make, `index` keeps the count under the stream's format (csv[;]),
+    which a stream with that delimiter then plans from."""
+    local.write("c/a.csv", b'a;b\n1;"x\ny"\n2;z\n')
+    semi = run("ls", local.url("c"), "--json", "--count", "--delimiter", ";")
+    assert semi.returncode == 0, semi.stderr
+    assert [(r["format"], r["rows"]) for r in map(json.loads, semi.stdout.splitlines())] == [
+        ("csv[;]", 2)
+    ]
+    commas = run("ls", local.url("c"), "--json", "--count")
+    assert [json.loads(line)["rows"] for line in commas.stdout.splitlines()] == [3]
+    index = run("index", local.url("c"), "--index-dir", f"{tmp_path}/i", "--delimiter", ";")
+    assert index.returncode == 0, index.stderr
+
+
 def test_ls_bad_input_exits_2_with_one_line(local: Store) -> None:
     out = run("ls", local.url("missing", "*.parquet"))
     assert out.returncode == 2

@@ -75,6 +75,16 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
         help=_STORAGE_OPTION_HELP,
     )
     parser.add_argument("--format", help="format of every shard (default: from the extension)")
+    parser.add_argument(
+        "--delimiter",
+        help="CSV and TSV: the character between values (ReadOptions(delimiter=...)); the "
+        "stream's, so that what the command keeps is the stream's",
+    )
+    parser.add_argument(
+        "--no-partitions",
+        action="store_true",
+        help="read key=value directories as no columns (ReadOptions(partitioning=None))",
+    )
 
 
 def _positive(text: str) -> int:
@@ -356,15 +366,23 @@ def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
     return rows
 
 
+def _read_options(args: argparse.Namespace) -> ReadOptions:
+    """The stream's ``ReadOptions`` that a command reading a source takes from ``args``."""
+    return ReadOptions(
+        delimiter=args.delimiter, partitioning=None if args.no_partitions else "hive"
+    )
+
+
 def ls(
     urls: Sequence[str],
     storage_options: Sequence[str],
     format: str | None,
     count: bool,
     as_json: bool = False,
+    read: ReadOptions | None = None,
 ) -> int:
     source = Source(urls, storage_options=parse_storage_options(storage_options), format=format)
-    catalog = Catalog(source, ReadOptions(), None)
+    catalog = Catalog(source, read or ReadOptions(), None)
     # Bars only on a terminal: in logs and pipes they are noise around the listing.
     listing = catalog.scan(progress=sys.stderr.isatty(), schema=False)
     rows = _count(catalog, listing) if count else [i.rows for i in listing.infos]
@@ -396,6 +414,7 @@ def index(
     index_options: Sequence[str] | None,
     workers: int,
     use_ray: bool,
+    read: ReadOptions | None = None,
 ) -> int:
     source_options = parse_storage_options(storage_options)
     source = Source(urls, storage_options=source_options, format=format)
@@ -413,7 +432,8 @@ def index(
         _join_ray("index")
         indexer = ray_indexer(max_tasks_in_flight=workers)
     try:
-        catalog = Catalog(source, ReadOptions(), None, index_store=store, indexer=indexer)
+        options = read or ReadOptions()
+        catalog = Catalog(source, options, None, index_store=store, indexer=indexer)
         # Bars only on a terminal: in logs and pipes they are noise around the one-line result.
         listing = catalog.scan(progress=sys.stderr.isatty(), index=True)
     finally:
@@ -454,7 +474,7 @@ def prepare(args: argparse.Namespace) -> int:
     try:
         report = prepare_units(
             args.urls, transform, derived, format=args.format, columns=columns,
-            storage_options=source_options, deriver=deriver,
+            storage_options=source_options, deriver=deriver, read=_read_options(args),
             on_error=args.on_error, progress=sys.stderr.isatty(),
         )  # fmt: skip
     finally:
@@ -512,11 +532,13 @@ def bench(argv: Sequence[str]) -> int:
 def _run(args: argparse.Namespace) -> int:
     """The command ``args`` names (every one but ``bench``), run."""
     if args.command == "ls":
-        return ls(args.urls, args.storage_option, args.format, args.count, args.json)
+        return ls(
+            args.urls, args.storage_option, args.format, args.count, args.json, _read_options(args)
+        )
     if args.command == "index":
         return index(
             args.urls, args.storage_option, args.format, args.index_dir, args.index_option,
-            args.workers, args.ray,
+            args.workers, args.ray, _read_options(args),
         )  # fmt: skip
     if args.command == "which":
         return which(args.url, args.steps, args.storage_option, args.json)
