@@ -425,6 +425,38 @@ class ShardReader(ABC):
         self.close()
 
 
+class MappedReader(ShardReader):
+    """Another reader (``inner``) whose batches of rows each go through :meth:`mapped` (the
+    stream's schema of a shard written otherwise, its partition columns); quarantined rows
+    (:class:`BadRows`), never delivered, go as they are."""
+
+    def __init__(self, ctx: ReadContext, inner: ShardReader) -> None:
+        super().__init__(ctx)
+        self.inner = inner
+
+    @abstractmethod
+    def mapped(self, data: pa.RecordBatch) -> pa.RecordBatch:
+        """The rows ``data`` as this reader hands them out."""
+
+    def _map(self, batch: RowBatch) -> RowBatch:
+        if isinstance(batch, BadRows):
+            return batch
+        return replace(batch, data=self.mapped(batch.data))
+
+    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+        for batch in self.inner.read(start, stop, seek):
+            yield self._map(batch)
+
+    def read_ranges(
+        self, ranges: Sequence[Range], seek: Seek | None
+    ) -> Iterator[tuple[int, RowBatch]]:
+        for n, batch in self.inner.read_ranges(ranges, seek):
+            yield n, self._map(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class Format(ABC):
     """A file format: inspects shards and opens readers."""
 

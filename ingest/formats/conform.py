@@ -15,13 +15,11 @@ shard's.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 
 import pyarrow as pa
 
-from ingest.formats.base import BadRows, ReadContext, RowBatch, Seek, ShardReader
-from ingest.formats.spans import Range
+from ingest.formats.base import MappedReader, ReadContext, ShardReader
 
 _FAMILIES = (
     (pa.types.is_string, pa.types.is_large_string),
@@ -79,7 +77,7 @@ def reorders(schema: pa.Schema, expected: pa.Schema, columns: Sequence[str] | No
     return bool([n for n in schema.names if n in expected.names] != expected.names)
 
 
-class ConformingReader(ShardReader):
+class ConformingReader(MappedReader):
     """A format's reader whose batches' columns come in ``order`` (None: as read) and those
     named in ``casts`` cast to the type given (the stream's)."""
 
@@ -90,41 +88,24 @@ class ConformingReader(ShardReader):
         casts: dict[str, pa.DataType],
         order: Sequence[str] | None,
     ) -> None:
-        super().__init__(ctx)
-        self.inner = inner
+        super().__init__(ctx, inner)
         self._casts = casts
         self._order = None if order is None else list(order)
 
-    def _cast(self, batch: RowBatch) -> RowBatch:
-        if isinstance(batch, BadRows):  # quarantined, never delivered
-            return batch
-        data = batch.data
+    def mapped(self, data: pa.RecordBatch) -> pa.RecordBatch:
         if self._order is not None:
             data = data.select(self._order)
-        if self._casts:
-            arrays = list(data.columns)
-            fields = list(data.schema)
-            for i, field in enumerate(fields):
-                want = self._casts.get(field.name)
-                if want is not None:
-                    arrays[i] = arrays[i].cast(want)
-                    fields[i] = field.with_type(want)
-            schema = pa.schema(fields, metadata=data.schema.metadata)
-            data = pa.RecordBatch.from_arrays(arrays, schema=schema)
-        return replace(batch, data=data)
-
-    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
-        for batch in self.inner.read(start, stop, seek):
-            yield self._cast(batch)
-
-    def read_ranges(
-        self, ranges: Sequence[Range], seek: Seek | None
-    ) -> Iterator[tuple[int, RowBatch]]:
-        for n, batch in self.inner.read_ranges(ranges, seek):
-            yield n, self._cast(batch)
-
-    def close(self) -> None:
-        self.inner.close()
+        if not self._casts:
+            return data
+        arrays = list(data.columns)
+        fields = list(data.schema)
+        for i, field in enumerate(fields):
+            want = self._casts.get(field.name)
+            if want is not None:
+                arrays[i] = arrays[i].cast(want)
+                fields[i] = field.with_type(want)
+        schema = pa.schema(fields, metadata=data.schema.metadata)
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 __all__ = ["ConformingReader", "casts", "reorders", "same_values"]

@@ -10,14 +10,12 @@ of any format is wrapped by :class:`PartitionedReader`, so no format knows of th
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError, redact
-from ingest.formats.base import BadRows, ReadContext, RowBatch, Seek, ShardReader
-from ingest.formats.spans import Range
+from ingest.formats.base import MappedReader, ReadContext, ShardReader
 from ingest.storage.sources import Shard
 
 PARTITION_TYPE = pa.string()
@@ -71,20 +69,16 @@ def without_partition_fields(schema: pa.Schema | None, keys: Sequence[str]) -> p
     return pa.schema([f for f in schema if f.name not in keys], metadata=schema.metadata)
 
 
-class PartitionedReader(ShardReader):
+class PartitionedReader(MappedReader):
     """A format's reader whose batches get the shard's partition columns
     (:attr:`ReadContext.partition_columns`, in :attr:`ReadContext.order` where given)."""
 
     def __init__(self, ctx: ReadContext, inner: ShardReader) -> None:
-        super().__init__(ctx)
-        self.inner = inner
+        super().__init__(ctx, inner)
         values = dict(ctx.shard.partition)
         self._values = [(key, values.get(key)) for key in ctx.partition_columns]
 
-    def _with(self, batch: RowBatch) -> RowBatch:
-        if isinstance(batch, BadRows):  # quarantined, never delivered
-            return batch
-        data = batch.data
+    def mapped(self, data: pa.RecordBatch) -> pa.RecordBatch:
         n = data.num_rows
         arrays = list(data.columns)
         schema = data.schema
@@ -98,20 +92,7 @@ class PartitionedReader(ShardReader):
         out = pa.RecordBatch.from_arrays(arrays, schema=schema)
         if self.ctx.order is not None:
             out = out.select(list(self.ctx.order))
-        return replace(batch, data=out)
-
-    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
-        for batch in self.inner.read(start, stop, seek):
-            yield self._with(batch)
-
-    def read_ranges(
-        self, ranges: Sequence[Range], seek: Seek | None
-    ) -> Iterator[tuple[int, RowBatch]]:
-        for n, batch in self.inner.read_ranges(ranges, seek):
-            yield n, self._with(batch)
-
-    def close(self) -> None:
-        self.inner.close()
+        return out
 
 
 __all__ = [
