@@ -120,9 +120,8 @@ class ReadOptions:
             raise ConfigError(f'on_error={self.on_error!r} must be "raise" or "skip"')
         if self.delimiter is not None and (
             not isinstance(self.delimiter, str)
-            or len(self.delimiter) != 1
+            or len(self.delimiter.encode()) != 1  # one ASCII character
             or self.delimiter in '"\r\n'
-            or len(self.delimiter.encode()) != 1
         ):
             raise ConfigError(
                 f"delimiter={self.delimiter!r} must be one ASCII character other than a quote "

@@ -52,12 +52,10 @@ def _is_list(t: pa.DataType) -> bool:
 
 
 def casts(
-    schema: pa.Schema | None, expected: pa.Schema | None, columns: Sequence[str] | None
+    schema: pa.Schema, expected: pa.Schema, columns: Sequence[str] | None
 ) -> dict[str, pa.DataType]:
     """The columns of a shard of ``schema`` (of ``columns``, None: all) whose type is not
     ``expected``'s but holds the same values: each to the stream's type."""
-    if schema is None or expected is None:
-        return {}
     names = expected.names if columns is None else [c for c in columns if c in expected.names]
     out = {}
     for name in names:

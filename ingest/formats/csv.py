@@ -214,12 +214,11 @@ class CsvFormat(UncountedFormat):
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
-        delimiter = self.delimiter
-        chunk = _first_chunk(source, shard, options.block_bytes, options, delimiter)
+        chunk = _first_chunk(source, shard, options.block_bytes, options, self.delimiter)
         if chunk is None:
             raise ShardError(shard.url, "has no header line", "pass ReadOptions(schema=...)")
-        parse = _parse_options(delimiter)
-        records = split_records(chunk, delimiter)
+        parse = _parse_options(self.delimiter)
+        records = split_records(chunk, self.delimiter)
         header, lines = records[0], records[1:]
         try:
             schema = pcsv.read_csv(pa.BufferReader(chunk), parse_options=parse).schema
@@ -235,7 +234,7 @@ class CsvFormat(UncountedFormat):
         if error is not None:
             raise error
         if len(schema) == 1 and options.delimiter is None:
-            _warn_one_column(shard, schema.names[0], delimiter)
+            _warn_one_column(shard, schema.names[0], self.delimiter)
         return schema
 
     def open(self, ctx: ReadContext) -> ShardReader:

@@ -111,16 +111,11 @@ class Listing:
         """What a reader of shard ``index`` needs: the files' part of the schema and of
         ``columns``, and the partition columns its batches get after them."""
         keys = self.partition_keys
-        if not keys:
-            return ReadContext(
-                source,
-                self.shards[index],
-                self.infos[index],
-                options,
-                self.schema,
-                self.schema_origin,
-                columns,
-            )
+        files, added, order = columns, keys, None
+        if keys and columns is not None:  # columns= may name partition columns
+            files = [c for c in columns if c not in keys]
+            added = tuple(c for c in columns if c in keys)
+            order = tuple(columns)
         return ReadContext(
             source,
             self.shards[index],
@@ -128,9 +123,9 @@ class Listing:
             options,
             without_partition_fields(self.schema, keys),
             self.schema_origin,
-            None if columns is None else [c for c in columns if c not in keys],
-            keys if columns is None else tuple(c for c in columns if c in keys),
-            None if columns is None else tuple(columns),
+            files,
+            added,
+            order,
         )
 
 
@@ -275,9 +270,9 @@ class Catalog:
         out = []
         for s in shards:
             fmt = read_as(s.format, self.options)
-            if fmt != s.format or (s.partition and self.options.partitioning is None):
-                keep = self.options.partitioning is not None
-                s = replace(s, format=fmt, partition=s.partition if keep else ())
+            partition = s.partition if self.options.partitioning is not None else ()
+            if fmt != s.format or partition != s.partition:
+                s = replace(s, format=fmt, partition=partition)
             out.append(s)
         return out
 

@@ -81,7 +81,7 @@ def list_url(
         _raise_no_match(fs, url, path, formats)
     _warn_unversioned(url, shards)
     if not explicit:
-        _warn_splits(fs, url, base, shards)
+        _warn_splits(url, base, names, shards)
     return shards
 
 
@@ -116,13 +116,12 @@ def _kept_or_listed(
     return infos, explicit
 
 
-def _warn_splits(fs: fsspec.AbstractFileSystem, url: str, base: str, shards: list[Shard]) -> None:
-    """Warn if the shards ``url`` lists name several splits below its root ``base``
-    (:mod:`ingest.storage.sources.splits`)."""
+def _warn_splits(url: str, base: str, names: list[str], shards: list[Shard]) -> None:
+    """Warn if the shards ``url`` lists (``names``: their paths on its filesystem) name
+    several splits below its root ``base`` (:mod:`ingest.storage.sources.splits`)."""
     if len(shards) > 1:
         prefix = len(base) + 1 if base else 0
-        below = [fs._strip_protocol(s.url)[prefix:] for s in shards]
-        warn_mixed_splits(url, below, [s.url for s in shards])
+        warn_mixed_splits(url, [n[prefix:] for n in names], [s.url for s in shards])
 
 
 def _file_infos(
