@@ -16,8 +16,8 @@ import pytest
 from ingest.engine.derived import DerivedConfig
 from ingest.engine.derived.reading import REF, Deriving
 from ingest.engine.stage import Staged
-from ingest.formats.base import RowBatch
-from ingest.storage.sources import Shard
+from ingest.formats.base import ReadContext, ReadOptions, RowBatch, ShardInfo
+from ingest.storage.sources import Shard, Source
 
 ROWS = 400
 """Input rows of the unit: row ``i`` makes ``i % 3`` outputs of ``1 + i % 50`` ids each."""
@@ -48,8 +48,11 @@ def deriving(tmp_path: Path) -> tuple[Deriving, np.ndarray]:
         columns=None,
     )
     shard = Shard(url="file:///data/a.parquet", size=1000, version="1", format="parquet")
-    assert deriving.store.put(deriving.key(shard, 0, None), made(), ROWS)
-    first, _end = deriving.reads(shard, 0, [0], [(0, None)], [True], _no_read)
+    ctx = ReadContext(
+        Source("file:///data"), shard, ShardInfo(rows=None), ReadOptions(), None, "", None
+    )
+    assert deriving.store.put(deriving.key(ctx, 0, None), made(), ROWS)
+    first, _end = deriving.reads(ctx, 0, [0], [(0, None)], [True], _no_read)
     assert isinstance(first, tuple) and isinstance(first[1], RowBatch)
     piece = first[1]
     return deriving, piece.data.column(REF).to_numpy()

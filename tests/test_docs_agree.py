@@ -100,6 +100,8 @@ FOREIGN_BARE = {
     "HfFileSystem": "huggingface_hub's filesystem",
     "string": "an Arrow type (32-bit offsets)",
     "large_string": "an Arrow type (64-bit offsets)",
+    "float64": "an Arrow type (a double)",
+    "uint32": "an Arrow type (an unsigned 32-bit integer)",
     "binary": "an Arrow type (32-bit offsets)",
     "large_binary": "an Arrow type (64-bit offsets)",
     "large_list": "an Arrow type (64-bit offsets)",

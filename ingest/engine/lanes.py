@@ -324,7 +324,7 @@ class LaneReader:
                 yield self._read_ranges(ctx, shard, run, ranges, seek, together)
             else:
                 read = functools.partial(self._read_some, ctx, shard, run[0], seek)
-                yield self.deriving.reads(ctx.shard, shard, run, ranges, whole, read, ctx.info.rows)
+                yield self.deriving.reads(ctx, shard, run, ranges, whole, read)
             row, seek = 0, None
 
     def _read_some(

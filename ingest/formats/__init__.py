@@ -14,9 +14,12 @@ import warnings
 from collections.abc import Sequence
 from typing import cast
 
+import pyarrow as pa
+
 from ingest.core.errors import ConfigError
 from ingest.formats import conform
 from ingest.formats.base import (
+    DECLARED,
     Format,
     ReadContext,
     ReadOptions,
@@ -43,6 +46,7 @@ __all__ = [
     "known_extensions",
     "open_reader",
     "read_as",
+    "read_casts",
     "register_format",
     "registered_formats",
     "without_incidental",
@@ -186,7 +190,7 @@ def open_reader(ctx: ReadContext) -> ShardReader:
     reader = get_format(ctx.shard.format).open(ctx)
     known = ctx.info.schema
     if known is not None and ctx.schema is not None and not known.equals(ctx.schema):
-        cast = conform.casts(known, ctx.schema, ctx.columns)
+        cast = read_casts(ctx)
         reorder = conform.reorders(known, ctx.schema, ctx.columns)
         if cast or reorder:
             order = ctx.schema.names if reorder else None
@@ -194,6 +198,17 @@ def open_reader(ctx: ReadContext) -> ShardReader:
     if ctx.partition_columns:
         reader = PartitionedReader(ctx, reader)
     return reader
+
+
+def read_casts(ctx: ReadContext) -> dict[str, pa.DataType]:
+    """The columns of ``ctx.shard`` read cast to the stream's type (its footer's type is
+    another the stream's holds, or one a declared schema casts: :mod:`ingest.formats.conform`),
+    each to that type; empty for a shard read in its own types (every shard of a format
+    without a footer)."""
+    known = ctx.info.schema
+    if known is None or ctx.schema is None or known.equals(ctx.schema):
+        return {}
+    return conform.casts(known, ctx.schema, ctx.columns, declared=ctx.schema_origin == DECLARED)
 
 
 def split_compression(path: str) -> tuple[str, str | None]:

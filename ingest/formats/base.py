@@ -569,6 +569,11 @@ def select(
     return batch.select(list(columns))
 
 
+DECLARED = "ReadOptions.schema"
+"""The schema origin of a stream whose schema is declared (``ReadOptions(schema=...)``):
+every shard is read cast to it where pyarrow casts its types (each value checked)."""
+
+
 def check_schema(
     url: str,
     schema: pa.Schema,
@@ -578,9 +583,11 @@ def check_schema(
 ) -> None:
     """Raise :class:`SchemaMismatchError` if ``schema`` differs from ``expected``.
 
-    Only ``columns`` are compared when given. Columns in another order, and types that
-    differ only in their offsets' width (``string`` and ``large_string``...), agree: such a
-    shard is read conformed to the stream's (:mod:`ingest.formats.conform`).
+    Only ``columns`` are compared when given. Columns in another order, and types whose
+    values the stream's type holds (``string`` and ``large_string``, ``int32`` and
+    ``int64``, ``null`` and any: :func:`ingest.formats.conform.holds`), agree, as does any
+    type pyarrow casts to a declared one (``origin`` :data:`DECLARED`): such a shard is
+    read conformed to the stream's (:mod:`ingest.formats.conform`).
     """
     from ingest.core.errors import SchemaMismatchError
 
@@ -591,25 +598,32 @@ def check_schema(
     want = _project(expected, names)
     if got.equals(want):
         return
-    from ingest.formats.conform import same_values  # it reads through this module's types
+    from ingest.formats.conform import reads_as  # it reads through this module's types
 
+    declared = origin == DECLARED
     if sorted(got.names) == sorted(want.names) and all(
-        same_values(got.field(w.name).type, w.type) for w in want
+        reads_as(got.field(w.name).type, w.type, declared=declared) for w in want
     ):
-        return  # but for order and offset widths, the same: read conformed (formats.conform)
+        return  # but for order and types that hold it, the same: read conformed
     diffs = []
     for f in want:
         other = got.field(f.name) if f.name in got.names else None
         if other is None:
             diffs.append(f"missing column {f.name!r}")
-        elif not same_values(other.type, f.type):
+        elif not reads_as(other.type, f.type, declared=declared):
             diffs.append(f"column {f.name!r} is {other.type}, not {f.type}")
     diffs += [f"extra column {n!r}" for n in got.names if n not in want.names]
+    declare = (
+        ""
+        if declared
+        else "declare a column's type with ReadOptions(schema=...) to read every shard cast "
+        "to it (each value checked), "
+    )
     raise SchemaMismatchError(
         url,
         f"schema differs from {origin}'s: {'; '.join(diffs) or 'column order differs'}",
-        "make the shards agree, select the shared columns with columns=[...], or read them as "
-        "separate streams",
+        f"{declare}make the shards agree, select the shared columns with columns=[...], or "
+        "read them as separate streams",
     )
 
 

@@ -1,16 +1,19 @@
-"""A shard's batches in the stream's schema: its columns' order and offset widths.
+"""A shard's batches in the stream's schema: its columns' order and types.
 
 Shards written by several tools or jobs hold the same columns and values in other forms:
-the columns in another order (a DataFrame's columns reordered between two jobs), or
-``string`` and ``large_string``, ``binary`` and ``large_binary``, ``list`` and
-``large_list``, which hold the same values with 32- or 64-bit offsets (polars writes the
-large kinds where pyarrow and pandas write the small ones). The stream's schema (the first
-shard's) decides; a shard that differs from it only so agrees (:func:`same_values`, in
+the columns in another order (a DataFrame's columns reordered between two jobs), ``string``
+and ``large_string`` (polars writes the large kinds where pyarrow and pandas write the small
+ones), a column all ``None`` in one shard (``null``), a pandas categorical (a dictionary)
+beside plain strings, ``int32`` beside ``int64``, timestamps in ``ms`` beside ``us``. The
+stream's type of each column is the one that holds every shard's values without loss
+(:func:`widened`, over the footers the listing reads anyway: the first shard's where it
+does); a shard whose types it holds agrees (:func:`holds`, in
 :func:`ingest.formats.base.check_schema`) and is read through :class:`ConformingReader`,
-which puts each batch's columns in the stream's order and casts them to its types
-(:func:`ingest.formats.open_reader`). Written here because pyarrow's schema unification
-(``promote_options="permissive"``) picks the large kinds, where a stream keeps its first
-shard's.
+which puts each batch's columns in the stream's order and casts them to its types, each
+value checked (:func:`ingest.formats.open_reader`). A declared schema
+(``ReadOptions(schema=...)``) casts every shard to it where pyarrow casts (:func:`reads_as`).
+Written here because pyarrow's schema unification (``promote_options="permissive"``) picks
+the large kinds and widens with loss (``int64`` and ``double`` to ``double``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from collections.abc import Sequence
 
 import pyarrow as pa
 
+from ingest.core.errors import ShardError
 from ingest.formats.base import MappedReader, ReadContext, ShardReader
 
 _FAMILIES = (
@@ -51,17 +55,139 @@ def _is_list(t: pa.DataType) -> bool:
     return bool(pa.types.is_list(t) or pa.types.is_large_list(t))
 
 
+def widened(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """The type that holds every value of ``a`` and every value of ``b`` unchanged (``a``'s
+    offset widths and list kinds kept, as a stream keeps its first shard's), or None where
+    none does: ``null`` and any type; a dictionary and its values' type (decoded); integers
+    of other widths or signs (``uint64`` and a signed one: none); floats of other widths; an
+    integer and a float whose mantissa holds it (``int64`` and ``double``: none, 2**53 + 1 is
+    no double); timestamps of one time zone in other units (the finer); lists, fixed-size
+    lists of one size, maps and structs of the same fields, member by member.
+
+    Written here because pyarrow's ``unify_schemas(promote_options="permissive")`` widens
+    with loss (``int64`` and ``double`` to ``double``) and to the large offset kinds."""
+    if same_values(a, b) or pa.types.is_null(b):
+        return a
+    if pa.types.is_null(a):
+        return b
+    if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):
+        return widened(_decoded(a), _decoded(b))
+    if _is_number(a) and _is_number(b):
+        return _number(a, b)
+    if pa.types.is_timestamp(a) and pa.types.is_timestamp(b):
+        return (a if _TICKS[a.unit] >= _TICKS[b.unit] else b) if a.tz == b.tz else None
+    return _nested(a, b)
+
+
+def holds(wide: pa.DataType, narrow: pa.DataType) -> bool:
+    """Whether every value of ``narrow`` is one of ``wide`` (read cast, or as it is)."""
+    both = widened(wide, narrow)
+    return both is not None and same_values(both, wide)
+
+
+_TICKS = {"s": 0, "ms": 1, "us": 2, "ns": 3}
+_MANTISSA = ((pa.float16(), 11), (pa.float32(), 24), (pa.float64(), 53))
+
+
+def _decoded(t: pa.DataType) -> pa.DataType:
+    return t.value_type if pa.types.is_dictionary(t) else t
+
+
+def _is_number(t: pa.DataType) -> bool:
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
+
+
+def _bits(t: pa.DataType) -> int:
+    """The bits of an integer type's magnitude (``int8``: 7, ``uint8``: 8)."""
+    return int(t.bit_width) - (1 if pa.types.is_signed_integer(t) else 0)
+
+
+def _number(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    if pa.types.is_floating(a) and pa.types.is_floating(b):
+        return a if a.bit_width >= b.bit_width else b
+    if pa.types.is_integer(a) and pa.types.is_integer(b):
+        bits = max(_bits(a), _bits(b))
+        if not (pa.types.is_signed_integer(a) or pa.types.is_signed_integer(b)):
+            return a if a.bit_width >= b.bit_width else b
+        widths = [w for w in (8, 16, 32, 64) if w - 1 >= bits]
+        return getattr(pa, f"int{widths[0]}")() if widths else None
+    whole, real = (a, b) if pa.types.is_integer(a) else (b, a)
+    for t, mantissa in _MANTISSA:
+        if t.bit_width >= real.bit_width and mantissa >= _bits(whole):
+            return t
+    return None
+
+
+def _nested(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """:func:`widened` of two lists, fixed-size lists, maps or structs; None of others."""
+    if _is_list(a) and _is_list(b):
+        item = widened(a.value_type, b.value_type)
+        field = None if item is None else a.value_field.with_type(item)
+        return field and (pa.large_list(field) if pa.types.is_large_list(a) else pa.list_(field))
+    if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
+        item = widened(a.value_type, b.value_type) if a.list_size == b.list_size else None
+        return item and pa.list_(a.value_field.with_type(item), a.list_size)
+    if pa.types.is_map(a) and pa.types.is_map(b):
+        key, value = widened(a.key_type, b.key_type), widened(a.item_type, b.item_type)
+        return key and value and pa.map_(key, value)
+    if pa.types.is_struct(a) and pa.types.is_struct(b) and a.names == b.names:
+        members = [widened(x.type, y.type) for x, y in zip(a, b, strict=True)]
+        if all(m is not None for m in members):
+            return pa.struct([f.with_type(m) for f, m in zip(a, members, strict=True)])
+    return None
+
+
+def widened_schema(
+    schema: pa.Schema, other: pa.Schema, columns: Sequence[str] | None
+) -> pa.Schema | None:
+    """``schema`` (a stream's) with each of its columns (of ``columns``, None: all) widened
+    to hold ``other``'s (a shard's): the same object where none changes, None where some
+    column's types have no :func:`widened` (the shard is refused: check_schema)."""
+    changed = {}
+    for name in schema.names if columns is None else columns:
+        if name in schema.names and name in other.names:
+            mine, theirs = schema.field(name).type, other.field(name).type
+            both = widened(mine, theirs)
+            if both is None:
+                return None
+            if not same_values(both, mine):
+                changed[name] = both
+    if not changed:
+        return schema
+    fields = [f.with_type(changed[f.name]) if f.name in changed else f for f in schema]
+    return pa.schema(fields, metadata=schema.metadata)
+
+
+def reads_as(got: pa.DataType, want: pa.DataType, *, declared: bool) -> bool:
+    """Whether a shard's column of type ``got`` is read as the stream's ``want``: a type
+    that holds its values (:func:`holds`), or, ``declared`` (``ReadOptions(schema=...)``),
+    any type pyarrow casts it to (each value checked as it is read)."""
+    if holds(want, got):
+        return True
+    if not declared:
+        return False
+    try:
+        pa.array([], type=got).cast(want)
+    except (pa.ArrowNotImplementedError, pa.ArrowInvalid, pa.ArrowTypeError):
+        return False
+    return True
+
+
 def casts(
-    schema: pa.Schema, expected: pa.Schema, columns: Sequence[str] | None
+    schema: pa.Schema,
+    expected: pa.Schema,
+    columns: Sequence[str] | None,
+    *,
+    declared: bool = False,
 ) -> dict[str, pa.DataType]:
     """The columns of a shard of ``schema`` (of ``columns``, None: all) whose type is not
-    ``expected``'s but holds the same values: each to the stream's type."""
+    ``expected``'s but is read as it (:func:`reads_as`): each to the stream's type."""
     names = expected.names if columns is None else [c for c in columns if c in expected.names]
     out = {}
     for name in names:
         if name in schema.names:
             got, want = schema.field(name).type, expected.field(name).type
-            if not got.equals(want) and same_values(got, want):
+            if not got.equals(want) and reads_as(got, want, declared=declared):
                 out[name] = want
     return out
 
@@ -100,10 +226,33 @@ class ConformingReader(MappedReader):
         for i, field in enumerate(fields):
             want = self._casts.get(field.name)
             if want is not None:
-                arrays[i] = arrays[i].cast(want)
+                arrays[i] = self._cast(field, arrays[i], want)
                 fields[i] = field.with_type(want)
         schema = pa.schema(fields, metadata=data.schema.metadata)
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
+    def _cast(self, field: pa.Field, array: pa.Array, want: pa.DataType) -> pa.Array:
+        """``array`` as ``want``, every value checked (pyarrow's safe cast): one the type
+        cannot hold (a declared ``double`` for ``2**53 + 1``, a ``ns`` timestamp past 2262)
+        is an error naming the shard and the column, never a value rounded."""
+        try:
+            return array.cast(want)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+            raise ShardError(
+                self.ctx.shard.url,
+                f"column {field.name!r} ({field.type}) is read as {want}, the stream's type, "
+                f"and a value does not fit: {e}",
+                "declare a type that holds it with ReadOptions(schema=...), or fix the value",
+            ) from None
 
-__all__ = ["ConformingReader", "casts", "reorders", "same_values"]
+
+__all__ = [
+    "ConformingReader",
+    "casts",
+    "holds",
+    "reads_as",
+    "reorders",
+    "same_values",
+    "widened",
+    "widened_schema",
+]

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError, redact
-from ingest.formats.base import MappedReader, ReadContext, ShardReader
+from ingest.formats.base import DECLARED, MappedReader, ReadContext, ShardReader
 from ingest.storage.sources import Shard
 
 PARTITION_TYPE = pa.string()
@@ -48,7 +48,7 @@ def with_partition_fields(
             fix = (
                 "leave the partition columns out of ReadOptions(schema=...): they come from "
                 "the paths, as strings (cast them in a stage)"
-                if origin == "ReadOptions.schema"
+                if origin == DECLARED
                 else "rename the directories or the column"
             )
             raise ConfigError(

@@ -40,7 +40,15 @@ from ingest.core.quarantine import skippable
 from ingest.core.state import ShardRecord
 from ingest.formats import FORMAT_RESOLVER, get_format, read_as, without_incidental
 from ingest.formats import folder as folders
-from ingest.formats.base import EMPTY, ReadContext, ReadOptions, ShardInfo, check_schema
+from ingest.formats.base import (
+    DECLARED,
+    EMPTY,
+    ReadContext,
+    ReadOptions,
+    ShardInfo,
+    check_schema,
+)
+from ingest.formats.conform import widened_schema
 from ingest.formats.partitions import (
     partition_keys,
     with_partition_fields,
@@ -284,10 +292,32 @@ class Catalog:
         keys = partition_keys(shards)
         stream_schema, origin = self._schema(shards, infos)
         if stream_schema is not None:
+            if origin != DECLARED:
+                stream_schema = self._widened(stream_schema, infos, keys)
             self._check_schemas(shards, infos, stream_schema, origin, keys)
             if keys:
                 stream_schema = with_partition_fields(stream_schema, keys, shards, origin)
         return Listing(tuple(shards), tuple(infos), stream_schema, origin, classes, keys)
+
+    def _widened(self, schema: pa.Schema, infos: list[ShardInfo], keys: Sequence[str]) -> pa.Schema:
+        """The first shard's ``schema`` with each column's type widened to hold every
+        footer's (:func:`ingest.formats.conform.widened`: a column all null in the first
+        shard takes the others' type, ``int32`` beside ``int64`` is read as ``int64``);
+        a footer some column of which no type holds with the stream's widens nothing and is
+        refused (:meth:`_check_schemas`). Only the columns read count. Followed, a later
+        round's shard may widen a column from that round on."""
+        columns = self._file_columns(keys)
+        for info in infos:
+            if info.schema is not None and info.rows and not info.schema.equals(schema):
+                schema = widened_schema(schema, info.schema, columns) or schema
+        return schema
+
+    def _file_columns(self, keys: Sequence[str]) -> Sequence[str] | None:
+        """The columns read from the files (the stream's ``columns`` less the partition
+        keys, which no file holds), None: all."""
+        if self.columns is not None and keys:
+            return [c for c in self.columns if c not in keys]
+        return self.columns
 
     def _inspect_or_unread(self, shard: Shard) -> ShardInfo:
         """:meth:`inspect`, or the error as an unread shard's (see :meth:`_unread`)."""
@@ -307,9 +337,7 @@ class Catalog:
         """Check every footer's schema against the stream's (a shard that differs is marked
         unread in ``infos`` under ``on_error="skip"``); ``keys``: the partition columns,
         which no file holds."""
-        columns = self.columns
-        if columns is not None and keys:
-            columns = [c for c in columns if c not in keys]
+        columns = self._file_columns(keys)
         for n, (shard, info) in enumerate(zip(shards, infos, strict=True)):
             if info.schema is not None and info.rows:
                 try:
@@ -420,7 +448,7 @@ class Catalog:
     def shard_schema(self, shard: Shard, info: ShardInfo) -> tuple[pa.Schema | None, str]:
         """The schema of one shard on its own, and where it came from."""
         if self.options.schema is not None:
-            return self.options.schema, "ReadOptions.schema"
+            return self.options.schema, DECLARED
         if shard.size == 0 or info.rows == 0:
             return None, ""
         return get_format(shard.format).infer_schema(self.source, shard, info, self.options), (
@@ -434,7 +462,7 @@ class Catalog:
         schema can be inferred (those that cannot are marked unread in ``infos`` under
         ``on_error="skip"``)."""
         if self.options.schema is not None:
-            return self.options.schema, "ReadOptions.schema"
+            return self.options.schema, DECLARED
         for n, (shard, info) in enumerate(zip(shards, infos, strict=True)):
             if shard.size == 0 or info.rows == 0:
                 continue

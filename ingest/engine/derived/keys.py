@@ -14,9 +14,11 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
+
+import pyarrow as pa
 
 from ingest.core.errors import ConfigError
 from ingest.engine.stage import checked_version
@@ -98,18 +100,27 @@ class DerivedKey:
         return hashlib.sha256(text.encode()).hexdigest()[:40]
 
 
-def read_fingerprint(format: str, columns: Sequence[str] | None, partition: Partition = ()) -> str:
+def read_fingerprint(
+    format: str,
+    columns: Sequence[str] | None,
+    partition: Partition = (),
+    casts: Mapping[str, pa.DataType] | None = None,
+) -> str:
     """The ``read`` part of a :class:`DerivedKey`: the format that reads the shard, the
-    columns it reads (None: all) and the hive partition columns its rows get (the shard's
-    ``partition``: empty when read with ``ReadOptions(partitioning=None)``), which together
-    make the rows the chain is given. Without partitions, the key it was before they were
-    read."""
+    columns it reads (None: all), the hive partition columns its rows get (the shard's
+    ``partition``: empty when read with ``ReadOptions(partitioning=None)``) and the types
+    its columns are cast to (``casts``, :func:`ingest.formats.read_casts`: a copy made of
+    ``int32`` rows is not read once the stream reads them as ``int64``), which together make
+    the rows the chain is given. Without partitions and casts, the key it was before either
+    was read."""
     fields: dict[str, Any] = {
         "format": format,
         "columns": None if columns is None else list(columns),
     }
     if partition:
         fields["partition"] = [list(pair) for pair in partition]
+    if casts:
+        fields["casts"] = {name: str(t) for name, t in casts.items()}
     return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 

@@ -46,7 +46,7 @@ from ingest.engine.derived.units import Derivation, Deriver, ShardJob, UnitJob, 
 from ingest.engine.options import derived_config
 from ingest.engine.spec import StreamSpec
 from ingest.engine.transform import Transform, build_transform
-from ingest.formats.base import ReadOptions
+from ingest.formats.base import ReadContext, ReadOptions
 from ingest.planner.catalog import Listing
 from ingest.storage.sources import Source, URLs
 
@@ -213,14 +213,15 @@ def shard_jobs(
     units = epoch_units(listing.plan_shards(), None, 0)
     rows = [TO_END if i.rows is None else i.rows for i in listing.infos]
     by_shard: dict[int, list[UnitJob]] = defaultdict(list)
+    contexts: dict[int, ReadContext] = {}
     for u in units:
+        ctx = contexts.get(u.shard)
+        if ctx is None:
+            ctx = contexts[u.shard] = listing.context(u.shard, source, read, columns)
         stop = rows[u.shard] if u.stop is None else u.stop
-        key = deriving.key(listing.shards[u.shard], u.start, stop, listing.infos[u.shard].rows)
+        key = deriving.key(ctx, u.start, stop)
         by_shard[u.shard].append(UnitJob(u.start, None if stop >= TO_END else stop, key))
-    return [
-        ShardJob(listing.context(n, source, read, columns), tuple(found))
-        for n, found in by_shard.items()
-    ]
+    return [ShardJob(contexts[n], tuple(found)) for n, found in by_shard.items()]
 
 
 def load_transform(spec: str) -> Transform:

@@ -46,8 +46,8 @@ from ingest.engine.derived.store import DerivedConfig, DerivedStore
 from ingest.engine.stage import Staged
 from ingest.engine.transform import staged
 from ingest.engine.window import Hole, SpanEnd, indices
-from ingest.formats.base import RowBatch
-from ingest.storage.sources import Shard
+from ingest.formats import read_casts
+from ingest.formats.base import ReadContext, RowBatch
 from ingest.storage.sources.stats import IOStats
 
 REF = "__ingest_derived"
@@ -144,14 +144,13 @@ class Deriving:
 
     # -- keys and the store ----------------------------------------------------------------
 
-    def key(
-        self, shard: Shard, start: int, stop: int | None, rows: int | None = None
-    ) -> DerivedKey:
-        """The key of rows ``[start, stop)`` of ``shard`` (of ``rows`` rows, where known)
-        through this chain. A range to the shard's end is keyed so (``stop`` None) whether
-        or not the reader knew the count: a one-process stream reads a JSONL shard to its
-        end, a counted plan (Ray, a DataLoader's workers) to its row count, and both read
-        the same copy."""
+    def key(self, ctx: ReadContext, start: int, stop: int | None) -> DerivedKey:
+        """The key of rows ``[start, stop)`` of ``ctx.shard`` through this chain, read as
+        ``ctx`` reads them (the types it casts its columns to). A range to the shard's end
+        is keyed so (``stop`` None) whether or not the reader knew the count: a one-process
+        stream reads a JSONL shard to its end, a counted plan (Ray, a DataLoader's workers)
+        to its row count, and both read the same copy."""
+        shard, rows = ctx.shard, ctx.info.rows
         to_end = stop is None or stop >= TO_END or (rows is not None and stop >= rows)
         return DerivedKey(
             url=shard.url,
@@ -160,7 +159,7 @@ class Deriving:
             start=int(start),
             stop=None if to_end else int(stop),  # type: ignore[arg-type]
             chain=self.fingerprint,
-            read=_read_fingerprint(shard.format, self.columns, shard.partition),
+            read=_read_fingerprint(shard.format, self.columns, shard.partition, read_casts(ctx)),
         )
 
     def _get(self, key: DerivedKey) -> DerivedUnit | None:
@@ -196,23 +195,22 @@ class Deriving:
 
     def reads(
         self,
-        shard: Shard,
+        ctx: ReadContext,
         index: int,
         run: Sequence[int],
         ranges: Sequence[tuple[int, int | None]],
         whole: Sequence[bool],
         read: Callable[[list[int], list[tuple[int, int | None]]], Iterator[Read]],
-        rows: int | None = None,
     ) -> Iterator[Read]:
         """What a lane yields for one shard's spans ``run`` (lane span indices) of rows
         ``ranges``, ``whole[i]`` where range ``i`` is read from its span's first row: a
         range with a copy from the copy, the others through ``read(run, ranges)`` (the
         lane's reader of a shard's ranges, called only if any is left), in order, as refs;
-        ``index``: the shard's index in the listing; ``rows``: its row count, where known."""
+        ``ctx``: how the shard is read; ``index``: its index in the listing."""
         hits: dict[int, DerivedUnit] = {}
         for i, (start, stop) in enumerate(ranges):
             if whole[i]:
-                found = self._get(self.key(shard, start, stop, rows))
+                found = self._get(self.key(ctx, start, stop))
                 if found is not None and _fits(found, start, stop):
                     hits[i] = found
         waiting = sorted(hits)
@@ -224,24 +222,23 @@ class Deriving:
                 while waiting and waiting[0] < i:
                     w = waiting.pop(0)
                     yield from self._hit(run[w], index, ranges[w][0], hits[w], _to_end(ranges[w]))
-                yield from self._range(shard, run[i], ranges[i], whole[i], group, rows)
+                yield from self._range(ctx, run[i], ranges[i], whole[i], group)
         for w in waiting:
             yield from self._hit(run[w], index, ranges[w][0], hits[w], _to_end(ranges[w]))
 
     def _range(
         self,
-        shard: Shard,
+        ctx: ReadContext,
         k: int,
         rows: tuple[int, int | None],
         whole: bool,
         group: list[Read],
-        count: int | None,
     ) -> Iterator[Read]:
         """What was read of one range: derived if read whole without a quarantined row,
         else as it was read (refs to its input rows)."""
         pieces = [g for g in group if not isinstance(g, SpanEnd)]
         if whole and pieces and all(isinstance(p, RowBatch) for _, p in pieces):
-            yield from self._derived(shard, k, rows, pieces, count)  # type: ignore[arg-type]
+            yield from self._derived(ctx, k, rows, pieces)  # type: ignore[arg-type]
         else:
             for kk, p in pieces:
                 yield (kk, p) if isinstance(p, Hole) else self._raw(kk, p)
@@ -260,14 +257,12 @@ class Deriving:
 
     def _derived(
         self,
-        shard: Shard,
+        ctx: ReadContext,
         k: int,
         rows: tuple[int, int | None],
         pieces: list[tuple[int, RowBatch]],
-        count: int | None,
     ) -> Iterator[Read]:
-        """A range read whole: the chain over all its rows, kept; today's way if it raised
-        (``count``: the shard's rows, where known)."""
+        """A range read whole: the chain over all its rows, kept; today's way if it raised."""
         table = pa.Table.from_batches([p.data for _, p in pieces])
         # Wall time: a tokenizer encodes on threads of its own, which this thread's CPU
         # time would leave out (and the process's would count the other lanes in).
@@ -279,7 +274,7 @@ class Deriving:
             return
         seconds = time.perf_counter() - began
         self._tell(derived_stage_us=_us(seconds))
-        self._put(self.key(shard, rows[0], rows[1], count), made, table.num_rows, seconds)
+        self._put(self.key(ctx, rows[0], rows[1]), made, table.num_rows, seconds)
         counts = np.bincount(made.origin, minlength=table.num_rows).astype(np.int64)
         unit = self._add(table.num_rows, staged=made, counts=counts)
         total = max(1, table.num_rows)

@@ -1,0 +1,256 @@
+"""Shards whose types differ without their values differing are one stream, in the type
+that holds them all: a column that is all null in one shard (pandas writes ``null`` for a
+column of ``None``), a pandas categorical beside plain strings, ``int32`` beside ``int64``,
+``float32`` beside ``float64``, timestamps in ``ms`` beside ``us``. ``datasets`` and
+pyarrow's datasets cast every file to the first file's types (a first shard of ``null``
+refuses every other); Ray Data promotes. Before, each of these was refused whole
+("column 't' is null, not string"). Types that no type holds without loss (``int64``
+beside ``double``: pandas writes an int column with a missing value as ``double``) are
+refused as before, with a fix that helps: declare the type with ``ReadOptions(schema=)``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import torch
+
+import ingest
+from ingest.core.errors import SchemaMismatchError, ShardError
+from ingest.formats.base import ReadOptions
+from ingest.formats.conform import holds, same_values, widened
+from ingest.testing import Store, encode
+
+# -- the rule (no store) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "both"),
+    [
+        (pa.null(), pa.string(), pa.string()),
+        (pa.large_string(), pa.null(), pa.large_string()),
+        (pa.dictionary(pa.int8(), pa.string()), pa.string(), pa.string()),
+        (
+            pa.dictionary(pa.int8(), pa.string()),
+            pa.dictionary(pa.int8(), pa.string()),
+            pa.dictionary(pa.int8(), pa.string()),
+        ),
+        (
+            pa.dictionary(pa.int8(), pa.string()),
+            pa.dictionary(pa.int32(), pa.string()),
+            pa.string(),
+        ),
+        (pa.int32(), pa.int64(), pa.int64()),
+        (pa.int64(), pa.int8(), pa.int64()),
+        (pa.uint8(), pa.int8(), pa.int16()),
+        (pa.uint32(), pa.int32(), pa.int64()),
+        (pa.uint16(), pa.uint32(), pa.uint32()),
+        (pa.uint64(), pa.int64(), None),  # no integer holds both
+        (pa.float32(), pa.float64(), pa.float64()),
+        (pa.int16(), pa.float32(), pa.float32()),
+        (pa.int32(), pa.float32(), pa.float64()),  # float32 has 24 bits of mantissa
+        (pa.int64(), pa.float64(), None),  # 2**53 + 1 is no double
+        (pa.timestamp("ms"), pa.timestamp("us"), pa.timestamp("us")),
+        (pa.timestamp("ns", "UTC"), pa.timestamp("s", "UTC"), pa.timestamp("ns", "UTC")),
+        (pa.timestamp("ms", "UTC"), pa.timestamp("ms"), None),  # another meaning
+        (pa.list_(pa.int32()), pa.list_(pa.int64()), pa.list_(pa.int64())),
+        (pa.large_list(pa.null()), pa.list_(pa.string()), pa.large_list(pa.string())),
+        (pa.list_(pa.int8(), 2), pa.list_(pa.int16(), 2), pa.list_(pa.int16(), 2)),
+        (pa.list_(pa.int8(), 2), pa.list_(pa.int8(), 3), None),
+        (
+            pa.struct([("a", pa.int8()), ("b", pa.null())]),
+            pa.struct([("a", pa.int32()), ("b", pa.string())]),
+            pa.struct([("a", pa.int32()), ("b", pa.string())]),
+        ),
+        (pa.struct([("a", pa.int8())]), pa.struct([("b", pa.int8())]), None),
+        (pa.string(), pa.int64(), None),
+        (pa.string(), pa.binary(), None),
+        (pa.bool_(), pa.int8(), None),
+    ],
+)
+def test_the_type_that_holds_both_without_loss(
+    a: pa.DataType, b: pa.DataType, both: pa.DataType | None
+) -> None:
+    for x, y in ((a, b), (b, a)):
+        got = widened(x, y)
+        if both is None:
+            assert got is None, (x, y, got)
+            continue
+        assert got is not None and same_values(got, both), (x, y, got)
+        assert holds(got, x) and holds(got, y)
+    # Offset widths are the first type's, as the stream keeps its first shard's.
+    assert widened(pa.large_string(), pa.string()) == pa.large_string()
+    assert widened(pa.string(), pa.large_string()) == pa.string()
+    assert not holds(pa.int32(), pa.int64()) and holds(pa.int64(), pa.int32())
+
+
+# -- streams ------------------------------------------------------------------------------
+
+
+def _write(store: Store, path: str, table: pa.Table, fmt: str) -> None:
+    store.write(path, encode(table, fmt))
+
+
+@pytest.mark.parametrize("null_first", [True, False])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_column_all_null_in_some_shards_reads_in_the_others_type(
+    local: Store, fmt: str, null_first: bool
+) -> None:
+    """pandas and pyarrow write a column of ``None`` as ``null`` (``pa.table`` infers it
+    as ``pa.Table.from_pandas`` does): a shard whose comments are all missing. Either
+    first, the stream reads the column as the other shards' strings."""
+    for n in range(4):
+        ids = list(range(n * 10, n * 10 + 10))
+        empty = (n % 2 == 0) == null_first
+        comments = [None] * 10 if empty else [f"c{i}" for i in ids]
+        table = pa.table({"id": ids, "comment": comments})
+        assert table.schema.field("comment").type == (pa.null() if empty else pa.string())
+        _write(local, f"d/{n}.{fmt}", table, fmt)
+    got: dict[int, Any] = {}
+    for batch in ingest.Stream(local.url("d"), batch_size=8, shuffle_seed=2):
+        got.update(zip(batch["id"].tolist(), batch["comment"], strict=True))
+    empty_ids = {
+        i for n in range(4) if (n % 2 == 0) == null_first for i in range(n * 10, n * 10 + 10)
+    }
+    assert got == {i: None if i in empty_ids else f"c{i}" for i in range(40)}
+
+
+def _kinds(first: int, narrow: bool) -> pa.Table:
+    ids = list(range(first, first + 25))
+    return pa.table(
+        {
+            "id": ids,
+            "n": pa.array(ids, pa.int32() if narrow else pa.int64()),
+            "f": pa.array([i / 4 for i in ids], pa.float32() if narrow else pa.float64()),
+            "ts": pa.array([i * 1000 for i in ids], pa.timestamp("ms"))
+            if narrow
+            else pa.array([i * 1_000_000 for i in ids], pa.timestamp("us")),
+            "l": pa.array([[i, -i] for i in ids], pa.list_(pa.int16() if narrow else pa.int64())),
+            "c": pa.array([f"k{i % 3}" for i in ids]).dictionary_encode()
+            if narrow
+            else pa.array([f"k{i % 3}" for i in ids]),
+        }
+    )
+
+
+@pytest.mark.parametrize("narrow_first", [True, False])
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_shards_of_narrower_and_wider_kinds_read_in_the_wider(
+    local: Store, fmt: str, narrow_first: bool
+) -> None:
+    for n in range(4):
+        _write(local, f"k/{n}.{fmt}", _kinds(n * 25, (n % 2 == 0) == narrow_first), fmt)
+    got: dict[int, Any] = {}
+    for batch in ingest.Stream(local.url("k"), batch_size=10, shuffle_seed=5):
+        assert batch["n"].dtype == torch.int64 and batch["f"].dtype == torch.float64
+        assert batch["ts"].dtype == torch.int64
+        assert all(pair.dtype == torch.int64 for pair in batch["l"])  # a list: one per row
+        rows = zip(
+            batch["id"].tolist(),
+            batch["n"].tolist(),
+            batch["f"].tolist(),
+            batch["ts"].tolist(),
+            [pair.tolist() for pair in batch["l"]],
+            batch["c"],
+            strict=True,
+        )
+        got.update((i, rest) for i, *rest in rows)
+    # Timestamps are ticks of the finer unit (us) in every row.
+    assert got == {i: [i, i / 4, i * 1_000_000, [i, -i], f"k{i % 3}"] for i in range(100)}
+
+
+def _int_and_double(store: Store, fmt: str = "parquet") -> None:
+    """pandas: an int column, and the same column with a missing value (``double``)."""
+    store.write(f"p/0.{fmt}", encode(pa.table({"id": [0, 1], "n": [5, 6]}), fmt))
+    store.write(f"p/1.{fmt}", encode(pa.table({"id": [2, 3], "n": [None, 7.0]}), fmt))
+
+
+def test_types_no_type_holds_without_loss_are_refused_with_the_fix(local: Store) -> None:
+    _int_and_double(local)
+    with pytest.raises(SchemaMismatchError) as e:
+        list(ingest.Stream(local.url("p"), batch_size=2))
+    text = str(e.value)
+    assert "p/1.parquet" in text and "column 'n' is double, not int64" in text
+    assert "ReadOptions(schema=" in text  # the fix that helps
+
+
+def test_a_declared_schema_casts_each_shard_and_names_a_value_it_cannot_hold(
+    local: Store,
+) -> None:
+    _int_and_double(local)
+    schema = pa.schema([("id", pa.int64()), ("n", pa.float64())])
+    read = ReadOptions(schema=schema)
+
+    def fill(t: pa.Table) -> pa.Table:
+        return t.set_column(1, "n", pc.fill_null(t.column("n"), -1.0))
+
+    got: dict[int, Any] = {}
+    for batch in ingest.Stream(local.url("p"), batch_size=2, read=read, transform=fill):
+        assert batch["n"].dtype == torch.float64
+        got.update(zip(batch["id"].tolist(), batch["n"].tolist(), strict=True))
+    assert got == {0: 5.0, 1: 6.0, 2: -1.0, 3: 7.0}
+    # A value the declared type cannot hold is named, not rounded.
+    local.write("p/2.parquet", encode(pa.table({"id": [4], "n": [2**53 + 1]}), "parquet"))
+    with pytest.raises(ShardError) as e:
+        list(ingest.Stream(local.url("p"), batch_size=1, read=read, transform=fill))
+    text = str(e.value)
+    assert "p/2.parquet" in text and "'n'" in text and "double" in text
+    # A declared type no cast reaches is refused when listed, naming the column.
+    odd = pa.schema([("id", pa.int64()), ("n", pa.list_(pa.int64()))])
+    with pytest.raises(SchemaMismatchError, match=r"column 'n' is (int64|double)"):
+        list(ingest.Stream(local.url("p"), batch_size=2, read=ReadOptions(schema=odd)))
+
+
+def test_a_resume_inside_a_window_and_a_dataloader_are_exactly_once(local: Store) -> None:
+    for n in range(4):
+        _write(local, f"k/{n}.parquet", _kinds(n * 25, n % 2 == 1), "parquet")
+    kwargs: dict[str, Any] = {"batch_size": 10, "shuffle_seed": 1, "shuffle_window": 40}
+    stream = ingest.Stream(local.url("k"), **kwargs)
+    it = iter(stream)
+    before = [i for _ in range(3) for i in next(it)["id"].tolist()]
+    state = json.loads(json.dumps(stream.state_dict()))
+    resumed = ingest.Stream(local.url("k"), **kwargs)
+    resumed.load_state_dict(state)
+    after = [i for batch in resumed for i in batch["id"].tolist()]
+    assert sorted(before + after) == list(range(100))
+    loader = ingest.DataLoader(ingest.Stream(local.url("k"), **kwargs), num_workers=2)
+    try:
+        seen = []
+        for batch in loader:
+            assert batch["n"].dtype == torch.int64
+            seen += batch["id"].tolist()
+    finally:
+        loader.close()
+    assert sorted(seen) == list(range(100))
+
+
+class Times(ingest.Stage):
+    """``m = n * 1000``, in ``n``'s type."""
+
+    def fingerprint(self) -> str:
+        return "times 1000, 1"
+
+    def __call__(self, table: pa.Table) -> ingest.Staged:
+        n = table.column("n")
+        m = pc.multiply(n, pa.scalar(1000, n.type))
+        return ingest.Staged(table.append_column("m", m), np.arange(table.num_rows))
+
+
+def test_a_derived_copy_is_keyed_with_the_types_its_rows_were_read_in(
+    local: Store, tmp_path: Any
+) -> None:
+    """A copy made while a shard's column was the stream's ``int32`` is not read once a
+    new shard makes the stream ``int64``: the stage made it of ``int32`` rows (its ``m`` is
+    ``int32``), where the stream now reads ``int64``."""
+    kwargs: dict[str, Any] = {"transform": Times(), "derived": f"file://{tmp_path}/derived"}
+    local.write("g/0.parquet", encode(pa.table({"n": pa.array([1, 2], pa.int32())}), "parquet"))
+    (made,) = list(ingest.Stream(local.url("g"), batch_size=2, **kwargs))
+    assert made["m"].dtype == torch.int32
+    local.write("g/1.parquet", encode(pa.table({"n": pa.array([3, 4], pa.int64())}), "parquet"))
+    (batch,) = list(ingest.Stream(local.url("g"), batch_size=4, **kwargs))
+    assert batch["m"].dtype == torch.int64
+    assert sorted(batch["m"].tolist()) == [1000, 2000, 3000, 4000]
