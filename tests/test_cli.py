@@ -80,7 +80,9 @@ def test_ls_json_is_one_object_per_shard_and_nothing_on_stderr(local: Store) -> 
     assert [json.loads(line)["rows"] for line in counted.stdout.splitlines()] == [100, 7]
 
 
-def test_ls_and_index_take_the_streams_delimiter(local: Store, tmp_path: object) -> None:
+def test_ls_and_index_take_the_streams_delimiter_and_column_names(
+    local: Store, tmp_path: object
+) -> None:
     """`--delimiter ';'` reads as ReadOptions(delimiter=';') does: `ls --count` counts the
     records its quotes make, `index` keeps the count under the stream's format (csv[;]),
     which a stream with that delimiter then plans from."""
@@ -94,6 +96,15 @@ def test_ls_and_index_take_the_streams_delimiter(local: Store, tmp_path: object)
     assert [json.loads(line)["rows"] for line in commas.stdout.splitlines()] == [3]
     index = run("index", local.url("c"), "--index-dir", f"{tmp_path}/i", "--delimiter", ";")
     assert index.returncode == 0, index.stderr
+    # Without a header line, every record is a row: `--column-names` names the columns.
+    local.write("n/a.tsv", b"1\tx\n2\ty\n3\tz\n")
+    named = run("ls", local.url("n"), "--json", "--count", "--column-names", "id,text")
+    assert named.returncode == 0, named.stderr
+    assert [(r["format"], r["rows"]) for r in map(json.loads, named.stdout.splitlines())] == [
+        ("tsv[\t no header]", 3)
+    ]
+    headed = run("ls", local.url("n"), "--json", "--count")
+    assert [json.loads(line)["rows"] for line in headed.stdout.splitlines()] == [2]
 
 
 def test_ls_bad_input_exits_2_with_one_line(local: Store) -> None:

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import fsspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 import pytest
@@ -688,6 +689,95 @@ def test_a_delimiter_is_part_of_the_shards_format_in_the_index_and_derived_keys(
     assert getattr(get_format("tsv[|]"), "delimiter", None) == "|"
     with pytest.raises(ConfigError, match="take a delimiter"):
         get_format("jsonl[;]")
+
+
+def _pairs(first: int, n: int) -> bytes:
+    """A TSV of ``id``, ``text`` records without a header line (a parallel corpus, a
+    dump of a table): some texts quoted, holding a tab or a line break."""
+    texts = [
+        f'"line {i}\tcol\nnext"' if i % 7 == 0 else f"text {i}" for i in range(first, first + n)
+    ]
+    return "".join(
+        f"{i}\t{t}\n" for i, t in zip(range(first, first + n), texts, strict=True)
+    ).encode()
+
+
+def test_csv_and_tsv_without_a_header_read_with_column_names(local: Store, tmp_path: Any) -> None:
+    """A TSV without a header (a parallel corpus, ``COPY ... TO`` of a table): its first
+    record was taken for the header, so the first row of every shard was dropped and the
+    columns were named by its values (``{'0': ..., 'text 0': ...}``), without a word. As
+    ``datasets`` takes ``column_names=``, a stream takes ``ReadOptions(column_names=[...])``:
+    every record is a row, as pyarrow reads it with ``column_names``, resumes included."""
+    for n in range(3):
+        local.write(f"pairs/{n}.tsv", _pairs(n * 200, 200))
+    names = ReadOptions(column_names=["id", "text"], block_bytes=1024)
+    reference = [
+        row
+        for n in range(3)
+        for row in pcsv.read_csv(
+            pa.BufferReader(_pairs(n * 200, 200)),
+            read_options=pcsv.ReadOptions(column_names=["id", "text"]),
+            parse_options=pcsv.ParseOptions(delimiter="\t", newlines_in_values=True),
+        ).to_pylist()
+    ]
+    assert len(reference) == 600
+    got = [
+        {"id": i, "text": t}
+        for b in ingest.Stream(local.url("pairs"), batch_size=50, read=names)
+        for i, t in zip(b["id"].tolist(), b["text"], strict=True)
+    ]
+    assert got == reference
+    kwargs: dict[str, Any] = {"batch_size": 30, "shuffle_seed": 4, "read": names}
+    stream = ingest.Stream(local.url("pairs"), **kwargs)
+    it = iter(stream)
+    before = [i for _ in range(4) for i in next(it)["id"].tolist()]
+    resumed = ingest.Stream(local.url("pairs"), **kwargs)
+    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
+    after = [i for b in resumed for i in b["id"].tolist()]
+    assert sorted(before + after) == list(range(600))
+    loader = ingest.DataLoader(ingest.Stream(local.url("pairs"), **kwargs), num_workers=2)
+    try:
+        assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(600))
+    finally:
+        loader.close()
+    # The shard index counts records, not records after a header: a format of its own.
+    catalog = Catalog(Source(local.url("pairs/0.tsv")), names, None)
+    listing = catalog.scan(index=True)
+    assert (listing.shards[0].format, listing.infos[0].rows) == ("tsv[\t no header]", 200)
+    assert get_format("csv[, no header]").name == "csv[, no header]"
+    # Derived copies are keyed with the names: rows named one way are not read another.
+    every = ingest.Filter(lambda t: pc.greater_equal(t.column(0), 0), version="1")
+    derived = f"file://{tmp_path}/derived"
+    for columns in (["id", "text"], ["n", "words"]):
+        read = ReadOptions(column_names=columns)
+        stream = ingest.Stream(
+            local.url("pairs/0.tsv"), batch_size=200, read=read, transform=every, derived=derived
+        )
+        assert list(next(iter(stream))) == columns
+
+
+def test_column_names_are_checked_and_a_header_read_as_a_row_is_warned(local: Store) -> None:
+    local.write("h.csv", b"id,text\n1,a\n2,b\n")
+    with pytest.warns(UserWarning, match=r"h\.csv.*first record.*column names.*header"):
+        stream = ingest.Stream(
+            local.url("h.csv"), batch_size=3, read=ReadOptions(column_names=["id", "text"])
+        )
+        (batch,) = list(stream)
+    assert batch["id"] == ["id", "1", "2"]  # as told: three rows, strings
+    local.write("three.csv", b"1,a\n2,b,c\n")
+    with pytest.raises(ShardError, match=r"three\.csv.*line 2"):
+        list(
+            ingest.Stream(
+                local.url("three.csv"), batch_size=1, read=ReadOptions(column_names=["id", "text"])
+            )
+        )
+    for bad in ([], ["a", "a"], ["a", ""], "ab", [1]):
+        with pytest.raises(ConfigError, match="column_names"):
+            ReadOptions(column_names=bad)  # type: ignore[arg-type]
+    schema = pa.schema([("x", pa.int64())])
+    with pytest.raises(ConfigError, match=r"column_names.*schema"):
+        ReadOptions(column_names=["id"], schema=schema)
+    assert ReadOptions(column_names=["x"], schema=schema).column_names == ("x",)
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])

@@ -131,14 +131,16 @@ def get_format(name: str) -> Format:
     fmt = _instances.get(name)
     if fmt is not None:
         return fmt
-    if name.endswith("]") and "[" in name:  # a variant: csv[;] (read_as)
-        base, _, delimiter = name[:-1].partition("[")
+    if name.endswith("]") and "[" in name:  # a variant: csv[;], tsv[\t no header] (read_as)
+        base, _, inner = name[:-1].partition("[")
+        delimiter, rest = inner[:1], inner[1:]
         with_delimiter = getattr(get_format(base), "with_delimiter", None)
-        if with_delimiter is None or len(delimiter) != 1:
+        if with_delimiter is None or not delimiter or rest not in ("", _NO_HEADER):
             raise ConfigError(
-                f"unknown format {name!r}: only {', '.join(_DELIMITED)} take a delimiter (csv[;])"
+                f"unknown format {name!r}: only {', '.join(_DELIMITED)} take a delimiter "
+                f"(csv[;]), and a header-less read (csv[,{_NO_HEADER}])"
             )
-        fmt = cast(Format, with_delimiter(delimiter))
+        fmt = cast(Format, with_delimiter(delimiter, header=not rest))
         _instances[name] = fmt
         return fmt
     target = _REGISTRY.get(name)
@@ -163,23 +165,32 @@ _DELIMITED = ("csv", "tsv")
 """The formats ``ReadOptions.delimiter`` applies to."""
 
 
-def variant(name: str, delimiter: str) -> str:
-    """The name of format ``name`` read with ``delimiter`` between values: ``csv[;]``."""
-    return f"{name}[{delimiter}]"
+_NO_HEADER = " no header"
+
+
+def variant(name: str, delimiter: str, *, header: bool = True) -> str:
+    """The name of format ``name`` read with ``delimiter`` between values: ``csv[;]``;
+    without a header line (``ReadOptions.column_names``): ``csv[, no header]``."""
+    return f"{name}[{delimiter}{'' if header else _NO_HEADER}]"
 
 
 def read_as(name: str, options: ReadOptions) -> str:
     """The format that reads a shard listed as format ``name`` under ``options``: CSV or TSV
-    with ``ReadOptions.delimiter`` is its variant (:func:`variant`), anything else itself.
+    with ``ReadOptions.delimiter`` or ``column_names`` is its variant (:func:`variant`),
+    anything else itself.
 
-    The delimiter makes other rows of the same bytes (a quote opens a value only after one),
-    and a shard's format is part of every key kept across jobs (the shard index's entries,
-    derived copies): as a name of its own, a count or a copy made with one delimiter is never
-    taken for another's. The catalog renames the shards it lists so."""
-    if options.delimiter is None or name not in _DELIMITED:
+    Each makes other rows of the same bytes (a quote opens a value only after the delimiter;
+    without a header the first record is a row), and a shard's format is part of every key
+    kept across jobs (the shard index's entries, derived copies): as a name of its own, a
+    count or a copy made one way is never taken for another's. The catalog renames the
+    shards it lists so."""
+    if (options.delimiter is None and options.column_names is None) or name not in _DELIMITED:
         return name
-    native = getattr(get_format(name), "delimiter", None)
-    return name if options.delimiter == native else variant(name, options.delimiter)
+    native = str(getattr(get_format(name), "delimiter", ","))  # every format of _DELIMITED's
+    delimiter = native if options.delimiter is None else options.delimiter
+    if delimiter == native and options.column_names is None:
+        return name
+    return variant(name, delimiter, header=options.column_names is None)
 
 
 def open_reader(ctx: ReadContext) -> ShardReader:
@@ -209,6 +220,14 @@ def read_casts(ctx: ReadContext) -> dict[str, pa.DataType]:
     if known is None or ctx.schema is None or known.equals(ctx.schema):
         return {}
     return conform.casts(known, ctx.schema, ctx.columns, declared=ctx.schema_origin == DECLARED)
+
+
+def given_names(ctx: ReadContext) -> tuple[str, ...] | None:
+    """The column names ``ctx`` gives a shard whose files have none (CSV or TSV without a
+    header: ``ReadOptions.column_names``); None where the shard names its own."""
+    if getattr(get_format(ctx.shard.format), "header", True):
+        return None
+    return None if ctx.options.column_names is None else tuple(ctx.options.column_names)
 
 
 def split_compression(path: str) -> tuple[str, str | None]:

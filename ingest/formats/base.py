@@ -89,6 +89,10 @@ class ReadOptions:
         delimiter: CSV and TSV: the character between values, in place of the format's
             (``,``; a tab for TSV), as ``datasets`` takes ``sep=`` (``";"`` for a
             spreadsheet saved in a European locale, ``"|"``). None: the format's.
+        column_names: CSV and TSV: the shards have no header line, and these name their
+            columns: every record is a row, as ``datasets`` takes ``column_names=`` (a
+            parallel corpus, a table dumped without its header). Such a shard's format is
+            named for it (``tsv[\t no header]``). None: the first record is the header.
         partitioning: ``"hive"`` (default): the ``key=value`` directories of a shard's path
             below the listed root (``lang=en/year=2024/part-0.parquet``, as Spark, Hive and
             pyarrow write a partitioned table) are string columns of its rows, after the
@@ -113,20 +117,15 @@ class ReadOptions:
     cache: CacheOptions | None = None
     file_concurrency: int = 16
     delimiter: str | None = None
+    column_names: Sequence[str] | None = None
     partitioning: str | None = "hive"
 
     def __post_init__(self) -> None:
         if self.on_error not in ("raise", "skip"):
             raise ConfigError(f'on_error={self.on_error!r} must be "raise" or "skip"')
-        if self.delimiter is not None and (
-            not isinstance(self.delimiter, str)
-            or len(self.delimiter.encode()) != 1  # one ASCII character
-            or self.delimiter in '"\r\n'
-        ):
-            raise ConfigError(
-                f"delimiter={self.delimiter!r} must be one ASCII character other than a quote "
-                "or a line break (',', ';', '|', '\\t'), or None for the format's own"
-            )
+        if self.column_names is not None:
+            object.__setattr__(self, "column_names", _checked_names(self.column_names, self.schema))
+        _check_delimiter(self.delimiter)
         if self.partitioning not in ("hive", None):
             raise ConfigError(
                 f"partitioning={self.partitioning!r} must be 'hive' or None (the files' "
@@ -326,6 +325,39 @@ class Gathered:
         """``(span, row after its last row here)`` of each span it holds rows of."""
         last = np.flatnonzero(np.diff(self.spans, append=-1))
         yield from zip(self.spans[last].tolist(), (self.rows[last] + 1).tolist(), strict=True)
+
+
+def _check_delimiter(delimiter: object) -> None:
+    if delimiter is not None and (
+        not isinstance(delimiter, str)
+        or len(delimiter.encode()) != 1  # one ASCII character
+        or delimiter in '"\r\n'
+    ):
+        raise ConfigError(
+            f"delimiter={delimiter!r} must be one ASCII character other than a quote "
+            "or a line break (',', ';', '|', '\\t'), or None for the format's own"
+        )
+
+
+def _checked_names(names: object, schema: object) -> tuple[str, ...]:
+    """``ReadOptions.column_names`` as a tuple, or a ConfigError naming what is wrong."""
+    ok = isinstance(names, (list, tuple)) and names and all(isinstance(n, str) and n for n in names)
+    if not ok:
+        raise ConfigError(
+            f"column_names={names!r} must be a list of non-empty column names (the shards' "
+            "columns, in order: they have no header line), or None (the first record is the "
+            "header)"
+        )
+    got: tuple[str, ...] = tuple(names)  # type: ignore[arg-type]  # checked above
+    twice = sorted({n for n in got if got.count(n) > 1})
+    if twice:
+        raise ConfigError(f"column_names={list(got)!r} names {twice} twice; name each column once")
+    if isinstance(schema, pa.Schema) and list(schema.names) != list(got):
+        raise ConfigError(
+            f"column_names={list(got)!r} and the schema's names {schema.names} differ; give "
+            "the schema the same names in the same order"
+        )
+    return got
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.csv as pcsv
 
-from ingest.core.errors import SchemaMismatchError, ShardError, redact
+from ingest.core.errors import ConfigError, SchemaMismatchError, ShardError, redact
 from ingest.formats import variant
 from ingest.formats._lines import (
     PARSE_ERRORS,
@@ -202,43 +202,88 @@ class CsvFormat(UncountedFormat):
     extensions = (".csv",)
     delimiter = ","
     """The character between values."""
+    header = True
+    """Whether the first record is a header line (False: ``ReadOptions.column_names``)."""
 
-    def with_delimiter(self, delimiter: str) -> CsvFormat:
-        """This format with ``delimiter`` between values (``ReadOptions.delimiter``), named
-        for it (:func:`ingest.formats.read_as`)."""
+    def with_delimiter(self, delimiter: str, *, header: bool = True) -> CsvFormat:
+        """This format with ``delimiter`` between values (``ReadOptions.delimiter``) and a
+        header line or none (``ReadOptions.column_names``), named for them
+        (:func:`ingest.formats.read_as`)."""
         other = copy.copy(self)
         other.delimiter = delimiter
-        other.name = variant(self.name, delimiter)  # type: ignore[misc]  # its own name
+        other.header = header
+        other.name = variant(self.name, delimiter, header=header)  # type: ignore[misc]
         return other
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
+        names = _names(self, shard, options)
         chunk = _first_chunk(source, shard, options.block_bytes, options, self.delimiter)
         if chunk is None:
             raise ShardError(shard.url, "has no header line", "pass ReadOptions(schema=...)")
         parse = _parse_options(self.delimiter)
         records = split_records(chunk, self.delimiter)
-        header, lines = records[0], records[1:]
+        header, lines = (b"", records) if names else (records[0], records[1:])
+        read = pcsv.ReadOptions(column_names=names)
         try:
-            schema = pcsv.read_csv(pa.BufferReader(chunk), parse_options=parse).schema
+            schema = pcsv.read_csv(pa.BufferReader(chunk), read, parse).schema
         except pa.ArrowInvalid as e:
-            raise _locate(shard, header, lines, (), parse) or ShardError(
+            raise _locate(shard, header, lines, (), parse, names) or ShardError(
                 shard.url,
                 f"is not valid {self.name.upper()} ({e})",
                 "check the file, or pass ReadOptions(schema=...)",
             ) from None
         # pyarrow infers binary only for a column with a value that is not UTF-8.
         text = [f.name for f in schema if pa.types.is_binary(f.type)]
-        error = _locate(shard, header, lines, text, parse) if text else None
+        error = _locate(shard, header, lines, text, parse, names) if text else None
         if error is not None:
             raise error
-        if len(schema) == 1 and options.delimiter is None:
+        if names:
+            _warn_header_as_row(shard, records[0], names, parse)
+        elif len(schema) == 1 and options.delimiter is None:
             _warn_one_column(shard, schema.names[0], self.delimiter)
         return schema
 
     def open(self, ctx: ReadContext) -> ShardReader:
-        return _CsvReader(ctx, self.delimiter)
+        return _CsvReader(ctx, self.delimiter, _names(self, ctx.shard, ctx.options))
+
+
+def _names(fmt: CsvFormat, shard: Shard, options: ReadOptions) -> list[str] | None:
+    """The column names of a header-less read (``ReadOptions.column_names``); None where the
+    first record is the header."""
+    if fmt.header:
+        return None
+    if options.column_names is None:
+        raise ConfigError(
+            f"{redact(shard.url)}: format {fmt.name!r} reads shards without a header line, "
+            "and no ReadOptions(column_names=[...]) names their columns: pass them"
+        )
+    return list(options.column_names)
+
+
+def _warn_header_as_row(
+    shard: Shard, first: bytes, names: list[str], parse: pcsv.ParseOptions
+) -> None:
+    """Warn where the first record of a shard read without a header is the column names:
+    it is a header, read as a row."""
+    try:
+        row = pcsv.read_csv(
+            pa.BufferReader(first),
+            pcsv.ReadOptions(column_names=names),
+            parse,
+            pcsv.ConvertOptions(column_types=dict.fromkeys(names, pa.string())),
+        ).to_pylist()
+    except pa.ArrowInvalid:
+        return
+    if row and list(row[0].values()) == names:
+        warnings.warn(
+            f"{redact(shard.url)}: its first record is the column names {names}: it has a "
+            "header line, read as a row under ReadOptions(column_names=...); leave "
+            "column_names out to take the header for one",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 _OTHER_DELIMITERS = (";", "|", "\t", ",")
@@ -269,18 +314,22 @@ class TsvFormat(CsvFormat):
 
 
 class _CsvReader(LineReader):
-    def __init__(self, ctx: ReadContext, delimiter: str) -> None:
+    def __init__(self, ctx: ReadContext, delimiter: str, column_names: list[str] | None) -> None:
         super().__init__(ctx)
         schema = ctx.schema
         assert schema is not None  # the stream always resolves a schema for CSV
         self._delimiter = delimiter
         self._parse = _parse_options(delimiter)
-        self._header = _first_record(ctx.source, ctx.shard, ctx.options, delimiter)
-        names = (
-            pcsv.read_csv(pa.BufferReader(self._header), parse_options=self._parse).column_names
-            if self._header
-            else []
-        )
+        self._header: bytes | None = None
+        if column_names is not None:  # no header: every record is a row
+            names = column_names
+        else:
+            self._header = _first_record(ctx.source, ctx.shard, ctx.options, delimiter)
+            names = (
+                pcsv.read_csv(pa.BufferReader(self._header), parse_options=self._parse).column_names
+                if self._header
+                else []
+            )
         if names != schema.names:
             raise SchemaMismatchError(
                 ctx.shard.url,
@@ -345,25 +394,26 @@ def _locate(
     lines: list[bytes],
     text: Sequence[str],
     parse_options: pcsv.ParseOptions,
+    names: list[str] | None = None,
 ) -> ShardError | None:
     """The error for the first of ``lines`` (after ``header``) that pyarrow cannot read.
 
     Args:
         shard: The shard, read from its start.
-        header: The header line.
+        header: The header line (empty where ``names`` names the columns).
         lines: The lines after it.
         text: Columns to read as strings (pyarrow infers binary for invalid UTF-8).
         parse_options: The format's (its delimiter).
+        names: The column names of a shard without a header line, or None.
 
     Returns:
         The error, or None if pyarrow reads every line.
     """
     convert = pcsv.ConvertOptions(column_types={name: pa.string() for name in text})
+    read = pcsv.ReadOptions(column_names=names)
 
     def parse(body: bytes) -> pa.Table:
-        return pcsv.read_csv(
-            pa.BufferReader(header + body), parse_options=parse_options, convert_options=convert
-        )
+        return pcsv.read_csv(pa.BufferReader(header + body), read, parse_options, convert)
 
     try:
         parse(b"".join(lines))

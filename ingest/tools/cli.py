@@ -81,10 +81,22 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
         "stream's, so that what the command keeps is the stream's",
     )
     parser.add_argument(
+        "--column-names",
+        type=_names,
+        metavar="A,B,...",
+        help="CSV and TSV without a header line: their columns' names, comma-separated "
+        "(ReadOptions(column_names=[...])); the stream's, so that what the command keeps is "
+        "the stream's",
+    )
+    parser.add_argument(
         "--no-partitions",
         action="store_true",
         help="read key=value directories as no columns (ReadOptions(partitioning=None))",
     )
+
+
+def _names(text: str) -> list[str]:
+    return text.split(",")
 
 
 def _positive(text: str) -> int:
@@ -369,7 +381,9 @@ def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
 def _read_options(args: argparse.Namespace) -> ReadOptions:
     """The stream's ``ReadOptions`` that a command reading a source takes from ``args``."""
     return ReadOptions(
-        delimiter=args.delimiter, partitioning=None if args.no_partitions else "hive"
+        delimiter=args.delimiter,
+        column_names=args.column_names,
+        partitioning=None if args.no_partitions else "hive",
     )
 
 

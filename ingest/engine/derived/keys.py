@@ -105,14 +105,16 @@ def read_fingerprint(
     columns: Sequence[str] | None,
     partition: Partition = (),
     casts: Mapping[str, pa.DataType] | None = None,
+    names: Sequence[str] | None = None,
 ) -> str:
     """The ``read`` part of a :class:`DerivedKey`: the format that reads the shard, the
     columns it reads (None: all), the hive partition columns its rows get (the shard's
     ``partition``: empty when read with ``ReadOptions(partitioning=None)``) and the types
     its columns are cast to (``casts``, :func:`ingest.formats.read_casts`: a copy made of
-    ``int32`` rows is not read once the stream reads them as ``int64``), which together make
-    the rows the chain is given. Without partitions and casts, the key it was before either
-    was read."""
+    ``int32`` rows is not read once the stream reads them as ``int64``) and the names given
+    to columns a file does not name (``names``, :func:`ingest.formats.given_names`: CSV
+    without a header), which together make the rows the chain is given. Without partitions,
+    casts and names, the key it was before any of them was read."""
     fields: dict[str, Any] = {
         "format": format,
         "columns": None if columns is None else list(columns),
@@ -121,6 +123,8 @@ def read_fingerprint(
         fields["partition"] = [list(pair) for pair in partition]
     if casts:
         fields["casts"] = {name: str(t) for name, t in casts.items()}
+    if names:
+        fields["names"] = list(names)
     return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 

@@ -46,7 +46,7 @@ from ingest.engine.derived.store import DerivedConfig, DerivedStore
 from ingest.engine.stage import Staged
 from ingest.engine.transform import staged
 from ingest.engine.window import Hole, SpanEnd, indices
-from ingest.formats import read_casts
+from ingest.formats import given_names, read_casts
 from ingest.formats.base import ReadContext, RowBatch
 from ingest.storage.sources.stats import IOStats
 
@@ -159,7 +159,9 @@ class Deriving:
             start=int(start),
             stop=None if to_end else int(stop),  # type: ignore[arg-type]
             chain=self.fingerprint,
-            read=_read_fingerprint(shard.format, self.columns, shard.partition, read_casts(ctx)),
+            read=_read_fingerprint(
+                shard.format, self.columns, shard.partition, read_casts(ctx), given_names(ctx)
+            ),
         )
 
     def _get(self, key: DerivedKey) -> DerivedUnit | None:
