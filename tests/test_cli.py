@@ -80,9 +80,7 @@ def test_ls_json_is_one_object_per_shard_and_nothing_on_stderr(local: Store) -> 
     assert [json.loads(line)["rows"] for line in counted.stdout.splitlines()] == [100, 7]
 
 
-def test_ls_and_index_take_the_streams_delimiter_and_column_names(
-    local: Store, tmp_path: object
-) -> None:
+def test_ls_and_index_read_csv_and_json_as_the_stream_does(local: Store, tmp_path: object) -> None:
     """`--delimiter ';'` reads as ReadOptions(delimiter=';') does: `ls --count` counts the
     records its quotes make, `index` keeps the count under the stream's format (csv[;]),
     which a stream with that delimiter then plans from."""
@@ -105,6 +103,13 @@ def test_ls_and_index_take_the_streams_delimiter_and_column_names(
     ]
     headed = run("ls", local.url("n"), "--json", "--count")
     assert [json.loads(line)["rows"] for line in headed.stdout.splitlines()] == [2]
+    # A JSON document's rows under a key: `--field data`.
+    local.write("j/a.json", json.dumps({"v": 1, "data": [{"id": 1}, {"id": 2}]}).encode())
+    fielded = run("ls", local.url("j"), "--json", "--count", "--field", "data")
+    assert fielded.returncode == 0, fielded.stderr
+    assert [(r["format"], r["rows"]) for r in map(json.loads, fielded.stdout.splitlines())] == [
+        ("jsonl[field=data]", 2)
+    ]
 
 
 def test_ls_bad_input_exits_2_with_one_line(local: Store) -> None:

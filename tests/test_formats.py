@@ -422,6 +422,90 @@ def test_a_json_array_that_cannot_be_read_is_named_with_the_fix(
     assert err.value.url.endswith("bad.json")
 
 
+def _squad(first: int, n: int) -> dict[str, Any]:
+    """SQuAD's layout: one JSON object, its rows a list under ``data``."""
+    rows = [
+        {"id": i, "title": f"t{i}", "paragraphs": [{"context": f"c{i}"}]}
+        for i in range(first, first + n)
+    ]
+    return {"version": "1.1", "data": rows}
+
+
+def test_a_json_document_holding_its_rows_under_a_field_reads_with_field(local: Store) -> None:
+    """SQuAD and many a dataset's own files are one JSON object whose rows are a list under
+    a key (``{"version": ..., "data": [...]}``): as ``datasets`` takes ``field="data"``, a
+    stream takes ``ReadOptions(field="data")``, the list of objects (or an object of
+    equal-length column lists) as rows, resumes and DataLoader workers included. Before, a
+    pretty-printed one was refused ("invalid JSON ... every line must be one JSON object")
+    with no option that helps, and one on a single line was one row."""
+    for n in range(3):
+        local.write(f"squad/part{n}.json", json.dumps(_squad(n * 40, 40), indent=2).encode())
+    data = ReadOptions(field="data")
+    got = [
+        (i, t, p[0]["context"])
+        for b in ingest.Stream(local.url("squad"), batch_size=10, read=data)
+        for i, t, p in zip(b["id"].tolist(), b["title"], b["paragraphs"], strict=True)
+    ]
+    assert got == [(i, f"t{i}", f"c{i}") for i in range(120)]
+    kwargs: dict[str, Any] = {
+        "batch_size": 10,
+        "shuffle_seed": 4,
+        "shuffle_window": 30,
+        "read": data,
+    }
+    stream = ingest.Stream(local.url("squad"), **kwargs)
+    it = iter(stream)
+    before = [i for _ in range(5) for i in next(it)["id"].tolist()]
+    resumed = ingest.Stream(local.url("squad"), **kwargs)
+    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
+    assert sorted(before + [i for b in resumed for i in b["id"].tolist()]) == list(range(120))
+    loader = ingest.DataLoader(ingest.Stream(local.url("squad"), **kwargs), num_workers=2)
+    try:
+        assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(120))
+    finally:
+        loader.close()
+    # An object of equal-length column lists is rows too (as datasets reads one); gzip too.
+    columns = {"meta": 1, "data": {"id": [0, 1, 2], "text": ["a", "b", "c"]}}
+    local.write("cols/a.json.gz", gzip.compress(json.dumps(columns).encode()))
+    (batch,) = list(ingest.Stream(local.url("cols"), batch_size=3, read=data))
+    assert (batch["id"].tolist(), batch["text"]) == ([0, 1, 2], ["a", "b", "c"])
+    # The field is part of the shard's format: the index never gives one read's count to another.
+    catalog = Catalog(Source(local.url("squad/part0.json")), data, None)
+    listing = catalog.scan(index=True)
+    assert (listing.shards[0].format, listing.infos[0].rows) == ("jsonl[field=data]", 40)
+    assert get_format("jsonl[field=data]").name == "jsonl[field=data]"
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b'{"version": 1, "rows": []}', r"has no key 'data' \(its keys: 'version', 'rows'\)"),
+        (b'[{"data": []}]', r"is a JSON array, not an object holding 'data'"),
+        (b'{"data": 3}', r"'data' holds int, not a list of objects"),
+        (b'{"data": [{"id": 1}, 2]}', r"item 1 of 'data' is int, not an object"),
+        (b'{"data": {"id": [1, 2], "t": [1]}}', r"columns of 'data' differ in length"),
+        (b'{"data": [', r"not valid JSON"),
+    ],
+)
+def test_a_document_without_its_field_is_named_with_the_fix(
+    local: Store, data: bytes, says: str
+) -> None:
+    local.write("bad.json", data)
+    catalog = Catalog(Source(local.url("bad.json")), ReadOptions(field="data"), None)
+    with pytest.raises(ShardError, match=says) as err:
+        read(catalog, catalog.scan())
+    assert err.value.url.endswith("bad.json")
+
+
+def test_a_pretty_printed_object_says_to_pass_field(local: Store) -> None:
+    local.write("doc.json", json.dumps(_squad(0, 2), indent=2).encode())
+    with pytest.raises(ShardError, match=r"ReadOptions\(field="):
+        list(ingest.Stream(local.url("doc.json"), batch_size=1))
+    for bad in ("", 3):
+        with pytest.raises(ConfigError, match="field"):
+            ReadOptions(field=bad)  # type: ignore[arg-type]
+
+
 class TestCsv(FormatContract):
     fmt = "csv"
     short: ClassVar[bytes] = b"1,2"

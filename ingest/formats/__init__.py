@@ -131,16 +131,17 @@ def get_format(name: str) -> Format:
     fmt = _instances.get(name)
     if fmt is not None:
         return fmt
-    if name.endswith("]") and "[" in name:  # a variant: csv[;], tsv[\t no header] (read_as)
+    if name.endswith("]") and "[" in name:  # a variant (read_as): csv[;], jsonl[field=data]
         base, _, inner = name[:-1].partition("[")
-        delimiter, rest = inner[:1], inner[1:]
-        with_delimiter = getattr(get_format(base), "with_delimiter", None)
-        if with_delimiter is None or not delimiter or rest not in ("", _NO_HEADER):
+        of = getattr(get_format(base), "variant", None)
+        found = None if of is None else of(inner)
+        if found is None:
             raise ConfigError(
                 f"unknown format {name!r}: only {', '.join(_DELIMITED)} take a delimiter "
-                f"(csv[;]), and a header-less read (csv[,{_NO_HEADER}])"
+                f"(csv[;]) and a header-less read (csv[,{NO_HEADER}]), and jsonl a field "
+                "(jsonl[field=data])"
             )
-        fmt = cast(Format, with_delimiter(delimiter, header=not rest))
+        fmt = cast(Format, found)
         _instances[name] = fmt
         return fmt
     target = _REGISTRY.get(name)
@@ -165,25 +166,28 @@ _DELIMITED = ("csv", "tsv")
 """The formats ``ReadOptions.delimiter`` applies to."""
 
 
-_NO_HEADER = " no header"
+NO_HEADER = " no header"
+"""What a CSV or TSV variant's name holds after its delimiter when read without a header."""
 
 
 def variant(name: str, delimiter: str, *, header: bool = True) -> str:
     """The name of format ``name`` read with ``delimiter`` between values: ``csv[;]``;
     without a header line (``ReadOptions.column_names``): ``csv[, no header]``."""
-    return f"{name}[{delimiter}{'' if header else _NO_HEADER}]"
+    return f"{name}[{delimiter}{'' if header else NO_HEADER}]"
 
 
 def read_as(name: str, options: ReadOptions) -> str:
     """The format that reads a shard listed as format ``name`` under ``options``: CSV or TSV
-    with ``ReadOptions.delimiter`` or ``column_names`` is its variant (:func:`variant`),
-    anything else itself.
+    with ``ReadOptions.delimiter`` or ``column_names`` is its variant (:func:`variant`), as
+    JSON with ``field`` is (``jsonl[field=data]``), anything else itself.
 
     Each makes other rows of the same bytes (a quote opens a value only after the delimiter;
-    without a header the first record is a row), and a shard's format is part of every key
-    kept across jobs (the shard index's entries, derived copies): as a name of its own, a
-    count or a copy made one way is never taken for another's. The catalog renames the
-    shards it lists so."""
+    without a header the first record is a row; a document's rows are under its field), and
+    a shard's format is part of every key kept across jobs (the shard index's entries,
+    derived copies): as a name of its own, a count or a copy made one way is never taken
+    for another's. The catalog renames the shards it lists so."""
+    if name == "jsonl" and options.field is not None:
+        return f"{name}[field={options.field}]"
     if (options.delimiter is None and options.column_names is None) or name not in _DELIMITED:
         return name
     native = str(getattr(get_format(name), "delimiter", ","))  # every format of _DELIMITED's

@@ -80,17 +80,31 @@ class _Lines:
 
 
 def open_json(
-    source: Source, shard: Shard, block_bytes: int, max_line_bytes: int
+    source: Source,
+    shard: Shard,
+    block_bytes: int,
+    max_line_bytes: int,
+    field: str | None = None,
 ) -> tuple[Any, bool]:
     """Open ``shard`` (and its compression) for a read from its first byte: a JSON array
     document as the JSON Lines of its items, anything else as it is
-    (:func:`ingest.formats._lines.iter_chunks`'s opener).
+    (:func:`ingest.formats._lines.iter_chunks`'s opener). With ``field``
+    (``ReadOptions.field``), the shard is one JSON object, read whole, and its rows are
+    under that key: a list of objects, or an object of equal-length column lists (as
+    ``datasets``' json builder reads ``field=``).
 
     Raises:
-        ShardError: If a JSON array document is over ``max_line_bytes``, not valid JSON or
-            UTF-8, or holds an item that is not an object; each names the fix.
+        ShardError: If a JSON document is over ``max_line_bytes``, not valid JSON or UTF-8,
+            or holds an item that is not an object (with ``field``: is no object holding
+            the key); each names the fix.
     """
     raw, seekable = open_decompressed(source, shard, block_bytes)
+    if field is not None:
+        try:
+            data = _whole(raw, b"", shard, max_line_bytes)
+        finally:
+            raw.close()
+        return _Lines(_as_lines(data, shard, field)), True
     # The first look is the read the line reader makes first: no read more than before.
     step = max(_PEEK, min(block_bytes, max_line_bytes))
     try:
@@ -112,7 +126,8 @@ def open_json(
 
 
 def _whole(raw: Any, head: bytes, shard: Shard, limit: int) -> bytes:
-    """The document: ``head`` and the rest of ``raw``, at most ``limit`` bytes."""
+    """The document: ``head`` and the rest of ``raw``, at most ``limit`` bytes (a JSON
+    array's, or an object's read with ``ReadOptions.field``)."""
     parts = [head]
     size = len(head)
     while size <= limit:
@@ -123,30 +138,55 @@ def _whole(raw: Any, head: bytes, shard: Shard, limit: int) -> bytes:
         size += len(more)
     raise ShardError(
         shard.url,
-        f"is a JSON array document (not JSON Lines), which is read whole, and it is over "
+        f"is a JSON document (not JSON Lines), which is read whole, and it is over "
         f"max_line_bytes={limit} bytes",
         f"{_FIX}, or raise ReadOptions(max_line_bytes=...) to read it whole",
         byte=0,
     )
 
 
-def _as_lines(data: bytes, shard: Shard) -> bytes:
-    """The items of the JSON array ``data`` as JSON Lines (UTF-8, a newline after each)."""
+def _as_lines(data: bytes, shard: Shard, field: str | None = None) -> bytes:
+    """The rows of the JSON document ``data`` as JSON Lines (UTF-8, a newline after each):
+    the items of an array, or those under ``field`` of an object."""
+    kind = (
+        "JSON array document (it starts with '[')"
+        if field is None
+        else (f"JSON document read with ReadOptions(field={field!r})")
+    )
+    document = _parsed(data, shard, kind)
+    what = "its JSON array"
+    if field is not None:
+        document, what = _under(document, shard, field), f"{field!r}"
+    for n, item in enumerate(document):  # an array (checked where it was not certain)
+        if not isinstance(item, dict):
+            raise ShardError(
+                shard.url,
+                f"item {n} of {what} is {type(item).__name__}, not an object: "
+                f"{json.dumps(item)[:80]}",
+                "every item must be one JSON object, a row (its keys the columns)",
+                row=n,
+            )
+    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+    return "".join(f"{dumps(item)}\n" for item in document).encode()
+
+
+def _parsed(data: bytes, shard: Shard, kind: str) -> Any:
+    """The JSON document ``data`` (a ``kind``, for errors), parsed by the standard library."""
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise ShardError(
             shard.url,
-            f"is a JSON array document that is not UTF-8 (byte {data[e.start]:#04x}: {e.reason})",
+            f"is a {kind} that is not UTF-8 (byte {data[e.start]:#04x}: {e.reason})",
             "JSON is UTF-8: re-encode the file (e.g. iconv -f latin1 -t utf-8)",
             byte=e.start,
         ) from None
     try:
-        items = json.loads(text)
+        return json.loads(text)
     except RecursionError:
         raise ShardError(
             shard.url,
-            "is a JSON array document nested too deep for Python's json module",
+            f"is a {kind} nested too deep for Python's json module",
             "flatten the data (store deep structures as a JSON string)",
             byte=0,
         ) from None
@@ -154,22 +194,46 @@ def _as_lines(data: bytes, shard: Shard) -> bytes:
         at = len(text[: getattr(e, "pos", 0)].encode())
         raise ShardError(
             shard.url,
-            f"is a JSON array document (it starts with '[') but not valid JSON ({e})",
+            f"is a {kind} but not valid JSON ({e})",
             "fix the document (a truncated upload needs writing again), or if it is JSON "
-            "Lines, remove what precedes its first object",
+            "Lines, remove what precedes its first object (and leave field out)",
             byte=at,
         ) from None
-    for n, item in enumerate(items):  # a document that starts with '[' is an array
-        if not isinstance(item, dict):
+
+
+def _under(document: Any, shard: Shard, field: str) -> list[Any]:
+    """The rows under ``field`` of a JSON object: its list, or its object of equal-length
+    column lists as a row per position."""
+    fix = f"read it without ReadOptions(field={field!r}), or name the key that holds the rows"
+    if not isinstance(document, dict):
+        kind = "a JSON array" if isinstance(document, list) else type(document).__name__
+        raise ShardError(shard.url, f"is {kind}, not an object holding {field!r}", fix, byte=0)
+    if field not in document:
+        keys = ", ".join(repr(k) for k in list(document)[:10])
+        raise ShardError(shard.url, f"has no key {field!r} (its keys: {keys})", fix, byte=0)
+    rows = document[field]
+    if isinstance(rows, dict) and all(isinstance(c, list) for c in rows.values()):
+        lengths = {name: len(c) for name, c in rows.items()}
+        if len(set(lengths.values())) > 1:
             raise ShardError(
                 shard.url,
-                f"item {n} of its JSON array is {type(item).__name__}, not an object: "
-                f"{json.dumps(item)[:80]}",
-                "every item must be one JSON object, a row (its keys the columns)",
-                row=n,
+                f"the columns of {field!r} differ in length: {lengths}",
+                "every column list must hold a value per row",
+                byte=0,
             )
-    dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-    return "".join(f"{dumps(item)}\n" for item in items).encode()
+        names = list(rows)
+        return [
+            dict(zip(names, values, strict=True)) for values in zip(*rows.values(), strict=True)
+        ]
+    if not isinstance(rows, list):
+        raise ShardError(
+            shard.url,
+            f"{field!r} holds {type(rows).__name__}, not a list of objects (rows) or an "
+            "object of column lists",
+            fix,
+            byte=0,
+        )
+    return rows
 
 
 __all__ = ["open_json"]

@@ -93,6 +93,11 @@ class ReadOptions:
             columns: every record is a row, as ``datasets`` takes ``column_names=`` (a
             parallel corpus, a table dumped without its header). Such a shard's format is
             named for it (``tsv[\t no header]``). None: the first record is the header.
+        field: JSON: each shard is one JSON object whose rows are under this key (a list
+            of objects, or an object of equal-length column lists), as ``datasets`` takes
+            ``field=`` (SQuAD's ``"data"``); read whole, up to ``max_line_bytes``. Such a
+            shard's format is named for it (``jsonl[field=data]``). None: JSON Lines, or one
+            JSON array of objects.
         partitioning: ``"hive"`` (default): the ``key=value`` directories of a shard's path
             below the listed root (``lang=en/year=2024/part-0.parquet``, as Spark, Hive and
             pyarrow write a partitioned table) are string columns of its rows, after the
@@ -118,6 +123,7 @@ class ReadOptions:
     file_concurrency: int = 16
     delimiter: str | None = None
     column_names: Sequence[str] | None = None
+    field: str | None = None
     partitioning: str | None = "hive"
 
     def __post_init__(self) -> None:
@@ -125,7 +131,7 @@ class ReadOptions:
             raise ConfigError(f'on_error={self.on_error!r} must be "raise" or "skip"')
         if self.column_names is not None:
             object.__setattr__(self, "column_names", _checked_names(self.column_names, self.schema))
-        _check_delimiter(self.delimiter)
+        _check_parsing(self.delimiter, self.field)
         if self.partitioning not in ("hive", None):
             raise ConfigError(
                 f"partitioning={self.partitioning!r} must be 'hive' or None (the files' "
@@ -327,7 +333,13 @@ class Gathered:
         yield from zip(self.spans[last].tolist(), (self.rows[last] + 1).tolist(), strict=True)
 
 
-def _check_delimiter(delimiter: object) -> None:
+def _check_parsing(delimiter: object, field: object) -> None:
+    """Check ``ReadOptions.delimiter`` and ``field``."""
+    if field is not None and (not isinstance(field, str) or not field):
+        raise ConfigError(
+            f"field={field!r} must be the key of the rows in each JSON document (SQuAD's "
+            "'data'), or None"
+        )
     if delimiter is not None and (
         not isinstance(delimiter, str)
         or len(delimiter.encode()) != 1  # one ASCII character

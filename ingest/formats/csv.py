@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 
 from ingest.core.errors import ConfigError, SchemaMismatchError, ShardError, redact
-from ingest.formats import variant
+from ingest.formats import NO_HEADER, variant
 from ingest.formats._lines import (
     PARSE_ERRORS,
     LineReader,
@@ -214,6 +214,15 @@ class CsvFormat(UncountedFormat):
         other.header = header
         other.name = variant(self.name, delimiter, header=header)  # type: ignore[misc]
         return other
+
+    def variant(self, inner: str) -> CsvFormat | None:
+        """This format named ``csv[;]`` or ``csv[, no header]`` (:func:`ingest.formats.read_as`):
+        ``inner`` is a delimiter, then nothing or :data:`ingest.formats.NO_HEADER`; None for
+        another name."""
+        delimiter, rest = inner[:1], inner[1:]
+        if not delimiter or rest not in ("", NO_HEADER):
+            return None
+        return self.with_delimiter(delimiter, header=not rest)
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions

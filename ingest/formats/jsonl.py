@@ -13,6 +13,8 @@ it (:func:`too_deep`): pyarrow's recursion over 10,000 levels crashes the proces
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import re
 
@@ -38,13 +40,33 @@ from ingest.storage.sources import Shard, Source
 class JsonlFormat(UncountedFormat):
     name = "jsonl"
     extensions = (".jsonl", ".ndjson", ".json")
+    field: str | None = None
+    """The key of a JSON document whose rows it holds (``ReadOptions.field``), or None."""
+
+    def variant(self, inner: str) -> JsonlFormat | None:
+        """This format named ``jsonl[field=KEY]`` (:func:`ingest.formats.read_as`): a JSON
+        document's rows under ``KEY``; None for another name."""
+        key = inner.removeprefix("field=")
+        if key == inner or not key:
+            return None
+        other = copy.copy(self)
+        other.field = key
+        other.name = f"{self.name}[{inner}]"  # type: ignore[misc]  # its own name
+        return other
+
+    def opener(self) -> Opener:
+        """How a read from a shard's first byte opens it: a JSON array document (or, with
+        :attr:`field`, an object's list under it) as JSON Lines
+        (:mod:`ingest.formats._json_document`)."""
+        return functools.partial(open_json, field=self.field)
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
     ) -> pa.Schema:
-        reader = _JsonlReader(ReadContext(source, shard, info, options, None, shard.url, None))
+        ctx = ReadContext(source, shard, info, options, None, shard.url, None)
+        reader = _JsonlReader(ctx, self.opener())
         chunks = iter_chunks(
-            source, shard, 0, options.block_bytes, options.max_line_bytes, opener=open_json
+            source, shard, 0, options.block_bytes, options.max_line_bytes, opener=self.opener()
         )
         for _, chunk in chunks:
             if chunk.strip():
@@ -63,7 +85,7 @@ class JsonlFormat(UncountedFormat):
         )
 
     def open(self, ctx: ReadContext) -> ShardReader:
-        return _JsonlReader(ctx)
+        return _JsonlReader(ctx, self.opener())
 
 
 class TooDeepError(pa.ArrowInvalid):  # type: ignore[misc]  # pyarrow has no stubs
@@ -151,8 +173,9 @@ def _parse(
 
 
 class _JsonlReader(LineReader):
-    def __init__(self, ctx: ReadContext) -> None:
+    def __init__(self, ctx: ReadContext, opener: Opener) -> None:
         super().__init__(ctx)
+        self._opener = opener
         self._columns = list(ctx.columns) if ctx.columns is not None else None
         schema = ctx.schema
         if schema is not None and self._columns is not None:
@@ -162,9 +185,8 @@ class _JsonlReader(LineReader):
         """The last chunk parsed and its newlines."""
 
     def opener(self) -> Opener:
-        """A JSON array document is read as the JSON Lines of its items
-        (:mod:`ingest.formats._json_document`)."""
-        return open_json
+        """The format's (:meth:`JsonlFormat.opener`)."""
+        return self._opener
 
     def parse(self, chunk: bytes) -> pa.Table:
         opens = _opens(chunk)
@@ -209,9 +231,16 @@ class _JsonlReader(LineReader):
                 False,
             )
         except ValueError as e:
+            document = line.strip() == b"{"  # a pretty-printed object: one document
             return (
                 f"invalid JSON ({e}): {line[:80]!r}",
-                "fix or remove the line; every line must be one JSON object",
+                "fix or remove the line; every line must be one JSON object"
+                + (
+                    " (if the file is one JSON document holding its rows under a key, "
+                    "as SQuAD's 'data', pass ReadOptions(field='data'))"
+                    if document
+                    else ""
+                ),
                 False,
             )
         return (

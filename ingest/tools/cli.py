@@ -89,6 +89,12 @@ def _source_arguments(parser: argparse.ArgumentParser) -> None:
         "the stream's",
     )
     parser.add_argument(
+        "--field",
+        metavar="KEY",
+        help="JSON documents holding their rows under a key, as SQuAD's 'data' "
+        "(ReadOptions(field=...)); the stream's, so that what the command keeps is the stream's",
+    )
+    parser.add_argument(
         "--no-partitions",
         action="store_true",
         help="read key=value directories as no columns (ReadOptions(partitioning=None))",
@@ -383,6 +389,7 @@ def _read_options(args: argparse.Namespace) -> ReadOptions:
     return ReadOptions(
         delimiter=args.delimiter,
         column_names=args.column_names,
+        field=args.field,
         partitioning=None if args.no_partitions else "hive",
     )
 
