@@ -1118,6 +1118,59 @@ def test_text_files_beside_shards_of_another_format_are_left_out_with_a_warning(
     assert sorted(texts) == ["CC0", "a dataset of ids"]
 
 
+def test_a_directory_saved_by_datasets_reads_its_arrow_files_alone(tmp_path: Any) -> None:
+    """``Dataset.save_to_disk`` writes its rows to ``data-*.arrow`` (Arrow IPC streams) beside
+    ``dataset_info.json`` and ``state.json``, its metadata: a stream over the directory read
+    those as JSON shards and failed ("invalid JSON ... every line must be one JSON object").
+    Now datasets' metadata files beside shards are left out, with the warning a README.txt
+    beside Parquet shards gets; and so is a Hub repository's ``dataset_infos.json`` beside
+    its JSON Lines files. Named alone, such a file is read (and refused: an object)."""
+    datasets = pytest.importorskip("datasets")
+    from ingest.formats import IncidentalFilesWarning
+
+    rows = {"id": list(range(300)), "text": [f"t{i}" for i in range(300)]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "saved"), num_shards=3)
+    names = sorted(p.name for p in (tmp_path / "saved").iterdir())
+    assert "state.json" in names and "dataset_info.json" in names  # the premise
+    with pytest.warns(IncidentalFilesWarning, match=r"dataset_info\.json.*state\.json"):
+        stream = ingest.Stream(str(tmp_path / "saved"), batch_size=50, shuffle_seed=1)
+        got = sorted(i for b in stream for i in b["id"].tolist())
+    assert got == rows["id"]
+    # A DatasetDict: dataset_dict.json at the root, a saved split in each directory.
+    splits = datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)})
+    splits.save_to_disk(str(tmp_path / "dict"))
+    with pytest.warns(IncidentalFilesWarning, match=r"dataset_dict\.json"):
+        got = sorted(
+            i
+            for b in ingest.Stream(str(tmp_path / "dict"), batch_size=50)
+            for i in b["id"].tolist()
+        )
+    assert got == rows["id"]
+    # A Hub repository's metadata beside JSON Lines shards (one format: JSON).
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    (tmp_path / "hub" / "dataset_infos.json").write_text(
+        json.dumps({"default": {"features": {}}}, indent=2)
+    )
+    (tmp_path / "hub" / "data" / "train.jsonl").write_text(
+        "".join(f'{{"id": {i}}}\n' for i in range(5))
+    )
+    with pytest.warns(IncidentalFilesWarning, match=r"dataset_infos\.json"):
+        got = sorted(
+            i for b in ingest.Stream(str(tmp_path / "hub"), batch_size=5) for i in b["id"].tolist()
+        )
+    assert got == list(range(5))
+    # Named alone, it is read (a state.json of one's own, beside no Arrow file, is data).
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "state.json").write_text('{"id": 7}\n')
+    (tmp_path / "mine" / "other.json").write_text('{"id": 8}\n')
+    got = sorted(
+        i for b in ingest.Stream(str(tmp_path / "mine"), batch_size=1) for i in b["id"].tolist()
+    )
+    assert got == [7, 8]
+    with pytest.raises(ShardError, match=r"state\.json.*invalid JSON"):  # read: an object
+        list(ingest.Stream(str(tmp_path / "saved" / "state.json"), batch_size=1))
+
+
 @pytest.mark.parametrize(
     ("chunk", "texts"),
     [

@@ -305,28 +305,59 @@ class _RegistryResolver:
 
 class IncidentalFilesWarning(UserWarning):
     """A listing left out files of a format that are documents beside shards of another
-    (a ``README.txt`` beside Parquet shards); ``format=`` reads them."""
+    (a ``README.txt`` beside Parquet shards; ``format=`` reads them), or the metadata files
+    Hugging Face ``datasets`` writes beside its data (``save_to_disk``'s
+    ``dataset_info.json`` and ``state.json``)."""
+
+
+_DATASETS_METADATA = frozenset({"dataset_info.json", "dataset_infos.json", "dataset_dict.json"})
+"""Files Hugging Face ``datasets`` writes beside its data: ``save_to_disk``'s
+``dataset_info.json`` and a ``DatasetDict``'s ``dataset_dict.json``, a Hub repository's
+legacy ``dataset_infos.json``."""
+_SAVED_STATE = "state.json"
+"""``save_to_disk``'s list of its ``.arrow`` files: metadata where an ``.arrow`` file lies
+beside it, a name like any other elsewhere."""
 
 
 def without_incidental(shards: Sequence[Shard]) -> list[Shard]:
-    """``shards`` without those of an incidental format (``Format.incidental``: text) when
-    others are of another format, with a warning naming them; all of them otherwise."""
+    """``shards`` without datasets' metadata files (:func:`_metadata`) and those of an
+    incidental format (``Format.incidental``: text) when others are of another format, with
+    a warning naming them; all of them where nothing else is listed."""
+    shards = _without(shards, _metadata(shards), "Hugging Face datasets' metadata")
     kinds = {s.format for s in shards}
-    if len(kinds) < 2:
-        return list(shards)
-    left = {k for k in kinds if get_format(k).incidental}
+    left = {k for k in kinds if get_format(k).incidental} if len(kinds) > 1 else set()
     if not left or left == kinds:
+        return shards
+    dropped = {s.url for s in shards if s.format in left}
+    return _without(shards, dropped, f"{'/'.join(sorted(left))}", " (documents)")
+
+
+def _metadata(shards: Sequence[Shard]) -> set[str]:
+    """The URLs of files ``datasets`` writes as metadata beside its data, where other
+    shards are listed (named alone, they are read)."""
+    arrow_dirs = {s.url.rpartition("/")[0] for s in shards if s.url.endswith(".arrow")}
+    found = set()
+    for s in shards:
+        where, _, name = s.url.rpartition("/")
+        if name in _DATASETS_METADATA or (name == _SAVED_STATE and where in arrow_dirs):
+            found.add(s.url)
+    return found if len(found) < len(shards) else set()
+
+
+def _without(shards: Sequence[Shard], dropped: set[str], what: str, taken: str = "") -> list[Shard]:
+    """``shards`` but those of ``dropped`` (URLs), with an :class:`IncidentalFilesWarning`."""
+    if not dropped:
         return list(shards)
-    dropped = [s.url for s in shards if s.format in left]
-    named = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+    urls = [s.url for s in shards if s.url in dropped]
+    named = ", ".join(urls[:3]) + (f" and {len(urls) - 3} more" if len(urls) > 3 else "")
+    kinds = sorted({s.format for s in shards if s.url not in dropped})
     warnings.warn(
-        f"left out {len(dropped)} {'/'.join(sorted(left))} file(s) listed beside "
-        f"{'/'.join(sorted(kinds - left))} shards, taken for documents: {named}; list them "
-        "apart with format=... to read them",
+        f"left out {len(urls)} {what} file(s) listed beside {'/'.join(kinds)} shards{taken}: "
+        f"{named}; list them apart (with format=... where needed) to read them",
         IncidentalFilesWarning,
-        stacklevel=3,
+        stacklevel=4,
     )
-    return [s for s in shards if s.format not in left]
+    return [s for s in shards if s.url not in dropped]
 
 
 FORMAT_RESOLVER = _RegistryResolver()
