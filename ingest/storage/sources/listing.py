@@ -3,6 +3,7 @@ files among them and the version of each; an ``hf://`` URL pinned to its commit 
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 import warnings
@@ -15,6 +16,7 @@ from fsspec.utils import get_protocol
 
 from ingest.core.errors import ConfigError, NoShardsError, SourceError, redact
 from ingest.storage import hub
+from ingest.storage.sources import delta
 from ingest.storage.sources.faults import (
     HTTP_REFUSED_FIX,
     http_refusal,
@@ -23,7 +25,7 @@ from ingest.storage.sources.faults import (
 )
 from ingest.storage.sources.hubfs import pin
 from ingest.storage.sources.options import strip_userinfo
-from ingest.storage.sources.partitions import base_of, hive_partition
+from ingest.storage.sources.partitions import Partition, base_of, hive_partition
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
 from ingest.storage.sources.splits import warn_mixed_splits
@@ -47,6 +49,9 @@ def list_url(
     path = fs._strip_protocol(strip_userinfo(url))
     infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
     base = base_of(_without_query(path), glob=_is_glob(path))
+    tables: dict[str, Partition] = {}
+    if not explicit:
+        infos, tables = _delta_tables(source, fs, url, path, base, infos)
     shards: list[Shard] = []
     names: list[str] = []  # each shard's path on its filesystem
     for info in infos:
@@ -73,7 +78,9 @@ def list_url(
                 size=int(info.get("size") or 0),
                 version=_version_of(info),
                 format=fmt,
-                partition=hive_partition(base, name) if "=" in name and not explicit else (),
+                partition=tables[name]
+                if name in tables
+                else (hive_partition(base, name) if "=" in name and not explicit else ()),
             )
         )
         names.append(name)
@@ -83,6 +90,60 @@ def list_url(
     if not explicit:
         _warn_splits(url, base, names, shards)
     return shards
+
+
+_NO_TABLES = frozenset({"hf", "http", "https"})
+"""Stores whose globs are not looked at for a Delta table at their root: one more request
+each (a Hub listing at a commit is made once, and kept), for tables no one keeps there."""
+
+
+def _delta_tables(
+    source: Source,
+    fs: fsspec.AbstractFileSystem,
+    url: str,
+    path: str,
+    base: str,
+    infos: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], dict[str, Partition]]:
+    """``infos`` less the files of Delta tables that their current version does not hold
+    (earlier versions' files, the logs, change data), and the partition of each file kept
+    that is a table's (from its log): the tables whose log the listing holds, or at a
+    glob's root (:mod:`ingest.storage.sources.delta`).
+
+    Raises:
+        SourceError: If a table's log cannot be read, or the table needs a Delta reader; or
+            a directory's listing lacks a file the log holds.
+    """
+    names = [str(i["name"]) for i in infos]
+    roots = delta.table_roots(names)
+    if _is_glob(path) and base and base not in roots and get_protocol(url) not in _NO_TABLES:
+        roots |= {base} if fs.isdir(posixpath.join(base, delta.LOG)) else set()
+    if not roots:
+        return infos, {}
+    current: dict[str, delta.DeltaFile] = {}
+    for root in sorted(roots):
+        logged = [n for n in names if n.startswith(f"{root}/{delta.LOG}/")]
+        read = functools.partial(delta.read_log, fs, root, logged)
+        log = attempt(read, source.policy(url), source.stats)
+        files = delta.current_files(log, fs.unstrip_protocol(root))
+        current.update((f.path, f) for f in files)
+        listed = set(names)
+        lost = [f.path for f in files if f.path not in listed]
+        if lost and not _is_glob(path):
+            raise SourceError(
+                fs.unstrip_protocol(root),
+                f"its Delta log holds {len(lost)} file(s) the listing does not, "
+                f"{fs.unstrip_protocol(lost[0])} first: removed by hand since the table's "
+                "last commit",
+                "restore the files, or repair the table (FSCK REPAIR TABLE in Spark)",
+            )
+    kept = []
+    for info in infos:
+        name = str(info["name"])
+        table = next((r for r in roots if name.startswith(f"{r}/")), None)
+        if table is None or (name in current and not delta.in_log(name, table)):
+            kept.append(info)
+    return kept, {n: f.partition for n, f in current.items()}
 
 
 def _kept_or_listed(

@@ -1,0 +1,286 @@
+"""Delta Lake tables: the data files of a table's current version, from its log.
+
+A Delta table's directory keeps the Parquet files of its earlier versions (overwritten,
+deleted, compacted) until ``VACUUM`` removes them, and its ``_delta_log`` says which are the
+table: each commit ``_delta_log/<version>.json`` is a line per action, ``add`` a file (its
+path a URI relative to the table's root, its partition values) or ``remove`` one; a
+checkpoint ``<version>.checkpoint.parquet`` (named by ``_last_checkpoint``) holds the files
+of its version, so that only the commits after it are read. A listing that finds a table
+(a ``_delta_log`` directory under the listed URL, or at a glob's root) keeps the table's
+current files alone, with their partition values as the partition columns
+(:mod:`ingest.storage.sources.listing`).
+
+Written here, with fsspec and pyarrow, because the listing already holds the log's names
+and reads through the source's filesystem, retries and credentials; ``deltalake`` reads a
+table with its own object-store client and options. What this reader cannot read exactly
+is refused, naming the feature: a file with a deletion vector (rows deleted without
+rewriting it), column mapping (the files' columns named otherwise than the table's), other
+reader features, and v2 checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote
+
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ingest.core.errors import SourceError
+from ingest.storage.sources.partitions import Partition
+
+LOG = "_delta_log"
+"""The directory of a Delta table's log, under its root."""
+_COMMIT = re.compile(r"(\d{20})\.json")
+_CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet")
+_FEATURES = frozenset(
+    {"timestampNtz", "vacuumProtocolCheck", "deletionVectors", "columnMapping", "variantType"}
+)
+"""Reader features of tables whose files this reader reads exactly: deletion vectors,
+column mapping and variants only where no file has a deletion vector, the mapping is
+``none`` and no column is a variant (checked apart; delta-rs lists the last two on every
+table it writes at reader version 3)."""
+_FIX = (
+    "read the files of its current version with a Delta reader: pass "
+    "deltalake.DeltaTable(url).file_uris() as the stream's URLs (a partitioned table's "
+    "partition columns are not in its files: add them in a stage), or rewrite the table "
+    "without the feature"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DeltaFile:
+    """A data file of a table's current version."""
+
+    path: str
+    """Its path on the table's filesystem."""
+    size: int
+    partition: Partition
+    """Its partition values, in the table's partition columns' order (null: null)."""
+
+
+@dataclass(slots=True)
+class DeltaLog:
+    """What a table's log says from its last checkpoint: the checkpoint's actions (as
+    dicts) and the commits after it (``version: bytes`` of each commit file)."""
+
+    root: str
+    """The table's root on its filesystem."""
+    commits: dict[int, bytes] = field(default_factory=dict)
+    checkpoint: list[dict[str, Any]] = field(default_factory=list)
+    checkpoint_version: int | None = None
+
+
+def table_roots(names: Iterable[str]) -> set[str]:
+    """The roots of the Delta tables whose log is among ``names`` (paths)."""
+    roots = set()
+    marker = f"/{LOG}/"
+    for name in names:
+        at = name.find(marker)
+        if at >= 0:
+            roots.add(name[:at])
+        elif name.startswith(f"{LOG}/"):
+            roots.add("")
+    return roots
+
+
+def in_log(name: str, root: str) -> bool:
+    """Whether path ``name`` is in the log (or another ``_`` directory: change data) of the
+    table at ``root``: never a data file of the table's rows."""
+    rest = name[len(root) + 1 :] if root else name
+    return rest.startswith("_")
+
+
+def read_log(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str]) -> DeltaLog:
+    """The log of the table at ``root``: its last checkpoint and the commits after it.
+
+    Args:
+        fs: The table's filesystem.
+        root: The table's root on it.
+        names: The paths of the log's files (a listing's; the log is listed when empty).
+    """
+    log_dir = posixpath.join(root, LOG)
+    files = {posixpath.basename(n): n for n in names if posixpath.dirname(n) == log_dir}
+    if not files:
+        files = {posixpath.basename(n): n for n in fs.ls(log_dir, detail=False)}
+    commits = {int(m[1]): path for b, path in files.items() if (m := _COMMIT.fullmatch(b))}
+    version, parts = _last_checkpoint(files)
+    log = DeltaLog(root, checkpoint_version=version)
+    if version is not None:
+        for path in parts:
+            with fs.open(path, "rb") as f:
+                table = pq.read_table(f, columns=_CHECKPOINT_COLUMNS)
+            log.checkpoint.extend(_actions(table))
+    for v in sorted(commits):
+        if version is None or v > version:
+            log.commits[v] = fs.cat_file(commits[v])
+    return log
+
+
+_CHECKPOINT_COLUMNS = ["add", "remove", "protocol", "metaData"]
+
+
+def _last_checkpoint(files: Mapping[str, str]) -> tuple[int | None, list[str]]:
+    """The version of the newest checkpoint whose parts are all there, and their paths
+    (None, [] without one). A v2 checkpoint (``<version>.checkpoint.<uuid>.json``) is none:
+    its table lists the reader feature ``v2Checkpoint``, refused (:func:`current_files`)."""
+    found: dict[int, dict[int, str]] = {}
+    counts: dict[int, int] = {}
+    for name, path in files.items():
+        m = _CHECKPOINT.fullmatch(name)
+        if m:
+            v = int(m[1])
+            found.setdefault(v, {})[int(m[2] or 1)] = path
+            counts[v] = int(m[3] or 1)
+    complete = [v for v, parts in found.items() if len(parts) == counts[v]]
+    if not complete:
+        return None, []
+    v = max(complete)
+    return v, [found[v][k] for k in sorted(found[v])]
+
+
+def _actions(table: pa.Table) -> Iterator[dict[str, Any]]:
+    """A checkpoint's rows as actions (``{"add": {...}}``...), its maps as dicts."""
+    for row in table.to_pylist():
+        for kind, action in row.items():
+            if action is not None:
+                yield {kind: _with_dicts(action)}
+
+
+def _with_dicts(action: dict[str, Any]) -> dict[str, Any]:
+    """pyarrow gives a map as a list of pairs: as a dict."""
+    out = dict(action)
+    for key in ("partitionValues", "configuration"):
+        value = out.get(key)
+        if isinstance(value, list):
+            out[key] = dict(value)
+    return out
+
+
+def current_files(log: DeltaLog, url: str | None = None) -> list[DeltaFile]:
+    """The data files of the table's newest version, in path order.
+
+    Raises:
+        SourceError: If a commit after the checkpoint is missing, or the table needs a
+            reader this one is not (a reader version above 3, a feature it cannot read
+            exactly: :data:`_FEATURES`, a file with a deletion vector, column mapping).
+    """
+    where = url or log.root
+    first = 0 if log.checkpoint_version is None else log.checkpoint_version + 1
+    expected = range(first, first + len(log.commits))
+    if sorted(log.commits) != list(expected):
+        gap = next(v for v in expected if v not in log.commits)
+        raise SourceError(
+            where,
+            f"its Delta log lacks commit {gap} (it holds {sorted(log.commits)[:5]}... after "
+            f"checkpoint {log.checkpoint_version}): commit {gap} is missing, so its current "
+            "files cannot be told",
+            "restore the log, or write a checkpoint of the table (deltalake's "
+            "DeltaTable.create_checkpoint()) and list it again",
+        )
+    files: dict[str, dict[str, Any]] = {}
+    protocol: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    for action in _replayed(log, where):
+        if "add" in action:
+            add = action["add"]
+            files[add["path"]] = add
+        elif "remove" in action:
+            files.pop(action["remove"]["path"], None)
+        elif "protocol" in action:
+            protocol = action["protocol"]
+        elif "metaData" in action:
+            meta = action["metaData"]
+    _check_readable(where, protocol, meta, files.values())
+    columns = list(meta.get("partitionColumns") or [])
+    out = [
+        DeltaFile(
+            path=_data_path(log.root, add["path"]),
+            size=int(add.get("size") or 0),
+            partition=tuple((c, (add.get("partitionValues") or {}).get(c)) for c in columns),
+        )
+        for add in files.values()
+    ]
+    return sorted(out, key=lambda f: f.path)
+
+
+def _replayed(log: DeltaLog, where: str) -> Iterator[dict[str, Any]]:
+    """The checkpoint's actions, then each commit's, in order."""
+    yield from log.checkpoint
+    for version in sorted(log.commits):
+        for n, line in enumerate(log.commits[version].splitlines()):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except ValueError as e:
+                    raise SourceError(
+                        where,
+                        f"line {n + 1} of its Delta commit {version} is not JSON ({e})",
+                        "restore the commit file from the table's writer",
+                    ) from None
+
+
+def _check_readable(
+    where: str, protocol: Mapping[str, Any], meta: Mapping[str, Any], adds: Iterable[Any]
+) -> None:
+    """Refuse a table whose files alone do not give its rows exactly."""
+    version = int(protocol.get("minReaderVersion") or 1)
+    if version > 3:
+        raise SourceError(where, f"its Delta protocol needs reader version {version}", _FIX)
+    features = set(protocol.get("readerFeatures") or ())
+    mode = (meta.get("configuration") or {}).get("delta.columnMapping.mode", "none")
+    if version >= 2 and mode != "none":
+        features.add(f"columnMapping (mode {mode})")
+    if "variantType" in features and _has_variant(meta.get("schemaString")):
+        features.add("variantType (a variant column)")
+    refused = sorted(f for f in features if f not in _FEATURES)
+    if refused:
+        raise SourceError(
+            where,
+            f"its Delta protocol lists reader features this reader does not read: {refused}",
+            _FIX,
+        )
+    with_vector = next((a["path"] for a in adds if a.get("deletionVector")), None)
+    if with_vector is not None:
+        raise SourceError(
+            where,
+            f"its file {with_vector} has Delta deletionVectors (rows deleted without "
+            "rewriting it): read alone, the file would give them back",
+            _FIX,
+        )
+
+
+def _has_variant(schema: object) -> bool:
+    """Whether the table's schema (its JSON) has a variant column, at any depth."""
+
+    def holds(node: object) -> bool:
+        if node == "variant":
+            return True
+        if isinstance(node, dict):
+            return any(holds(v) for k, v in node.items() if k not in ("name", "metadata"))
+        return isinstance(node, list) and any(holds(v) for v in node)
+
+    try:
+        return holds(json.loads(schema)) if isinstance(schema, str) else False
+    except ValueError:
+        return True  # unreadable: taken to hold one (refused)
+
+
+def _data_path(root: str, path: str) -> str:
+    """A file's path on the table's filesystem: ``path`` is a URI, relative to ``root`` or
+    absolute (a shallow clone's)."""
+    decoded = unquote(path)
+    if "://" in decoded:
+        return decoded.split("://", 1)[1]
+    if decoded.startswith("/"):
+        return decoded
+    return posixpath.join(root, decoded) if root else decoded
+
+
+__all__ = ["LOG", "DeltaFile", "DeltaLog", "current_files", "in_log", "read_log", "table_roots"]
