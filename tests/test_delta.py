@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import ingest
@@ -168,3 +169,39 @@ def test_what_the_files_alone_do_not_give_exactly_is_refused_with_the_fix() -> N
     named = {"type": "struct", "fields": [{"name": "variant", "type": "long", "nullable": True}]}
     plain = {"metaData": {**_META["metaData"], "schemaString": json.dumps(named)}}
     assert current_files(DeltaLog("t", commits={0: _commit(v3v, plain)})) == []
+
+
+# -- other table formats -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("files", "says"),
+    [
+        (
+            ["t/metadata/v2.metadata.json", "t/metadata/snap-1.avro", "t/data/00000-0-a.parquet"],
+            r"t: an Apache Iceberg table.*earlier snapshots.*plan_files",
+        ),
+        (
+            ["t/.hoodie/hoodie.properties", "t/2024/01/a_1-0-1_20240101.parquet"],
+            r"t: an Apache Hudi table.*earlier commits",
+        ),
+    ],
+)
+def test_iceberg_and_hudi_tables_are_refused_naming_the_fix(
+    tmp_path: Path, files: list[str], says: str
+) -> None:
+    """An Iceberg or Hudi table's directories keep the files of earlier snapshots too, and
+    only its metadata says which are the table: listed as plain files, a stream read its
+    metadata as JSON shards, or rows the table had deleted, without a word."""
+    for name in files:
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if name.endswith(".parquet"):
+            pq.write_table(_table(0, 3), path)
+        else:
+            path.write_text("{}\n")
+    with pytest.raises(SourceError, match=says):
+        _ids(str(tmp_path))
+    # A glob of the data files alone, and a file named, are read as files.
+    data = next(name for name in files if name.endswith(".parquet"))
+    assert _ids(str(tmp_path / data)) == [0, 1, 2]

@@ -29,6 +29,7 @@ from ingest.storage.sources.partitions import Partition, base_of, hive_partition
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
 from ingest.storage.sources.splits import warn_mixed_splits
+from ingest.storage.sources.tables import refuse_other_tables
 
 if TYPE_CHECKING:
     from ingest.storage.sources.source import Source
@@ -115,6 +116,7 @@ def _delta_tables(
             a directory's listing lacks a file the log holds.
     """
     names = [str(i["name"]) for i in infos]
+    refuse_other_tables(names, fs.unstrip_protocol)
     roots = delta.table_roots(names)
     if _is_glob(path) and base and base not in roots and get_protocol(url) not in _NO_TABLES:
         roots |= {base} if fs.isdir(posixpath.join(base, delta.LOG)) else set()
