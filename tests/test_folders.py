@@ -163,6 +163,24 @@ def test_with_on_error_skip_an_image_that_does_not_decode_is_quarantined_alone(
     assert "a/broken.png" in record.reason and "cannot be decoded as an image" in record.reason
 
 
+@pytest.mark.parametrize("name", ["metadata.jsonl", "metadata.csv", "metadata.parquet"])
+def test_a_metadata_file_beside_the_files_is_warned_about_not_dropped_in_silence(
+    tmp_path: Path, name: str
+) -> None:
+    """``datasets``' imagefolder reads ``metadata.jsonl`` (``.csv``, ``.parquet``) beside the
+    images as their columns (a caption per image, by ``file_name``). A folder stream does
+    not: before, the captions were dropped without a word and the rows labelled by their
+    directories' names; now a warning names the file and what the rows hold."""
+    from ingest.formats import IncidentalFilesWarning
+
+    local = Store("local", fsspec.filesystem("file"), f"file://{tmp_path}/p", {})
+    write_image_folder(local.fs, local.root, ["a"], 2)
+    (tmp_path / "p" / name).write_bytes(b"file_name,text\n")
+    with pytest.warns(IncidentalFilesWarning, match=rf"{name}.*not read.*captions.*label"):
+        got = list(ingest.Stream(local.root + "/", format="imagefolder", batch_size=2))
+    assert sum(len(b["path"]) for b in got) == 2
+
+
 def test_a_single_file_named_with_a_folder_format_is_refused(
     pets: tuple[Store, dict[str, str]],
 ) -> None:
