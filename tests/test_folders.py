@@ -3,6 +3,7 @@ the class list in the state, resume by seeking to a file, decoding in the reader
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections import Counter
@@ -10,10 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import fsspec
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
 import pytest
 import ray
 
 import ingest
+from ingest.core.errors import ConfigError, ShardError
 from ingest.formats.base import ReadOptions
 from ingest.formats.folder import ImageFolderFormat, class_of, group
 from ingest.storage.sources import Shard, Source
@@ -163,22 +168,72 @@ def test_with_on_error_skip_an_image_that_does_not_decode_is_quarantined_alone(
     assert "a/broken.png" in record.reason and "cannot be decoded as an image" in record.reason
 
 
-@pytest.mark.parametrize("name", ["metadata.jsonl", "metadata.csv", "metadata.parquet"])
-def test_a_metadata_file_beside_the_files_is_warned_about_not_dropped_in_silence(
-    tmp_path: Path, name: str
-) -> None:
-    """``datasets``' imagefolder reads ``metadata.jsonl`` (``.csv``, ``.parquet``) beside the
-    images as their columns (a caption per image, by ``file_name``). A folder stream does
-    not: before, the captions were dropped without a word and the rows labelled by their
-    directories' names; now a warning names the file and what the rows hold."""
-    from ingest.formats import IncidentalFilesWarning
+def _captioned(root: Path, kind: str) -> dict[str, str]:
+    """Six PNGs in ``root`` and ``root/sub`` and a metadata file at ``root`` (``kind``:
+    jsonl, csv or parquet) giving each its caption and a number; the captions by file."""
+    from PIL import Image
 
-    local = Store("local", fsspec.filesystem("file"), f"file://{tmp_path}/p", {})
-    write_image_folder(local.fs, local.root, ["a"], 2)
-    (tmp_path / "p" / name).write_bytes(b"file_name,text\n")
-    with pytest.warns(IncidentalFilesWarning, match=rf"{name}.*not read.*captions.*label"):
-        got = list(ingest.Stream(local.root + "/", format="imagefolder", batch_size=2))
-    assert sum(len(b["path"]) for b in got) == 2
+    (root / "sub").mkdir(parents=True)
+    names = [f"sub/{i}.png" if i % 2 else f"{i}.png" for i in range(6)]
+    for i, name in enumerate(names):
+        Image.new("RGB", (4, 4), (i, 0, 0)).save(root / name)
+    table = pa.table(
+        {"file_name": names, "text": [f"caption {i}" for i in range(6)], "n": list(range(6))}
+    )
+    if kind == "jsonl":
+        (root / "metadata.jsonl").write_text(
+            "".join(json.dumps(r) + "\n" for r in table.to_pylist())
+        )
+    elif kind == "csv":
+        pcsv.write_csv(table, root / "metadata.csv")
+    else:
+        pq.write_table(table, root / "metadata.parquet")
+    return {str(root / n): f"caption {i}" for i, n in enumerate(names)}
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "csv", "parquet"])
+def test_a_metadata_file_gives_the_files_its_columns_as_datasets_reads_it(
+    tmp_path: Path, kind: str
+) -> None:
+    """``datasets``' imagefolder reads ``metadata.jsonl`` (``.csv``, ``.parquet``) beside
+    the images as their columns by ``file_name`` (a caption per image: how text-to-image
+    datasets are laid out), without labels. A folder stream dropped it without a word and
+    labelled the rows by their directories' names; now each row has its columns, as
+    ``datasets`` gives them, resumed exactly once."""
+    datasets = pytest.importorskip("datasets")
+    captions = _captioned(tmp_path / "d", kind)
+    reference = datasets.load_dataset("imagefolder", data_dir=str(tmp_path / "d"), split="train")
+    assert sorted(reference.column_names) == ["image", "n", "text"]
+    assert sorted(reference["text"]) == sorted(captions.values())
+    url = str(tmp_path / "d") + "/"
+    got = {}
+    for batch in ingest.Stream(url, format="imagefolder", batch_size=2, shuffle_seed=1):
+        assert sorted(batch) == ["image", "n", "path", "text"]
+        for path, text, n in zip(batch["path"], batch["text"], batch["n"].tolist(), strict=True):
+            got[path.removeprefix("file://")] = (text, n)
+    assert got == {p: (c, int(c.split()[1])) for p, c in captions.items()}
+    kwargs: dict[str, Any] = {"format": "imagefolder", "batch_size": 2, "shuffle_seed": 3}
+    stream = ingest.Stream(url, **kwargs)
+    it = iter(stream)
+    before = [t for _ in range(1) for t in next(it)["text"]]
+    resumed = ingest.Stream(url, **kwargs)
+    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
+    after = [t for b in resumed for t in b["text"]]
+    assert sorted(before + after) == sorted(captions.values())
+
+
+def test_a_file_without_a_metadata_row_is_named(tmp_path: Path) -> None:
+    _captioned(tmp_path / "d", "jsonl")
+    lines = (tmp_path / "d" / "metadata.jsonl").read_text().splitlines()
+    (tmp_path / "d" / "metadata.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    with pytest.raises(ShardError, match=r"sub/5\.png.*no row in .*metadata\.jsonl.*file_name"):
+        list(ingest.Stream(str(tmp_path / "d") + "/", format="imagefolder", batch_size=6))
+    # Files beside which no metadata file lies, in a listing of files that have one.
+    (tmp_path / "e" / "x").mkdir(parents=True)
+    _captioned(tmp_path / "e" / "y", "jsonl")
+    (tmp_path / "e" / "x" / "lone.png").write_bytes((tmp_path / "e" / "y" / "0.png").read_bytes())
+    with pytest.raises(ConfigError, match=r"x/lone\.png has no metadata"):
+        list(ingest.Stream(str(tmp_path / "e") + "/", format="imagefolder", batch_size=6))
 
 
 def test_a_single_file_named_with_a_folder_format_is_refused(

@@ -28,6 +28,7 @@ from ingest.formats.base import (
     ShardInfo,
     ShardReader,
 )
+from ingest.formats.folder import FOLDER_METADATA
 from ingest.formats.partitions import PartitionedReader
 from ingest.storage.sources import Shard
 
@@ -294,7 +295,8 @@ class _RegistryResolver:
                         f"{path} is not a {chosen} file (extensions: "
                         f"{', '.join(fmt.extensions)}); name a directory of them"
                     )
-                _warn_folder_metadata(path, chosen)
+                if posixpath.basename(path) in FOLDER_METADATA:  # its files' columns
+                    return format_for_path(path)  # taken by the units (folder.group)
                 return None  # a folder dataset's README, labels file, ...
             return chosen
         return format_for_path(path, strict=explicit)
@@ -304,32 +306,11 @@ class _RegistryResolver:
         return f"known extensions: {', '.join(known_extensions())}; or pass format=..."
 
 
-_FOLDER_METADATA = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
-"""The files ``datasets``' imagefolder and audiofolder read as their files' columns."""
-
-
-def _warn_folder_metadata(path: str, chosen: str) -> None:
-    """Warn that a folder dataset's metadata file (its files' captions...) is not read."""
-    name = posixpath.basename(path)
-    if name not in _FOLDER_METADATA:
-        return
-    warnings.warn(
-        f"{chosen}: {name} beside the files is not read (datasets' {chosen} reads it as "
-        "the files' columns by file_name: captions, labels): the rows hold path, the file's "
-        "bytes, label and label_name, label by the files' directories; to have its columns, "
-        f"read {name} as a stream of its own (its file_name column names each file) and "
-        "join, or write the rows to Parquet or WebDataset shards with the bytes beside them",
-        IncidentalFilesWarning,
-        stacklevel=2,
-    )
-
-
 class IncidentalFilesWarning(UserWarning):
     """A listing left out files of a format that are documents beside shards of another
     (a ``README.txt`` beside Parquet shards; ``format=`` reads them), or the metadata files
     Hugging Face ``datasets`` writes beside its data (``save_to_disk``'s
-    ``dataset_info.json`` and ``state.json``); or a folder dataset's ``metadata.jsonl``,
-    which is not read."""
+    ``dataset_info.json`` and ``state.json``)."""
 
 
 _DATASETS_METADATA = frozenset({"dataset_info.json", "dataset_infos.json", "dataset_dict.json"})

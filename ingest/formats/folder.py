@@ -26,19 +26,31 @@ concurrently (below).
 The class list is the sorted set of the files' directory names; it is part of the state's
 dataset part, and a state whose class list differs from the listing's is refused (its
 label indices would mean other classes).
+
+Metadata. As ``datasets``' imagefolder reads them, a ``metadata.jsonl`` (``.csv``,
+``.parquet``) in the tree gives the files at or below its directory their columns: its
+``file_name`` column names each file relative to that directory, its other columns are the
+row's (a caption per image), and the rows have no labels. Each file takes the nearest
+metadata file above it; where the listing holds one, every file must have one
+(:func:`group`), and a file without a row is an error naming both. A unit keeps the
+metadata files of its members (:attr:`Shard.metadata`), whose versions are part of its
+own: a metadata file changed changes the unit. Each reader reads a metadata file whole
+once (kept for the process, :func:`_metadata_table`); the stream's columns are the first
+unit's first metadata file's.
 """
 
 from __future__ import annotations
 
 import hashlib
 import posixpath
+import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
 
 import pyarrow as pa
 
-from ingest.core.errors import ShardError
+from ingest.core.errors import ConfigError, ShardError
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -52,6 +64,8 @@ from ingest.formats.base import (
 from ingest.storage.sources import Shard, Source
 
 FOLDER_FORMATS = ("imagefolder", "audiofolder")
+FOLDER_METADATA = ("metadata.jsonl", "metadata.csv", "metadata.parquet")
+"""The files that give a folder dataset's files their columns (see the module docstring)."""
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".gif", ".bmp", ".webp", ".tif", ".tiff")
 AUDIO_EXTENSIONS = (".wav", ".flac", ".mp3", ".ogg", ".opus", ".m4a", ".aiff", ".aif")
 FILES_PER_UNIT = 64
@@ -90,27 +104,59 @@ def group(
     files = [s for s in shards if s.format in FOLDER_FORMATS]
     if not files:
         return list(shards), ()
-    classes = tuple(sorted({class_of(f.url) for f in files}))
+    metadata = {_directory(s.url): s for s in shards if _is_metadata(s)}
+    classes = () if metadata else tuple(sorted({class_of(f.url) for f in files}))
     index = {name: n for n, name in enumerate(classes)}
-    out = [s for s in shards if s.format not in FOLDER_FORMATS]
+    out = [s for s in shards if s.format not in FOLDER_FORMATS and not _is_metadata(s)]
     run: list[Shard] = []
     size = 0
     for f in files:
         if run and (
             f.format != run[0].format or len(run) >= files_per_unit or size + f.size > unit_bytes
         ):
-            out.append(_unit(run, index))
+            out.append(_unit(run, index, metadata))
             run, size = [], 0
         run.append(f)
         size += f.size
-    out.append(_unit(run, index))
+    out.append(_unit(run, index, metadata))
     out.sort(key=lambda s: s.url)
     return out, classes
 
 
-def _unit(files: list[Shard], index: dict[str, int]) -> Shard:
+def _is_metadata(shard: Shard) -> bool:
+    return posixpath.basename(shard.url) in FOLDER_METADATA and not shard.members
+
+
+def _directory(url: str) -> str:
+    return url.rpartition("/")[0]
+
+
+def metadata_of(url: str, metadata: dict[str, Shard]) -> Shard | None:
+    """The metadata file that gives the file at ``url`` its columns: the nearest above it
+    (``metadata``: by its directory's URL), or None."""
+    where = _directory(url)
+    while where and "/" in where:
+        found = metadata.get(where)
+        if found is not None:
+            return found
+        where = _directory(where)
+    return None
+
+
+def _unit(files: list[Shard], index: dict[str, int], metadata: dict[str, Shard]) -> Shard:
+    used: dict[str, Shard] = {}
+    for f in files if metadata else ():
+        found = metadata_of(f.url, metadata)
+        if found is None:
+            raise ConfigError(
+                f"{f.url} has no metadata file in its directory or above it, where "
+                f"{next(iter(metadata.values())).url} gives other files their columns: "
+                "every file of a folder dataset with metadata needs a row in one (as "
+                "datasets' imagefolder reads them); add one, or list the files apart"
+            )
+        used[found.url] = found
     h = hashlib.sha256()
-    for f in files:
+    for f in [*files, *used.values()]:
         h.update(f"{f.url}\0{f.size}\0{f.version}\n".encode())
     return Shard(
         url=f"{files[0].url}+{len(files) - 1}",
@@ -118,7 +164,8 @@ def _unit(files: list[Shard], index: dict[str, int]) -> Shard:
         version=h.hexdigest()[:32],
         format=files[0].format,
         members=tuple(files),
-        labels=tuple(index[class_of(f.url)] for f in files),
+        labels=() if metadata else tuple(index[class_of(f.url)] for f in files),
+        metadata=tuple(used.values()),
     )
 
 
@@ -138,6 +185,19 @@ class _FolderFormat(Format):
             ]
         )
 
+    def infer_schema(
+        self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
+    ) -> pa.Schema:
+        """:meth:`schema`; with metadata, ``path``, the file's bytes and the first metadata
+        file's columns (but ``file_name``), as ``datasets`` reads them: no labels."""
+        if not shard.metadata:
+            return self.schema()
+        columns = _metadata_table(source, shard.metadata[0]).schema
+        fields = [f for f in columns if f.name != _FILE_NAME]
+        return pa.schema(
+            [pa.field("path", pa.string()), pa.field(self.column, pa.binary()), *fields]
+        )
+
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
         if not shard.members:
             raise ShardError(
@@ -146,7 +206,8 @@ class _FolderFormat(Format):
                 "list the dataset's root directory (a URL ending in '/') with "
                 f'format="{self.name}"',
             )
-        return ShardInfo(rows=len(shard.members), schema=self.schema())
+        schema = None if shard.metadata else self.schema()  # the metadata's: when read
+        return ShardInfo(rows=len(shard.members), schema=schema)
 
     def open(self, ctx: ReadContext) -> ShardReader:
         return _FolderReader(ctx, self.column)
@@ -185,16 +246,55 @@ class _FolderReader(ShardReader):
             end = min(stop, row + ctx.options.batch_rows)
             datas = list(self._pool.map(self._fetch, range(row, end)))
             members = unit.members[row:end]
-            batch = pa.record_batch(
-                {
-                    "path": pa.array([m.url for m in members], pa.string()),
-                    self._column: pa.array(datas, pa.binary()),
-                    "label": pa.array(unit.labels[row:end], pa.int64()),
-                    "label_name": pa.array([class_of(m.url) for m in members], pa.string()),
-                }
-            )
+            columns: dict[str, pa.Array] = {
+                "path": pa.array([m.url for m in members], pa.string()),
+                self._column: pa.array(datas, pa.binary()),
+            }
+            if unit.metadata:
+                columns.update(self._metadata(members))
+            else:
+                columns["label"] = pa.array(unit.labels[row:end], pa.int64())
+                columns["label_name"] = pa.array([class_of(m.url) for m in members], pa.string())
+            batch = pa.record_batch(columns)
             yield RowBatch(row, select(batch, ctx.columns, unit.url, row))
             row = end
+
+    def _metadata(self, members: Sequence[Shard]) -> dict[str, pa.Array]:
+        """The metadata columns of ``members``' rows, in the stream's types."""
+        ctx = self.ctx
+        by_dir = {_directory(m.url): m for m in ctx.shard.metadata}
+        assert ctx.schema is not None  # a folder stream's, from its metadata
+        names = [f.name for f in ctx.schema][2:]
+        parts = []
+        for member in members:
+            meta = metadata_of(member.url, by_dir)
+            assert meta is not None  # every member's is among its unit's (group)
+            table, rows = _metadata_index(ctx.source, meta)
+            found = rows.get(member.url[len(_directory(meta.url)) + 1 :])
+            if found is None:
+                raise ShardError(
+                    member.url,
+                    f"has no row in {meta.url}, which gives the files below it their columns",
+                    f"add a row whose {_FILE_NAME} is its path from that directory",
+                )
+            missing = [n for n in names if n not in table.column_names]
+            if missing:
+                raise ShardError(
+                    meta.url,
+                    f"has no column {missing[0]!r}, which the stream's first metadata file has",
+                    "give every metadata file the same columns",
+                )
+            parts.append(table.select(names).slice(found, 1))
+        want = {f.name: f.type for f in ctx.schema}
+        try:
+            joined = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
+            return {n: joined.column(n).chunk(0).cast(want[n]) for n in names}
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as e:
+            raise ShardError(
+                ctx.shard.url,
+                f"its files' metadata columns do not hold the stream's types ({e})",
+                "give every metadata file's columns the same types",
+            ) from None
 
     def _fetch(self, row: int) -> bytes:
         # read() returns the listed size or raises (Source.open): nothing to check here.
@@ -207,12 +307,70 @@ class _FolderReader(ShardReader):
             self._pool = None
 
 
+_FILE_NAME = "file_name"
+_TABLES: dict[tuple[str, int, str], tuple[pa.Table, dict[str, int]]] = {}
+_TABLES_LOCK = threading.Lock()
+
+
+def _metadata_table(source: Source, meta: Shard) -> pa.Table:
+    return _metadata_index(source, meta)[0]
+
+
+def _metadata_index(source: Source, meta: Shard) -> tuple[pa.Table, dict[str, int]]:
+    """A metadata file's table and the row of each ``file_name``, read once per process
+    (by URL, size and version; the last 8 kept)."""
+    key = (meta.url, meta.size, meta.version)
+    with _TABLES_LOCK:
+        found = _TABLES.get(key)
+    if found is not None:
+        return found
+    with source.open(meta) as f:
+        data = f.read()
+    table = _parse_metadata(meta, data)
+    if _FILE_NAME not in table.column_names:
+        raise ShardError(
+            meta.url,
+            f"has no {_FILE_NAME!r} column (its columns: {table.column_names})",
+            f"name each file in a {_FILE_NAME!r} column, its path from the metadata file's "
+            "directory (as datasets' imagefolder reads it)",
+        )
+    names = table.column(_FILE_NAME).to_pylist()
+    rows = {str(n): i for i, n in enumerate(names)}
+    if len(rows) < len(names):
+        twice = next(n for n in names if names.count(n) > 1)
+        raise ShardError(meta.url, f"names {twice!r} in two rows", "give each file one row")
+    with _TABLES_LOCK:
+        if len(_TABLES) >= 8:
+            _TABLES.pop(next(iter(_TABLES)))
+        _TABLES[key] = (table, rows)
+    return table, rows
+
+
+def _parse_metadata(meta: Shard, data: bytes) -> pa.Table:
+    import pyarrow.csv as pcsv
+    import pyarrow.json as pj
+    import pyarrow.parquet as pq
+
+    try:
+        if meta.url.endswith(".jsonl"):
+            return pj.read_json(pa.BufferReader(data))
+        if meta.url.endswith(".csv"):
+            return pcsv.read_csv(pa.BufferReader(data))
+        return pq.read_table(pa.BufferReader(data))
+    except pa.ArrowInvalid as e:
+        raise ShardError(
+            meta.url, f"cannot be read as a metadata file ({e})", "fix the file"
+        ) from None
+
+
 __all__ = [
     "AUDIO_EXTENSIONS",
     "FILES_PER_UNIT",
     "FOLDER_FORMATS",
+    "FOLDER_METADATA",
     "IMAGE_EXTENSIONS",
     "UNIT_BYTES",
     "class_of",
     "group",
+    "metadata_of",
 ]

@@ -29,6 +29,9 @@ class Shard:
         partition: The ``key=value`` directories of its path below the listed root, in
             order (:mod:`ingest.storage.sources.partitions`): hive-style partitions, which
             the stream reads as columns. Empty for a file named explicitly.
+        metadata: The metadata files (``metadata.jsonl``...) that give a folder unit's
+            members their columns by ``file_name``, each member's the nearest above it
+            (:mod:`ingest.formats.folder`); empty without.
     """
 
     url: str
@@ -38,6 +41,7 @@ class Shard:
     members: tuple[Shard, ...] = ()
     labels: tuple[int, ...] = ()
     partition: Partition = ()
+    metadata: tuple[Shard, ...] = ()
 
 
 class FormatResolver(Protocol):
