@@ -18,6 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ingest
 from ingest.core.errors import SchemaMismatchError, ShardError
@@ -254,3 +256,55 @@ def test_a_derived_copy_is_keyed_with_the_types_its_rows_were_read_in(
     (batch,) = list(ingest.Stream(local.url("g"), batch_size=4, **kwargs))
     assert batch["m"].dtype == torch.int64
     assert sorted(batch["m"].tolist()) == [1000, 2000, 3000, 4000]
+
+
+_NUMBERS = [
+    pa.int8(),
+    pa.int16(),
+    pa.int32(),
+    pa.int64(),
+    pa.uint8(),
+    pa.uint16(),
+    pa.uint32(),
+    pa.uint64(),
+    pa.float16(),
+    pa.float32(),
+    pa.float64(),
+]
+_UNITS = [pa.timestamp(u, tz) for u in ("s", "ms", "us", "ns") for tz in (None, "UTC")]
+
+
+def _extremes(t: pa.DataType) -> list[Any]:
+    """Values of ``t`` at its edges and between (ints at their bounds, floats with the
+    largest and the smallest normal, timestamps across their range)."""
+    if pa.types.is_integer(t):
+        info = np.iinfo(t.to_pandas_dtype())
+        return [int(info.min), int(info.max), 0, -1 if info.min < 0 else 1, int(info.max) // 3]
+    if pa.types.is_floating(t):
+        info = np.finfo(t.to_pandas_dtype())
+        return [float(info.max), float(info.min), float(info.tiny), 0.1, -1.5, None]
+    return [0, 1, -1, 10**9, -(10**9), None]  # timestamps: ticks, within 2262 in ns
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.sampled_from(_NUMBERS + _UNITS), b=st.sampled_from(_NUMBERS + _UNITS))
+def test_every_value_of_either_type_survives_the_type_that_holds_both(
+    a: pa.DataType, b: pa.DataType
+) -> None:
+    """Lossless is checked, not assumed: each type's extreme values cast to the widened type
+    (pyarrow's safe cast, as a shard is read) and back give the same values. Timestamps
+    widen to the finer unit, whose range is shorter (``ns``: the years 1677 to 2262): a
+    value past it is an error, never a value wrapped."""
+    both = widened(a, b)
+    if both is None:
+        return
+    for t in (a, b):
+        if pa.types.is_float16(t) and not pa.types.is_float16(both):
+            values = pa.array(np.array([65504.0, -65504.0, 6.1e-05, 0.5], np.float16))
+        else:
+            values = pa.array(_extremes(t), t)
+        there = values.cast(both)  # safe: raises where a value would change
+        assert there.cast(t).equals(values), (t, both)
+    if pa.types.is_timestamp(both) and both.unit == "ns" and a.unit != "ns":
+        with pytest.raises(pa.ArrowInvalid, match="out of bounds"):
+            pa.array([2**62], a).cast(both)

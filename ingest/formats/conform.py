@@ -61,7 +61,8 @@ def widened(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     none does: ``null`` and any type; a dictionary and its values' type (decoded); integers
     of other widths or signs (``uint64`` and a signed one: none); floats of other widths; an
     integer and a float whose mantissa holds it (``int64`` and ``double``: none, 2**53 + 1 is
-    no double); timestamps of one time zone in other units (the finer); lists, fixed-size
+    no double); timestamps of one time zone in other units (the finer, whose range is
+    shorter: a value past it, after 2262 in ``ns``, is an error when read); lists, fixed-size
     lists of one size, maps and structs of the same fields, member by member.
 
     Written here because pyarrow's ``unify_schemas(promote_options="permissive")`` widens
