@@ -281,8 +281,8 @@ def _extremes(t: pa.DataType) -> list[Any]:
         info = np.iinfo(t.to_pandas_dtype())
         return [int(info.min), int(info.max), 0, -1 if info.min < 0 else 1, int(info.max) // 3]
     if pa.types.is_floating(t):
-        info = np.finfo(t.to_pandas_dtype())
-        return [float(info.max), float(info.min), float(info.tiny), 0.1, -1.5, None]
+        real = np.finfo(t.to_pandas_dtype())
+        return [float(real.max), float(real.min), float(real.tiny), 0.1, -1.5, None]
     return [0, 1, -1, 10**9, -(10**9), None]  # timestamps: ticks, within 2262 in ns
 
 
