@@ -14,9 +14,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import ingest
-from ingest.core.errors import ConfigError
+from ingest.core.errors import ConfigError, ShardError
 from ingest.storage.sources.partitions import HIVE_NULL, base_of, hive_partition
 from ingest.testing import Store, encode, make_table
 
@@ -140,17 +141,31 @@ def test_a_partition_key_that_is_also_a_column_is_refused(local: Store) -> None:
     with pytest.raises(ConfigError, match=r"'id'.*partition.*column of .*a\.parquet") as e:
         next(iter(ingest.Stream(local.url("clash"), batch_size=4)))
     assert "partitioning=None" in str(e.value)
-    # An explicit schema that names one is told to leave it out.
-    local.write("clash2/lang=en/a.jsonl", b'{"id": 1}\n')
-    schema = pa.schema([("id", pa.int64()), ("lang", pa.string())])
-    with pytest.raises(ConfigError, match=r"leave the partition columns out of ReadOptions"):
-        next(
-            iter(
-                ingest.Stream(
-                    local.url("clash2"), batch_size=1, read=ingest.ReadOptions(schema=schema)
-                )
-            )
-        )
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_declared_schema_types_the_partition_columns(local: Store, fmt: str) -> None:
+    """``year=2024`` is text in a path; a declared schema that names ``year`` reads it as
+    the type it gives (as pyarrow's hive partitioning takes a schema), each value checked.
+    Before, naming a partition key in ``ReadOptions(schema=...)`` was refused."""
+    expected = write_lake(local, fmt)
+    files = [("id", pa.int64()), ("score", pa.float64()), ("text", pa.string())]
+    schema = pa.schema([*files, ("year", pa.int16())])
+    read = ingest.ReadOptions(schema=schema)
+    got: dict[int, Any] = {}
+    for batch in ingest.Stream(local.url("lake"), batch_size=10, shuffle_seed=1, read=read):
+        assert list(batch) == ["id", "score", "text", "lang", "year"]
+        assert batch["year"].dtype == torch.int16  # lang: not declared, a string
+        rows = zip(batch["id"].tolist(), batch["lang"], batch["year"].tolist(), strict=True)
+        got.update((i, (lang, str(year))) for i, lang, year in rows)
+    assert got == expected
+    # A value the type cannot hold is named with its directory.
+    local.write(
+        f"lake/lang=de/year=soon/part-0.{fmt}",
+        encode(make_table(999, 2).select(["id", "score", "text"]), fmt),
+    )
+    with pytest.raises(ShardError, match=r"year=soon.*int16"):
+        list(ingest.Stream(local.url("lake"), batch_size=1, read=read))
 
 
 def test_shards_without_a_key_read_it_as_null(local: Store) -> None:

@@ -294,9 +294,13 @@ class Catalog:
         if stream_schema is not None:
             if origin != DECLARED:
                 stream_schema = self._widened(stream_schema, infos, keys)
+            else:  # a declared schema may type the partition columns: not the files'
+                stream_schema = without_partition_fields(stream_schema, keys) or stream_schema
             self._check_schemas(shards, infos, stream_schema, origin, keys)
             if keys:
-                stream_schema = with_partition_fields(stream_schema, keys, shards, origin)
+                stream_schema = with_partition_fields(
+                    stream_schema, keys, shards, origin, self.options.schema
+                )
         return Listing(tuple(shards), tuple(infos), stream_schema, origin, classes, keys)
 
     def _widened(self, schema: pa.Schema, infos: list[ShardInfo], keys: Sequence[str]) -> pa.Schema:

@@ -48,6 +48,7 @@ from ingest.engine.transform import staged
 from ingest.engine.window import Hole, SpanEnd, indices
 from ingest.formats import given_names, read_casts
 from ingest.formats.base import ReadContext, RowBatch
+from ingest.formats.partitions import declared_partition_types
 from ingest.storage.sources.stats import IOStats
 
 REF = "__ingest_derived"
@@ -160,7 +161,11 @@ class Deriving:
             stop=None if to_end else int(stop),  # type: ignore[arg-type]
             chain=self.fingerprint,
             read=_read_fingerprint(
-                shard.format, self.columns, shard.partition, read_casts(ctx), given_names(ctx)
+                shard.format,
+                self.columns,
+                shard.partition,
+                {**read_casts(ctx), **declared_partition_types(ctx)},
+                given_names(ctx),
             ),
         )
 
