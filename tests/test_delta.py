@@ -205,3 +205,38 @@ def test_iceberg_and_hudi_tables_are_refused_naming_the_fix(
     # A glob of the data files alone, and a file named, are read as files.
     data = next(name for name in files if name.endswith(".parquet"))
     assert _ids(str(tmp_path / data)) == [0, 1, 2]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_ray_streams_ranks_and_ray_data_read_the_current_version(
+    s3_store: Store, tmp_path: Path
+) -> None:
+    """The readers in the pool and Ray Data's blocks read the listing the driver made: the
+    current version's files, with the partition values of the log."""
+    import ray
+
+    url = str(tmp_path / "t")
+    rows = _table(0, 40, lang=[["en", "fr"][i % 2] for i in range(40)])
+    deltalake.write_deltalake(url, rows, partition_by=["lang"])
+    deltalake.DeltaTable(url).delete("id >= 30")  # rewrites: files of version 0 are stale
+    expected = {
+        r["id"]: r["lang"] for r in deltalake.DeltaTable(url).to_pyarrow_table().to_pylist()
+    }
+    assert sorted(expected) == list(range(30))
+    for path in sorted(Path(url).rglob("*")):
+        if path.is_file():
+            s3_store.write(f"t/{path.relative_to(url)}", path.read_bytes())
+    options = s3_store.storage_options
+    with ingest.RayStream(
+        s3_store.url("t"), storage_options=options, world_size=2, batch_size=5, shuffle_seed=2
+    ) as stream:
+        seen: dict[int, str] = {}
+        for rank in range(2):
+            for batch in stream.rank_iterator(rank):
+                for i, lang in zip(batch["id"].tolist(), batch["lang"], strict=True):
+                    assert i not in seen
+                    seen[i] = lang
+    assert seen == expected
+    refs = ingest.ray_data.read(s3_store.url("t"), storage_options=options).to_arrow_refs()
+    got = pa.concat_tables(ray.get(refs, timeout=120))
+    assert dict(zip(got["id"].to_pylist(), got["lang"].to_pylist(), strict=True)) == expected

@@ -115,7 +115,9 @@ def read_log(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str]) -> 
     if version is not None:
         for path in parts:
             with fs.open(path, "rb") as f:
-                table = pq.read_table(f, columns=_CHECKPOINT_COLUMNS)
+                parquet = pq.ParquetFile(f)
+                names = parquet.schema_arrow.names  # a part may lack a kind of action
+                table = parquet.read(columns=[c for c in _CHECKPOINT_COLUMNS if c in names])
             log.checkpoint.extend(_actions(table))
     for v in sorted(commits):
         if version is None or v > version:
