@@ -69,6 +69,8 @@ from ingest.testing import Store, encode
             pa.struct([("a", pa.int32()), ("b", pa.string())]),
         ),
         (pa.struct([("a", pa.int8())]), pa.struct([("b", pa.int8())]), None),
+        (pa.list_(pa.struct([])), pa.large_list(pa.null()), pa.list_(pa.struct([]))),
+        (pa.list_(pa.struct([]), 2), pa.list_(pa.null(), 2), pa.list_(pa.struct([]), 2)),
         (pa.string(), pa.int64(), None),
         (pa.string(), pa.binary(), None),
         (pa.bool_(), pa.int8(), None),

@@ -121,16 +121,19 @@ def _number(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
 
 def _nested(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     """:func:`widened` of two lists, fixed-size lists, maps or structs; None of others."""
+    # Tested against None, never for truth: a struct of no fields is a falsy type.
     if _is_list(a) and _is_list(b):
         item = widened(a.value_type, b.value_type)
-        field = None if item is None else a.value_field.with_type(item)
-        return field and (pa.large_list(field) if pa.types.is_large_list(a) else pa.list_(field))
+        if item is None:
+            return None
+        field = a.value_field.with_type(item)
+        return pa.large_list(field) if pa.types.is_large_list(a) else pa.list_(field)
     if pa.types.is_fixed_size_list(a) and pa.types.is_fixed_size_list(b):
         item = widened(a.value_type, b.value_type) if a.list_size == b.list_size else None
-        return item and pa.list_(a.value_field.with_type(item), a.list_size)
+        return None if item is None else pa.list_(a.value_field.with_type(item), a.list_size)
     if pa.types.is_map(a) and pa.types.is_map(b):
         key, value = widened(a.key_type, b.key_type), widened(a.item_type, b.item_type)
-        return key and value and pa.map_(key, value)
+        return None if key is None or value is None else pa.map_(key, value)
     if pa.types.is_struct(a) and pa.types.is_struct(b) and a.names == b.names:
         members = [widened(x.type, y.type) for x, y in zip(a, b, strict=True)]
         if all(m is not None for m in members):
