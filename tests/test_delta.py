@@ -240,3 +240,13 @@ def test_a_ray_streams_ranks_and_ray_data_read_the_current_version(
     refs = ingest.ray_data.read(s3_store.url("t"), storage_options=options).to_arrow_refs()
     got = pa.concat_tables(ray.get(refs, timeout=120))
     assert dict(zip(got["id"].to_pylist(), got["lang"].to_pylist(), strict=True)) == expected
+
+
+def test_a_file_the_log_holds_and_the_directory_lacks_is_refused(tmp_path: Path) -> None:
+    url = str(tmp_path / "t")
+    deltalake.write_deltalake(url, _table(0, 10))
+    deltalake.write_deltalake(url, _table(10, 10), mode="append")
+    gone = sorted((tmp_path / "t").glob("*.parquet"))[0]
+    gone.unlink()
+    with pytest.raises(SourceError, match=rf"holds 1 file.*{gone.name}.*removed by hand"):
+        _ids(url)

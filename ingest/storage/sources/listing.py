@@ -123,22 +123,17 @@ def _delta_tables(
     if not roots:
         return infos, {}
     current: dict[str, delta.DeltaFile] = {}
+    listed = set(names)
     for root in sorted(roots):
         logged = [n for n in names if n.startswith(f"{root}/{delta.LOG}/")]
         read = functools.partial(delta.read_log, fs, root, logged)
-        log = attempt(read, source.policy(url), source.stats)
+        try:
+            log = attempt(read, source.policy(url), source.stats)
+        except GaveUpError as gave_up:
+            raise _listing_error(source, url, gave_up) from None
         files = delta.current_files(log, fs.unstrip_protocol(root))
         current.update((f.path, f) for f in files)
-        listed = set(names)
-        lost = [f.path for f in files if f.path not in listed]
-        if lost and not _is_glob(path):
-            raise SourceError(
-                fs.unstrip_protocol(root),
-                f"its Delta log holds {len(lost)} file(s) the listing does not, "
-                f"{fs.unstrip_protocol(lost[0])} first: removed by hand since the table's "
-                "last commit",
-                "restore the files, or repair the table (FSCK REPAIR TABLE in Spark)",
-            )
+        _check_listed(fs, root, [f.path for f in files], listed, glob=_is_glob(path))
     kept = []
     for info in infos:
         name = str(info["name"])
@@ -146,6 +141,33 @@ def _delta_tables(
         if table is None or (name in current and not delta.in_log(name, table)):
             kept.append(info)
     return kept, {n: f.partition for n, f in current.items()}
+
+
+def _check_listed(
+    fs: fsspec.AbstractFileSystem, root: str, paths: list[str], listed: set[str], *, glob: bool
+) -> None:
+    """Refuse a Delta table whose current files (``paths``) are not all in the listing: one
+    outside its directory (a shallow clone's), or one gone from it (a directory's listing
+    holds them all; a glob may match some)."""
+    table = fs.unstrip_protocol(root)
+    outside = [p for p in paths if not p.startswith(f"{root}/")]
+    if outside:
+        raise SourceError(
+            table,
+            f"its Delta log names {len(outside)} file(s) outside the table's directory, "
+            f"{fs.unstrip_protocol(outside[0])} first (a shallow clone)",
+            "pass the table's current files as the stream's URLs "
+            "(deltalake.DeltaTable(url).file_uris())",
+        )
+    lost = [p for p in paths if p not in listed]
+    if lost and not glob:
+        raise SourceError(
+            table,
+            f"its Delta log holds {len(lost)} file(s) the listing does not, "
+            f"{fs.unstrip_protocol(lost[0])} first: removed by hand since the table's last "
+            "commit",
+            "restore the files, or repair the table (FSCK REPAIR TABLE in Spark)",
+        )
 
 
 def _kept_or_listed(
