@@ -234,6 +234,14 @@ def test_a_file_without_a_metadata_row_is_named(tmp_path: Path) -> None:
     (tmp_path / "e" / "x" / "lone.png").write_bytes((tmp_path / "e" / "y" / "0.png").read_bytes())
     with pytest.raises(ConfigError, match=r"x/lone\.png has no metadata"):
         list(ingest.Stream(str(tmp_path / "e") + "/", format="imagefolder", batch_size=6))
+    # A file named twice, and a metadata file without file_name.
+    meta = tmp_path / "d" / "metadata.jsonl"
+    meta.write_text("\n".join([*lines, lines[0]]) + "\n")
+    with pytest.raises(ShardError, match=r"names '0\.png' in two rows"):
+        list(ingest.Stream(str(tmp_path / "d") + "/", format="imagefolder", batch_size=6))
+    meta.write_text(json.dumps({"name": "0.png", "text": "a"}) + "\n")
+    with pytest.raises(ShardError, match=r"no 'file_name' column"):
+        list(ingest.Stream(str(tmp_path / "d") + "/", format="imagefolder", batch_size=6))
 
 
 def test_a_single_file_named_with_a_folder_format_is_refused(

@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import threading
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar
@@ -265,11 +266,11 @@ class _FolderReader(ShardReader):
         by_dir = {_directory(m.url): m for m in ctx.shard.metadata}
         assert ctx.schema is not None  # a folder stream's, from its metadata
         names = [f.name for f in ctx.schema][2:]
-        parts = []
+        runs: list[tuple[Shard, list[int]]] = []  # consecutive members of one metadata file
         for member in members:
             meta = metadata_of(member.url, by_dir)
             assert meta is not None  # every member's is among its unit's (group)
-            table, rows = _metadata_index(ctx.source, meta)
+            _, rows = _metadata_index(ctx.source, meta)
             found = rows.get(member.url[len(_directory(meta.url)) + 1 :])
             if found is None:
                 raise ShardError(
@@ -277,6 +278,13 @@ class _FolderReader(ShardReader):
                     f"has no row in {meta.url}, which gives the files below it their columns",
                     f"add a row whose {_FILE_NAME} is its path from that directory",
                 )
+            if runs and runs[-1][0] is meta:
+                runs[-1][1].append(found)
+            else:
+                runs.append((meta, [found]))
+        parts = []
+        for meta, taken in runs:
+            table, _ = _metadata_index(ctx.source, meta)
             missing = [n for n in names if n not in table.column_names]
             if missing:
                 raise ShardError(
@@ -284,7 +292,7 @@ class _FolderReader(ShardReader):
                     f"has no column {missing[0]!r}, which the stream's first metadata file has",
                     "give every metadata file the same columns",
                 )
-            parts.append(table.select(names).slice(found, 1))
+            parts.append(table.select(names).take(taken))
         want = {f.name: f.type for f in ctx.schema}
         try:
             joined = pa.concat_tables(parts, promote_options="permissive").combine_chunks()
@@ -337,7 +345,7 @@ def _metadata_index(source: Source, meta: Shard) -> tuple[pa.Table, dict[str, in
     names = table.column(_FILE_NAME).to_pylist()
     rows = {str(n): i for i, n in enumerate(names)}
     if len(rows) < len(names):
-        twice = next(n for n in names if names.count(n) > 1)
+        twice = next(n for n, k in Counter(names).items() if k > 1)
         raise ShardError(meta.url, f"names {twice!r} in two rows", "give each file one row")
     with _TABLES_LOCK:
         if len(_TABLES) >= 8:
