@@ -119,9 +119,15 @@ def read_log(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str]) -> 
                 names = parquet.schema_arrow.names  # a part may lack a kind of action
                 table = parquet.read(columns=[c for c in _CHECKPOINT_COLUMNS if c in names])
             log.checkpoint.extend(_actions(table))
-    for v in sorted(commits):
-        if version is None or v > version:
-            log.commits[v] = fs.cat_file(commits[v])
+    wanted = {commits[v]: v for v in sorted(commits) if version is None or v > version}
+    if wanted:
+        # One call for all: an object store's filesystem (s3fs, gcsfs) fetches them at once,
+        # where a table written without checkpoints (delta-rs writes none unless asked) has
+        # a commit per write.
+        got = fs.cat(list(wanted))
+        found = got if isinstance(got, dict) else {next(iter(wanted)): got}
+        by_name = {posixpath.basename(k): data for k, data in found.items()}  # as it keys them
+        log.commits = {v: by_name[posixpath.basename(path)] for path, v in wanted.items()}
     return log
 
 
