@@ -11,6 +11,7 @@ refused as before, with a fix that helps: declare the type with ``ReadOptions(sc
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import numpy as np
@@ -310,3 +311,35 @@ def test_every_value_of_either_type_survives_the_type_that_holds_both(
     if pa.types.is_timestamp(both) and both.unit == "ns" and a.unit != "ns":
         with pytest.raises(pa.ArrowInvalid, match="out of bounds"):
             pa.array([2**62], a).cast(both)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "first", "later", "ids"),
+    [
+        (
+            "jsonl",
+            b'{"id": 1, "note": null}\n{"id": 2, "note": null}\n',
+            b'{"id": 3, "note": "hi"}\n',
+            [1, 2, 3],
+        ),
+        ("jsonl", b'{"id": 1, "note": 5}\n', b'{"id": 3, "note": 1.5}\n', [1, 3]),
+        ("csv", b"id,note\n1,\n2,\n", b"id,note\n3,hi\n", [1, 2, 3]),
+        ("csv", b"id,note\n1,5\n", b"id,note\n3,1.5\n", [1, 3]),
+    ],
+)
+def test_a_later_shard_of_a_wider_type_names_the_schema_that_reads_both(
+    local: Store, fmt: str, first: bytes, later: bytes, ids: list[int]
+) -> None:
+    """JSON Lines and CSV infer their types from the first shard's first block: a column null
+    in every row of it (an optional field) is null, and a later shard's strings are refused
+    ("changed from null to string"). The error now gives the declared schema that reads
+    both, to paste: pasted, it reads every row."""
+    local.write(f"s/a.{fmt}", first)
+    local.write(f"s/b.{fmt}", later)
+    with pytest.raises(ShardError) as e:
+        list(ingest.Stream(local.url("s"), batch_size=1))
+    said = re.search(r"ReadOptions\(schema=pa\.schema\(\[.*?\]\)\)", str(e.value))
+    assert said is not None, str(e.value)
+    read = eval(said[0], {"pa": pa, "ReadOptions": ReadOptions})  # the message's own text
+    stream = ingest.Stream(local.url("s"), batch_size=1, read=read)
+    assert sorted(i for b in stream for i in b["id"].tolist()) == ids

@@ -205,6 +205,48 @@ def reorders(schema: pa.Schema, expected: pa.Schema, columns: Sequence[str] | No
     return bool([n for n in schema.names if n in expected.names] != expected.names)
 
 
+def declaration(stream: pa.Schema, seen: pa.Schema) -> str | None:
+    """For a record of types ``seen`` that the stream's inferred ``stream`` schema does not
+    read (a column null in every row it was inferred from, an int column with a float
+    later): the ``ReadOptions(schema=...)`` that reads both, each column of the stream in
+    the type that holds both (:func:`widened`; an integer and a float: ``float64``, as
+    pyarrow promotes them), as Python to paste; None where some column has no such type,
+    or none differs."""
+    fields, changed = [], False
+    for f in stream:
+        t = f.type
+        if f.name in seen.names:
+            other = seen.field(f.name).type
+            both = widened(t, other)
+            if both is None and _is_number(t) and _is_number(other):
+                both = pa.float64()
+            if both is None:
+                return None
+            changed = changed or not both.equals(t)
+            t = both
+        fields.append(f"({f.name!r}, {_python(t)})")
+    if not changed:
+        return None
+    return f"ReadOptions(schema=pa.schema([{', '.join(fields)}]))"
+
+
+_NAMED = {"double": "float64", "float": "float32", "halffloat": "float16", "bool": "bool_"}
+
+
+def _python(t: pa.DataType) -> str:
+    """``t`` as the pyarrow call that makes it (``pa.list_(pa.int64())``)."""
+    if pa.types.is_timestamp(t):
+        return f"pa.timestamp({t.unit!r}{'' if t.tz is None else f', {t.tz!r}'})"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        kind = "large_list" if pa.types.is_large_list(t) else "list_"
+        return f"pa.{kind}({_python(t.value_type)})"
+    if pa.types.is_struct(t):
+        inner = ", ".join(f"({f.name!r}, {_python(f.type)})" for f in t)
+        return f"pa.struct([{inner}])"
+    name = str(t)
+    return f"pa.{_NAMED.get(name, name)}()"
+
+
 class ConformingReader(MappedReader):
     """A format's reader whose batches' columns come in ``order`` (None: as read) and those
     named in ``casts`` cast to the type given (the stream's)."""
@@ -253,6 +295,7 @@ class ConformingReader(MappedReader):
 __all__ = [
     "ConformingReader",
     "casts",
+    "declaration",
     "holds",
     "reads_as",
     "reorders",

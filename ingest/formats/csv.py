@@ -41,6 +41,7 @@ from ingest.formats.base import (
     UncountedFormat,
     check_columns,
 )
+from ingest.formats.conform import declaration
 from ingest.storage.sources import Shard, Source
 
 
@@ -380,7 +381,22 @@ class _CsvReader(LineReader):
         )
 
     def describe_error(self, line: bytes, error: Exception) -> tuple[str, str, bool]:
-        return (*_describe(line, error), False)
+        problem, fix = _describe(line, error)
+        declare = self._declaration(line)
+        if declare:  # a value of a type the inferred one does not hold
+            fix = f"declare the types that read both, {declare}, or fix the record"
+        return problem, fix, False
+
+    def _declaration(self, line: bytes) -> str | None:
+        """The declared schema that reads the stream's rows and ``line``'s, or None."""
+        if self.ctx.schema is None:
+            return None
+        read = pcsv.ReadOptions(column_names=self.ctx.schema.names)
+        try:
+            seen = pcsv.read_csv(pa.BufferReader(line), read, self._parse).schema
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            return None
+        return declaration(self.ctx.schema, seen)
 
 
 def _describe(line: bytes, error: Exception) -> tuple[str, str]:

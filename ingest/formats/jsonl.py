@@ -34,6 +34,7 @@ from ingest.formats.base import (
     UncountedFormat,
     check_columns,
 )
+from ingest.formats.conform import declaration
 from ingest.storage.sources import Shard, Source
 
 
@@ -86,6 +87,18 @@ class JsonlFormat(UncountedFormat):
 
     def open(self, ctx: ReadContext) -> ShardReader:
         return _JsonlReader(ctx, self.opener())
+
+
+def _declaration(stream: pa.Schema | None, line: bytes) -> str | None:
+    """The declared schema that reads the stream's rows and ``line``'s
+    (:func:`ingest.formats.conform.declaration`), or None."""
+    if stream is None:
+        return None
+    try:
+        seen = pj.read_json(pa.BufferReader(line)).schema
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    return declaration(stream, seen)
 
 
 class TooDeepError(pa.ArrowInvalid):  # type: ignore[misc]  # pyarrow has no stubs
@@ -243,11 +256,16 @@ class _JsonlReader(LineReader):
                 ),
                 False,
             )
+        declare = _declaration(self.ctx.schema, line)
         return (
             f"line does not match the schema taken from {self.ctx.schema_origin} "
             f"({error}): {line[:80]!r}",
-            "make the shards agree, pass ReadOptions(schema=...) with types that fit "
-            "every shard, or select shared columns with columns=[...]",
+            (
+                f"declare the types that read both, {declare}, "
+                if declare
+                else "pass ReadOptions(schema=...) with types that fit every shard, "
+            )
+            + "make the shards agree, or select shared columns with columns=[...]",
             True,
         )
 
