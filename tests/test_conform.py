@@ -10,7 +10,6 @@ refused as before, with a fix that helps: declare the type with ``ReadOptions(sc
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
@@ -27,6 +26,7 @@ from ingest.core.errors import SchemaMismatchError, ShardError
 from ingest.formats.base import ReadOptions
 from ingest.formats.conform import holds, same_values, widened
 from ingest.testing import Store, encode
+from tests.resumed import through_a_resume
 
 # -- the rule (no store) ----------------------------------------------------------------
 
@@ -214,14 +214,7 @@ def test_a_resume_inside_a_window_and_a_dataloader_are_exactly_once(local: Store
     for n in range(4):
         _write(local, f"k/{n}.parquet", _kinds(n * 25, n % 2 == 1), "parquet")
     kwargs: dict[str, Any] = {"batch_size": 10, "shuffle_seed": 1, "shuffle_window": 40}
-    stream = ingest.Stream(local.url("k"), **kwargs)
-    it = iter(stream)
-    before = [i for _ in range(3) for i in next(it)["id"].tolist()]
-    state = json.loads(json.dumps(stream.state_dict()))
-    resumed = ingest.Stream(local.url("k"), **kwargs)
-    resumed.load_state_dict(state)
-    after = [i for batch in resumed for i in batch["id"].tolist()]
-    assert sorted(before + after) == list(range(100))
+    assert sorted(through_a_resume(local.url("k"), 3, **kwargs)) == list(range(100))
     loader = ingest.DataLoader(ingest.Stream(local.url("k"), **kwargs), num_workers=2)
     try:
         seen = []

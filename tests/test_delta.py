@@ -19,6 +19,7 @@ import ingest
 from ingest.core.errors import SourceError
 from ingest.storage.sources.delta import DeltaLog, current_files
 from ingest.testing import Store
+from tests.resumed import through_a_resume
 
 deltalake = pytest.importorskip("deltalake")
 
@@ -86,13 +87,7 @@ def test_a_resume_inside_a_window_is_exactly_once_on_s3(s3_store: Store, tmp_pat
         "shuffle_window": 60,
         "storage_options": s3_store.storage_options,
     }
-    stream = ingest.Stream(s3_store.url("t"), **kwargs)
-    it = iter(stream)
-    before = [i for _ in range(6) for i in next(it)["id"].tolist()]
-    resumed = ingest.Stream(s3_store.url("t"), **kwargs)
-    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
-    after = [i for b in resumed for i in b["id"].tolist()]
-    assert sorted(before + after) == list(range(300, 700))
+    assert sorted(through_a_resume(s3_store.url("t"), 6, **kwargs)) == list(range(300, 700))
 
 
 def test_a_table_with_deletion_vectors_enabled_and_none_written_reads(tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from ingest.formats.base import ReadOptions
 from ingest.formats.folder import ImageFolderFormat, class_of, group
 from ingest.storage.sources import Shard, Source
 from ingest.testing import Store, write_audio_folder, write_image_folder
+from tests.resumed import through_a_resume
 
 CLASSES = ("cat", "dog", "eel")
 PER_CLASS = 45  # 135 files: 3 work units of 64, 64 and 7 (FILES_PER_UNIT)
@@ -213,13 +214,7 @@ def test_a_metadata_file_gives_the_files_its_columns_as_datasets_reads_it(
             got[path.removeprefix("file://")] = (text, n)
     assert got == {p: (c, int(c.split()[1])) for p, c in captions.items()}
     kwargs: dict[str, Any] = {"format": "imagefolder", "batch_size": 2, "shuffle_seed": 3}
-    stream = ingest.Stream(url, **kwargs)
-    it = iter(stream)
-    before = [t for _ in range(1) for t in next(it)["text"]]
-    resumed = ingest.Stream(url, **kwargs)
-    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
-    after = [t for b in resumed for t in b["text"]]
-    assert sorted(before + after) == sorted(captions.values())
+    assert sorted(through_a_resume(url, 1, "text", **kwargs)) == sorted(captions.values())
 
 
 def test_a_file_without_a_metadata_row_is_named(tmp_path: Path) -> None:

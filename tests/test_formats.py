@@ -34,6 +34,7 @@ from ingest.formats.base import ReadOptions, RowBatch
 from ingest.planner.catalog import Catalog, Listing
 from ingest.storage.sources import Source
 from ingest.testing import Store, date_time_table, encode, make_table
+from tests.resumed import through_a_resume
 
 ROWS = 3000
 OPTIONS = ReadOptions(block_bytes=4096, batch_rows=256)
@@ -386,13 +387,7 @@ def test_a_json_array_streams_and_resumes_exactly_once(local: Store) -> None:
         rows = make_table(n * 100, 100).select(["id", "text"]).to_pylist()
         local.write(f"sft/part{n}.json", b"\xef\xbb\xbf \n" + json.dumps(rows, indent=4).encode())
     kwargs: dict[str, Any] = {"batch_size": 10, "shuffle_seed": 4, "shuffle_window": 50}
-    stream = ingest.Stream(local.url("sft"), **kwargs)
-    it = iter(stream)
-    before = [i for _ in range(7) for i in next(it)["id"].tolist()]
-    resumed = ingest.Stream(local.url("sft"), **kwargs)
-    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
-    after = [i for b in resumed for i in b["id"].tolist()]
-    assert sorted(before + after) == list(range(300))
+    assert sorted(through_a_resume(local.url("sft"), 7, **kwargs)) == list(range(300))
     loader = ingest.DataLoader(ingest.Stream(local.url("sft"), batch_size=10), num_workers=2)
     try:
         batches = list(loader)
@@ -453,12 +448,7 @@ def test_a_json_document_holding_its_rows_under_a_field_reads_with_field(local: 
         "shuffle_window": 30,
         "read": data,
     }
-    stream = ingest.Stream(local.url("squad"), **kwargs)
-    it = iter(stream)
-    before = [i for _ in range(5) for i in next(it)["id"].tolist()]
-    resumed = ingest.Stream(local.url("squad"), **kwargs)
-    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
-    assert sorted(before + [i for b in resumed for i in b["id"].tolist()]) == list(range(120))
+    assert sorted(through_a_resume(local.url("squad"), 5, **kwargs)) == list(range(120))
     loader = ingest.DataLoader(ingest.Stream(local.url("squad"), **kwargs), num_workers=2)
     try:
         assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(120))
@@ -731,12 +721,7 @@ def test_a_csv_with_another_delimiter_reads_with_delimiter_and_a_warning_without
     ]
     assert got == [(i, t, pytest.approx(x)) for i, t, x in rows]
     kwargs: dict[str, Any] = {"batch_size": 50, "shuffle_seed": 2, "read": semi}
-    stream = ingest.Stream(local.url("semi"), **kwargs)
-    it = iter(stream)
-    before = [i for _ in range(5) for i in next(it)["id"].tolist()]
-    resumed = ingest.Stream(local.url("semi"), **kwargs)
-    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
-    assert sorted(before + [i for b in resumed for i in b["id"].tolist()]) == list(range(600))
+    assert sorted(through_a_resume(local.url("semi"), 5, **kwargs)) == list(range(600))
     with pytest.warns(UserWarning, match=r"a\.csv.*one column.*';'.*ReadOptions\(delimiter=';'\)"):
         next(iter(ingest.Stream(local.url("semi"), batch_size=100)))
     local.write("pipe/a.csv", b"a|b\n1|2\n")
@@ -812,13 +797,7 @@ def test_csv_and_tsv_without_a_header_read_with_column_names(local: Store, tmp_p
     ]
     assert got == reference
     kwargs: dict[str, Any] = {"batch_size": 30, "shuffle_seed": 4, "read": names}
-    stream = ingest.Stream(local.url("pairs"), **kwargs)
-    it = iter(stream)
-    before = [i for _ in range(4) for i in next(it)["id"].tolist()]
-    resumed = ingest.Stream(local.url("pairs"), **kwargs)
-    resumed.load_state_dict(json.loads(json.dumps(stream.state_dict())))
-    after = [i for b in resumed for i in b["id"].tolist()]
-    assert sorted(before + after) == list(range(600))
+    assert sorted(through_a_resume(local.url("pairs"), 4, **kwargs)) == list(range(600))
     loader = ingest.DataLoader(ingest.Stream(local.url("pairs"), **kwargs), num_workers=2)
     try:
         assert sorted(i for b in loader for i in b["id"].tolist()) == list(range(600))
