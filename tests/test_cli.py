@@ -85,31 +85,24 @@ def test_ls_and_index_read_csv_and_json_as_the_stream_does(local: Store, tmp_pat
     records its quotes make, `index` keeps the count under the stream's format (csv[;]),
     which a stream with that delimiter then plans from."""
     local.write("c/a.csv", b'a;b\n1;"x\ny"\n2;z\n')
-    semi = run("ls", local.url("c"), "--json", "--count", "--delimiter", ";")
-    assert semi.returncode == 0, semi.stderr
-    assert [(r["format"], r["rows"]) for r in map(json.loads, semi.stdout.splitlines())] == [
-        ("csv[;]", 2)
-    ]
-    commas = run("ls", local.url("c"), "--json", "--count")
-    assert [json.loads(line)["rows"] for line in commas.stdout.splitlines()] == [3]
+    assert counted(local.url("c"), "--delimiter", ";") == [("csv[;]", 2)]
+    assert counted(local.url("c")) == [("csv", 3)]
     index = run("index", local.url("c"), "--index-dir", f"{tmp_path}/i", "--delimiter", ";")
     assert index.returncode == 0, index.stderr
     # Without a header line, every record is a row: `--column-names` names the columns.
     local.write("n/a.tsv", b"1\tx\n2\ty\n3\tz\n")
-    named = run("ls", local.url("n"), "--json", "--count", "--column-names", "id,text")
-    assert named.returncode == 0, named.stderr
-    assert [(r["format"], r["rows"]) for r in map(json.loads, named.stdout.splitlines())] == [
-        ("tsv[\t no header]", 3)
-    ]
-    headed = run("ls", local.url("n"), "--json", "--count")
-    assert [json.loads(line)["rows"] for line in headed.stdout.splitlines()] == [2]
+    assert counted(local.url("n"), "--column-names", "id,text") == [("tsv[\t no header]", 3)]
+    assert counted(local.url("n")) == [("tsv", 2)]
     # A JSON document's rows under a key: `--field data`.
     local.write("j/a.json", json.dumps({"v": 1, "data": [{"id": 1}, {"id": 2}]}).encode())
-    fielded = run("ls", local.url("j"), "--json", "--count", "--field", "data")
-    assert fielded.returncode == 0, fielded.stderr
-    assert [(r["format"], r["rows"]) for r in map(json.loads, fielded.stdout.splitlines())] == [
-        ("jsonl[field=data]", 2)
-    ]
+    assert counted(local.url("j"), "--field", "data") == [("jsonl[field=data]", 2)]
+
+
+def counted(*args: str) -> list[tuple[str, int]]:
+    """``ingest ls --json --count`` of ``args``: each shard's format and rows."""
+    out = run("ls", *args, "--json", "--count")
+    assert out.returncode == 0, out.stderr
+    return [(r["format"], r["rows"]) for r in map(json.loads, out.stdout.splitlines())]
 
 
 def test_ls_bad_input_exits_2_with_one_line(local: Store) -> None:
