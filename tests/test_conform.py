@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ingest
-from ingest.core.errors import SchemaMismatchError, ShardError
+from ingest.core.errors import ConfigError, SchemaMismatchError, ShardError
 from ingest.formats.base import ReadOptions
 from ingest.formats.conform import holds, same_values, widened
 from ingest.testing import Store, encode
@@ -336,3 +336,51 @@ def test_a_later_shard_of_a_wider_type_names_the_schema_that_reads_both(
     read = eval(said[0], {"pa": pa, "ReadOptions": ReadOptions})  # the message's own text
     stream = ingest.Stream(local.url("s"), batch_size=1, read=read)
     assert sorted(i for b in stream for i in b["id"].tolist()) == ids
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+def test_a_column_added_in_later_shards_reads_null_where_a_schema_declares_it(
+    local: Store, fmt: str
+) -> None:
+    """A dataset whose later shards gained a column (a feature added to the pipeline): the
+    earlier shards lack it, and the stream refused them ("missing column 'lang'"). Declared
+    in ``ReadOptions(schema=...)``, it reads as null where a shard lacks it, as pyarrow's
+    datasets read a declared schema; a column no declared field names is left out. A
+    declared column that no shard holds (a typo) is refused."""
+    for n in range(4):
+        table = pa.table({"id": list(range(n * 10, n * 10 + 10)), "text": ["t"] * 10})
+        if n >= 2:
+            table = table.append_column("lang", pa.array(["en"] * 10))
+        _write(local, f"g/{n}.{fmt}", table, fmt)
+    with pytest.raises(
+        SchemaMismatchError, match=r"(missing|extra) column 'lang'.*ReadOptions\(schema=.*null"
+    ):
+        list(ingest.Stream(local.url("g"), batch_size=10))
+    schema = pa.schema([("id", pa.int64()), ("lang", pa.string())])
+    read = ReadOptions(schema=schema)
+    got: dict[int, Any] = {}
+    for batch in ingest.Stream(local.url("g"), batch_size=5, shuffle_seed=1, read=read):
+        assert list(batch) == ["id", "lang"]  # text: declared by no field, left out
+        got.update(zip(batch["id"].tolist(), batch["lang"], strict=True))
+    assert got == {i: "en" if i >= 20 else None for i in range(40)}
+    some = ingest.Stream(local.url("g"), batch_size=10, read=read, columns=["lang", "id"])
+    assert sorted(i for b in some for i in b["id"].tolist()) == list(range(40))
+    kwargs: dict[str, Any] = {"batch_size": 5, "shuffle_seed": 2, "read": read}
+    assert sorted(through_a_resume(local.url("g"), 3, **kwargs)) == list(range(40))
+    typo = ReadOptions(schema=pa.schema([("id", pa.int64()), ("lagn", pa.string())]))
+    with pytest.raises(ConfigError, match=r"'lagn'.*no shard"):
+        list(ingest.Stream(local.url("g"), batch_size=10, read=typo))
+
+
+def test_a_derived_copy_is_keyed_with_the_declared_schema(local: Store, tmp_path: Any) -> None:
+    """JSON Lines are parsed in the declared types: a copy made of ``int64`` rows is not read
+    once the schema declares ``float64``."""
+    local.write("j/a.jsonl", b'{"n": 1}\n{"n": 2}\n')
+    derived = f"file://{tmp_path}/derived"
+    for t, dtype in ((pa.int64(), torch.int64), (pa.float64(), torch.float64)):
+        read = ReadOptions(schema=pa.schema([("n", t)]))
+        stream = ingest.Stream(
+            local.url("j"), batch_size=2, read=read, transform=Times(), derived=derived
+        )
+        (batch,) = list(stream)
+        assert batch["m"].dtype == dtype

@@ -12,6 +12,7 @@ import importlib
 import posixpath
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import cast
 
 import pyarrow as pa
@@ -203,14 +204,24 @@ def open_reader(ctx: ReadContext) -> ShardReader:
     order and types (a shard that differs only so is conformed: :mod:`ingest.formats.conform`)
     and hold the shard's hive partition columns too (:attr:`ReadContext.partition_columns`,
     :mod:`ingest.formats.partitions`). Every read of the stream's rows opens one so."""
-    reader = get_format(ctx.shard.format).open(ctx)
     known = ctx.info.schema
-    if known is not None and ctx.schema is not None and not known.equals(ctx.schema):
+    if known is None or ctx.schema is None or known.equals(ctx.schema):
+        reader = get_format(ctx.shard.format).open(ctx)
+    else:
+        absent = conform.absent(known, ctx.schema, ctx.columns, ctx.schema_origin == DECLARED)
+        unnamed = ctx.columns is None and not set(known.names) <= set(ctx.schema.names)
+        inner = ctx
+        if absent or unnamed:  # a declared schema's: the format reads the columns it names
+            wanted = ctx.schema.names if ctx.columns is None else ctx.columns
+            inner = replace(ctx, columns=[c for c in wanted if c not in absent])
+        reader = get_format(ctx.shard.format).open(inner)
         cast = read_casts(ctx)
         reorder = conform.reorders(known, ctx.schema, ctx.columns)
-        if cast or reorder:
-            order = ctx.schema.names if reorder else None
-            reader = conform.ConformingReader(ctx, reader, cast, order)
+        if cast or reorder or absent or unnamed:
+            order = None
+            if reorder or absent or unnamed:
+                order = list(ctx.schema.names if ctx.columns is None else ctx.columns)
+            reader = conform.ConformingReader(ctx, reader, cast, order, absent)
     if ctx.partition_columns:
         reader = PartitionedReader(ctx, reader)
     return reader

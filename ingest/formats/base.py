@@ -645,10 +645,14 @@ def check_schema(
     from ingest.formats.conform import reads_as  # it reads through this module's types
 
     declared = origin == DECLARED
-    if sorted(got.names) == sorted(want.names) and all(
-        reads_as(got.field(w.name).type, w.type, declared=declared) for w in want
+    if (declared or sorted(got.names) == sorted(want.names)) and all(
+        reads_as(got.field(w.name).type, w.type, declared=declared)
+        for w in want
+        if w.name in got.names
     ):
-        return  # but for order and types that hold it, the same: read conformed
+        # But for order and types that hold it, the same: read conformed. A declared
+        # schema reads a column a shard lacks as nulls, and leaves out one it does not name.
+        return
     diffs = []
     for f in want:
         other = got.field(f.name) if f.name in got.names else None
@@ -660,8 +664,9 @@ def check_schema(
     declare = (
         ""
         if declared
-        else "declare a column's type with ReadOptions(schema=...) to read every shard cast "
-        "to it (each value checked), "
+        else "declare the stream's columns and types with ReadOptions(schema=...) to read "
+        "every shard cast to them (each value checked; a column a shard lacks as nulls, one "
+        "no field names left out), "
     )
     raise SchemaMismatchError(
         url,

@@ -196,6 +196,18 @@ def casts(
     return out
 
 
+def absent(
+    schema: pa.Schema, expected: pa.Schema, columns: Sequence[str] | None, declared: bool
+) -> dict[str, pa.DataType]:
+    """The columns of a declared schema (``expected``, of ``columns``, None: all) that a
+    shard of ``schema`` lacks, each with its type: read as nulls. Empty where the schema is
+    not declared (a shard that lacks one is refused: check_schema)."""
+    if not declared:
+        return {}
+    names = expected.names if columns is None else [c for c in columns if c in expected.names]
+    return {n: expected.field(n).type for n in names if n not in schema.names}
+
+
 def reorders(schema: pa.Schema, expected: pa.Schema, columns: Sequence[str] | None) -> bool:
     """Whether a shard of ``schema`` gives the stream's columns (``columns``, None: all of
     ``expected``) in another order than the stream's: its reader reads all of them in its
@@ -248,8 +260,9 @@ def _python(t: pa.DataType) -> str:
 
 
 class ConformingReader(MappedReader):
-    """A format's reader whose batches' columns come in ``order`` (None: as read) and those
-    named in ``casts`` cast to the type given (the stream's)."""
+    """A format's reader whose batches' columns come in ``order`` (None: as read), those
+    named in ``casts`` cast to the type given (the stream's), and those in ``nulls`` (a
+    declared schema's that the shard lacks) added as nulls of the type given."""
 
     def __init__(
         self,
@@ -257,12 +270,16 @@ class ConformingReader(MappedReader):
         inner: ShardReader,
         casts: dict[str, pa.DataType],
         order: Sequence[str] | None,
+        nulls: dict[str, pa.DataType] | None = None,
     ) -> None:
         super().__init__(ctx, inner)
         self._casts = casts
         self._order = None if order is None else list(order)
+        self._nulls = nulls or {}
 
     def mapped(self, data: pa.RecordBatch) -> pa.RecordBatch:
+        for name, t in self._nulls.items():
+            data = data.append_column(pa.field(name, t), pa.nulls(data.num_rows, t))
         if self._order is not None:
             data = data.select(self._order)
         if not self._casts:
@@ -294,6 +311,7 @@ class ConformingReader(MappedReader):
 
 __all__ = [
     "ConformingReader",
+    "absent",
     "casts",
     "declaration",
     "holds",

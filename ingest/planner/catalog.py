@@ -34,7 +34,7 @@ import pyarrow as pa
 from fsspec.utils import get_protocol
 from tqdm.auto import tqdm
 
-from ingest.core.errors import IngestError, ShardError, redact
+from ingest.core.errors import ConfigError, IngestError, ShardError, redact
 from ingest.core.plan import PlanShard
 from ingest.core.quarantine import skippable
 from ingest.core.state import ShardRecord
@@ -342,12 +342,22 @@ class Catalog:
         unread in ``infos`` under ``on_error="skip"``); ``keys``: the partition columns,
         which no file holds."""
         columns = self._file_columns(keys)
+        held: set[str] = set()  # every footer's columns, where every shard has a footer
+        footers = all(i.schema is not None for i in infos if i.rows)
         for n, (shard, info) in enumerate(zip(shards, infos, strict=True)):
             if info.schema is not None and info.rows:
+                held.update(info.schema.names if footers else ())
                 try:
                     check_schema(shard.url, info.schema, schema, origin, columns)
                 except Exception as e:
                     infos[n] = self._unread(e)
+        nowhere = [f.name for f in schema if f.name not in held]
+        if origin == DECLARED and held and nowhere:
+            raise ConfigError(
+                f"{redact(self.source.urls[0])}: column {nowhere[0]!r} of ReadOptions(schema=...) "
+                f"is in no shard's footer (they hold {sorted(held)[:10]}): check its name "
+                "(a column a shard lacks reads as nulls, so a misspelt one would be all nulls)"
+            )
 
     def _unread(self, error: Exception) -> ShardInfo:
         """The inspection of a shard that ``error`` stopped while listing: under

@@ -106,6 +106,7 @@ def read_fingerprint(
     partition: Partition = (),
     casts: Mapping[str, pa.DataType] | None = None,
     names: Sequence[str] | None = None,
+    declared: pa.Schema | None = None,
 ) -> str:
     """The ``read`` part of a :class:`DerivedKey`: the format that reads the shard, the
     columns it reads (None: all), the hive partition columns its rows get (the shard's
@@ -113,8 +114,10 @@ def read_fingerprint(
     its columns are cast to (``casts``, :func:`ingest.formats.read_casts`: a copy made of
     ``int32`` rows is not read once the stream reads them as ``int64``) and the names given
     to columns a file does not name (``names``, :func:`ingest.formats.given_names`: CSV
-    without a header), which together make the rows the chain is given. Without partitions,
-    casts and names, the key it was before any of them was read."""
+    without a header) and a declared schema (``ReadOptions.schema``: the types JSON Lines
+    and CSV are parsed in, the columns read as nulls where a shard lacks them), which
+    together make the rows the chain is given. Without any of them, the key it was before
+    any of them was read."""
     fields: dict[str, Any] = {
         "format": format,
         "columns": None if columns is None else list(columns),
@@ -125,6 +128,8 @@ def read_fingerprint(
         fields["casts"] = {name: str(t) for name, t in casts.items()}
     if names:
         fields["names"] = list(names)
+    if declared is not None:
+        fields["declared"] = [[f.name, str(f.type)] for f in declared]
     return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 

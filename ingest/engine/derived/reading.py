@@ -166,6 +166,7 @@ class Deriving:
                 shard.partition,
                 {**read_casts(ctx), **declared_partition_types(ctx)},
                 given_names(ctx),
+                ctx.options.schema,
             ),
         )
 
