@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 import ingest
 from ingest.core.errors import SourceError
@@ -245,3 +246,26 @@ def test_a_file_the_log_holds_and_the_directory_lacks_is_refused(tmp_path: Path)
     gone.unlink()
     with pytest.raises(SourceError, match=rf"holds 1 file.*{gone.name}.*removed by hand"):
         _ids(url)
+
+
+def test_the_tables_schema_is_the_streams_through_its_evolution(tmp_path: Path) -> None:
+    """A Delta table's columns are its log's, not its first file's: a column added by a
+    later write (``schema_mode="merge"``, ALTER TABLE ADD COLUMNS) reads as null from the
+    files written before it, as a Delta reader gives it; the partition columns take the
+    table's types. Before, the stream refused the older files ("missing column 'lang'")."""
+    url = str(tmp_path / "t")
+    deltalake.write_deltalake(
+        url, pa.table({"id": [1, 2], "year": [2023, 2024]}), partition_by=["year"]
+    )
+    later = pa.table({"id": [3], "year": [2024], "lang": ["en"]})
+    deltalake.write_deltalake(url, later, mode="append", schema_mode="merge", partition_by=["year"])
+    expected = {
+        r["id"]: (r["lang"], r["year"])
+        for r in deltalake.DeltaTable(url).to_pyarrow_table().to_pylist()
+    }
+    assert expected == {1: (None, 2023), 2: (None, 2024), 3: ("en", 2024)}
+    got: dict[int, Any] = {}
+    for batch in ingest.Stream(url, batch_size=1):
+        assert batch["year"].dtype == torch.int64  # the table's long, not a path's string
+        got[batch["id"].item()] = (batch["lang"][0], batch["year"].item())
+    assert got == expected

@@ -20,7 +20,6 @@ import pyarrow as pa
 from ingest.core.errors import ConfigError
 from ingest.formats import conform
 from ingest.formats.base import (
-    DECLARED,
     Format,
     ReadContext,
     ReadOptions,
@@ -28,6 +27,7 @@ from ingest.formats.base import (
     Seek,
     ShardInfo,
     ShardReader,
+    declares,
 )
 from ingest.formats.folder import FOLDER_METADATA
 from ingest.formats.partitions import PartitionedReader
@@ -208,7 +208,7 @@ def open_reader(ctx: ReadContext) -> ShardReader:
     if known is None or ctx.schema is None or known.equals(ctx.schema):
         reader = get_format(ctx.shard.format).open(ctx)
     else:
-        absent = conform.absent(known, ctx.schema, ctx.columns, ctx.schema_origin == DECLARED)
+        absent = conform.absent(known, ctx.schema, ctx.columns, declares(ctx.schema_origin))
         unnamed = ctx.columns is None and not set(known.names) <= set(ctx.schema.names)
         inner = ctx
         if absent or unnamed:  # a declared schema's: the format reads the columns it names
@@ -235,7 +235,7 @@ def read_casts(ctx: ReadContext) -> dict[str, pa.DataType]:
     known = ctx.info.schema
     if known is None or ctx.schema is None or known.equals(ctx.schema):
         return {}
-    return conform.casts(known, ctx.schema, ctx.columns, declared=ctx.schema_origin == DECLARED)
+    return conform.casts(known, ctx.schema, ctx.columns, declared=declares(ctx.schema_origin))
 
 
 def given_names(ctx: ReadContext) -> tuple[str, ...] | None:

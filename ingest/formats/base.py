@@ -616,6 +616,15 @@ def select(
 DECLARED = "ReadOptions.schema"
 """The schema origin of a stream whose schema is declared (``ReadOptions(schema=...)``):
 every shard is read cast to it where pyarrow casts its types (each value checked)."""
+TABLE_LOG = "the log of the Delta table "
+"""The start of the schema origin of a stream over one Delta table, whose log declares its
+schema (:mod:`ingest.storage.sources.delta`), read as a declared one."""
+
+
+def declares(origin: str) -> bool:
+    """Whether a stream schema from ``origin`` is declared (:data:`DECLARED`, or a Delta
+    table's log): each shard read cast to it, a column it lacks as nulls."""
+    return origin == DECLARED or origin.startswith(TABLE_LOG)
 
 
 def check_schema(
@@ -644,7 +653,7 @@ def check_schema(
         return
     from ingest.formats.conform import reads_as  # it reads through this module's types
 
-    declared = origin == DECLARED
+    declared = declares(origin)
     if (declared or sorted(got.names) == sorted(want.names)) and all(
         reads_as(got.field(w.name).type, w.type, declared=declared)
         for w in want

@@ -43,10 +43,12 @@ from ingest.formats import folder as folders
 from ingest.formats.base import (
     DECLARED,
     EMPTY,
+    TABLE_LOG,
     ReadContext,
     ReadOptions,
     ShardInfo,
     check_schema,
+    declares,
 )
 from ingest.formats.conform import widened_schema
 from ingest.formats.partitions import (
@@ -124,6 +126,8 @@ class Listing:
             files = [c for c in columns if c not in keys]
             added = tuple(c for c in columns if c in keys)
             order = tuple(columns)
+        if options.schema is None and self.schema is not None and declares(self.schema_origin):
+            options = replace(options, schema=self.schema)  # a Delta table's: as if declared
         return ReadContext(
             source,
             self.shards[index],
@@ -292,15 +296,14 @@ class Catalog:
         keys = partition_keys(shards)
         stream_schema, origin = self._schema(shards, infos)
         if stream_schema is not None:
-            if origin != DECLARED:
+            declared = stream_schema if declares(origin) else None
+            if declared is None:
                 stream_schema = self._widened(stream_schema, infos, keys)
             else:  # a declared schema may type the partition columns: not the files'
                 stream_schema = without_partition_fields(stream_schema, keys) or stream_schema
             self._check_schemas(shards, infos, stream_schema, origin, keys)
             if keys:
-                stream_schema = with_partition_fields(
-                    stream_schema, keys, shards, origin, self.options.schema
-                )
+                stream_schema = with_partition_fields(stream_schema, keys, shards, origin, declared)
         return Listing(tuple(shards), tuple(infos), stream_schema, origin, classes, keys)
 
     def _widened(self, schema: pa.Schema, infos: list[ShardInfo], keys: Sequence[str]) -> pa.Schema:
@@ -459,6 +462,18 @@ class Catalog:
             self.index_store.put_many(unsaved)
         unsaved.clear()
 
+    def _table_schema(self, shards: Sequence[Shard]) -> tuple[pa.Schema, str] | None:
+        """The schema of the one Delta table whose files the listing holds, as its log
+        declares it (a column added by a later write is in it: the files written before
+        read it as nulls), with its origin; None where the listing is not one table's."""
+        tables = self.source.tables
+        if len(tables) != 1 or self.options.partitioning is None:
+            return None  # partitioning=None: the files' columns alone, as inferred
+        ((root, schema),) = tables.items()
+        if schema is None or not all(s.url.startswith(f"{root}/") for s in shards):
+            return None
+        return schema, f"{TABLE_LOG}{root}"
+
     def shard_schema(self, shard: Shard, info: ShardInfo) -> tuple[pa.Schema | None, str]:
         """The schema of one shard on its own, and where it came from."""
         if self.options.schema is not None:
@@ -477,6 +492,9 @@ class Catalog:
         ``on_error="skip"``)."""
         if self.options.schema is not None:
             return self.options.schema, DECLARED
+        table = self._table_schema(shards)
+        if table is not None:
+            return table
         for n, (shard, info) in enumerate(zip(shards, infos, strict=True)):
             if shard.size == 0 or info.rows == 0:
                 continue

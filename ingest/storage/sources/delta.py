@@ -171,8 +171,22 @@ def _with_dicts(action: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class DeltaSnapshot:
+    """A table's newest version: its data files and its schema (the log's, partition
+    columns included; None where the log holds none this reader converts)."""
+
+    files: list[DeltaFile]
+    schema: pa.Schema | None
+
+
 def current_files(log: DeltaLog, url: str | None = None) -> list[DeltaFile]:
-    """The data files of the table's newest version, in path order.
+    """The data files of the table's newest version, in path order (:func:`snapshot`)."""
+    return snapshot(log, url).files
+
+
+def snapshot(log: DeltaLog, url: str | None = None) -> DeltaSnapshot:
+    """The table's newest version: its data files, in path order, and its schema.
 
     Raises:
         SourceError: If a commit after the checkpoint is missing, or the table needs a
@@ -215,7 +229,55 @@ def current_files(log: DeltaLog, url: str | None = None) -> list[DeltaFile]:
         )
         for add in files.values()
     ]
-    return sorted(out, key=lambda f: f.path)
+    return DeltaSnapshot(sorted(out, key=lambda f: f.path), arrow_schema(meta.get("schemaString")))
+
+
+_PRIMITIVES = {
+    "string": pa.string(),
+    "long": pa.int64(),
+    "integer": pa.int32(),
+    "short": pa.int16(),
+    "byte": pa.int8(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "binary": pa.binary(),
+    "date": pa.date32(),
+    "timestamp": pa.timestamp("us", "UTC"),
+    "timestamp_ntz": pa.timestamp("us"),
+}
+_DECIMAL = re.compile(r"decimal\((\d+),\s*(\d+)\)")
+
+
+def arrow_schema(schema_string: object) -> pa.Schema | None:
+    """A Delta schema (the log's ``schemaString``: JSON) as an Arrow schema, as delta-rs
+    and Spark write its files; None where it holds a type this reader does not convert."""
+    try:
+        fields = json.loads(schema_string)["fields"] if isinstance(schema_string, str) else None
+        return None if fields is None else pa.schema([_field(f) for f in fields])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _field(field: Mapping[str, Any]) -> pa.Field:
+    return pa.field(field["name"], _type(field["type"]), nullable=field.get("nullable", True))
+
+
+def _type(t: Any) -> pa.DataType:
+    """A Delta type (a name, or a struct, array or map as JSON) as an Arrow type."""
+    if isinstance(t, str):
+        decimal = _DECIMAL.fullmatch(t)
+        if decimal:
+            return pa.decimal128(int(decimal[1]), int(decimal[2]))
+        return _PRIMITIVES[t]
+    kind = t["type"]
+    if kind == "struct":
+        return pa.struct([_field(f) for f in t["fields"]])
+    if kind == "array":
+        return pa.list_(_type(t["elementType"]))
+    if kind == "map":
+        return pa.map_(_type(t["keyType"]), _type(t["valueType"]))
+    raise KeyError(kind)
 
 
 def _replayed(log: DeltaLog, where: str) -> Iterator[dict[str, Any]]:
@@ -291,4 +353,15 @@ def _data_path(root: str, path: str) -> str:
     return posixpath.join(root, decoded) if root else decoded
 
 
-__all__ = ["LOG", "DeltaFile", "DeltaLog", "current_files", "in_log", "read_log", "table_roots"]
+__all__ = [
+    "LOG",
+    "DeltaFile",
+    "DeltaLog",
+    "DeltaSnapshot",
+    "arrow_schema",
+    "current_files",
+    "in_log",
+    "read_log",
+    "snapshot",
+    "table_roots",
+]

@@ -12,6 +12,7 @@ from glob import has_magic
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import fsspec
+import pyarrow as pa
 from fsspec.utils import get_protocol
 
 from ingest.core.errors import ConfigError, NoShardsError, SourceError, redact
@@ -39,9 +40,14 @@ _QUERY_TAIL = re.compile(r"\?[^/?=]+=.*$")
 
 
 def list_url(
-    source: Source, url: str, formats: FormatResolver, listings: ListingStore | None
+    source: Source,
+    url: str,
+    formats: FormatResolver,
+    listings: ListingStore | None,
+    tables: dict[str, pa.Schema | None] | None = None,
 ) -> list[Shard]:
-    """The shards ``url`` lists, for :meth:`Source.list_shards` (see there)."""
+    """The shards ``url`` lists, for :meth:`Source.list_shards` (see there); ``tables``
+    gets the Delta tables it holds, each root's URL with the table's schema."""
     fs = source.filesystem(url)
     key = None
     if get_protocol(url) == "hf":
@@ -50,9 +56,10 @@ def list_url(
     path = fs._strip_protocol(strip_userinfo(url))
     infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
     base = base_of(_without_query(path), glob=_is_glob(path))
-    tables: dict[str, Partition] = {}
+    logged: dict[str, Partition] = {}  # a Delta table's files: their log's partitions
     if not explicit:
-        infos, tables = _delta_tables(source, fs, url, path, base, infos)
+        found = {} if tables is None else tables
+        infos, logged = _delta_tables(source, fs, url, path, base, infos, found)
     shards: list[Shard] = []
     names: list[str] = []  # each shard's path on its filesystem
     for info in infos:
@@ -79,8 +86,8 @@ def list_url(
                 size=int(info.get("size") or 0),
                 version=_version_of(info),
                 format=fmt,
-                partition=tables[name]
-                if name in tables
+                partition=logged[name]
+                if name in logged
                 else (hive_partition(base, name) if "=" in name and not explicit else ()),
             )
         )
@@ -105,11 +112,13 @@ def _delta_tables(
     path: str,
     base: str,
     infos: list[dict[str, Any]],
+    tables: dict[str, pa.Schema | None],
 ) -> tuple[list[dict[str, Any]], dict[str, Partition]]:
     """``infos`` less the files of Delta tables that their current version does not hold
     (earlier versions' files, the logs, change data), and the partition of each file kept
     that is a table's (from its log): the tables whose log the listing holds, or at a
-    glob's root (:mod:`ingest.storage.sources.delta`).
+    glob's root (:mod:`ingest.storage.sources.delta`); ``tables`` gets each one's root
+    URL and schema.
 
     Raises:
         SourceError: If a table's log cannot be read, or the table needs a Delta reader; or
@@ -131,9 +140,10 @@ def _delta_tables(
             log = attempt(read, source.policy(url), source.stats)
         except GaveUpError as gave_up:
             raise _listing_error(source, url, gave_up) from None
-        files = delta.current_files(log, fs.unstrip_protocol(root))
-        current.update((f.path, f) for f in files)
-        _check_listed(fs, root, [f.path for f in files], listed, glob=_is_glob(path))
+        version = delta.snapshot(log, fs.unstrip_protocol(root))
+        current.update((f.path, f) for f in version.files)
+        tables[fs.unstrip_protocol(root)] = version.schema
+        _check_listed(fs, root, [f.path for f in version.files], listed, glob=_is_glob(path))
     kept = []
     for info in infos:
         name = str(info["name"])

@@ -13,6 +13,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 import fsspec
+import pyarrow as pa
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
@@ -115,6 +116,9 @@ class Source:
         self._filesystems: dict[str, fsspec.AbstractFileSystem] = {}
         self._fs_lock = threading.Lock()
         self.stats = IOStats()
+        self.tables: dict[str, pa.Schema | None] = {}
+        """The Delta tables the last listing found (their roots' URLs), each with its
+        schema (:mod:`ingest.storage.sources.delta`): the stream's where it lists one."""
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -232,12 +236,14 @@ class Source:
                 no known format.
         """
         found: dict[str, Shard] = {}
+        tables: dict[str, pa.Schema | None] = {}
         for url in self.urls:
             # A listing is of the store now: s3fs and gcsfs keep directory listings, and a
             # shard written since the last listing would be listed but refused by open().
             self.filesystem(url).invalidate_cache()
-            for shard in list_url(self, url, formats, listings):
+            for shard in list_url(self, url, formats, listings, tables):
                 found.setdefault(shard.url, shard)
+        self.tables = tables
         return [found[u] for u in sorted(found)]
 
     # -- opening -------------------------------------------------------------------------
