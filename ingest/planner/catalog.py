@@ -466,7 +466,7 @@ class Catalog:
         """The schema of the one Delta table whose files the listing holds, as its log
         declares it (a column added by a later write is in it: the files written before
         read it as nulls), with its origin; None where the listing is not one table's."""
-        tables = self.source.tables
+        tables = getattr(self.source, "tables", {})  # a Source's; a stand-in may have none
         if len(tables) != 1 or self.options.partitioning is None:
             return None  # partitioning=None: the files' columns alone, as inferred
         ((root, schema),) = tables.items()
