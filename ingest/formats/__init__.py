@@ -210,17 +210,16 @@ def open_reader(ctx: ReadContext) -> ShardReader:
     else:
         absent = conform.absent(known, ctx.schema, ctx.columns, declares(ctx.schema_origin))
         unnamed = ctx.columns is None and not set(known.names) <= set(ctx.schema.names)
+        wanted = ctx.schema.names if ctx.columns is None else ctx.columns
         inner = ctx
         if absent or unnamed:  # a declared schema's: the format reads the columns it names
-            wanted = ctx.schema.names if ctx.columns is None else ctx.columns
             inner = replace(ctx, columns=[c for c in wanted if c not in absent])
         reader = get_format(ctx.shard.format).open(inner)
         cast = read_casts(ctx)
         reorder = conform.reorders(known, ctx.schema, ctx.columns)
-        if cast or reorder or absent or unnamed:
-            order = None
-            if reorder or absent or unnamed:
-                order = list(ctx.schema.names if ctx.columns is None else ctx.columns)
+        reshape = reorder or bool(absent) or unnamed  # the columns come in another set
+        if cast or reshape:
+            order = list(wanted) if reshape else None
             reader = conform.ConformingReader(ctx, reader, cast, order, absent)
     if ctx.partition_columns:
         reader = PartitionedReader(ctx, reader)

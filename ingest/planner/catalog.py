@@ -345,17 +345,20 @@ class Catalog:
         unread in ``infos`` under ``on_error="skip"``); ``keys``: the partition columns,
         which no file holds."""
         columns = self._file_columns(keys)
-        held: set[str] = set()  # every footer's columns, where every shard has a footer
-        footers = all(i.schema is not None for i in infos if i.rows)
+        # A declared schema's columns that no footer holds, where every shard has a footer:
+        # only then are the footers' columns gathered (not on every listing).
+        gather = origin == DECLARED and all(i.schema is not None for i in infos if i.rows)
+        held: set[str] = set()
         for n, (shard, info) in enumerate(zip(shards, infos, strict=True)):
             if info.schema is not None and info.rows:
-                held.update(info.schema.names if footers else ())
+                if gather:
+                    held.update(info.schema.names)
                 try:
                     check_schema(shard.url, info.schema, schema, origin, columns)
                 except Exception as e:
                     infos[n] = self._unread(e)
-        nowhere = [f.name for f in schema if f.name not in held]
-        if origin == DECLARED and held and nowhere:
+        nowhere = [f.name for f in schema if f.name not in held] if held else []
+        if nowhere:
             raise ConfigError(
                 f"{redact(self.source.urls[0])}: column {nowhere[0]!r} of ReadOptions(schema=...) "
                 f"is in no shard's footer (they hold {sorted(held)[:10]}): check its name "
