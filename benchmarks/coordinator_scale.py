@@ -51,7 +51,7 @@ import json
 import resource
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -165,7 +165,12 @@ class GivenListing:
         self._listing = listing
 
     def listing(
-        self, wanted: Callable[[Listing], bool] | None = None, *, first: bool, counted: bool
+        self,
+        wanted: Callable[[Listing], bool] | None = None,
+        *,
+        first: bool,
+        counted: bool,
+        at: Mapping[str, int] | None = None,
     ) -> Listing:
         return self._listing
 

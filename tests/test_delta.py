@@ -11,14 +11,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 import ingest
-from ingest.core.errors import SourceError
-from ingest.storage.sources.delta import DeltaLog, current_files
+from ingest.core.errors import SourceError, StateError
+from ingest.core.state import StreamState
+from ingest.storage.sources.delta import DeltaLog, current_files, read_log, snapshot
 from ingest.testing import Store
 from tests.resumed import through_a_resume
 
@@ -91,6 +93,131 @@ def test_a_resume_inside_a_window_is_exactly_once_on_s3(s3_store: Store, tmp_pat
     assert sorted(through_a_resume(s3_store.url("t"), 6, **kwargs)) == list(range(300, 700))
 
 
+def _stop_compact_resume(url: str, loader: bool = False) -> tuple[list[int], list[int]]:
+    """The ids of an epoch stopped after 2 batches of 10 (inside a window of 40), its state
+    saved (through JSON), the table compacted and appended to (ids 100..119), and the epoch
+    resumed from the state; then the ids of the resumed stream's next epoch. (The row counts
+    fill every step of a loader's 2 workers: none is carried into the next epoch.)"""
+    kwargs: dict[str, Any] = {"batch_size": 10, "shuffle_seed": 4, "shuffle_window": 40}
+
+    def make() -> Any:
+        stream = ingest.Stream(url, **kwargs)
+        return ingest.DataLoader(stream, num_workers=2) if loader else stream
+
+    first = make()
+    it = iter(first)
+    before = [i for _ in range(2) for i in next(it)["id"].tolist()]
+    state = json.loads(json.dumps(first.state_dict()))
+    getattr(first, "close", lambda: None)()
+    deltalake.DeltaTable(url).optimize.compact()  # the state's files are no longer the table's
+    deltalake.write_deltalake(url, _table(100, 20), mode="append")
+    resumed = make()
+    try:
+        resumed.load_state_dict(state)
+        rest = [i for batch in resumed for i in batch["id"].tolist()]
+        after = [i for batch in resumed for i in batch["id"].tolist()]
+    finally:
+        getattr(resumed, "close", lambda: None)()
+    return before + rest, after
+
+
+@pytest.mark.parametrize("loader", [False, True], ids=["stream", "dataloader2"])
+def test_a_resume_after_a_compaction_reads_the_version_it_was_saved_at(
+    tmp_path: Path, loader: bool
+) -> None:
+    """OPTIMIZE (Databricks' auto-compaction) rewrites a table's files into fewer: the files
+    a state was saved on are no longer the table's, though they stay until VACUUM. The
+    resumed epoch reads the table at the version the state was saved at (Delta's time
+    travel), every row once; the next epoch reads the newest version. Before, the resume
+    was refused ('shards missing')."""
+    url = str(tmp_path / "t")
+    for k in range(4):
+        deltalake.write_deltalake(url, _table(k * 25, 25), mode="append")
+    epoch, after = _stop_compact_resume(url, loader)
+    assert sorted(epoch) == list(range(100))
+    assert sorted(after) == list(range(120))
+
+
+def test_a_state_records_the_version_of_each_table(tmp_path: Path) -> None:
+    url = str(tmp_path / "t")
+    deltalake.write_deltalake(url, _table(0, 10))
+    deltalake.write_deltalake(url, _table(10, 10), mode="append")
+    stream = ingest.Stream(url, batch_size=5, shuffle_seed=1)
+    next(iter(stream))
+    state = json.loads(json.dumps(stream.state_dict()))
+    assert state["dataset"]["tables"] == {f"file://{url}": 1}
+    assert StreamState.from_json(state).dataset.tables == ((f"file://{url}", 1),)
+    for bad in ("x", {f"file://{url}": "1"}, [1]):
+        state["dataset"]["tables"] = bad
+        with pytest.raises(StateError, match=r"dataset\.tables"):
+            StreamState.from_json(state)
+    plain = tmp_path / "plain.parquet"
+    pq.write_table(_table(0, 10), plain)
+    stream = ingest.Stream(str(plain), batch_size=5)
+    next(iter(stream))
+    assert "tables" not in stream.state_dict()["dataset"]
+
+
+def test_a_resume_after_a_vacuum_of_the_saved_versions_files_names_the_fix(
+    tmp_path: Path,
+) -> None:
+    url = str(tmp_path / "t")
+    for k in range(4):
+        deltalake.write_deltalake(url, _table(k * 25, 25), mode="append")
+    stream = ingest.Stream(url, batch_size=10, shuffle_seed=4)
+    it = iter(stream)
+    next(it)
+    state = json.loads(json.dumps(stream.state_dict()))
+    table = deltalake.DeltaTable(url)
+    table.optimize.compact()
+    table = deltalake.DeltaTable(url)
+    table.vacuum(retention_hours=0, enforce_retention_duration=False, dry_run=False)
+    resumed = ingest.Stream(url, batch_size=10, shuffle_seed=4)
+    with pytest.raises(SourceError, match=r"version 3.*VACUUM.*without the state"):
+        resumed.load_state_dict(state)
+
+
+def _two_epochs(url: str, loader: bool, **kwargs: Any) -> tuple[list[int], list[int]]:
+    """Two epochs' ids of a stream (``loader``: in a ``DataLoader`` of no worker, whose
+    every epoch starts from the last one's state), the table compacted and appended to
+    (ids 1000..1019) between them."""
+    stream = ingest.Stream(url, batch_size=10, shuffle_seed=4, shuffle_window=40, **kwargs)
+    it: Any = ingest.DataLoader(stream, num_workers=0) if loader else stream
+    first = [i for batch in it for i in batch["id"].tolist()]
+    deltalake.DeltaTable(url).optimize.compact()
+    deltalake.write_deltalake(url, _table(1000, 20), mode="append")
+    return first, [i for batch in it for i in batch["id"].tolist()]
+
+
+@pytest.mark.parametrize("loader", [False, True], ids=["stream", "dataloader0"])
+def test_the_epoch_after_a_compaction_reads_the_newest_version(
+    tmp_path: Path, loader: bool
+) -> None:
+    """Between epochs, the state's shards need not be there: only those it carries rows
+    from. Before, a DataLoader's next epoch (planned from the last one's state) was refused
+    ('the state belongs to another dataset'). Rows that fill no step, carried into the next
+    epoch from files the compaction replaced, are refused naming remainder='drop', which
+    reads on (before, a stream said the shard 'vanished while the stream followed')."""
+    url = str(tmp_path / "t")
+    for k in range(4):
+        deltalake.write_deltalake(url, _table(k * 25, 25), mode="append")
+    first, second = _two_epochs(url, loader)
+    assert sorted(first) == list(range(100))
+    assert sorted(second) == [*range(100), *range(1000, 1020)]
+    url = str(tmp_path / "carried")
+    for k in range(4):
+        deltalake.write_deltalake(url, _table(k * 24, 24), mode="append")
+    with pytest.raises((SourceError, StateError), match=r"carries.*remainder='drop'"):
+        _two_epochs(url, loader)
+    url = str(tmp_path / "dropped")
+    for k in range(4):
+        deltalake.write_deltalake(url, _table(k * 24, 24), mode="append")
+    first, second = _two_epochs(url, loader, remainder="drop")
+    assert len(first) == len(set(first)) == 90 and set(first) <= set(range(96))
+    assert len(second) == len(set(second)) == 110
+    assert set(second) <= {*range(96), *range(1000, 1020)}
+
+
 def test_a_table_with_deletion_vectors_enabled_and_none_written_reads(tmp_path: Path) -> None:
     """delta-rs lists the reader features deletionVectors and variantType on such a table;
     no file has a deletion vector and no column is a variant, so the files are the rows."""
@@ -139,6 +266,31 @@ def test_the_log_replays_adds_and_removes_in_commit_order() -> None:
     with pytest.raises(SourceError, match=r"reader version 9"):
         protocol = {"protocol": {"minReaderVersion": 9, "minWriterVersion": 9}}
         current_files(DeltaLog("t", commits={0: _commit(protocol, _META)}))
+
+
+def test_a_version_is_read_from_the_checkpoint_and_commits_before_it(tmp_path: Path) -> None:
+    """``read_log(at=...)`` replays the newest checkpoint at or before the version and the
+    commits after it up to the version; a log whose retention removed them is refused."""
+    url = str(tmp_path / "t")
+    for k in range(3):
+        deltalake.write_deltalake(url, _table(k * 10, 10), mode="append")
+    deltalake.DeltaTable(url).create_checkpoint()  # at version 2
+    deltalake.write_deltalake(url, _table(30, 10), mode="overwrite")
+    deltalake.write_deltalake(url, _table(40, 10), mode="append")
+    fs = fsspec.filesystem("file")
+    for at, ids in [(0, range(10)), (1, range(20)), (2, range(30)), (3, range(30, 40))]:
+        version = snapshot(read_log(fs, url, [], at), url)
+        assert version.version == at
+        assert sorted(
+            i for f in version.files for i in pq.read_table(f.path)["id"].to_pylist()
+        ) == (list(ids))
+    assert snapshot(read_log(fs, url, []), url).version == 4  # the newest
+    (tmp_path / "t" / "_delta_log" / f"{0:020}.json").unlink()  # the log's retention
+    assert snapshot(read_log(fs, url, [], 3), url).version == 3  # from the checkpoint
+    with pytest.raises(SourceError, match=r"no longer holds version 1.*without the state"):
+        snapshot(read_log(fs, url, [], 1), url)
+    with pytest.raises(SourceError, match=r"no longer holds version 9"):
+        snapshot(read_log(fs, url, [], 9), url)
 
 
 def test_what_the_files_alone_do_not_give_exactly_is_refused_with_the_fix() -> None:
@@ -236,6 +388,39 @@ def test_a_ray_streams_ranks_and_ray_data_read_the_current_version(
     refs = ingest.ray_data.read(s3_store.url("t"), storage_options=options).to_arrow_refs()
     got = pa.concat_tables(ray.get(refs, timeout=120))
     assert dict(zip(got["id"].to_pylist(), got["lang"].to_pylist(), strict=True)) == expected
+
+
+def _ray_rank(it: Any, stop_after: int | None) -> tuple[list[int], Any]:
+    """A rank's ids, to its state after ``stop_after`` batches (None: the epoch's)."""
+    got: list[int] = []
+    for n, batch in enumerate(it, 1):
+        got += batch["id"].tolist()
+        if n == stop_after:
+            return got, it.state_dict()
+    return got, None
+
+
+@pytest.mark.system
+@pytest.mark.usefixtures("ray_session")
+def test_a_ray_stream_resumes_after_a_compaction_at_the_saved_version(tmp_path: Path) -> None:
+    """The coordinator lists the table as the stream starts (its newest version); the
+    state loaded is of an older one: the rest of its epoch is listed again at it."""
+    import ray
+
+    rank = ray.remote(num_cpus=0)(_ray_rank)
+    url = str(tmp_path / "t")
+    for k in range(4):
+        deltalake.write_deltalake(url, _table(k * 30, 30), mode="append")
+    kwargs: dict[str, Any] = {"batch_size": 5, "shuffle_seed": 4, "world_size": 2}
+    with ingest.RayStream(url, **kwargs) as stream:
+        out = ray.get([rank.remote(stream.rank_iterator(r), 2) for r in range(2)], timeout=300)
+    before, state = [i for got, _ in out for i in got], json.loads(json.dumps(out[0][1]))
+    deltalake.DeltaTable(url).optimize.compact()
+    deltalake.write_deltalake(url, _table(1000, 20), mode="append")
+    with ingest.RayStream(url, **kwargs) as stream:
+        stream.load_state_dict(state)
+        out = ray.get([rank.remote(stream.rank_iterator(r), None) for r in range(2)], timeout=300)
+    assert sorted(before + [i for got, _ in out for i in got]) == list(range(120))
 
 
 def test_a_file_the_log_holds_and_the_directory_lacks_is_refused(tmp_path: Path) -> None:

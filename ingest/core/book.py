@@ -39,6 +39,7 @@ from ingest.core.epoch import (
     EpochPlans,
     PlannedEpoch,
     Remainder,
+    needed_shards,
     owed_in,
     resumed_in,
     settle,
@@ -58,6 +59,7 @@ from ingest.core.state import (
     SkipAhead,
     StreamState,
     match_listing,
+    match_needed,
 )
 
 FOLD_EVERY = 64
@@ -133,9 +135,41 @@ class EpochBook(Generic[L]):
         if self._start is None and not self._epochs and self._start_listing is None:
             self._start_listing = listing
 
-    def _list(self, wanted: Callable[[L], bool] | None = None, *, first: bool = False) -> L:
-        """A listing from the lister; several ranks need every shard's row count."""
-        return self.lister.listing(wanted, first=first, counted=self.world_size > 1)
+    def _listing_for(self, state: StreamState, listing: L | None) -> L:
+        """The listing ``state``'s epoch reads (``listing``, or a new one), checked against
+        the state.
+
+        A Delta table (:mod:`ingest.storage.sources.delta`) is read at the version the
+        state was saved at until the state's epoch ends: a compaction (OPTIMIZE) or an
+        overwrite since then replaced the files the state's positions point into, though
+        they stay on the store until VACUUM. A state taken between epochs reads the newest
+        version: of the shards it was saved on, only those it carries rows from must be
+        there. A followed table only grows: it is read at its newest.
+        """
+        pinned = {} if self.config.follows else dict(state.dataset.tables)
+        if not pinned:
+            listing = self._list() if listing is None else listing
+            match_listing(state.dataset, listing.records(), listing.classes)
+        elif state.started:
+            if listing is None or dict(listing.tables) != pinned:
+                listing = self._list(at=pinned)
+            match_listing(state.dataset, listing.records(), listing.classes)
+        else:
+            listing = self._list() if listing is None else listing
+            tables = f"the Delta table(s) {sorted(pinned)}"
+            match_needed(state.dataset, needed_shards(state), listing.records(), tables)
+        return listing
+
+    def _list(
+        self,
+        wanted: Callable[[L], bool] | None = None,
+        *,
+        first: bool = False,
+        at: Mapping[str, int] | None = None,
+    ) -> L:
+        """A listing from the lister (``at``: Delta tables' versions to list them at);
+        several ranks need every shard's row count."""
+        return self.lister.listing(wanted, first=first, counted=self.world_size > 1, at=at)
 
     @property
     def first_epoch(self) -> int:
@@ -608,9 +642,7 @@ class EpochBook(Generic[L]):
                 "same seed to resume it"
             )
         handed = listing is not None and not listed_here
-        if listing is None:
-            listing = self._list()
-        match_listing(state.dataset, listing.records(), listing.classes)
+        listing = self._listing_for(state, listing)
         if state.started:
             # The rest of an epoch reads the shards it started with; new ones join next epoch.
             listing = listing.subset([s.url for s in state.shards])

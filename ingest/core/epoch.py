@@ -33,7 +33,7 @@ from ingest.core.assign import (
     split,
 )
 from ingest.core.carry import Carried, Copy, carried_out
-from ingest.core.errors import StateError
+from ingest.core.errors import SourceError, StateError
 from ingest.core.intervals import IntervalSet
 from ingest.core.ledger import Run, Runs, as_runs
 from ingest.core.listing import L, Listed, consumed_before
@@ -233,7 +233,10 @@ class EpochPlans(Generic[L]):
             steps = assignment.steps + (based - first_step)
         with cycle_collection_paused():
             dataset = DatasetState(
-                list(config.sources), shard_table(listing, counts), classes=listing.classes
+                list(config.sources),
+                shard_table(listing, counts),
+                classes=listing.classes,
+                tables=listing.tables,
             )
             # The listing part of every state of the epoch, made once (a second for a million
             # shards: here rather than in the first snapshot).
@@ -271,8 +274,18 @@ class EpochPlans(Generic[L]):
             by_url = {s.url: n for n, s in enumerate(listing.shards)}
             urls = [s.url for s in prev.listing.shards]
             held = {s.shard for s in out.spans} | {shard for shard, _, _ in out.owed}
-            if any(urls[shard] not in by_url for shard in held):
+            gone = [urls[shard] for shard in sorted(held) if urls[shard] not in by_url]
+            if gone and self.config.follows:
                 consumed_before(prev.listing.shards, listing.shards)  # says what vanished
+            if gone:
+                raise SourceError(
+                    gone[0],
+                    f"holds rows epoch {prev.epoch} carries into the next (rows that did not "
+                    "fill a step), and the next epoch's listing no longer holds it: removed "
+                    "or replaced since (a Delta table's compaction or overwrite)",
+                    "pass remainder='drop' (the rows that fill no step are dropped, and "
+                    "counted), or rewrite the data between runs",
+                )
             carry = tuple(s._replace(shard=by_url[urls[s.shard]]) for s in out.spans)
             owed = _moved(out.owed, urls, by_url)
         main = Consumed()
@@ -340,6 +353,17 @@ def resumed_in(start: StreamState, listing: Listed) -> tuple[tuple[Span, ...], C
     return carry, main, carried
 
 
+def needed_shards(start: StreamState) -> list[int]:
+    """The indices of ``start``'s shards its rows point into: carried or owed into its
+    epoch, or consumed (a followed round's earlier shards), sorted. :func:`resumed_in` and
+    :func:`owed_in` find these in a listing."""
+    d, p = start.distributed, start.progress
+    at = {i for i, _, _ in d.carry} | {i for i, _, _ in d.owed}
+    for consumed in (d.carry_consumed, p.consumed):
+        at |= set(consumed.sets) | set(consumed.rows)
+    return sorted(at)
+
+
 def owed_in(start: StreamState, listing: Listed) -> tuple[Copy, ...]:
     """The copies of rows a loaded ``start`` owes (:mod:`ingest.core.carry`), by ``listing``'s
     shard indices."""
@@ -386,6 +410,7 @@ __all__ = [
     "PlannedEpoch",
     "Remainder",
     "learnt",
+    "needed_shards",
     "owed_in",
     "resumed_in",
     "settle",

@@ -9,7 +9,7 @@ it, and passes the listing itself on, untouched, to the feeds in their :class:`F
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
 from ingest.core.errors import SourceError
@@ -50,6 +50,11 @@ class Listed(Protocol):
         """Folder datasets: the sorted class names (the labels' meaning); else empty."""
         ...
 
+    @property
+    def tables(self) -> tuple[tuple[str, int], ...]:
+        """The Delta tables listed: each root's URL and the version read; else empty."""
+        ...
+
     def records(self) -> list[ShardRecord]:
         """The shards as the state records them."""
         ...
@@ -67,7 +72,12 @@ class Lister(Protocol[L]):
     """Makes the listings a book plans epochs from (:class:`ingest.planner.Planner`)."""
 
     def listing(
-        self, wanted: Callable[[L], bool] | None = None, *, first: bool, counted: bool
+        self,
+        wanted: Callable[[L], bool] | None = None,
+        *,
+        first: bool,
+        counted: bool,
+        at: Mapping[str, int] | None = None,
     ) -> L:
         """One listing of the source.
 
@@ -79,6 +89,8 @@ class Lister(Protocol[L]):
                 is waited for (up to the idle timeout) instead of refused.
             counted: Every shard needs a row count (several ranks take equal steps): shards
                 whose footer has none are indexed.
+            at: Versions of Delta tables, by their roots' URLs, to list them at (a state's,
+                for the rest of its epoch); the others at their newest.
         """
         ...
 

@@ -90,7 +90,9 @@ def state_after(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int)
         records = e.listing.records()
         for index, rows in counted.items():
             records[index] = records[index]._replace(rows=rows)
-        dataset = DatasetState(list(config.sources), records, classes=e.listing.classes)
+        dataset = DatasetState(
+            list(config.sources), records, classes=e.listing.classes, tables=e.listing.tables
+        )
     following = Consumed()
     if config.follows:  # the next round reads none of these shards again
         following = all_of(e.listing, range(len(e.listing.shards)), learnt(e))

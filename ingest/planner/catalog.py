@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import cast
@@ -59,6 +59,7 @@ from ingest.formats.partitions import (
 from ingest.planner.index import Indexer, IndexStore, local_indexer
 from ingest.planner.index.footers import keep_footers, stored_footers
 from ingest.storage.sources import Shard, Source
+from ingest.storage.sources.delta import TableVersion
 
 _INSPECT_THREADS = 16
 """Footers read at once. Local footers are parsed, not waited for: as many as CPUs (16
@@ -79,6 +80,9 @@ class Listing:
     partition_keys: tuple[str, ...] = ()
     """The hive partition columns of the stream, the last fields of :attr:`schema`
     (:mod:`ingest.formats.partitions`); none under ``ReadOptions(partitioning=None)``."""
+    tables: tuple[tuple[str, int], ...] = ()
+    """The Delta tables listed, each root's URL with the version read (in a state's
+    ``dataset``: a resume reads the rest of its epoch at it)."""
 
     def records(self) -> list[ShardRecord]:
         return [
@@ -113,6 +117,7 @@ class Listing:
             self.schema_origin,
             self.classes,
             self.partition_keys,
+            self.tables,
         )
 
     def context(
@@ -210,7 +215,14 @@ class Catalog:
                     self._index_cache[_index_key(shard)] = info
                 self._cache.setdefault(key, info)
 
-    def scan(self, *, progress: bool = False, schema: bool = True, index: bool = False) -> Listing:
+    def scan(
+        self,
+        *,
+        progress: bool = False,
+        schema: bool = True,
+        index: bool = False,
+        at: Mapping[str, int] | None = None,
+    ) -> Listing:
         """List the source once and inspect every shard.
 
         Args:
@@ -220,6 +232,8 @@ class Catalog:
             index: Give every shard a row count and seek points. Shards whose footer has no
                 row count are looked up in this catalog's memory, then in its index store;
                 only the rest are read, by the indexer, and stored. Needs ``schema``.
+            at: Delta tables' versions by their roots' URLs (a state's): those tables are
+                listed at that version, the others at their newest.
 
         Raises:
             SourceError: If the source cannot be listed or matches nothing.
@@ -227,9 +241,9 @@ class Catalog:
                 schemas disagree.
             IndexStoreError: If the index store cannot be read or written.
         """
-        shards, classes = folders.group(
-            without_incidental(self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store))
-        )
+        listed = self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store, at=at)
+        shards, classes = folders.group(without_incidental(listed))
+        tables = tuple(sorted((u, t.version) for u, t in self._tables().items()))
         shards = self._as_read(shards)
         known = self._recall_footers(shards)
         with self._lock:
@@ -270,9 +284,14 @@ class Catalog:
         if self.index_store is not None:  # footers read just now, for the next job
             keep_footers(self.index_store, list(zip(shards, infos, strict=True)), known)
         if not schema:
-            return Listing(tuple(shards), tuple(infos), None, "", classes)
-        listing = self._settled(shards, infos, classes)
+            return Listing(tuple(shards), tuple(infos), None, "", classes, tables=tables)
+        listing = replace(self._settled(shards, infos, classes), tables=tables)
         return self._index(listing, progress) if index else listing
+
+    def _tables(self) -> Mapping[str, TableVersion]:
+        """The Delta tables the source's last listing found (a stand-in source has none)."""
+        tables: Mapping[str, TableVersion] = getattr(self.source, "tables", {})
+        return tables
 
     def _as_read(self, shards: list[Shard]) -> list[Shard]:
         """``shards`` as the stream's options read them: the hive partitions it reads (none
@@ -469,10 +488,11 @@ class Catalog:
         """The schema of the one Delta table whose files the listing holds, as its log
         declares it (a column added by a later write is in it: the files written before
         read it as nulls), with its origin; None where the listing is not one table's."""
-        tables = getattr(self.source, "tables", {})  # a Source's; a stand-in may have none
+        tables = self._tables()
         if len(tables) != 1 or self.options.partitioning is None:
             return None  # partitioning=None: the files' columns alone, as inferred
-        ((root, schema),) = tables.items()
+        ((root, table),) = tables.items()
+        schema = table.schema
         if schema is None or not all(s.url.startswith(f"{root}/") for s in shards):
             return None
         return schema, f"{TABLE_LOG}{root}"

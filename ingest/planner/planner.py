@@ -14,7 +14,7 @@ One planner serves every book of a stream (a book per world size, per restore).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from ingest.core.errors import NoShardsError
 from ingest.planner import budget
@@ -59,8 +59,9 @@ class Planner:
     def source(self) -> Source:
         return self.catalog.source
 
-    def scan(self, *, counted: bool = False) -> Listing:
-        """One listing of the source; ``counted``: every shard gets a row count.
+    def scan(self, *, counted: bool = False, at: Mapping[str, int] | None = None) -> Listing:
+        """One listing of the source; ``counted``: every shard gets a row count; ``at``:
+        Delta tables' versions to list them at (:meth:`Catalog.scan`).
 
         Following a manifest, only the shards it names (read first) are in the listing; a
         line that names no listed shard is an error (:meth:`ingest.storage.follow.Manifest.select`).
@@ -68,13 +69,18 @@ class Planner:
         finished = None
         if self.follow is not None and self.follow.manifest is not None:
             finished = read_manifest(self.source, self.follow.manifest)
-        listing = self.catalog.scan(progress=self.progress, index=counted)
+        listing = self.catalog.scan(progress=self.progress, index=counted, at=at)
         if finished is not None:
             listing = listing.subset(finished.select(self.source, [s.url for s in listing.shards]))
         return listing
 
     def listing(
-        self, wanted: Callable[[Listing], bool] | None = None, *, first: bool, counted: bool
+        self,
+        wanted: Callable[[Listing], bool] | None = None,
+        *,
+        first: bool,
+        counted: bool,
+        at: Mapping[str, int] | None = None,
     ) -> Listing:
         """See :meth:`ingest.core.listing.Lister.listing`."""
         follow = self.follow
@@ -85,7 +91,7 @@ class Planner:
 
         while True:
             try:
-                listing = self.scan(counted=counted)
+                listing = self.scan(counted=counted, at=at)
             except NoShardsError as e:  # followed: the first round waits for a first shard
                 if follow is None or not first:
                     raise

@@ -36,6 +36,9 @@ class DatasetState:
     classes: tuple[str, ...] = ()
     """Folder datasets: the class names the ``label`` indices stand for (``"classes"`` in
     the JSON, absent when empty)."""
+    tables: tuple[tuple[str, int], ...] = ()
+    """Delta tables: each root's URL and the version listed (``"tables"`` in the JSON, an
+    object, absent when empty): the rest of the state's epoch is read at that version."""
     _json: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _counts: npt.NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
 
@@ -65,7 +68,7 @@ class DatasetState:
             r._replace(rows=known[r.url]) if n < 0 and r.url in known else r
             for r, n in zip(self.shards, mine.tolist(), strict=True)
         ]
-        return DatasetState(list(self.sources), records, classes=self.classes)
+        return DatasetState(list(self.sources), records, classes=self.classes, tables=self.tables)
 
     @property
     def packed(self) -> bool:
@@ -91,15 +94,18 @@ class DatasetState:
             self._json = {"sources": list(self.sources), **made}
             if self.classes:
                 self._json["classes"] = list(self.classes)
+            if self.tables:
+                self._json["tables"] = dict(self.tables)
         return dict(self._json)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], version: int = STATE_VERSION) -> DatasetState:
         sources = [str(s) for s in checked_list(data.get("sources", []), "dataset.sources")]
         classes = tuple(_classes(data.get("classes", [])))
+        tables = _tables(data.get("tables", {}))
         if version >= 3 and "packed" in data:
             shards, fingerprint = unpack_listing(data["packed"], data.get("digest"))
-            return cls(sources, shards, fingerprint, classes)
+            return cls(sources, shards, fingerprint, classes, tables)
         shards = []
         for n, entry in enumerate(checked_list(data["shards"], "dataset.shards")):
             if not isinstance(entry, list) or len(entry) != 4:
@@ -120,7 +126,16 @@ class DatasetState:
                 "dataset.digest does not match dataset.shards: the state was "
                 "edited or corrupted; save it again"
             )
-        return cls(sources, shards, None, classes)
+        return cls(sources, shards, None, classes, tables)
+
+
+def _tables(value: Any) -> tuple[tuple[str, int], ...]:
+    if not isinstance(value, dict) or not all(isinstance(u, str) for u in value):
+        raise StateError(
+            f"dataset.tables is {value!r:.80}: not an object of Delta tables' URLs and "
+            f"versions; the state was edited or corrupted; {FIX}"
+        )
+    return tuple(sorted((u, checked_int(v, f"dataset.tables[{u!r}]")) for u, v in value.items()))
 
 
 def _classes(value: Any) -> list[str]:

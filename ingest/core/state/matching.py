@@ -75,6 +75,35 @@ def match_listing(
     )
 
 
+def match_needed(
+    saved: DatasetState, needed: Sequence[int], listed: Sequence[ShardRecord], tables: str
+) -> None:
+    """Check only the saved shards at ``needed`` (those a state taken between epochs still
+    points into: rows it carries into the next epoch, or owes) against ``listed``: the
+    others may be gone or rewritten, as a Delta table's compaction leaves them (``tables``
+    names its tables, for the message).
+
+    Raises:
+        StateError: Naming a needed shard gone or changed, and the fix.
+    """
+    by_url = {s.url: s for s in listed}
+    shards = [saved.shards[n] for n in needed]
+    missing = [s.url for s in shards if s.url not in by_url]
+    fingerprint = saved.fingerprint
+    if fingerprint is None:
+        changed = _changed(shards, by_url)
+    else:
+        changed = _changed_hashed(saved.shards, fingerprint, by_url, needed)
+    if missing or changed:
+        raise StateError(
+            f"the state carries rows of its last epoch into the next one (an epoch's rows "
+            f"that did not fill a step), in shards {(missing + changed)[:3]} that {tables} "
+            "no longer holds as they were (rewritten since the state was saved: a "
+            "compaction, an overwrite). Resume from a state taken inside an epoch, or pass "
+            "remainder='drop' (the rows that fill no step are dropped, and counted)"
+        )
+
+
 def _changed(shards: Sequence[ShardRecord], by_url: Mapping[str, ShardRecord]) -> list[str]:
     changed = []
     for s in shards:
@@ -95,9 +124,12 @@ def _changed_hashed(
     shards: Sequence[ShardRecord],
     fingerprint: PackedFingerprint,
     by_url: Mapping[str, ShardRecord],
+    among: Sequence[int] | None = None,
 ) -> list[str]:
-    """The shards whose size or version hash differs (a packed state keeps no more)."""
-    found = [(n, by_url[s.url]) for n, s in enumerate(shards) if s.url in by_url]
+    """The shards (at ``among``, None: all) whose size or version hash differs (a packed
+    state keeps no more)."""
+    picked = range(len(shards)) if among is None else among
+    found = [(n, by_url[shards[n].url]) for n in picked if shards[n].url in by_url]
     if not found:
         return []
     at = np.asarray([n for n, _ in found], dtype=np.int64)

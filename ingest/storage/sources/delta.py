@@ -10,6 +10,11 @@ of its version, so that only the commits after it are read. A listing that finds
 current files alone, with their partition values as the partition columns
 (:mod:`ingest.storage.sources.listing`).
 
+A stream's state records the version each table was listed at; a resume reads the rest of
+its epoch at that version (``read_log(at=...)``: Delta's time travel), since a compaction
+(OPTIMIZE) or an overwrite after the state leaves the files it was saved on out of the
+newest version, though on the store until VACUUM.
+
 Written here, with fsspec and pyarrow, because the listing already holds the log's names
 and reads through the source's filesystem, retries and credentials; ``deltalake`` reads a
 table with its own object-store client and options. What this reader cannot read exactly
@@ -75,6 +80,17 @@ class DeltaLog:
     commits: dict[int, bytes] = field(default_factory=dict)
     checkpoint: list[dict[str, Any]] = field(default_factory=list)
     checkpoint_version: int | None = None
+    at: int | None = None
+    """The version read (None: the newest)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableVersion:
+    """A table as a listing found it: the version listed and its schema (None where the
+    log holds none this reader converts)."""
+
+    version: int
+    schema: pa.Schema | None
 
 
 def table_roots(names: Iterable[str]) -> set[str]:
@@ -97,21 +113,28 @@ def in_log(name: str, root: str) -> bool:
     return rest.startswith("_")
 
 
-def read_log(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str]) -> DeltaLog:
-    """The log of the table at ``root``: its last checkpoint and the commits after it.
+def read_log(
+    fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str], at: int | None = None
+) -> DeltaLog:
+    """The log of the table at ``root``: its last checkpoint and the commits after it, up
+    to version ``at`` (None: the newest).
 
     Args:
         fs: The table's filesystem.
         root: The table's root on it.
         names: The paths of the log's files (a listing's; the log is listed when empty).
+        at: The version to read (a state's): the newest checkpoint at or before it, and the
+            commits after that up to it.
     """
     log_dir = posixpath.join(root, LOG)
     files = {posixpath.basename(n): n for n in names if posixpath.dirname(n) == log_dir}
     if not files:
         files = {posixpath.basename(n): n for n in fs.ls(log_dir, detail=False)}
     commits = {int(m[1]): path for b, path in files.items() if (m := _COMMIT.fullmatch(b))}
-    version, parts = _last_checkpoint(files)
-    log = DeltaLog(root, checkpoint_version=version)
+    if at is not None:
+        commits = {v: path for v, path in commits.items() if v <= at}
+    version, parts = _last_checkpoint(files, at)
+    log = DeltaLog(root, checkpoint_version=version, at=at)
     if version is not None:
         for path in parts:
             with fs.open(path, "rb") as f:
@@ -134,15 +157,18 @@ def read_log(fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str]) -> 
 _CHECKPOINT_COLUMNS = ["add", "remove", "protocol", "metaData"]
 
 
-def _last_checkpoint(files: Mapping[str, str]) -> tuple[int | None, list[str]]:
-    """The version of the newest checkpoint whose parts are all there, and their paths
-    (None, [] without one). A v2 checkpoint (``<version>.checkpoint.<uuid>.json``) is none:
-    its table lists the reader feature ``v2Checkpoint``, refused (:func:`current_files`)."""
+def _last_checkpoint(
+    files: Mapping[str, str], at: int | None = None
+) -> tuple[int | None, list[str]]:
+    """The version of the newest checkpoint (at or before ``at``) whose parts are all
+    there, and their paths (None, [] without one). A v2 checkpoint
+    (``<version>.checkpoint.<uuid>.json``) is none: its table lists the reader feature
+    ``v2Checkpoint``, refused (:func:`current_files`)."""
     found: dict[int, dict[int, str]] = {}
     counts: dict[int, int] = {}
     for name, path in files.items():
         m = _CHECKPOINT.fullmatch(name)
-        if m:
+        if m and (at is None or int(m[1]) <= at):
             v = int(m[1])
             found.setdefault(v, {})[int(m[2] or 1)] = path
             counts[v] = int(m[3] or 1)
@@ -173,11 +199,13 @@ def _with_dicts(action: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True, slots=True)
 class DeltaSnapshot:
-    """A table's newest version: its data files and its schema (the log's, partition
-    columns included; None where the log holds none this reader converts)."""
+    """A version of a table (the newest, or the log's ``at``): its data files and its
+    schema (the log's, partition columns included; None where the log holds none this
+    reader converts)."""
 
     files: list[DeltaFile]
     schema: pa.Schema | None
+    version: int = 0
 
 
 def current_files(log: DeltaLog, url: str | None = None) -> list[DeltaFile]:
@@ -186,16 +214,20 @@ def current_files(log: DeltaLog, url: str | None = None) -> list[DeltaFile]:
 
 
 def snapshot(log: DeltaLog, url: str | None = None) -> DeltaSnapshot:
-    """The table's newest version: its data files, in path order, and its schema.
+    """The table's newest version (or the log's ``at``): its data files, in path order,
+    and its schema.
 
     Raises:
-        SourceError: If a commit after the checkpoint is missing, or the table needs a
-            reader this one is not (a reader version above 3, a feature it cannot read
-            exactly: :data:`_FEATURES`, a file with a deletion vector, column mapping).
+        SourceError: If a commit after the checkpoint is missing, the log no longer holds
+            version ``at`` (or never did), or the table needs a reader this one is not (a
+            reader version above 3, a feature it cannot read exactly: :data:`_FEATURES`, a
+            file with a deletion vector, column mapping).
     """
     where = url or log.root
     first = 0 if log.checkpoint_version is None else log.checkpoint_version + 1
     expected = range(first, first + len(log.commits))
+    if log.at is not None:
+        _check_holds(log, where, list(expected))
     if sorted(log.commits) != list(expected):
         gap = next(v for v in expected if v not in log.commits)
         raise SourceError(
@@ -229,7 +261,28 @@ def snapshot(log: DeltaLog, url: str | None = None) -> DeltaSnapshot:
         )
         for add in files.values()
     ]
-    return DeltaSnapshot(sorted(out, key=lambda f: f.path), arrow_schema(meta.get("schemaString")))
+    newest = max(log.commits) if log.commits else log.checkpoint_version
+    return DeltaSnapshot(
+        sorted(out, key=lambda f: f.path), arrow_schema(meta.get("schemaString")), newest or 0
+    )
+
+
+def _check_holds(log: DeltaLog, where: str, expected: list[int]) -> None:
+    """Refuse a log that cannot give version ``log.at``: its commits up to it are not all
+    there after the newest checkpoint before it (the log's retention removed them), or the
+    table has no such version (written again from scratch)."""
+    held = sorted(log.commits)
+    if held == expected and (held[-1] if held else log.checkpoint_version) == log.at:
+        return
+    raise SourceError(
+        where,
+        f"its Delta log no longer holds version {log.at}, the version the stream's state "
+        f"was saved at (commits {held[:1]}..{held[-1:]} up to it after checkpoint "
+        f"{log.checkpoint_version}): the log's retention (delta.logRetentionDuration) "
+        "removed its commits, or the table was written again from scratch",
+        "start the epoch without the state (a new stream reads the newest version), or keep "
+        "the log longer",
+    )
 
 
 _PRIMITIVES = {
@@ -358,6 +411,7 @@ __all__ = [
     "DeltaFile",
     "DeltaLog",
     "DeltaSnapshot",
+    "TableVersion",
     "arrow_schema",
     "current_files",
     "in_log",

@@ -12,7 +12,6 @@ from glob import has_magic
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import fsspec
-import pyarrow as pa
 from fsspec.utils import get_protocol
 
 from ingest.core.errors import ConfigError, NoShardsError, SourceError, redact
@@ -44,10 +43,12 @@ def list_url(
     url: str,
     formats: FormatResolver,
     listings: ListingStore | None,
-    tables: dict[str, pa.Schema | None] | None = None,
+    tables: dict[str, delta.TableVersion] | None = None,
+    at: Mapping[str, int] | None = None,
 ) -> list[Shard]:
     """The shards ``url`` lists, for :meth:`Source.list_shards` (see there); ``tables``
-    gets the Delta tables it holds, each root's URL with the table's schema."""
+    gets the Delta tables it holds, each root's URL with the version listed and its schema;
+    ``at`` pins tables (by their roots' URLs) to a version, the newest otherwise."""
     fs = source.filesystem(url)
     key = None
     if get_protocol(url) == "hf":
@@ -59,7 +60,7 @@ def list_url(
     logged: dict[str, Partition] = {}  # a Delta table's files: their log's partitions
     if not explicit:
         found = {} if tables is None else tables
-        infos, logged = _delta_tables(source, fs, url, path, base, infos, found)
+        infos, logged = _delta_tables(source, fs, (url, path, base), infos, found, at or {})
     shards: list[Shard] = []
     names: list[str] = []  # each shard's path on its filesystem
     for info in infos:
@@ -108,22 +109,24 @@ each (a Hub listing at a commit is made once, and kept), for tables no one keeps
 def _delta_tables(
     source: Source,
     fs: fsspec.AbstractFileSystem,
-    url: str,
-    path: str,
-    base: str,
+    where: tuple[str, str, str],
     infos: list[dict[str, Any]],
-    tables: dict[str, pa.Schema | None],
+    tables: dict[str, delta.TableVersion],
+    at: Mapping[str, int],
 ) -> tuple[list[dict[str, Any]], dict[str, Partition]]:
-    """``infos`` less the files of Delta tables that their current version does not hold
-    (earlier versions' files, the logs, change data), and the partition of each file kept
-    that is a table's (from its log): the tables whose log the listing holds, or at a
-    glob's root (:mod:`ingest.storage.sources.delta`); ``tables`` gets each one's root
-    URL and schema.
+    """``infos`` less the files of Delta tables that their version does not hold (earlier
+    versions' files, the logs, change data), and the partition of each file kept that is a
+    table's (from its log): the tables whose log the listing holds, or at a glob's root
+    (:mod:`ingest.storage.sources.delta`), at the version ``at`` pins (by the root's URL),
+    else the newest; ``tables`` gets each one's root URL, version and schema. ``where``:
+    the listed URL, its path and its base.
 
     Raises:
-        SourceError: If a table's log cannot be read, or the table needs a Delta reader; or
-            a directory's listing lacks a file the log holds.
+        SourceError: If a table's log cannot be read (or no longer holds the version
+            pinned), or the table needs a Delta reader; or a directory's listing lacks a
+            file the log holds.
     """
+    url, path, base = where
     names = [str(i["name"]) for i in infos]
     refuse_other_tables(names, fs.unstrip_protocol)
     roots = delta.table_roots(names)
@@ -135,15 +138,17 @@ def _delta_tables(
     listed = set(names)
     for root in sorted(roots):
         logged = [n for n in names if n.startswith(f"{root}/{delta.LOG}/")]
-        read = functools.partial(delta.read_log, fs, root, logged)
+        table = fs.unstrip_protocol(root)
+        read = functools.partial(delta.read_log, fs, root, logged, at.get(table))
         try:
             log = attempt(read, source.policy(url), source.stats)
         except GaveUpError as gave_up:
             raise _listing_error(source, url, gave_up) from None
-        version = delta.snapshot(log, fs.unstrip_protocol(root))
+        version = delta.snapshot(log, table)
         current.update((f.path, f) for f in version.files)
-        tables[fs.unstrip_protocol(root)] = version.schema
-        _check_listed(fs, root, [f.path for f in version.files], listed, glob=_is_glob(path))
+        tables[table] = delta.TableVersion(version.version, version.schema)
+        paths = [f.path for f in version.files]
+        _check_listed(fs, root, paths, listed, glob=_is_glob(path), at=log.at)
     kept = []
     for info in infos:
         name = str(info["name"])
@@ -154,11 +159,18 @@ def _delta_tables(
 
 
 def _check_listed(
-    fs: fsspec.AbstractFileSystem, root: str, paths: list[str], listed: set[str], *, glob: bool
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    paths: list[str],
+    listed: set[str],
+    *,
+    glob: bool,
+    at: int | None = None,
 ) -> None:
-    """Refuse a Delta table whose current files (``paths``) are not all in the listing: one
-    outside its directory (a shallow clone's), or one gone from it (a directory's listing
-    holds them all; a glob may match some)."""
+    """Refuse a Delta table whose files of the version read (``paths``; ``at``: a state's,
+    else the newest) are not all in the listing: one outside its directory (a shallow
+    clone's), or one gone from it (a directory's listing holds them all; a glob may match
+    some)."""
     table = fs.unstrip_protocol(root)
     outside = [p for p in paths if not p.startswith(f"{root}/")]
     if outside:
@@ -170,6 +182,15 @@ def _check_listed(
             "(deltalake.DeltaTable(url).file_uris())",
         )
     lost = [p for p in paths if p not in listed]
+    if lost and at is not None:  # the state's version, no longer the newest: vacuumed since
+        raise SourceError(
+            table,
+            f"{len(lost)} file(s) of its Delta version {at}, the version the stream's state "
+            f"was saved at, are gone, {fs.unstrip_protocol(lost[0])} first: a VACUUM since "
+            "removed them, so the rest of the state's epoch cannot be read",
+            "start the epoch without the state (a new stream reads the newest version), or "
+            "keep files longer than a job may be stopped (delta.deletedFileRetentionDuration)",
+        )
     if lost and not glob:
         raise SourceError(
             table,

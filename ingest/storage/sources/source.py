@@ -13,7 +13,6 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 import fsspec
-import pyarrow as pa
 from fsspec.core import url_to_fs
 from fsspec.utils import get_protocol
 
@@ -21,6 +20,7 @@ from ingest.core.errors import ConfigError, SourceError, StoreError, redact
 from ingest.storage import hub
 from ingest.storage.cache import CacheOptions, ShardCache
 from ingest.storage.sources.cached import open_cached
+from ingest.storage.sources.delta import TableVersion
 from ingest.storage.sources.faults import ShortBodyError, is_transient
 from ingest.storage.sources.files import CountingFile, range_ignored, with_listed_details
 from ingest.storage.sources.hubfs import hub_http
@@ -116,9 +116,10 @@ class Source:
         self._filesystems: dict[str, fsspec.AbstractFileSystem] = {}
         self._fs_lock = threading.Lock()
         self.stats = IOStats()
-        self.tables: dict[str, pa.Schema | None] = {}
-        """The Delta tables the last listing found (their roots' URLs), each with its
-        schema (:mod:`ingest.storage.sources.delta`): the stream's where it lists one."""
+        self.tables: dict[str, TableVersion] = {}
+        """The Delta tables the last listing found (their roots' URLs), each with the
+        version listed and its schema (:mod:`ingest.storage.sources.delta`): the stream's
+        schema where it lists one; a state records the versions."""
 
     @property
     def storage_options(self) -> dict[str, Any]:
@@ -215,7 +216,10 @@ class Source:
     # -- listing -------------------------------------------------------------------------
 
     def list_shards(
-        self, formats: FormatResolver, listings: ListingStore | None = None
+        self,
+        formats: FormatResolver,
+        listings: ListingStore | None = None,
+        at: Mapping[str, int] | None = None,
     ) -> list[Shard]:
         """List every URL once and return the shards, sorted by URL, without duplicates.
 
@@ -227,21 +231,25 @@ class Source:
                 registry: :data:`ingest.formats.FORMAT_RESOLVER`).
             listings: Where listings at a commit are kept across jobs (the shard index);
                 one found there is not listed again.
+            at: Delta tables' versions, by their roots' URLs (a state's :attr:`tables`):
+                those tables are listed at that version (the rest of a resumed epoch reads
+                the files it was saved on, though a compaction since replaced them).
 
         Raises:
             SourceError: If a URL matches nothing, its bucket does not exist, the
                 credentials are refused or the store cannot be reached within the
-                :class:`RetryPolicy` deadline.
+                :class:`RetryPolicy` deadline; or a Delta table's log no longer holds the
+                version ``at`` pins, or a file of it.
             ConfigError: If :attr:`format` names no format, or a file named explicitly has
                 no known format.
         """
         found: dict[str, Shard] = {}
-        tables: dict[str, pa.Schema | None] = {}
+        tables: dict[str, TableVersion] = {}
         for url in self.urls:
             # A listing is of the store now: s3fs and gcsfs keep directory listings, and a
             # shard written since the last listing would be listed but refused by open().
             self.filesystem(url).invalidate_cache()
-            for shard in list_url(self, url, formats, listings, tables):
+            for shard in list_url(self, url, formats, listings, tables, at):
                 found.setdefault(shard.url, shard)
         self.tables = tables
         return [found[u] for u in sorted(found)]
