@@ -170,7 +170,7 @@ class GivenListing:
         *,
         first: bool,
         counted: bool,
-        at: Mapping[str, int] | None = None,
+        at: Mapping[str, Sequence[int]] | None = None,
     ) -> Listing:
         return self._listing
 

@@ -8,6 +8,7 @@ are written by ``deltalake`` (delta-rs), the reference."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -145,9 +146,10 @@ def test_a_state_records_the_version_of_each_table(tmp_path: Path) -> None:
     stream = ingest.Stream(url, batch_size=5, shuffle_seed=1)
     next(iter(stream))
     state = json.loads(json.dumps(stream.state_dict()))
-    assert state["dataset"]["tables"] == {f"file://{url}": 1}
+    assert state["dataset"]["tables"] == {f"file://{url}": [1]}
     assert StreamState.from_json(state).dataset.tables == ((f"file://{url}", 1),)
-    for bad in ("x", {f"file://{url}": "1"}, [1]):
+    bad: Any
+    for bad in ("x", {f"file://{url}": 1}, {f"file://{url}": []}, {f"file://{url}": ["1"]}):
         state["dataset"]["tables"] = bad
         with pytest.raises(StateError, match=r"dataset\.tables"):
             StreamState.from_json(state)
@@ -177,16 +179,31 @@ def test_a_resume_after_a_vacuum_of_the_saved_versions_files_names_the_fix(
         resumed.load_state_dict(state)
 
 
-def _two_epochs(url: str, loader: bool, **kwargs: Any) -> tuple[list[int], list[int]]:
+def _two_epochs(
+    url: str, loader: bool, stop: int | None = None, **kwargs: Any
+) -> tuple[list[int], list[int]]:
     """Two epochs' ids of a stream (``loader``: in a ``DataLoader`` of no worker, whose
     every epoch starts from the last one's state), the table compacted and appended to
-    (ids 1000..1019) between them."""
-    stream = ingest.Stream(url, batch_size=10, shuffle_seed=4, shuffle_window=40, **kwargs)
-    it: Any = ingest.DataLoader(stream, num_workers=0) if loader else stream
+    (ids 1000..1019) between them; ``stop``: the second epoch stopped after that many
+    batches, its state saved (through JSON) and loaded into a new stream, which reads the
+    rest."""
+
+    def make() -> Any:
+        stream = ingest.Stream(url, batch_size=10, shuffle_seed=4, shuffle_window=40, **kwargs)
+        return ingest.DataLoader(stream, num_workers=0) if loader else stream
+
+    it = make()
     first = [i for batch in it for i in batch["id"].tolist()]
     deltalake.DeltaTable(url).optimize.compact()
     deltalake.write_deltalake(url, _table(1000, 20), mode="append")
-    return first, [i for batch in it for i in batch["id"].tolist()]
+    if stop is None:
+        return first, [i for batch in it for i in batch["id"].tolist()]
+    batches = iter(it)
+    second = [i for _ in range(stop) for i in next(batches)["id"].tolist()]
+    state = json.loads(json.dumps(it.state_dict()))
+    resumed = make()
+    resumed.load_state_dict(state)
+    return first, second + [i for batch in resumed for i in batch["id"].tolist()]
 
 
 @pytest.mark.parametrize("loader", [False, True], ids=["stream", "dataloader0"])
@@ -195,20 +212,14 @@ def test_the_epoch_after_a_compaction_reads_the_newest_version(
 ) -> None:
     """Between epochs, the state's shards need not be there: only those it carries rows
     from. Before, a DataLoader's next epoch (planned from the last one's state) was refused
-    ('the state belongs to another dataset'). Rows that fill no step, carried into the next
-    epoch from files the compaction replaced, are refused naming remainder='drop', which
-    reads on (before, a stream said the shard 'vanished while the stream followed')."""
+    ('the state belongs to another dataset'); a stream's, where the last epoch carried
+    rows, said the shard 'vanished while the stream followed the dataset'."""
     url = str(tmp_path / "t")
     for k in range(4):
         deltalake.write_deltalake(url, _table(k * 25, 25), mode="append")
     first, second = _two_epochs(url, loader)
     assert sorted(first) == list(range(100))
     assert sorted(second) == [*range(100), *range(1000, 1020)]
-    url = str(tmp_path / "carried")
-    for k in range(4):
-        deltalake.write_deltalake(url, _table(k * 24, 24), mode="append")
-    with pytest.raises((SourceError, StateError), match=r"carries.*remainder='drop'"):
-        _two_epochs(url, loader)
     url = str(tmp_path / "dropped")
     for k in range(4):
         deltalake.write_deltalake(url, _table(k * 24, 24), mode="append")
@@ -216,6 +227,66 @@ def test_the_epoch_after_a_compaction_reads_the_newest_version(
     assert len(first) == len(set(first)) == 90 and set(first) <= set(range(96))
     assert len(second) == len(set(second)) == 110
     assert set(second) <= {*range(96), *range(1000, 1020)}
+
+
+@pytest.mark.parametrize("stop", [None, 3], ids=["whole", "resumed"])
+@pytest.mark.parametrize("loader", [False, True], ids=["stream", "dataloader0"])
+def test_rows_carried_from_files_a_compaction_replaced_are_read_from_them(
+    tmp_path: Path, loader: bool, stop: int | None
+) -> None:
+    """Rows of an epoch that fill no step are carried into the next; a compaction between
+    the epochs replaced the files they are in, which stay on the store until VACUUM. The
+    next epoch reads the carried rows from them (its listing holds them beside the newest
+    version's files, their own rows consumed), then the newest version, every row once; and
+    so does a resume inside that epoch (its state records both versions). Before, the next
+    epoch was refused."""
+    url = str(tmp_path / "t")
+    for k in range(4):
+        deltalake.write_deltalake(url, _table(k * 24, 24), mode="append")
+    first, second = _two_epochs(url, loader, stop)
+    assert len(first) == len(set(first)) == 90
+    carried = set(range(96)) - set(first)  # 6 rows
+    assert carried <= set(second) and len(second) == 120  # 6 carried + 114 of 116, 2 on
+    own = Counter(second) - Counter(carried)
+    assert max(own.values()) == 1 and sum(own.values()) == 114
+    assert set(own) <= {*range(96), *range(1000, 1020)}
+
+
+def test_a_state_at_an_epochs_end_carries_rows_from_replaced_files_into_a_dataloader(
+    tmp_path: Path,
+) -> None:
+    """The state a DataLoader(2) saved at an epoch's end carries 16 rows into the next
+    (96 rows in steps of 2 x 10); a compaction replaced their files before the resume. The
+    main process joins them to the newest version's listing and hands it to its workers,
+    which plan the same epoch from it: the carried rows once, then the newest version."""
+    url = str(tmp_path / "t")
+    for k in range(4):
+        deltalake.write_deltalake(url, _table(k * 24, 24), mode="append")
+
+    def loader() -> Any:
+        stream = ingest.Stream(url, batch_size=10, shuffle_seed=4, shuffle_window=40)
+        return ingest.DataLoader(stream, num_workers=2)
+
+    it = loader()
+    try:
+        first = [i for batch in it for i in batch["id"].tolist()]
+        state = json.loads(json.dumps(it.state_dict()))
+    finally:
+        it.close()
+    deltalake.DeltaTable(url).optimize.compact()
+    deltalake.write_deltalake(url, _table(1000, 20), mode="append")
+    it = loader()
+    try:
+        it.load_state_dict(state)
+        second = [i for batch in it for i in batch["id"].tolist()]
+    finally:
+        it.close()
+    assert len(first) == len(set(first)) == 80
+    carried = set(range(96)) - set(first)
+    assert carried <= set(second) and len(second) == 120  # 16 carried + 104 of 116, 12 on
+    own = Counter(second) - Counter(carried)
+    assert max(own.values()) == 1 and sum(own.values()) == 104
+    assert set(own) <= {*range(96), *range(1000, 1020)}
 
 
 def test_a_table_with_deletion_vectors_enabled_and_none_written_reads(tmp_path: Path) -> None:

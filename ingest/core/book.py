@@ -39,6 +39,7 @@ from ingest.core.epoch import (
     EpochPlans,
     PlannedEpoch,
     Remainder,
+    kept_consumed,
     needed_shards,
     owed_in,
     resumed_in,
@@ -60,6 +61,7 @@ from ingest.core.state import (
     StreamState,
     match_listing,
     match_needed,
+    versions_of,
 )
 
 FOLD_EVERY = 64
@@ -143,21 +145,32 @@ class EpochBook(Generic[L]):
         state was saved at until the state's epoch ends: a compaction (OPTIMIZE) or an
         overwrite since then replaced the files the state's positions point into, though
         they stay on the store until VACUUM. A state taken between epochs reads the newest
-        version: of the shards it was saved on, only those it carries rows from must be
-        there. A followed table only grows: it is read at its newest.
+        version: of the shards it was saved on, only those it carries rows from are needed,
+        and those the newest version no longer holds are joined to it from the state's
+        (:meth:`~ingest.core.listing.Listed.joined`). A followed table only grows: it is
+        read at its newest.
         """
-        pinned = {} if self.config.follows else dict(state.dataset.tables)
+        saved = state.dataset.tables
+        pinned = {} if self.config.follows else versions_of(saved)
         if not pinned:
             listing = self._list() if listing is None else listing
             match_listing(state.dataset, listing.records(), listing.classes)
-        elif state.started:
-            if listing is None or dict(listing.tables) != pinned:
+            return listing
+        if state.started:
+            if listing is None or listing.tables != saved:
                 listing = self._list(at=pinned)
             match_listing(state.dataset, listing.records(), listing.classes)
-        else:
-            listing = self._list() if listing is None else listing
-            tables = f"the Delta table(s) {sorted(pinned)}"
-            match_needed(state.dataset, needed_shards(state), listing.records(), tables)
+            return listing
+        listing = self._list() if listing is None else listing
+        needed = [state.shards[n].url for n in needed_shards(state)]
+        have = {s.url for s in listing.shards}
+        missing = [u for u in needed if u not in have]
+        if missing:  # rows carried from files a compaction replaced: read from them
+            older = self._list(at=pinned)
+            held = {s.url for s in older.shards}
+            listing = listing.joined(older, [u for u in missing if u in held])
+        tables = f"the Delta table(s) {sorted(pinned)}"
+        match_needed(state.dataset, needed_shards(state), listing.records(), tables)
         return listing
 
     def _list(
@@ -165,7 +178,7 @@ class EpochBook(Generic[L]):
         wanted: Callable[[L], bool] | None = None,
         *,
         first: bool = False,
-        at: Mapping[str, int] | None = None,
+        at: Mapping[str, Sequence[int]] | None = None,
     ) -> L:
         """A listing from the lister (``at``: Delta tables' versions to list them at);
         several ranks need every shard's row count."""
@@ -274,18 +287,18 @@ class EpochBook(Generic[L]):
                 "its end (its row counts are learnt by reading)"
             )
 
-        last: tuple[L, tuple[tuple[Span, ...], Consumed, tuple[Copy, ...]]] | None = None
+        last: tuple[L, tuple[L, tuple[Span, ...], Consumed, tuple[Copy, ...]]] | None = None
 
         def wanted(listing: L) -> bool:  # a followed round: a full step of new rows
             nonlocal last
             if epoch in self._epochs:
                 return True
             last = (listing, self.plans.round_after(prev, listing))
-            return self.plans.has_a_step(listing, last[1][1], last[1][0])
+            return self.plans.has_a_step(listing, last[1][2], last[1][1])
 
         listing = self._list(wanted if self.config.follows else None)
         made = last[1] if last is not None and last[0] is listing else None
-        carry, main, owed = made or self.plans.round_after(prev, listing)
+        listing, carry, main, owed = made or self.plans.round_after(prev, listing)
         carried = self._skip_ahead(epoch, listing, carry, main, Consumed())
         drop = self.config.remainder == "drop"
         dropped = prev.dropped + (prev.assignment.remainder_rows + len(prev.owed) if drop else 0)
@@ -323,6 +336,10 @@ class EpochBook(Generic[L]):
             listing = self._list(wanted if waits else None, first=True)
             match_listing(start.dataset, listing.records(), listing.classes)
         carry, main, carried = resumed_in(start, listing)
+        if listing.kept and not start.started:  # joined from another version: carried rows
+            kept = kept_consumed(listing, {})
+            main.sets.update(kept.sets)
+            main.rows.update(kept.rows)
         carried = self._skip_ahead(epoch, listing, carry, main, carried)
         p = start.progress
         if self._in_order:
@@ -654,9 +671,12 @@ class EpochBook(Generic[L]):
         self._start_epoch = state.progress.epoch
         self._start_step = state.progress.step
         self._ahead = list(state.progress.ahead)
-        # a skip of the state's epoch planned at its start changes the epoch's shares
-        self._in_order = self.plans.same_order(state, listing) and not any(
-            a.epoch == state.progress.epoch for a in self._ahead
+        # a skip of the state's epoch planned at its start changes the epoch's shares, and
+        # so do shards joined from another version (their rows consumed at its start)
+        self._in_order = (
+            self.plans.same_order(state, listing)
+            and not listing.kept
+            and not any(a.epoch == state.progress.epoch for a in self._ahead)
         )
         self.acks = self._new_acks(state.progress.step, state.progress.quarantined)
         if self._in_order and state.progress.step > state.progress.first_step:

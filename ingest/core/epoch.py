@@ -263,12 +263,17 @@ class EpochPlans(Generic[L]):
 
     def round_after(
         self, prev: PlannedEpoch[L], listing: L
-    ) -> tuple[tuple[Span, ...], Consumed, tuple[Copy, ...]]:
-        """What the epoch after ``prev`` starts with in ``listing``: the rows ``prev`` carries
-        into it, (following a dataset) the shards earlier rounds consumed, and the copies of
-        rows it owes (:mod:`ingest.core.carry`)."""
+    ) -> tuple[L, tuple[Span, ...], Consumed, tuple[Copy, ...]]:
+        """What the epoch after ``prev`` starts with in ``listing``: the listing it reads,
+        the rows ``prev`` carries into it, (following a dataset) the shards earlier rounds
+        consumed, and the copies of rows it owes (:mod:`ingest.core.carry`).
+
+        Rows carried from files of a Delta table that its newest version no longer holds (a
+        compaction between the epochs) are read from them: ``listing`` joined with them
+        (:meth:`~ingest.core.listing.Listed.joined`), their own rows consumed."""
         carry: tuple[Span, ...] = ()
         owed: tuple[Copy, ...] = ()
+        main = Consumed()
         if self.config.remainder == "carry":
             out = prev.carried_out()
             by_url = {s.url: n for n, s in enumerate(listing.shards)}
@@ -277,6 +282,11 @@ class EpochPlans(Generic[L]):
             gone = [urls[shard] for shard in sorted(held) if urls[shard] not in by_url]
             if gone and self.config.follows:
                 consumed_before(prev.listing.shards, listing.shards)  # says what vanished
+            if gone and listing.tables and prev.listing.tables:
+                listing = listing.joined(prev.listing, gone)
+                by_url = {s.url: n for n, s in enumerate(listing.shards)}
+                main = kept_consumed(listing, learnt(prev))
+                gone = []
             if gone:
                 raise SourceError(
                     gone[0],
@@ -288,12 +298,11 @@ class EpochPlans(Generic[L]):
                 )
             carry = tuple(s._replace(shard=by_url[urls[s.shard]]) for s in out.spans)
             owed = _moved(out.owed, urls, by_url)
-        main = Consumed()
         if self.config.follows:
             # A round: the shards the rounds before read are consumed (they only grow).
             done = consumed_before(prev.listing.shards, listing.shards)
             main = all_of(listing, done, learnt(prev))
-        return carry, main, owed
+        return listing, carry, main, owed
 
     def has_a_step(self, listing: Listed, main: Consumed, carry: Sequence[Span]) -> bool:
         """Whether a round of a followed dataset has a full step of rows to read: rows of shards
@@ -353,6 +362,13 @@ def resumed_in(start: StreamState, listing: Listed) -> tuple[tuple[Span, ...], C
     return carry, main, carried
 
 
+def kept_consumed(listing: Listed, learnt: Mapping[str, int]) -> Consumed:
+    """Every row of the shards ``listing`` joined from other versions (:attr:`Listed.kept`):
+    the epoch reads only rows carried into it from them."""
+    kept = set(listing.kept)
+    return all_of(listing, [n for n, s in enumerate(listing.shards) if s.url in kept], learnt)
+
+
 def needed_shards(start: StreamState) -> list[int]:
     """The indices of ``start``'s shards its rows point into: carried or owed into its
     epoch, or consumed (a followed round's earlier shards), sorted. :func:`resumed_in` and
@@ -409,6 +425,7 @@ __all__ = [
     "EpochPlans",
     "PlannedEpoch",
     "Remainder",
+    "kept_consumed",
     "learnt",
     "needed_shards",
     "owed_in",

@@ -52,7 +52,19 @@ class Listed(Protocol):
 
     @property
     def tables(self) -> tuple[tuple[str, int], ...]:
-        """The Delta tables listed: each root's URL and the version read; else empty."""
+        """The Delta tables listed: each root's URL with a version read (a table twice where
+        the listing holds files of two versions: :meth:`joined`), sorted; else empty."""
+        ...
+
+    @property
+    def kept(self) -> tuple[str, ...]:
+        """URLs of shards :meth:`joined` from other versions: only the rows carried into
+        the epoch are read from them (their own rows are the epoch's consumed)."""
+        ...
+
+    def joined(self: L, other: L, urls: Sequence[str]) -> L:
+        """This listing with the shards ``urls`` of ``other`` (a listing of other versions of
+        its Delta tables) among its own, in URL order, and ``other``'s versions."""
         ...
 
     def records(self) -> list[ShardRecord]:
@@ -77,7 +89,7 @@ class Lister(Protocol[L]):
         *,
         first: bool,
         counted: bool,
-        at: Mapping[str, int] | None = None,
+        at: Mapping[str, Sequence[int]] | None = None,
     ) -> L:
         """One listing of the source.
 
@@ -90,7 +102,8 @@ class Lister(Protocol[L]):
             counted: Every shard needs a row count (several ranks take equal steps): shards
                 whose footer has none are indexed.
             at: Versions of Delta tables, by their roots' URLs, to list them at (a state's,
-                for the rest of its epoch); the others at their newest.
+                for the rest of its epoch: the files of each version listed); the others at
+                their newest.
         """
         ...
 

@@ -81,8 +81,11 @@ class Listing:
     """The hive partition columns of the stream, the last fields of :attr:`schema`
     (:mod:`ingest.formats.partitions`); none under ``ReadOptions(partitioning=None)``."""
     tables: tuple[tuple[str, int], ...] = ()
-    """The Delta tables listed, each root's URL with the version read (in a state's
-    ``dataset``: a resume reads the rest of its epoch at it)."""
+    """The Delta tables listed, each root's URL with a version read, sorted (in a state's
+    ``dataset``: a resume reads the rest of its epoch at them)."""
+    kept: tuple[str, ...] = ()
+    """URLs of shards :meth:`joined` from other versions of the tables, which rows carried
+    into the epoch are in (:meth:`ingest.core.listing.Listed.kept`)."""
 
     def records(self) -> list[ShardRecord]:
         return [
@@ -118,6 +121,25 @@ class Listing:
             self.classes,
             self.partition_keys,
             self.tables,
+            tuple(u for u in self.kept if u in where),
+        )
+
+    def joined(self, other: Listing, urls: Sequence[str]) -> Listing:
+        """This listing with the shards ``urls`` of ``other`` (a listing of other versions
+        of its Delta tables: files a compaction replaced, which rows carried into this
+        epoch are in) among its own, in URL order, and ``other``'s versions beside its own;
+        its schema is this listing's."""
+        theirs = other.subset(urls)
+        pairs = sorted(
+            zip(self.shards + theirs.shards, self.infos + theirs.infos, strict=True),
+            key=lambda pair: pair[0].url,
+        )
+        return replace(
+            self,
+            shards=tuple(s for s, _ in pairs),
+            infos=tuple(i for _, i in pairs),
+            tables=tuple(sorted(set(self.tables) | set(other.tables))),
+            kept=tuple(sorted({*self.kept, *urls})),
         )
 
     def context(
@@ -221,7 +243,7 @@ class Catalog:
         progress: bool = False,
         schema: bool = True,
         index: bool = False,
-        at: Mapping[str, int] | None = None,
+        at: Mapping[str, Sequence[int]] | None = None,
     ) -> Listing:
         """List the source once and inspect every shard.
 
@@ -232,8 +254,8 @@ class Catalog:
             index: Give every shard a row count and seek points. Shards whose footer has no
                 row count are looked up in this catalog's memory, then in its index store;
                 only the rest are read, by the indexer, and stored. Needs ``schema``.
-            at: Delta tables' versions by their roots' URLs (a state's): those tables are
-                listed at that version, the others at their newest.
+            at: Delta tables' versions by their roots' URLs (a state's): those tables' files
+                are those of these versions, the others' their newest.
 
         Raises:
             SourceError: If the source cannot be listed or matches nothing.
@@ -243,7 +265,7 @@ class Catalog:
         """
         listed = self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store, at=at)
         shards, classes = folders.group(without_incidental(listed))
-        tables = tuple(sorted((u, t.version) for u, t in self._tables().items()))
+        tables = tuple(sorted((u, v) for u, t in self._tables().items() for v in t.versions))
         shards = self._as_read(shards)
         known = self._recall_footers(shards)
         with self._lock:

@@ -59,7 +59,9 @@ class Planner:
     def source(self) -> Source:
         return self.catalog.source
 
-    def scan(self, *, counted: bool = False, at: Mapping[str, int] | None = None) -> Listing:
+    def scan(
+        self, *, counted: bool = False, at: Mapping[str, Sequence[int]] | None = None
+    ) -> Listing:
         """One listing of the source; ``counted``: every shard gets a row count; ``at``:
         Delta tables' versions to list them at (:meth:`Catalog.scan`).
 
@@ -80,7 +82,7 @@ class Planner:
         *,
         first: bool,
         counted: bool,
-        at: Mapping[str, int] | None = None,
+        at: Mapping[str, Sequence[int]] | None = None,
     ) -> Listing:
         """See :meth:`ingest.core.listing.Lister.listing`."""
         follow = self.follow

@@ -100,7 +100,7 @@ source's own state side by side, and the mix node's part).
 
 from ingest.core.state.checks import FIX, MAX_STATE_BYTES, STATE_VERSION, refuse
 from ingest.core.state.consumed import Consumed, Intervals
-from ingest.core.state.dataset import DatasetState
+from ingest.core.state.dataset import DatasetState, versions_of
 from ingest.core.state.matching import match_listing, match_needed
 from ingest.core.state.packed import PackedFingerprint
 from ingest.core.state.parts import (
@@ -136,4 +136,5 @@ __all__ = [
     "packed_digest",
     "read_state",
     "refuse",
+    "versions_of",
 ]

@@ -3,7 +3,7 @@ Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +37,10 @@ class DatasetState:
     """Folder datasets: the class names the ``label`` indices stand for (``"classes"`` in
     the JSON, absent when empty)."""
     tables: tuple[tuple[str, int], ...] = ()
-    """Delta tables: each root's URL and the version listed (``"tables"`` in the JSON, an
-    object, absent when empty): the rest of the state's epoch is read at that version."""
+    """Delta tables: each root's URL with a version listed, sorted (``"tables"`` in the
+    JSON, an object of each root's versions, absent when empty): the rest of the state's
+    epoch is read at them (two where it reads rows carried from files a compaction
+    replaced beside the newest version's)."""
     _json: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _counts: npt.NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
 
@@ -95,7 +97,7 @@ class DatasetState:
             if self.classes:
                 self._json["classes"] = list(self.classes)
             if self.tables:
-                self._json["tables"] = dict(self.tables)
+                self._json["tables"] = {u: list(v) for u, v in versions_of(self.tables).items()}
         return dict(self._json)
 
     @classmethod
@@ -129,13 +131,30 @@ class DatasetState:
         return cls(sources, shards, None, classes, tables)
 
 
+def versions_of(tables: Iterable[tuple[str, int]]) -> dict[str, tuple[int, ...]]:
+    """``(root URL, version)`` pairs (:attr:`DatasetState.tables`, a listing's) as each
+    root's versions, sorted."""
+    out: dict[str, set[int]] = {}
+    for url, version in tables:
+        out.setdefault(url, set()).add(version)
+    return {url: tuple(sorted(v)) for url, v in sorted(out.items())}
+
+
 def _tables(value: Any) -> tuple[tuple[str, int], ...]:
-    if not isinstance(value, dict) or not all(isinstance(u, str) for u in value):
+    if not isinstance(value, dict) or not all(
+        isinstance(u, str) and isinstance(v, list) and v for u, v in value.items()
+    ):
         raise StateError(
-            f"dataset.tables is {value!r:.80}: not an object of Delta tables' URLs and "
-            f"versions; the state was edited or corrupted; {FIX}"
+            f"dataset.tables is {value!r:.80}: not an object of Delta tables' URLs, each with "
+            f"a list of versions; the state was edited or corrupted; {FIX}"
         )
-    return tuple(sorted((u, checked_int(v, f"dataset.tables[{u!r}]")) for u, v in value.items()))
+    return tuple(
+        sorted(
+            (u, checked_int(v, f"dataset.tables[{u!r}]"))
+            for u, versions in value.items()
+            for v in versions
+        )
+    )
 
 
 def _classes(value: Any) -> list[str]:

@@ -81,7 +81,7 @@ def match_needed(
     """Check only the saved shards at ``needed`` (those a state taken between epochs still
     points into: rows it carries into the next epoch, or owes) against ``listed``: the
     others may be gone or rewritten, as a Delta table's compaction leaves them (``tables``
-    names its tables, for the message).
+    names the tables the state was listed with, for the message).
 
     Raises:
         StateError: Naming a needed shard gone or changed, and the fix.
@@ -97,10 +97,10 @@ def match_needed(
     if missing or changed:
         raise StateError(
             f"the state carries rows of its last epoch into the next one (an epoch's rows "
-            f"that did not fill a step), in shards {(missing + changed)[:3]} that {tables} "
-            "no longer holds as they were (rewritten since the state was saved: a "
-            "compaction, an overwrite). Resume from a state taken inside an epoch, or pass "
-            "remainder='drop' (the rows that fill no step are dropped, and counted)"
+            f"that did not fill a step), in shards {(missing + changed)[:3]} that are no "
+            f"longer there as they were (the state was listed with {tables}): rewritten or "
+            "removed since. Restore them, or pass remainder='drop' (the rows that fill no "
+            "step are dropped, and counted)"
         )
 
 

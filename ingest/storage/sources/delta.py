@@ -86,10 +86,11 @@ class DeltaLog:
 
 @dataclass(frozen=True, slots=True)
 class TableVersion:
-    """A table as a listing found it: the version listed and its schema (None where the
-    log holds none this reader converts)."""
+    """A table as a listing found it: the versions listed (one, but where a state's epoch
+    reads files of two) and the newest one's schema (None where the log holds none this
+    reader converts)."""
 
-    version: int
+    versions: tuple[int, ...]
     schema: pa.Schema | None
 
 

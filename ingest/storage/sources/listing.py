@@ -7,7 +7,7 @@ import functools
 import posixpath
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from glob import has_magic
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -44,11 +44,12 @@ def list_url(
     formats: FormatResolver,
     listings: ListingStore | None,
     tables: dict[str, delta.TableVersion] | None = None,
-    at: Mapping[str, int] | None = None,
+    at: Mapping[str, Sequence[int]] | None = None,
 ) -> list[Shard]:
     """The shards ``url`` lists, for :meth:`Source.list_shards` (see there); ``tables``
     gets the Delta tables it holds, each root's URL with the version listed and its schema;
-    ``at`` pins tables (by their roots' URLs) to a version, the newest otherwise."""
+    ``at`` pins tables (by their roots' URLs) to versions (the files of each), the newest
+    otherwise."""
     fs = source.filesystem(url)
     key = None
     if get_protocol(url) == "hf":
@@ -112,14 +113,14 @@ def _delta_tables(
     where: tuple[str, str, str],
     infos: list[dict[str, Any]],
     tables: dict[str, delta.TableVersion],
-    at: Mapping[str, int],
+    at: Mapping[str, Sequence[int]],
 ) -> tuple[list[dict[str, Any]], dict[str, Partition]]:
     """``infos`` less the files of Delta tables that their version does not hold (earlier
     versions' files, the logs, change data), and the partition of each file kept that is a
     table's (from its log): the tables whose log the listing holds, or at a glob's root
-    (:mod:`ingest.storage.sources.delta`), at the version ``at`` pins (by the root's URL),
-    else the newest; ``tables`` gets each one's root URL, version and schema. ``where``:
-    the listed URL, its path and its base.
+    (:mod:`ingest.storage.sources.delta`), at the versions ``at`` pins (by the root's URL:
+    the files of each), else the newest; ``tables`` gets each one's root URL, versions and
+    schema. ``where``: the listed URL, its path and its base.
 
     Raises:
         SourceError: If a table's log cannot be read (or no longer holds the version
@@ -139,16 +140,22 @@ def _delta_tables(
     for root in sorted(roots):
         logged = [n for n in names if n.startswith(f"{root}/{delta.LOG}/")]
         table = fs.unstrip_protocol(root)
-        read = functools.partial(delta.read_log, fs, root, logged, at.get(table))
-        try:
-            log = attempt(read, source.policy(url), source.stats)
-        except GaveUpError as gave_up:
-            raise _listing_error(source, url, gave_up) from None
-        version = delta.snapshot(log, table)
-        current.update((f.path, f) for f in version.files)
-        tables[table] = delta.TableVersion(version.version, version.schema)
-        paths = [f.path for f in version.files]
-        _check_listed(fs, root, paths, listed, glob=_is_glob(path), at=log.at)
+        versions: list[delta.DeltaSnapshot] = []
+        pins: Sequence[int | None] = at.get(table) or [None]
+        for pinned in pins:
+            read = functools.partial(delta.read_log, fs, root, logged, pinned)
+            try:
+                log = attempt(read, source.policy(url), source.stats)
+            except GaveUpError as gave_up:
+                raise _listing_error(source, url, gave_up) from None
+            version = delta.snapshot(log, table)
+            current.update((f.path, f) for f in version.files)
+            paths = [f.path for f in version.files]
+            _check_listed(fs, root, paths, listed, glob=_is_glob(path), at=log.at)
+            versions.append(version)
+        newest = max(versions, key=lambda v: v.version)
+        numbers = tuple(sorted({v.version for v in versions}))
+        tables[table] = delta.TableVersion(numbers, newest.schema)
     kept = []
     for info in infos:
         name = str(info["name"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import IO, Any
 from urllib.parse import urlsplit
 
@@ -219,7 +219,7 @@ class Source:
         self,
         formats: FormatResolver,
         listings: ListingStore | None = None,
-        at: Mapping[str, int] | None = None,
+        at: Mapping[str, Sequence[int]] | None = None,
     ) -> list[Shard]:
         """List every URL once and return the shards, sorted by URL, without duplicates.
 
@@ -231,9 +231,9 @@ class Source:
                 registry: :data:`ingest.formats.FORMAT_RESOLVER`).
             listings: Where listings at a commit are kept across jobs (the shard index);
                 one found there is not listed again.
-            at: Delta tables' versions, by their roots' URLs (a state's :attr:`tables`):
-                those tables are listed at that version (the rest of a resumed epoch reads
-                the files it was saved on, though a compaction since replaced them).
+            at: Delta tables' versions, by their roots' URLs (a state's): those tables'
+                files are those of these versions (the rest of a resumed epoch reads the
+                files it was saved on, though a compaction since replaced them).
 
         Raises:
             SourceError: If a URL matches nothing, its bucket does not exist, the
