@@ -227,3 +227,38 @@ def test_a_refused_state_leaves_the_stream_as_it_was(data: str) -> None:
     head = [i for batch in itertools.islice(first, 10) for i in batch["id"].tolist()]
     first.close()
     assert sorted(head + rest) == list(range(SHARDS * ROWS))
+
+
+@pytest.mark.parametrize("workers", [None, 0, 2], ids=["stream", "dataloader0", "dataloader2"])
+@pytest.mark.parametrize("refusal", ["position", "listing"])
+def test_a_state_refused_mid_loop_leaves_the_stream_where_its_loop_was(
+    data: str, refusal: str, workers: int | None
+) -> None:
+    """A loop that handed out batches, then a state refused: the stream (or loader) goes on
+    after the loop's last batch, every row of the epoch once. Before, the refusal came after
+    the stream had dropped the loop's position (a loader, its book), and the next loop
+    handed its batches out again (the test above loads a state into a stream that had
+    handed out none)."""
+    good = saved(data, batches=10)
+    bad = copy.deepcopy(good)
+    if refusal == "position":
+        c = cursor(bad)
+        for lane in c["lanes"]:  # a window on: its rows would never be read
+            lane[1] += 4096 // len(c["lanes"])
+        c["window"] += 1
+    else:  # a shard the state names, as changed since
+        bad["dataset"]["shards"][0][1] += 1
+        bad["dataset"].pop("digest")
+    s: Any = stream(data)
+    if workers is not None:
+        s = ingest.DataLoader(s, num_workers=workers)
+    try:
+        # 4 batches: whole steps of a loader's 2 workers (a loop left inside a step leaves
+        # its rank's share of it to be carried into the next epoch)
+        head = [i for batch in itertools.islice(s, 4) for i in batch["id"].tolist()]
+        with pytest.raises(StateError):
+            s.load_state_dict(bad)
+        rest = [i for batch in s for i in batch["id"].tolist()]
+    finally:
+        s.close()
+    assert sorted(head + rest) == list(range(SHARDS * ROWS))

@@ -344,6 +344,14 @@ class Stream:
                 "\n  ".join(q.describe() for q in records),
             )
 
+    def _left_loop(self) -> None:
+        """:meth:`_rewind` before a state is loaded; where the rewind itself fails (a shard
+        of the loop's epoch gone), the loop's position is dropped, as the state replaces it."""
+        try:
+            self._rewind()
+        except IngestError:
+            self._running = False
+
     def _rewind(self) -> None:
         """Drop the read-ahead of a loop left early; the next loop starts after its last batch."""
         self._stop_active()
@@ -390,10 +398,17 @@ class Stream:
         parsed = state if isinstance(state, StreamState) else StreamState.from_json(state)
         with interrupts.deferred():  # loaded whole (ingest.engine.interrupts)
             self._stop_active(superseded=True)
+            if self._running:  # the loop left: put where the next loop would go on, so that
+                self._left_loop()  # a state refused leaves the stream as it was
+            step, cursor = self._rank.step, self._rank.cursor
             self._rank.restart(parsed.progress.step - 1)  # acks of the position left: gone
             self._running = False
-            self._node.check(parsed)
-            self._book.load(parsed, listing)
+            try:
+                self._node.check(parsed)
+                self._book.load(parsed, listing)
+            except BaseException:
+                self._rank.restart(step, cursor)
+                raise
             self._node.load(parsed)
             self._next_epoch = parsed.progress.epoch
             self._delivered = parsed.progress.delivered

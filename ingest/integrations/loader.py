@@ -585,8 +585,13 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         RayStream, any worker count or world size)."""
         with interrupts.deferred():
             self._end_loop()  # its state is replaced: not saved into the stream first
+            kept = self._book, self._ranks, self._nodes
             self._book, self._ranks, self._nodes = None, {}, {}
-            self.stream.load_state_dict(state)
+            try:
+                self.stream.load_state_dict(state)
+            except BaseException:  # refused: the next loop goes on where the last one was
+                self._book, self._ranks, self._nodes = kept
+                raise
 
 
 def checked_keywords(num_workers: int, kwargs: dict[str, Any]) -> bool:
