@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 import ingest
@@ -331,3 +333,37 @@ def test_a_dataloader_over_a_mix_draws_as_the_stream_through_stops_at_other_work
     n = min(len(seqs), len(whole))
     assert [d[0] for d in seqs[:n]] == [d[0] for d in whole[:n]]
     check_carried(seqs, loader.state_dict())
+
+
+def test_a_state_refused_by_one_source_leaves_the_mixture_as_it_was(tmp_path: Any) -> None:
+    """A mixture loads its sources' parts one after another: a part refused (its source
+    changed since the state was saved) named neither the source nor undid the parts loaded
+    before it. The stream went on with one source at the state's position and the other at
+    its own, and its epoch lost rows and gave others twice. Now the refusal names the source
+    and the stream goes on as if no state had been offered, as a one-source stream does."""
+    for name, first in (("a", 0), ("b", 1000)):
+        (tmp_path / name).mkdir()
+        for k in range(2):
+            table = pa.table({"id": list(range(first + k * 25, first + k * 25 + 25))})
+            pq.write_table(table, tmp_path / name / f"{k}.parquet")
+
+    def stream() -> Any:
+        urls = {"web": str(tmp_path / "a"), "code": str(tmp_path / "b")}
+        return ingest.Stream(ingest.Mix(urls, weights=None), batch_size=10, shuffle_seed=4)
+
+    want = [b["id"].tolist() for b in stream()]
+    other = iter(stream_ := stream())
+    for _ in range(5):
+        next(other)
+    state = json.loads(json.dumps(stream_.state_dict()))
+    s = stream()
+    it = iter(s)
+    got = [next(it)["id"].tolist() for _ in range(2)]
+    shard = tmp_path / "b" / "1.parquet"
+    kept = shard.read_bytes()
+    pq.write_table(pa.table({"id": list(range(5000, 5030))}), shard)  # 'code' changed
+    with pytest.raises(StateError, match=r"source 'code'.*changed"):
+        s.load_state_dict(state)
+    shard.write_bytes(kept)  # the same rows again
+    got += [b["id"].tolist() for b in s]
+    assert got == want

@@ -29,7 +29,7 @@ from ingest.core.quarantine import Quarantined
 from ingest.distributed.pool import ReaderPool
 from ingest.distributed.rank import RankOptions
 from ingest.distributed.ray_stream import RayStream
-from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, mixed_state
+from ingest.engine.mix import Draws, Mix, Mixer, added, load_mixed, load_parts, mixed_state
 from ingest.engine.mix_provenance import MixLog, logged
 from ingest.engine.options import StreamOptions
 from ingest.planner.index import IndexConfig
@@ -222,8 +222,9 @@ class MixedRayStream(RayStream):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         parsed = load_mixed(state, self._fresh())  # checked before any source loads its part
-        for name, stream in self.streams.items():
-            stream.load_state_dict(parsed.parts[name].to_json())
+        before = {name: stream.state_dict() for name, stream in self.streams.items()}
+        parts = {name: part.to_json() for name, part in parsed.parts.items()}
+        load_parts(self.streams, parts, before)  # one refused: the others put back
         self.loaded_state = dict(state)
 
     def state_dict(self, step: int | None = None) -> dict[str, Any]:

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from ingest.core.errors import ConfigError, StateError
+from ingest.core.errors import ConfigError, IngestError, StateError
 from ingest.core.mixture import Mixture
 from ingest.core.state import SourcesState, StreamState, read_state
 from ingest.storage.sources import URLs
@@ -284,6 +284,46 @@ def load_mixed(state: Any, mixer: Mixer) -> SourcesState:
     return parsed
 
 
+class _Loads(Protocol):
+    def load_state_dict(self, state: Any, /) -> None: ...
+
+
+def load_parts(
+    streams: Mapping[str, _Loads], parts: Mapping[str, Any], before: Mapping[str, Any]
+) -> None:
+    """Each source's stream loads its part of a mixture's state, in turn. A part refused
+    (its source changed since the state was saved) names its source, and the parts loaded
+    before it are put back (``before``: each source's state before this load), so that a
+    refused state leaves the streams as they were, as a one-source stream's does.
+
+    Raises:
+        IngestError: The first part's refusal (a :class:`StateError` begins with the
+            source's name; another error has a note naming it); a part that cannot be put
+            back is noted on it too.
+    """
+    loaded: list[str] = []
+    try:
+        for name, stream in streams.items():
+            try:
+                stream.load_state_dict(parts[name])
+            except StateError as e:
+                raise StateError(f"source {name!r}: {e}") from None
+            except IngestError as e:
+                e.add_note(f"while loading source {name!r} of the mixture's state")
+                raise
+            loaded.append(name)
+    except BaseException as e:
+        for name in loaded:
+            try:
+                streams[name].load_state_dict(before[name])
+            except IngestError as failed:
+                e.add_note(
+                    f"source {name!r} could not be put back where it was ({failed}): build "
+                    "the stream again before iterating it"
+                )
+        raise
+
+
 def added(parts: Iterable[Mapping[str, int]]) -> dict[str, int]:
     """The sources' figures (``stats``), key by key."""
     out: dict[str, int] = {}
@@ -342,5 +382,6 @@ __all__ = [
     "added",
     "join",
     "load_mixed",
+    "load_parts",
     "mixed_state",
 ]

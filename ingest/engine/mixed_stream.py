@@ -14,7 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from ingest.core.errors import ConfigError, IngestError, redact
 from ingest.core.quarantine import Quarantined
-from ingest.engine.mix import Draws, Mix, Mixer, added, join, load_mixed, mixed_state
+from ingest.engine.mix import (
+    Draws,
+    Mix,
+    Mixer,
+    added,
+    join,
+    load_mixed,
+    load_parts,
+    mixed_state,
+)
 from ingest.engine.mix_provenance import MixLog, logged, new_attempt, source_log, which_mixed
 from ingest.engine.options import StreamOptions
 from ingest.engine.stream import Stream, StreamParts
@@ -175,10 +184,17 @@ class MixedStream(Stream):
     ) -> None:
         if listing is not None:
             raise not_for_a_mixture("load_state_dict(listing=...)")
+        # Each source loads its part on its own: one refused (its source changed since the
+        # state was saved) leaves the stream as it was, the parts loaded before it put back.
+        before = {n: s.state_dict() for n, s in self.streams.items()}
+        mixer = self.mixer.state(), self.mixer.drawn, dict(self.mixer.taken)
         parsed = load_mixed(state, self.mixer)
         self._stop_mix()
-        for name, stream in self.streams.items():
-            stream.load_state_dict(parsed.parts[name])
+        try:
+            load_parts(self.streams, parsed.parts, before)
+        except BaseException:
+            self.mixer.load(*mixer)
+            raise
         if self.log is not None:  # a new attempt from the state's step
             self.log.restart()
             self._attempt = new_attempt()
