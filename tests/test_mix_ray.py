@@ -8,6 +8,7 @@ after), checked token by token.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -16,6 +17,8 @@ import pytest
 import ray
 
 import ingest
+from ingest.core.errors import StateError
+from ingest.distributed.ray_mix import MixedRayStream
 from ingest.testing import Store
 from tests.test_mix import NAMES, check_carried, deviation, write_corpora
 from tests.test_pack_stream import tokenize
@@ -111,3 +114,31 @@ def test_ranks_draw_alike_and_every_token_once_through_3_2_4_ranks_and_new_weigh
     single = [NAMES[s] for b in alone for s in b["source"].tolist()]
     n = len(stages[0] + stages[1])
     assert single[:n] == stages[0] + stages[1]
+
+
+def test_a_state_refused_by_one_source_names_it_and_puts_the_others_back(
+    s3_store: Store,
+) -> None:
+    """The sources load their parts in turn (web, then code): code's refused (a shard the
+    state names as changed since), web's is put back, so that the stream is as it was."""
+    urls = write_corpora(s3_store)
+    stream = make(urls, s3_store, 1, {"web": 3, "code": 1})
+    try:
+        state = ray.get(consume.remote(stream.rank_iterator(0), 3), timeout=300)["state"]
+    finally:
+        stream.shutdown()
+    bad = copy.deepcopy(state)
+    code = bad["sources"]["code"]["dataset"]
+    code["shards"][0][1] += 1  # its size, as if the shard were rewritten since
+    code.pop("digest")
+    stream = make(urls, s3_store, 1, {"web": 3, "code": 1})
+    try:
+        assert isinstance(stream, MixedRayStream)
+        before = {name: part.state_dict() for name, part in stream.streams.items()}
+        with pytest.raises(StateError, match=r"^source 'code': .*changed"):
+            stream.load_state_dict(bad)
+        assert {name: part.state_dict() for name, part in stream.streams.items()} == before
+        stream.load_state_dict(state)  # the good one loads on the stream put back
+        assert stream.streams["web"].state_dict() == state["sources"]["web"]
+    finally:
+        stream.shutdown()
