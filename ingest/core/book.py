@@ -162,15 +162,15 @@ class EpochBook(Generic[L]):
             match_listing(state.dataset, listing.records(), listing.classes)
             return listing
         listing = self._list() if listing is None else listing
-        needed = [state.shards[n].url for n in needed_shards(state)]
+        needed = needed_shards(state)
         have = {s.url for s in listing.shards}
-        missing = [u for u in needed if u not in have]
+        missing = [u for u in (state.shards[n].url for n in needed) if u not in have]
         if missing:  # rows carried from files a compaction replaced: read from them
             older = self._list(at=pinned)
             held = {s.url for s in older.shards}
             listing = listing.joined(older, [u for u in missing if u in held])
         tables = f"the Delta table(s) {sorted(pinned)}"
-        match_needed(state.dataset, needed_shards(state), listing.records(), tables)
+        match_needed(state.dataset, needed, listing.records(), tables)
         return listing
 
     def _list(
@@ -338,7 +338,7 @@ class EpochBook(Generic[L]):
         carry, main, carried = resumed_in(start, listing)
         if listing.kept and not start.started:  # joined from another version: carried rows
             kept = kept_consumed(listing, {})
-            main.sets.update(kept.sets)
+            main.add_sets(kept.sets)
             main.rows.update(kept.rows)
         carried = self._skip_ahead(epoch, listing, carry, main, carried)
         p = start.progress
