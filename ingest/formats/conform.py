@@ -222,8 +222,9 @@ def declaration(stream: pa.Schema, seen: pa.Schema) -> str | None:
     read (a column null in every row it was inferred from, an int column with a float
     later): the ``ReadOptions(schema=...)`` that reads both, each column of the stream in
     the type that holds both (:func:`widened`; an integer and a float: ``float64``, as
-    pyarrow promotes them), as Python to paste; None where some column has no such type,
-    or none differs."""
+    pyarrow promotes them; an integer and ``uint64``, a value past int64's range:
+    ``uint64``, not a double that rounds it), as Python to paste; None where some column
+    has no such type, or none differs."""
     fields, changed = [], False
     for f in stream:
         t = f.type
@@ -231,7 +232,7 @@ def declaration(stream: pa.Schema, seen: pa.Schema) -> str | None:
             other = seen.field(f.name).type
             both = widened(t, other)
             if both is None and _is_number(t) and _is_number(other):
-                both = pa.float64()
+                both = _declared_number(t, other)
             if both is None:
                 return None
             changed = changed or not both.equals(t)
@@ -240,6 +241,16 @@ def declaration(stream: pa.Schema, seen: pa.Schema) -> str | None:
     if not changed:
         return None
     return f"ReadOptions(schema=pa.schema([{', '.join(fields)}]))"
+
+
+def _declared_number(a: pa.DataType, b: pa.DataType) -> pa.DataType:
+    """The type :func:`declaration` declares for numbers of types ``a`` and ``b`` that no
+    type holds both of (:func:`widened` gave none): ``uint64`` for an integer and
+    ``uint64`` (integers past int64: ids, hashes, whose negatives are rare; a negative one
+    is then refused by its row), else ``float64``, as pyarrow promotes them."""
+    if pa.types.is_integer(a) and pa.types.is_integer(b) and pa.uint64() in (a, b):
+        return pa.uint64()
+    return pa.float64()
 
 
 _NAMED = {"double": "float64", "float": "float32", "halffloat": "float16", "bool": "bool_"}

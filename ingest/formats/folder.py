@@ -359,11 +359,21 @@ def _parse_metadata(meta: Shard, data: bytes) -> pa.Table:
     import pyarrow.json as pj
     import pyarrow.parquet as pq
 
+    from ingest.formats.big_integers import exact
+
+    def json_as(schema: pa.Schema | None) -> pa.Table:
+        parse = pj.ParseOptions(explicit_schema=schema)
+        return pj.read_json(pa.BufferReader(data), parse_options=parse)
+
+    def csv_as(schema: pa.Schema | None) -> pa.Table:
+        convert = pcsv.ConvertOptions(column_types=schema)
+        return pcsv.read_csv(pa.BufferReader(data), convert_options=convert)
+
     try:
         if meta.url.endswith(".jsonl"):
-            return pj.read_json(pa.BufferReader(data))
+            return exact(json_as(None), json_as)  # integers past int64 as uint64
         if meta.url.endswith(".csv"):
-            return pcsv.read_csv(pa.BufferReader(data))
+            return exact(csv_as(None), csv_as)
         return pq.read_table(pa.BufferReader(data))
     except pa.ArrowInvalid as e:
         raise ShardError(

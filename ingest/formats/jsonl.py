@@ -4,7 +4,8 @@ chunks; a shard that is one JSON array of objects is read as the lines of its it
 
 Row k is the k-th non-blank line. Uncompressed shards resume by byte offset; compressed ones
 decompress and skip within the shard. The schema is inferred from the first block of the
-first non-empty shard unless ``ReadOptions.schema`` gives it, and every shard must match it;
+first non-empty shard unless ``ReadOptions.schema`` gives it (integers past int64 as
+``uint64``: :mod:`ingest.formats.big_integers`), and every shard must match it;
 under ``on_error="skip"`` from the lines of that block that parse (a bad one is quarantined
 alone when it is read).
 A line that nests deeper than ``ReadOptions.max_json_depth`` is refused before pyarrow sees
@@ -34,6 +35,7 @@ from ingest.formats.base import (
     UncountedFormat,
     check_columns,
 )
+from ingest.formats.big_integers import exact
 from ingest.formats.conform import declaration
 from ingest.storage.sources import Shard, Source
 
@@ -72,7 +74,7 @@ class JsonlFormat(UncountedFormat):
         for _, chunk in chunks:
             if chunk.strip():
                 try:
-                    return _parse(chunk, None, None, options.max_json_depth).schema
+                    return _inferred(chunk, options.max_json_depth)
                 except pa.ArrowInvalid:
                     if options.on_error != "skip":
                         reader.parse_or_locate(chunk, 0, 1, 0)  # names the bad line
@@ -80,7 +82,7 @@ class JsonlFormat(UncountedFormat):
                 # on_error="skip": from the lines a read does not quarantine.
                 good = reader.without_bad_lines(chunk)
                 if good.strip():
-                    return _parse(good, None, None, options.max_json_depth).schema
+                    return _inferred(good, options.max_json_depth)
         raise ShardError(
             shard.url, "has no JSON lines to infer a schema from", "pass ReadOptions(schema=...)"
         )
@@ -89,13 +91,25 @@ class JsonlFormat(UncountedFormat):
         return _JsonlReader(ctx, self.opener())
 
 
+def _inferred(chunk: bytes, max_depth: int) -> pa.Schema:
+    """The schema of ``chunk``'s lines, integers past int64 as ``uint64``
+    (:func:`ingest.formats.big_integers.exact`)."""
+    table = _parse(chunk, None, None, max_depth)
+    return exact(table, lambda schema: _parse(chunk, schema, None, max_depth)).schema
+
+
 def _declaration(stream: pa.Schema | None, line: bytes) -> str | None:
     """The declared schema that reads the stream's rows and ``line``'s
     (:func:`ingest.formats.conform.declaration`), or None."""
     if stream is None:
         return None
+
+    def read(schema: pa.Schema | None) -> pa.Table:
+        parse = pj.ParseOptions(explicit_schema=schema)
+        return pj.read_json(pa.BufferReader(line), parse_options=parse)
+
     try:
-        seen = pj.read_json(pa.BufferReader(line)).schema
+        seen = exact(read(None), read).schema
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     return declaration(stream, seen)
