@@ -337,3 +337,79 @@ def test_the_rest_of_a_unit_consumed_in_part_leads_a_lane() -> None:
     assert unit_rest(_lane_plan([Span(0, 10, 20), Span(0, 30, 1 << 62)], None, None), [0, 1]) == (
         10 + (1 << 62) - 30
     )
+
+
+def test_every_lane_starts_reading_at_once(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A window takes rows from each lane in turn, and a lane was opened when first taken:
+    its thread began reading then, and the window waited for its first read before the
+    next lane's thread began. Over a store 50 ms away, a first window of 20 shards on 16
+    lanes sent its 21 requests one after another (2.1 s to the first batch, the whole epoch
+    of rows fitting one window). Now every lane is opened as the window begins, and their
+    first reads go side by side (0.3 s): here each lane's first read waits until every
+    lane's has begun (a barrier; one after another, the first waits alone and fails), and
+    the epoch still has every row once."""
+    import threading
+    from collections import Counter
+
+    import pyarrow.parquet as pq
+
+    import ingest
+    from ingest.engine.lanes import LaneReader
+
+    for k in range(4):
+        table = pa.table({"id": list(range(k * 50, k * 50 + 50))})
+        pq.write_table(table, tmp_path / f"{k}.parquet")
+    barrier = threading.Barrier(4, timeout=20)
+    read_ranges = LaneReader._read_ranges
+    first: set[int] = set()
+
+    def side_by_side(self: LaneReader, ctx: Any, shard: int, *args: Any) -> Any:
+        if shard not in first:
+            first.add(shard)
+            barrier.wait()  # every lane's first read has begun
+        yield from read_ranges(self, ctx, shard, *args)
+
+    monkeypatch.setattr(LaneReader, "_read_ranges", side_by_side)
+    stream = ingest.Stream(str(tmp_path), batch_size=16, shuffle_seed=0, shuffle_lanes=4)
+    ids = Counter(i for batch in stream for i in batch["id"].tolist())
+    assert len(first) == 4
+    carried = 200 % 16
+    assert len(ids) == 200 - carried and set(ids.values()) == {1}
+
+
+@pytest.mark.parametrize(("fit", "opened"), [(2, 2), (0, 1), (None, 4)])
+def test_lanes_start_side_by_side_within_the_read_ahead_budget(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, fit: int | None, opened: int
+) -> None:
+    """Lanes read side by side hold their first reads at once, each decoded (twice over)
+    at once: a first window of 8 lanes of 64 MiB row groups peaked at 1.5 GiB where one
+    lane at a time held 0.6 (``test_memory``). So lanes start together only while three
+    times their first reads' bytes fit ``ReadOptions.prefetch_bytes``: here a budget of
+    ``fit`` lanes opens that many as the first window begins (the first lane whatever its
+    size; no budget: all), the others when taken, and the rows are the same."""
+    import pyarrow.parquet as pq
+
+    import ingest
+    from ingest.engine.lanes import LaneReader
+
+    for k in range(4):
+        pq.write_table(
+            pa.table({"id": list(range(k * 50, k * 50 + 50))}), tmp_path / f"{k}.parquet"
+        )
+    sizes = {p.stat().st_size for p in tmp_path.iterdir()}
+    budget = None if fit is None else 3 * max(sizes) * fit + 1
+    started: list[int] = []
+    start = LaneReader.start
+
+    def counted(self: LaneReader, lanes: Any) -> None:
+        start(self, lanes)
+        started.append(sum(lane.reader is not None for lane in lanes))
+
+    monkeypatch.setattr(LaneReader, "start", counted)
+    read = ingest.ReadOptions(prefetch_bytes=budget)
+    stream = ingest.Stream(str(tmp_path), batch_size=16, shuffle_seed=0, shuffle_lanes=4, read=read)
+    ids = sorted(i for batch in stream for i in batch["id"].tolist())
+    assert started[0] == opened
+    monkeypatch.setattr(LaneReader, "start", start)
+    alone = ingest.Stream(str(tmp_path), batch_size=16, shuffle_seed=0, shuffle_lanes=4, read=read)
+    assert ids == sorted(i for batch in alone for i in batch["id"].tolist())

@@ -260,6 +260,7 @@ class Feed:
         per_lane = max(1, self._window_rows // len(self._lanes))
         while any(lane.at is not None for lane in self._lanes):
             start = self._cursor(index)
+            self._reader.start(self._lanes)  # every lane reads while the first is taken
             pieces: list[tuple[Span, Piece]] = []
             for lane in self._lanes:
                 pieces.extend(self._reader.take(lane, per_lane if index else self._first(lane)))
