@@ -9,7 +9,8 @@ import os
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import IO, Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, TypeVar
 from urllib.parse import urlsplit
 
 import fsspec
@@ -243,13 +244,20 @@ class Source:
             ConfigError: If :attr:`format` names no format, or a file named explicitly has
                 no known format.
         """
+        # A listing is of the store now: s3fs and gcsfs keep directory listings, and a
+        # shard written since the last listing would be listed but refused by open().
+        for fs in {id(fs): fs for fs in map(self.filesystem, self.urls)}.values():
+            fs.invalidate_cache()
+
+        def one(url: str) -> tuple[list[Shard], dict[str, TableVersion]]:
+            tables: dict[str, TableVersion] = {}
+            return list_url(self, url, formats, listings, tables, at), tables
+
         found: dict[str, Shard] = {}
         tables: dict[str, TableVersion] = {}
-        for url in self.urls:
-            # A listing is of the store now: s3fs and gcsfs keep directory listings, and a
-            # shard written since the last listing would be listed but refused by open().
-            self.filesystem(url).invalidate_cache()
-            for shard in list_url(self, url, formats, listings, tables, at):
+        for shards, more in _side_by_side(one, self.urls):
+            tables.update(more)
+            for shard in shards:
                 found.setdefault(shard.url, shard)
         self.tables = tables
         return [found[u] for u in sorted(found)]
@@ -513,3 +521,22 @@ def _worst(kept: BaseException | None, new: BaseException) -> BaseException:
 def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     protocol = fs.protocol
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
+
+
+_LISTING_THREADS = 16
+"""URLs of one source listed at once (:func:`_side_by_side`)."""
+
+T = TypeVar("T")
+
+
+def _side_by_side(list_one: Callable[[str], T], urls: Sequence[str]) -> list[T]:
+    """``list_one`` of every URL, in their order, up to :data:`_LISTING_THREADS` at once:
+    a list of shard URLs (``data_files=[...]``, an index file's lines) is a request each,
+    and one after another 64 of them on a store 50 ms away took 3.7 s at every listing
+    (0.1 s for the directory that holds them). The first URL's error in order is raised,
+    once the URLs listing then have answered."""
+    if len(urls) < 2:
+        return [list_one(url) for url in urls]
+    threads = min(_LISTING_THREADS, len(urls))
+    with ThreadPoolExecutor(threads, thread_name_prefix="ingest-listing") as pool:
+        return list(pool.map(list_one, urls))
