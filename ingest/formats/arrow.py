@@ -30,6 +30,10 @@ from ingest.formats.base import (
 from ingest.storage.sources import Shard, Source
 
 _MAGIC = b"ARROW1"
+_INSPECT_BYTES = 64 << 10
+"""Read-ahead of the reads that list a shard (its schema, its rows)."""
+_WHOLE_BYTES = 1 << 20
+"""A shard this small is read whole to be listed: one request."""
 _FIX = "check that the object is a complete Arrow IPC file or stream, or pass format="
 
 
@@ -39,7 +43,14 @@ class ArrowFormat(Format):
     empty_is_valid = False
 
     def inspect(self, source: Source, shard: Shard, options: ReadOptions) -> ShardInfo:
-        with source.open(shard, part=True) as f:
+        # A stream's schema, a file's footer and its record batches' metadata (count_rows)
+        # are small reads: each was a request. A small shard is read whole (one request);
+        # a larger one a little ahead (its large record batches are still a request each:
+        # a batch's metadata is its body's length away from the next one's).
+        with source.open(shard, part=True, block_size=_INSPECT_BYTES) as opened:
+            f: Any = opened
+            if shard.size <= _WHOLE_BYTES:
+                f = pa.BufferReader(opened.read())
             head = f.read(len(_MAGIC))
             try:
                 if head == _MAGIC:
@@ -62,7 +73,9 @@ class _ArrowReader(ShardReader):
         super().__init__(ctx)
         assert ctx.info.schema is not None
         check_schema(ctx.shard.url, ctx.info.schema, ctx.schema, ctx.schema_origin, ctx.columns)
-        self._file = ctx.source.open(ctx.shard)
+        # Read ahead ``block_bytes``: pyarrow reads a message's length, metadata and body
+        # apart, each a request without a buffer (4 a record batch of a stream, 1 of a file).
+        self._file = ctx.source.open(ctx.shard, block_size=ctx.options.block_bytes)
 
     def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
         batches = (

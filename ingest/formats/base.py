@@ -44,8 +44,8 @@ class ReadOptions:
     """How shards are read. One instance serves every format.
 
     Attributes:
-        block_bytes: Line formats: bytes read and parsed per chunk. WebDataset: read-ahead
-            buffer size.
+        block_bytes: Line formats: bytes read and parsed per chunk. WebDataset and Arrow
+            IPC: read-ahead buffer size.
         max_line_bytes: Line formats (JSONL, CSV): longest line allowed, its newline not
             counted. A longer line is a :class:`~ingest.core.errors.ShardError` naming its
             offset, found after reading at most this many bytes of it, not an out-of-memory.
