@@ -267,8 +267,14 @@ class LineReader(ShardReader):
         return Newlines()
 
     def header(self) -> bytes | None:
-        """Bytes of a header line to drop from the first chunk (CSV), or None."""
+        """Bytes of a header line to drop from the first chunk (CSV), or None; a read from
+        inside the shard asks it first (the header is checked before any row is read)."""
         return None
+
+    def header_of(self, chunk: bytes) -> bytes | None:
+        """:meth:`header` as the shard's first ``chunk`` holds it: a read from the first
+        byte takes it from there, not in a request of its own."""
+        return self.header()
 
     def opener(self) -> Opener | None:
         """What opens the shard for a read from its first byte (:func:`iter_chunks`); None:
@@ -313,7 +319,8 @@ class LineReader(ShardReader):
             self.record_ends,
             self.opener(),
         )
-        header = self.header()
+        if offset:
+            self.header()  # read apart and checked (CSV): no chunk holds it
         while True:
             try:
                 chunk_offset, chunk = next(chunks)
@@ -325,7 +332,8 @@ class LineReader(ShardReader):
                     e.url, e.problem, e.fix, row=row, line=line, byte=e.byte
                 ) from None
             body, skip = chunk, 0
-            if chunk_offset == 0 and header is not None:
+            header = self.header_of(chunk) if chunk_offset == 0 else None
+            if header is not None:
                 skip = len(header)
                 body = chunk[skip:]
                 if line is not None:

@@ -332,24 +332,11 @@ class _CsvReader(LineReader):
         self._delimiter = delimiter
         self._parse = _parse_options(delimiter)
         self._header: bytes | None = None
+        """The shard's header line, once read (None: none yet, or none: ``column_names``)."""
+        self._headed = column_names is None
+        """Whether the shard has a header line (not ``column_names``)."""
         if column_names is not None:  # no header: every record is a row
-            names = column_names
-        else:
-            self._header = _first_record(ctx.source, ctx.shard, ctx.options, delimiter)
-            names = (
-                pcsv.read_csv(pa.BufferReader(self._header), parse_options=self._parse).column_names
-                if self._header
-                else []
-            )
-        if names != schema.names:
-            raise SchemaMismatchError(
-                ctx.shard.url,
-                f"header {names} differs from {ctx.schema_origin}'s {schema.names}",
-                "make the shards agree or read them as separate streams",
-                line=1,
-                byte=0,
-            )
-        check_columns(ctx.shard.url, ctx.columns, names)  # pyarrow's error names no shard
+            self._check(column_names)
         self._read_options = pcsv.ReadOptions(column_names=schema.names, use_threads=False)
         self._convert = pcsv.ConvertOptions(
             column_types=schema,
@@ -360,7 +347,42 @@ class _CsvReader(LineReader):
         return CsvRecords(self._delimiter)
 
     def header(self) -> bytes | None:
+        if self._headed and self._header is None:
+            first = _first_record(
+                self.ctx.source, self.ctx.shard, self.ctx.options, self._delimiter
+            )
+            self._took(first)
         return self._header
+
+    def header_of(self, chunk: bytes) -> bytes | None:
+        if self._headed and self._header is None:
+            self._took(split_records(chunk, self._delimiter)[0] if chunk else b"")
+        return self._header
+
+    def _took(self, header: bytes) -> None:
+        """The shard's header line, its names checked against the stream's."""
+        names = (
+            pcsv.read_csv(pa.BufferReader(header), parse_options=self._parse).column_names
+            if header
+            else []
+        )
+        self._check(names)
+        self._header = header
+
+    def _check(self, names: list[str]) -> None:
+        """Refuse a shard whose columns (its header's, or ``column_names``) are not the
+        stream's."""
+        ctx = self.ctx
+        assert ctx.schema is not None
+        if names != ctx.schema.names:
+            raise SchemaMismatchError(
+                ctx.shard.url,
+                f"header {names} differs from {ctx.schema_origin}'s {ctx.schema.names}",
+                "make the shards agree or read them as separate streams",
+                line=1,
+                byte=0,
+            )
+        check_columns(ctx.shard.url, ctx.columns, names)  # pyarrow's error names no shard
 
     def split(self, body: bytes) -> list[bytes]:
         return split_records(body, self._delimiter)
