@@ -379,3 +379,27 @@ def test_a_missing_object_fails_at_once_without_retries(
             FORMAT_RESOLVER
         )
     assert time.monotonic() - start < 5 and source.stats.retries == 0
+
+
+def test_requests_to_s3_go_more_than_ten_at_once(s3: LoopbackS3) -> None:
+    """botocore keeps 10 connections to a store by default (``max_pool_connections``): the
+    16 lanes of a feed, the 16 threads that read footers and a folder unit's 16 files at
+    once waited for one of 10. An image folder of 128 files 50 ms away fetched 32 at once,
+    each in 0.30 s, 0.24 of it waiting for a connection. A source's S3 filesystem now keeps
+    up to 64 (``config_kwargs`` given in ``storage_options`` still win): here 32 reads sent
+    at once, each held 0.2 s by the proxy, are all in flight together."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = "ingest-test/pool-connections"
+    fs = s3.filesystem()
+    paths = [f"{root}/f{n:02d}" for n in range(32)]
+    for path in paths:
+        fs.pipe(path, b"x" * 100)
+    with FaultProxy(s3.endpoint, Faults(latency_s=0.2)) as proxy:
+        url = f"s3://{root}/"
+        ours = Source(url, storage_options=s3.storage_options(endpoint=proxy.endpoint))
+        theirs = ours.filesystem(url)
+        with ThreadPoolExecutor(len(paths)) as pool:
+            assert list(pool.map(theirs.cat_file, paths)) == [b"x" * 100] * len(paths)
+        peak = proxy.peak_in_flight()
+    assert peak >= 24, peak

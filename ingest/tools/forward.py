@@ -51,6 +51,7 @@ class ForwardingServer(ThreadingHTTPServer):
     """
 
     daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 dropped connections a store would take
 
     def __init__(self, port: int, upstream: str, handler: type[ForwardingHandler]) -> None:
         self.upstream = parse_upstream(upstream)

@@ -64,6 +64,10 @@ def parse_storage_options(pairs: Sequence[str]) -> dict[str, Any]:
     return out
 
 
+S3_CONNECTIONS = 64
+"""Connections an S3 filesystem keeps to its store (botocore's default: 10)."""
+
+
 def fs_options(
     protocol: str,
     storage_options: Mapping[str, Any],
@@ -79,6 +83,9 @@ def fs_options(
             "read_timeout": policy.read_timeout_s,
             # One attempt per call: retries are this source's, under one deadline.
             "retries": {"total_max_attempts": 1, "mode": "standard"},
+            # botocore's 10 connections held back a feed's 16 lanes, the 16 footer
+            # threads and a folder unit's 16 files at once (each waited for one).
+            "max_pool_connections": S3_CONNECTIONS,
             **options.get("config_kwargs", {}),
         }
         if userinfo is not None and "key" not in options:

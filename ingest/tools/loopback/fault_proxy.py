@@ -90,6 +90,9 @@ class _FaultServer(ForwardingServer):
         self.counts = dict.fromkeys(("requests", *FAULT_KINDS), 0)
         self.before = 0
         """Faults injected before :attr:`faults` were set (``limit`` counts from there)."""
+        self.in_flight = 0
+        self.peak = 0
+        """The most requests in flight at once (received, not answered yet)."""
 
     def draw(self, method: str, ranged: bool) -> str | None:
         """Count a request and pick its fault, if any."""
@@ -114,6 +117,16 @@ class _FaultHandler(ForwardingHandler):
 
     def forward(self) -> None:
         server = cast(_FaultServer, self.server)
+        with server.lock:
+            server.in_flight += 1
+            server.peak = max(server.peak, server.in_flight)
+        try:
+            self._forward(server)
+        finally:
+            with server.lock:
+                server.in_flight -= 1
+
+    def _forward(self, server: _FaultServer) -> None:
         body = self.read_body()
         fault = server.draw(self.command, "Range" in self.headers)
         if server.faults.latency_s and server.stopping.wait(server.faults.latency_s):
@@ -193,6 +206,11 @@ class FaultProxy:
         """Requests received and faults injected so far, by kind (see :class:`Faults`)."""
         with self._server.lock:
             return dict(self._server.counts)
+
+    def peak_in_flight(self) -> int:
+        """The most requests this proxy held at once (received and not yet answered)."""
+        with self._server.lock:
+            return self._server.peak
 
     def injected(self) -> int:
         """Faults injected so far, all kinds."""
