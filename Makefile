@@ -87,6 +87,7 @@ bench: $(STAMP) compile peers
 	$(PY) benchmarks/bad_input.py
 	$(PY) benchmarks/index_start.py
 	$(PY) benchmarks/listing_scale.py
+	$(PY) benchmarks/store_latency.py
 	$(PY) benchmarks/model_soak.py --minutes 1
 
 clean:
