@@ -89,7 +89,10 @@ def test_second_job_reads_no_shard_to_index(store: Store, tmp_path: Path, fmt: s
     again = again_cat.scan(index=True)
     assert again_store.stats.hits == SHARDS and again_store.stats.misses == 0
     assert again_store.stats.written == 0
-    assert again_cat.source.stats.as_dict() == plain_source.stats.as_dict()
+    if fmt == "arrows":  # its inspection is kept in the index too: no shard opened at all
+        assert again_cat.source.stats.opens == 0 < plain_source.stats.opens
+    else:
+        assert again_cat.source.stats.as_dict() == plain_source.stats.as_dict()
     assert indexes(again) == indexes(first)
     assert_plain_ints(again)
     if fmt != "arrows":  # IPC streams have no seek points
@@ -159,6 +162,31 @@ def test_second_job_reads_no_parquet_footer(store: Store, tmp_path: Path) -> Non
     third = third_cat.scan()
     assert third_cat.source.stats.opens == 1 and third_store.stats.footer_hits == SHARDS - 1
     assert third.infos[0].blocks == (0,) and third_store.stats.footer_writes == 1
+
+
+@pytest.mark.parametrize("fmt", ["arrow", "arrows"])
+def test_second_job_inspects_no_arrow_shard(store: Store, tmp_path: Path, fmt: str) -> None:
+    """An Arrow IPC shard's inspection (its schema; a file's rows) was not kept in the shard
+    index, so every new job opened every shard again before its first batch (a request
+    each, on a store far away). It is kept now, as a Parquet footer is: a restarted job
+    opens none, and a shard rewritten in place is inspected again."""
+    write_dataset(store.fs, store.url("d"), fmt, SHARDS, 200, row_group_rows=50)
+    first_cat, first_store = catalog(store, str(tmp_path / "idx"))
+    first = first_cat.scan()
+    assert first_cat.source.stats.opens == SHARDS and first_store.stats.footer_writes == SHARDS
+    again_cat, again_store = catalog(store, str(tmp_path / "idx"))
+    again = again_cat.scan()
+    assert again_cat.source.stats.opens == 0 and again_cat.source.stats.bytes_read == 0
+    assert (again_store.stats.footer_hits, again_store.stats.footer_writes) == (SHARDS, 0)
+    assert [(i.rows, i.meta, i.schema) for i in again.infos] == [
+        (i.rows, i.meta, i.schema) for i in first.infos
+    ]
+    time.sleep(0.01)  # another modification time (local), another ETag (S3)
+    store.fs.pipe(first.shards[0].url, encode(make_table(10_000, 300), fmt))
+    third_cat, third_store = catalog(store, str(tmp_path / "idx"))
+    third = third_cat.scan()
+    assert third_cat.source.stats.opens == 1 and third_store.stats.footer_hits == SHARDS - 1
+    assert third.infos[0].rows == (300 if fmt == "arrow" else None)
 
 
 @pytest.mark.parametrize("damage", ["not-json", "other-shard", "not-a-footer"])

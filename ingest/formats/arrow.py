@@ -8,6 +8,7 @@ shard.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -63,6 +64,28 @@ class ArrowFormat(Format):
                 raise ShardError(
                     shard.url, f"is not a readable Arrow IPC file or stream ({e})", _FIX, byte=0
                 ) from None
+
+    # The shard index keeps the inspection (ingest.planner.index.footers): a restarted job
+    # opens no shard before its first batch.
+    def footer_of(self, info: ShardInfo) -> bytes:
+        """``info`` as bytes: a JSON line (the rows, file or stream), then the schema as
+        an Arrow IPC message."""
+        assert info.schema is not None
+        head = json.dumps({"rows": info.rows, "kind": info.meta}).encode()
+        return head + b"\n" + bytes(info.schema.serialize().to_pybytes())
+
+    def from_footer(self, shard: Shard, footer: bytes) -> ShardInfo:
+        """:meth:`inspect`'s result again from :meth:`footer_of`'s bytes.
+
+        Raises:
+            ValueError: If the bytes are not :meth:`footer_of`'s (the entry is read again).
+        """
+        head, _, schema = footer.partition(b"\n")
+        got = json.loads(head)
+        rows, kind = got.get("rows"), got.get("kind")
+        if kind not in ("file", "stream") or not (rows is None or isinstance(rows, int)):
+            raise ValueError(f"not an Arrow IPC shard's inspection: {head[:80]!r}")
+        return ShardInfo(rows=rows, schema=ipc.read_schema(pa.py_buffer(schema)), meta=kind)
 
     def open(self, ctx: ReadContext) -> ShardReader:
         return _ArrowReader(ctx)

@@ -6,8 +6,9 @@ A catalog keeps inspections in memory for the epochs of one stream; a new proces
 restarted from its checkpoint) had none, and read every footer again: on small shards a
 footer read is the shard's last 64 KiB, the whole shard (7 restarts of an HTTP stream served
 11.3 times the data, against 1.2-1.6 times for an epoch). A format that can give its
-inspection back from bytes (a :class:`FooterFormat`: Parquet) has them kept here, under the
-shard's URL, size, version and format: a shard rewritten in place is inspected again.
+inspection back from bytes (a :class:`FooterFormat`: Parquet, Arrow IPC) has them kept
+here, under the shard's URL, size, version and format: a shard rewritten in place is
+inspected again.
 """
 
 from __future__ import annotations
