@@ -33,10 +33,8 @@ def test_each_format_reads_a_shard_in_a_request(s3: LoopbackS3) -> None:
     for fmt, got in out["first_batch"].items():
         assert got["seconds"] > 0.005, fmt  # at least a round trip
         # A listing, the first shard's first block where the schema is inferred (JSON
-        # Lines, CSV, tar), and a request a shard; an Arrow IPC shard is inspected by each
-        # new stream (a request: no footer kept in the shard index), and a file's footer is
-        # read at its end before its batches (2 more)
-        most = 2 + shards * {"arrow": 4, "arrows": 2}.get(fmt, 1)
+        # Lines, CSV, tar), and a request a shard
+        most = 2 + shards
         assert got["requests"] <= most, (fmt, got["requests"])
     assert out["url_list"]["requests"] <= 2 * shards  # a HEAD and a footer a URL
     assert "| parquet |" in bench.report(out)

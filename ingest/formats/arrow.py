@@ -98,7 +98,14 @@ class _ArrowReader(ShardReader):
         check_schema(ctx.shard.url, ctx.info.schema, ctx.schema, ctx.schema_origin, ctx.columns)
         # Read ahead ``block_bytes``: pyarrow reads a message's length, metadata and body
         # apart, each a request without a buffer (4 a record batch of a stream, 1 of a file).
-        self._file = ctx.source.open(ctx.shard, block_size=ctx.options.block_bytes)
+        # A shard within it is read whole, in one request: a file's footer is at its end,
+        # and reading it first (two requests) would leave the buffer there.
+        block = ctx.options.block_bytes
+        opened = ctx.source.open(ctx.shard, block_size=block)
+        self._file: Any = opened
+        if ctx.shard.size <= block:
+            with opened:
+                self._file = pa.BufferReader(opened.read())
 
     def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
         batches = (
