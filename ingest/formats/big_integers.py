@@ -18,6 +18,7 @@ to ``double``) and neither says when a value loses digits.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,6 +41,30 @@ def exact(table: pa.Table, read: Callable[[pa.Schema], pa.Table]) -> pa.Table:
         return table
 
 
+def exact_json(data: bytes) -> pa.Table:
+    """JSON Lines ``data`` with the types pyarrow infers, integers past int64 as ``uint64``
+    (:func:`exact`)."""
+    import pyarrow.json as pj
+
+    def read(schema: pa.Schema | None) -> pa.Table:
+        parse = pj.ParseOptions(explicit_schema=schema)
+        return pj.read_json(pa.BufferReader(data), parse_options=parse)
+
+    return exact(read(None), read)
+
+
+def exact_csv(data: bytes, read: Any = None, parse: Any = None) -> pa.Table:
+    """CSV ``data`` (``read``, ``parse``: pyarrow's ``ReadOptions`` and ``ParseOptions``, or
+    None) with the types pyarrow infers, integers past int64 as ``uint64`` (:func:`exact`)."""
+    import pyarrow.csv as pcsv
+
+    def again(schema: pa.Schema) -> pa.Table:
+        convert = pcsv.ConvertOptions(column_types=schema)
+        return pcsv.read_csv(pa.BufferReader(data), read, parse, convert)
+
+    return exact(pcsv.read_csv(pa.BufferReader(data), read, parse), again)
+
+
 def _unsigned(kind: pa.DataType, values: pa.ChunkedArray | pa.Array) -> pa.DataType:
     """``kind`` with each ``double`` whose ``values`` reach :data:`PAST_INT64` in magnitude
     made ``uint64``: at the top, in list items and in struct fields."""
@@ -59,4 +84,4 @@ def _unsigned(kind: pa.DataType, values: pa.ChunkedArray | pa.Array) -> pa.DataT
     return kind
 
 
-__all__ = ["PAST_INT64", "exact"]
+__all__ = ["PAST_INT64", "exact", "exact_csv", "exact_json"]

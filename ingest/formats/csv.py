@@ -41,7 +41,7 @@ from ingest.formats.base import (
     UncountedFormat,
     check_columns,
 )
-from ingest.formats.big_integers import exact
+from ingest.formats.big_integers import exact_csv
 from ingest.formats.conform import declaration
 from ingest.storage.sources import Shard, Source
 
@@ -238,7 +238,7 @@ class CsvFormat(UncountedFormat):
         header, lines = (b"", records) if names else (records[0], records[1:])
         read = pcsv.ReadOptions(column_names=names)
         try:
-            schema = _read_exact(chunk, read, parse).schema
+            schema = exact_csv(chunk, read, parse).schema
         except pa.ArrowInvalid as e:
             raise _locate(shard, header, lines, (), parse, names) or ShardError(
                 shard.url,
@@ -416,21 +416,10 @@ class _CsvReader(LineReader):
             return None
         read = pcsv.ReadOptions(column_names=self.ctx.schema.names)
         try:
-            seen = _read_exact(line, read, self._parse).schema
+            seen = exact_csv(line, read, self._parse).schema
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
             return None
         return declaration(self.ctx.schema, seen)
-
-
-def _read_exact(data: bytes, read: pcsv.ReadOptions, parse: pcsv.ParseOptions) -> pa.Table:
-    """``data`` read with the types pyarrow infers, integers past int64 as ``uint64``
-    (:func:`ingest.formats.big_integers.exact`)."""
-
-    def again(schema: pa.Schema) -> pa.Table:
-        convert = pcsv.ConvertOptions(column_types=schema)
-        return pcsv.read_csv(pa.BufferReader(data), read, parse, convert)
-
-    return exact(pcsv.read_csv(pa.BufferReader(data), read, parse), again)
 
 
 def _describe(line: bytes, error: Exception) -> tuple[str, str]:

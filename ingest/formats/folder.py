@@ -355,25 +355,15 @@ def _metadata_index(source: Source, meta: Shard) -> tuple[pa.Table, dict[str, in
 
 
 def _parse_metadata(meta: Shard, data: bytes) -> pa.Table:
-    import pyarrow.csv as pcsv
-    import pyarrow.json as pj
     import pyarrow.parquet as pq
 
-    from ingest.formats.big_integers import exact
+    from ingest.formats.big_integers import exact_csv, exact_json
 
-    def json_as(schema: pa.Schema | None) -> pa.Table:
-        parse = pj.ParseOptions(explicit_schema=schema)
-        return pj.read_json(pa.BufferReader(data), parse_options=parse)
-
-    def csv_as(schema: pa.Schema | None) -> pa.Table:
-        convert = pcsv.ConvertOptions(column_types=schema)
-        return pcsv.read_csv(pa.BufferReader(data), convert_options=convert)
-
-    try:
+    try:  # integers past int64 as uint64
         if meta.url.endswith(".jsonl"):
-            return exact(json_as(None), json_as)  # integers past int64 as uint64
+            return exact_json(data)
         if meta.url.endswith(".csv"):
-            return exact(csv_as(None), csv_as)
+            return exact_csv(data)
         return pq.read_table(pa.BufferReader(data))
     except pa.ArrowInvalid as e:
         raise ShardError(

@@ -35,7 +35,7 @@ from ingest.formats.base import (
     UncountedFormat,
     check_columns,
 )
-from ingest.formats.big_integers import exact
+from ingest.formats.big_integers import exact, exact_json
 from ingest.formats.conform import declaration
 from ingest.storage.sources import Shard, Source
 
@@ -103,13 +103,8 @@ def _declaration(stream: pa.Schema | None, line: bytes) -> str | None:
     (:func:`ingest.formats.conform.declaration`), or None."""
     if stream is None:
         return None
-
-    def read(schema: pa.Schema | None) -> pa.Table:
-        parse = pj.ParseOptions(explicit_schema=schema)
-        return pj.read_json(pa.BufferReader(line), parse_options=parse)
-
     try:
-        seen = exact(read(None), read).schema
+        seen = exact_json(line).schema
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     return declaration(stream, seen)
