@@ -465,23 +465,46 @@ def test_a_stream_hands_out_hugging_face_array_features_as_tensors(tmp_path: Pat
     assert sorted(seen) == list(range(n))
 
 
-def test_the_first_batch_imports_no_pandas(local: Store) -> None:
-    """pyarrow's Array.to_numpy imports pandas to ask whether it may help: 0.4-0.8 s of CPU
-    on the first batch of every process that converts (a resumed rank's first batch among
-    them), for a library the conversion never uses (issue 32)."""
+FIRST_BATCH = {
+    "parquet": "s = ingest.Stream(root + '/parquet', batch_size=64, shuffle_seed=0)\n",
+    "packing": (
+        "s = ingest.Stream(root + '/*.jsonl', batch_size=2, shuffle_seed=0,\n"
+        "    transform=ingest.Tokenize(lambda ts: [[len(w) for w in t.split()] for t in ts],\n"
+        "        eos_id=0),\n"
+        "    pack=ingest.Pack(seq_len=16, read_rows=8))\n"
+    ),
+    "imagefolder": (
+        "s = ingest.Stream(root + '/pets/', format='imagefolder', batch_size=4, shuffle_seed=0)\n"
+    ),
+}
+"""A first batch of each kind of stream, built over ``root`` (see the test below)."""
+
+
+@pytest.mark.parametrize("kind", sorted(FIRST_BATCH))
+def test_the_first_batch_imports_no_pandas(kind: str, local: Store, tmp_path: Path) -> None:
+    """pyarrow imports pandas to ask whether an argument is a pandas object (``Array.to_numpy``,
+    ``pa.array``, a Python scalar given to a compute function): 0.4-0.8 s of CPU on the first
+    batch of every process that reads (a resumed rank's, a reader actor's), for a library
+    the stream never uses (issue 32). Plain rows, a packing stream's documents (their input
+    rows kept beside them) and a folder's files each make Arrow arrays of their own."""
     import subprocess
     import sys
 
+    from ingest.testing import write_image_folder
+
     write(local, "parquet")
+    (tmp_path / "t.jsonl").write_text(
+        "".join(json.dumps({"text": f"doc {i} " + "word " * (i % 7)}) + "\n" for i in range(40))
+    )
+    write_image_folder(local.fs, local.url("pets"), ["cat", "dog"], 3)
     code = (
         "import sys, ingest\n"
-        "s = ingest.Stream(sys.argv[1], batch_size=64, shuffle_seed=0)\n"
-        "b = next(iter(s))\n"
-        "assert b['id'].dtype.is_floating_point is False and b['tokens'].ndim == 2, b\n"
+        "root = sys.argv[1]\n" + FIRST_BATCH[kind] + "b = next(iter(s))\n"
+        "assert len(b), b\n"
         "print('pandas' in sys.modules)\n"
     )
     out = subprocess.run(
-        [sys.executable, "-c", code, local.url("parquet")],
+        [sys.executable, "-c", code, local.root],
         capture_output=True,
         text=True,
         timeout=120,

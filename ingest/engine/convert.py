@@ -33,6 +33,7 @@ import torch
 
 from ingest.core.errors import ConfigError
 from ingest.engine.tensor_types import NULL_FIX, hf_array_shape, is_number_list
+from ingest.formats.arrays import view
 
 # Arrow buffers are immutable, so numpy views of them are read-only and torch warns once per
 # conversion that it will not enforce that. Zero-copy is the point here; the module
@@ -54,21 +55,7 @@ def _numeric(arr: pa.Array, name: str) -> torch.Tensor:
         )
     if pa.types.is_boolean(arr.type):
         return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
-    return torch.from_numpy(_view(arr))
-
-
-def _view(arr: pa.Array) -> np.ndarray[Any, Any]:
-    """A numpy view of a fixed-width array with no nulls, over its data buffer.
-
-    ``Array.to_numpy`` would do the same, after importing pandas to ask whether it may help:
-    0.4-0.8 s on the first batch of every process that converts (a resumed rank's first
-    batch among them), for a library the conversion never uses.
-    """
-    dtype = np.dtype(arr.type.to_pandas_dtype())
-    data = arr.buffers()[1]
-    if data is None or not len(arr):
-        return np.empty(0, dtype=dtype)
-    return np.frombuffer(data, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+    return torch.from_numpy(view(arr))
 
 
 def column_to_torch(

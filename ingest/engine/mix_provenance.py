@@ -59,6 +59,7 @@ from ingest.engine.provenance import (
     step_span,
     steps_logged,
 )
+from ingest.formats.arrays import ints, strings
 
 FOLD_STEPS = 64
 """Mixed steps a rank holds before its chunk is written (behind the loop)."""
@@ -211,13 +212,13 @@ class MixLog:
     def _chunk(self, part: list[tuple[int, list[tuple[str, int]]]]) -> bytes:
         rows = [(step, slot, s, k) for step, picks in part for slot, (s, k) in enumerate(picks)]
         n = len(rows)
-        table = pa.table(
+        table = pa.Table.from_arrays(
             [
-                pa.array([r[0] for r in rows], pa.int64()),
-                pa.array(np.full(n, self.rank, dtype=np.int32)),
-                pa.array([r[1] for r in rows], pa.int32()),
-                pa.array([r[2] for r in rows], pa.string()).dictionary_encode(),
-                pa.array([r[3] for r in rows], pa.int64()),
+                ints([r[0] for r in rows]),
+                ints(np.full(n, self.rank), pa.int32()),
+                ints([r[1] for r in rows], pa.int32()),
+                strings([r[2] for r in rows]).dictionary_encode(),
+                ints([r[3] for r in rows]),
             ],
             schema=_SCHEMA,
         )

@@ -59,6 +59,7 @@ from ingest.engine.interrupts import commit
 from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.pack_settings import ORIGIN, Pack, with_origin
 from ingest.engine.tokenize import EOS_KEY
+from ingest.formats.arrays import numbers
 
 if TYPE_CHECKING:  # convert imports torch, which the Ray readers of a packing stream need not
     from ingest.engine.convert import Batch
@@ -146,9 +147,11 @@ def tokens_of(table: pa.Table, pack: Grouping) -> tuple[npt.NDArray[np.int64], n
     lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
     if not any(is_list(kind) for is_list in lists):
         raise ConfigError(f"{name}(column={column!r}) is {ids.type}, not a list of token ids")
-    lengths = pc.list_value_length(ids).fill_null(0).to_numpy().astype(np.int64)
-    flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False)
-    return lengths, flat
+    lengths = pc.list_value_length(ids)
+    if lengths.null_count:  # null lists: no token (a Python 0 imports pandas: only here)
+        lengths = lengths.fill_null(0)
+    flat = numbers(pc.list_flatten(ids))
+    return numbers(lengths).astype(np.int64), flat
 
 
 class PackedRank:
@@ -426,7 +429,7 @@ class PackedRank:
         self._last_read = item.step
         if self._pad is None:
             self._pad = pad_of(self.pack, table)
-        origin = table.column(ORIGIN).to_numpy()
+        origin = numbers(table.column(ORIGIN))
         lengths, flat = tokens_of(table, self.pack)
         ends = np.cumsum(lengths)
         step = _Step(item, self._serial)

@@ -15,6 +15,7 @@ from ingest.core.packing import Method, Packer, collate
 from ingest.core.validate import COUNT, check_numbers
 from ingest.engine.grouping import Collated, Documents, Group, Grouping
 from ingest.engine.transform import parallel_batches, staged
+from ingest.formats.arrays import ints
 
 MAX_SEQ_LEN = 1 << 24
 """The longest sequence :class:`Pack` makes (16,777,216 tokens): longer is a mistake, not a
@@ -133,7 +134,7 @@ class _WithOrigin:
                     "packing cuts documents itself; pass Pack whole documents (filter "
                     "them if need be, do not split them)"
                 )
-        return out.append_column(ORIGIN, pa.array(origin.astype(np.int64), pa.int64()))
+        return out.append_column(ORIGIN, ints(origin))
 
 
 def check_read(pack: Grouping | None, read: Any) -> None:

@@ -37,6 +37,7 @@ from ingest.core.errors import ConfigError, LocationError, redact
 from ingest.core.provenance import PIECE_WIDTH, Attempt, StepRows, authoritative
 from ingest.core.skipping import SkipRows, apply_skip
 from ingest.core.state import StreamState, read_state
+from ingest.formats.arrays import ints, strings
 
 BUCKET_STEPS = 4096
 """Steps per folder of chunks: a lookup lists one folder (and the one before, for chunks
@@ -343,21 +344,18 @@ def _chunk(part: Sequence[tuple[int, int, int, Sequence[str], StepRows]]) -> byt
         names.append(urls[shard] if shard < len(urls) else f"shard {shard}")
     step = np.repeat(np.fromiter((h[0] for h in part), dtype=np.int64, count=n), lens)
     columns = [
-        pa.array(step),
-        pa.array(np.repeat(np.fromiter((h[1] for h in part), np.int32, n), lens)),
-        pa.array(np.repeat(np.fromiter((h[2] for h in part), np.int32, n), lens)),
-        pa.DictionaryArray.from_arrays(
-            pa.array(inverse.reshape(-1).astype(np.int32)), pa.array(names, pa.string())
-        ),
-        pa.array(rows[:, 1]),
-        pa.array((rows[:, 2] - rows[:, 1]).astype(np.int32)),
+        ints(step),
+        ints(np.repeat(np.fromiter((h[1] for h in part), np.int32, n), lens), pa.int32()),
+        ints(np.repeat(np.fromiter((h[2] for h in part), np.int32, n), lens), pa.int32()),
+        pa.DictionaryArray.from_arrays(ints(inverse.reshape(-1), pa.int32()), strings(names)),
+        ints(rows[:, 1]),
+        ints(rows[:, 2] - rows[:, 1], pa.int32()),
     ]
     kind = _SCHEMA
     if width == PIECE_WIDTH:  # a packing stream's pieces
         kind = _PIECES
-        sequence = pa.array(rows[:, 3].astype(np.int32))
-        columns += [sequence, pa.array(rows[:, 4]), pa.array(rows[:, 5])]
-    table = pa.record_batch(columns, schema=kind)
+        columns += [ints(rows[:, 3], pa.int32()), ints(rows[:, 4]), ints(rows[:, 5])]
+    table = pa.RecordBatch.from_arrays(columns, schema=kind)
     # A record batch per run of whole steps of BATCH_RUNS runs or more (compressing many
     # small buffers costs more than the bytes: 25 -> 5 ms a chunk of 64 steps of 1,024
     # rows), its steps in the schema's metadata: a lookup reads the footer and the record

@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError
 from ingest.engine.stage import RowError, Stage, Staged
+from ingest.formats.arrays import ints
 
 EOS_KEY = b"ingest.eos_id"
 """The id column's field metadata key holding ``eos_id``: a :class:`ingest.Pack` without a
@@ -149,11 +150,6 @@ def _sequence(value: Any) -> bool:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _int_array(values: npt.NDArray[Any], kind: pa.DataType) -> pa.Array:
-    """A numpy array as an Arrow array over its memory (``pa.array`` would import pandas)."""
-    return pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(values)])
 
 
 def _flat(
@@ -384,13 +380,11 @@ class Tokenize(Stage):
             lengths, flat = _flat(self.encode(texts), self.eos_id)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int32)
         np.cumsum(lengths, out=offsets[1:])
-        tokens = pa.ListArray.from_arrays(
-            _int_array(offsets, pa.int32()), _int_array(flat, pa.int32())
-        )
+        tokens = pa.ListArray.from_arrays(ints(offsets, pa.int32()), ints(flat, pa.int32()))
         meta = None if self.eos_id is None else {EOS_KEY: str(self.eos_id).encode()}
         field = pa.field(self.output, tokens.type, metadata=meta)
         out = table.select(list(self.keep)).append_column(field, tokens)
-        out = out.append_column("num_tokens", _int_array(lengths, pa.int64()))
+        out = out.append_column("num_tokens", ints(lengths, pa.int64()))
         return Staged(out, np.arange(table.num_rows, dtype=np.int64))
 
 

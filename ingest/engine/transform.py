@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError
 from ingest.engine.stage import Stage, Staged
+from ingest.formats.arrays import bools
 
 Transform = Callable[[pa.Table], Any] | type | Sequence[Callable[[pa.Table], Any] | type]
 """A function over a batch as an Arrow table, or a class whose instances are such functions
@@ -224,7 +225,7 @@ def split_failures(
     keep[[row for row, _ in bad]] = False
     if not keep.any():
         return output_of_no_rows(fn, table), bad
-    return fn(table.filter(pa.array(keep))), bad
+    return fn(table.filter(bools(keep))), bad
 
 
 __all__ = [

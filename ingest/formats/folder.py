@@ -52,6 +52,7 @@ from typing import ClassVar
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError, ShardError
+from ingest.formats.arrays import binaries, ints, record_batch, strings
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -248,15 +249,15 @@ class _FolderReader(ShardReader):
             datas = list(self._pool.map(self._fetch, range(row, end)))
             members = unit.members[row:end]
             columns: dict[str, pa.Array] = {
-                "path": pa.array([m.url for m in members], pa.string()),
-                self._column: pa.array(datas, pa.binary()),
+                "path": strings([m.url for m in members]),
+                self._column: binaries(datas),
             }
             if unit.metadata:
                 columns.update(self._metadata(members))
             else:
-                columns["label"] = pa.array(unit.labels[row:end], pa.int64())
-                columns["label_name"] = pa.array([class_of(m.url) for m in members], pa.string())
-            batch = pa.record_batch(columns)
+                columns["label"] = ints(unit.labels[row:end])
+                columns["label_name"] = strings([class_of(m.url) for m in members])
+            batch = record_batch(columns)
             yield RowBatch(row, select(batch, ctx.columns, unit.url, row))
             row = end
 

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from ingest.formats._lines import LineReader, not_utf8
+from ingest.formats.arrays import strings
 from ingest.formats.base import (
     ReadContext,
     ReadOptions,
@@ -58,7 +59,7 @@ def lines(chunk: bytes) -> pa.StringArray:
         pyarrow.ArrowInvalid: If a line is not UTF-8.
     """
     if not chunk:
-        return pa.array([], pa.string())
+        return strings([])
     data = np.frombuffer(chunk, np.uint8)
     breaks = np.flatnonzero(data == _NEWLINE)
     ends = breaks if chunk.endswith(b"\n") else np.append(breaks, len(data))

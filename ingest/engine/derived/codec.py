@@ -37,6 +37,7 @@ import pyarrow.compute as pc
 
 from ingest.core.errors import IngestError
 from ingest.engine.stage import Staged
+from ingest.formats.arrays import numbers
 
 MAGIC = b"IDRVCOD1"
 """The codec's first bytes; the digit is its version (a copy of another is not decoded)."""
@@ -159,7 +160,7 @@ def _decode(blob: memoryview) -> DerivedUnit:
     inputs, rows = int(header["inputs"]), int(header["rows"])
     schema = pa.ipc.read_schema(pa.py_buffer(sections["schema"]))
     table = _read(sections["table"]).cast(schema)
-    counts = _read(sections["counts"]).column("outputs").to_numpy().astype(np.int64)
+    counts = numbers(_read(sections["counts"]).column("outputs")).astype(np.int64)
     if len(counts) != inputs or int(counts.sum()) != rows or table.num_rows != rows:
         raise CorruptDerivedError(
             f"{len(counts)} input rows and {int(counts.sum())}/{table.num_rows} output rows, "
@@ -170,7 +171,7 @@ def _decode(blob: memoryview) -> DerivedUnit:
     if header["parts"]:
         parts = _read(sections["part"])
         part = np.stack(
-            [parts.column(c).to_numpy().astype(np.int64) for c in ("start", "stop")], axis=1
+            [numbers(parts.column(c)).astype(np.int64) for c in ("start", "stop")], axis=1
         ).reshape(-1, 2)
         if len(part) != rows:
             raise CorruptDerivedError(f"{len(part)} parts for {rows} output rows")

@@ -47,6 +47,7 @@ from ingest.engine.stage import Staged
 from ingest.engine.transform import staged
 from ingest.engine.window import Hole, SpanEnd, indices
 from ingest.formats import given_names, read_casts
+from ingest.formats.arrays import numbers
 from ingest.formats.base import ReadContext, RowBatch
 from ingest.formats.partitions import declared_partition_types
 from ingest.storage.sources.stats import IOStats
@@ -510,7 +511,7 @@ def _us(seconds: float) -> int:
 
 def refs_of(table: pa.Table) -> npt.NDArray[np.int64]:
     """The refs of a deriving feed's rows (the column :data:`REF` of ``table``)."""
-    return np.asarray(table.column(REF).to_numpy(), dtype=np.int64)
+    return numbers(table.column(REF)).astype(np.int64, copy=False)
 
 
 def _refs(base: int, n: int) -> pa.RecordBatch:

@@ -1,0 +1,95 @@
+"""Arrow arrays made from numpy arrays and Python lists without importing pandas.
+
+pyarrow's own constructors first ask whether their argument is a pandas object
+(``pa.array``, ``pa.record_batch`` of a dict, ``Array.to_numpy``, a Python scalar given to a
+compute function), and to ask, they import pandas: 0.4 to 0.8 s of CPU in the first batch of
+every process that reads (a reader actor, a ``DataLoader`` worker, a resumed rank), for a
+library the stream never uses. These build each array from its buffers instead; for numpy
+input they copy nothing. ``tests/test_stream.py::test_the_first_batch_imports_no_pandas``
+keeps the paths a first batch takes free of it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import pyarrow as pa
+
+_INT32_MAX = 2**31 - 1
+
+
+def ints(values: npt.ArrayLike, kind: pa.DataType | None = None) -> pa.Array:
+    """``values`` (integers) as an Arrow array of ``kind`` (default ``int64``) over their
+    memory when they are a contiguous numpy array of its width already (a copy otherwise)."""
+    kind = pa.int64() if kind is None else kind
+    data = np.ascontiguousarray(values, dtype=kind.to_pandas_dtype())
+    return pa.Array.from_buffers(kind, len(data), [None, pa.py_buffer(data)])
+
+
+def bools(values: npt.ArrayLike) -> pa.Array:
+    """``values`` (booleans, one per row) as an Arrow ``bool`` array (bits, packed)."""
+    data = np.asarray(values, dtype=bool)
+    bits = np.packbits(data, bitorder="little")
+    return pa.Array.from_buffers(pa.bool_(), len(data), [None, pa.py_buffer(bits)])
+
+
+def binaries(values: Sequence[bytes], kind: pa.DataType | None = None) -> pa.Array:
+    """``values`` (bytes) as one Arrow ``binary`` array (``large_binary`` when they pass
+    2 GiB together, or when ``kind`` says so): the bytes joined once, their offsets from
+    their lengths."""
+    return _joined(b"".join(values), [len(v) for v in values], kind or pa.binary())
+
+
+def strings(values: Sequence[str], kind: pa.DataType | None = None) -> pa.Array:
+    """``values`` (text) as one Arrow ``string`` array (``large_string`` past 2 GiB, or when
+    ``kind`` says so), UTF-8."""
+    encoded = [v.encode() for v in values]
+    return _joined(b"".join(encoded), [len(v) for v in encoded], kind or pa.string())
+
+
+def _joined(data: bytes, lengths: list[int], kind: pa.DataType) -> pa.Array:
+    large = pa.types.is_large_binary(kind) or pa.types.is_large_string(kind)
+    if not large and len(data) > _INT32_MAX:  # 32-bit offsets cannot point past 2 GiB
+        kind = pa.large_string() if pa.types.is_string(kind) else pa.large_binary()
+        large = True
+    offsets = np.zeros(len(lengths) + 1, dtype=np.int64 if large else np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    buffers: list[Any] = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(kind, len(lengths), buffers)
+
+
+def view(arr: pa.Array) -> npt.NDArray[Any]:
+    """A numpy view of a fixed-width array with no nulls (integers, floats), over its data
+    buffer (what ``Array.to_numpy`` gives, without importing pandas)."""
+    dtype = np.dtype(arr.type.to_pandas_dtype())
+    data = arr.buffers()[1]
+    if data is None or not len(arr):
+        return np.empty(0, dtype=dtype)
+    return np.frombuffer(data, dtype=dtype, count=len(arr), offset=arr.offset * dtype.itemsize)
+
+
+def numbers(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any]:
+    """A column of integers or floats as a numpy array: a view of one chunk without nulls
+    (:func:`view`), the chunks' views joined; any other column (nulls, another type) by
+    ``to_numpy``, which imports pandas."""
+    if isinstance(arr, pa.ChunkedArray):
+        if arr.num_chunks == 1:
+            return numbers(arr.chunk(0))
+        if arr.num_chunks == 0:
+            return numbers(pa.nulls(0, arr.type))
+        return np.concatenate([numbers(c) for c in arr.chunks])
+    kind = arr.type
+    if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and not arr.null_count:
+        return view(arr)
+    return np.asarray(arr.to_numpy(zero_copy_only=False))
+
+
+def record_batch(columns: dict[str, pa.Array]) -> pa.RecordBatch:
+    """Named arrays as a record batch (``pa.record_batch`` of a dict imports pandas)."""
+    return pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
+
+
+__all__ = ["binaries", "bools", "ints", "numbers", "record_batch", "strings", "view"]
