@@ -13,7 +13,10 @@ files and streams, WebDataset tar, text), ``--shards`` shards of ``--rows`` rows
 batches of 64) to its first batch, and the requests the store answered for it, listing
 included; the median of ``--repeat`` streams after one made first (the footers, the
 connections: a job's later epochs and restarts, not its very first listing). Then the same
-Parquet shards named as a list of URLs (``data_files=[...]``): the listing alone.
+Parquet shards named as a list of URLs (``data_files=[...]``): the listing alone. And with
+``--mix N`` (default 4; 0: none), the Parquet shards in ``N`` folders read as an
+``ingest.Mix`` of ``N`` sources of equal weights, to its first batch, beside one source of
+the same shards.
 
 Prints a table and, with ``--json PATH``, the figures. No goal: it shows what the store's
 latency costs (issue 32's peers keep shards on local disk). Before this script, on
@@ -21,10 +24,11 @@ latency costs (issue 32's peers keep shards on local disk). Before this script, 
 to the first batch (a window's lanes opened one after another), Arrow IPC streams 4.2 s (417
 requests: a request per read pyarrow made), CSV 0.87 s (66: the header read apart), a list
 of 64 URLs listed in 3.7 s (a HEAD each, one after another); with botocore's 10 connections,
-a feed's 16 lanes waited for one.
+a feed's 16 lanes waited for one. A mixture of 4 sources took 1.9 s to its first batch
+where one source took 0.45 (each source listed and read when first drawn).
 
     .venv/bin/python benchmarks/store_latency.py [--latency-ms 50] [--shards 32] [--rows 200]
-        [--formats parquet,jsonl,...] [--repeat 3] [--json PATH]
+        [--formats parquet,jsonl,...] [--mix 4] [--repeat 3] [--json PATH]
 """
 
 from __future__ import annotations
@@ -86,6 +90,10 @@ def measure(args: argparse.Namespace, s3: LoopbackS3 | None = None) -> dict[str,
     fs = s3.filesystem()
     for fmt in args.formats:
         write_dataset(fs, f"{BUCKET}/{fmt}", fmt, args.shards, args.rows)
+    for k in range(args.mix):
+        write_dataset(
+            fs, f"{BUCKET}/mix/{k}", "parquet", max(1, args.shards // args.mix), args.rows
+        )
     with FaultProxy(s3.endpoint, Faults(latency_s=args.latency_ms / 1000)) as proxy:
         options = s3.storage_options(endpoint=proxy.endpoint)
 
@@ -105,8 +113,31 @@ def measure(args: argparse.Namespace, s3: LoopbackS3 | None = None) -> dict[str,
         if "parquet" in args.formats:
             urls = [f"s3://{path}" for path in sorted(fs.find(f"{BUCKET}/parquet"))]
             out["url_list"] = median_of(args.repeat, lambda: listed(urls, options, requests))
+        if args.mix:
+            out["mix"] = mixture(args.mix, options, args.repeat, requests)
         out["peak_in_flight"] = proxy.peak_in_flight()
     return out
+
+
+def mixture(
+    n: int, options: dict[str, Any], repeat: int, requests: Callable[[], int]
+) -> dict[str, Any]:
+    """The first batch of an ``ingest.Mix`` of the ``n`` folders of Parquet shards, and of
+    the same shards read as one source."""
+    sources = {f"s{k}": f"s3://{BUCKET}/mix/{k}/" for k in range(n)}
+
+    def mixed() -> ingest.Stream:
+        mix = ingest.Mix(sources)
+        return ingest.Stream(mix, batch_size=64, shuffle_seed=0, storage_options=options)
+
+    def one() -> ingest.Stream:
+        url = f"s3://{BUCKET}/mix/"
+        return ingest.Stream(url, batch_size=64, shuffle_seed=0, storage_options=options)
+
+    many = median_of(repeat, lambda: first_batch(mixed, requests))
+    single = median_of(repeat, lambda: first_batch(one, requests))
+    _log(f"a mix of {n}: {many['seconds']:.2f} s, one source {single['seconds']:.2f} s")
+    return {"sources": n, "mixed": many, "one": single}
 
 
 def _log(message: str) -> None:
@@ -129,6 +160,14 @@ def report(out: dict[str, Any]) -> str:
             f"\nThe Parquet shards named as a list of {out['shards']} URLs, listed: "
             f"{got['seconds']:.2f} s, {got['requests']} requests"
         )
+    if "mix" in out:
+        got = out["mix"]
+        lines.append(
+            f"The Parquet shards in {got['sources']} folders, an ingest.Mix of "
+            f"{got['sources']} sources: {got['mixed']['seconds']:.2f} s to the first batch "
+            f"({got['mixed']['requests']} requests); read as one source: "
+            f"{got['one']['seconds']:.2f} s ({got['one']['requests']})"
+        )
     lines.append(f"Most requests in flight at once: {out['peak_in_flight']}")
     return "\n".join(lines)
 
@@ -139,6 +178,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--shards", type=int, default=32)
     parser.add_argument("--rows", type=int, default=200)
     parser.add_argument("--formats", type=lambda v: v.split(","), default=list(FORMATS))
+    parser.add_argument("--mix", type=int, default=4, help="sources of the mixture (0: none)")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)

@@ -37,4 +37,7 @@ def test_each_format_reads_a_shard_in_a_request(s3: LoopbackS3) -> None:
         most = 2 + shards
         assert got["requests"] <= most, (fmt, got["requests"])
     assert out["url_list"]["requests"] <= 2 * shards  # a HEAD and a footer a URL
-    assert "| parquet |" in bench.report(out)
+    # A mixture of 4 sources of a shard each: a listing and a shard each
+    assert out["mix"]["mixed"]["requests"] <= 2 * 4, out["mix"]
+    report = bench.report(out)
+    assert "| parquet |" in report and "an ingest.Mix of 4 sources" in report

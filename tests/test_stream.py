@@ -514,6 +514,37 @@ def test_the_first_batch_imports_no_pandas(kind: str, local: Store, tmp_path: Pa
     assert out.stdout.strip().splitlines()[-1] == "False"
 
 
+def test_a_loop_let_go_stops_its_read_ahead_at_once(local: Store) -> None:
+    """A loop dropped mid-epoch stops its read-ahead threads as it is let go, in the thread
+    that let it go. A loop whose generators referred back to it was freed by the collector
+    instead, later, in whatever thread it ran: one of its own read-ahead threads, which
+    then failed to join itself ("cannot join current thread", its threads left running)."""
+    import gc
+    import threading
+    import time
+
+    write(local, "parquet")
+
+    def ahead() -> list[str]:
+        return [t.name for t in threading.enumerate() if t.name.startswith("ingest-prefetch")]
+
+    before = set(ahead())
+    stream = make(local, transform=lambda t: t, batch_size=16, shuffle_seed=1)
+    loop = iter(stream)
+    next(loop)
+    assert set(ahead()) - before, "the stream reads ahead in threads"
+    gc.disable()  # freed by its references alone
+    try:
+        del loop
+        deadline = time.monotonic() + 10
+        while set(ahead()) - before and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not set(ahead()) - before, f"still reading ahead: {set(ahead()) - before}"
+    finally:
+        gc.enable()
+    stream.close()
+
+
 def test_leaving_a_loop_early_and_exiting_is_clean(s3: Any, s3_store: Store) -> None:
     """Regression: a read-ahead thread still running at exit used to abort the interpreter."""
     import subprocess

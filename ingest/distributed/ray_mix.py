@@ -98,7 +98,7 @@ class MixedRankIterator:
         from ingest.engine.convert import placed  # torch: on the rank, not the driver
 
         pin_memory, device = self.placement
-        batches = self.mixer.epoch_batches(self._pull)
+        batches = self.mixer.epoch_batches(self._pull, self.draws.begin)
         for batch in logged(batches, self.log, lambda: self.mixer.step, self._attempt):
             self._yielded += 1
             yield placed(batch, pin_memory, device)

@@ -241,6 +241,10 @@ class Feed:
         depth = read.prefetch if self.transform is not None else 0
         if depth and len(self._lanes) == 1:
             self._reader.depth = 0
+        if not depth:  # no thread of its own: the first window's lanes start reading now,
+            # before its first batch is asked for (a mixture starts its sources so, side by
+            # side: Stream's loop start); a feed thread starts them as it begins
+            self._reader.start(self._lanes)
         return read_ahead(
             self,
             depth,

@@ -105,7 +105,7 @@ class MixedStream(Stream):
         if self._active_mix is not None:  # one loop at a time, as a one-source stream
             with contextlib.suppress(ValueError):  # ValueError: another thread is inside it
                 self._active_mix.close()  # type: ignore[attr-defined]
-        batches = self.mixer.epoch_batches(self._pull)
+        batches = self.mixer.epoch_batches(self._pull, self.draws.begin)
         self._active_mix = logged(batches, self.log, lambda: self.mixer.step, self._named)
         return self._active_mix
 

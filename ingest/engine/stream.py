@@ -20,7 +20,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.quarantine import Quarantined, is_skip, summary
@@ -294,7 +294,9 @@ class Stream:
             active.stop(superseded=superseded)
         self._active = None
 
-    def _run(self, epoch: int) -> Generator[Batch, None, None]:
+    def _run(self, epoch: int) -> Generator[Batch | None, None, None]:
+        """The epoch's loop: None once its start is done (its plan, its read-ahead begun:
+        :meth:`_Loop.start`), then its batches."""
         book = self._book
         plan = book.rank_plan(0, epoch)
         self._running = True  # planned: a loop left from here on rewinds (a failed plan not)
@@ -306,6 +308,7 @@ class Stream:
             self._reading = (feed, items)
             node = self._node
             node.begin([s.url for s in plan.listing.shards])
+            yield None  # started
             for item in items:
                 made = node.finish(epoch, item) if isinstance(item, Tail) else node.feed(item)
                 for rows, batch in made:
@@ -458,10 +461,26 @@ class _Loop(interrupts.Guarded[Batch]):
     (:class:`ingest.engine.interrupts.Guarded`).
     """
 
-    def __init__(self, batches: Generator[Batch, None, None]) -> None:
-        super().__init__(batches)
+    def __init__(self, run: Generator[Batch | None, None, None]) -> None:
+        # No reference back to the loop from its generators: a loop let go is freed at once
+        # (its read-ahead stopped) in the thread that let it go, not by the collector in any
+        # thread, its own read-ahead's among them (which cannot join itself).
+        self._run = run
+        self._started = _Started()
+        super().__init__(_batches(run, self._started))
         self._busy = threading.Lock()
         self._superseded = False
+
+    def start(self) -> None:
+        """Begin the loop's epoch now, no batch handed out: its plan made (its listing, the
+        first time) and its read-ahead begun. A mixture starts its sources side by side so
+        (:class:`ingest.engine.mix.Draws`), each in a thread of its own: their listings and
+        first reads overlap instead of waiting for the draws before."""
+        self._acquire()
+        try:
+            _begin(self._run, self._started)
+        finally:
+            self._release()
 
     def _acquire(self) -> None:
         if self._superseded:
@@ -483,11 +502,36 @@ class _Loop(interrupts.Guarded[Batch]):
         try:
             self._superseded = superseded
             super().close()
+            self._run.close()  # (started apart: not inside _batches yet)
         finally:
             self._busy.release()
 
     def close(self) -> None:
         self.stop(superseded=False)
+
+
+class _Started:
+    """Whether a loop's epoch has begun (its first item, None, taken)."""
+
+    __slots__ = ("done",)
+
+    def __init__(self) -> None:
+        self.done = False
+
+
+def _begin(run: Generator[Batch | None, None, None], started: _Started) -> None:
+    if not started.done:
+        started.done = True
+        if next(run) is not None:  # pragma: no cover - Stream._run's first item
+            raise AssertionError("a stream's loop handed out a batch before its start")
+
+
+def _batches(
+    run: Generator[Batch | None, None, None], started: _Started
+) -> Generator[Batch, None, None]:
+    """``run``'s batches, its start taken first where :meth:`_Loop.start` did not."""
+    _begin(run, started)
+    yield from cast("Generator[Batch, None, None]", run)  # (its None taken above)
 
 
 def _two_threads() -> ConfigError:

@@ -70,7 +70,7 @@ class MixedLoader(DataLoader):
         return self._epoch()
 
     def _epoch(self) -> Iterator[Batch]:
-        for batch in self.mixed.mixer.epoch_batches(self.draws.pull):
+        for batch in self.mixed.mixer.epoch_batches(self.draws.pull, self.draws.begin):
             yield placed(batch, self.pin_memory, None)
 
     def state_dict(self) -> dict[str, Any]:
