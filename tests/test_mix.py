@@ -423,3 +423,77 @@ def test_every_source_starts_reading_before_its_first_draw(
         assert {i for source, epoch, i in drawn if (source, epoch) == (n, 0)} == set(
             range(n * 1000, n * 1000 + 40)
         )
+
+
+def test_a_state_loads_listing_each_source_once(s3: Any) -> None:
+    """A mixture took each source's state before loading its part (to put it back if a later
+    part is refused), and a stream that had not begun listed its source to say it: a resume
+    listed every source twice, a listing's requests more per source than a fresh start
+    (two sources on S3: 2 LISTs more). Now a source that has not begun is put back by
+    beginning again, and a resume sends no more requests than a fresh start."""
+    from ingest.tools.bench.proxy import CountingProxy
+
+    url = s3.create_bucket("mix-load-once")
+    fs = s3.filesystem()
+    for n, name in enumerate(("web", "code")):
+        for k in range(2):
+            first = n * 1000 + k * 30
+            table = pa.table({"id": list(range(first, first + 30))})
+            with fs.open(f"{url}/{name}/{k}.parquet", "wb") as f:
+                pq.write_table(table, f)
+    with CountingProxy(s3.endpoint) as proxy:
+        options = s3.storage_options(endpoint=proxy.endpoint)
+
+        def stream() -> Any:
+            mix = ingest.Mix({name: f"{url}/{name}/" for name in ("web", "code")})
+            return ingest.Stream(mix, batch_size=10, shuffle_seed=2, storage_options=options)
+
+        def first_batch(state: dict[str, Any] | None) -> tuple[list[int], int]:
+            before = proxy.counters()
+            s = stream()
+            if state is not None:
+                s.load_state_dict(state)
+            got = next(iter(s))["id"].tolist()
+            s.close()
+            return got, (proxy.counters() - before).requests
+
+        whole = stream()
+        loop = iter(whole)
+        batches = [next(loop)["id"].tolist() for _ in range(2)]
+        state = json.loads(json.dumps(whole.state_dict()))
+        batches.append(next(loop)["id"].tolist())
+        whole.close()
+        _, fresh = first_batch(None)
+        resumed, requests = first_batch(state)
+    assert resumed == batches[2]
+    assert requests <= fresh, f"a resume sent {requests} requests, a fresh start {fresh}"
+
+
+def test_a_state_refused_by_a_mixture_that_had_not_begun_leaves_it_fresh(tmp_path: Any) -> None:
+    """A mixture that had not begun puts its sources back by beginning them again (their
+    states would list them, once more than the load does): the first source, loaded, is a
+    new stream again when the second refuses its part, and the mixture's epoch is a fresh
+    one's."""
+    for name, first in (("a", 0), ("b", 1000)):
+        (tmp_path / name).mkdir()
+        for k in range(2):
+            table = pa.table({"id": list(range(first + k * 25, first + k * 25 + 25))})
+            pq.write_table(table, tmp_path / name / f"{k}.parquet")
+
+    def stream() -> Any:
+        urls = {"web": str(tmp_path / "a"), "code": str(tmp_path / "b")}
+        return ingest.Stream(ingest.Mix(urls, weights=None), batch_size=10, shuffle_seed=4)
+
+    want = [b["id"].tolist() for b in stream()]
+    other = iter(stream_ := stream())
+    for _ in range(3):
+        next(other)
+    state = json.loads(json.dumps(stream_.state_dict()))
+    s = stream()
+    shard = tmp_path / "b" / "1.parquet"
+    kept = shard.read_bytes()
+    pq.write_table(pa.table({"id": list(range(5000, 5030))}), shard)  # 'code' changed
+    with pytest.raises(StateError, match=r"source 'code'.*changed"):
+        s.load_state_dict(state)
+    shard.write_bytes(kept)
+    assert [b["id"].tolist() for b in s] == want

@@ -124,6 +124,12 @@ class EpochBook(Generic[L]):
         )
 
     @property
+    def begun(self) -> bool:
+        """Whether an epoch was planned or a state loaded: a book that has neither lists its
+        source to give a state (:meth:`snapshot` plans its first epoch)."""
+        return bool(self._epochs) or self._start is not None
+
+    @property
     def ledger(self) -> Ledger:
         """The ranks' acked steps (:attr:`acks`)."""
         return self.acks.ledger

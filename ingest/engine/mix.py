@@ -330,12 +330,16 @@ class _Loads(Protocol):
 
 
 def load_parts(
-    streams: Mapping[str, _Loads], parts: Mapping[str, Any], before: Mapping[str, Any]
+    streams: Mapping[str, _Loads],
+    parts: Mapping[str, Any],
+    before: Mapping[str, Any],
+    begin_again: Callable[[str], None] | None = None,
 ) -> None:
     """Each source's stream loads its part of a mixture's state, in turn. A part refused
     (its source changed since the state was saved) names its source, and the parts loaded
-    before it are put back (``before``: each source's state before this load), so that a
-    refused state leaves the streams as they were, as a one-source stream's does.
+    before it are put back (``before``: each source's state before this load; None: a
+    stream that had not begun, put back by ``begin_again``), so that a refused state leaves
+    the streams as they were, as a one-source stream's does.
 
     Raises:
         IngestError: The first part's refusal (a :class:`StateError` begins with the
@@ -356,7 +360,10 @@ def load_parts(
     except BaseException as e:
         for name in loaded:
             try:
-                streams[name].load_state_dict(before[name])
+                if before[name] is not None:
+                    streams[name].load_state_dict(before[name])
+                elif begin_again is not None:
+                    begin_again(name)
             except IngestError as failed:
                 e.add_note(
                     f"source {name!r} could not be put back where it was ({failed}): build "

@@ -186,18 +186,25 @@ class MixedStream(Stream):
             raise not_for_a_mixture("load_state_dict(listing=...)")
         # Each source loads its part on its own: one refused (its source changed since the
         # state was saved) leaves the stream as it was, the parts loaded before it put back.
-        before = {n: s.state_dict() for n, s in self.streams.items()}
+        # (a source that has not begun is begun again: its state would list it, once more
+        # than the load does)
+        before = {n: s.state_dict() if s._begun else None for n, s in self.streams.items()}
         mixer = self.mixer.state(), self.mixer.drawn, dict(self.mixer.taken)
         parsed = load_mixed(state, self.mixer)
         self._stop_mix()
         try:
-            load_parts(self.streams, parsed.parts, before)
+            load_parts(self.streams, parsed.parts, before, self._begin_again)
         except BaseException:
             self.mixer.load(*mixer)
             raise
         if self.log is not None:  # a new attempt from the state's step
             self.log.restart()
             self._attempt = new_attempt()
+
+    def _begin_again(self, name: str) -> None:
+        """Source ``name`` as a new stream, as it was before it began."""
+        self.streams[name].close()
+        self.streams[name] = Stream.of(self.mix.sources[name], self.options.of_sources(name))
 
     def _stop_mix(self) -> None:
         if self._active_mix is not None:

@@ -369,6 +369,12 @@ class Stream:
         self._running = False
         self._next_epoch = state.progress.epoch
 
+    @property
+    def _begun(self) -> bool:
+        """Whether the stream planned an epoch or loaded a state (else its state_dict()
+        lists the source: a mixture puts such a source back by beginning it again)."""
+        return self._book.begun
+
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`
         (over a Mix, a state of several sources: :mod:`ingest.engine.mix`)."""
