@@ -289,12 +289,27 @@ class HubStub:
 
     # -- lifecycle ---------------------------------------------------------------------------
 
+    def server(self) -> ThreadingHTTPServer:
+        """A server of this stub bound to a free port of 127.0.0.1, listening (not serving:
+        :meth:`start` serves it), with the listen backlog of a real server: socketserver's 5
+        dropped the connections of a burst past it, each sent again by the client's kernel a
+        second later."""
+        server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self), bind_and_activate=False)
+        server.daemon_threads = True
+        server.request_queue_size = 128
+        try:
+            server.server_bind()
+            server.server_activate()
+        except BaseException:
+            server.server_close()
+            raise
+        return server
+
     def start(self) -> HubStub:
         """Bind 127.0.0.1 on a free port and serve in a daemon thread."""
         if self._server is not None:
             return self
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(self))
-        server.daemon_threads = True
+        server = self.server()
         self._server = server
         self.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
         self._thread = threading.Thread(

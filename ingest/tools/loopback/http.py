@@ -99,6 +99,8 @@ class _Handler(SimpleHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 128  # socketserver's 5 dropped a burst's connections past it: each
+    # sent again by the client's kernel a second later
 
     def __init__(self, root: str, *, etag: bool, last_modified: bool, ranges: bool) -> None:
         self.root = root
