@@ -473,6 +473,7 @@ FIRST_BATCH = {
         "        eos_id=0),\n"
         "    pack=ingest.Pack(seq_len=16, read_rows=8))\n"
     ),
+    "tar": "s = ingest.Stream(root + '/tar', batch_size=64, shuffle_seed=0)\n",
     "imagefolder": (
         "s = ingest.Stream(root + '/pets/', format='imagefolder', batch_size=4, shuffle_seed=0)\n"
     ),
@@ -486,13 +487,15 @@ def test_the_first_batch_imports_no_pandas(kind: str, local: Store, tmp_path: Pa
     ``pa.array``, a Python scalar given to a compute function): 0.4-0.8 s of CPU on the first
     batch of every process that reads (a resumed rank's, a reader actor's), for a library
     the stream never uses (issue 32). Plain rows, a packing stream's documents (their input
-    rows kept beside them) and a folder's files each make Arrow arrays of their own."""
+    rows kept beside them), a WebDataset tar's samples and a folder's files each make Arrow
+    arrays of their own."""
     import subprocess
     import sys
 
     from ingest.testing import write_image_folder
 
     write(local, "parquet")
+    write(local, "tar")
     (tmp_path / "t.jsonl").write_text(
         "".join(json.dumps({"text": f"doc {i} " + "word " * (i % 7)}) + "\n" for i in range(40))
     )

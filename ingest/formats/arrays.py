@@ -36,29 +36,34 @@ def bools(values: npt.ArrayLike) -> pa.Array:
     return pa.Array.from_buffers(pa.bool_(), len(data), [None, pa.py_buffer(bits)])
 
 
-def binaries(values: Sequence[bytes], kind: pa.DataType | None = None) -> pa.Array:
-    """``values`` (bytes) as one Arrow ``binary`` array (``large_binary`` when they pass
-    2 GiB together, or when ``kind`` says so): the bytes joined once, their offsets from
-    their lengths."""
-    return _joined(b"".join(values), [len(v) for v in values], kind or pa.binary())
+def binaries(values: Sequence[bytes | None], kind: pa.DataType | None = None) -> pa.Array:
+    """``values`` (bytes, None for a null) as one Arrow ``binary`` array (``large_binary``
+    when they pass 2 GiB together, or when ``kind`` says so): the bytes joined once, their
+    offsets from their lengths."""
+    return _joined(values, kind or pa.binary())
 
 
-def strings(values: Sequence[str], kind: pa.DataType | None = None) -> pa.Array:
-    """``values`` (text) as one Arrow ``string`` array (``large_string`` past 2 GiB, or when
-    ``kind`` says so), UTF-8."""
-    encoded = [v.encode() for v in values]
-    return _joined(b"".join(encoded), [len(v) for v in encoded], kind or pa.string())
+def strings(values: Sequence[str | None], kind: pa.DataType | None = None) -> pa.Array:
+    """``values`` (text, None for a null) as one Arrow ``string`` array (``large_string``
+    past 2 GiB, or when ``kind`` says so), UTF-8."""
+    return _joined([None if v is None else v.encode() for v in values], kind or pa.string())
 
 
-def _joined(data: bytes, lengths: list[int], kind: pa.DataType) -> pa.Array:
+def _joined(values: Sequence[bytes | None], kind: pa.DataType) -> pa.Array:
+    lengths = [0 if v is None else len(v) for v in values]
+    data = b"".join(v for v in values if v is not None)
     large = pa.types.is_large_binary(kind) or pa.types.is_large_string(kind)
     if not large and len(data) > _INT32_MAX:  # 32-bit offsets cannot point past 2 GiB
         kind = pa.large_string() if pa.types.is_string(kind) else pa.large_binary()
         large = True
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64 if large else np.int32)
     np.cumsum(lengths, out=offsets[1:])
-    buffers: list[Any] = [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    return pa.Array.from_buffers(kind, len(lengths), buffers)
+    valid = None
+    nulls = sum(v is None for v in values)
+    if nulls:
+        valid = pa.py_buffer(np.packbits([v is not None for v in values], bitorder="little"))
+    buffers: list[Any] = [valid, pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(kind, len(lengths), buffers, null_count=nulls)
 
 
 def view(arr: pa.Array) -> npt.NDArray[Any]:

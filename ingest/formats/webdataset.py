@@ -36,11 +36,13 @@ from __future__ import annotations
 import posixpath
 import tarfile
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow as pa
 
 from ingest.core.errors import SchemaMismatchError, ShardError
 from ingest.formats._lines import go_to, open_decompressed
+from ingest.formats.arrays import binaries, strings
 from ingest.formats.base import (
     ReadContext,
     ReadOptions,
@@ -238,9 +240,36 @@ class _WebDatasetReader(ShardReader):
             size += sum(len(v) for v in fields.values())
             count += 1
             if count >= ctx.options.batch_rows or size >= ctx.options.block_bytes:
-                yield RowBatch(row, pa.record_batch(columns, schema=out_schema), batch_seek)
+                yield RowBatch(row, _batch(columns, out_schema), batch_seek)
                 row += count
                 columns = {n: [] for n in names}
                 batch_seek, size, count = None, 0, 0
         if count:
-            yield RowBatch(row, pa.record_batch(columns, schema=out_schema), batch_seek)
+            yield RowBatch(row, _batch(columns, out_schema), batch_seek)
+
+
+def _batch(columns: dict[str, list[Any]], schema: pa.Schema) -> pa.RecordBatch:
+    """The samples' columns as a record batch of ``schema``: the bytes of each field (the
+    keys' text) joined into one array (:mod:`ingest.formats.arrays`: ``pa.record_batch`` of
+    Python lists imports pandas, on every reader's first batch), cast to a declared type
+    other than binary."""
+    arrays = []
+    for f in schema:
+        values, kind = columns[f.name], f.type
+        if f.name == KEY:
+            got = strings(values)
+        elif any(is_(kind) for is_ in _BYTES):
+            got = binaries(values)
+        else:  # another declared type: pyarrow converts the values
+            arrays.append(pa.array(values, kind))
+            continue
+        arrays.append(got if got.type == kind else got.cast(kind))  # (text: UTF-8 checked)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+_BYTES = (
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+    pa.types.is_string,
+    pa.types.is_large_string,
+)
