@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -474,6 +475,17 @@ FIRST_BATCH = {
         "    pack=ingest.Pack(seq_len=16, read_rows=8))\n"
     ),
     "tar": "s = ingest.Stream(root + '/tar', batch_size=64, shuffle_seed=0)\n",
+    "ragged tokens, flags, floats with nulls": (
+        "s = ingest.Stream(root + '/t.jsonl', batch_size=4, shuffle_seed=0,\n"
+        "    transform=ingest.Tokenize(lambda ts: [[len(w) for w in t.split()] for t in ts],\n"
+        "        column='text', keep=['flag', 'score']))\n"
+    ),
+    "a transform's numpy columns": (
+        "import numpy as np\n"
+        "s = ingest.Stream(root + '/parquet', batch_size=64, shuffle_seed=0,\n"
+        "    transform=lambda t: {'n': np.arange(t.num_rows), 'odd': np.ones(t.num_rows) > 0})\n"
+    ),
+    "hive partitions": "s = ingest.Stream(root + '/hive', batch_size=2, shuffle_seed=0)\n",
     "imagefolder": (
         "s = ingest.Stream(root + '/pets/', format='imagefolder', batch_size=4, shuffle_seed=0)\n"
     ),
@@ -487,8 +499,9 @@ def test_the_first_batch_imports_no_pandas(kind: str, local: Store, tmp_path: Pa
     ``pa.array``, a Python scalar given to a compute function): 0.4-0.8 s of CPU on the first
     batch of every process that reads (a resumed rank's, a reader actor's), for a library
     the stream never uses (issue 32). Plain rows, a packing stream's documents (their input
-    rows kept beside them), a WebDataset tar's samples and a folder's files each make Arrow
-    arrays of their own."""
+    rows kept beside them), a WebDataset tar's samples, a folder's files, a transform's numpy
+    columns and a partition's values each make Arrow arrays of their own; ragged token lists,
+    booleans and floats with nulls are converted from them."""
     import subprocess
     import sys
 
@@ -497,9 +510,24 @@ def test_the_first_batch_imports_no_pandas(kind: str, local: Store, tmp_path: Pa
     write(local, "parquet")
     write(local, "tar")
     (tmp_path / "t.jsonl").write_text(
-        "".join(json.dumps({"text": f"doc {i} " + "word " * (i % 7)}) + "\n" for i in range(40))
+        "".join(
+            json.dumps(
+                {
+                    "text": f"doc {i} " + "word " * (i % 7),
+                    "flag": i % 3 == 0,
+                    "score": None if i % 5 == 0 else i / 2,
+                }
+            )
+            + "\n"
+            for i in range(40)
+        )
     )
     write_image_folder(local.fs, local.url("pets"), ["cat", "dog"], 3)
+    for year in (2024, 2025):
+        (tmp_path / "hive" / f"year={year}").mkdir(parents=True)
+        pq.write_table(
+            pa.table({"id": [year, year + 1]}), tmp_path / "hive" / f"year={year}" / "0.parquet"
+        )
     code = (
         "import sys, ingest\n"
         "root = sys.argv[1]\n" + FIRST_BATCH[kind] + "b = next(iter(s))\n"

@@ -33,7 +33,7 @@ import torch
 
 from ingest.core.errors import ConfigError
 from ingest.engine.tensor_types import NULL_FIX, hf_array_shape, is_number_list
-from ingest.formats.arrays import view
+from ingest.formats.arrays import numbers, view
 
 # Arrow buffers are immutable, so numpy views of them are read-only and torch warns once per
 # conversion that it will not enforce that. Zero-copy is the point here; the module
@@ -46,16 +46,12 @@ Batch = dict[str, Any]
 
 
 def _numeric(arr: pa.Array, name: str) -> torch.Tensor:
-    if arr.null_count:
-        if pa.types.is_floating(arr.type):
-            return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
+    if arr.null_count and not pa.types.is_floating(arr.type):
         raise ConfigError(
             f"column {name!r} ({arr.type}) has {arr.null_count} null(s) and no "
             f"torch integer dtype holds nulls; {NULL_FIX}"
         )
-    if pa.types.is_boolean(arr.type):
-        return torch.from_numpy(arr.to_numpy(zero_copy_only=False))
-    return torch.from_numpy(view(arr))
+    return torch.from_numpy(numbers(arr))  # (a float null as NaN)
 
 
 def column_to_torch(
@@ -98,7 +94,7 @@ def _number_lists(arr: pa.Array, name: str) -> Any:
         return _numeric(flat, name).reshape(len(arr), *shape)
     if arr.null_count:
         raise ConfigError(f"column {name!r} has null lists; fill them in a transform")
-    offsets = arr.offsets.to_numpy()
+    offsets = view(arr.offsets)
     flat, inner = _fixed(arr.values, name)
     values = _numeric(flat, name).reshape(len(arr.values), *inner)
     return [values[offsets[i] : offsets[i + 1]] for i in range(len(arr))]
@@ -123,7 +119,7 @@ def _hf_array(storage: pa.Array, shape: tuple[int | None, ...], name: str) -> An
             raise ConfigError(f"column {name!r} has null arrays; fill them in a transform")
         if size is not None and len(level):
             lengths = pc.list_value_length(level)
-            if not pc.all(pc.equal(lengths, size)).as_py():
+            if not (numbers(lengths) == size).all():
                 raise ConfigError(
                     f"column {name!r} holds a row that is not of its feature's shape {shape} "
                     f"(a list of {pc.min_max(lengths).as_py()} items where {size} are due); "
@@ -136,7 +132,7 @@ def _hf_array(storage: pa.Array, shape: tuple[int | None, ...], name: str) -> An
         return values.reshape(len(storage), shape[0], *rest)
     rows = values.reshape(-1, *rest)
     bounds = np.zeros(len(storage) + 1, dtype=np.int64)
-    np.cumsum(pc.list_value_length(storage).to_numpy(), out=bounds[1:])
+    np.cumsum(numbers(pc.list_value_length(storage)), out=bounds[1:])
     return [rows[bounds[i] : bounds[i + 1]] for i in range(len(storage))]
 
 

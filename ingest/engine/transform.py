@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError
 from ingest.engine.stage import Stage, Staged
-from ingest.formats.arrays import bools
+from ingest.formats.arrays import bools, of_numpy
 
 Transform = Callable[[pa.Table], Any] | type | Sequence[Callable[[pa.Table], Any] | type]
 """A function over a batch as an Arrow table, or a class whose instances are such functions
@@ -88,8 +88,12 @@ def as_table(out: Any, what: str) -> pa.Table:
                 columns[name] = pa.FixedShapeTensorArray.from_numpy_ndarray(
                     np.ascontiguousarray(value)
                 )
+            elif isinstance(value, np.ndarray) and (made := of_numpy(value)) is not None:
+                columns[name] = made  # (pa.table would import pandas to look at it)
             else:
                 columns[name] = value
+        if all(isinstance(c, pa.Array) for c in columns.values()):
+            return pa.Table.from_arrays(list(columns.values()), names=list(columns))
         return pa.table(columns)
     raise ConfigError(
         f"{what} returned {type(out).__name__}; return a pyarrow Table or "

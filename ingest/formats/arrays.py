@@ -25,8 +25,21 @@ def ints(values: npt.ArrayLike, kind: pa.DataType | None = None) -> pa.Array:
     """``values`` (integers) as an Arrow array of ``kind`` (default ``int64``) over their
     memory when they are a contiguous numpy array of its width already (a copy otherwise)."""
     kind = pa.int64() if kind is None else kind
-    data = np.ascontiguousarray(values, dtype=kind.to_pandas_dtype())
+    data = np.ascontiguousarray(values, dtype=kind.to_pandas_dtype())  # (floats too)
     return pa.Array.from_buffers(kind, len(data), [None, pa.py_buffer(data)])
+
+
+def of_numpy(values: npt.NDArray[Any]) -> pa.Array | None:
+    """A 1-d numpy array of numbers or booleans (native byte order) as an Arrow array of its
+    type (over its memory where it is contiguous); None for any other array."""
+    kind = values.dtype
+    if values.ndim != 1 or not kind.isnative:
+        return None
+    if kind.kind in "iuf":
+        return ints(values, pa.from_numpy_dtype(kind))
+    if kind.kind == "b":
+        return bools(values)
+    return None
 
 
 def bools(values: npt.ArrayLike) -> pa.Array:
@@ -77,19 +90,39 @@ def view(arr: pa.Array) -> npt.NDArray[Any]:
 
 
 def numbers(arr: pa.Array | pa.ChunkedArray) -> npt.NDArray[Any]:
-    """A column of integers or floats as a numpy array: a view of one chunk without nulls
-    (:func:`view`), the chunks' views joined; any other column (nulls, another type) by
-    ``to_numpy``, which imports pandas."""
+    """A column of integers, floats or booleans as a numpy array: a view of one chunk of
+    numbers without nulls (:func:`view`), floats with nulls as NaN (a copy), booleans
+    unpacked from their bits, the chunks joined; any other column (an integer or a boolean
+    null, another type) by ``to_numpy``, which imports pandas."""
     if isinstance(arr, pa.ChunkedArray):
         if arr.num_chunks == 1:
             return numbers(arr.chunk(0))
         if arr.num_chunks == 0:
             return numbers(pa.nulls(0, arr.type))
         return np.concatenate([numbers(c) for c in arr.chunks])
+    return _numbers(arr)
+
+
+def _numbers(arr: pa.Array) -> npt.NDArray[Any]:
     kind = arr.type
-    if (pa.types.is_integer(kind) or pa.types.is_floating(kind)) and not arr.null_count:
-        return view(arr)
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        if not arr.null_count:
+            return view(arr)
+        if pa.types.is_floating(kind):
+            out = view(arr).copy()  # (a null's slot holds any value)
+            out[~_bits(arr.buffers()[0], arr.offset, len(arr))] = np.nan
+            return out
+    elif pa.types.is_boolean(kind) and not arr.null_count:
+        return _bits(arr.buffers()[1], arr.offset, len(arr))
     return np.asarray(arr.to_numpy(zero_copy_only=False))
+
+
+def _bits(buffer: pa.Buffer | None, offset: int, length: int) -> npt.NDArray[np.bool_]:
+    """Bits ``[offset, offset + length)`` of an Arrow bitmap (validity, booleans)."""
+    if buffer is None or not length:
+        return np.zeros(length, dtype=bool)
+    packed = np.frombuffer(buffer, dtype=np.uint8)
+    return np.unpackbits(packed, count=offset + length, bitorder="little")[offset:].astype(bool)
 
 
 def record_batch(columns: dict[str, pa.Array]) -> pa.RecordBatch:
@@ -97,4 +130,4 @@ def record_batch(columns: dict[str, pa.Array]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
 
 
-__all__ = ["binaries", "bools", "ints", "numbers", "record_batch", "strings", "view"]
+__all__ = ["binaries", "bools", "ints", "numbers", "of_numpy", "record_batch", "strings", "view"]

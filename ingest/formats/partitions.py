@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError, ShardError, redact
+from ingest.formats.arrays import strings
 from ingest.formats.base import MappedReader, ReadContext, ShardReader
 from ingest.storage.sources import Shard
 
@@ -116,7 +117,7 @@ class PartitionedReader(MappedReader):
 
 def _typed(ctx: ReadContext, key: str, value: str | None, to: pa.DataType) -> pa.Scalar:
     """A partition value as a scalar of its column's type (a null for None)."""
-    text = pa.scalar(value, PARTITION_TYPE)
+    text = strings([value], PARTITION_TYPE)[0]  # (pa.scalar would import pandas)
     if to.equals(PARTITION_TYPE):
         return text
     try:

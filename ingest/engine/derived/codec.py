@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 
 from ingest.core.errors import IngestError
 from ingest.engine.stage import Staged
-from ingest.formats.arrays import numbers
+from ingest.formats.arrays import ints, numbers
 
 MAGIC = b"IDRVCOD1"
 """The codec's first bytes; the digit is its version (a copy of another is not decoded)."""
@@ -103,13 +103,14 @@ def encode(staged: Staged, inputs: int, seconds: float = 0.0) -> bytes:
     table = staged.table
     sections = {
         "schema": table.schema.serialize().to_pybytes(),
-        "counts": _ipc(_narrowed(pa.table({"outputs": counts}))),
+        "counts": _ipc(_narrowed(pa.Table.from_arrays([ints(counts)], names=["outputs"]))),
         "table": _ipc(_narrowed(table)),
         "part": b"",
     }
     if staged.part is not None:
         part = np.asarray(staged.part, dtype=np.int64).reshape(-1, 2)
-        sections["part"] = _ipc(_narrowed(pa.table({"start": part[:, 0], "stop": part[:, 1]})))
+        bounds = [ints(part[:, 0]), ints(part[:, 1])]
+        sections["part"] = _ipc(_narrowed(pa.Table.from_arrays(bounds, names=["start", "stop"])))
     header = json.dumps(
         {
             "inputs": inputs,
