@@ -188,7 +188,7 @@ class MixedStream(Stream):
         # state was saved) leaves the stream as it was, the parts loaded before it put back.
         # (a source that has not begun is begun again: its state would list it, once more
         # than the load does)
-        before = {n: s.state_dict() if s._begun else None for n, s in self.streams.items()}
+        before = {n: s.state_dict() if s.begun else None for n, s in self.streams.items()}
         mixer = self.mixer.state(), self.mixer.drawn, dict(self.mixer.taken)
         parsed = load_mixed(state, self.mixer)
         self._stop_mix()

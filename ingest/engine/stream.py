@@ -370,9 +370,10 @@ class Stream:
         self._next_epoch = state.progress.epoch
 
     @property
-    def _begun(self) -> bool:
-        """Whether the stream planned an epoch or loaded a state (else its state_dict()
-        lists the source: a mixture puts such a source back by beginning it again)."""
+    def begun(self) -> bool:
+        """Whether the stream planned an epoch (its first ``iter``, a ``state_dict``) or
+        loaded a state; until then its ``state_dict()`` lists the source to give one (a
+        mixture puts such a source back by beginning it again)."""
         return self._book.begun
 
     def state_dict(self) -> dict[str, Any]:
