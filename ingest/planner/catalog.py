@@ -60,19 +60,10 @@ from ingest.planner.index import Indexer, IndexStore, local_indexer
 from ingest.planner.index.footers import keep_footers, stored_footers
 from ingest.storage.sources import Shard, Source
 from ingest.storage.sources.delta import TableVersion
-from ingest.storage.sources.options import S3_CONNECTIONS
+from ingest.storage.sources.options import requests_at_once
 
-_INSPECT_THREADS = S3_CONNECTIONS
-"""Footers read at once from a store, as many as a source's S3 connections: 16 listed 512
-Parquet shards 50 ms away in 3.6 s, 64 in 1.7 s on 2 cores (the client's CPU per request
-bounds it there: 128 took 1.9 s). From the Hub, :data:`_HUB_INSPECT_THREADS`. Local
-footers are parsed, not waited for: as many as CPUs (16 threads cost 10 ms of CPU more
-than 2 for 32 local shards on 2 cores, and took longer)."""
 _INDEX_THREADS = 16
 """Shards indexed at once in this process (each read whole, its rows counted)."""
-_HUB_INSPECT_THREADS = 16
-"""Footers read at once from the Hugging Face Hub: a client of a shared service keeps to
-16, twice huggingface_hub's own 8 downloads at once, within its request rate limits."""
 _SAVE_EVERY = 64  # indexes built per write to the store
 
 
@@ -302,12 +293,13 @@ class Catalog:
                 found[n] = self._inspect_or_unread(shards[n])
                 bar.update(1)
 
-            threads = min(_INSPECT_THREADS, len(reads))
+            # A store's footers are waited for (requests_at_once); local ones are parsed,
+            # not waited for: as many as CPUs (16 threads cost 10 ms of CPU more than 2 for
+            # 32 local shards on 2 cores, and took longer).
+            threads = min(requests_at_once(self.source.urls), len(reads))
             protocols = {get_protocol(url) for url in self.source.urls}
             if protocols <= {"file", "local", "memory"}:
                 threads = min(threads, os.cpu_count() or 1)
-            elif "hf" in protocols:
-                threads = min(threads, _HUB_INSPECT_THREADS)
             if threads > 1:
                 with ThreadPoolExecutor(threads) as pool:
                     list(pool.map(one, reads))

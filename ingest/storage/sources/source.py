@@ -27,10 +27,10 @@ from ingest.storage.sources.files import CountingFile, range_ignored, with_liste
 from ingest.storage.sources.hubfs import hub_http
 from ingest.storage.sources.listing import list_url
 from ingest.storage.sources.options import (
-    S3_CONNECTIONS,
     SECRET_OPTION_NAMES,
     fs_options,
     option_secrets,
+    requests_at_once,
     s3_userinfo,
     strip_userinfo,
     url_secrets,
@@ -524,28 +524,17 @@ def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
     return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
-_LISTING_THREADS = S3_CONNECTIONS
-"""URLs of one source listed at once (:func:`_side_by_side`): as many as a source's S3
-connections (256 Parquet URLs 50 ms away with their footers: 1.9 s 16 at once, 1.5 s 64 at
-once on 2 cores); from the Hub, :data:`_HUB_LISTING_THREADS`."""
-_HUB_LISTING_THREADS = 16
-"""Hub URLs listed at once: a client of a shared service keeps to 16, within its request
-rate limits."""
-
 T = TypeVar("T")
 
 
 def _side_by_side(list_one: Callable[[str], T], urls: Sequence[str]) -> list[T]:
-    """``list_one`` of every URL, in their order, up to :data:`_LISTING_THREADS` at once:
+    """``list_one`` of every URL, in their order, up to :func:`requests_at_once` at once:
     a list of shard URLs (``data_files=[...]``, an index file's lines) is a request each,
     and one after another 64 of them on a store 50 ms away took 3.7 s at every listing
     (0.1 s for the directory that holds them). The first URL's error in order is raised,
     once the URLs listing then have answered."""
     if len(urls) < 2:
         return [list_one(url) for url in urls]
-    most = _LISTING_THREADS
-    if any(get_protocol(url) == "hf" for url in urls):
-        most = _HUB_LISTING_THREADS
-    threads = min(most, len(urls))
+    threads = min(requests_at_once(urls), len(urls))
     with ThreadPoolExecutor(threads, thread_name_prefix="ingest-listing") as pool:
         return list(pool.map(list_one, urls))
