@@ -111,6 +111,37 @@ def test_a_stream_lists_once_at_a_commit_and_reads_with_range_requests(hub: HubS
     assert TOKEN in hub.tokens_seen
 
 
+@pytest.mark.parametrize(
+    ("pattern", "expected"),
+    [
+        ("data/*.parquet", SHARDS),
+        ("data/train-00[0-2].parquet", 3),
+        ("data/**/*.parquet", SHARDS),
+        ("data/", SHARDS),
+    ],
+)
+def test_a_first_listing_asks_the_revision_once_and_lists_only_the_folder_it_names(
+    hub: HubStub, pattern: str, expected: int
+) -> None:
+    """The revision is resolved to its commit by one request, and the listing at that
+    commit asks nothing more about it (HfFileSystem looked the commit up again) nor lists the
+    folder above the glob's (fsspec's glob asks for the info of the folder it lists, which
+    HfFileSystem finds in the listing of its parent): over the internet, each is a round
+    trip on a first batch's path, against the Hub's rate limits."""
+    s = ingest.Stream(
+        f"hf://datasets/{REPO}/{pattern}", batch_size=50, storage_options=options(hub)
+    )
+    shards = s.listing().shards
+    assert len(shards) == expected
+    c = counts(hub)
+    assert c["revision"] == 1, hub.requests
+    sha = hub.commit_of(REPO)
+    trees = [path for kind, _, path in hub.requests if kind == "tree"]
+    assert trees and all(f"/tree/{sha}/data" in path for path in trees), trees
+    assert c["tree"] == -(-SHARDS // 4), trees  # the folder's pages (page_size=4)
+    assert c["paths-info"] == 0 and c["other"] == 0, c
+
+
 def test_a_restarted_job_does_not_list_again(hub: HubStub) -> None:
     url = f"hf://datasets/{REPO}/data/*.parquet"
     first = ingest.Stream(url, batch_size=50, storage_options=options(hub))

@@ -43,6 +43,19 @@ def pin(source: Source, url: str) -> str:
     return where.at(sha)
 
 
+def known_commit(fs: fsspec.AbstractFileSystem, url: str) -> None:
+    """Tell ``fs`` (an ``HfFileSystem``) that the commit ``url`` names (one :func:`pin`
+    resolved) exists. It checks a repository's revision before its first listing of it, a
+    request of its own (``repo_info``), kept per instance: the commit was resolved a moment
+    ago by :func:`pin`, and each lookup is a round trip on a first batch's path and a call
+    against the Hub's rate limits. huggingface_hub has no public way to say so; where its
+    cache is not there (another version), the lookup is made as before."""
+    cache = getattr(fs, "_repo_and_revision_exists_cache", None)
+    where = hub.parse(url)
+    if isinstance(cache, dict) and where.pinned:
+        cache[(where.repo_type, where.repo_id, where.revision)] = (True, None)
+
+
 def hub_token(source: Source) -> str | None:
     """The Hub token (:func:`ingest.storage.hub.token_of`), kept among the secrets scrubbed from
     every message (it may come from the environment, not the storage options)."""

@@ -23,7 +23,7 @@ from ingest.storage.sources.faults import (
     missing_credentials,
     refused_connection,
 )
-from ingest.storage.sources.hubfs import pin
+from ingest.storage.sources.hubfs import known_commit, pin
 from ingest.storage.sources.options import strip_userinfo
 from ingest.storage.sources.partitions import Partition, base_of, hive_partition
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
@@ -54,6 +54,7 @@ def list_url(
     key = None
     if get_protocol(url) == "hf":
         url = pin(source, url)
+        known_commit(fs, url)
         key = f"{hub.endpoint_of(source.storage_options)} {url} {source.format}"
     path = fs._strip_protocol(strip_userinfo(url))
     infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
@@ -285,8 +286,13 @@ def _glob(fs: fsspec.AbstractFileSystem, url: str, path: str) -> dict[str, Any]:
     Raises:
         ConfigError: If fsspec refuses the pattern.
     """
+    # Files only: with folders (fsspec's default), a glob asks for the info of the folder it
+    # lists, which HfFileSystem finds by listing the folder above it (a request more, against
+    # the Hub's rate limits). The listing keeps files alone anyway. Asked of the Hub only:
+    # other filesystems' globs need not take ``withdirs``.
+    files_only = {"withdirs": False} if get_protocol(url) == "hf" else {}
     try:
-        found: dict[str, Any] = fs.glob(path, detail=True)
+        found: dict[str, Any] = fs.glob(path, detail=True, **files_only)
     except ValueError as e:
         if "pattern" not in str(e).lower():
             raise
