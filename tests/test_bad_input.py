@@ -636,6 +636,34 @@ def test_a_tar_member_that_leaves_the_archive_is_refused(store: Store, name: str
     assert time.monotonic() - start < QUICK_S
 
 
+@pytest.mark.parametrize("corrupt", ["a name's byte", "the checksum", "the size"])
+def test_a_corrupt_tar_header_after_the_first_is_refused_naming_its_byte(
+    store: Store, corrupt: str
+) -> None:
+    """tarfile's stream mode took a header that fails its checksum after the first member
+    for the archive's end marker: the samples after it were lost without a word (3 of 5)."""
+    raw = bytearray(
+        tar_of(
+            *SAMPLE0, *[(f"s{n}.{ext}", b"%d" % n) for n in (1, 2, 3, 4) for ext in ("jpg", "cls")]
+        )
+    )
+    at = 3072  # the header of s1.cls: s0.jpg, s0.cls, s1.jpg before it, 1024 bytes each
+    assert raw[at : at + 6] == b"s1.cls"
+    byte = {"a name's byte": at + 1, "the checksum": at + 150, "the size": at + 130}[corrupt]
+    raw[byte] ^= 0x01
+    store.write("d/a.tar", bytes(raw))
+    stream = ingest.Stream(store.url("d"), batch_size=1, storage_options=store.storage_options)
+    with pytest.raises(
+        ingest.ShardError,
+        match=rf"a\.tar at byte {at}: tar stream is corrupt.*fails its checksum.*re-upload",
+    ):
+        drain_keys(stream)
+
+
+def drain_keys(stream: ingest.Stream) -> list[str]:
+    return [k for b in stream for k in b["__key__"]]
+
+
 def test_member_names_inside_the_archive_are_keys(local: Store) -> None:
     local.write("d/a.tar", tar_of(("./s0.jpg", b"a"), ("x/../s1.jpg", b"b"), ("x/s2.jpg", b"c")))
     (batch,) = ingest.Stream(local.url("d"), batch_size=3)

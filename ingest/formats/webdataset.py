@@ -28,19 +28,22 @@ What a shard may hold, as WebDataset users expect it:
   since they hold no data.
 
 Every refusal is a :class:`~ingest.core.errors.ShardError` naming the shard, the member and the
-byte offset of its tar header.
+byte offset of its tar header; so is a header that fails its checksum, wherever it is (the
+members are read by :mod:`ingest.formats.tar`: Python's ``tarfile``, in the stream mode a
+remote shard is read in, took such a header after the first member for the archive's end,
+and the samples after it were lost without a word).
 """
 
 from __future__ import annotations
 
 import posixpath
-import tarfile
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 
 from ingest.core.errors import SchemaMismatchError, ShardError
+from ingest.formats import tar
 from ingest.formats._lines import go_to, open_decompressed
 from ingest.formats.arrays import binaries, strings
 from ingest.formats.base import (
@@ -84,63 +87,77 @@ def _samples(
         go_to(f, seekable, offset, block_bytes, shard.url)
         key: str | None = None
         fields: dict[str, bytes] = {}
-        start = end = position = offset
+        start = position = offset
+        members = tar.Members(f, offset, block_bytes)
         try:
-            with tarfile.open(fileobj=f, mode="r|") as tar:  # type: ignore[call-overload]
-                for member in tar:
-                    position = offset + member.offset
-                    if member.isdir():
-                        continue
-                    _check_member(shard, member, position)
-                    k, ext = split_name(member.name)
-                    _check_field(shard, member.name, ext, position)
-                    if k != key:
-                        if key is not None:
-                            yield start, key, fields
-                        key, fields, start = k, {}, position
-                    elif ext in fields:
-                        raise ShardError(
-                            shard.url,
-                            f"sample {k!r} has field {ext!r} twice (member {member.name!r} "
-                            "follows another of the same name): one of them would be lost",
-                            "give each member of a sample its own extension, or remove the "
-                            "duplicate and write the tar again",
-                            byte=position,
-                        )
-                    extracted = tar.extractfile(member)
-                    fields[ext] = extracted.read() if extracted is not None else b""
-                end = offset + tar.offset
-        except (tarfile.TarError, EOFError, OSError) as e:
+            for member in members:
+                position = member.offset
+                if member.type == tar.DIRECTORY:
+                    continue
+                k, ext = _field(shard, member)
+                if k != key:
+                    if key is not None:
+                        yield start, key, fields
+                    key, fields, start = k, {}, position
+                elif ext in fields:
+                    raise ShardError(
+                        shard.url,
+                        f"sample {k!r} has field {ext!r} twice (member {member.name!r} "
+                        "follows another of the same name): one of them would be lost",
+                        "give each member of a sample its own extension, or remove the "
+                        "duplicate and write the tar again",
+                        byte=position,
+                    )
+                fields[ext] = member.data
+        except (tar.TarFormatError, EOFError, OSError) as e:  # OSError: a decompressor's
+            byte = e.byte if isinstance(e, tar.TarFormatError) else position
             raise ShardError(
-                shard.url, f"tar stream is corrupt or truncated ({e})", _FIX, byte=position
+                shard.url, f"tar stream is corrupt or truncated ({e})", _FIX, byte=byte
             ) from None
-        # tarfile takes a file cut at a member boundary for a clean end; a complete archive
-        # ends with two zero blocks (1024 bytes) after its last member. A compressed one is
-        # read to its end for its size (the decompressor refuses a truncated stream).
-        size = shard.size if seekable else len(f.read()) + f.position
-        if size - end < 2 * tarfile.BLOCKSIZE:
-            raise ShardError(
-                shard.url,
-                "tar archive ends without its end-of-archive marker (the file is truncated)",
-                _FIX,
-                byte=end,
-            )
+        assert members.end is not None
+        _check_end(shard, f, seekable, members.end)
         if key is not None:
             yield start, key, fields
 
 
-def _check_member(shard: Shard, member: tarfile.TarInfo, position: int) -> None:
+def _check_end(shard: Shard, f: Any, seekable: bool, end: int) -> None:
+    """Refuse an archive whose bytes end at ``end`` without its end marker: a complete
+    archive has two zero blocks (1024 bytes) after its last member, and a file cut at a
+    member's boundary has none. A compressed one is read to its end for its size (the
+    decompressor refuses a truncated stream)."""
+    size = shard.size if seekable else len(f.read()) + f.position
+    if size - end < 2 * tar.BLOCK:
+        raise ShardError(
+            shard.url,
+            "tar archive ends without its end-of-archive marker (the file is truncated)",
+            _FIX,
+            byte=end,
+        )
+
+
+def _field(shard: Shard, member: tar.Member) -> tuple[str, str]:
+    """The sample key and the field of ``member``, which is refused if it is not a regular
+    file, its name leaves the archive, or its name gives no field."""
+    if member.type != tar.REGULAR or member.name.startswith("/") or ".." in member.name:
+        _check_member(shard, member)
+    key, ext = split_name(member.name)
+    if not ext or ext == KEY:
+        _refuse_field(shard, member.name, ext, member.offset)
+    return key, ext
+
+
+def _check_member(shard: Shard, member: tar.Member) -> None:
     """Refuse a member that is not a regular file, or whose name leaves the archive."""
-    if not member.isfile():
+    if member.type != tar.REGULAR:
         kind = _KINDS.get(member.type, f"member of tar type {member.type!r}")
-        target = f" to {member.linkname!r}" if member.issym() or member.islnk() else ""
+        target = f" to {member.linkname!r}" if member.type in _LINKS else ""
         raise ShardError(
             shard.url,
             f"member {member.name!r} is a {kind}{target}: a WebDataset field must be a "
             "regular file, and links are never followed",
             "store the file itself in the tar (tar --dereference --hard-dereference), or "
             "remove the member",
-            byte=position,
+            byte=member.offset,
         )
     name = member.name
     normal = posixpath.normpath(name)
@@ -151,14 +168,12 @@ def _check_member(shard: Shard, member: tarfile.TarInfo, position: int) -> None:
             "out with '..'); sample keys must be relative names inside it",
             "write the tar again from inside its directory (tar -C DIR -cf shard.tar .), "
             "or remove the member",
-            byte=position,
+            byte=member.offset,
         )
 
 
-def _check_field(shard: Shard, name: str, ext: str, position: int) -> None:
+def _refuse_field(shard: Shard, name: str, ext: str, position: int) -> None:
     """Refuse a member whose name gives no field, or the key column's name."""
-    if ext and ext != KEY:
-        return
     problem = (
         f"member {name!r} has no extension: nothing names its field (a field is what follows "
         "the first dot of the file name: 0001.jpg is field jpg of sample 0001)"
@@ -175,12 +190,14 @@ def _check_field(shard: Shard, name: str, ext: str, position: int) -> None:
 
 
 _KINDS = {
-    tarfile.SYMTYPE: "symbolic link",
-    tarfile.LNKTYPE: "hard link",
-    tarfile.CHRTYPE: "character device",
-    tarfile.BLKTYPE: "block device",
-    tarfile.FIFOTYPE: "FIFO",
+    b"2": "symbolic link",
+    b"1": "hard link",
+    b"3": "character device",
+    b"4": "block device",
+    b"6": "FIFO",
+    tar.SPARSE: "sparse file",
 }
+_LINKS = (b"1", b"2")
 
 
 class WebDatasetFormat(UncountedFormat):
