@@ -202,3 +202,23 @@ def test_pax_global_headers_are_skipped_and_sparse_members_named() -> None:
         (1024, "a.txt", tar.REGULAR, b"a"),  # its offset: after the global header, not at it
         (2048, "s.bin", tar.SPARSE, b""),
     ]
+
+
+def test_headers_dense_with_bytes_are_summed_exactly() -> None:
+    """A header's checksum is read from Adler-32 where its sum is under Adler's modulus
+    (256 bytes not zero at most) and summed byte by byte otherwise: a header near full
+    (names of 100 and 155 bytes, a link name, user and group names) is read, and a bit
+    flipped in it refused."""
+    info = tarfile.TarInfo("ü" * 77 + "/" + "ü" * 49)  # UTF-8: 2 bytes over 127 each
+    info.type, info.linkname = tarfile.SYMTYPE, "ü" * 50
+    info.uname, info.gname = "ü" * 15, "ü" * 15
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as t:
+        t.addfile(info)
+    raw = bytearray(buf.getvalue())
+    assert tar.BLOCK - raw[: tar.BLOCK].count(0) > 256 and sum(raw[: tar.BLOCK]) > 65_521
+    [member], _ = read(bytes(raw))
+    assert (member.name, member.linkname) == (info.name, info.linkname)
+    raw[400] ^= 0x04
+    with pytest.raises(tar.TarFormatError, match="fails its checksum"):
+        read(bytes(raw))

@@ -23,6 +23,7 @@ given as its own type, :data:`SPARSE`, not rebuilt (no WebDataset writer makes o
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterator
 from typing import Any, NamedTuple
 
@@ -221,7 +222,7 @@ def _check_sum(header: bytes, at: int) -> None:
     """Refuse a header whose checksum (the sum of its bytes, the checksum's own 8 as
     spaces; unsigned, or signed as some old writers made it) is not the one it holds."""
     held = _number(header[148:156], at, "checksum")
-    unsigned = sum(header) - sum(header[148:156]) + _SPACES
+    unsigned = _sum(header) - sum(header[148:156]) + _SPACES
     if held == unsigned:
         return
     signed = unsigned - 256 * sum(1 for b in header if b > 127)
@@ -232,6 +233,21 @@ def _check_sum(header: bytes, at: int) -> None:
             f"{unsigned}): this is not a tar header, or it is corrupt",
             at,
         )
+
+
+def _sum(header: bytes) -> int:
+    """The sum of ``header``'s bytes. Adler-32's low half is one more than that sum, modulo
+    65,521, and zlib computes it in C: exact where the sum is less than 65,520, which it is
+    whenever no more than 256 bytes are not zero (a header's names and numbers fill far
+    fewer). Python's ``sum`` over the 512 bytes took 2.5 us, most of a member's reading."""
+    if BLOCK - header.count(0) <= _ADLER_EXACT:
+        return (zlib.adler32(header) & 0xFFFF) - 1
+    return sum(header)
+
+
+_ADLER_EXACT = 65_519 // 255
+"""Non-zero bytes at most for which :func:`_sum` reads the sum from Adler-32: 256 bytes of
+255 sum to 65,280, under Adler-32's modulus (65,521) less its initial 1."""
 
 
 def _pax_records(data: bytes, at: int) -> dict[str, Any]:
