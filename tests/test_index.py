@@ -89,10 +89,9 @@ def test_second_job_reads_no_shard_to_index(store: Store, tmp_path: Path, fmt: s
     again = again_cat.scan(index=True)
     assert again_store.stats.hits == SHARDS and again_store.stats.misses == 0
     assert again_store.stats.written == 0
-    if fmt == "arrows":  # its inspection is kept in the index too: no shard opened at all
-        assert again_cat.source.stats.opens == 0 < plain_source.stats.opens
-    else:
-        assert again_cat.source.stats.as_dict() == plain_source.stats.as_dict()
+    # Nothing is read: an IPC stream's inspection and the others' schema are kept too.
+    assert again_cat.source.stats.opens == 0 < plain_source.stats.opens
+    assert again_cat.source.stats.bytes_read == 0
     assert indexes(again) == indexes(first)
     assert_plain_ints(again)
     if fmt != "arrows":  # IPC streams have no seek points
@@ -176,11 +175,11 @@ def test_second_job_reads_no_footer(store: Store, tmp_path: Path, fmt: str) -> N
 def test_a_corrupt_footer_entry_is_ignored_and_rewritten(
     local: Store, tmp_path: Path, damage: str
 ) -> None:
-    from ingest.planner.index.entries import footer_name
+    from ingest.planner.index.entries import blob_name
 
     write_dataset(local.fs, local.url("d"), "parquet", 2, 200, row_group_rows=50)
     first = catalog(local, str(tmp_path / "idx"))[0].scan()
-    victim, other = (tmp_path / "idx" / footer_name(s) for s in first.shards)
+    victim, other = (tmp_path / "idx" / blob_name(s) for s in first.shards)
     good = victim.read_bytes()
     doc = json.loads(good)
     victim.write_bytes(
@@ -247,7 +246,7 @@ def test_default_location_is_owner_only(
     dirs = [p for p in (tmp_path / "cache").rglob("*") if p.is_dir()] + [tmp_path / "cache"]
     files = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
     assert {tmp_path / "cache" / "ingest", tmp_path / "cache" / "ingest" / "index"} <= set(dirs)
-    assert len(files) == 3
+    assert len(files) == 3 + 1  # an entry per shard, and the schema the first one gave
     assert {stat.S_IMODE(p.stat().st_mode) for p in dirs} == {0o700}
     assert {stat.S_IMODE(p.stat().st_mode) for p in files} == {0o600}
 
@@ -263,7 +262,7 @@ def test_index_on_an_s3_url(s3: LoopbackS3, s3_store: Store, local: Store) -> No
     first = first_cat.scan(index=True)
     assert first_store.stats.written == SHARDS
     names = s3_store.fs.find(s3_store.url("index"))
-    assert len(names) == SHARDS and all(n.endswith(".json") for n in names)
+    assert len(names) == SHARDS + 1 and all(n.endswith(".json") for n in names)
 
     again_cat, again_store = catalog(local, location, options=s3.storage_options())
     again = again_cat.scan(index=True)
@@ -357,14 +356,14 @@ def test_cli_index_builds_then_finds(s3: LoopbackS3, s3_store: Store, tmp_path: 
     out = run("index", s3_store.url("d"), *opts, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["4 shards, 3 indexed, 0 already indexed, 1500 rows"]
-    assert len(list((tmp_path / "cache" / "ingest" / "index").rglob("*.json"))) == 3
+    assert len(list((tmp_path / "cache" / "ingest" / "index").rglob("*.json"))) == 3 + 1
     again = run("index", s3_store.url("d"), *opts, "--workers", "2", env=env)
     assert again.stdout.splitlines() == ["4 shards, 0 indexed, 3 already indexed, 1500 rows"]
     # On an index URL with the data's protocol, the -o options reach it too.
     remote = s3_store.url("index")
     on_s3 = run("index", s3_store.url("d"), *opts, "--index-dir", remote)
     assert on_s3.stdout.splitlines() == ["4 shards, 3 indexed, 0 already indexed, 1500 rows"]
-    assert len(s3_store.fs.find(remote)) == 3
+    assert len(s3_store.fs.find(remote)) == 3 + 1  # the entries, the first shard's schema
     assert s3.secret not in out.stdout + out.stderr + on_s3.stdout + on_s3.stderr
 
 
@@ -378,7 +377,7 @@ def test_cli_index_options_reach_an_index_elsewhere(
     out = run("index", local.url("d"), "--index-dir", remote, *opts)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["2 shards, 2 indexed, 0 already indexed, 100 rows"]
-    assert len(s3_store.fs.find(remote)) == 2
+    assert len(s3_store.fs.find(remote)) == 2 + 1
     nowhere = f"client_kwargs.endpoint_url=http://127.0.0.1:{free_port()}"
     refused = run("index", local.url("d"), "--index-dir", remote, "--index-option", nowhere)
     assert refused.returncode == 2 and refused.stdout == ""
@@ -549,7 +548,7 @@ def test_cli_index_with_ray_joins_the_cluster(
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["3 shards, 3 indexed, 0 already indexed, 300 rows"]
-    assert len(list((tmp_path / "i").rglob("*.json"))) == 3
+    assert len(list((tmp_path / "i").rglob("*.json"))) == 3 + 1
 
 
 def test_a_second_scan_infers_no_schema_of_an_unchanged_shard(
@@ -575,3 +574,40 @@ def test_a_second_scan_infers_no_schema_of_an_unchanged_shard(
     local.write("d/part-00000.jsonl", b'{"id": 1, "text": "changed", "extra": 2.5}\n')
     changed = catalog.scan()  # the first shard changed: its schema is inferred again
     assert len(calls) == 2 and changed.schema is not None and "extra" in changed.schema.names
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv", "tar", "jsonl.gz"])
+def test_a_second_job_infers_no_schema_it_kept(store: Store, tmp_path: Path, fmt: str) -> None:
+    """A schema inferred from a shard's first block (JSON Lines, CSV, a tar's first samples)
+    is kept in the shard index under the shard, the format and the read options it depends
+    on: a restarted job (a new stream) sends no request for it, which was a round trip and
+    up to a block of bytes on its first batch's path (50 ms away: 0.41 against 0.31 s to a
+    JSON Lines stream's first batch). Other read options, or a changed shard, infer again."""
+    write_dataset(store.fs, store.url("d"), fmt, 2, 300)
+    first_cat, first_store = catalog(store, str(tmp_path / "idx"))
+    first = first_cat.scan()
+    assert first_cat.source.stats.opens == 1 and first_store.stats.schema_writes == 1
+    again_cat, again_store = catalog(store, str(tmp_path / "idx"))
+    again = again_cat.scan()
+    assert (again_cat.source.stats.opens, again_cat.source.stats.bytes_read) == (0, 0)
+    assert again.schema == first.schema and again_store.stats.schema_hits == 1
+    other = ReadOptions(block_bytes=READ.block_bytes * 2)  # a tar's samples are not counted
+    other_cat, _ = catalog(store, str(tmp_path / "idx"), other)  # in bytes: the same key
+    assert other_cat.scan().schema == first.schema
+    assert other_cat.source.stats.opens == (0 if fmt == "tar" else 1)
+    time.sleep(0.01)  # another modification time (local), another ETag (S3)
+    store.fs.pipe(first.shards[0].url, store.fs.cat(first.shards[1].url))
+    changed_cat, _ = catalog(store, str(tmp_path / "idx"))
+    changed_cat.scan()
+    assert changed_cat.source.stats.opens == 1
+
+
+def test_a_kept_csv_schema_still_warns_of_a_delimiter_it_missed(
+    local: Store, tmp_path: Path
+) -> None:
+    local.write("d/a.csv", b"id;text\n1;one\n2;two\n")
+    for _ in range(2):  # inferred, then kept: the same warning
+        cat, _ = catalog(local, str(tmp_path / "idx"))
+        with pytest.warns(UserWarning, match=r"read with ReadOptions\(delimiter=';'\)"):
+            cat.scan()
+    assert cat.source.stats.opens == 0

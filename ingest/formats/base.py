@@ -532,6 +532,18 @@ class Format(ABC):
             raise NotImplementedError(f"format {self.name} must override infer_schema")
         return info.schema
 
+    def schema_key(self, options: ReadOptions) -> str | None:
+        """What :meth:`infer_schema` depends on besides the shard's bytes (this format's
+        variant and the read options it uses), as a key under which the shard index keeps a
+        schema it inferred: a restarted job then reads nothing for it. None (the default):
+        nothing is kept (a schema from a footer, kept with the footer)."""
+        return None
+
+    def kept_schema(self, shard: Shard, schema: pa.Schema, options: ReadOptions) -> None:
+        """Say of a schema the shard index kept (see :meth:`schema_key`) what
+        :meth:`infer_schema` says of the one it infers (its warnings); nothing by default."""
+        return
+
     @abstractmethod
     def open(self, ctx: ReadContext) -> ShardReader:
         """Open a reader over ``ctx.shard``."""

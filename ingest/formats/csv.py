@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import json
 import re
 import warnings
 from collections.abc import Sequence
@@ -255,6 +256,17 @@ class CsvFormat(UncountedFormat):
         elif len(schema) == 1 and options.delimiter is None:
             _warn_one_column(shard, schema.names[0], self.delimiter)
         return schema
+
+    def schema_key(self, options: ReadOptions) -> str | None:
+        """The delimiter and the first block's bytes and records; None without a header line
+        (whether the first record is the column names is a warning of the data's)."""
+        if not self.header:
+            return None
+        return json.dumps([self.name, self.delimiter, options.block_bytes, options.max_line_bytes])
+
+    def kept_schema(self, shard: Shard, schema: pa.Schema, options: ReadOptions) -> None:
+        if len(schema) == 1 and options.delimiter is None:
+            _warn_one_column(shard, schema.names[0], self.delimiter)
 
     def open(self, ctx: ReadContext) -> ShardReader:
         return _CsvReader(ctx, self.delimiter, _names(self, ctx.shard, ctx.options))

@@ -87,6 +87,20 @@ class JsonlFormat(UncountedFormat):
             shard.url, "has no JSON lines to infer a schema from", "pass ReadOptions(schema=...)"
         )
 
+    def schema_key(self, options: ReadOptions) -> str | None:
+        """The first block's bytes and lines, how deep they may nest, lines skipped or not,
+        and the field that holds a JSON document's records."""
+        return json.dumps(
+            [
+                self.name,
+                self.field,
+                options.block_bytes,
+                options.max_line_bytes,
+                options.max_json_depth,
+                options.on_error,
+            ]
+        )
+
     def open(self, ctx: ReadContext) -> ShardReader:
         return _JsonlReader(ctx, self.opener())
 

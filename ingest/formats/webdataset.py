@@ -218,6 +218,10 @@ class WebDatasetFormat(UncountedFormat):
             [pa.field(KEY, pa.string())] + [pa.field(e, pa.binary()) for e in sorted(extensions)]
         )
 
+    def schema_key(self, options: ReadOptions) -> str | None:
+        """The number of first samples whose fields are the columns."""
+        return f"{self.name} {_INFER_SAMPLES}"
+
     def open(self, ctx: ReadContext) -> ShardReader:
         return _WebDatasetReader(ctx)
 

@@ -19,6 +19,10 @@ tasks on the ingest nod
 
 Footers are kept too (:mod:`.footers`): a format whose inspection comes back from bytes
 (Parquet's footer) has them stored under the same key, so a restarted job reads no footer.
+So is a schema inferred from a shard's bytes (JSON Lines, CSV, a tar's first samples), under
+the shard's key and what the inference depends on besides (``Format.schema_key``: the
+format's variant, the read options it uses, the pyarrow version): a restarted job reads
+nothing of the first shard for it (:meth:`IndexStore.get_schema`).
 
 Modules: :mod:`.store` (:class:`IndexStore` and where it keeps entries), :mod:`.entries` (an
 entry's key, name and JSON, checked when read), :mod:`.build` (the :data:`Indexer` that

@@ -125,37 +125,54 @@ def _seeks(raw_seeks: Any, rows: int) -> tuple[Seek, ...]:
     return tuple(seeks)
 
 
-def footer_name(shard: Shard) -> str:
-    """Where ``shard``'s footer is kept: apart from its index entry, under the same key."""
+FOOTER = "footer"
+"""The kind of blob that is a shard's footer (the bytes its format gave to inspect it)."""
+SCHEMA = "schema"
+"""The kind of blob that is a schema inferred from a shard's bytes (Arrow IPC), kept under
+what its inference depends on besides them (``inferred``)."""
+
+
+def _blob_key(shard: Shard, kind: str, inferred: str | None) -> dict[str, Any]:
+    return {**_key(shard), "kind": kind} | ({} if inferred is None else {"inferred": inferred})
+
+
+def blob_name(shard: Shard, kind: str = FOOTER, inferred: str | None = None) -> str:
+    """Where ``shard``'s blob of ``kind`` is kept: apart from its index entry, under the same
+    key (and ``inferred``, for a schema)."""
     digest = hashlib.sha256(
-        json.dumps({**_key(shard), "kind": "footer"}, sort_keys=True).encode()
+        json.dumps(_blob_key(shard, kind, inferred), sort_keys=True).encode()
     ).hexdigest()
-    return f"footers/{digest[:2]}/{digest}.json"
+    return f"{kind}s/{digest[:2]}/{digest}.json"
 
 
-def encode_footer(shard: Shard, footer: bytes) -> bytes:
-    """The JSON bytes stored for ``shard``'s footer (the format's own bytes, base64)."""
-    doc = {**_key(shard), "kind": "footer", "footer": base64.b64encode(footer).decode()}
+def encode_blob(
+    shard: Shard, data: bytes, kind: str = FOOTER, inferred: str | None = None
+) -> bytes:
+    """The JSON bytes stored for ``shard``'s blob of ``kind`` (its bytes, base64)."""
+    doc = {**_blob_key(shard, kind, inferred), kind: base64.b64encode(data).decode()}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
-def decode_footer(shard: Shard, data: bytes) -> bytes:
-    """The footer bytes of an entry written by :func:`encode_footer` for ``shard``.
+def decode_blob(
+    shard: Shard, data: bytes, kind: str = FOOTER, inferred: str | None = None
+) -> bytes:
+    """The bytes of a blob written by :func:`encode_blob` for ``shard``, ``kind`` and
+    ``inferred``.
 
     Raises:
         CorruptEntryError: If it does not parse or belongs to another key.
     """
     doc = _json_object(data)
-    for name, want in {**_key(shard), "kind": "footer"}.items():
+    for name, want in _blob_key(shard, kind, inferred).items():
         if doc.get(name) != want:
             raise CorruptEntryError(f"{name} is {doc.get(name)!r}, expected {want!r}")
-    footer = doc.get("footer")
-    if not isinstance(footer, str):
-        raise CorruptEntryError(f"footer is {type(footer).__name__}, not a base64 string")
+    blob = doc.get(kind)
+    if not isinstance(blob, str):
+        raise CorruptEntryError(f"{kind} is {type(blob).__name__}, not a base64 string")
     try:
-        return base64.b64decode(footer, validate=True)
+        return base64.b64decode(blob, validate=True)
     except (binascii.Error, ValueError) as e:
-        raise CorruptEntryError(f"footer is not base64 ({e})") from None
+        raise CorruptEntryError(f"{kind} is not base64 ({e})") from None
 
 
 def listing_name(key: str) -> str:

@@ -15,19 +15,21 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from fsspec.utils import get_protocol
 
 from ingest.core.errors import ConfigError, IngestError, LocationError, redact
 from ingest.formats.base import ShardInfo
 from ingest.planner.index.entries import (
     INDEX_VERSION,
+    SCHEMA,
     CorruptEntryError,
+    blob_name,
+    decode_blob,
     decode_entry,
-    decode_footer,
+    encode_blob,
     encode_entry,
-    encode_footer,
     entry_name,
-    footer_name,
     listing_name,
     shard_identity,
 )
@@ -95,6 +97,10 @@ class IndexStats:
         footer_hits: Footers found in the index (the shard's footer not read again).
         footer_misses: Footers looked up and not found.
         footer_writes: Footers written (apart from ``written``, which counts entries).
+        schema_hits: Schemas inferred from a shard's bytes found in the index (not inferred
+            again).
+        schema_misses: Such schemas looked up and not found.
+        schema_writes: Such schemas written.
     """
 
     hits: int = 0
@@ -104,6 +110,9 @@ class IndexStats:
     footer_hits: int = 0
     footer_misses: int = 0
     footer_writes: int = 0
+    schema_hits: int = 0
+    schema_misses: int = 0
+    schema_writes: int = 0
 
 
 class IndexStore:
@@ -243,17 +252,17 @@ class IndexStore:
         Raises:
             IndexStoreError: If the location cannot be read (permissions, network).
         """
-        blobs = self._get_blobs([footer_name(s) for s in shards])
+        blobs = self._get_blobs([blob_name(s) for s in shards])
         out: list[bytes | None] = []
         for shard, blob in zip(shards, blobs, strict=True):
             footer = None
             if blob is not None:
                 try:
-                    footer = decode_footer(shard, blob)
+                    footer = decode_blob(shard, blob)
                 except CorruptEntryError as e:
                     self._count(corrupt=1)
                     warnings.warn(
-                        f"shard index footer {footer_name(shard)} for "
+                        f"shard index footer {blob_name(shard)} for "
                         f"{shard_identity(shard.url)} is ignored ({e}); the footer is read "
                         "again and kept",
                         IndexEntryWarning,
@@ -273,8 +282,47 @@ class IndexStore:
             IndexStoreError: If the location cannot be written.
         """
         if items:
-            blobs = [(footer_name(s), encode_footer(s, f)) for s, f in items]
+            blobs = [(blob_name(s), encode_blob(s, f)) for s, f in items]
             self._put_blobs(blobs, counter="footer_writes")
+
+    def get_schema(self, shard: Shard, inferred: str) -> pa.Schema | None:
+        """The schema inferred from ``shard`` and kept under ``inferred`` (what its inference
+        depends on besides the shard's bytes: see :meth:`put_schema`), or None; a corrupt one
+        is a miss, with a warning.
+
+        Raises:
+            IndexStoreError: If the location cannot be read (permissions, network).
+        """
+        name = blob_name(shard, SCHEMA, inferred)
+        [blob] = self._get_blobs([name])
+        schema = None
+        if blob is not None:
+            try:
+                schema = pa.ipc.read_schema(
+                    pa.py_buffer(decode_blob(shard, blob, SCHEMA, inferred))
+                )
+            except (CorruptEntryError, pa.ArrowInvalid) as e:
+                self._count(corrupt=1)
+                warnings.warn(
+                    f"shard index schema {name} for {shard_identity(shard.url)} is ignored "
+                    f"({e}); the schema is inferred again and kept",
+                    IndexEntryWarning,
+                    stacklevel=2,
+                )
+        self._count(**{"schema_hits" if schema is not None else "schema_misses": 1})
+        return schema
+
+    def put_schema(self, shard: Shard, inferred: str, schema: pa.Schema) -> None:
+        """Keep the schema inferred from ``shard``'s bytes under ``inferred``: the format and
+        the read options its inference depends on (``Format.schema_key``). A changed shard's,
+        or one inferred under other options, is never found.
+
+        Raises:
+            IndexStoreError: If the location cannot be written.
+        """
+        data = schema.serialize().to_pybytes()
+        blob = encode_blob(shard, data, SCHEMA, inferred)
+        self._put_blobs([(blob_name(shard, SCHEMA, inferred), blob)], counter="schema_writes")
 
     # -- writing ---------------------------------------------------------------------------
 
