@@ -32,8 +32,11 @@ REGULAR = b"0"
 """The type of a regular file (``\\0`` and ``7``, contiguous, are given as this)."""
 DIRECTORY = b"5"
 SPARSE = b"S"
+HARD_LINK, SYMBOLIC_LINK, CHARACTER_DEVICE, BLOCK_DEVICE, FIFO = b"1", b"2", b"3", b"4", b"6"
 _REGULAR = frozenset({b"0", b"\0", b"7"})
-_HAS_NO_DATA = frozenset({b"1", b"2", b"3", b"4", b"5", b"6"})
+_HAS_NO_DATA = frozenset(
+    {HARD_LINK, SYMBOLIC_LINK, CHARACTER_DEVICE, BLOCK_DEVICE, DIRECTORY, FIFO}
+)
 """Links, devices, FIFOs and directories: their size field counts no data blocks."""
 _LONG = {b"L": "name", b"K": "linkname"}
 _PAX = frozenset({b"x", b"X"})  # X: Solaris's extended header, as tarfile reads it
@@ -112,7 +115,7 @@ class Members:
         got = self._take(padded)
         if len(got) < padded:
             raise TarFormatError(
-                f"the data of {what} ends after {max(len(got), 0)} of its {size} bytes "
+                f"the data of {what} ends after {len(got)} of its {size} bytes "
                 "(the archive is truncated)",
                 byte,
             )
@@ -283,4 +286,17 @@ def _pax_records(data: bytes, at: int) -> dict[str, Any]:
     return out
 
 
-__all__ = ["BLOCK", "DIRECTORY", "REGULAR", "SPARSE", "Member", "Members", "TarFormatError"]
+__all__ = [
+    "BLOCK",
+    "BLOCK_DEVICE",
+    "CHARACTER_DEVICE",
+    "DIRECTORY",
+    "FIFO",
+    "HARD_LINK",
+    "REGULAR",
+    "SPARSE",
+    "SYMBOLIC_LINK",
+    "Member",
+    "Members",
+    "TarFormatError",
+]

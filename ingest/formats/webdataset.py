@@ -190,14 +190,14 @@ def _refuse_field(shard: Shard, name: str, ext: str, position: int) -> None:
 
 
 _KINDS = {
-    b"2": "symbolic link",
-    b"1": "hard link",
-    b"3": "character device",
-    b"4": "block device",
-    b"6": "FIFO",
+    tar.SYMBOLIC_LINK: "symbolic link",
+    tar.HARD_LINK: "hard link",
+    tar.CHARACTER_DEVICE: "character device",
+    tar.BLOCK_DEVICE: "block device",
+    tar.FIFO: "FIFO",
     tar.SPARSE: "sparse file",
 }
-_LINKS = (b"1", b"2")
+_LINKS = (tar.HARD_LINK, tar.SYMBOLIC_LINK)
 
 
 class WebDatasetFormat(UncountedFormat):
