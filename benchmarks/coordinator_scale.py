@@ -171,6 +171,7 @@ class GivenListing:
         first: bool,
         counted: bool,
         at: Mapping[str, Sequence[int]] | None = None,
+        since: Mapping[str, int] | None = None,
     ) -> Listing:
         return self._listing
 

@@ -93,6 +93,9 @@ class EpochBook(Generic[L]):
         self._start_listing: L | None = None
         self._handed = False
         """The start listing was made by the caller (see :meth:`_make_first`)."""
+        self._since: dict[str, int] = {}
+        """Following: each Delta table's first version (its first round's), by its root's
+        URL: every round lists the table from it (:meth:`_list`)."""
         self._start_epoch = 0
         self._start_step = 0
         self._in_order = False
@@ -154,10 +157,16 @@ class EpochBook(Generic[L]):
         version: of the shards it was saved on, only those it carries rows from are needed,
         and those the newest version no longer holds are joined to it from the state's
         (:meth:`~ingest.core.listing.Listed.joined`). A followed table only grows: it is
-        read at its newest.
+        read at its newest, from the version its first round listed (:meth:`_list`).
         """
         saved = state.dataset.tables
-        pinned = {} if self.config.follows else versions_of(saved)
+        if self.config.follows:
+            since = _first_versions(saved)
+            if listing is None or _first_versions(listing.tables) != since:
+                listing = self._list(since=since)
+            match_listing(state.dataset, listing.records(), listing.classes)
+            return listing
+        pinned = versions_of(saved)
         if not pinned:
             listing = self._list() if listing is None else listing
             match_listing(state.dataset, listing.records(), listing.classes)
@@ -185,10 +194,26 @@ class EpochBook(Generic[L]):
         *,
         first: bool = False,
         at: Mapping[str, Sequence[int]] | None = None,
+        since: Mapping[str, int] | None = None,
     ) -> L:
         """A listing from the lister (``at``: Delta tables' versions to list them at);
-        several ranks need every shard's row count."""
-        return self.lister.listing(wanted, first=first, counted=self.world_size > 1, at=at)
+        several ranks need every shard's row count. Following, each Delta table is listed
+        from its first round's version (``since``, else the book's: see
+        :func:`ingest.storage.sources.delta.snapshot`), so that a compaction between rounds
+        is read through."""
+        if self.config.follows and since is None:
+            since = self._since
+        return self.lister.listing(
+            wanted, first=first, counted=self.world_size > 1, at=at, since=since or None
+        )
+
+    def _followed(self, listing: L) -> L:
+        """``listing``, a followed round's: each Delta table it holds that the book did not
+        follow yet is followed from the version listed (the first round's)."""
+        if self.config.follows:
+            for url, version in _first_versions(listing.tables).items():
+                self._since.setdefault(url, version)
+        return listing
 
     @property
     def first_epoch(self) -> int:
@@ -305,6 +330,7 @@ class EpochBook(Generic[L]):
         listing = self._list(wanted if self.config.follows else None)
         made = last[1] if last is not None and last[0] is listing else None
         listing, carry, main, owed = made or self.plans.round_after(prev, listing)
+        self._followed(listing)
         carried = self._skip_ahead(epoch, listing, carry, main, Consumed())
         drop = self.config.remainder == "drop"
         dropped = prev.dropped + (prev.assignment.remainder_rows + len(prev.owed) if drop else 0)
@@ -322,6 +348,7 @@ class EpochBook(Generic[L]):
             listing = self._start_listing
             if listing is None:
                 listing = self._list(first=True)
+            self._followed(listing)
             return self.plans.plan(
                 epoch, step, listing, (), Consumed(), Consumed(), 0, 0, step, None
             )
@@ -674,6 +701,7 @@ class EpochBook(Generic[L]):
         self._start = state
         self._start_listing = listing
         self._handed = handed
+        self._since = _first_versions(state.dataset.tables) if self.config.follows else {}
         self._start_epoch = state.progress.epoch
         self._start_step = state.progress.step
         self._ahead = list(state.progress.ahead)
@@ -698,6 +726,12 @@ class EpochBook(Generic[L]):
             batches = state.progress.batches or 0
             first = batches if self.logs_batches else state.progress.step
             self.log.start(first, self.world_size)
+
+
+def _first_versions(tables: Iterable[tuple[str, int]]) -> dict[str, int]:
+    """Each Delta table's first version among ``tables`` (a listing's or a state's ``(root
+    URL, version)`` pairs): a followed table's first round's."""
+    return {url: versions[0] for url, versions in versions_of(tables).items()}
 
 
 __all__ = ["FOLD_EVERY", "MAIN", "BookConfig", "EpochBook", "Remainder"]

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from fsspec.utils import merge_offset_ranges
 
-from ingest.core.errors import ShardError
+from ingest.core.errors import ShardError, SourceError
 from ingest.formats.base import (
     Format,
     ReadContext,
@@ -172,6 +172,14 @@ class _ParquetReader(ShardReader):
     def __init__(self, ctx: ReadContext) -> None:
         super().__init__(ctx)
         info = ctx.info
+        if info.meta is None:  # listed from a followed Delta table's log, its file deleted
+            raise SourceError(
+                ctx.shard.url,
+                "was removed by a compaction and deleted by a VACUUM before the stream read "
+                "all its rows, while it followed the file's Delta table: those rows are gone",
+                "keep files longer than a stream may lag behind the table "
+                "(delta.deletedFileRetentionDuration), or start a new stream without the state",
+            )
         assert info.schema is not None  # set by inspect
         check_columns(ctx.shard.url, ctx.columns, info.schema.names)  # pyarrow skips them
         check_schema(ctx.shard.url, info.schema, ctx.schema, ctx.schema_origin, ctx.columns)

@@ -34,7 +34,7 @@ import pyarrow as pa
 from fsspec.utils import get_protocol
 from tqdm.auto import tqdm
 
-from ingest.core.errors import ConfigError, IngestError, ShardError, redact
+from ingest.core.errors import ConfigError, IngestError, ShardError, SourceError, redact
 from ingest.core.plan import PlanShard
 from ingest.core.quarantine import skippable
 from ingest.core.state import ShardRecord
@@ -244,6 +244,7 @@ class Catalog:
         schema: bool = True,
         index: bool = False,
         at: Mapping[str, Sequence[int]] | None = None,
+        since: Mapping[str, int] | None = None,
     ) -> Listing:
         """List the source once and inspect every shard.
 
@@ -256,6 +257,8 @@ class Catalog:
                 only the rest are read, by the indexer, and stored. Needs ``schema``.
             at: Delta tables' versions by their roots' URLs (a state's): those tables' files
                 are those of these versions, the others' their newest.
+            since: Followed Delta tables' first versions by their roots' URLs: their files
+                are those of that version and those appended since.
 
         Raises:
             SourceError: If the source cannot be listed or matches nothing.
@@ -263,11 +266,14 @@ class Catalog:
                 schemas disagree.
             IndexStoreError: If the index store cannot be read or written.
         """
-        listed = self.source.list_shards(FORMAT_RESOLVER, listings=self.index_store, at=at)
+        listed = self.source.list_shards(
+            FORMAT_RESOLVER, listings=self.index_store, at=at, since=since
+        )
         shards, classes = folders.group(without_incidental(listed))
         tables = tuple(sorted((u, v) for u, t in self._tables().items() for v in t.versions))
         shards = self._as_read(shards)
         known = self._recall_footers(shards)
+        vacuumed = self._vacuumed()
         with self._lock:
             reads = [
                 n
@@ -275,11 +281,14 @@ class Catalog:
                 if s.size > 0
                 and (s.url, s.size, s.version) not in self._cache
                 and get_format(s.format).inspect_reads
+                and s.url not in vacuumed
             ]
         found: list[ShardInfo | None] = [None] * len(shards)
         threaded = set(reads)
         for n, shard in enumerate(shards):  # the inspections that read nothing: in line, first
-            if n not in threaded:
+            if shard.url in vacuumed:
+                found[n] = _vacuumed_info(shard, vacuumed[shard.url])
+            elif n not in threaded:
                 found[n] = self._inspect_or_unread(shard)
         with tqdm(
             total=len(reads),
@@ -308,7 +317,8 @@ class Catalog:
                     one(n)
         infos = cast(list[ShardInfo], found)  # every one set above
         if self.index_store is not None:  # footers read just now, for the next job
-            keep_footers(self.index_store, list(zip(shards, infos, strict=True)), known)
+            read = [(s, i) for s, i in zip(shards, infos, strict=True) if s.url not in vacuumed]
+            keep_footers(self.index_store, read, known)
         if not schema:
             return Listing(tuple(shards), tuple(infos), None, "", classes, tables=tables)
         listing = replace(self._settled(shards, infos, classes), tables=tables)
@@ -318,6 +328,11 @@ class Catalog:
         """The Delta tables the source's last listing found (a stand-in source has none)."""
         tables: Mapping[str, TableVersion] = getattr(self.source, "tables", {})
         return tables
+
+    def _vacuumed(self) -> dict[str, int | None]:
+        """The files of followed Delta tables that a compaction removed and a VACUUM
+        deleted since a round listed them, with their row counts from the log."""
+        return {url: rows for t in self._tables().values() for url, rows in t.vacuumed.items()}
 
     def _as_read(self, shards: list[Shard]) -> list[Shard]:
         """``shards`` as the stream's options read them: the hive partitions it reads (none
@@ -579,6 +594,22 @@ class Catalog:
         if inferred is not None:
             self.index_store.put_schema(shard, key, inferred)
         return inferred
+
+
+def _vacuumed_info(shard: Shard, rows: int | None) -> ShardInfo:
+    """A followed Delta table's file gone since a round listed it (a compaction removed it,
+    a VACUUM deleted it): its row count from the log, its footer not read (the rounds
+    before read its rows; one that did not fails to open it, naming it)."""
+    if rows is None:
+        raise SourceError(
+            shard.url,
+            "was removed by a compaction and deleted by a VACUUM while the stream followed "
+            "its Delta table, and the table's log holds no row count for it (numRecords), "
+            "so the rounds that read it cannot be planned again",
+            "start a new stream without the state, or keep files longer than a stream "
+            "follows the table (delta.deletedFileRetentionDuration)",
+        )
+    return ShardInfo(rows=rows)
 
 
 def _index_key(shard: Shard) -> tuple[str, int, str, str]:

@@ -60,10 +60,15 @@ class Planner:
         return self.catalog.source
 
     def scan(
-        self, *, counted: bool = False, at: Mapping[str, Sequence[int]] | None = None
+        self,
+        *,
+        counted: bool = False,
+        at: Mapping[str, Sequence[int]] | None = None,
+        since: Mapping[str, int] | None = None,
     ) -> Listing:
         """One listing of the source; ``counted``: every shard gets a row count; ``at``:
-        Delta tables' versions to list them at (:meth:`Catalog.scan`).
+        Delta tables' versions to list them at; ``since``: followed Delta tables' first
+        versions (:meth:`Catalog.scan`).
 
         Following a manifest, only the shards it names (read first) are in the listing; a
         line that names no listed shard is an error (:meth:`ingest.storage.follow.Manifest.select`).
@@ -71,7 +76,7 @@ class Planner:
         finished = None
         if self.follow is not None and self.follow.manifest is not None:
             finished = read_manifest(self.source, self.follow.manifest)
-        listing = self.catalog.scan(progress=self.progress, index=counted, at=at)
+        listing = self.catalog.scan(progress=self.progress, index=counted, at=at, since=since)
         if finished is not None:
             listing = listing.subset(finished.select(self.source, [s.url for s in listing.shards]))
         return listing
@@ -83,6 +88,7 @@ class Planner:
         first: bool,
         counted: bool,
         at: Mapping[str, Sequence[int]] | None = None,
+        since: Mapping[str, int] | None = None,
     ) -> Listing:
         """See :meth:`ingest.core.listing.Lister.listing`."""
         follow = self.follow
@@ -93,7 +99,7 @@ class Planner:
 
         while True:
             try:
-                listing = self.scan(counted=counted, at=at)
+                listing = self.scan(counted=counted, at=at, since=since)
             except NoShardsError as e:  # followed: the first round waits for a first shard
                 if follow is None or not first:
                     raise

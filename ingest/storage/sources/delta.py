@@ -15,6 +15,15 @@ its epoch at that version (``read_log(at=...)``: Delta's time travel), since a c
 (OPTIMIZE) or an overwrite after the state leaves the files it was saved on out of the
 newest version, though on the store until VACUUM.
 
+A followed table (``follow=``) is read as a stream of appends, as Delta's own streaming
+source reads it: the files of the version the first round listed, then those each commit
+since added with ``dataChange`` true (``snapshot(..., since=...)``). A compaction's commit
+(``dataChange`` false) rewrites rows the table holds already: the files it added are not
+read (their rows are in the files it removed, read or to be read from them, on the store
+until VACUUM), and the files it removed stay in the listing (:attr:`DeltaSnapshot.retired`).
+A commit that removes a file with ``dataChange`` true (DELETE, UPDATE, MERGE, an overwrite)
+is refused: a followed table only grows.
+
 Written here, with fsspec and pyarrow, because the listing already holds the log's names
 and reads through the source's filesystem, retries and credentials; ``deltalake`` reads a
 table with its own object-store client and options. What this reader cannot read exactly
@@ -25,10 +34,11 @@ reader features, and v2 checkpoints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 import re
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -68,6 +78,14 @@ class DeltaFile:
     size: int
     partition: Partition
     """Its partition values, in the table's partition columns' order (null: null)."""
+    rows: int | None = None
+    """Its row count from the log's statistics (``numRecords``), for the files of
+    :attr:`DeltaSnapshot.retired` only (None elsewhere, or where the log has none)."""
+
+
+_COMMITS_KEPT = 100_000
+"""Commits a followed table's listing keeps read (their bytes, by version: a commit file is
+never rewritten) so that a round lists only the commits written since the last."""
 
 
 @dataclass(slots=True)
@@ -82,6 +100,8 @@ class DeltaLog:
     checkpoint_version: int | None = None
     at: int | None = None
     """The version read (None: the newest)."""
+    since: int | None = None
+    """Followed from this version: its checkpoint is at or before it (see :func:`snapshot`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +112,10 @@ class TableVersion:
 
     versions: tuple[int, ...]
     schema: pa.Schema | None
+    vacuumed: Mapping[str, int | None] = field(default_factory=dict)
+    """A followed table's files that a compaction removed and a VACUUM deleted since a
+    round listed them (their URLs), each with its row count from the log (None: the log
+    has none): listed without a read (the rounds before read them)."""
 
 
 def table_roots(names: Iterable[str]) -> set[str]:
@@ -115,7 +139,13 @@ def in_log(name: str, root: str) -> bool:
 
 
 def read_log(
-    fs: fsspec.AbstractFileSystem, root: str, names: Iterable[str], at: int | None = None
+    fs: fsspec.AbstractFileSystem,
+    root: str,
+    names: Iterable[str],
+    at: int | None = None,
+    *,
+    since: int | None = None,
+    kept: MutableMapping[int, bytes] | None = None,
 ) -> DeltaLog:
     """The log of the table at ``root``: its last checkpoint and the commits after it, up
     to version ``at`` (None: the newest).
@@ -126,6 +156,10 @@ def read_log(
         names: The paths of the log's files (a listing's; the log is listed when empty).
         at: The version to read (a state's): the newest checkpoint at or before it, and the
             commits after that up to it.
+        since: A followed table's first version: the newest checkpoint at or before it,
+            and every commit after that (:func:`snapshot` with ``since``).
+        kept: Commits read before, by version (a followed table's): not read again, and
+            those read are added (up to :data:`_COMMITS_KEPT`).
     """
     log_dir = posixpath.join(root, LOG)
     files = {posixpath.basename(n): n for n in names if posixpath.dirname(n) == log_dir}
@@ -134,8 +168,8 @@ def read_log(
     commits = {int(m[1]): path for b, path in files.items() if (m := _COMMIT.fullmatch(b))}
     if at is not None:
         commits = {v: path for v, path in commits.items() if v <= at}
-    version, parts = _last_checkpoint(files, at)
-    log = DeltaLog(root, checkpoint_version=version, at=at)
+    version, parts = _last_checkpoint(files, at if since is None else since)
+    log = DeltaLog(root, checkpoint_version=version, at=at, since=since)
     if version is not None:
         for path in parts:
             with fs.open(path, "rb") as f:
@@ -144,6 +178,9 @@ def read_log(
                 table = parquet.read(columns=[c for c in _CHECKPOINT_COLUMNS if c in names])
             log.checkpoint.extend(_actions(table))
     wanted = {commits[v]: v for v in sorted(commits) if version is None or v > version}
+    if kept is not None:
+        log.commits = {v: kept[v] for v in wanted.values() if v in kept}
+        wanted = {path: v for path, v in wanted.items() if v not in kept}
     if wanted:
         # One call for all: an object store's filesystem (s3fs, gcsfs) fetches them at once,
         # where a table written without checkpoints (delta-rs writes none unless asked) has
@@ -151,7 +188,10 @@ def read_log(
         got = fs.cat(list(wanted))
         found = got if isinstance(got, dict) else {next(iter(wanted)): got}
         by_name = {posixpath.basename(k): data for k, data in found.items()}  # as it keys them
-        log.commits = {v: by_name[posixpath.basename(path)] for path, v in wanted.items()}
+        read = {v: by_name[posixpath.basename(path)] for path, v in wanted.items()}
+        log.commits.update(read)
+        if kept is not None and len(kept) + len(read) <= _COMMITS_KEPT:
+            kept.update(read)
     return log
 
 
@@ -207,6 +247,11 @@ class DeltaSnapshot:
     files: list[DeltaFile]
     schema: pa.Schema | None
     version: int = 0
+    retired: frozenset[str] = frozenset()
+    """Followed (``since``): the paths among :attr:`files` that the newest version no longer
+    holds, removed by a compaction since (their rows are read from them, not from the files
+    it added): read from the store while there, listed from the log when a VACUUM removed
+    them (the rounds before read them)."""
 
 
 def current_files(log: DeltaLog, url: str | None = None) -> list[DeltaFile]:
@@ -218,17 +263,25 @@ def snapshot(log: DeltaLog, url: str | None = None) -> DeltaSnapshot:
     """The table's newest version (or the log's ``at``): its data files, in path order,
     and its schema.
 
+    A followed table's (the log's ``since``: the version its first round listed) files are
+    those of version ``since`` and those each commit after it added with ``dataChange``
+    true: a compaction's files (``dataChange`` false) are not, and the files it removed are
+    kept (:attr:`DeltaSnapshot.retired`).
+
     Raises:
         SourceError: If a commit after the checkpoint is missing, the log no longer holds
-            version ``at`` (or never did), or the table needs a reader this one is not (a
-            reader version above 3, a feature it cannot read exactly: :data:`_FEATURES`, a
-            file with a deletion vector, column mapping).
+            version ``at`` or ``since`` (or never did), a commit after ``since`` removes rows
+            (a file removed with ``dataChange`` true), or the table needs a reader this one
+            is not (a reader version above 3, a feature it cannot read exactly:
+            :data:`_FEATURES`, a file with a deletion vector, column mapping).
     """
     where = url or log.root
     first = 0 if log.checkpoint_version is None else log.checkpoint_version + 1
     expected = range(first, first + len(log.commits))
     if log.at is not None:
         _check_holds(log, where, list(expected))
+    if log.since is not None:
+        _check_follows(log, where, list(expected))
     if sorted(log.commits) != list(expected):
         gap = next(v for v in expected if v not in log.commits)
         raise SourceError(
@@ -239,32 +292,105 @@ def snapshot(log: DeltaLog, url: str | None = None) -> DeltaSnapshot:
             "restore the log, or write a checkpoint of the table (deltalake's "
             "DeltaTable.create_checkpoint()) and list it again",
         )
-    files: dict[str, dict[str, Any]] = {}
-    protocol: dict[str, Any] = {}
-    meta: dict[str, Any] = {}
-    for action in _replayed(log, where):
-        if "add" in action:
-            add = action["add"]
-            files[add["path"]] = add
-        elif "remove" in action:
-            files.pop(action["remove"]["path"], None)
-        elif "protocol" in action:
-            protocol = action["protocol"]
-        elif "metaData" in action:
-            meta = action["metaData"]
+    files, retired, protocol, meta = _replay(log, where)
     _check_readable(where, protocol, meta, files.values())
     columns = list(meta.get("partitionColumns") or [])
     out = [
         DeltaFile(
-            path=_data_path(log.root, add["path"]),
+            path=_data_path(log.root, path),
             size=int(add.get("size") or 0),
             partition=tuple((c, (add.get("partitionValues") or {}).get(c)) for c in columns),
+            rows=_records(add) if path in retired else None,
         )
-        for add in files.values()
+        for path, add in files.items()
     ]
     newest = max(log.commits) if log.commits else log.checkpoint_version
     return DeltaSnapshot(
-        sorted(out, key=lambda f: f.path), arrow_schema(meta.get("schemaString")), newest or 0
+        sorted(out, key=lambda f: f.path),
+        arrow_schema(meta.get("schemaString")),
+        newest or 0,
+        frozenset(_data_path(log.root, p) for p in retired if p in files),
+    )
+
+
+def _replay(
+    log: DeltaLog, where: str
+) -> tuple[dict[str, dict[str, Any]], set[str], dict[str, Any], dict[str, Any]]:
+    """The log's actions replayed (:func:`snapshot`): the files' ``add`` actions by path,
+    the paths among them a compaction since ``log.since`` removed, and the newest
+    ``protocol`` and ``metaData``."""
+    files: dict[str, dict[str, Any]] = {}
+    retired: set[str] = set()
+    protocol: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    since = log.since
+    for version, action in _replayed(log, where):
+        followed = since is not None and version > since
+        if "add" in action:
+            add = action["add"]
+            if followed and add.get("dataChange") is False:
+                continue  # a compaction's: its rows are read from the files it removed
+            files[add["path"]] = add
+            retired.discard(add["path"])
+        elif "remove" in action:
+            path = action["remove"]["path"]
+            if not followed:
+                files.pop(path, None)
+            elif action["remove"].get("dataChange") is False:
+                retired.add(path)  # a compaction's: the file stays, its rows read from it
+            else:
+                raise _not_an_append(log, where, version, path)
+        elif "protocol" in action:
+            protocol = action["protocol"]
+        elif "metaData" in action:
+            meta = action["metaData"]
+    return files, retired, protocol, meta
+
+
+def _records(add: Mapping[str, Any]) -> int | None:
+    """A file's row count from its ``add`` action's statistics (``numRecords``), if any."""
+    try:
+        rows = json.loads(add.get("stats") or "{}").get("numRecords")
+    except (ValueError, TypeError, AttributeError):
+        return None
+    return rows if isinstance(rows, int) and rows >= 0 else None
+
+
+def _check_follows(log: DeltaLog, where: str, expected: list[int]) -> None:
+    """Refuse a followed table's log that no longer holds version ``log.since`` and every
+    commit after it (the log's retention removed them, or the table was written again)."""
+    since = log.since
+    held = sorted(log.commits)
+    reaches = (held[-1] if held else log.checkpoint_version) or 0
+    if held == expected and reaches >= (since or 0):
+        return
+    raise SourceError(
+        where,
+        f"its Delta log no longer holds version {since} and every commit after it (it holds "
+        f"{held[:1]}..{held[-1:]} after checkpoint {log.checkpoint_version}): a followed "
+        "table's rounds read the files of the version the first round listed and those "
+        "appended since, and the log's retention (delta.logRetentionDuration) removed those "
+        "commits, or the table was written again from scratch",
+        "start a new stream without the state (its first round reads the newest version "
+        "whole), or keep the log longer than a stream follows the table",
+    )
+
+
+def _not_an_append(log: DeltaLog, where: str, version: int, path: str) -> SourceError:
+    """The error for a followed table's commit ``version`` that removed file ``path`` with
+    ``dataChange`` true: not an append (its operation named, from its commitInfo)."""
+    operation = "?"
+    for line in log.commits.get(version, b"").splitlines():
+        if b'"commitInfo"' in line:
+            with contextlib.suppress(ValueError, KeyError, AttributeError):
+                operation = str(json.loads(line)["commitInfo"].get("operation", "?"))
+    return SourceError(
+        where,
+        f"its Delta commit {version} ({operation}) removes rows while the stream follows the "
+        f"table (file {path} removed with dataChange true: a DELETE, UPDATE, MERGE or "
+        "overwrite); rows a round read may be gone, or come again rewritten",
+        "a followed table only grows: append to it (a compaction, OPTIMIZE, is read through), "
+        "or start a new stream without the state to read its newest version",
     )
 
 
@@ -334,14 +460,16 @@ def _type(t: Any) -> pa.DataType:
     raise KeyError(kind)
 
 
-def _replayed(log: DeltaLog, where: str) -> Iterator[dict[str, Any]]:
-    """The checkpoint's actions, then each commit's, in order."""
-    yield from log.checkpoint
+def _replayed(log: DeltaLog, where: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    """The checkpoint's actions, then each commit's, in order, each with its version."""
+    at = -1 if log.checkpoint_version is None else log.checkpoint_version
+    for action in log.checkpoint:
+        yield at, action
     for version in sorted(log.commits):
         for n, line in enumerate(log.commits[version].splitlines()):
             if line.strip():
                 try:
-                    yield json.loads(line)
+                    yield version, json.loads(line)
                 except ValueError as e:
                     raise SourceError(
                         where,

@@ -45,11 +45,12 @@ def list_url(
     listings: ListingStore | None,
     tables: dict[str, delta.TableVersion] | None = None,
     at: Mapping[str, Sequence[int]] | None = None,
+    since: Mapping[str, int] | None = None,
 ) -> list[Shard]:
     """The shards ``url`` lists, for :meth:`Source.list_shards` (see there); ``tables``
     gets the Delta tables it holds, each root's URL with the version listed and its schema;
     ``at`` pins tables (by their roots' URLs) to versions (the files of each), the newest
-    otherwise."""
+    otherwise; ``since`` follows tables from a version (the files appended since it too)."""
     fs = source.filesystem(url)
     key = None
     if get_protocol(url) == "hf":
@@ -62,7 +63,8 @@ def list_url(
     logged: dict[str, Partition] = {}  # a Delta table's files: their log's partitions
     if not explicit:
         found = {} if tables is None else tables
-        infos, logged = _delta_tables(source, fs, (url, path, base), infos, found, at or {})
+        pins = (at or {}, since or {})
+        infos, logged = _delta_tables(source, fs, (url, path, base), infos, found, pins)
     shards: list[Shard] = []
     names: list[str] = []  # each shard's path on its filesystem
     for info in infos:
@@ -97,7 +99,8 @@ def list_url(
         names.append(name)
     if not shards:
         _raise_no_match(fs, url, path, formats)
-    _warn_unversioned(url, shards)
+    gone = {u for t in (tables or {}).values() for u in t.vacuumed}  # listed from the log
+    _warn_unversioned(url, [s for s in shards if s.url not in gone])
     if not explicit:
         _warn_splits(url, base, names, shards)
     return shards
@@ -114,13 +117,15 @@ def _delta_tables(
     where: tuple[str, str, str],
     infos: list[dict[str, Any]],
     tables: dict[str, delta.TableVersion],
-    at: Mapping[str, Sequence[int]],
+    pins: tuple[Mapping[str, Sequence[int]], Mapping[str, int]],
 ) -> tuple[list[dict[str, Any]], dict[str, Partition]]:
     """``infos`` less the files of Delta tables that their version does not hold (earlier
     versions' files, the logs, change data), and the partition of each file kept that is a
     table's (from its log): the tables whose log the listing holds, or at a glob's root
-    (:mod:`ingest.storage.sources.delta`), at the versions ``at`` pins (by the root's URL:
-    the files of each), else the newest; ``tables`` gets each one's root URL, versions and
+    (:mod:`ingest.storage.sources.delta`), at the versions ``pins`` pins (by the root's URL:
+    the files of each), else the newest, or followed from the version ``pins`` gives second
+    (the files appended since too, and those a compaction since removed: listed from the
+    log where a VACUUM removed them); ``tables`` gets each one's root URL, versions and
     schema. ``where``: the listed URL, its path and its base.
 
     Raises:
@@ -136,29 +141,39 @@ def _delta_tables(
         roots |= {base} if fs.isdir(posixpath.join(base, delta.LOG)) else set()
     if not roots:
         return infos, {}
+    at, since = pins
     current: dict[str, delta.DeltaFile] = {}
     listed = set(names)
+    retired: list[dict[str, Any]] = []  # a followed table's files a VACUUM removed
     for root in sorted(roots):
         logged = [n for n in names if n.startswith(f"{root}/{delta.LOG}/")]
         table = fs.unstrip_protocol(root)
         versions: list[delta.DeltaSnapshot] = []
-        pins: Sequence[int | None] = at.get(table) or [None]
-        for pinned in pins:
-            read = functools.partial(delta.read_log, fs, root, logged, pinned)
+        vacuumed: dict[str, int | None] = {}
+        followed = since.get(table)
+        pinned_to: Sequence[int | None] = at.get(table) or [None]
+        for pinned in pinned_to if followed is None else [None]:
+            commits = None if followed is None else source.delta_commits(table)
+            read = functools.partial(
+                delta.read_log, fs, root, logged, pinned, since=followed, kept=commits
+            )
             try:
                 log = attempt(read, source.policy(url), source.stats)
             except GaveUpError as gave_up:
                 raise _listing_error(source, url, gave_up) from None
             version = delta.snapshot(log, table)
             current.update((f.path, f) for f in version.files)
-            paths = [f.path for f in version.files]
+            paths = [f.path for f in version.files if f.path not in version.retired]
             _check_listed(fs, root, paths, listed, glob=_is_glob(path), at=log.at)
+            gone = [f for f in version.files if f.path in version.retired and f.path not in listed]
+            retired += [{"name": f.path, "size": f.size, "type": "file"} for f in gone]
+            vacuumed.update((fs.unstrip_protocol(f.path), f.rows) for f in gone)
             versions.append(version)
         newest = max(versions, key=lambda v: v.version)
-        numbers = tuple(sorted({v.version for v in versions}))
-        tables[table] = delta.TableVersion(numbers, newest.schema)
+        numbers = {v.version for v in versions} | ({followed} if followed is not None else set())
+        tables[table] = delta.TableVersion(tuple(sorted(numbers)), newest.schema, vacuumed)
     kept = []
-    for info in infos:
+    for info in [*infos, *retired]:
         name = str(info["name"])
         table = next((r for r in roots if name.startswith(f"{r}/")), None)
         if table is None or (name in current and not delta.in_log(name, table)):

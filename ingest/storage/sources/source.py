@@ -117,6 +117,7 @@ class Source:
         self._hidden = {redact(u): u for u in self.urls if redact(u) != u}
         self._filesystems: dict[str, fsspec.AbstractFileSystem] = {}
         self._fs_lock = threading.Lock()
+        self._delta_commits: dict[str, dict[int, bytes]] = {}
         self.stats = IOStats()
         self.tables: dict[str, TableVersion] = {}
         """The Delta tables the last listing found (their roots' URLs), each with the
@@ -222,6 +223,7 @@ class Source:
         formats: FormatResolver,
         listings: ListingStore | None = None,
         at: Mapping[str, Sequence[int]] | None = None,
+        since: Mapping[str, int] | None = None,
     ) -> list[Shard]:
         """List every URL once and return the shards, sorted by URL, without duplicates.
 
@@ -236,6 +238,9 @@ class Source:
             at: Delta tables' versions, by their roots' URLs (a state's): those tables'
                 files are those of these versions (the rest of a resumed epoch reads the
                 files it was saved on, though a compaction since replaced them).
+            since: Followed Delta tables' first versions, by their roots' URLs: those
+                tables' files are those of that version and those appended since
+                (:func:`ingest.storage.sources.delta.snapshot`).
 
         Raises:
             SourceError: If a URL matches nothing, its bucket does not exist, the
@@ -252,7 +257,7 @@ class Source:
 
         def one(url: str) -> tuple[list[Shard], dict[str, TableVersion]]:
             tables: dict[str, TableVersion] = {}
-            return list_url(self, url, formats, listings, tables, at), tables
+            return list_url(self, url, formats, listings, tables, at, since), tables
 
         found: dict[str, Shard] = {}
         tables: dict[str, TableVersion] = {}
@@ -264,6 +269,12 @@ class Source:
         return [found[u] for u in sorted(found)]
 
     # -- opening -------------------------------------------------------------------------
+
+    def delta_commits(self, table: str) -> dict[int, bytes]:
+        """The commits of the followed Delta table at root URL ``table`` read so far, by
+        version (a commit file is never rewritten): each round reads only the new ones."""
+        with self._fs_lock:
+            return self._delta_commits.setdefault(table, {})
 
     def fs_path(self, shard: Shard) -> tuple[fsspec.AbstractFileSystem, str]:
         """The filesystem that reads ``shard`` from its store, and its path there."""
@@ -499,7 +510,7 @@ class Source:
         return blob[start:end]
 
     def __getstate__(self) -> dict[str, Any]:
-        skip = ("_filesystems", "_fs_lock", "stats", "_shard_cache")
+        skip = ("_filesystems", "_fs_lock", "stats", "_shard_cache", "_delta_commits")
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -508,6 +519,7 @@ class Source:
         self._filesystems = {}
         self._fs_lock = threading.Lock()
         self._shard_cache = None
+        self._delta_commits = {}
 
 
 def _short(start: int, end: int, got: int) -> str:
