@@ -268,3 +268,33 @@ def test_a_ray_streams_ranks_follow_a_table_through_a_compaction(tmp_path: Path)
     appended = {i for first in firsts for i in range(first, first + 40)}
     assert len(got) == len(set(got)) and set(got) <= appended
     assert len(appended) - len(got) < 3 * 5, "all but the rows that fill no step of 3 ranks"
+
+
+def test_each_round_reads_only_the_commits_written_since_the_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rounds list the table from the first round's version: the commits since are
+    kept as read (a commit file is never rewritten), so each is read once, not every round
+    (every ``poll_s`` while a round waits)."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    url = str(tmp_path / "t")
+    for k in range(2):
+        _append(url, k * 100)
+    read: list[str] = []
+    cat = LocalFileSystem.cat
+
+    def counted(self: Any, path: Any, *args: Any, **kwargs: Any) -> Any:
+        paths = path if isinstance(path, list) else [path]
+        read.extend(p.rsplit("/", 1)[-1] for p in paths if "_delta_log" in str(p))
+        return cat(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(LocalFileSystem, "cat", counted)
+    stream = ingest.Stream(url, batch_size=BATCH, follow=FOLLOW)
+    for n in range(1, 4):
+        _round(stream)
+        _append(url, 1000 * n)
+        _compact(url)
+    _once(_round(stream), 3000)
+    counts = Counter(read)
+    assert counts and max(counts.values()) == 1, counts

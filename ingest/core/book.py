@@ -200,11 +200,11 @@ class EpochBook(Generic[L]):
         several ranks need every shard's row count. Following, each Delta table is listed
         from its first round's version (``since``, else the book's: see
         :func:`ingest.storage.sources.delta.snapshot`), so that a compaction between rounds
-        is read through."""
+        is read through; a table not followed yet (the first round) at its newest."""
         if self.config.follows and since is None:
             since = self._since
         return self.lister.listing(
-            wanted, first=first, counted=self.world_size > 1, at=at, since=since or None
+            wanted, first=first, counted=self.world_size > 1, at=at, since=since
         )
 
     def _followed(self, listing: L) -> L:

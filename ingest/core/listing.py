@@ -105,10 +105,10 @@ class Lister(Protocol[L]):
             at: Versions of Delta tables, by their roots' URLs, to list them at (a state's,
                 for the rest of its epoch: the files of each version listed); the others at
                 their newest.
-            since: Followed Delta tables' first versions, by their roots' URLs (a followed
-                stream's first round's): their files are those of that version and those
-                appended since, read through compactions (the versions listed are the first
-                and the newest).
+            since: Following (None: not), Delta tables' first versions by their roots' URLs
+                (a followed stream's first round's): their files are those of that version
+                and those appended since, read through compactions (the versions listed are
+                the first and the newest); a table it does not name is listed at its newest.
         """
         ...
 

@@ -50,7 +50,8 @@ def list_url(
     """The shards ``url`` lists, for :meth:`Source.list_shards` (see there); ``tables``
     gets the Delta tables it holds, each root's URL with the version listed and its schema;
     ``at`` pins tables (by their roots' URLs) to versions (the files of each), the newest
-    otherwise; ``since`` follows tables from a version (the files appended since it too)."""
+    otherwise; ``since`` follows tables from a version (the files appended since it too;
+    a table it does not name at its newest; None: not following)."""
     fs = source.filesystem(url)
     key = None
     if get_protocol(url) == "hf":
@@ -63,7 +64,7 @@ def list_url(
     logged: dict[str, Partition] = {}  # a Delta table's files: their log's partitions
     if not explicit:
         found = {} if tables is None else tables
-        pins = (at or {}, since or {})
+        pins = (at or {}, since)
         infos, logged = _delta_tables(source, fs, (url, path, base), infos, found, pins)
     shards: list[Shard] = []
     names: list[str] = []  # each shard's path on its filesystem
@@ -117,7 +118,7 @@ def _delta_tables(
     where: tuple[str, str, str],
     infos: list[dict[str, Any]],
     tables: dict[str, delta.TableVersion],
-    pins: tuple[Mapping[str, Sequence[int]], Mapping[str, int]],
+    pins: tuple[Mapping[str, Sequence[int]], Mapping[str, int] | None],
 ) -> tuple[list[dict[str, Any]], dict[str, Partition]]:
     """``infos`` less the files of Delta tables that their version does not hold (earlier
     versions' files, the logs, change data), and the partition of each file kept that is a
@@ -125,8 +126,9 @@ def _delta_tables(
     (:mod:`ingest.storage.sources.delta`), at the versions ``pins`` pins (by the root's URL:
     the files of each), else the newest, or followed from the version ``pins`` gives second
     (the files appended since too, and those a compaction since removed: listed from the
-    log where a VACUUM removed them); ``tables`` gets each one's root URL, versions and
-    schema. ``where``: the listed URL, its path and its base.
+    log where a VACUUM removed them; None: not following, and a followed table's commits
+    are kept as read, :meth:`Source.delta_commits`); ``tables`` gets each one's root URL,
+    versions and schema. ``where``: the listed URL, its path and its base.
 
     Raises:
         SourceError: If a table's log cannot be read (or no longer holds the version
@@ -150,10 +152,10 @@ def _delta_tables(
         table = fs.unstrip_protocol(root)
         versions: list[delta.DeltaSnapshot] = []
         vacuumed: dict[str, int | None] = {}
-        followed = since.get(table)
+        followed = None if since is None else since.get(table)
         pinned_to: Sequence[int | None] = at.get(table) or [None]
         for pinned in pinned_to if followed is None else [None]:
-            commits = None if followed is None else source.delta_commits(table)
+            commits = None if since is None else source.delta_commits(table)
             read = functools.partial(
                 delta.read_log, fs, root, logged, pinned, since=followed, kept=commits
             )
