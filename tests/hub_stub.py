@@ -10,7 +10,11 @@ kind so tests can count what a client asked for; anything the stub does not know
 as "other" and answered 404.
 
 No Xet headers and no `xetHash` are ever sent, so clients read files over plain HTTP from
-`/resolve/`.
+`/resolve/`. With `redirect_lfs`, a `resolve` of an LFS file answers as the Hub does: 302 to
+a signed URL of its CDN (`/cdn/{sha256}?Expires=...` on another port, `cdn_endpoint`: another
+origin, logged as "cdn"), which serves the
+bytes (with `Range`) until it expires (403 after), and refuses a request that carries an
+`Authorization` header (400), as a presigned S3 URL does.
 
 Usage::
 
@@ -32,6 +36,7 @@ import itertools
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +46,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode
 
-KINDS = ("revision", "tree", "paths-info", "resolve", "commits", "refs", "whoami", "other")
+KINDS = ("revision", "tree", "paths-info", "resolve", "cdn", "commits", "refs", "whoami", "other")
 """What `HubStub.requests` logs each request as (see `HubStub`)."""
 
 _LFS_POINTER_SIZE = 134  # bytes of a Git LFS pointer file, what the Hub reports as pointerSize
@@ -241,7 +246,9 @@ class HubStub:
     - `POST /api/datasets/{repo}/paths-info/{rev}` (form or JSON `paths`, `expand`): "paths-info".
     - `GET /api/datasets/{repo}/commits/{rev}`: the revision's history, newest first: "commits".
     - `GET /api/datasets/{repo}/refs`: branches, `converts` (refs/convert/*) and PRs: "refs".
-    - `GET|HEAD /datasets/{repo}/resolve/{rev}/{path}`: the file, 206 for a `Range`: "resolve".
+    - `GET|HEAD /datasets/{repo}/resolve/{rev}/{path}`: the file, 206 for a `Range`: "resolve";
+      with `redirect_lfs`, an LFS file's 302 to `/cdn/{sha256}?Expires=...` (`cdn_ttl_s`
+      ahead): "cdn", its bytes until then, 403 after, 400 with an `Authorization` header.
     - `GET /api/whoami-v2`: "whoami". Anything else: "other", 404 (without `X-Error-Code`).
 
     Unknown repo, revision or path: 404 with `X-Error-Code` `RepoNotFound`, `RevisionNotFound`
@@ -261,6 +268,8 @@ class HubStub:
         expand_page_size: int = 50,
         lfs_min_size: int = 10 * 1024 * 1024,
         lfs_patterns: Sequence[str] = ("*.parquet", "*.arrow"),
+        redirect_lfs: bool = False,
+        cdn_ttl_s: float = 3600.0,
     ) -> None:
         if page_size < 1 or expand_page_size < 1:
             raise ValueError("page sizes must be positive")
@@ -269,6 +278,9 @@ class HubStub:
         self.token = token
         self.lfs_min_size = lfs_min_size
         self.lfs_patterns = tuple(lfs_patterns)
+        self.redirect_lfs = redirect_lfs
+        self.cdn_ttl_s = cdn_ttl_s
+        self._cdn: dict[str, bytes] = {}
         self.endpoint = ""
         self.requests: list[tuple[str, str, str]] = []
         self.records: list[RequestRecord] = []
@@ -283,6 +295,9 @@ class HubStub:
         self._seq = itertools.count()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        self.cdn_endpoint = ""
+        self._cdn_server: ThreadingHTTPServer | None = None
+        self._cdn_thread: threading.Thread | None = None
 
     def __repr__(self) -> str:
         return f"HubStub(endpoint={self.endpoint!r}, repos={sorted(self._repos)})"
@@ -319,10 +334,27 @@ class HubStub:
             daemon=True,
         )
         self._thread.start()
+        if self.redirect_lfs:  # the CDN: another origin (a client drops the token there)
+            cdn = self.server()
+            self._cdn_server = cdn
+            self.cdn_endpoint = f"http://127.0.0.1:{cdn.server_address[1]}"
+            self._cdn_thread = threading.Thread(
+                target=cdn.serve_forever,
+                kwargs={"poll_interval": 0.05},
+                name="hub-stub-cdn",
+                daemon=True,
+            )
+            self._cdn_thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop serving and close the listening socket."""
+        """Stop serving and close the listening sockets."""
+        cdn, self._cdn_server = self._cdn_server, None
+        if cdn is not None:
+            cdn.shutdown()
+            cdn.server_close()
+            if self._cdn_thread is not None:
+                self._cdn_thread.join(timeout=5)
         server, self._server = self._server, None
         if server is None:
             return
@@ -580,6 +612,10 @@ def _classify(method: str, path: str, body: bytes) -> _Request:
         request.route = "resolve"
         request.segments = segs[4:]
         request.kind = "resolve"
+    elif len(segs) == 2 and segs[0] == "cdn" and method in ("GET", "HEAD"):
+        request.route = "cdn"
+        request.segments = segs[1:]
+        request.kind = "cdn"
     return request
 
 
@@ -688,6 +724,8 @@ class _HubHandler(BaseHTTPRequestHandler):
             with self.hub._lock:
                 self.hub.tokens_seen.add(given)
         expected = self.hub.token
+        if request.kind == "cdn":
+            return  # a signed URL: its query is the credential (see _cdn)
         if expected is None and request.kind != "whoami":
             return
         if given is None:
@@ -705,6 +743,7 @@ class _HubHandler(BaseHTTPRequestHandler):
             "commits": self._commits,
             "refs": self._refs,
             "resolve": self._resolve,
+            "cdn": self._cdn,
             "whoami": self._whoami,
         }
         route = routes.get(request.kind)
@@ -886,16 +925,55 @@ class _HubHandler(BaseHTTPRequestHandler):
                 "X-Repo-Commit": snapshot.commit.sha
             }  # as the Hub: lets clients cache the miss
             raise _HttpError(404, "Entry not found", "EntryNotFound", commit)
-        size = len(content)
         headers = {
             "Content-Type": "application/octet-stream",
             "Accept-Ranges": "bytes",
             "ETag": f'"{snapshot.etag(path)}"',
             "X-Repo-Commit": snapshot.commit.sha,
         }
+        if self.hub.redirect_lfs and snapshot.is_lfs(path):
+            sha = snapshot.sha256(path)
+            with self.hub._lock:
+                self.hub._cdn[sha] = content
+            expires = int(time.time() + self.hub.cdn_ttl_s)
+            location = f"{self.hub.cdn_endpoint}/cdn/{sha}?Expires={expires}&Signature=stub"
+            redirect = {
+                "Location": location,
+                "ETag": headers["ETag"],
+                "X-Repo-Commit": snapshot.commit.sha,
+                "X-Linked-Size": str(len(content)),
+                "X-Linked-Etag": f'"{sha}"',
+            }
+            return _Response(302, b"", redirect)
+        return self._bytes(content, headers)
+
+    def _cdn(self, request: _Request) -> _Response:
+        """`GET|HEAD /cdn/{sha256}?Expires=...`: an LFS file's bytes at its signed URL (what
+        a `resolve` redirected to), 206 for a `Range`; 403 once it expired, 400 for a
+        request that also sends `Authorization` (a presigned S3 URL takes one credential)."""
+        if self.headers.get("Authorization"):
+            error = b"<Error><Code>InvalidArgument</Code><Message>Only one auth mechanism "
+            return _Response(400, error + b"allowed</Message></Error>", {})
+        try:
+            expires = float(request.params.get("Expires", ""))
+        except ValueError:
+            expires = 0.0
+        if expires < time.time():
+            error = b"<Error><Code>AccessDenied</Code><Message>Request has expired</Message>"
+            return _Response(403, error + b"</Error>", {"Content-Type": "application/xml"})
+        with self.hub._lock:
+            content = self.hub._cdn.get(request.segments[0] if request.segments else "")
+        if content is None:
+            return _Response(404, b"<Error><Code>NoSuchKey</Code></Error>", {})
+        return self._bytes(content, {"Content-Type": "application/octet-stream"})
+
+    def _bytes(self, content: bytes, headers: dict[str, str]) -> _Response:
+        """``content``, whole (200) or the `Range` asked for (206, 416 past the end)."""
+        headers = {"Accept-Ranges": "bytes", **headers}
+        size = len(content)
         range_header = self.headers.get("Range")
         if range_header is None:
-            if request.method == "GET" and size and self.hub._take_corrupt():
+            if self.command == "GET" and size and self.hub._take_corrupt():
                 middle = size // 2
                 flipped = bytes([content[middle] ^ 0xFF])
                 content = content[:middle] + flipped + content[middle + 1 :]

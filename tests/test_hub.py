@@ -4,6 +4,7 @@ ranks or readers, 429s retried as the Hub asks, the token never shown."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +110,72 @@ def test_a_stream_lists_once_at_a_commit_and_reads_with_range_requests(hub: HubS
         if r.kind == "resolve"
     )
     assert TOKEN in hub.tokens_seen
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_file_the_hub_redirects_is_resolved_once_and_read_from_its_cdn(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fmt: str
+) -> None:
+    """The Hub answers a resolve URL of an LFS or Xet file with a redirect to a signed CDN
+    URL, and counts every resolve request against the account's rate limit (3,000 or 5,000
+    per 5 minutes): a reader that sends each range request to the resolve URL sends two
+    requests a range, and spends the budget on every block it reads. Each file's redirect is
+    followed once; its ranges go to the CDN, without the token (a presigned URL refuses a
+    second credential). Before, every range request went to the resolve URL (and was
+    redirected again)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    lfs = ("*.parquet", "*.jsonl")
+    with HubStub(page_size=4, token=TOKEN, redirect_lfs=True, lfs_patterns=lfs) as stub:
+        stub.add_dataset(
+            REPO,
+            {
+                f"data/train-{n:03d}.{fmt}": encode(
+                    make_table(n * ROWS, ROWS), fmt, row_group_rows=20
+                )
+                for n in range(3)
+            },
+        )
+        read = ingest.ReadOptions(block_bytes=2048, prefetch=0)  # many reads a file
+        s = ingest.Stream(
+            f"hf://datasets/{REPO}/data/*.{fmt}",
+            batch_size=50,
+            storage_options=options(stub),
+            read=read,
+        )
+        assert sorted(ids(s)) == list(range(3 * ROWS))
+        c = counts(stub)
+        assert c["resolve"] == 3, c  # one a file
+        assert c["cdn"] > 3, c  # its reads: more than one a file
+        assert all(r.status in (200, 206) for r in stub.records if r.kind == "cdn"), [
+            (r.status, r.range) for r in stub.records if r.kind == "cdn"
+        ]
+
+
+def test_a_signed_url_that_expires_while_a_file_is_read_is_asked_for_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The CDN refuses a signed URL once it expired (403): a file opened on it and read
+    past then asks the Hub for a new one and reads on, every byte; a range fetch too."""
+    from ingest.formats import FORMAT_RESOLVER
+    from ingest.storage.sources import Source
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    payload = bytes(range(256)) * 64
+    with HubStub(token=TOKEN, redirect_lfs=True, cdn_ttl_s=1.0) as stub:
+        stub.add_dataset(REPO, {"data/a.parquet": payload})
+        source = Source(f"hf://datasets/{REPO}/data/a.parquet", storage_options=options(stub))
+        (shard,) = source.list_shards(FORMAT_RESOLVER)
+        f = source.open(shard, block_size=1024)
+        first = f.read(1024)
+        time.sleep(1.2)  # the URL the file was opened on expired
+        rest = f.read()
+        assert first + rest == payload
+        assert [r.status for r in stub.records if r.kind == "cdn"].count(403) >= 1
+        assert len([r for r in stub.records if r.method == "HEAD"]) == 2, stub.records
+        time.sleep(1.2)
+        got = source.fetch_ranges(shard, [0, 5000], [100, 5100])
+        got.seek(5000)
+        assert got.read(100) == payload[5000:5100]
 
 
 @pytest.mark.parametrize(
@@ -347,7 +414,9 @@ def test_a_shard_that_fails_to_read_from_two_fresh_copies_is_blamed(
         assert record.rows == 1 and got == [i for i in range(2 * ROWS) if i != first]
     path = url.split("@", 1)[1].split("/", 1)[1]
     downloads = [
-        r for r in hub.records if r.kind == "resolve" and r.path.endswith(path) and not r.range
+        r
+        for r in hub.records
+        if r.kind == "resolve" and r.method == "GET" and r.path.endswith(path) and not r.range
     ]
     assert len(downloads) == 2, "fetched again once, then blamed"
 

@@ -61,13 +61,14 @@ def open_cached(source: Source, shard: Shard, *, fetch: bool) -> CountingFile | 
 
 def fetch_whole(source: Source, shard: Shard, to: str) -> None:
     """The whole shard into the local file ``to``: one request, retried as a whole."""
-    fs, path = source.fs_path(shard)
     kwargs: dict[str, Any] = {}
     if source.cache is not None and source.cache.progress:
-        bar = {"desc": f"caching {posixpath.basename(path)}", "unit": "B", "leave": False}
+        name = posixpath.basename(shard.url.split("?", 1)[0])
+        bar = {"desc": f"caching {name}", "unit": "B", "leave": False}
         kwargs["callback"] = TqdmCallback(tqdm_kwargs={**bar, "unit_scale": True})
 
     def get() -> None:
+        fs, path = source.fs_path(shard)  # within the retries: a Hub file asks where it is
         source.stats.add(opens=1, reads=1)
         fs.get_file(path, to, **kwargs)
 

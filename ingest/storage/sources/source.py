@@ -24,7 +24,7 @@ from ingest.storage.sources.cached import open_cached
 from ingest.storage.sources.delta import TableVersion
 from ingest.storage.sources.faults import ShortBodyError, is_transient
 from ingest.storage.sources.files import CountingFile, range_ignored, with_listed_details
-from ingest.storage.sources.hubfs import hub_http
+from ingest.storage.sources.hubfs import expired, hub_cdn, hub_http, located, signed
 from ingest.storage.sources.listing import list_url
 from ingest.storage.sources.options import (
     SECRET_OPTION_NAMES,
@@ -118,6 +118,10 @@ class Source:
         self._filesystems: dict[str, fsspec.AbstractFileSystem] = {}
         self._fs_lock = threading.Lock()
         self._delta_commits: dict[str, dict[int, bytes]] = {}
+        self.hub_locations: dict[str, tuple[str | None, float]] = {}
+        """Where Hub resolve URLs redirect, and until when (:func:`~ingest.storage.sources.
+        hubfs.located`)."""
+        self.hub_lock = threading.Lock()
         self.stats = IOStats()
         self.tables: dict[str, TableVersion] = {}
         """The Delta tables the last listing found (their roots' URLs), each with the
@@ -277,12 +281,29 @@ class Source:
             return self._delta_commits.setdefault(table, {})
 
     def fs_path(self, shard: Shard) -> tuple[fsspec.AbstractFileSystem, str]:
-        """The filesystem that reads ``shard`` from its store, and its path there."""
+        """The filesystem that reads ``shard`` from its store, and its path there: for a Hub
+        file the Hub's resolve URL, or the CDN URL it redirects to (asked the first time,
+        a request: call it where a failed request is retried)."""
         real = self._hidden.get(shard.url, shard.url)
         if get_protocol(real) == "hf":  # plain range requests at the commit (ingest.storage.hub)
-            return hub_http(self), hub.parse(real).resolve_url(hub.endpoint_of(self._options))
+            url = self._hub_url(shard)
+            cdn = located(self, url)  # where the Hub redirects it: asked once
+            return (hub_http(self), url) if cdn is None else (hub_cdn(self), cdn)
         fs = self.filesystem(real)
         return fs, fs._strip_protocol(real)
+
+    def _hub_url(self, shard: Shard) -> str:
+        """A Hub shard's resolve URL at its commit (:mod:`ingest.storage.hub`)."""
+        real = self._hidden.get(shard.url, shard.url)
+        return hub.parse(real).resolve_url(hub.endpoint_of(self._options))
+
+    def _signed(self, shard: Shard, raw: IO[bytes]) -> IO[bytes]:
+        """``raw``, a file of ``shard`` just opened: where it is read at a signed CDN URL (a
+        Hub file), one whose reads ask for a new URL once it expired (:func:`signed`)."""
+        return signed(raw, self, self._hub_url(shard)) if self._on_hub(shard) else raw
+
+    def _on_hub(self, shard: Shard) -> bool:
+        return bool(get_protocol(self._hidden.get(shard.url, shard.url)) == "hf")
 
     def open(
         self, shard: Shard, *, block_size: int | None = None, part: bool = False
@@ -304,18 +325,20 @@ class Source:
         cached = open_cached(self, shard, fetch=not part)
         if cached is not None:
             return cached
-        fs, path = self.fs_path(shard)
         kwargs: dict[str, Any] = {"size": shard.size}
         if block_size is None:
             kwargs["cache_type"] = "none"
         else:
             kwargs.update(cache_type="readahead", block_size=block_size)
 
-        def reopen() -> IO[bytes]:
+        def reopen() -> IO[bytes]:  # where: a Hub file's signed URL may be a new one
+            fs, path = self.fs_path(shard)
             self.stats.add(opens=1)
-            return with_listed_details(fs.open(path, "rb", **kwargs), path, shard)
+            raw = with_listed_details(fs.open(path, "rb", **kwargs), path, shard)
+            return self._signed(shard, raw)
 
         def whole() -> bytes:  # for a server that ignores Range (small shards only)
+            fs, path = self.fs_path(shard)
             return bytes(fs.cat_file(path))
 
         return self._counting(shard, reopen, self.stats, whole)
@@ -388,7 +411,7 @@ class Source:
         per read) instead of through :meth:`open`. It then counts its opens, reads and bytes
         in :attr:`stats` itself, and a file that cannot be opened, or whose size is no longer
         the listed one, is opened with :meth:`open` instead, which names the error."""
-        if self.caches(shard) or shard.members:
+        if self.caches(shard) or shard.members or self._on_hub(shard):
             return None
         fs, path = self.fs_path(shard)
         return path if "file" in _protocols(fs) else None
@@ -398,6 +421,8 @@ class Source:
         and the shard is not one for the node's cache (whose copy :meth:`open` reads)."""
         if self.caches(shard):
             return False
+        if self._on_hub(shard):
+            return True  # aiohttp's, at the Hub or its CDN (fs_path would ask which)
         return bool(getattr(self.fs_path(shard)[0], "async_impl", False))
 
     # -- the node-local shard cache --------------------------------------------------------
@@ -436,7 +461,6 @@ class Source:
         Raises:
             StoreError: If a range still fails at the retry deadline, naming the range.
         """
-        fs, path = self.fs_path(shard)
         ends = [min(e, shard.size) for e in ends]
         blobs: dict[int, bytes] = {}
         sent = received = 0
@@ -445,12 +469,7 @@ class Source:
             nonlocal sent, received
             todo = [n for n in range(len(starts)) if n not in blobs]
             sent += len(todo)
-            try:
-                got: list[Any] = fs.cat_ranges(
-                    [path] * len(todo), [starts[n] for n in todo], [ends[n] for n in todo]
-                )
-            except Exception as e:
-                got = [e] * len(todo)
+            got = self._cat_ranges(shard, [starts[n] for n in todo], [ends[n] for n in todo])
             failed: BaseException | None = None
             for n, blob in zip(todo, got, strict=True):
                 if not isinstance(blob, BaseException):
@@ -481,6 +500,8 @@ class Source:
         self.stats.add(reads=sent, bytes_read=received)
         parts = {(starts[n], ends[n]): blobs[n] for n in range(len(starts))}
 
+        fs, path = self.fs_path(shard)
+
         def reopen() -> IO[bytes]:
             return fs.open(  # type: ignore[no-any-return]
                 path,
@@ -492,6 +513,20 @@ class Source:
 
         # Reads of this file are served from memory: the fetch above is what was sent.
         return self._counting(shard, reopen, None)
+
+    def _cat_ranges(self, shard: Shard, starts: list[int], ends: list[int]) -> list[Any]:
+        """Each range's bytes, or the error that failed it (fsspec's ``cat_ranges``); a Hub
+        file's ranges at its signed URL, asked for again (:func:`located`) where it expired
+        since the last call (:func:`expired`: a transient error)."""
+        try:
+            fs, path = self.fs_path(shard)
+            got: list[Any] = fs.cat_ranges([path] * len(starts), starts, ends)
+        except Exception as e:
+            got = [e] * len(starts)
+        if not self._on_hub(shard):
+            return got
+        url = self._hub_url(shard)
+        return [expired(self, url, g) if isinstance(g, BaseException) else g for g in got]
 
     def _ranged(self, shard: Shard, blob: bytes, start: int, end: int) -> bytes:
         """The bytes ``[start, end)`` of a response to their range request: ``blob``, or its
@@ -510,7 +545,15 @@ class Source:
         return blob[start:end]
 
     def __getstate__(self) -> dict[str, Any]:
-        skip = ("_filesystems", "_fs_lock", "stats", "_shard_cache", "_delta_commits")
+        skip = (
+            "_filesystems",
+            "_fs_lock",
+            "stats",
+            "_shard_cache",
+            "_delta_commits",
+            "hub_locations",
+            "hub_lock",
+        )
         return {k: v for k, v in self.__dict__.items() if k not in skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -520,6 +563,8 @@ class Source:
         self._fs_lock = threading.Lock()
         self._shard_cache = None
         self._delta_commits = {}
+        self.hub_locations = {}
+        self.hub_lock = threading.Lock()
 
 
 def _short(start: int, end: int, got: int) -> str:
