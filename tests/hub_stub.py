@@ -321,47 +321,33 @@ class HubStub:
         return server
 
     def start(self) -> HubStub:
-        """Bind 127.0.0.1 on a free port and serve in a daemon thread."""
+        """Bind 127.0.0.1 on a free port and serve in a daemon thread (and the CDN on
+        another, with ``redirect_lfs``: another origin, where a client drops the token)."""
         if self._server is not None:
             return self
-        server = self.server()
-        self._server = server
-        self.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name="hub-stub",
-            daemon=True,
-        )
-        self._thread.start()
-        if self.redirect_lfs:  # the CDN: another origin (a client drops the token there)
-            cdn = self.server()
-            self._cdn_server = cdn
-            self.cdn_endpoint = f"http://127.0.0.1:{cdn.server_address[1]}"
-            self._cdn_thread = threading.Thread(
-                target=cdn.serve_forever,
-                kwargs={"poll_interval": 0.05},
-                name="hub-stub-cdn",
-                daemon=True,
-            )
-            self._cdn_thread.start()
+        self._server, self.endpoint, self._thread = self._serve("hub-stub")
+        if self.redirect_lfs:
+            self._cdn_server, self.cdn_endpoint, self._cdn_thread = self._serve("hub-stub-cdn")
         return self
+
+    def _serve(self, name: str) -> tuple[ThreadingHTTPServer, str, threading.Thread]:
+        """A server of this stub serving in a daemon thread named ``name``; its endpoint."""
+        server = self.server()
+        thread = threading.Thread(
+            target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=name, daemon=True
+        )
+        thread.start()
+        return server, f"http://127.0.0.1:{server.server_address[1]}", thread
 
     def stop(self) -> None:
         """Stop serving and close the listening sockets."""
-        cdn, self._cdn_server = self._cdn_server, None
-        if cdn is not None:
-            cdn.shutdown()
-            cdn.server_close()
-            if self._cdn_thread is not None:
-                self._cdn_thread.join(timeout=5)
-        server, self._server = self._server, None
-        if server is None:
-            return
-        server.shutdown()
-        server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        for server, thread in ((self._cdn_server, self._cdn_thread), (self._server, self._thread)):
+            if server is not None:
+                server.shutdown()
+                server.server_close()
+                if thread is not None:
+                    thread.join(timeout=5)
+        self._server = self._cdn_server = None
 
     def __enter__(self) -> HubStub:
         return self.start()
