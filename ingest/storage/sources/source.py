@@ -284,11 +284,11 @@ class Source:
         """The filesystem that reads ``shard`` from its store, and its path there: for a Hub
         file the Hub's resolve URL, or the CDN URL it redirects to (asked the first time,
         a request: call it where a failed request is retried)."""
-        real = self._hidden.get(shard.url, shard.url)
-        if get_protocol(real) == "hf":  # plain range requests at the commit (ingest.storage.hub)
+        if self._on_hub(shard):  # plain range requests at the commit (ingest.storage.hub)
             url = self._hub_url(shard)
             cdn = located(self, url)  # where the Hub redirects it: asked once
             return (hub_http(self), url) if cdn is None else (hub_cdn(self), cdn)
+        real = self._hidden.get(shard.url, shard.url)
         fs = self.filesystem(real)
         return fs, fs._strip_protocol(real)
 
