@@ -4,8 +4,9 @@ The transform costs a fixed time per batch and runs one batch at a time per read
 (a lock held while it sleeps: the shape of a GIL-bound decode, without using the machine's
 two cores), so the pool needs more readers, not more cores; the local Ray declares more CPUs
 than the machine has. Two ranks train at a fixed step time. The pool grows from one reader
-until the ranks' wait share falls under 5% and the rows/s rise with it; then the transform
-turns cheap and the pool shrinks back to one reader. Every epoch delivers every row once,
+until the ranks' wait share falls under 5% (or to max_size, on a machine so loaded that the
+ranks' own calls keep them over it) and the rows/s rise with it; then the transform turns
+cheap and the pool shrinks back to one reader. Every epoch delivers every row once,
 through every resize (feeds move between readers as it grows and shrinks).
 """
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import statistics
 import threading
 import time
 from collections import Counter
@@ -167,17 +169,25 @@ def test_the_pool_grows_while_ranks_wait_then_shrinks_with_every_row_once(
     )
     with stream:
         assert len(stream.readers) == 1, "an autoscaled pool starts at min_size"
-        ranks = [train.remote(stream.rank_iterator(r), stop, 240) for r in range(WORLD)]
+        ranks = [train.remote(stream.rank_iterator(r), stop, 420) for r in range(WORLD)]
 
-        def fed(history: list[PoolTick]) -> bool:  # two intervals fed after growing
+        def grown_and_held(history: list[PoolTick]) -> bool:
+            """Two decisions in a row to hold a grown pool: the ranks fed (under the
+            target wait), or a pool at max_size, or waits that are not the readers' (a
+            loaded machine: 6-24% in a CI run whatever the pool's size)."""
             last = history[-2:]
-            return len(last) == 2 and all(t.size > 1 and t.wait_share < 0.05 for t in last)
+            return len(last) == 2 and all(
+                t.size > 1 and t.to == t.size and "settling" not in t.reason for t in last
+            )
 
-        _wait_for(stream, fed, "the ranks fed by a grown pool", 90)
+        # Limits well over a quiet machine's (the pool grown and held 16 s after the stream
+        # started, shrunk 10 s after the switch): a loaded one starts the readers and ranks
+        # slower (the first decision 28 s after the start beside a busy loop on one core).
+        _wait_for(stream, grown_and_held, "a grown pool that holds its size", 150)
         grown = stream.sizer.history[-1].size if stream.sizer else 0
         switched = len(stream.sizer.history) if stream.sizer else 0
         open(cheap, "w").close()
-        _wait_for(stream, lambda h: h[-1].to == 1, "the pool back to 1 reader", 60)
+        _wait_for(stream, lambda h: h[-1].to == 1, "the pool back to 1 reader", 90)
         _wait_for(stream, lambda h: _rows(h) > TOTAL * 1.1, "the second epoch", 60)
         open(stop, "w").close()
         got = ray.get(ranks, timeout=120)
@@ -195,16 +205,16 @@ def test_the_pool_grows_while_ranks_wait_then_shrinks_with_every_row_once(
     assert sorted(seen) == list(range(TOTAL)) and set(seen.values()) == {1}
     cut = got[0][1] + got[1][1]
     assert len(cut) == len(set(cut))
-    # The rows/s rose as the pool grew: the intervals at 1 reader before the first growth
-    # (the slow transform's) against the grown size's, the transform still slow. Not the
-    # intervals after the switch to the cheap one, at the grown size or at 1 reader after
-    # the shrink: an epoch's start there waits too (986 rows/s at the grown size once, in a
-    # run whose pool shrank in the next interval).
+    # The pool grew because the ranks waited, and growing fed them: the ranks waited over
+    # the target before the first growth, and the grown pool delivered well over what one
+    # reader can decode (BATCH / DECODE_S rows/s; the first interval's rows/s at 1 reader
+    # hold the batches made ahead: 1,240 rows/s once). Its intervals before the switch to
+    # the cheap transform only: an epoch's start after it waits too (986 rows/s at the grown
+    # size once, in a run whose pool shrank in the next interval).
     first_growth = next(i for i, t in enumerate(history) if t.to > t.size)
-    slow = [t for t in history[: first_growth + 1] if t.wait_share > 0.05 and t.rows_per_s > 0]
-    fast = [t for t in history[:switched] if t.size == grown and t.wait_share < 0.05]
-    assert slow and fast, _timeline(history)
-    assert min(t.rows_per_s for t in fast) > 1.5 * max(t.rows_per_s for t in slow)
+    assert all(t.wait_share > 0.05 for t in history[: first_growth + 1]), _timeline(history)
+    fast = [t.rows_per_s for t in history[:switched] if t.size == grown and t.to == grown]
+    assert fast and statistics.median(fast) > 1.5 * BATCH / DECODE_S, _timeline(history)
 
 
 def test_the_first_decision_comes_seconds_after_rows_flow_then_on_the_interval() -> None:

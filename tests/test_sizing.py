@@ -67,8 +67,25 @@ def test_nearly_idle_readers_shrink_though_the_ranks_wait_a_little() -> None:
     assert got.size == 5 and "5 readers suffice" in got.reason, got
     assert decide(2, 1, 6, Measure(0.45, 10.0, 0.24), RULES, NEVER).size == 1
     assert decide(3, 1, 8, Measure(0.4, 10.0, 0.0), RULES, NEVER).size == 2
-    assert decide(3, 1, 8, Measure(0.6, 10.0, 0.0), RULES, NEVER).size == 3, "above target"
     assert decide(6, 1, 6, Measure(0.45, 10.0, 0.24), RULES, 10.0).size == 6, "grew lately"
+
+
+def test_nearly_idle_readers_shrink_whatever_the_ranks_wait() -> None:
+    """A CI run of the system test (tests/test_pool_sizing.py) under load: its 2 ranks
+    waited 6-24% of their time on a 2-core machine that other tests kept busy, whatever the
+    pool's size: readers that one fewer would still leave nearly idle (at most half of
+    idle_load each) are not what the ranks wait on, whatever they wait. Held there, a pool
+    of idle readers kept its CPUs for as long as the machine stayed busy; it shrinks by one,
+    as below the target."""
+    got = decide(6, 1, 6, Measure(0.9, 10.0, 0.3), RULES, NEVER)
+    assert got.size == 5 and "5 readers suffice" in got.reason, got
+    assert decide(3, 1, 8, Measure(0.6, 10.0, 0.0), RULES, NEVER).size == 2
+    assert decide(3, 1, 8, Measure(3.0, 10.0, 0.5), RULES, NEVER).size == 2
+    # Idle, but not that idle: the ranks' wait may be theirs (no growth either: they are
+    # not busy), the pool holds.
+    held = decide(3, 1, 8, Measure(0.9, 10.0, 0.8), RULES, NEVER)
+    assert held.size == 3 and "something else" in held.reason, held
+    assert decide(6, 1, 6, Measure(0.9, 10.0, 0.3), RULES, 10.0).size == 6, "grew lately"
 
 
 def test_no_report_no_decision() -> None:
@@ -94,10 +111,12 @@ def test_a_decision_moves_one_step_within_the_bounds(
     got = decide(size, low, high, Measure(waited, span, busy * size), RULES, since).size
     assert low <= got <= high
     assert abs(got - size) <= 1
+    load = busy * size
     if got > size:
-        assert waited / span > RULES.target_wait
-    if got < size:
-        assert waited / span < RULES.target_wait and since >= RULES.shrink_after_s
+        assert waited / span > RULES.target_wait and load >= RULES.busy_load * size
+    if got < size:  # readers idle enough; nearly idle ones whatever the ranks wait
+        assert since >= RULES.shrink_after_s and load <= RULES.idle_load * (size - 1)
+        assert waited / span < RULES.target_wait / 2 or load <= RULES.idle_load * (size - 1) / 2
 
 
 @pytest.mark.parametrize(
