@@ -29,6 +29,19 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, print_blob=True, max_examples=100)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Every Ray the tests start (the session's, a Cluster's nodes, `ray start --head`, the
+# subprocesses that inherit this environment) runs its workers at the niceness of the
+# processes around them, 0, not Ray's default of 15. The two pytest-xdist workers share two
+# cores: at 15, a Ray worker weighs 36 against the 1,024 of a process at 0 (Linux's CFS),
+# so whatever the other xdist worker ran in its own process (a Stream, a loopback server,
+# Hypothesis) starved this one's readers and ranks: a RayStream's first batch came 72 s
+# after its start beside two busy loops, 2.4 s with the workers at 0 (1.0 s alone), and
+# the system tests, which run one after the other on one xdist worker, took their time
+# from how busy the other one was (CI: 26 minutes one day, 56 the next, and a sizing test
+# whose ranks waited on starved calls). Ray's default keeps its own daemons responsive on
+# a node of many workers; here the tests, not the daemons, share the machine.
+os.environ.setdefault("RAY_worker_niceness", "0")
+
 # The persistent shard index (default: the user's cache directory) goes to a directory of
 # this test session, set before Ray starts so that its workers see it too.
 os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="ingest-test-cache-")

@@ -27,7 +27,12 @@ def test_ingest_and_training_run_on_their_own_nodes(tmp_path: Path) -> None:
         text=True,
         timeout=600,
         cwd=ROOT,
-        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+        env={
+            "PYTHONPATH": str(ROOT),
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(Path.home()),
+            "RAY_worker_niceness": "0",  # as tests/conftest.py sets for every Ray
+        },
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]

@@ -62,7 +62,12 @@ def shared_run(
                 stderr=err,
                 timeout=RUN_TIMEOUT_S,
                 cwd=ROOT,
-                env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+                env={
+                    "PYTHONPATH": str(ROOT),
+                    "PATH": "/usr/bin:/bin",
+                    "HOME": str(Path.home()),
+                    "RAY_worker_niceness": "0",  # as tests/conftest.py sets for every Ray
+                },
                 check=False,
             )
             ended = f"the shared run exited with status {done.returncode}"
