@@ -138,7 +138,10 @@ def test_a_stall_past_the_deadline_fails_naming_shard_range_and_retries(
     s3: LoopbackS3, data: str
 ) -> None:
     shard = Source(data, storage_options=s3.storage_options()).list_shards(FORMAT_RESOLVER)[0]
-    policy = RetryPolicy(deadline_s=3.0, read_timeout_s=1.0)
+    # A deadline of several read timeouts: an attempt is the read timeout and the time to
+    # send the request through the proxy, 3.5 s in all under a loaded test run (with a
+    # deadline of 3 s, that first attempt left no time for a retry).
+    policy = RetryPolicy(deadline_s=6.0, read_timeout_s=1.0)
     with FaultProxy(s3.endpoint, Faults(stall=1.0, stall_s=60)) as proxy:
         source = Source(data, storage_options=through(s3, proxy), retry=policy)
         start = time.monotonic()
