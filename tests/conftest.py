@@ -15,6 +15,7 @@ import pytest
 from hypothesis import settings
 
 from ingest.testing import LoopbackS3, Store
+from tests.own_process import RAY_NICENESS
 
 _names = itertools.count()
 
@@ -40,7 +41,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # from how busy the other one was (CI: 26 minutes one day, 56 the next, and a sizing test
 # whose ranks waited on starved calls). Ray's default keeps its own daemons responsive on
 # a node of many workers; here the tests, not the daemons, share the machine.
-os.environ.setdefault("RAY_worker_niceness", "0")
+os.environ.setdefault(RAY_NICENESS, "0")
 
 # The persistent shard index (default: the user's cache directory) goes to a directory of
 # this test session, set before Ray starts so that its workers see it too.

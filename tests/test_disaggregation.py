@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.own_process import minimal_env
+
 ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.system
@@ -27,12 +29,7 @@ def test_ingest_and_training_run_on_their_own_nodes(tmp_path: Path) -> None:
         text=True,
         timeout=600,
         cwd=ROOT,
-        env={
-            "PYTHONPATH": str(ROOT),
-            "PATH": "/usr/bin:/bin",
-            "HOME": str(Path.home()),
-            "RAY_worker_niceness": "0",  # as tests/conftest.py sets for every Ray
-        },
+        env=minimal_env(),
         check=False,
     )
     assert out.returncode == 0, out.stderr[-3000:]

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.own_process import minimal_env
+
 ROOT = Path(__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 1500
 """The shared run's limit: three faults, each 1-2 minutes on a busy 2-core machine."""
@@ -62,12 +64,7 @@ def shared_run(
                 stderr=err,
                 timeout=RUN_TIMEOUT_S,
                 cwd=ROOT,
-                env={
-                    "PYTHONPATH": str(ROOT),
-                    "PATH": "/usr/bin:/bin",
-                    "HOME": str(Path.home()),
-                    "RAY_worker_niceness": "0",  # as tests/conftest.py sets for every Ray
-                },
+                env=minimal_env(),
                 check=False,
             )
             ended = f"the shared run exited with status {done.returncode}"
