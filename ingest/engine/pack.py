@@ -39,7 +39,7 @@ import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import repeat
+from itertools import chain, repeat
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -54,7 +54,7 @@ from ingest.core.ledger import StepRecord, packed_row, unpacked_row
 from ingest.core.packing import Packed, Packer
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
-from ingest.engine.grouping import Grouper, Grouping
+from ingest.engine.grouping import Group, Grouper, Grouping
 from ingest.engine.interrupts import commit
 from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.pack_settings import ORIGIN, Pack, with_origin
@@ -280,7 +280,7 @@ class PackedRank:
         if empty and self._closed:
             self._closed[-1].pieces.extend(empty)
         elif empty:
-            self._done([(p.key, p.stop, p.last) for p in empty])
+            self._done([Packed(pieces=empty)])  # (a group of no token)
 
     @staticmethod
     def _handed(batch: Batch) -> tuple[int, Batch]:
@@ -487,9 +487,7 @@ class PackedRank:
         pieces = self._provenance(batch.pieces) if wanted else None
         if self.logs and pieces is not None:  # logged with the read steps it acks next
             self.rank.log_batch((step, self._last_read, pieces))
-        # (serial, stop, last) per piece, zipped from three lists: a list per piece made
-        # Python's collector run every 700 pieces
-        self._done(zip(*batch.pieces[:, [1, 3, 4]].T.tolist(), strict=True))
+        self._done(groups)
         real = batch.real_tokens
         self.tokens += real
         self.padding += batch.size - real
@@ -508,11 +506,12 @@ class PackedRank:
         out[:, 3:] = pieces[:, 2:4]
         return out
 
-    def _done(self, pieces: Iterable[Sequence[int]]) -> None:
-        """Pieces ``(serial, stop, last)`` handed out: their documents' offsets move on, a
-        document whose last piece it is is done, and the read steps now done are acked."""
+    def _done(self, groups: Iterable[Group]) -> None:
+        """The groups handed out: the offsets of their pieces' documents move on, a document
+        whose last piece it is is done, and the read steps now done are acked. (Read from the
+        groups' own pieces: no array of the batch's pieces made lists again.)"""
         docs, offsets = self._docs, self._offsets
-        for serial, stop, last in pieces:
+        for serial, _, stop, last in chain.from_iterable(g.pieces for g in groups):
             if last:
                 step, key, n = docs.pop(serial)
                 offsets.pop(key, None)

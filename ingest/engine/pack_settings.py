@@ -99,7 +99,7 @@ class Pack(Documents):
                 "max_seqlen": batch.max_seqlen,
             },
             pieces=batch.pieces,
-            real_tokens=batch.real_tokens,
+            real_tokens=sum(group.size for group in groups),  # (its pieces' tokens)
             size=batch.input_ids.size,
         )
 
