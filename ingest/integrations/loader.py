@@ -38,8 +38,10 @@ import multiprocessing
 import multiprocessing.util
 import os
 import queue
+import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -322,6 +324,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             ``batch_size``, ``shuffle``, ``sampler`` or ``collate_fn``: the stream batches and
             shuffles. ``persistent_workers`` (default True): keep the workers across epochs
             (until the loader goes, or :meth:`close`); False stops them at each epoch's end.
+            Without ``multiprocessing_context``, the workers start as torch starts them
+            (fork on Linux), but by ``forkserver`` in a Ray worker process (see
+            :func:`worker_start`).
 
     With ``num_workers`` ranks, an epoch has equal steps per worker: the rows that cannot
     fill a step on every worker are carried into the next epoch, as on a ``RayStream``.
@@ -344,6 +349,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         keep = checked_keywords(num_workers, kwargs)
         self.stream = stream
         self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
+        kwargs = worker_start(num_workers, kwargs, self._shares, in_ray_worker=in_ray_worker())
         self._keep = bool(keep)
         """Keep the workers across epochs (``persistent_workers``, default True)."""
         self._workers = _Workers()
@@ -606,6 +612,63 @@ def checked_keywords(num_workers: int, kwargs: dict[str, Any]) -> bool:
     if num_workers < 0:
         raise ConfigError(f"num_workers={num_workers} must be >= 0")
     return bool(kwargs.pop("persistent_workers", True))
+
+
+def in_ray_worker() -> bool:
+    """Whether this process is a Ray worker (a task's or an actor's: a Ray Train worker's
+    training loop), not a driver; False where Ray is not imported or not initialized."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return False
+    return bool(ray.get_runtime_context().worker.mode == ray.WORKER_MODE)
+
+
+def worker_start(
+    num_workers: int,
+    kwargs: dict[str, Any],
+    sent: Any,
+    *,
+    in_ray_worker: bool,
+    default: str | None = None,
+) -> dict[str, Any]:
+    """``kwargs`` with the start method of the loader's workers where the caller named none:
+    ``forkserver`` in a Ray worker process where the default is fork; else as they are.
+
+    A Ray worker runs Ray's core worker threads (gRPC, its event loops). A child forked beside
+    them inherits their memory mid-change without the threads, and may crash: a forked worker
+    of this project's tests died of ``double free or corruption`` in a process with Ray up;
+    Ray's advice for torch DataLoaders in Ray Train is ``forkserver`` or ``spawn``. In a Ray
+    worker, ``__main__`` is Ray's worker script, so the forkserver's import of it runs no user
+    code (in a driver it would run a script's top level again, or miss a notebook's functions:
+    a driver keeps torch's default). The workers then get the stream by pickling (``sent``):
+    where it cannot be pickled (a lambda or a local function as the transform) they fork as
+    before, with a warning that says so. The forkserver starts once per process (about a
+    second), and the workers are kept across epochs.
+
+    ``default``: the start method the workers would get (the one set, or the platform's)."""
+    if not num_workers or kwargs.get("multiprocessing_context") is not None or not in_ray_worker:
+        return kwargs
+    if default is None:
+        default = (
+            multiprocessing.get_start_method(allow_none=True)
+            or multiprocessing.get_all_start_methods()[0]
+        )
+    if default != "fork" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return kwargs
+    try:
+        multiprocessing.reduction.ForkingPickler.dumps(sent)
+    except Exception as e:
+        warnings.warn(
+            "ingest.DataLoader is made in a Ray worker process, where workers forked beside "
+            "Ray's threads can crash; they would start by forkserver, which sends them the "
+            f"stream by pickling, and the stream cannot be pickled ({type(e).__name__}: {e}), "
+            "so they fork. Define the transform at a module's top level (not a lambda or a "
+            "function inside another), or pass multiprocessing_context= to choose",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return kwargs
+    return {**kwargs, "multiprocessing_context": multiprocessing.get_context("forkserver")}
 
 
 def checked_sendable(shares: _Shares, num_workers: int, context: Any) -> None:

@@ -1,0 +1,103 @@
+"""An ``ingest.DataLoader`` made in a Ray worker process (a Ray Train worker's training loop,
+a task, an actor) starts its worker processes by ``forkserver``, not by fork.
+
+A Ray worker runs Ray's core worker threads (gRPC, its event loops); a child forked beside
+them inherits their memory mid-change, without the threads, and may crash (a forked
+DataLoader worker of this suite's own died of ``double free or corruption`` once, in a
+process with the session's Ray up). Ray's advice for torch DataLoaders in Ray Train is
+``forkserver`` or ``spawn``. In a Ray worker, ``__main__`` is Ray's own worker script, so the
+forkserver's import of it runs no user code; a driver (a script, a notebook) keeps torch's
+default, where a forkserver would run the script's top level again or miss the notebook's
+functions. A stream that cannot be pickled (a lambda as the transform) still forks, with a
+warning that says why and what to change. A context the caller names is kept.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import warnings
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import ray
+
+import ingest
+from ingest.integrations.loader import worker_start
+from ingest.testing import write_dataset
+
+SHARDS, ROWS, BATCH = 4, 200, 25
+TOTAL = SHARDS * ROWS
+FORKS = multiprocessing.get_all_start_methods()[0] == "fork"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: Any) -> str:
+    import fsspec
+
+    root = f"file://{tmp_path_factory.mktemp('ray_worker_loader')}/d"
+    write_dataset(fsspec.filesystem("file"), root, "parquet", SHARDS, ROWS, row_group_rows=50)
+    return root
+
+
+def plus_one(table: pa.Table) -> pa.Table:
+    """A transform at a module's top level: the forkserver's workers import it."""
+    return table.append_column("next", pa.compute.add(table.column("id"), 1))
+
+
+@ray.remote(num_cpus=0)
+def read_in_a_ray_worker(url: str, lambda_transform: bool) -> tuple[str, list[int], list[str]]:
+    """An epoch of a 2-worker loader made in this Ray worker: its workers' start method, the
+    ids it handed out and the warnings it gave."""
+    transform = (lambda t: t) if lambda_transform else plus_one
+    stream = ingest.Stream(
+        url, columns=["id"], batch_size=BATCH, shuffle_seed=1, transform=transform
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loader = ingest.DataLoader(stream, num_workers=2)
+    try:
+        ids = [int(i) for b in loader for i in b["id"].tolist()]
+        context = loader.multiprocessing_context  # None: torch's default
+        method = (context or multiprocessing).get_start_method()
+        return method, ids, [str(w.message) for w in caught]
+    finally:
+        loader.close()
+
+
+@pytest.mark.skipif(not FORKS, reason="workers fork by default only where fork is the default")
+@pytest.mark.usefixtures("ray_session")
+def test_a_loader_in_a_ray_worker_starts_its_workers_by_forkserver(data: str) -> None:
+    method, ids, caught = ray.get(read_in_a_ray_worker.remote(data, False), timeout=240)
+    assert method == "forkserver"
+    assert sorted(ids) == list(range(TOTAL))
+    assert not caught
+
+
+@pytest.mark.skipif(not FORKS, reason="workers fork by default only where fork is the default")
+@pytest.mark.usefixtures("ray_session")
+def test_a_stream_forkserver_cannot_send_forks_with_a_warning(data: str) -> None:
+    method, ids, caught = ray.get(read_in_a_ray_worker.remote(data, True), timeout=240)
+    assert method == "fork"
+    assert sorted(ids) == list(range(TOTAL))
+    (message,) = caught
+    assert "Ray worker" in message and "forkserver" in message and "lambda" in message
+
+
+def test_the_start_method_is_forkserver_in_a_ray_worker_only() -> None:
+    """The choice alone (no Ray): forkserver in a Ray worker where the default is fork; the
+    caller's context, a driver, no workers and another default are left as they are."""
+    sendable: Any = {"a stream's": "parts"}
+    chosen = worker_start(2, {}, sendable, in_ray_worker=True, default="fork")
+    assert chosen["multiprocessing_context"].get_start_method() == "forkserver"
+    assert worker_start(2, {}, sendable, in_ray_worker=False, default="fork") == {}
+    assert worker_start(0, {}, sendable, in_ray_worker=True, default="fork") == {}
+    assert worker_start(2, {}, sendable, in_ray_worker=True, default="spawn") == {}
+    named = {"multiprocessing_context": "fork", "pin_memory": True}
+    assert worker_start(2, named, sendable, in_ray_worker=True, default="fork") == named
+
+
+def test_an_unpicklable_stream_keeps_fork_in_a_ray_worker_with_a_warning() -> None:
+    with pytest.warns(RuntimeWarning, match=r"Ray worker.*forkserver.*top level"):
+        chosen = worker_start(2, {}, lambda: None, in_ray_worker=True, default="fork")
+    assert chosen == {}
