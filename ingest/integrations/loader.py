@@ -620,7 +620,9 @@ def in_ray_worker() -> bool:
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
         return False
-    return bool(ray.get_runtime_context().worker.mode == ray.WORKER_MODE)
+    # (the runtime context's worker: Ray's own check of a worker's mode, as in its methods)
+    worker = getattr(ray.get_runtime_context(), "worker", None)
+    return worker is not None and getattr(worker, "mode", None) == ray.WORKER_MODE
 
 
 def worker_start(
