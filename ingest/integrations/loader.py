@@ -664,8 +664,9 @@ def worker_start(
             "ingest.DataLoader is made in a Ray worker process, where workers forked beside "
             "Ray's threads can crash; they would start by forkserver, which sends them the "
             f"stream by pickling, and the stream cannot be pickled ({type(e).__name__}: {e}), "
-            "so they fork. Define the transform at a module's top level (not a lambda or a "
-            "function inside another), or pass multiprocessing_context= to choose",
+            "so they fork. Define the transform at the top level of a module the workers can "
+            "import (not a lambda, a function inside another, or one of the driver's script, "
+            "which Ray sends by value), or pass multiprocessing_context= to choose",
             RuntimeWarning,
             stacklevel=3,
         )
