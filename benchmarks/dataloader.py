@@ -9,12 +9,16 @@ one, whose first window they read while the caller checks the last: issue 32), a
 median of their seconds gives rows/s and its ratio to the ``Stream``'s rows/s (above 1.0x:
 faster than the ``Stream``). ``--restarting`` also runs each worker count with
 ``persistent_workers=False``, whose workers stop at every epoch's end (as every
-``ingest.DataLoader`` did before issue 32). Every epoch is checked for every row once (the
+``ingest.DataLoader`` did before issue 32). ``--forkserver`` also runs each worker count
+with its workers started by ``forkserver``, as a loader made in a Ray worker starts them
+(:func:`ingest.integrations.loader.worker_start`): the forkserver's start is in the cold
+epoch, and the batches come through torch's pipe, not the rings (which only forked workers
+share). Every epoch is checked for every row once (the
 carried remainder aside). Measured in one run; these machines are noisy (2 cores here:
 workers compete with the main process and the S3 server): run it several times.
 
     .venv/bin/python benchmarks/dataloader.py [--shards 16] [--rows 50000] [--epochs 4]
-        [--workers 0 1 2] [--restarting]
+        [--workers 0 1 2] [--restarting] [--forkserver]
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--restarting", action="store_true", help="also persistent_workers=False (per epoch)"
     )
+    parser.add_argument(
+        "--forkserver", action="store_true", help="also workers started by forkserver"
+    )
     args = parser.parse_args(argv)
     if args.epochs < 2:
         parser.error("--epochs must be >= 2: the first is the cold one")
@@ -68,15 +75,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
         base = None
-        runs: list[tuple[str, Any, int, bool]] = [("Stream (one process)", stream(), 1, True)]
+        runs: list[tuple[str, Any, int, dict[str, Any]]] = [
+            ("Stream (one process)", stream(), 1, {})
+        ]
         for n in args.workers:
-            runs.append((f"ingest.DataLoader({n} workers)", None, n, True))
+            runs.append((f"ingest.DataLoader({n} workers)", None, n, {}))
             if n > 0 and args.restarting:
                 name = f"ingest.DataLoader({n} workers, persistent_workers=False)"
-                runs.append((name, None, n, False))
-        for name, loader, n, keep in runs:
+                runs.append((name, None, n, {"persistent_workers": False}))
+            if n > 0 and args.forkserver:
+                name = f"ingest.DataLoader({n} workers, forkserver)"
+                runs.append((name, None, n, {"multiprocessing_context": "forkserver"}))
+        for name, loader, n, kwargs in runs:
             if loader is None:
-                loader = ingest.DataLoader(stream(), num_workers=n, persistent_workers=keep)
+                loader = ingest.DataLoader(stream(), num_workers=n, **kwargs)
             cold, *times = [epoch(loader, total, max(1, n)) for _ in range(args.epochs)]
             if hasattr(loader, "close"):
                 loader.close()

@@ -644,8 +644,11 @@ def worker_start(
     code (in a driver it would run a script's top level again, or miss a notebook's functions:
     a driver keeps torch's default). The workers then get the stream by pickling (``sent``):
     where it cannot be pickled (a lambda or a local function as the transform) they fork as
-    before, with a warning that says so. The forkserver starts once per process (about a
-    second), and the workers are kept across epochs.
+    before, with a warning that says so. The forkserver starts once per process (about two
+    seconds), and the workers are kept across epochs; they send their batches through torch's
+    pipe, not the shared-memory rings only forked workers share
+    (:mod:`ingest.integrations.shared_slots`): a warm epoch of ``benchmarks/dataloader.py
+    --forkserver`` at 0.7x the rows/s of forked workers.
 
     ``default``: the start method the workers would get (the one set, or the platform's)."""
     if not num_workers or kwargs.get("multiprocessing_context") is not None or not in_ray_worker:
