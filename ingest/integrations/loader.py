@@ -62,7 +62,7 @@ from ingest.engine.pack import StepCount, merged
 from ingest.engine.rank_node import RankNode, rank_node, worker_table
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
-from ingest.integrations.shared_slots import SlotRing, worker_rings
+from ingest.integrations.shared_slots import SlotRing, start_method, worker_rings
 from ingest.integrations.worker_items import (
     KEY,
     Bundler,
@@ -654,10 +654,7 @@ def worker_start(
     if not num_workers or kwargs.get("multiprocessing_context") is not None or not in_ray_worker:
         return kwargs
     if default is None:
-        default = (
-            multiprocessing.get_start_method(allow_none=True)
-            or multiprocessing.get_all_start_methods()[0]
-        )
+        default = start_method(None)
     if default != "fork" or "forkserver" not in multiprocessing.get_all_start_methods():
         return kwargs
     try:
@@ -684,13 +681,7 @@ def checked_sendable(shares: _Shares, num_workers: int, context: Any) -> None:
     and torch's worker start said only "Can't pickle local object", at the first loop."""
     if not num_workers:
         return
-    if context is not None:
-        method = context.get_start_method()
-    else:  # the one set, or the default: the first of these (not fixed for the process)
-        method = (
-            multiprocessing.get_start_method(allow_none=True)
-            or multiprocessing.get_all_start_methods()[0]
-        )
+    method = start_method(context)
     if method == "fork":
         return
     dumps = multiprocessing.reduction.ForkingPickler.dumps

@@ -175,12 +175,21 @@ class SlotRing:
         return int(free[0])
 
 
+def start_method(context: Any | None) -> str:
+    """The start method of the processes ``context`` starts (a multiprocessing context, or
+    a module such as ``multiprocessing`` or ``torch.multiprocessing``; None: this process's
+    default): the one set, or else the platform's default, the first of
+    ``get_all_start_methods()`` (not fixed for the process until one is set)."""
+    source = multiprocessing if context is None else context
+    method: str = source.get_start_method(allow_none=True)
+    return method or multiprocessing.get_all_start_methods()[0]
+
+
 def worker_rings(context: Any, workers: int, slots: int, slot_bytes: int) -> list[SlotRing]:
     """A ring of ``slots`` slots per DataLoader worker, where they fork from this process;
     none (they send by the pipe) under ``spawn`` or ``forkserver``, or where the system
     refuses the mapping."""
-    method = context.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
-    if method != "fork":
+    if start_method(context) != "fork":
         return []
     try:
         return [SlotRing(slots, slot_bytes) for _ in range(workers)]
@@ -238,6 +247,7 @@ __all__ = [
     "TEXT_TYPES",
     "Placed",
     "SlotRing",
+    "start_method",
     "text_buffers",
     "text_values",
     "worker_rings",
