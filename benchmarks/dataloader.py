@@ -12,8 +12,8 @@ faster than the ``Stream``). ``--restarting`` also runs each worker count with
 ``ingest.DataLoader`` did before issue 32). ``--forkserver`` also runs each worker count
 with its workers started by ``forkserver``, as a loader made in a Ray worker starts them
 (:func:`ingest.integrations.loader.worker_start`): the forkserver's start is in the cold
-epoch, and the batches come through torch's pipe, not the rings (which only forked workers
-share). Every epoch is checked for every row once (the
+epoch; their batches come through the same shared-memory rings as forked workers' (the
+rings' memory file passed to them as they start). Every epoch is checked for every row once (the
 carried remainder aside). Measured in one run; these machines are noisy (2 cores here:
 workers compete with the main process and the S3 server): run it several times.
 

@@ -7,6 +7,7 @@ another worker count, every row once in all.
 
 from __future__ import annotations
 
+import multiprocessing
 from collections import Counter
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 import ingest
+from ingest.integrations.shared_slots import SlotRing
 from ingest.testing import write_dataset
 
 SHARDS, ROWS, BATCH = 6, 500, 25
@@ -27,6 +29,9 @@ def data(tmp_path_factory: Any) -> str:
     root = f"file://{tmp_path_factory.mktemp('loader')}/d"
     write_dataset(fsspec.filesystem("file"), root, "parquet", SHARDS, ROWS, row_group_rows=100)
     return root
+
+
+STARTS = ["fork", "forkserver"] if "forkserver" in multiprocessing.get_all_start_methods() else []
 
 
 def stream_of(url: str, **kwargs: Any) -> ingest.Stream:
@@ -102,20 +107,38 @@ def test_a_loop_left_early_goes_on_after_its_last_batch(data: str) -> None:
     assert state["progress"]["epoch"] == 0
 
 
-def test_batches_kept_stay_as_they_came_through_the_workers_shared_slots(data: str) -> None:
-    """Forked workers write their batches' tensors into shared slots, copied out in this
-    process (ingest.integrations.shared_slots): a batch kept for ever is a copy, not a view
-    of a slot its worker writes again, and a loop left early (its batches in slots dropped)
-    leaves the next loop's batches whole."""
+@pytest.mark.parametrize("context", STARTS)
+def test_batches_kept_stay_as_they_came_through_the_workers_shared_slots(
+    data: str, context: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Workers write their batches' tensors into shared slots, copied out in this process
+    (ingest.integrations.shared_slots), whether they forked or started by forkserver (as a
+    loader's in a Ray worker do): a batch kept for ever is a copy, not a view of a slot its
+    worker writes again, and a loop left early (its batches in slots dropped) leaves the next
+    loop's batches whole."""
+    read = Counter[str]()
+    viewed = SlotRing.viewed
+
+    def counted(ring: SlotRing, placed: Any) -> Any:
+        read["batches"] += 1
+        return viewed(ring, placed)
+
+    monkeypatch.setattr(SlotRing, "viewed", counted)  # in this process: where slots are read
     stream = ingest.Stream(data, columns=["id", "tokens"], batch_size=BATCH, shuffle_seed=3)
-    loader = ingest.DataLoader(stream, num_workers=2, prefetch_factor=1)  # 9 slots a worker
+    loader = ingest.DataLoader(
+        stream, num_workers=2, prefetch_factor=1, multiprocessing_context=context, timeout=120
+    )  # 9 slots a worker
     kept: list[dict[str, Any]] = []
     for k, batch in enumerate(loader):
         kept.append(batch)
         if k == 9:
             break
     kept += list(loader)
-    assert len(loader._workers.rings) == 2, "forked workers send through their rings"
+    assert len(loader._workers.rings) == 2, "a ring per worker"
+    loader.close()
+    # Each worker's ring has a slot for every batch torch lets it have in flight: none went
+    # by the pipe (the ones the early exit dropped were read from no slot).
+    assert read["batches"] >= len(kept), f"{context} workers send through their rings"
     for batch in kept:
         want = (batch["id"][:, None] * 31 + torch.arange(16)) % 50_000
         assert torch.equal(batch["tokens"], want.to(torch.int32))
@@ -170,7 +193,6 @@ def test_a_loop_left_early_keeps_its_workers_for_the_next_loop(data: str) -> Non
     epochs); the next loop goes on with them, right after the last batch handed out. They
     stop when the loader goes (tests/test_loader_workers.py)."""
     import gc
-    import multiprocessing
 
     loader = ingest.DataLoader(stream_of(data), num_workers=2)
     before = set(multiprocessing.active_children())
@@ -196,7 +218,6 @@ def test_a_state_loaded_ends_the_running_loop_its_workers_kept(data: str) -> Non
     """``load_state_dict`` while a loop runs ends that loop, as a new ``iter`` does: it hands
     out no batch the loaded state does not count, and the next loop begins the workers on the
     loaded state (torch drops what they read ahead for the old one)."""
-    import multiprocessing
 
     loader = ingest.DataLoader(stream_of(data), num_workers=2)
     before = set(multiprocessing.active_children())
@@ -231,7 +252,6 @@ def test_options_that_belong_to_the_stream_are_refused(data: str) -> None:
 def test_persistent_workers_false_stops_the_workers_at_each_epochs_end(data: str) -> None:
     """Kept by default (persistent_workers=True is accepted, issue 32); False stops them at
     each epoch's end, as torch's own ``DataLoader`` does, and each epoch starts new ones."""
-    import multiprocessing
 
     before = set(multiprocessing.active_children())
     kept = ingest.DataLoader(stream_of(data), num_workers=2, persistent_workers=True)

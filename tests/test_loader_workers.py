@@ -305,10 +305,10 @@ def with_texts(table: pa.Table) -> pa.Table:
 def test_text_columns_come_through_the_workers_as_the_stream_gives_them(
     data: str, context: str
 ) -> None:
-    """Forked workers write a string or binary column's offsets and bytes into their ring,
-    and the main process decodes them (spawned ones send Python objects by the pipe): the
-    batches hold the same values, of the same Python types, in the same column order, as a
-    one-process Stream's, for a whole epoch and across the epoch boundary."""
+    """Workers (forked or spawned) write a string or binary column's offsets and bytes into
+    their ring, and the main process decodes them: the batches hold the same values, of the
+    same Python types, in the same column order, as a one-process Stream's, for a whole
+    epoch and across the epoch boundary."""
 
     def stream() -> ingest.Stream:
         return ingest.Stream(

@@ -1,10 +1,13 @@
 """The shared-memory slot ring (ingest.integrations.shared_slots), without a DataLoader: a
-forked writer and this process reading, as a DataLoader worker and its main process do."""
+writer in another process (forked, or started by forkserver or spawn) and this process
+reading, as a DataLoader worker and its main process do."""
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
+import pickle
 import signal
 import time
 from collections.abc import Callable
@@ -13,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ingest.integrations.shared_slots import Placed, SlotRing
+from ingest.integrations.shared_slots import SHAREABLE, Placed, SlotRing
 
 FORK = multiprocessing.get_context("fork")
 
@@ -184,3 +187,62 @@ def test_a_writer_killed_mid_write_leaves_the_ring_usable_for_the_next() -> None
 def test_a_ring_refuses_no_slots_or_a_slot_under_a_cache_line(slots: int, slot_bytes: int) -> None:
     with pytest.raises(ValueError, match="slot"):
         SlotRing(slots, slot_bytes)
+
+
+def write_three(ring: SlotRing, conn: Any) -> None:
+    """A writer in a process started by spawn or forkserver (at a module's top level: that
+    process imports it), which got ``ring`` by pickling, as a Process's argument."""
+    write_batches(3)(ring, conn)
+
+
+STARTED = [m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
+
+
+@pytest.mark.parametrize("method", STARTED)
+def test_a_writer_started_by_spawn_or_forkserver_gets_the_ring_as_it_starts(method: str) -> None:
+    """A DataLoader in a Ray worker starts its workers by forkserver (and a caller may name
+    spawn): they get the ring with the dataset, pickled as they start, and write into the
+    same shared memory this process reads (no copy by the pipe)."""
+    context: Any = multiprocessing.get_context(method)
+    ring = SlotRing(4, 1 << 20, context=context)
+    here, there = context.Pipe()
+    process = context.Process(target=write_three, args=(ring, there), daemon=True)
+    process.start()
+    there.close()
+    got = []
+    for _ in range(3):
+        assert here.poll(120), f"the {method} writer sent nothing in 120 s"
+        placed = here.recv()
+        assert isinstance(placed, Placed), "it wrote into the ring"
+        got.append(ring.take(placed))
+    process.join(30)
+    assert process.exitcode == 0
+    for n, taken in enumerate(got):
+        equal(taken, batch(n))
+    ring.close()
+
+
+def test_a_ring_is_sent_only_to_a_process_as_it_starts() -> None:
+    """Pickled any other time (to a queue, to a file), a ring would name memory the reader
+    cannot find: refused, saying how it travels."""
+    ring = SlotRing(2, 4096, context=multiprocessing.get_context(STARTED[0] if STARTED else None))
+    with pytest.raises(RuntimeError, match=r"SlotRing.*as it starts"):
+        pickle.dumps(ring)
+    ring.close()
+
+
+@pytest.mark.skipif(not SHAREABLE, reason="the ring is an anonymous mapping without memfd_create")
+def test_a_ring_dropped_without_close_gives_its_memory_back() -> None:
+    """A loader dropped without close(): its rings' memory file is closed with them (an open
+    descriptor would keep the file's pages for the life of the process)."""
+    ring = SlotRing(2, 1 << 20)
+    fd = ring._fd
+    assert fd is not None
+    assert os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:ingest-slots")
+    del ring
+    gc.collect()
+    try:
+        now = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        now = ""  # closed, and the number not used again
+    assert not now.startswith("/memfd:ingest-slots"), "the descriptor was closed"

@@ -35,6 +35,7 @@ import functools
 import gc
 import itertools
 import multiprocessing
+import multiprocessing.context
 import multiprocessing.util
 import os
 import queue
@@ -144,7 +145,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         """Each worker's queue of orders, made before the workers start."""
         self.rings: list[SlotRing] = []
         """Each worker's ring of shared slots for its batches' tensors, made before the
-        workers fork (none: they send by the pipe)."""
+        workers start (none: they send by the pipe)."""
         self._taken = 0
         """In a worker: the number of the next order it takes."""
         self._listener: threading.Thread | None = None
@@ -160,10 +161,11 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         before a fork (fsspec's filesystems are not fork-safe)."""
 
     def __getstate__(self) -> dict[str, Any]:
-        # spawn: the worker makes its own planner, and sends by the pipe (an anonymous
-        # mapping is shared only with a forked process)
-        gone: dict[str, Any] = {"_planner": None, "rings": [], "_listener": None}
-        gone.update(_early=None, _exiting=None)
+        # spawn, forkserver: the worker makes its own planner; the rings go to it only as
+        # it starts (their memory's descriptor passed with the start), never elsewhere
+        starting = multiprocessing.context.get_spawning_popen() is not None
+        gone: dict[str, Any] = {"_planner": None, "_listener": None}
+        gone.update(_early=None, _exiting=None, rings=self.rings if starting else [])
         return {**self.__dict__, **gone}
 
     def __iter__(self) -> Iterator[Batch]:
@@ -645,10 +647,10 @@ def worker_start(
     a driver keeps torch's default). The workers then get the stream by pickling (``sent``):
     where it cannot be pickled (a lambda or a local function as the transform) they fork as
     before, with a warning that says so. The forkserver starts once per process (about two
-    seconds), and the workers are kept across epochs; they send their batches through torch's
-    pipe, not the shared-memory rings only forked workers share
-    (:mod:`ingest.integrations.shared_slots`): a warm epoch of ``benchmarks/dataloader.py
-    --forkserver`` at 0.7x the rows/s of forked workers.
+    seconds), and the workers are kept across epochs; they send their batches through the
+    same shared-memory rings as forked workers (:mod:`ingest.integrations.shared_slots`: the
+    rings' memory file is passed to them as they start): a warm epoch of
+    ``benchmarks/dataloader.py --forkserver`` at 0.96x the rows/s of forked workers.
 
     ``default``: the start method the workers would get (the one set, or the platform's)."""
     if not num_workers or kwargs.get("multiprocessing_context") is not None or not in_ray_worker:

@@ -2,9 +2,14 @@
 
 Torch's ``DataLoader`` sends what a worker yields through a pipe: the worker pickles each
 array into the pipe and the main process reads and unpickles it, two copies and a system
-call per 64 KiB on each side. A :class:`SlotRing`, made by the main process before it forks
-the worker, is one anonymous shared mapping (``mmap.mmap(-1, n, flags=MAP_SHARED)``): it
-survives the fork with no name to clean up, and its pages cost memory only once written.
+call per 64 KiB on each side. A :class:`SlotRing`, made by the main process before it starts
+the worker, is one shared mapping of an anonymous memory file (``os.memfd_create``): a forked
+worker inherits the mapping; one started by forkserver or spawn (a loader's in a Ray worker)
+gets the file's descriptor as it starts, passed with the dataset the way multiprocessing
+passes its own (``multiprocessing.reduction.DupFd``), and maps it. The file has no name to
+clean up (it goes with the last descriptor and mapping), and its pages cost memory only once
+written. Where the system has no ``memfd_create`` (not Linux), the ring is an anonymous
+mapping (``mmap.mmap(-1, n, flags=MAP_SHARED)``), which only forked workers share.
 The worker writes a batch's arrays into its lowest free slot and sends only where they lie
 (:class:`Placed`); the main process copies them out, one ``memcpy`` each (a batch may be kept
 for ever, so no view into a slot escapes), and frees the slot.
@@ -23,7 +28,11 @@ from __future__ import annotations
 import contextlib
 import mmap
 import multiprocessing
+import multiprocessing.context
+import multiprocessing.reduction
+import os
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +46,8 @@ ALIGN = 64
 """Each array starts at a multiple of this many bytes in its slot (a cache line)."""
 POLL_S = 0.01
 """How often a worker waiting for a free slot looks whether its batches were abandoned."""
+SHAREABLE = hasattr(os, "memfd_create")
+"""Whether a ring can go to a process started by spawn or forkserver (Linux)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +66,7 @@ class Placed:
 
 class SlotRing:
     """``slots`` shared slots of ``slot_bytes`` each, written by one process and read by
-    another (a worker forked after the ring was made, and the main process).
+    another (a worker started after the ring was made, and the main process).
 
     Args:
         slots: The number of slots (>= 1): batches the worker may have sent and the main
@@ -63,13 +74,17 @@ class SlotRing:
         slot_bytes: Bytes per slot; a batch's arrays larger than that go by the pipe. Pages
             are only backed by memory once written, so a large slot costs what the largest
             batch written into it needs.
+        context: The multiprocessing context (or module) that starts the writer; None: this
+            process's default. Under spawn or forkserver the writer gets the ring pickled
+            as it starts (a Process's argument), which needs ``memfd_create``
+            (:data:`SHAREABLE`).
 
     Raises:
         ValueError: If ``slots`` < 1 or ``slot_bytes`` < ``ALIGN``.
-        OSError: If the system refuses the mapping (the caller sends by the pipe instead).
+        OSError: If the system refuses the memory (the caller sends by the pipe instead).
     """
 
-    def __init__(self, slots: int, slot_bytes: int) -> None:
+    def __init__(self, slots: int, slot_bytes: int, context: Any = None) -> None:
         if slots < 1:
             raise ValueError(f"a SlotRing needs at least one slot, not slots={slots}")
         if slot_bytes < ALIGN:
@@ -77,12 +92,48 @@ class SlotRing:
         self.slots = slots
         self.slot_bytes = slot_bytes - slot_bytes % ALIGN
         self._header = _aligned(8 + slots)
-        self._map = mmap.mmap(-1, self._header + slots * self.slot_bytes, flags=mmap.MAP_SHARED)
-        self._generation = np.ndarray((1,), np.uint64, buffer=self._map, offset=0)
-        self._states = np.ndarray((slots,), np.uint8, buffer=self._map, offset=8)
-        self._free = multiprocessing.get_context("fork").Semaphore(slots)
+        self._fd: int | None = None
+        """The memory file's descriptor in the process that made the ring (None in a
+        writer that got it pickled, and without ``memfd_create``)."""
+        size = self._header + slots * self.slot_bytes
+        if SHAREABLE:
+            self._fd = os.memfd_create("ingest-slots", os.MFD_CLOEXEC)
+            # A ring dropped without close() closes its file too: an open descriptor would
+            # keep its pages for the life of the process (the mapping goes with the object).
+            self._closer = weakref.finalize(self, os.close, self._fd)
+            try:
+                os.ftruncate(self._fd, size)
+                self._map = mmap.mmap(self._fd, size, flags=mmap.MAP_SHARED)
+            except OSError:
+                self._closer()
+                raise
+        else:
+            self._map = mmap.mmap(-1, size, flags=mmap.MAP_SHARED)
+        # A semaphore of the writer's start method: one of a fork context has no name, and
+        # multiprocessing refuses to send it to a process started otherwise.
+        method = start_method(context)
+        self._free = multiprocessing.get_context(method).Semaphore(slots)
         self._began = 0
         """The generation the writer's batches belong to."""
+        self._viewed()
+
+    def _viewed(self) -> None:
+        self._generation = np.ndarray((1,), np.uint64, buffer=self._map, offset=0)
+        self._states = np.ndarray((self.slots,), np.uint8, buffer=self._map, offset=8)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # Only as a process starts (spawn, forkserver): the descriptor is passed to it by
+        # the process's start (DupFd), as multiprocessing passes its semaphores' and
+        # queues'; pickled any other time, it would name memory the other end cannot find.
+        if self._fd is None or multiprocessing.context.get_spawning_popen() is None:
+            raise RuntimeError(
+                "a SlotRing is sent to another process only as it starts (an argument of a "
+                "multiprocessing Process, or the dataset of a DataLoader's workers), and only "
+                "by the process that made it, where os.memfd_create exists; a forked process "
+                "inherits it as it is"
+            )
+        fd = multiprocessing.reduction.DupFd(self._fd)
+        return _attached, (fd, self.slots, self.slot_bytes, self._free)
 
     # The reader (the main process).
 
@@ -116,6 +167,9 @@ class SlotRing:
         del self._generation, self._states
         with contextlib.suppress(BufferError):  # a caller's view still open: GC unmaps
             self._map.close()
+        if self._fd is not None:
+            self._fd = None
+            self._closer()
 
     # The writer (the worker).
 
@@ -175,6 +229,24 @@ class SlotRing:
         return int(free[0])
 
 
+def _attached(fd: Any, slots: int, slot_bytes: int, free: Any) -> SlotRing:
+    """In a process started by spawn or forkserver: the ring another process made and sent
+    as this one started, its memory mapped here (``fd``: multiprocessing's wrapper of the
+    descriptor passed with the start)."""
+    ring = SlotRing.__new__(SlotRing)
+    ring.slots, ring.slot_bytes = slots, slot_bytes
+    ring._header = _aligned(8 + slots)
+    descriptor = fd.detach()
+    try:
+        size = ring._header + slots * slot_bytes
+        ring._map = mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(descriptor)  # the mapping keeps the memory
+    ring._fd, ring._free, ring._began = None, free, 0
+    ring._viewed()
+    return ring
+
+
 def start_method(context: Any | None) -> str:
     """The start method of the processes ``context`` starts (a multiprocessing context, or
     a module such as ``multiprocessing`` or ``torch.multiprocessing``; None: this process's
@@ -186,13 +258,13 @@ def start_method(context: Any | None) -> str:
 
 
 def worker_rings(context: Any, workers: int, slots: int, slot_bytes: int) -> list[SlotRing]:
-    """A ring of ``slots`` slots per DataLoader worker, where they fork from this process;
-    none (they send by the pipe) under ``spawn`` or ``forkserver``, or where the system
-    refuses the mapping."""
-    if start_method(context) != "fork":
+    """A ring of ``slots`` slots per DataLoader worker that ``context`` starts; none (they
+    send by the pipe) where the system refuses the memory, or where workers started by
+    ``spawn`` or ``forkserver`` could not get it (no ``memfd_create``)."""
+    if start_method(context) != "fork" and not SHAREABLE:
         return []
     try:
-        return [SlotRing(slots, slot_bytes) for _ in range(workers)]
+        return [SlotRing(slots, slot_bytes, context) for _ in range(workers)]
     except OSError:
         return []
 
@@ -244,6 +316,7 @@ def _aligned(n: int) -> int:
 __all__ = [
     "FREE",
     "FULL",
+    "SHAREABLE",
     "TEXT_TYPES",
     "Placed",
     "SlotRing",
