@@ -11,7 +11,7 @@ faster than the ``Stream``). ``--restarting`` also runs each worker count with
 ``persistent_workers=False``, whose workers stop at every epoch's end (as every
 ``ingest.DataLoader`` did before issue 32). ``--forkserver`` also runs each worker count
 with its workers started by ``forkserver``, as a loader made in a Ray worker starts them
-(:func:`ingest.integrations.loader.worker_start`): the forkserver's start is in the cold
+(:func:`ingest.integrations.worker_start.worker_start`): the forkserver's start is in the cold
 epoch; their batches come through the same shared-memory rings as forked workers' (the
 rings' memory file passed to them as they start). Every epoch is checked for every row once (the
 carried remainder aside). Measured in one run; these machines are noisy (2 cores here:

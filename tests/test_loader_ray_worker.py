@@ -23,7 +23,7 @@ import pytest
 import ray
 
 import ingest
-from ingest.integrations.loader import worker_start
+from ingest.integrations.worker_start import worker_start
 from ingest.testing import write_dataset
 
 SHARDS, ROWS, BATCH = 4, 200, 25
