@@ -49,7 +49,8 @@ def worker_start(
     the workers are kept across epochs; they send their batches through the
     same shared-memory rings as forked workers (:mod:`ingest.integrations.shared_slots`: the
     rings' memory file is passed to them as they start): a warm epoch of
-    ``benchmarks/dataloader.py --forkserver`` at 0.96x the rows/s of forked workers.
+    ``benchmarks/dataloader.py --forkserver`` at 0.96-1.03x the rows/s of forked
+    workers.
 
     ``default``: the start method the workers would get (the one set, or the platform's)."""
     if not num_workers or kwargs.get("multiprocessing_context") is not None or not in_ray_worker:
