@@ -23,6 +23,7 @@ import pytest
 import ray
 
 import ingest
+from ingest.integrations.shared_slots import SlotRing
 from ingest.integrations.worker_start import worker_start
 from ingest.testing import write_dataset
 
@@ -46,13 +47,22 @@ def plus_one(table: pa.Table) -> pa.Table:
 
 
 @ray.remote(num_cpus=0)
-def read_in_a_ray_worker(url: str, lambda_transform: bool) -> tuple[str, list[int], list[str]]:
+def read_in_a_ray_worker(url: str, lambda_transform: bool) -> tuple[str, list[int], list[str], int]:
     """An epoch of a 2-worker loader made in this Ray worker: its workers' start method, the
-    ids it handed out and the warnings it gave."""
+    ids it handed out, the warnings it gave and the batches it read from its workers' rings
+    of shared slots (not by the pipe)."""
     transform = (lambda t: t) if lambda_transform else plus_one
     stream = ingest.Stream(
         url, columns=["id"], batch_size=BATCH, shuffle_seed=1, transform=transform
     )
+    slotted = [0]
+    viewed = SlotRing.viewed
+
+    def counted(ring: SlotRing, placed: Any) -> Any:
+        slotted[0] += 1
+        return viewed(ring, placed)
+
+    SlotRing.viewed = counted  # type: ignore[method-assign,assignment]  # put back below
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loader = ingest.DataLoader(stream, num_workers=2)
@@ -60,26 +70,29 @@ def read_in_a_ray_worker(url: str, lambda_transform: bool) -> tuple[str, list[in
         ids = [int(i) for b in loader for i in b["id"].tolist()]
         context = loader.multiprocessing_context  # None: torch's default
         method = (context or multiprocessing).get_start_method()
-        return method, ids, [str(w.message) for w in caught]
+        return method, ids, [str(w.message) for w in caught], slotted[0]
     finally:
+        SlotRing.viewed = viewed  # type: ignore[method-assign]
         loader.close()
 
 
 @pytest.mark.skipif(not FORKS, reason="workers fork by default only where fork is the default")
 @pytest.mark.usefixtures("ray_session")
 def test_a_loader_in_a_ray_worker_starts_its_workers_by_forkserver(data: str) -> None:
-    method, ids, caught = ray.get(read_in_a_ray_worker.remote(data, False), timeout=240)
+    method, ids, caught, slotted = ray.get(read_in_a_ray_worker.remote(data, False), timeout=240)
     assert method == "forkserver"
     assert sorted(ids) == list(range(TOTAL))
     assert not caught
+    assert slotted == TOTAL // BATCH, "every batch came through the workers' shared slots"
 
 
 @pytest.mark.skipif(not FORKS, reason="workers fork by default only where fork is the default")
 @pytest.mark.usefixtures("ray_session")
 def test_a_stream_forkserver_cannot_send_forks_with_a_warning(data: str) -> None:
-    method, ids, caught = ray.get(read_in_a_ray_worker.remote(data, True), timeout=240)
+    method, ids, caught, slotted = ray.get(read_in_a_ray_worker.remote(data, True), timeout=240)
     assert method == "fork"
     assert sorted(ids) == list(range(TOTAL))
+    assert slotted == TOTAL // BATCH
     (message,) = caught
     assert "Ray worker" in message and "forkserver" in message and "lambda" in message
 
