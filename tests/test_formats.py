@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import itertools
 import json
 import lzma
 from collections.abc import Callable
@@ -576,6 +577,63 @@ def test_an_arrow_shard_is_read_in_large_requests(s3: Any, fmt: str) -> None:
         read = proxy.counts()["requests"] - before - listed
     assert got == list(range(64 * 16))
     assert listed <= 2 and read <= 2, (listed, read)  # read: the epoch's listing, the shard
+
+
+def test_an_arrow_file_s_large_record_batches_are_counted_at_once(s3: Any) -> None:
+    """An Arrow IPC file's rows are counted from each record batch's metadata (the footer
+    gives where each lies, not its rows). Batches larger than the read-ahead were a request
+    each, one after another: 32 record batches of 90 KB on a store 50 ms away, 1.6 s to
+    list one shard. Now the footer is read first, and every batch's metadata is fetched
+    at once (neighbours in one range): the listing's requests are in flight together."""
+    from ingest.testing import FaultProxy, Faults
+
+    root = s3.create_bucket("ipc-metadata")
+    table = make_table(0, 32 * 1024)
+    data = encode(table, "arrow", row_group_rows=1024)
+    assert len(data) > 2 << 20
+    s3.filesystem().pipe(f"{root}/d/shard.arrow", data)
+    with FaultProxy(s3.endpoint, Faults(latency_s=0.05)) as proxy:
+        options = s3.storage_options(endpoint=proxy.endpoint)
+        stream = ingest.Stream(f"s3://{root}/d/", batch_size=1024, storage_options=options)
+        (info,) = stream.listing().infos
+        peak, listed = proxy.peak_in_flight(), proxy.counts()["requests"]
+        got = [i for batch in stream for i in batch["id"].tolist()]
+    assert info.rows == 32 * 1024
+    assert got == list(range(32 * 1024))
+    assert peak >= 4, f"the batches' metadata was fetched one request after another ({peak})"
+    # The listing, the first bytes, the footer, a range a batch (and the footer again, at
+    # once): none of count_rows's reads left for a request of its own.
+    assert listed <= 32 + 4, listed  # 35 here; a read of count_rows apart would be 32 more
+
+
+def test_an_arrow_file_s_footer_says_where_each_message_s_metadata_lies() -> None:
+    """metadata_ranges reads the footer's blocks (pyarrow does not give them): each range
+    is an encapsulated message's metadata (its continuation marker, its length, as many
+    bytes as the block says) of the kind pyarrow reads there, every record batch and
+    dictionary once, in the file's order; a footer that is not one gives None."""
+    from pyarrow import ipc
+
+    from ingest.formats.arrow import metadata_ranges
+
+    schema = pa.schema([("id", pa.int64()), ("tag", pa.dictionary(pa.int32(), pa.string()))])
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, schema) as writer:
+        for n in (3, 5, 7):
+            tags = pa.array([f"t{i % 2}" for i in range(n)]).dictionary_encode()
+            writer.write_batch(pa.record_batch([pa.array(range(n), pa.int64()), tags], schema))
+    data = sink.getvalue().to_pybytes()
+    footer_size = int.from_bytes(data[-10:-6], "little")
+    ranges = metadata_ranges(data[-10 - footer_size : -10], len(data))
+    assert ranges is not None
+    kinds = []
+    for start, end in ranges:
+        assert data[start : start + 4] == b"\xff\xff\xff\xff"
+        assert 8 + int.from_bytes(data[start + 4 : start + 8], "little") == end - start
+        kinds.append(ipc.read_message(pa.py_buffer(data[start:])).type)
+    assert kinds == ["dictionary", "record batch", "record batch", "record batch"]
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ranges))
+    assert metadata_ranges(b"\x00" * 3, len(data)) is None
+    assert metadata_ranges(data[-10 - footer_size : -10], 100) is None  # blocks past the end
 
 
 def test_a_csv_shard_read_from_its_start_is_one_request(s3: Any) -> None:
