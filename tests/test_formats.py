@@ -606,6 +606,25 @@ def test_an_arrow_file_s_large_record_batches_are_counted_at_once(s3: Any) -> No
     assert listed <= 32 + 4, listed  # 35 here; a read of count_rows apart would be 32 more
 
 
+def test_an_arrow_file_of_thousands_of_small_batches_is_counted_in_a_few_ranges(s3: Any) -> None:
+    """3,000 record batches: the footer (72 KB) is past the read-ahead of the file's end, so
+    it is read apart; the batches' metadata, a few KB apart, is fetched in a few ranges of
+    up to 4 MiB side by side (the bytes between read too), not a request a batch."""
+    from ingest.testing import FaultProxy, Faults
+
+    root = s3.create_bucket("ipc-small-batches")
+    data = encode(make_table(0, 3000 * 32), "arrow", row_group_rows=32)
+    s3.filesystem().pipe(f"{root}/d/shard.arrow", data)
+    with FaultProxy(s3.endpoint, Faults(latency_s=0.05)) as proxy:
+        options = s3.storage_options(endpoint=proxy.endpoint)
+        stream = ingest.Stream(f"s3://{root}/d/", batch_size=4096, storage_options=options)
+        (info,) = stream.listing().infos
+        listed, peak = proxy.counts()["requests"], proxy.peak_in_flight()
+    assert info.rows == 3000 * 32
+    assert listed <= 4 + -(-len(data) // (4 << 20)), listed
+    assert peak >= 2, peak
+
+
 def test_an_arrow_file_s_footer_says_where_each_message_s_metadata_lies() -> None:
     """metadata_ranges reads the footer's blocks (pyarrow does not give them): each range
     is an encapsulated message's metadata (its continuation marker, its length, as many

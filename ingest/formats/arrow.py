@@ -42,6 +42,8 @@ _WHOLE_BYTES = 1 << 20
 _GAP_BYTES = 64 << 10
 """Record batches' metadata this close together is fetched in one range (the bytes between
 read too) as a file is listed."""
+_RANGE_BYTES = 4 << 20
+"""The longest of those ranges: a file's ranges are fetched concurrently."""
 _MERGED_BYTES = 16 << 20
 """The most a file's listing reads to count its rows: above it, each batch's metadata alone."""
 _FIX = "check that the object is a complete Arrow IPC file or stream, or pass format="
@@ -120,8 +122,12 @@ def _with_metadata(source: Source, shard: Shard, opened: Any, stack: contextlib.
     if len(tail) < 10 or tail[-len(_MAGIC) :] != _MAGIC:
         return None
     footer_size = int.from_bytes(tail[-10:-6], "little", signed=True)
-    if not 0 < footer_size <= len(tail) - 10:
-        return None  # a footer larger than the read-ahead: rare, read as before
+    if not 0 < footer_size <= shard.size - 10 - len(_MAGIC):
+        return None
+    if footer_size > len(tail) - 10:  # thousands of batches: the footer is a read of its own
+        tail_start = shard.size - 10 - footer_size
+        opened.seek(tail_start)
+        tail = opened.read()
     ranges = metadata_ranges(tail[-10 - footer_size : -10], shard.size)
     if ranges is None:
         return None
@@ -161,13 +167,15 @@ def metadata_ranges(footer: bytes, size: int) -> list[tuple[int, int]] | None:
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``ranges`` sorted, those less than :data:`_GAP_BYTES` apart in one; the bytes
-    between them are read too, so where that would be more than :data:`_MERGED_BYTES` in
-    all (a large file of small batches) each range is its own."""
+    """``ranges`` sorted, those less than :data:`_GAP_BYTES` apart in one of at most
+    :data:`_RANGE_BYTES` (fetched side by side); the bytes between them are read too, so
+    where that would be more than :data:`_MERGED_BYTES` in all (a large file of small
+    batches) each range is its own."""
     ranges = sorted(ranges)
     out: list[tuple[int, int]] = []
     for start, end in ranges:
-        if out and start - out[-1][1] <= _GAP_BYTES:
+        near = out and start - out[-1][1] <= _GAP_BYTES
+        if near and end - out[-1][0] <= _RANGE_BYTES:
             out[-1] = (out[-1][0], max(out[-1][1], end))
         else:
             out.append((start, end))
