@@ -49,7 +49,7 @@ def worker_start(
     the workers are kept across epochs; they send their batches through the
     same shared-memory rings as forked workers (:mod:`ingest.integrations.shared_slots`: the
     rings' memory file is passed to them as they start): a warm epoch of
-    ``benchmarks/dataloader.py --forkserver`` at 0.96-1.03x the rows/s of forked
+    ``benchmarks/dataloader.py --forkserver`` at 0.91-1.03x the rows/s of forked
     workers.
 
     ``default``: the start method the workers would get (the one set, or the platform's)."""
