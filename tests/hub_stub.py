@@ -34,6 +34,7 @@ import fnmatch
 import hashlib
 import itertools
 import json
+import math
 import re
 import threading
 import time
@@ -921,7 +922,9 @@ class _HubHandler(BaseHTTPRequestHandler):
             sha = snapshot.sha256(path)
             with self.hub._lock:
                 self.hub._cdn[sha] = content
-            expires = int(time.time() + self.hub.cdn_ttl_s)
+            # Whole seconds, as CloudFront's: rounded up, so a URL holds for cdn_ttl_s at
+            # least (rounded down, a 1 s URL lasted anywhere from 0 to 1 s)
+            expires = math.ceil(time.time() + self.hub.cdn_ttl_s)
             location = f"{self.hub.cdn_endpoint}/cdn/{sha}?Expires={expires}&Signature=stub"
             redirect = {
                 "Location": location,

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 import ray
@@ -151,6 +152,14 @@ def test_a_file_the_hub_redirects_is_resolved_once_and_read_from_its_cdn(
         ]
 
 
+def past_expiry(stub: HubStub) -> None:
+    """Sleep until the signed URL the stub's CDN served last has expired (its ``Expires``, a
+    whole second, then a little): a fixed sleep raced the second's boundary."""
+    path = [r.path for r in stub.records if r.kind == "cdn"][-1]
+    expires = float(dict(parse_qsl(urlsplit(path).query))["Expires"])
+    time.sleep(max(0.0, expires - time.time()) + 0.2)
+
+
 def test_a_signed_url_that_expires_while_a_file_is_read_is_asked_for_again(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -167,12 +176,12 @@ def test_a_signed_url_that_expires_while_a_file_is_read_is_asked_for_again(
         (shard,) = source.list_shards(FORMAT_RESOLVER)
         f = source.open(shard, block_size=1024)
         first = f.read(1024)
-        time.sleep(1.2)  # the URL the file was opened on expired
+        past_expiry(stub)  # the URL the file was opened on expired
         rest = f.read()
         assert first + rest == payload
         assert [r.status for r in stub.records if r.kind == "cdn"].count(403) >= 1
         assert len([r for r in stub.records if r.method == "HEAD"]) == 2, stub.records
-        time.sleep(1.2)
+        past_expiry(stub)
         got = source.fetch_ranges(shard, [0, 5000], [100, 5100])
         got.seek(5000)
         assert got.read(100) == payload[5000:5100]
