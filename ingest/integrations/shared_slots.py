@@ -91,11 +91,10 @@ class SlotRing:
             raise ValueError(f"slot_bytes={slot_bytes} must be at least {ALIGN}")
         self.slots = slots
         self.slot_bytes = slot_bytes - slot_bytes % ALIGN
-        self._header = _aligned(8 + slots)
         self._fd: int | None = None
         """The memory file's descriptor in the process that made the ring (None in a
         writer that got it pickled, and without ``memfd_create``)."""
-        size = self._header + slots * self.slot_bytes
+        size = self._laid_out()
         if SHAREABLE:
             self._fd = os.memfd_create("ingest-slots", os.MFD_CLOEXEC)
             # A ring dropped without close() closes its file too: an open descriptor would
@@ -116,6 +115,11 @@ class SlotRing:
         self._began = 0
         """The generation the writer's batches belong to."""
         self._viewed()
+
+    def _laid_out(self) -> int:
+        """Set where the slots begin (after the header); the ring's size in bytes."""
+        self._header = _aligned(8 + self.slots)
+        return self._header + self.slots * self.slot_bytes
 
     def _viewed(self) -> None:
         self._generation = np.ndarray((1,), np.uint64, buffer=self._map, offset=0)
@@ -235,11 +239,9 @@ def _attached(fd: Any, slots: int, slot_bytes: int, free: Any) -> SlotRing:
     descriptor passed with the start)."""
     ring = SlotRing.__new__(SlotRing)
     ring.slots, ring.slot_bytes = slots, slot_bytes
-    ring._header = _aligned(8 + slots)
     descriptor = fd.detach()
     try:
-        size = ring._header + slots * slot_bytes
-        ring._map = mmap.mmap(descriptor, size, flags=mmap.MAP_SHARED)
+        ring._map = mmap.mmap(descriptor, ring._laid_out(), flags=mmap.MAP_SHARED)
     finally:
         os.close(descriptor)  # the mapping keeps the memory
     ring._fd, ring._free, ring._began = None, free, 0
