@@ -642,17 +642,59 @@ def test_an_arrow_file_s_footer_says_where_each_message_s_metadata_lies() -> Non
             writer.write_batch(pa.record_batch([pa.array(range(n), pa.int64()), tags], schema))
     data = sink.getvalue().to_pybytes()
     footer_size = int.from_bytes(data[-10:-6], "little")
-    ranges = metadata_ranges(data[-10 - footer_size : -10], len(data))
-    assert ranges is not None
-    kinds = []
-    for start, end in ranges:
-        assert data[start : start + 4] == b"\xff\xff\xff\xff"
-        assert 8 + int.from_bytes(data[start + 4 : start + 8], "little") == end - start
-        kinds.append(ipc.read_message(pa.py_buffer(data[start:])).type)
-    assert kinds == ["dictionary", "record batch", "record batch", "record batch"]
-    assert all(a[1] <= b[0] for a, b in itertools.pairwise(ranges))
+    blocks = metadata_ranges(data[-10 - footer_size : -10], len(data))
+    assert blocks is not None
+    for ranges, kind, count in zip(blocks, ["dictionary", "record batch"], [1, 3], strict=True):
+        assert len(ranges) == count
+        for start, end in ranges:
+            assert data[start : start + 4] == b"\xff\xff\xff\xff"
+            assert 8 + int.from_bytes(data[start + 4 : start + 8], "little") == end - start
+            assert ipc.read_message(pa.py_buffer(data[start:])).type == kind
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(sorted(blocks[0] + blocks[1])))
     assert metadata_ranges(b"\x00" * 3, len(data)) is None
     assert metadata_ranges(data[-10 - footer_size : -10], 100) is None  # blocks past the end
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"compression": "zstd"},
+        {"compression": "lz4"},
+        {"use_legacy_format": True},  # a 4-byte length before each message, no marker
+    ],
+    ids=["plain", "zstd", "lz4", "legacy"],
+)
+def test_an_arrow_record_batch_s_rows_are_read_from_its_metadata(options: dict[str, Any]) -> None:
+    """A file's rows are the sum of its record batches' ``length`` (each message's metadata,
+    fetched at listing). pyarrow's ``count_rows`` reads each batch's body with it (a range of
+    the whole batch): a listing that fetched only the metadata handed it a file that filled
+    the bodies with zeros (fsspec's parts cache), or it fetched every batch whole. Each
+    batch's rows are the ones pyarrow reads; a dictionary's message, or bytes that are not
+    a message, give None."""
+    from pyarrow import ipc
+
+    from ingest.formats.arrow import batch_rows, metadata_ranges
+
+    schema = pa.schema([("id", pa.int64()), ("tag", pa.dictionary(pa.int32(), pa.string()))])
+    sink = pa.BufferOutputStream()
+    sizes = [3, 0, 1024, 1, 70_000, 5]
+    with ipc.new_file(sink, schema, options=ipc.IpcWriteOptions(**options)) as writer:
+        for n in sizes:
+            tags = pa.DictionaryArray.from_arrays(
+                pa.array([i % 3 for i in range(n)], pa.int32()), ["t0", "t1", "t2"]
+            )
+            writer.write_batch(pa.record_batch([pa.array(range(n), pa.int64()), tags], schema))
+    data = sink.getvalue().to_pybytes()
+    footer_size = int.from_bytes(data[-10:-6], "little")
+    blocks = metadata_ranges(data[-10 - footer_size : -10], len(data))
+    assert blocks is not None
+    dictionaries, batches = blocks
+    assert [batch_rows(data[a:b]) for a, b in batches] == sizes
+    assert sum(sizes) == ipc.open_file(pa.py_buffer(data)).count_rows()
+    assert dictionaries and all(batch_rows(data[a:b]) is None for a, b in dictionaries)
+    assert batch_rows(b"") is None and batch_rows(b"\xff" * 7) is None
+    assert batch_rows(b"\xff\xff\xff\xff" + b"\x40\x00\x00\x00" + b"\x00" * 3) is None
 
 
 def test_a_csv_shard_read_from_its_start_is_one_request(s3: Any) -> None:

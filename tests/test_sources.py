@@ -592,3 +592,39 @@ def test_a_list_of_urls_on_a_store_is_listed_more_than_sixteen_at_once(
     monkeypatch.setattr(source_module, "list_url", side_by_side)
     shards = Source(urls, storage_options=s3.storage_options()).list_shards(FORMAT_RESOLVER)
     assert [s.url for s in shards] == urls
+
+
+def test_bytes_read_past_the_ranges_fetched_are_the_file_s_own(s3: Any) -> None:
+    """A shard opened with some ranges fetched (``fetch_ranges``) reads those from memory
+    and every other byte from the store, one request per read. fsspec's ``parts`` cache
+    (2026.9) filled a read that ran past a known part's end with zeros (strict=False) and
+    raised ValueError for a read outside every part, though its docstring says it fetches."""
+    from ingest.testing import FaultProxy
+
+    root = s3.create_bucket("known-parts")
+    payload = bytes(range(256)) * 40  # 10,240 bytes, no two neighbours alike
+    s3.filesystem().pipe(f"{root}/f.jsonl", payload)
+    with FaultProxy(s3.endpoint) as proxy:
+        source = Source(
+            f"s3://{root}/f.jsonl",
+            format="jsonl",
+            storage_options=s3.storage_options(endpoint=proxy.endpoint),
+        )
+        (shard,) = source.list_shards(FORMAT_RESOLVER)
+        listed = proxy.counts()["requests"]
+        f = source.fetch_ranges(shard, [0, 5000], [100, 5100])
+        assert proxy.counts()["requests"] - listed == 2
+        reads = source.stats.reads
+
+        def read(start: int, end: int) -> tuple[bytes, int]:
+            before = proxy.counts()["requests"]
+            f.seek(start)
+            return f.read(end - start), proxy.counts()["requests"] - before
+
+        assert read(10, 90) == (payload[10:90], 0)  # inside a range: from memory
+        assert read(5000, 5100) == (payload[5000:5100], 0)
+        assert read(50, 300) == (payload[50:300], 1)  # past the range's end
+        assert read(1000, 1200) == (payload[1000:1200], 1)  # outside every range
+        assert read(4900, 5050) == (payload[4900:5050], 1)  # into a range
+        assert read(50, 5080) == (payload[50:5080], 1)  # across both
+        assert source.stats.reads - reads == 4, "each read of the store is counted"

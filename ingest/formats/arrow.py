@@ -1,8 +1,8 @@
 """Arrow IPC: the file format (random access by record batch) and the stream format.
 
-A file's row count comes from ``count_rows``, which reads only the record batch headers;
-on a remote store, the headers the footer points to are fetched at once first
-(:func:`metadata_ranges`), not one after another.
+A file's row count comes from its record batches' metadata, which the footer says where to
+find (:func:`metadata_ranges`): on a remote store, fetched at once and counted here
+(:func:`batch_rows`); elsewhere, pyarrow's ``count_rows`` reads them (with the bodies).
 Its seek points are ``(row, record batch index)``: a resumed reader fetches that batch
 directly. The stream format has no index; it is read front to back and skips within the
 shard.
@@ -68,11 +68,14 @@ class ArrowFormat(Format):
             head = f.read(len(_MAGIC))
             try:
                 if head == _MAGIC:
+                    rows = None
                     if shard.size > _WHOLE_BYTES and source.fetches_ranges(shard):
-                        f = _with_metadata(source, shard, opened, stack) or f
+                        f, rows = _with_metadata(source, shard, opened, stack) or (f, None)
                     f.seek(0)
                     reader = ipc.open_file(f)
-                    return ShardInfo(rows=reader.count_rows(), schema=reader.schema, meta="file")
+                    if rows is None:
+                        rows = reader.count_rows()
+                    return ShardInfo(rows=rows, schema=reader.schema, meta="file")
                 f.seek(0)
                 return ShardInfo(rows=None, schema=ipc.open_stream(f).schema, meta="stream")
             except (pa.ArrowInvalid, OSError) as e:
@@ -106,16 +109,20 @@ class ArrowFormat(Format):
         return _ArrowReader(ctx)
 
 
-def _with_metadata(source: Source, shard: Shard, opened: Any, stack: contextlib.ExitStack) -> Any:
+def _with_metadata(
+    source: Source, shard: Shard, opened: Any, stack: contextlib.ExitStack
+) -> tuple[Any, int | None] | None:
     """The file ``shard`` (an Arrow IPC file, ``opened``) with its footer and every record
     batch's and dictionary's metadata fetched at once (concurrent ranges; neighbours in one),
-    so that ``count_rows`` reads them from memory; None where the footer is not what
-    :func:`metadata_ranges` reads (pyarrow then reads the file as it does).
+    and its rows, counted from the record batches' metadata (:func:`batch_rows`; None where
+    one does not read as a record batch's: ``count_rows`` counts them); None where the
+    footer is not what :func:`metadata_ranges` reads (pyarrow then reads the file as it does).
 
-    pyarrow reads each batch's metadata as it counts, one after another: a request each
-    where batches are larger than the read-ahead (32 batches of 90 KB on a store 50 ms
-    away: 1.6 s to list the shard). pyarrow has no call that prefetches them (Arrow's C++
-    ``PreBufferMetadata`` is not in its Python API), hence the footer read here."""
+    pyarrow's ``count_rows`` reads each batch whole (its metadata and its body, one read
+    after another: a request each where batches are larger than the read-ahead; 32 batches
+    of 90 KB on a store 50 ms away, 1.6 s to list the shard), and has no call that prefetches
+    the metadata alone (Arrow's C++ ``PreBufferMetadata`` is not in its Python API), hence
+    the footer read here, and the rows counted here from what it points at."""
     tail_start = max(0, shard.size - _INSPECT_BYTES)
     opened.seek(tail_start)
     tail = opened.read()
@@ -128,42 +135,93 @@ def _with_metadata(source: Source, shard: Shard, opened: Any, stack: contextlib.
         tail_start = shard.size - 10 - footer_size
         opened.seek(tail_start)
         tail = opened.read()
-    ranges = metadata_ranges(tail[-10 - footer_size : -10], shard.size)
-    if ranges is None:
+    blocks = metadata_ranges(tail[-10 - footer_size : -10], shard.size)
+    if blocks is None:
         return None
-    wanted = _merged([(a, b) for a, b in ranges if b <= tail_start] + [(tail_start, shard.size)])
+    # The tail, read already, is given as known; what lies before it is fetched (a block
+    # that runs into the tail up to it: the two parts are read as one).
+    wanted = _merged([(a, min(b, tail_start)) for a, b in blocks[0] + blocks[1] if a < tail_start])
     starts, ends = [a for a, _ in wanted], [b for _, b in wanted]
-    return stack.enter_context(source.fetch_ranges(shard, starts, ends))
+    known = {(tail_start, shard.size): tail}
+    f = stack.enter_context(source.fetch_ranges(shard, starts, ends, known))
+    rows = 0
+    for start, end in blocks[1]:
+        f.seek(start)
+        batch = batch_rows(f.read(end - start))
+        if batch is None:
+            return f, None
+        rows += batch
+    return f, rows
 
 
-def metadata_ranges(footer: bytes, size: int) -> list[tuple[int, int]] | None:
-    """Where each dictionary's and record batch's metadata lies (``[start, end)``) in an
-    Arrow IPC file of ``size`` bytes, from its ``footer`` (the ``Footer`` flatbuffer of
-    Arrow's ``File.fbs``: its ``dictionaries`` and ``recordBatches`` are vectors of ``Block
-    {offset: long, metaDataLength: int, bodyLength: long}``); None where it does not read
-    as one. Read here because pyarrow does not give the blocks (see :func:`_with_metadata`)."""
+Range = tuple[int, int]
+
+
+def metadata_ranges(footer: bytes, size: int) -> tuple[list[Range], list[Range]] | None:
+    """Where each dictionary's and each record batch's metadata lies (``[start, end)``, in
+    the file's order: the dictionaries', then the record batches') in an Arrow IPC file of
+    ``size`` bytes, from its ``footer`` (the ``Footer`` flatbuffer of Arrow's ``File.fbs``:
+    its ``dictionaries`` and ``recordBatches`` are vectors of ``Block {offset: long,
+    metaDataLength: int, bodyLength: long}``); None where it does not read as one. Read here
+    because pyarrow does not give the blocks (see :func:`_with_metadata`)."""
     try:
         table = struct.unpack_from("<I", footer, 0)[0]
-        vtable = table - struct.unpack_from("<i", footer, table)[0]
-        vtable_size = struct.unpack_from("<H", footer, vtable)[0]
-        out = []
-        for field in (2, 3):  # dictionaries, recordBatches
-            at = 4 + 2 * field
-            if at + 2 > vtable_size:
+        out: tuple[list[Range], list[Range]] = ([], [])
+        for field, ranges in zip((2, 3), out, strict=True):  # dictionaries, recordBatches
+            where = _field(footer, table, field)
+            if where is None:
                 continue
-            relative = struct.unpack_from("<H", footer, vtable + at)[0]
-            if not relative:
-                continue
-            where = table + relative
             vector = where + struct.unpack_from("<I", footer, where)[0]
             for k in range(struct.unpack_from("<I", footer, vector)[0]):
                 offset, length, _ = struct.unpack_from("<qi4xq", footer, vector + 4 + 24 * k)
                 if not (offset >= 0 and length > 0 and offset + length <= size):
                     return None
-                out.append((offset, offset + length))
+                ranges.append((offset, offset + length))
     except struct.error:
         return None
-    return sorted(out)
+    return out
+
+
+_RECORD_BATCH = 3
+"""``MessageHeader.RecordBatch``, the union's type in Arrow's ``Message.fbs``."""
+
+
+def batch_rows(message: bytes) -> int | None:
+    """The rows of a record batch from its encapsulated message's metadata (a block of the
+    footer: the continuation marker and the length, or a legacy file's length alone, then
+    the ``Message`` flatbuffer of Arrow's ``Message.fbs``, whose ``header`` is a
+    ``RecordBatch`` and its ``length`` the rows); None where it is not one.
+
+    Read here because pyarrow's ``count_rows`` reads each batch's body with its metadata
+    (one read of the whole batch): counting from the metadata alone fetches a few hundred
+    bytes a batch, not the file."""
+    try:
+        start = 8 if message[:4] == b"\xff\xff\xff\xff" else 4
+        length = struct.unpack_from("<i", message, start - 4)[0]
+        if not 0 < length <= len(message) - start:
+            return None
+        buf = message[start : start + length]
+        table = struct.unpack_from("<I", buf, 0)[0]
+        kind, header = _field(buf, table, 1), _field(buf, table, 2)
+        if kind is None or header is None or buf[kind] != _RECORD_BATCH:
+            return None
+        batch = header + struct.unpack_from("<I", buf, header)[0]
+        rows = _field(buf, batch, 0)
+        count = 0 if rows is None else int(struct.unpack_from("<q", buf, rows)[0])
+    except (struct.error, IndexError):
+        return None
+    return count if count >= 0 else None
+
+
+def _field(buf: bytes, table: int, field: int) -> int | None:
+    """Where field number ``field`` of the flatbuffer table at ``table`` lies in ``buf``;
+    None where the table does not hold it (its default)."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    at = 4 + 2 * field
+    if at + 2 > struct.unpack_from("<H", buf, vtable)[0]:
+        return None
+    relative = struct.unpack_from("<H", buf, vtable + at)[0]
+    return table + relative if relative else None
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -25,6 +25,7 @@ from ingest.storage.sources.delta import TableVersion
 from ingest.storage.sources.faults import ShortBodyError, is_transient
 from ingest.storage.sources.files import CountingFile, range_ignored, with_listed_details
 from ingest.storage.sources.hubfs import expired, hub_cdn, hub_http, located, signed
+from ingest.storage.sources.known_parts import KnownParts
 from ingest.storage.sources.listing import list_url
 from ingest.storage.sources.options import (
     SECRET_OPTION_NAMES,
@@ -451,12 +452,19 @@ class Source:
 
     # -- reading ranges ----------------------------------------------------------------------
 
-    def fetch_ranges(self, shard: Shard, starts: list[int], ends: list[int]) -> CountingFile:
-        """Fetch byte ranges concurrently and open the shard with exactly those bytes known.
+    def fetch_ranges(
+        self,
+        shard: Shard,
+        starts: list[int],
+        ends: list[int],
+        known: Mapping[tuple[int, int], bytes] | None = None,
+    ) -> CountingFile:
+        """Fetch byte ranges concurrently and open the shard with exactly those bytes known,
+        and ``known``'s (``{(start, end): bytes}``, read before: not fetched again).
 
-        Reads outside the ranges still work (one request each). Uses fsspec's
-        ``cat_ranges`` and its ``parts`` cache. Ranges that fail or come back short are
-        fetched again under :attr:`retry` (one deadline for the whole call).
+        Any other read is fetched, one request each (:class:`KnownParts`: fsspec's
+        ``parts`` cache zero-fills them). Uses fsspec's ``cat_ranges``. Ranges that fail or
+        come back short are fetched again under :attr:`retry` (one deadline for the call).
 
         Raises:
             StoreError: If a range still fails at the retry deadline, naming the range.
@@ -498,20 +506,27 @@ class Source:
                 byte=starts[n],
             ) from None
         self.stats.add(reads=sent, bytes_read=received)
-        parts = {(starts[n], ends[n]): blobs[n] for n in range(len(starts))}
+        parts = {**(known or {}), **{(starts[n], ends[n]): blobs[n] for n in range(len(starts))}}
 
         fs, path = self.fs_path(shard)
 
+        def missed(received: int) -> None:
+            self.stats.add(reads=1, bytes_read=received)
+
         def reopen() -> IO[bytes]:
-            return fs.open(  # type: ignore[no-any-return]
+            raw = fs.open(
                 path,
                 "rb",
                 size=shard.size,
-                cache_type="parts",
-                cache_options={"data": parts, "strict": False},
+                cache_type=KnownParts.name,
+                cache_options={"data": dict(parts), "on_miss": missed},
             )
+            # as :meth:`open`'s: a read past the parts sends no HEAD, and a Hub file's
+            # signed URL is asked for again once it expired
+            return self._signed(shard, with_listed_details(raw, path, shard))
 
-        # Reads of this file are served from memory: the fetch above is what was sent.
+        # Reads inside the ranges are served from memory (the fetch above is what was sent);
+        # the cache counts the others, each one request (``missed``).
         return self._counting(shard, reopen, None)
 
     def _cat_ranges(self, shard: Shard, starts: list[int], ends: list[int]) -> list[Any]:
