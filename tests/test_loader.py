@@ -168,7 +168,9 @@ def test_workers_send_their_small_batches_a_few_to_a_torch_item(
 
     def epochs() -> list[list[int]]:
         stream = ingest.Stream(data, columns=["id", "text"], batch_size=BATCH, shuffle_seed=3)
-        loader = ingest.DataLoader(stream, num_workers=2)
+        # forked, so that they see the patch below (with the session's Ray up in this
+        # process, the workers would start by forkserver and import the module afresh)
+        loader = ingest.DataLoader(stream, num_workers=2, multiprocessing_context="fork")
         out = []
         for _ in range(2):
             got = list(loader)

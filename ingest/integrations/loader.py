@@ -75,8 +75,8 @@ from ingest.integrations.worker_items import (
 )
 from ingest.integrations.worker_start import (
     checked_sendable,
-    in_ray_worker,
     preload_forkserver,
+    ray_process,
     worker_start,
 )
 from ingest.planner.catalog import Listing
@@ -331,8 +331,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             shuffles. ``persistent_workers`` (default True): keep the workers across epochs
             (until the loader goes, or :meth:`close`); False stops them at each epoch's end.
             Without ``multiprocessing_context``, the workers start as torch starts them
-            (fork on Linux), but by ``forkserver`` in a Ray worker process (see
-            :func:`worker_start`).
+            (fork on Linux), but by ``forkserver`` beside Ray's threads: in a Ray worker
+            process, and in a driver with Ray initialized that runs no script of its own (a
+            notebook; see :func:`worker_start`).
 
     With ``num_workers`` ranks, an epoch has equal steps per worker: the rows that cannot
     fill a step on every worker are carried into the next epoch, as on a ``RayStream``.
@@ -355,7 +356,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         keep = checked_keywords(num_workers, kwargs)
         self.stream = stream
         self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
-        kwargs = worker_start(num_workers, kwargs, self._shares, in_ray_worker=in_ray_worker())
+        kwargs = worker_start(num_workers, kwargs, self._shares, ray=ray_process())
         self._keep = bool(keep)
         """Keep the workers across epochs (``persistent_workers``, default True)."""
         self._workers = _Workers()

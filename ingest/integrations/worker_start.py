@@ -1,28 +1,62 @@
 """How an ``ingest.DataLoader``'s worker processes start: the start method chosen where the
-caller named none (``forkserver`` in a Ray worker process), the stream refused where the
-workers could not get it, and the forkserver's preloaded modules."""
+caller named none (``forkserver`` beside Ray's threads, where the workers can get the
+stream), the stream refused where the workers could not get it, and the forkserver's
+preloaded modules."""
 
 from __future__ import annotations
 
 import multiprocessing
 import multiprocessing.reduction
+import pickle
 import sys
+import types
 import warnings
-from typing import Any
+from typing import Any, Literal
 
 from ingest.core.errors import ConfigError
 from ingest.integrations.shared_slots import start_method
 
+RayProcess = Literal["worker", "driver"]
+"""Where Ray runs beside this process's code: a Ray worker (a task's, an actor's), or a driver
+that initialized Ray (a script, a notebook)."""
 
-def in_ray_worker() -> bool:
-    """Whether this process is a Ray worker (a task's or an actor's: a Ray Train worker's
-    training loop), not a driver; False where Ray is not imported or not initialized."""
+
+def ray_process() -> RayProcess | None:
+    """``"worker"`` in a Ray worker process (a task's or an actor's: a Ray Train worker's
+    training loop), ``"driver"`` in a process that initialized Ray itself, None where Ray is
+    not imported or not initialized."""
     ray = sys.modules.get("ray")
     if ray is None or not ray.is_initialized():
-        return False
+        return None
     # (the runtime context's worker: Ray's own check of a worker's mode, as in its methods)
     worker = getattr(ray.get_runtime_context(), "worker", None)
-    return worker is not None and getattr(worker, "mode", None) == ray.WORKER_MODE
+    return "worker" if getattr(worker, "mode", None) == ray.WORKER_MODE else "driver"
+
+
+def main_runs_again(main: types.ModuleType) -> bool:
+    """Whether a worker started by forkserver or spawn runs this ``__main__`` again (as
+    ``__mp_main__``), as multiprocessing prepares it: a script run by its path (``python
+    train.py``) or a module by its name (``python -m train``), whose top level runs again in
+    each worker unless a ``__name__`` guard stops it; not a package's ``__main__`` (``python
+    -m pytest``: multiprocessing skips it), a notebook, a REPL or ``python -c`` (no file).
+
+    (``multiprocessing.spawn.get_preparation_data`` and ``_fixup_main_from_name``: the rule
+    is theirs; they are private, so it is written here.)"""
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return not (name == "__main__" or name.endswith(".__main__"))
+    return getattr(main, "__file__", None) is not None
+
+
+class _MainRefused(multiprocessing.reduction.ForkingPickler):
+    """Pickles as a worker's start does, and refuses anything that names ``__main__`` (a
+    notebook's function or class, pickled by name: a forkserver's worker has another
+    ``__main__`` and could not find it)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)) and obj.__module__ == "__main__":
+            raise pickle.PicklingError(f"{obj.__qualname__} is defined in __main__")
+        return NotImplemented
 
 
 def worker_start(
@@ -30,35 +64,64 @@ def worker_start(
     kwargs: dict[str, Any],
     sent: Any,
     *,
-    in_ray_worker: bool,
+    ray: RayProcess | None,
+    main: types.ModuleType | None = None,
     default: str | None = None,
 ) -> dict[str, Any]:
     """``kwargs`` with the start method of the loader's workers where the caller named none:
-    ``forkserver`` in a Ray worker process where the default is fork; else as they are.
+    ``forkserver`` beside Ray's threads (``ray``: :func:`ray_process`) where the default is
+    fork and the workers can get the stream; else as they are.
 
-    A Ray worker runs Ray's core worker threads (gRPC, its event loops). A child forked beside
-    them inherits their memory mid-change without the threads, and may crash: a forked worker
-    of this project's tests died of ``double free or corruption`` in a process with Ray up;
-    Ray's advice for torch DataLoaders in Ray Train is ``forkserver`` or ``spawn``. In a Ray
-    worker, ``__main__`` is Ray's worker script, so the forkserver's import of it runs no user
-    code (in a driver it would run a script's top level again, or miss a notebook's functions:
-    a driver keeps torch's default). The workers then get the stream by pickling (``sent``):
-    where it cannot be pickled (a lambda or a local function as the transform) they fork as
-    before, with a warning that says so. The forkserver starts once per process (about two
-    seconds; it imports torch and ingest for its workers: :func:`preload_forkserver`), and
-    the workers are kept across epochs; they send their batches through the
-    same shared-memory rings as forked workers (:mod:`ingest.integrations.shared_slots`: the
-    rings' memory file is passed to them as they start): a warm epoch of
-    ``benchmarks/dataloader.py --forkserver`` at 0.91-1.03x the rows/s of forked
-    workers.
+    Ray runs its core worker's threads (gRPC, its event loops) in a Ray worker and in a
+    driver that initialized it. A child forked beside them inherits their memory mid-change
+    without the threads, and may crash: forked workers of this project's tests died twice of
+    SIGABRT (``double free or corruption``) in a process with the session's Ray up; Ray's
+    advice for torch DataLoaders in Ray Train is ``forkserver`` or ``spawn``. The workers then
+    get the stream by pickling (``sent``), and each prepares its ``__main__`` as
+    multiprocessing does:
 
-    ``default``: the start method the workers would get (the one set, or the platform's)."""
-    if not num_workers or kwargs.get("multiprocessing_context") is not None or not in_ray_worker:
+    - In a Ray worker, ``__main__`` is Ray's worker script: no user code runs again. A stream
+      that cannot be pickled (a lambda or a local function as the transform) forks as before,
+      with a warning that says so.
+    - In a driver, only where ``__main__`` would not run again in each worker
+      (:func:`main_runs_again`: a notebook, a REPL, ``python -c``, ``python -m pkg``; not a
+      script, whose top level would run again, ``ray.init`` and all, without a ``__name__``
+      guard) and where the stream names nothing of ``__main__`` (a notebook's function: the
+      workers could not find it). Else the workers fork, silently (the user did nothing
+      wrong); a guarded script passes ``multiprocessing_context="forkserver"``.
+
+    The forkserver starts once per process (about two seconds; it imports torch and ingest
+    for its workers: :func:`preload_forkserver`), and the workers are kept across epochs;
+    they send their batches through the same shared-memory rings as forked workers
+    (:mod:`ingest.integrations.shared_slots`: the rings' memory file is passed to them as
+    they start): a warm epoch of ``benchmarks/dataloader.py --forkserver`` at 0.91-1.03x the
+    rows/s of forked workers.
+
+    ``main``: the ``__main__`` module (default: this process's). ``default``: the start
+    method the workers would get (the one set, or the platform's)."""
+    if not num_workers or kwargs.get("multiprocessing_context") is not None or ray is None:
         return kwargs
     if default is None:
         default = start_method(None)
     if default != "fork" or "forkserver" not in multiprocessing.get_all_start_methods():
         return kwargs
+    if ray == "driver" and main_runs_again(sys.modules["__main__"] if main is None else main):
+        return kwargs
+    if not _sendable(sent, ray):
+        return kwargs
+    return {**kwargs, "multiprocessing_context": multiprocessing.get_context("forkserver")}
+
+
+def _sendable(sent: Any, ray: RayProcess) -> bool:
+    """Whether workers started by forkserver can get ``sent``: pickled, and from a driver
+    naming nothing of ``__main__``. Where they cannot, a Ray worker says so (a driver's
+    notebook did nothing wrong)."""
+    if ray == "driver":
+        try:
+            _MainRefused.dumps(sent)
+        except Exception:
+            return False
+        return True
     try:
         multiprocessing.reduction.ForkingPickler.dumps(sent)
     except Exception as e:
@@ -70,10 +133,10 @@ def worker_start(
             "import (not a lambda, a function inside another, or one of the driver's script, "
             "which Ray sends by value), or pass multiprocessing_context= to choose",
             RuntimeWarning,
-            stacklevel=3,
+            stacklevel=4,
         )
-        return kwargs
-    return {**kwargs, "multiprocessing_context": multiprocessing.get_context("forkserver")}
+        return False
+    return True
 
 
 def checked_sendable(shares: Any, num_workers: int, context: Any) -> None:
@@ -129,4 +192,12 @@ def preload_forkserver(context: Any) -> None:
         multiprocessing.forkserver.set_forkserver_preload([*modules, PRELOADED])
 
 
-__all__ = ["PRELOADED", "checked_sendable", "in_ray_worker", "preload_forkserver", "worker_start"]
+__all__ = [
+    "PRELOADED",
+    "RayProcess",
+    "checked_sendable",
+    "main_runs_again",
+    "preload_forkserver",
+    "ray_process",
+    "worker_start",
+]
