@@ -356,7 +356,11 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         keep = checked_keywords(num_workers, kwargs)
         self.stream = stream
         self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
+        # chosen: the workers' start method is worker_start's, for a stream it pickled
+        # already (checked_sendable below would pickle it again)
+        chosen = kwargs.get("multiprocessing_context") is None
         kwargs = worker_start(num_workers, kwargs, self._shares, ray=ray_process())
+        chosen = chosen and kwargs.get("multiprocessing_context") is not None
         self._keep = bool(keep)
         """Keep the workers across epochs (``persistent_workers``, default True)."""
         self._workers = _Workers()
@@ -385,7 +389,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             persistent_workers=num_workers > 0,
             **kwargs,
         )
-        checked_sendable(self._shares, num_workers, self.multiprocessing_context)
+        if not chosen:
+            checked_sendable(self._shares, num_workers, self.multiprocessing_context)
         if num_workers:
             preload_forkserver(self.multiprocessing_context)
 
