@@ -1369,3 +1369,60 @@ def test_a_csv_header_that_differs_is_refused_from_any_row(local: Store, start: 
         pytest.raises(ingest.SchemaMismatchError, match=r"header \['id'.*differs from .*\['ID'"),
     ):
         next(iter(reader.read(start, None, seek)))
+
+
+@pytest.mark.parametrize(
+    ("ext", "empty", "full"),
+    [
+        ("csv", b"id,name\n", b"id,name\n0,x\n1,y\n"),
+        ("csv", b"id,name\r\n", b"id,name\r\n0,x\r\n1,y\r\n"),
+        ("tsv", b"id\tname\n", b"id\tname\n0\tx\n1\ty\n"),
+        ("jsonl", b"\n\n  \n", b'{"id": 0, "name": "x"}\n{"id": 1, "name": "y"}\n'),
+    ],
+    ids=["csv", "csv-crlf", "tsv", "jsonl-blank-lines"],
+)
+def test_a_shard_without_records_leaves_the_types_to_one_with_them(
+    tmp_path: Any, ext: str, empty: bytes, full: bytes
+) -> None:
+    """Spark writes a CSV part file holding the header alone for each empty partition, and
+    ``part-00000`` often sorts first. The stream's types came from that file: every column
+    null, and every other shard failed ("conversion error to null"). A JSON Lines file of
+    blank lines failed the stream ("no JSON lines to infer a schema from"). The types now
+    come from the first shard with records; a shard without reads as no rows."""
+    for name, body in (("part-00000", empty), ("part-00001", full), ("part-00002", empty)):
+        (tmp_path / f"{name}.{ext}").write_bytes(body)
+    stream = ingest.Stream(str(tmp_path), batch_size=1, shuffle_seed=0)
+    rows = sorted((int(b["id"][0]), b["name"][0]) for b in stream)
+    assert rows == [(0, "x"), (1, "y")]
+    schema = stream.listing().schema
+    assert schema is not None and schema.field("id").type == pa.int64()
+    assert schema.field("name").type == pa.string()
+
+
+@pytest.mark.parametrize(
+    ("ext", "empty"), [("csv", b"id,name\n"), ("jsonl", b"\n\n")], ids=["csv", "jsonl"]
+)
+def test_a_listing_whose_shards_hold_no_records_gives_no_rows(
+    tmp_path: Any, ext: str, empty: bytes
+) -> None:
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.{ext}").write_bytes(empty)
+    assert list(ingest.Stream(str(tmp_path), batch_size=1)) == []
+
+
+def test_a_csv_shard_of_a_listing_without_records_that_holds_some_is_refused(
+    local: Store,
+) -> None:
+    """Where no shard held a record at listing, the columns have no type and each shard
+    reads as no rows, once checked to hold none still: one that holds some is refused,
+    not read as nothing."""
+    import dataclasses
+
+    catalog, listing = open_shard(local, "csv", encode(make_table(0, 5), "csv"))
+    ctx = listing.context(0, catalog.source, catalog.options, catalog.columns)
+    ctx = dataclasses.replace(ctx, schema=None)
+    with (
+        get_format("csv").open(ctx) as reader,
+        pytest.raises(ShardError, match=r"holds records, and its listing found none"),
+    ):
+        list(reader.read(0, None, None))

@@ -70,7 +70,8 @@ class ReadOptions:
         pre_buffer: Parquet on local or other non-async filesystems: let pyarrow pre-buffer
             the column chunks of a row group instead of reading page by page.
         schema: Explicit schema for JSONL, CSV and WebDataset. None infers it from the first
-            block of the first non-empty shard.
+            block of the first shard that holds a record (not a CSV file of its header line
+            alone, nor a JSON Lines file of blank lines).
         timeout_s: Longest wait for the next record batch from the reader thread.
         retry: How the stream's source retries store faults under one deadline per
             request, and its S3/HTTP timeouts (see :class:`ingest.storage.sources.RetryPolicy`).
@@ -526,8 +527,10 @@ class Format(ABC):
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
-    ) -> pa.Schema:
-        """The schema the stream adopts when ``shard`` is the first non-empty one."""
+    ) -> pa.Schema | None:
+        """The schema the stream adopts when ``shard`` is the first non-empty one; None
+        where the shard holds no records to infer types from (a CSV file of its header line
+        alone, a JSON Lines file of blank lines): the next shard's are taken."""
         if info.schema is None:
             raise NotImplementedError(f"format {self.name} must override infer_schema")
         return info.schema

@@ -6,8 +6,9 @@ Row k is the k-th record after the header. A quoted value may hold newlines: chu
 and resume seeks by byte offset, only at record ends (:class:`CsvRecords`), never inside a
 quoted value. A quoted value still open at the end of the shard is an error, not a value
 that swallows the rest of the file. Column types are inferred from the first block of the
-first non-empty shard and fixed for every shard, so a chunk read after a seek gets the same
-types as one read from the top.
+first shard with a record after its header line (a file of the header alone, which Spark
+writes for an empty partition, types nothing) and fixed for every shard, so a chunk read
+after a seek gets the same types as one read from the top.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import functools
 import json
 import re
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -37,6 +38,8 @@ from ingest.formats._lines import (
 from ingest.formats.base import (
     ReadContext,
     ReadOptions,
+    RowBatch,
+    Seek,
     ShardInfo,
     ShardReader,
     UncountedFormat,
@@ -229,7 +232,10 @@ class CsvFormat(UncountedFormat):
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
-    ) -> pa.Schema:
+    ) -> pa.Schema | None:
+        """The types pyarrow infers from the shard's first chunk; None where the shard holds
+        no record after its header line (Spark writes such a part file for each empty
+        partition): typed from it, every column was null, and every other shard failed."""
         names = _names(self, shard, options)
         chunk = _first_chunk(source, shard, options.block_bytes, options, self.delimiter)
         if chunk is None:
@@ -237,6 +243,8 @@ class CsvFormat(UncountedFormat):
         parse = _parse_options(self.delimiter)
         records = split_records(chunk, self.delimiter)
         header, lines = (b"", records) if names else (records[0], records[1:])
+        if not any(line.strip(b"\r\n") for line in lines):  # (pyarrow skips empty lines)
+            return None
         read = pcsv.ReadOptions(column_names=names)
         try:
             schema = exact_csv(chunk, read, parse).schema
@@ -269,7 +277,32 @@ class CsvFormat(UncountedFormat):
             _warn_one_column(shard, schema.names[0], self.delimiter)
 
     def open(self, ctx: ReadContext) -> ShardReader:
+        if ctx.schema is None:  # no shard of the listing held a record (infer_schema)
+            return _NoRecords(ctx, self)
         return _CsvReader(ctx, self.delimiter, _names(self, ctx.shard, ctx.options))
+
+
+class _NoRecords(ShardReader):
+    """A shard of a listing where no shard held a record after its header line, so no
+    column has a type (:meth:`CsvFormat.infer_schema`): it reads as no rows, once checked
+    to hold none still (never rows dropped without a word)."""
+
+    def __init__(self, ctx: ReadContext, fmt: CsvFormat) -> None:
+        super().__init__(ctx)
+        self._format = fmt
+
+    def read(self, start: int, stop: int | None, seek: Seek | None) -> Iterator[RowBatch]:
+        ctx = self.ctx
+        if ctx.shard.size and self._format.infer_schema(
+            ctx.source, ctx.shard, ctx.info, ctx.options
+        ):
+            raise ShardError(
+                ctx.shard.url,
+                "holds records, and its listing found none in any shard to type the columns",
+                "list the source again (the shard changed since), or pass ReadOptions(schema=...)",
+                byte=0,
+            )
+        return iter(())
 
 
 def _names(fmt: CsvFormat, shard: Shard, options: ReadOptions) -> list[str] | None:

@@ -4,8 +4,8 @@ chunks; a shard that is one JSON array of objects is read as the lines of its it
 
 Row k is the k-th non-blank line. Uncompressed shards resume by byte offset; compressed ones
 decompress and skip within the shard. The schema is inferred from the first block of the
-first non-empty shard unless ``ReadOptions.schema`` gives it (integers past int64 as
-``uint64``: :mod:`ingest.formats.big_integers`), and every shard must match it;
+first shard with a line that is not blank unless ``ReadOptions.schema`` gives it (integers
+past int64 as ``uint64``: :mod:`ingest.formats.big_integers`), and every shard must match it;
 under ``on_error="skip"`` from the lines of that block that parse (a bad one is quarantined
 alone when it is read).
 A line that nests deeper than ``ReadOptions.max_json_depth`` is refused before pyarrow sees
@@ -65,14 +65,23 @@ class JsonlFormat(UncountedFormat):
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
-    ) -> pa.Schema:
+    ) -> pa.Schema | None:
+        """The types pyarrow infers from the shard's first lines; None where it holds blank
+        lines only (the next shard's are taken).
+
+        Raises:
+            ShardError: If it holds lines and none is a JSON record (``on_error="skip"``:
+                none reads).
+        """
         ctx = ReadContext(source, shard, info, options, None, shard.url, None)
         reader = _JsonlReader(ctx, self.opener())
         chunks = iter_chunks(
             source, shard, 0, options.block_bytes, options.max_line_bytes, opener=self.opener()
         )
+        text = False
         for _, chunk in chunks:
             if chunk.strip():
+                text = True
                 try:
                     return _inferred(chunk, options.max_json_depth)
                 except pa.ArrowInvalid:
@@ -83,6 +92,8 @@ class JsonlFormat(UncountedFormat):
                 good = reader.without_bad_lines(chunk)
                 if good.strip():
                     return _inferred(good, options.max_json_depth)
+        if not text:
+            return None
         raise ShardError(
             shard.url, "has no JSON lines to infer a schema from", "pass ReadOptions(schema=...)"
         )

@@ -3,7 +3,7 @@
 :meth:`Catalog.scan` lists the source once and inspects new shards concurrently (parquet and
 Arrow footers); a shard already inspected with the same size and version is not read again,
 so the listing of the next epoch costs only the listing itself. The catalog also settles
-the stream's schema: the explicit one, or that of the first non-empty shard.
+the stream's schema: the explicit one, or that of the first shard that holds a record.
 
 Shards whose footer has no row count are indexed (read once for rows and seek points) only
 when a scan asks for it: from this catalog's memory, else from its persistent
@@ -553,7 +553,8 @@ class Catalog:
     ) -> tuple[pa.Schema | None, str]:
         """The stream schema: the explicit one, or that of the first non-empty shard whose
         schema can be inferred (those that cannot are marked unread in ``infos`` under
-        ``on_error="skip"``)."""
+        ``on_error="skip"``; those without records, a CSV file of its header alone, are
+        passed over); None where no shard holds a record."""
         if self.options.schema is not None:
             return self.options.schema, DECLARED
         table = self._table_schema(shards)
@@ -573,8 +574,9 @@ class Catalog:
             except Exception as e:
                 infos[n] = self._unread(e)
                 continue
-            if inferred is not None:
-                self._schemas[key] = inferred
+            if inferred is None:  # no records to infer types from: the next shard's
+                continue
+            self._schemas[key] = inferred
             return inferred, shard.url
         return None, ""
 

@@ -376,6 +376,9 @@ def _count(catalog: Catalog, listing: Listing) -> list[int | None]:
     for n in tqdm(todo, desc="counting rows", unit="shard", leave=False, disable=quiet):
         one = listing.subset([listing.shards[n].url])
         schema, origin = catalog.shard_schema(one.shards[0], one.infos[0])
+        if schema is None:  # no records (empty, or a CSV file of its header alone)
+            rows[n] = 0
+            continue
         ctx = Listing(one.shards, one.infos, schema, origin).context(
             0, catalog.source, catalog.options, None
         )
