@@ -472,3 +472,32 @@ def test_audio_decodes_from_a_hub_dataset_s_audio_column(tmp_path: Path) -> None
     (batch,) = list(s)
     assert batch["speech"].shape == (4, 1600) and batch["frames"].tolist() == [800] * 4
     assert np.allclose(batch["speech"][:, 0].numpy(), batch["label"].numpy() / 10, atol=1e-4)
+
+
+def test_an_image_folder_read_without_its_format_says_which_format_reads_it(
+    tmp_path: Path,
+) -> None:
+    """Images are read only with ``format="imagefolder"`` named. Without it, an image folder
+    with a README.txt streamed the README as a one-row text dataset, without a word; one
+    without a README failed with the known extensions alone. Both now name the format."""
+    fs = fsspec.filesystem("file")
+    write_image_folder(fs, str(tmp_path / "with_readme"))  # (it writes a README.txt)
+    with pytest.warns(
+        ingest.storage.sources.UnreadFolderFilesWarning,
+        match=r"only 1 document.*20 image files.*imagefolder",
+    ):
+        stream = ingest.Stream(str(tmp_path / "with_readme"), batch_size=1)
+        assert stream.listing().shards[0].format == "text"  # what was asked is read
+    write_image_folder(fs, str(tmp_path / "bare"))
+    fs.rm(str(tmp_path / "bare" / "README.txt"))
+    with pytest.raises(ingest.NoShardsError, match=r"20 image files.*format='imagefolder'"):
+        ingest.Stream(str(tmp_path / "bare"), batch_size=1).listing()
+    # a picture beside a dataset's shards: no word
+    pq.write_table(pa.table({"id": [1, 2]}), tmp_path / "bare" / "data.parquet")
+    fs.rm(str(tmp_path / "bare" / "cat"), recursive=True)
+    fs.rm(str(tmp_path / "bare" / "dog" / "dog-00000.png"))
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ingest.storage.sources.UnreadFolderFilesWarning)
+        ingest.Stream(str(tmp_path / "bare"), batch_size=1).listing()

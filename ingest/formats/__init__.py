@@ -315,6 +315,24 @@ class _RegistryResolver:
         """The known extensions, and the way to name a format instead."""
         return f"known extensions: {', '.join(known_extensions())}; or pass format=..."
 
+    def unread(self, paths: Sequence[str], listed: Sequence[str]) -> str | None:
+        """The format read only when named (a folder format: ``Format.selective``) that
+        reads the most of ``paths``, as a sentence, where nothing but documents (an
+        incidental format: a README.txt) or nothing at all was listed beside them (see
+        :class:`~ingest.storage.sources.FormatResolver`); None otherwise."""
+        if not paths or not all(get_format(f).incidental for f in listed):
+            return None
+        counts: dict[str, int] = {}
+        for name in registered_formats():
+            fmt = get_format(name)
+            if fmt.selective:
+                counts[name] = sum(p.lower().endswith(fmt.extensions) for p in paths)
+        best = max(counts, key=lambda n: counts[n], default=None)
+        if best is None or not counts[best]:
+            return None
+        kind = best.removesuffix("folder")
+        return f"it holds {counts[best]} {kind} files, which format={best!r} reads as a dataset"
+
 
 class IncidentalFilesWarning(UserWarning):
     """A listing left out files of a format that are documents beside shards of another

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ingest.storage.sources.faults import is_store_error
 from ingest.storage.sources.files import WHOLE_BODY_BYTES, RangeIgnoredWarning
-from ingest.storage.sources.listing import UnversionedShardWarning
+from ingest.storage.sources.listing import UnreadFolderFilesWarning, UnversionedShardWarning
 from ingest.storage.sources.options import parse_storage_options
 from ingest.storage.sources.retry import RetryPolicy
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
@@ -49,6 +49,7 @@ __all__ = [
     "Shard",
     "Source",
     "URLs",
+    "UnreadFolderFilesWarning",
     "UnversionedShardWarning",
     "as_urls",
     "is_store_error",

@@ -68,6 +68,7 @@ def list_url(
         infos, logged = _delta_tables(source, fs, (url, path, base), infos, found, pins)
     shards: list[Shard] = []
     names: list[str] = []  # each shard's path on its filesystem
+    unread: list[str] = []  # files no format reads unless named (an image folder's)
     for info in infos:
         if info.get("type", "file") != "file":
             continue
@@ -79,6 +80,7 @@ def list_url(
         plain = _without_query(name) if explicit else name
         fmt = formats.format_of(plain, chosen=source.format, explicit=explicit)
         if fmt is None:
+            unread.append(plain)
             continue
         real = fs.unstrip_protocol(name)
         # A listed name holds no secret (a '?' in it is its own): a query's values are
@@ -98,8 +100,7 @@ def list_url(
             )
         )
         names.append(name)
-    if not shards:
-        _raise_no_match(fs, url, path, formats)
+    _check_found(fs, (url, path), formats, shards, unread)
     gone = {u for t in (tables or {}).values() for u in t.vacuumed}  # listed from the log
     _warn_unversioned(url, [s for s in shards if s.url not in gone])
     if not explicit:
@@ -364,8 +365,39 @@ def _listing_error(source: Source, url: str, gave_up: GaveUpError) -> SourceErro
     )
 
 
+def _check_found(
+    fs: fsspec.AbstractFileSystem,
+    where: tuple[str, str],
+    formats: FormatResolver,
+    shards: list[Shard],
+    unread: list[str],
+) -> None:
+    """Raise where ``where`` (a URL and its path) listed no data files; warn where it listed
+    documents alone beside ``unread`` files that a format named would read (an image
+    folder's: :class:`UnreadFolderFilesWarning`).
+
+    Raises:
+        SourceError: If ``shards`` is empty.
+    """
+    url, path = where
+    hint = formats.unread(unread, sorted({s.format for s in shards}))
+    if not shards:
+        _raise_no_match(fs, url, path, formats, hint)
+    if hint is not None:
+        warnings.warn(
+            f"{redact(url)} lists only {len(shards)} document(s) as data ({shards[0].url}"
+            f"{', ...' if len(shards) > 1 else ''}), which are read; {hint}",
+            UnreadFolderFilesWarning,
+            stacklevel=5,
+        )
+
+
 def _raise_no_match(
-    fs: fsspec.AbstractFileSystem, url: str, path: str, formats: FormatResolver
+    fs: fsspec.AbstractFileSystem,
+    url: str,
+    path: str,
+    formats: FormatResolver,
+    hint: str | None = None,
 ) -> NoReturn:
     """Raise for a URL that listed no data files: a missing prefix, or no data among them.
 
@@ -381,6 +413,8 @@ def _raise_no_match(
                 "check the bucket and prefix; for object stores the bucket must exist "
                 "and be visible with these credentials",
             )
+    if hint is not None:
+        raise NoShardsError(url, f"matches no data files; {hint}", formats.describe())
     raise NoShardsError(url, "matches no data files", f"check the glob; {formats.describe()}")
 
 
@@ -409,6 +443,12 @@ _VERSION_KEYS = (
 )
 """Keys of an fsspec info that tell one version of an object from another, best first. New
 keys go last: a state saved against a version a key gave must find the same version."""
+
+
+class UnreadFolderFilesWarning(UserWarning):
+    """A listing found documents alone (a README.txt) beside the files of a dataset that a
+    format reads only when named (an image folder: ``format="imagefolder"``): it reads the
+    documents, as asked, and names the format that would read the rest."""
 
 
 class UnversionedShardWarning(UserWarning):

@@ -71,6 +71,13 @@ class FormatResolver(Protocol):
         """Which files it takes as data, for the fix of a listing that matched none."""
         ...
 
+    def unread(self, paths: Sequence[str], listed: Sequence[str]) -> str | None:
+        """What to tell the user of ``paths``, the files of a listing that no format reads
+        unless named, beside data files of the formats ``listed`` (none: the listing found
+        no data): which format reads them (``format="imagefolder"``), where they are a
+        folder dataset's and nothing but documents was listed; None to say nothing."""
+        ...
+
 
 class ListingStore(Protocol):
     """Keeps listings that never change (an ``hf://`` glob at a commit) across jobs; the
