@@ -356,11 +356,11 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         keep = checked_keywords(num_workers, kwargs)
         self.stream = stream
         self._shares = _Shares(stream.spec, stream.parts.transform, stream.pack)
-        # chosen: the workers' start method is worker_start's, for a stream it pickled
-        # already (checked_sendable below would pickle it again)
-        chosen = kwargs.get("multiprocessing_context") is None
-        kwargs = worker_start(num_workers, kwargs, self._shares, ray=ray_process())
-        chosen = chosen and kwargs.get("multiprocessing_context") is not None
+        started = worker_start(num_workers, kwargs, self._shares, ray=ray_process())
+        # A start method worker_start chose came with the stream pickled already:
+        # checked_sendable below would pickle it again.
+        chosen = started.get("multiprocessing_context") is not kwargs.get("multiprocessing_context")
+        kwargs = started
         self._keep = bool(keep)
         """Keep the workers across epochs (``persistent_workers``, default True)."""
         self._workers = _Workers()

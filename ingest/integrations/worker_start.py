@@ -116,15 +116,12 @@ def _sendable(sent: Any, ray: RayProcess) -> bool:
     """Whether workers started by forkserver can get ``sent``: pickled, and from a driver
     naming nothing of ``__main__``. Where they cannot, a Ray worker says so (a driver's
     notebook did nothing wrong)."""
-    if ray == "driver":
-        try:
-            _MainRefused.dumps(sent)
-        except Exception:
-            return False
-        return True
+    pickler = _MainRefused if ray == "driver" else multiprocessing.reduction.ForkingPickler
     try:
-        multiprocessing.reduction.ForkingPickler.dumps(sent)
+        pickler.dumps(sent)
     except Exception as e:
+        if ray == "driver":
+            return False
         warnings.warn(
             "ingest.DataLoader is made in a Ray worker process, where workers forked beside "
             "Ray's threads can crash; they would start by forkserver, which sends them the "

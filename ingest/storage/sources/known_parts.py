@@ -31,7 +31,7 @@ class KnownParts(fsspec.caching.KnownPartsOfAFile):  # type: ignore[misc]  # (un
         on_miss: Callable[[int], None] | None = None,
         **kwargs: Any,
     ) -> None:
-        super().__init__(blocksize, fetcher, size, data=data, strict=True, **kwargs)
+        super().__init__(blocksize, fetcher, size, data=data, **kwargs)
         self._file_size = size  # (the base's ``size`` is the known parts' bytes)
         self._on_miss = on_miss
 

@@ -333,16 +333,22 @@ class Source:
             kwargs.update(cache_type="readahead", block_size=block_size)
 
         def reopen() -> IO[bytes]:  # where: a Hub file's signed URL may be a new one
-            fs, path = self.fs_path(shard)
             self.stats.add(opens=1)
-            raw = with_listed_details(fs.open(path, "rb", **kwargs), path, shard)
-            return self._signed(shard, raw)
+            return self._file(shard, **kwargs)
 
         def whole() -> bytes:  # for a server that ignores Range (small shards only)
             fs, path = self.fs_path(shard)
             return bytes(fs.cat_file(path))
 
         return self._counting(shard, reopen, self.stats, whole)
+
+    def _file(self, shard: Shard, **kwargs: Any) -> IO[bytes]:
+        """``shard`` opened on its store with fsspec's ``kwargs``, told what the listing saw
+        of it (its ETag: no HEAD before the first read), at its signed URL where it is a Hub
+        file's (asked for again once it expired)."""
+        fs, path = self.fs_path(shard)
+        raw = with_listed_details(fs.open(path, "rb", **kwargs), path, shard)
+        return self._signed(shard, raw)
 
     def _counting(
         self,
@@ -508,22 +514,14 @@ class Source:
         self.stats.add(reads=sent, bytes_read=received)
         parts = {**(known or {}), **{(starts[n], ends[n]): blobs[n] for n in range(len(starts))}}
 
-        fs, path = self.fs_path(shard)
-
         def missed(received: int) -> None:
             self.stats.add(reads=1, bytes_read=received)
 
-        def reopen() -> IO[bytes]:
-            raw = fs.open(
-                path,
-                "rb",
-                size=shard.size,
-                cache_type=KnownParts.name,
-                cache_options={"data": dict(parts), "on_miss": missed},
+        def reopen() -> IO[bytes]:  # the parts anew: fsspec's cache takes them from its dict
+            options = {"data": dict(parts), "on_miss": missed}
+            return self._file(
+                shard, size=shard.size, cache_type=KnownParts.name, cache_options=options
             )
-            # as :meth:`open`'s: a read past the parts sends no HEAD, and a Hub file's
-            # signed URL is asked for again once it expired
-            return self._signed(shard, with_listed_details(raw, path, shard))
 
         # Reads inside the ranges are served from memory (the fetch above is what was sent);
         # the cache counts the others, each one request (``missed``).
