@@ -170,6 +170,24 @@ def test_remainder_carry_starts_the_next_epoch(local: Store) -> None:
     assert max(epoch1.values()) <= 2  # a row may come once carried and once as its own
 
 
+def test_rows_carried_from_a_shard_rewritten_between_epochs_are_refused(local: Store) -> None:
+    """The rows an epoch carries into the next are positions in its shards: a shard written
+    again between the epochs (another size or version) holds other rows there. The next
+    epoch says so before its first batch (it handed out the rewritten file's rows at those
+    positions, without a word); a shard the carried rows are not in may change."""
+    write(local, "parquet")
+    stream = make(local, batch_size=700, shuffle_seed=1)
+    batches(stream)
+    held = {a for a, _, _ in stream.state_dict()["distributed"]["carry"]["spans"]}
+    urls = [s.url for s in stream.listing().shards]
+    carried = urls[min(held)]
+    path = carried.removeprefix("file://")
+    rows = pq.read_table(path)
+    pq.write_table(rows.slice(0, ROWS - 10), path)  # the same name, 10 rows fewer
+    with pytest.raises(ingest.IngestError, match=r"carries into the next.*changed since"):
+        next(iter(stream))
+
+
 def test_an_epoch_without_a_batch_says_why(local: Store) -> None:
     """A batch larger than the dataset: every row is carried (or dropped) and the epoch
     hands out nothing. It says so, naming the rows and the batch; it gave an empty epoch

@@ -41,7 +41,7 @@ from ingest.core.plan import epoch_units
 from ingest.core.positions import check_positions
 from ingest.core.progress import add_runs, all_of, remap, shard_table
 from ingest.core.share import FeedPlan
-from ingest.core.state import Consumed, Cursor, DatasetState, StreamState
+from ingest.core.state import Consumed, Cursor, DatasetState, StreamState, changed_shards
 from ingest.core.validate import COUNT, check_numbers, check_remainder
 
 Remainder = Literal["carry", "drop"]
@@ -296,6 +296,7 @@ class EpochPlans(Generic[L]):
                     "pass remainder='drop' (the rows that fill no step are dropped, and "
                     "counted), or rewrite the data between runs",
                 )
+            _check_unchanged(prev, listing, [n for n in sorted(held) if urls[n] in by_url])
             carry = tuple(s._replace(shard=by_url[urls[s.shard]]) for s in out.spans)
             owed = _moved(out.owed, urls, by_url)
         if self.config.follows:
@@ -385,6 +386,28 @@ def owed_in(start: StreamState, listing: Listed) -> tuple[Copy, ...]:
     shard indices."""
     by_url = {s.url: n for n, s in enumerate(listing.shards)}
     return _moved(start.distributed.owed, [s.url for s in start.shards], by_url)
+
+
+def _check_unchanged(prev: PlannedEpoch[Any], listing: Listed, held: Sequence[int]) -> None:
+    """Refuse the epoch after ``prev`` where a shard ``prev`` carries rows of into it
+    (``held``: their indices in ``prev``'s listing, listed again) is listed otherwise than
+    ``prev`` read it: its rows are numbered otherwise now (a file rewritten in place; a Delta
+    file's deletion vector a DELETE replaced), so the carried rows' positions would read
+    other rows. Said before the epoch's first batch."""
+    if not held:
+        return
+    before = prev.listing.records()
+    changed = changed_shards([before[n] for n in held], listing.records())
+    if changed:
+        raise SourceError(
+            changed[0].split(" ", 1)[0],
+            f"holds rows epoch {prev.epoch} carries into the next (rows that did not fill a "
+            f"step), and it changed since epoch {prev.epoch} listed it ({changed[0]}): the "
+            "rows at those positions are others now (a file rewritten in place, or a Delta "
+            "file's deletion vector replaced by a DELETE, UPDATE or MERGE)",
+            "pass remainder='drop' (the rows that fill no step are dropped, and counted), or "
+            "change the data between runs",
+        )
 
 
 def _moved(

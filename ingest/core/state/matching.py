@@ -104,6 +104,13 @@ def match_needed(
         )
 
 
+def changed_shards(before: Sequence[ShardRecord], now: Sequence[ShardRecord]) -> list[str]:
+    """The shards of ``before`` that ``now`` lists otherwise (another size or version: a
+    file rewritten in place, a Delta file's other deletion vector), each with what changed;
+    a shard ``now`` does not list is left out."""
+    return _changed(before, {s.url: s for s in now})
+
+
 def _changed(shards: Sequence[ShardRecord], by_url: Mapping[str, ShardRecord]) -> list[str]:
     changed = []
     for s in shards:
