@@ -365,14 +365,23 @@ def test_a_version_is_read_from_the_checkpoint_and_commits_before_it(tmp_path: P
 
 
 def test_what_the_files_alone_do_not_give_exactly_is_refused_with_the_fix() -> None:
-    """A deletion vector marks rows deleted without rewriting their file: read alone, the
-    file gives them back. Column mapping names the files' columns otherwise than the
-    table's; a variant column is no column of plain values. Each names the fix."""
+    """A deletion vector marks rows deleted without rewriting their file: a file's is read
+    with it (tests/test_delta_deletions.py), and refused where it cannot be read or the
+    table is followed (a followed table only grows). Column mapping names the files'
+    columns otherwise than the table's; a variant column is no column of plain values.
+    Each names the fix."""
     v3 = {"protocol": {"minReaderVersion": 3, "readerFeatures": ["deletionVectors"]}}
-    vector = {"storageType": "u", "pathOrInlineDv": "ab", "offset": 1, "sizeInBytes": 4}
+    vector = {"storageType": "u", "pathOrInlineDv": "ab^-aqEH.-t@S}K{vb[*k^", "offset": 1}
     add = _add("a.parquet")
-    add["add"]["deletionVector"] = vector
-    with pytest.raises(SourceError, match=r"a\.parquet has Delta deletionVectors.*file_uris"):
+    add["add"]["deletionVector"] = {**vector, "sizeInBytes": 40, "cardinality": 6}
+    (read,) = current_files(DeltaLog("t", commits={0: _commit(v3, _META, add)}))
+    assert read.deletions is not None and read.deletions.cardinality == 6
+    assert read.deletions.path == "t/ab/deletion_vector_d2c639aa-8816-431a-aaf6-d3fe2512ff61.bin"
+    followed = DeltaLog("t", commits={0: _commit(v3, _META, add)}, since=0)
+    with pytest.raises(SourceError, match=r"a\.parquet has Delta deletionVectors.*follow"):
+        current_files(followed)
+    add["add"]["deletionVector"] = vector  # no size, no cardinality
+    with pytest.raises(SourceError, match=r"a\.parquet has a deletion vector that cannot be"):
         current_files(DeltaLog("t", commits={0: _commit(v3, _META, add)}))
     mapped = {
         "metaData": {**_META["metaData"], "configuration": {"delta.columnMapping.mode": "name"}}
@@ -525,3 +534,28 @@ def test_the_tables_schema_is_the_streams_through_its_evolution(tmp_path: Path) 
         assert batch["year"].dtype == torch.int64  # the table's long, not a path's string
         got[batch["id"].item()] = (batch["lang"][0], batch["year"].item())
     assert got == expected
+
+
+def test_a_file_is_its_path_and_its_deletion_vector_in_the_log() -> None:
+    """A commit that deletes more rows of a file removes it with its old vector and adds it
+    with the new one, in either order (the protocol reconciles by path and vector): the file
+    stays, with the new vector; a remove with the vector it has removes it."""
+    v3 = {"protocol": {"minReaderVersion": 3, "readerFeatures": ["deletionVectors"]}}
+
+    def action(kind: str, inline: str | None) -> dict[str, Any]:
+        body = _add("a.parquet")["add"]
+        if inline is not None:
+            body["deletionVector"] = {
+                "storageType": "i", "pathOrInlineDv": inline, "sizeInBytes": 4, "cardinality": 1
+            }  # fmt: skip
+        return {kind: body}
+
+    first = _commit(v3, _META, action("add", None))
+    for order in ([action("add", "00001"), action("remove", None)],
+                  [action("remove", None), action("add", "00001")]):  # fmt: skip
+        log = DeltaLog("t", commits={0: first, 1: _commit(*order)})
+        (kept,) = current_files(log)
+        assert kept.deletions is not None and kept.deletions.unique_id == "i00001"
+        removed = _commit(action("remove", "00001"))
+        gone = DeltaLog("t", commits={0: first, 1: _commit(*order), 2: removed})
+        assert current_files(gone) == []

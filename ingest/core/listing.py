@@ -26,6 +26,11 @@ class ListedShard(Protocol):
     def size(self) -> int: ...
     @property
     def version(self) -> str: ...
+    @property
+    def rows_version(self) -> str:
+        """``version``, and what else tells its rows from another listing's (a Delta file's
+        deletion vector): what the state records."""
+        ...
 
 
 class ShardCount(Protocol):

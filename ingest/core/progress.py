@@ -104,7 +104,7 @@ def shard_table(listing: Listed, counts: npt.NDArray[np.int64]) -> ShardTable:
     return ShardTable(
         [s.url for s in shards],
         np.fromiter((s.size for s in shards), np.int64, len(shards)),
-        [s.version for s in shards],
+        [s.rows_version for s in shards],
         counts,
     )
 

@@ -29,6 +29,7 @@ from ingest.formats.base import (
     ShardReader,
     declares,
 )
+from ingest.formats.deleted_rows import DeletedRowsReader
 from ingest.formats.folder import FOLDER_METADATA
 from ingest.formats.partitions import PartitionedReader
 from ingest.storage.sources import Shard
@@ -206,7 +207,7 @@ def open_reader(ctx: ReadContext) -> ShardReader:
     :mod:`ingest.formats.partitions`). Every read of the stream's rows opens one so."""
     known = ctx.info.schema
     if known is None or ctx.schema is None or known.equals(ctx.schema):
-        reader = get_format(ctx.shard.format).open(ctx)
+        reader = _format_reader(ctx)
     else:
         absent = conform.absent(known, ctx.schema, ctx.columns, declares(ctx.schema_origin))
         unnamed = ctx.columns is None and not set(known.names) <= set(ctx.schema.names)
@@ -214,7 +215,7 @@ def open_reader(ctx: ReadContext) -> ShardReader:
         inner = ctx
         if absent or unnamed:  # a declared schema's: the format reads the columns it names
             inner = replace(ctx, columns=[c for c in wanted if c not in absent])
-        reader = get_format(ctx.shard.format).open(inner)
+        reader = _format_reader(inner)
         cast = read_casts(ctx)
         reorder = conform.reorders(known, ctx.schema, ctx.columns)
         reshape = reorder or bool(absent) or unnamed  # the columns come in another set
@@ -224,6 +225,16 @@ def open_reader(ctx: ReadContext) -> ShardReader:
     if ctx.partition_columns:
         reader = PartitionedReader(ctx, reader)
     return reader
+
+
+def _format_reader(ctx: ReadContext) -> ShardReader:
+    """The shard's format's reader; for a shard with deleted rows, its reader of the file as
+    written, around which the rows kept are read (:mod:`ingest.formats.deleted_rows`)."""
+    deletions = ctx.info.deletions
+    if deletions is None:
+        return get_format(ctx.shard.format).open(ctx)
+    inner = get_format(ctx.shard.format).open(replace(ctx, info=deletions.physical))
+    return DeletedRowsReader(ctx, inner, deletions)
 
 
 def read_casts(ctx: ReadContext) -> dict[str, pa.DataType]:

@@ -11,7 +11,7 @@ import bisect
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
@@ -25,6 +25,9 @@ from ingest.formats.memory import use_fork_safe_allocator
 from ingest.formats.spans import Parts, Range, coalesce, cut, cut_together, sliced
 from ingest.storage.cache import CacheOptions
 from ingest.storage.sources import RetryPolicy, Shard, Source
+
+if TYPE_CHECKING:
+    from ingest.formats.deleted_rows import Deletions
 
 use_fork_safe_allocator()  # every read imports this module first: see ingest.formats.memory
 
@@ -200,6 +203,10 @@ class ShardInfo:
     """Under ``ReadOptions(on_error="skip")``: why the shard could not be opened, counted or
     typed while the listing was made. Such a shard is planned with no rows (``rows`` 0) and
     quarantined whole, by the feed of rank 0 (:mod:`ingest.planner.catalog`)."""
+    deletions: Deletions | None = None
+    """A shard with deleted rows (a Delta file's deletion vector): ``rows`` and ``blocks``
+    count the rows kept, and this holds the deleted ones and the file's own inspection
+    (:mod:`ingest.formats.deleted_rows`)."""
 
     def seek_for(self, start: int, given: Seek | None) -> Seek | None:
         """The best seek point at or before ``start``: ``given`` or one from the index."""

@@ -51,7 +51,9 @@ class DerivedKey:
         url: The source shard's URL (a folder dataset's work unit: its URL).
         size: The shard's size in bytes, as listed.
         version: The shard's ETag, modification time or generation, as listed (``Shard.version``;
-            empty where the store gives none: then size and URL alone tell a change).
+            empty where the store gives none: then size and URL alone tell a change), and
+            its deletion vector's id where it has one (a Delta file's: its rows are those
+            the vector keeps).
         start: The unit's first row in the shard.
         stop: The row after the unit's last; None: to the shard's end.
         chain: The stage chain's fingerprint (:func:`chain_fingerprint`).

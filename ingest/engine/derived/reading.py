@@ -157,7 +157,7 @@ class Deriving:
         return DerivedKey(
             url=shard.url,
             size=int(shard.size),
-            version=str(shard.version),
+            version=shard.rows_version,
             start=int(start),
             stop=None if to_end else int(stop),  # type: ignore[arg-type]
             chain=self.fingerprint,

@@ -27,9 +27,12 @@ is refused: a followed table only grows.
 Written here, with fsspec and pyarrow, because the listing already holds the log's names
 and reads through the source's filesystem, retries and credentials; ``deltalake`` reads a
 table with its own object-store client and options. What this reader cannot read exactly
-is refused, naming the feature: a file with a deletion vector (rows deleted without
-rewriting it), column mapping (the files' columns named otherwise than the table's), other
-reader features, and v2 checkpoints.
+is refused, naming the feature: column mapping (the files' columns named otherwise than the
+table's), other reader features, v2 checkpoints, and a deletion vector in a followed table.
+A file's deletion vector (rows deleted without rewriting it) goes with it
+(:attr:`DeltaFile.deletions`), and its rows are read without them
+(:mod:`ingest.formats.deleted_rows`); a file is its path and its vector, as the protocol
+reconciles ``add`` and ``remove`` actions.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import json
 import posixpath
 import re
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote
 
@@ -48,6 +51,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingest.core.errors import SourceError
+from ingest.storage.sources.deletion_vectors import DeletionVector, VectorError, unique_id
 from ingest.storage.sources.partitions import Partition
 
 LOG = "_delta_log"
@@ -57,10 +61,10 @@ _CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parque
 _FEATURES = frozenset(
     {"timestampNtz", "vacuumProtocolCheck", "deletionVectors", "columnMapping", "variantType"}
 )
-"""Reader features of tables whose files this reader reads exactly: deletion vectors,
-column mapping and variants only where no file has a deletion vector, the mapping is
-``none`` and no column is a variant (checked apart; delta-rs lists the last two on every
-table it writes at reader version 3)."""
+"""Reader features of tables whose files this reader reads exactly: deletion vectors (each
+file's read with it; refused in a followed table), column mapping and variants only where
+the mapping is ``none`` and no column is a variant (checked apart; delta-rs lists the last
+two on every table it writes at reader version 3)."""
 _FIX = (
     "read the files of its current version with a Delta reader: pass "
     "deltalake.DeltaTable(url).file_uris() as the stream's URLs (a partitioned table's "
@@ -81,6 +85,9 @@ class DeltaFile:
     rows: int | None = None
     """Its row count from the log's statistics (``numRecords``), for the files of
     :attr:`DeltaSnapshot.retired` only (None elsewhere, or where the log has none)."""
+    deletions: DeletionVector | None = None
+    """Its deletion vector (the rows of it the table deleted), its file's path on the
+    table's filesystem resolved (:attr:`DeletionVector.path`); None: none."""
 
 
 _COMMITS_KEPT = 100_000
@@ -273,7 +280,8 @@ def snapshot(log: DeltaLog, url: str | None = None) -> DeltaSnapshot:
             version ``at`` or ``since`` (or never did), a commit after ``since`` removes rows
             (a file removed with ``dataChange`` true), or the table needs a reader this one
             is not (a reader version above 3, a feature it cannot read exactly:
-            :data:`_FEATURES`, a file with a deletion vector, column mapping).
+            :data:`_FEATURES`, column mapping, a deletion vector that cannot be read or
+            one in a followed table).
     """
     where = url or log.root
     first = 0 if log.checkpoint_version is None else log.checkpoint_version + 1
@@ -293,7 +301,7 @@ def snapshot(log: DeltaLog, url: str | None = None) -> DeltaSnapshot:
             "DeltaTable.create_checkpoint()) and list it again",
         )
     files, retired, protocol, meta = _replay(log, where)
-    _check_readable(where, protocol, meta, files.values())
+    _check_readable(where, protocol, meta, files.values(), following=log.since is not None)
     columns = list(meta.get("partitionColumns") or [])
     out = [
         DeltaFile(
@@ -301,6 +309,7 @@ def snapshot(log: DeltaLog, url: str | None = None) -> DeltaSnapshot:
             size=int(add.get("size") or 0),
             partition=tuple((c, (add.get("partitionValues") or {}).get(c)) for c in columns),
             rows=_records(add) if path in retired else None,
+            deletions=_deletions(log.root, where, path, add),
         )
         for path, add in files.items()
     ]
@@ -335,7 +344,12 @@ def _replay(
         elif "remove" in action:
             path = action["remove"]["path"]
             if not followed:
-                files.pop(path, None)
+                # A file is its path and its deletion vector (the protocol's reconciliation):
+                # a remove of the file with another vector (the one a commit replaced, which
+                # may come after the add of the new one) leaves it.
+                held = (files.get(path) or {}).get("deletionVector")
+                if unique_id(held) == unique_id(action["remove"].get("deletionVector")):
+                    files.pop(path, None)
             elif action["remove"].get("dataChange") is False:
                 retired.add(path)  # a compaction's: the file stays, its rows read from it
             else:
@@ -345,6 +359,27 @@ def _replay(
         elif "metaData" in action:
             meta = action["metaData"]
     return files, retired, protocol, meta
+
+
+def _deletions(root: str, where: str, path: str, add: Mapping[str, Any]) -> DeletionVector | None:
+    """The deletion vector of file ``path`` (its ``add``), its file's path resolved on the
+    table's filesystem (``root``: the table's)."""
+    descriptor = add.get("deletionVector")
+    if not descriptor:
+        return None
+    try:
+        vector = DeletionVector.from_action(descriptor)
+        file = vector.file(root)
+    except VectorError as bad:
+        raise SourceError(
+            where,
+            f"its file {path} has a deletion vector that cannot be read: {bad}",
+            "check the table's log with its writer (a Delta reader reads the same), or "
+            "rewrite the file without deleted rows (OPTIMIZE ... PURGE on Databricks)",
+        ) from None
+    if file is not None and vector.storage == "p":  # a URI, as a file's absolute path is
+        file = _data_path(root, file)
+    return replace(vector, path=file)
 
 
 def _records(add: Mapping[str, Any]) -> int | None:
@@ -479,9 +514,15 @@ def _replayed(log: DeltaLog, where: str) -> Iterator[tuple[int, dict[str, Any]]]
 
 
 def _check_readable(
-    where: str, protocol: Mapping[str, Any], meta: Mapping[str, Any], adds: Iterable[Any]
+    where: str,
+    protocol: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    adds: Iterable[Any],
+    *,
+    following: bool,
 ) -> None:
-    """Refuse a table whose files alone do not give its rows exactly."""
+    """Refuse a table whose files (less their deleted rows) do not give its rows exactly, and
+    a followed one with a deletion vector (a followed table only grows)."""
     version = int(protocol.get("minReaderVersion") or 1)
     if version > 3:
         raise SourceError(where, f"its Delta protocol needs reader version {version}", _FIX)
@@ -499,12 +540,14 @@ def _check_readable(
             _FIX,
         )
     with_vector = next((a["path"] for a in adds if a.get("deletionVector")), None)
-    if with_vector is not None:
+    if with_vector is not None and following:
         raise SourceError(
             where,
             f"its file {with_vector} has Delta deletionVectors (rows deleted without "
-            "rewriting it): read alone, the file would give them back",
-            _FIX,
+            "rewriting it) while the stream follows the table: a followed table's rows are "
+            "appended, never deleted",
+            "read the table without follow= (each epoch reads its current version, deleted "
+            "rows left out), or follow a table that is only appended to",
         )
 
 

@@ -8,6 +8,7 @@ import posixpath
 import re
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from glob import has_magic
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -17,6 +18,7 @@ from fsspec.utils import get_protocol
 from ingest.core.errors import ConfigError, NoShardsError, SourceError, redact
 from ingest.storage import hub
 from ingest.storage.sources import delta
+from ingest.storage.sources.deletion_vectors import DeletionVector
 from ingest.storage.sources.faults import (
     HTTP_REFUSED_FIX,
     http_refusal,
@@ -25,7 +27,7 @@ from ingest.storage.sources.faults import (
 )
 from ingest.storage.sources.hubfs import known_commit, pin
 from ingest.storage.sources.options import strip_userinfo
-from ingest.storage.sources.partitions import Partition, base_of, hive_partition
+from ingest.storage.sources.partitions import base_of, hive_partition
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
 from ingest.storage.sources.splits import warn_mixed_splits
@@ -61,7 +63,7 @@ def list_url(
     path = fs._strip_protocol(strip_userinfo(url))
     infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
     base = base_of(_without_query(path), glob=_is_glob(path))
-    logged: dict[str, Partition] = {}  # a Delta table's files: their log's partitions
+    logged: dict[str, delta.DeltaFile] = {}  # a Delta table's files, as their log says
     if not explicit:
         found = {} if tables is None else tables
         pins = (at or {}, since)
@@ -94,9 +96,10 @@ def list_url(
                 size=int(info.get("size") or 0),
                 version=_version_of(info),
                 format=fmt,
-                partition=logged[name]
+                partition=logged[name].partition
                 if name in logged
                 else (hive_partition(base, name) if "=" in name and not explicit else ()),
+                deletions=_vector_of(fs, logged.get(name)),
             )
         )
         names.append(name)
@@ -120,7 +123,7 @@ def _delta_tables(
     infos: list[dict[str, Any]],
     tables: dict[str, delta.TableVersion],
     pins: tuple[Mapping[str, Sequence[int]], Mapping[str, int] | None],
-) -> tuple[list[dict[str, Any]], dict[str, Partition]]:
+) -> tuple[list[dict[str, Any]], dict[str, delta.DeltaFile]]:
     """``infos`` less the files of Delta tables that their version does not hold (earlier
     versions' files, the logs, change data), and the partition of each file kept that is a
     table's (from its log): the tables whose log the listing holds, or at a glob's root
@@ -165,6 +168,7 @@ def _delta_tables(
             except GaveUpError as gave_up:
                 raise _listing_error(source, url, gave_up) from None
             version = delta.snapshot(log, table)
+            _same_vectors(table, current, version)
             current.update((f.path, f) for f in version.files)
             paths = [f.path for f in version.files if f.path not in version.retired]
             _check_listed(fs, root, paths, listed, glob=_is_glob(path), at=log.at)
@@ -181,7 +185,37 @@ def _delta_tables(
         table = next((r for r in roots if name.startswith(f"{r}/")), None)
         if table is None or (name in current and not delta.in_log(name, table)):
             kept.append(info)
-    return kept, {n: f.partition for n, f in current.items()}
+    return kept, current
+
+
+def _vector_of(
+    fs: fsspec.AbstractFileSystem, file: delta.DeltaFile | None
+) -> DeletionVector | None:
+    """A Delta file's deletion vector, its file named by URL (None: none)."""
+    vector = None if file is None else file.deletions
+    if vector is None or vector.path is None:
+        return vector
+    return replace(vector, path=fs.unstrip_protocol(vector.path))
+
+
+def _same_vectors(
+    table: str, current: Mapping[str, delta.DeltaFile], version: delta.DeltaSnapshot
+) -> None:
+    """Refuse two versions of a table read in one epoch (a state's) where a file has another
+    deletion vector in each: which of its rows the epoch holds is not one answer."""
+    for f in version.files:
+        held = current.get(f.path)
+        mine = None if f.deletions is None else f.deletions.unique_id
+        theirs = None if held is None or held.deletions is None else held.deletions.unique_id
+        if held is not None and mine != theirs:
+            raise SourceError(
+                table,
+                f"its file {f.path} has other deleted rows (deletion vectors) in version "
+                f"{version.version} than in the other version the state's epoch reads: the "
+                "rows of the epoch are not one set",
+                "start the epoch again (load no state), or resume from a state saved after "
+                "the epoch began at the table's newest version",
+            )
 
 
 def _check_listed(

@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from ingest.storage.sources.deletion_vectors import DeletionVector
 from ingest.storage.sources.partitions import Partition
 
 
@@ -32,6 +34,9 @@ class Shard:
         metadata: The metadata files (``metadata.jsonl``...) that give a folder unit's
             members their columns by ``file_name``, each member's the nearest above it
             (:mod:`ingest.formats.folder`); empty without.
+        deletions: A Delta table's file's deletion vector: rows of it the table's version
+            deleted, never read (:mod:`ingest.storage.sources.deletion_vectors`; its
+            ``path`` a URL); None: none.
     """
 
     url: str
@@ -42,6 +47,18 @@ class Shard:
     labels: tuple[int, ...] = ()
     partition: Partition = ()
     metadata: tuple[Shard, ...] = ()
+    deletions: DeletionVector | None = None
+
+    @property
+    def rows_version(self) -> str:
+        """What tells its rows from those of another listing of it: its ``version``, and a
+        digest of its deletion vector's id where it has one (the same file keeps other rows
+        under another; an inline vector's id is the vector, kilobytes, and a state records
+        this of every shard)."""
+        if self.deletions is None:
+            return self.version
+        digest = hashlib.sha256(self.deletions.unique_id.encode()).hexdigest()[:16]
+        return f"{self.version} deletions {digest}"
 
 
 class FormatResolver(Protocol):

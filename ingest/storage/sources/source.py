@@ -22,7 +22,7 @@ from ingest.storage import hub
 from ingest.storage.cache import CacheOptions, ShardCache
 from ingest.storage.sources.cached import open_cached
 from ingest.storage.sources.delta import TableVersion
-from ingest.storage.sources.faults import ShortBodyError, is_transient
+from ingest.storage.sources.faults import ShortBodyError, is_not_found, is_transient
 from ingest.storage.sources.files import CountingFile, range_ignored, with_listed_details
 from ingest.storage.sources.hubfs import expired, hub_cdn, hub_http, located, signed
 from ingest.storage.sources.known_parts import KnownParts
@@ -378,6 +378,49 @@ class Source:
             self.endpoint(shard),
             whole,
         )
+
+    def read_bytes(self, url: str, start: int, stop: int, what: str) -> bytes:
+        """Bytes ``[start, stop)`` of ``url``, a file that is no shard (a Delta deletion
+        vector's): one request, retried, counted.
+
+        Raises:
+            SourceError: If the file is gone or short (``what``: what it is, for the
+                message), or the store still fails at the retry deadline.
+        """
+        fs = self.filesystem(url)
+        path = fs._strip_protocol(strip_userinfo(url))
+
+        def read() -> bytes:
+            return bytes(fs.cat_file(path, start=start, end=stop))
+
+        try:
+            data = attempt(read, self.policy(url), self.stats)
+        except GaveUpError as gave_up:
+            if is_not_found(gave_up.last):
+                raise SourceError(
+                    url,
+                    f"is not on the store, and it holds {what}",
+                    "restore the file (VACUUM removes files a version still names when its "
+                    "retention is shorter than a reader's lag), or read a newer version",
+                ) from None
+            raise store_error(
+                url,
+                f"cannot read {what} (bytes {start} to {stop})",
+                gave_up,
+                "check that the file is on the store (the table's writer wrote it) and that "
+                "the credentials may read it",
+                endpoint=self.endpoint(url),
+                scrub=self.scrub,
+                byte=start,
+            ) from None
+        self.stats.add(opens=1, reads=1, bytes_read=len(data))
+        if len(data) != stop - start:
+            raise SourceError(
+                url,
+                f"holds {len(data)} bytes from byte {start}: {what} is {stop - start}",
+                "check that the file is whole (the table's writer wrote it)",
+            )
+        return data
 
     def read_error(
         self, shard: Shard, gave_up: GaveUpError, what: str, fix: str, byte: int = 0
