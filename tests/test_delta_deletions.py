@@ -250,9 +250,38 @@ def test_rows_carried_from_a_file_whose_vector_changed_are_refused_before_a_batc
     with pytest.raises(SourceError, match=r"carries into the next.*deletion"):
         next(iter(streams[0]))
     resumed = ingest.Stream(str(root), batch_size=30, shuffle_seed=1)
-    with pytest.raises(StateError, match=r"carries rows of its last epoch.*deletions"):
+    with pytest.raises(StateError, match=r"carries rows of its last epoch.*deletions.*no state"):
         resumed.load_state_dict(state)
         next(iter(resumed))
     epoch = [i for b in streams[1] for i in b["id"].tolist()]  # 194 rows: 180 in 6 batches
     kept = {0, *range(4, 100), *range(200, ROWS)}
     assert len(epoch) == 180 and len(set(epoch)) == 180 and set(epoch) <= kept
+
+
+def test_vectors_from_a_checkpoint_and_in_a_partitioned_table(tmp_path: Path) -> None:
+    """A checkpoint holds each file's vector as a struct (delta-rs writes it so); a
+    partitioned table's file with a vector gets its partition value on the rows it keeps."""
+    root = tmp_path / "t"
+    expected = _delete(root)
+    deltalake.DeltaTable(str(root)).create_checkpoint()
+    assert list((root / "_delta_log").glob("*.checkpoint.parquet"))  # the premise
+    assert sorted(i for b in ingest.Stream(str(root), batch_size=1) for i in b["id"].tolist()) == (
+        expected
+    )
+    parted = tmp_path / "p"
+    rows = pa.table(
+        {"id": pa.array(range(200), pa.int64()), "lang": [["en", "fr"][i % 2] for i in range(200)]}
+    )
+    enabled = {"delta.enableDeletionVectors": "true"}
+    deltalake.write_deltalake(str(parted), rows, partition_by=["lang"], configuration=enabled)
+    en = next(p for p in dvw.added(parted) if "lang=en" in p)
+    dvw.delete_rows(parted, {en: dvw.inline(dvw.portable([0, 5, 99]))})
+    query = deltalake.QueryBuilder().register("t", deltalake.DeltaTable(str(parted)))
+    table = pa.table(query.execute("select id, lang from t").read_all())
+    want = sorted(zip(table["id"].to_pylist(), table["lang"].to_pylist(), strict=True))
+    got = sorted(
+        (i, lang)
+        for b in ingest.Stream(str(parted), batch_size=1)
+        for i, lang in zip(b["id"].tolist(), b["lang"], strict=True)
+    )
+    assert got == want and len(got) == 197
