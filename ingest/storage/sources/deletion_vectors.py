@@ -232,7 +232,7 @@ def _portable(data: bytes, at: int) -> tuple[npt.NDArray[np.uint64], int]:
     for _ in range(buckets):
         (key,) = struct.unpack_from("<I", data, at)
         low, at = _bitmap32(data, at + 4)
-        parts.append((np.uint64(key) << np.uint64(32)) | low.astype(np.uint64))
+        parts.append(_high(key, low))
     return _joined(parts), at
 
 
@@ -248,9 +248,14 @@ def _native(data: bytes, at: int) -> tuple[npt.NDArray[np.uint64], int]:
         low, end = _bitmap32(data, at + 4)
         if end != at + 4 + size:
             raise VectorError(f"bitmap {key} at byte {at} is {end - at - 4} bytes, not {size}")
-        parts.append((np.uint64(key) << np.uint64(32)) | low.astype(np.uint64))
+        parts.append(_high(key, low))
         at = end
     return _joined(parts), at
+
+
+def _high(key: int, low: npt.NDArray[np.uint32]) -> npt.NDArray[np.uint64]:
+    """The 64-bit values of a 32-bit bitmap's ``low`` ones, their high 32 bits ``key``."""
+    return (np.uint64(key) << np.uint64(32)) | low.astype(np.uint64)
 
 
 def _joined(parts: list[npt.NDArray[np.uint64]]) -> npt.NDArray[np.uint64]:
