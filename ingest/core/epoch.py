@@ -36,12 +36,19 @@ from ingest.core.carry import Carried, Copy, carried_out
 from ingest.core.errors import SourceError, StateError
 from ingest.core.intervals import IntervalSet
 from ingest.core.ledger import Run, Runs, as_runs
-from ingest.core.listing import L, Listed, consumed_before
+from ingest.core.listing import L, Listed, ListedShard, consumed_before
 from ingest.core.plan import epoch_units
 from ingest.core.positions import check_positions
 from ingest.core.progress import add_runs, all_of, remap, shard_table
 from ingest.core.share import FeedPlan
-from ingest.core.state import Consumed, Cursor, DatasetState, StreamState, changed_shards
+from ingest.core.state import (
+    Consumed,
+    Cursor,
+    DatasetState,
+    ShardRecord,
+    StreamState,
+    changed_shards,
+)
 from ingest.core.validate import COUNT, check_numbers, check_remainder
 
 Remainder = Literal["carry", "drop"]
@@ -297,7 +304,8 @@ class EpochPlans(Generic[L]):
                     "counted), or rewrite the data between runs",
                 )
             if not self.config.follows:  # a round: every shard read is checked below
-                _check_unchanged(prev, listing, [n for n in sorted(held) if urls[n] in by_url])
+                again = [(n, by_url[urls[n]]) for n in sorted(held) if urls[n] in by_url]
+                _check_unchanged(prev, listing, again)
             carry = tuple(s._replace(shard=by_url[urls[s.shard]]) for s in out.spans)
             owed = _moved(out.owed, urls, by_url)
         if self.config.follows:
@@ -389,16 +397,16 @@ def owed_in(start: StreamState, listing: Listed) -> tuple[Copy, ...]:
     return _moved(start.distributed.owed, [s.url for s in start.shards], by_url)
 
 
-def _check_unchanged(prev: PlannedEpoch[Any], listing: Listed, held: Sequence[int]) -> None:
+def _check_unchanged(
+    prev: PlannedEpoch[Any], listing: Listed, held: Sequence[tuple[int, int]]
+) -> None:
     """Refuse the epoch after ``prev`` where a shard ``prev`` carries rows of into it
-    (``held``: their indices in ``prev``'s listing, listed again) is listed otherwise than
+    (``held``: its index in ``prev``'s listing and in ``listing``, each) is listed otherwise than
     ``prev`` read it: its rows are numbered otherwise now (a file rewritten in place; a Delta
     file's deletion vector a DELETE replaced), so the carried rows' positions would read
     other rows. Said before the epoch's first batch."""
-    if not held:
-        return
-    before = prev.listing.records()
-    changed = changed_shards([before[n] for n in held], listing.records())
+    before = [_record(prev.listing.shards[n]) for n, _ in held]
+    changed = changed_shards(before, [_record(listing.shards[n]) for _, n in held])
     if changed:
         raise SourceError(
             changed[0].split(" ", 1)[0],
@@ -409,6 +417,11 @@ def _check_unchanged(prev: PlannedEpoch[Any], listing: Listed, held: Sequence[in
             "pass remainder='drop' (the rows that fill no step are dropped, and counted), or "
             "change the data between runs",
         )
+
+
+def _record(shard: ListedShard) -> ShardRecord:
+    """What tells ``shard`` changed (:func:`changed_shards` compares no row counts)."""
+    return ShardRecord(shard.url, shard.size, shard.rows_version, None)
 
 
 def _moved(

@@ -25,6 +25,7 @@ import pyarrow as pa
 from ingest.core.errors import SourceError
 from ingest.formats.base import BadRows, RowBatch, ShardInfo, ShardReader
 from ingest.formats.spans import Range
+from ingest.storage.sources.deletion_vectors import VECTOR_FIX
 
 if TYPE_CHECKING:
     from ingest.formats.base import ReadContext, Seek
@@ -62,8 +63,7 @@ def with_deletions(url: str, info: ShardInfo, rows: npt.NDArray[np.integer]) -> 
             url,
             f"has a deletion vector that deletes row {bad}, and the file holds {total} rows "
             f"(rows 0 to {total - 1}): the vector is not this file's",
-            "check the table with its writer (a Delta reader refuses it too), or rewrite the "
-            "file without deleted rows (OPTIMIZE ... PURGE on Databricks)",
+            VECTOR_FIX,
         )
     small = not len(deleted) or int(deleted[-1]) < 2**32
     deletions = Deletions(deleted.astype(np.uint32) if small else deleted, info)

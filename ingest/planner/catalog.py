@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import cast
@@ -60,7 +60,7 @@ from ingest.formats.partitions import (
 from ingest.planner.index import Indexer, IndexStore, IndexStoreError, local_indexer
 from ingest.planner.index.footers import keep_footers, stored_footers
 from ingest.storage.sources import Shard, Source
-from ingest.storage.sources.deletion_vectors import VectorError
+from ingest.storage.sources.deletion_vectors import VECTOR_FIX, VectorError
 from ingest.storage.sources.delta import TableVersion
 from ingest.storage.sources.options import requests_at_once
 
@@ -310,28 +310,36 @@ class Catalog:
                 found[n] = self._inspect_or_unread(shards[n])
                 bar.update(1)
 
-            # A store's footers are waited for (requests_at_once); local ones are parsed,
-            # not waited for: as many as CPUs (16 threads cost 10 ms of CPU more than 2 for
-            # 32 local shards on 2 cores, and took longer).
-            threads = min(requests_at_once(self.source.urls), len(reads))
-            protocols = {get_protocol(url) for url in self.source.urls}
-            if protocols <= {"file", "local", "memory"}:
-                threads = min(threads, os.cpu_count() or 1)
-            if threads > 1:
-                with ThreadPoolExecutor(threads) as pool:
-                    list(pool.map(one, reads))
-            else:
-                for n in reads:
-                    one(n)
+            self._side_by_side(one, reads)
         infos = cast(list[ShardInfo], found)  # every one set above
         if self.index_store is not None:  # footers read just now, for the next job
             read = [(s, i) for s, i in zip(shards, infos, strict=True) if s.url not in vacuumed]
             keep_footers(self.index_store, read, known)
-        infos = [self._kept_rows(s, i) for s, i in zip(shards, infos, strict=True)]
+
+        def kept(n: int) -> None:  # a Delta file's deletion vector: a read, as a footer's
+            infos[n] = self._kept_rows(shards[n], infos[n])
+
+        self._side_by_side(kept, [n for n, s in enumerate(shards) if s.deletions is not None])
         if not schema:
             return Listing(tuple(shards), tuple(infos), None, "", classes, tables=tables)
         listing = replace(self._settled(shards, infos, classes), tables=tables)
         return self._index(listing, progress) if index else listing
+
+    def _side_by_side(self, call: Callable[[int], None], items: Sequence[int]) -> None:
+        """``call`` of each of ``items``, reads of the source at once: a store's are waited
+        for (requests_at_once); local ones are parsed, not waited for: as many as CPUs (16
+        threads cost 10 ms of CPU more than 2 for 32 local shards' footers on 2 cores, and
+        took longer)."""
+        threads = min(requests_at_once(self.source.urls), len(items))
+        protocols = {get_protocol(url) for url in self.source.urls}
+        if protocols <= {"file", "local", "memory"}:
+            threads = min(threads, os.cpu_count() or 1)
+        if threads > 1:
+            with ThreadPoolExecutor(threads) as pool:
+                list(pool.map(call, items))
+        else:
+            for n in items:
+                call(n)
 
     def _kept_rows(self, shard: Shard, info: ShardInfo) -> ShardInfo:
         """``info`` of a shard with deleted rows (a Delta file's deletion vector) counting
@@ -355,8 +363,7 @@ class Catalog:
             raise SourceError(
                 vector.path or shard.url,
                 f"the deletion vector of {shard.url} cannot be read: {bad}",
-                "check the table with its writer (a Delta reader refuses it too), or rewrite "
-                "the file without deleted rows (OPTIMIZE ... PURGE on Databricks)",
+                VECTOR_FIX,
             ) from None
         kept = with_deletions(shard.url, info, rows)
         with self._lock:

@@ -53,6 +53,13 @@ _ARRAY_MAX = 4096
 """A container of more values than this is a bitmap (without runs)."""
 
 
+VECTOR_FIX = (
+    "check the table with its writer (a Delta reader refuses it too), or rewrite the file "
+    "without deleted rows (OPTIMIZE ... PURGE on Databricks)"
+)
+"""The fix named where a file's deletion vector cannot be read or is not the file's."""
+
+
 class VectorError(ValueError):
     """A deletion vector that does not read as its descriptor says (the caller names the
     table and the file)."""
@@ -319,6 +326,7 @@ def _container(
 __all__ = [
     "NATIVE_MAGIC",
     "PORTABLE_MAGIC",
+    "VECTOR_FIX",
     "DeletionVector",
     "VectorError",
     "parse",

@@ -51,7 +51,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ingest.core.errors import SourceError
-from ingest.storage.sources.deletion_vectors import DeletionVector, VectorError, unique_id
+from ingest.storage.sources.deletion_vectors import (
+    VECTOR_FIX,
+    DeletionVector,
+    VectorError,
+    unique_id,
+)
 from ingest.storage.sources.partitions import Partition
 
 LOG = "_delta_log"
@@ -374,8 +379,7 @@ def _deletions(root: str, where: str, path: str, add: Mapping[str, Any]) -> Dele
         raise SourceError(
             where,
             f"its file {path} has a deletion vector that cannot be read: {bad}",
-            "check the table's log with its writer (a Delta reader reads the same), or "
-            "rewrite the file without deleted rows (OPTIMIZE ... PURGE on Databricks)",
+            VECTOR_FIX,
         ) from None
     if file is not None and vector.storage == "p":  # a URI, as a file's absolute path is
         file = _data_path(root, file)
