@@ -54,14 +54,17 @@ def _lines_of(call: Callable[[], Any]) -> int:
     return len(_trace(call))
 
 
-def _trace(call: Callable[[], Any]) -> list[tuple[str, str]]:
-    """The library lines ``call`` runs: (function, source line), in order."""
+def _trace(call: Callable[[], Any], where: list[Any] | None = None) -> list[tuple[str, str]]:
+    """The library lines ``call`` runs: (function, source line), in order; and in ``where``
+    (if given) each one's (code, line number), in the same order."""
     lines: list[tuple[str, str]] = []
 
     def tracer(frame: FrameType, event: str, arg: Any) -> Any:
         if event == "line" and frame.f_code.co_filename.startswith(LIBRARY):
             source = linecache.getline(frame.f_code.co_filename, frame.f_lineno).strip()
             lines.append((frame.f_code.co_qualname, source))
+            if where is not None:
+                where.append((frame.f_code, frame.f_lineno))
         return tracer
 
     sys.settrace(tracer)
@@ -70,6 +73,19 @@ def _trace(call: Callable[[], Any]) -> list[tuple[str, str]]:
     finally:
         sys.settrace(None)
     return lines
+
+
+def _first_and_last_runs(where: list[Any]) -> list[int]:
+    """The positions (from 1) in a trace's ``where`` (:func:`_trace`) of each line's first
+    and last run: every line of the call, and a loop's body at its first and last pass (the
+    passes between run the same lines on other values). A packed hand-out runs 700 lines,
+    287 of them the packer's loop over its pieces: 330 runs instead of 700, 36 s less."""
+    first: dict[Any, int] = {}
+    last: dict[Any, int] = {}
+    for n, line in enumerate(where, start=1):
+        first.setdefault(line, n)
+        last[line] = n
+    return sorted({*first.values(), *last.values()})
 
 
 def _return_line() -> int:
@@ -121,19 +137,21 @@ def _sweep(
     stride: int = 1,
     carried: Callable[[dict[str, Any]], list[int]] = lambda state: [],
 ) -> None:
-    """For every line of the third ``next()`` (every ``stride``-th): interrupt it there, go
+    """For every line of the third ``next()``, at its first and last run
+    (:func:`_first_and_last_runs`; every ``stride``-th of those): interrupt it there, go
     on, count every row: those handed out, and those the epoch carried into the next
     (``carried`` of the state at its end: a loader resumed on 2 workers after an odd number
     of batches shares the rest out again, and carries what fills no step on both)."""
     probe = iter(make())
     next(probe), next(probe)
-    trace = _trace(lambda: next(probe))
+    where: list[Any] = []
+    trace = _trace(lambda: next(probe), where)
     lines = len(trace)
     assert lines > 20
     # The last line is the loop's return (RETURN): no Ctrl-C is raised there.
     assert trace[-1] == ("Guarded.__next__", "return item"), trace[-3:]
     every: Counter[int] | None = None
-    for line in range(1, lines, stride):
+    for line in _first_and_last_runs(where)[:-1][::stride]:
         with _no_escape(line):  # before the Ctrl-C: none may be held from the last run
             stream = make()
             it = iter(stream)
