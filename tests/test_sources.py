@@ -61,6 +61,32 @@ def test_a_question_mark_in_a_listed_name_is_part_of_the_name(store: Store) -> N
     assert sorted(i for b in stream for i in b["id"].tolist()) == list(range(15))
 
 
+def test_a_file_named_with_glob_characters_is_read_when_named(store: Store) -> None:
+    """A URL that names one file whose name holds a glob's characters (``[1].parquet``,
+    ``run[a].parquet``: a bracket is a character class to a glob) reads that file, alone or
+    in a list of URLs. Before, the URL was taken for a glob only, which matched no file:
+    ``NoShardsError: matches no data files``. A glob that matches files is a glob still."""
+    for n, name in enumerate(["[1].parquet", "run[a].parquet", "1.parquet", "s[b].parquet"]):
+        store.write(f"g/{name}", encode(make_table(5 * n, 5), "parquet"))
+    options = store.storage_options
+
+    def ids(url: str | list[str]) -> list[int]:
+        stream = ingest.Stream(url, batch_size=5, storage_options=options)
+        return sorted(i for b in stream for i in b["id"].tolist())
+
+    assert ids(store.url("g", "run[a].parquet")) == list(range(5, 10))
+    assert ids([store.url("g", "run[a].parquet"), store.url("g", "s[b].parquet")]) == [
+        *range(5, 10),
+        *range(15, 20),
+    ]
+    listing = ingest.list_shards(store.url("g", "run[a].parquet"), storage_options=options)
+    assert [s.url.rsplit("/", 1)[1] for s in listing.shards] == ["run[a].parquet"]
+    # "[1].parquet" as a glob matches "1.parquet": a glob that matches is read as one.
+    assert ids(store.url("g", "[1].parquet")) == list(range(10, 15))
+    with pytest.raises(ingest.NoShardsError, match="matches no data files"):
+        ids(store.url("g", "[2].parquet"))
+
+
 @pytest.mark.parametrize(
     ("path", "split"),
     [

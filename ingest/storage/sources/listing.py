@@ -62,7 +62,7 @@ def list_url(
         key = f"{hub.endpoint_of(source.storage_options)} {url} {source.format}"
     path = fs._strip_protocol(strip_userinfo(url))
     infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
-    base = base_of(_without_query(path), glob=_is_glob(path))
+    base = base_of(_without_query(path), glob=_is_glob(path) and not explicit)
     logged: dict[str, delta.DeltaFile] = {}  # a Delta table's files, as their log says
     if not explicit:
         found = {} if tables is None else tables
@@ -312,7 +312,14 @@ def _file_infos(
     def infos() -> tuple[list[dict[str, Any]], bool]:
         source.stats.add(listings=1)
         if _is_glob(path):
-            return list(_glob(fs, url, path).values()), False
+            found = _glob(fs, url, path)
+            if found:
+                return list(found.values()), False
+            # A file whose name holds a glob's characters (`run[a].parquet`), named: the
+            # glob matched nothing; the name may still be the file's own.
+            source.stats.add(listings=1)
+            named = _named_file(fs, path)
+            return ([named], True) if named is not None else ([], False)
         if url.endswith("/"):
             # A directory by its name: one listing, not a HEAD and a listing to tell
             # (object stores) first. Nothing under it: the checks below say why.
@@ -329,6 +336,17 @@ def _file_infos(
         return attempt(infos, source.policy(url), source.stats)
     except GaveUpError as gave_up:
         raise _listing_error(source, url, gave_up) from None
+
+
+def _named_file(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any] | None:
+    """The info of the file at ``path`` taken as a name, not a pattern; None where there is
+    no such file (a directory is no named file: a glob's characters in a directory's name
+    are a pattern's)."""
+    try:
+        info: dict[str, Any] = fs.info(path)
+    except FileNotFoundError:
+        return None
+    return info if info.get("type") != "directory" else None
 
 
 def _glob(fs: fsspec.AbstractFileSystem, url: str, path: str) -> dict[str, Any]:
