@@ -108,7 +108,7 @@ def test_a_rank_waiting_for_a_batch_another_reader_decodes_counts_it_as_waiting(
 
 def _reports_of_an_epoch(coordinator: Any, rows: int) -> tuple[float, float]:
     """Seconds waited and spanned, summed over the rank's reports until they cover ``rows``
-    rows. A rank sends them without waiting (RankIterator._waited_report), so one can reach
+    rows. A rank sends them without waiting (its meter's reports), so one can reach
     the coordinator after the task that sent it returned (Ray orders the calls of one
     caller, not of two): taken once at once, the last epoch's came as 0 rows under load."""
     got = [0.0, 0.0, 0]

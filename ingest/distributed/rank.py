@@ -149,6 +149,10 @@ class RankIterator:
     """The stream's grouping (``pack=``: :mod:`ingest.distributed.rank_pack`), or None."""
     pack_batch: int = 0
     """Sequences (or rows) per batch, with ``pack``."""
+    owner: Any = field(default=None, repr=False, compare=False)
+    """The :class:`ingest.RayStream` this iterator was made from in this process, kept
+    while the iterator is: a stream let go stops its actors (its finalizer). A copy sent
+    to a task carries none."""
 
     _loop: RankLoop = field(init=False, repr=False)
     """The rank's loop: the batches this iterator handed out and their acks
@@ -160,10 +164,15 @@ class RankIterator:
     (:mod:`ingest.distributed.rank_link`)."""
 
     def __post_init__(self) -> None:
+        # The links reach this iterator through a weak proxy: with strong references, the
+        # iterator and its loop were a cycle, freed at the collector's next full pass, and
+        # with them their stream (``owner``) and its actors' CPUs (a notebook's cell run
+        # again: one stream held per run until then).
+        me = weakref.proxy(self)
         self._loop = RankLoop(
-            self.rank, _CoordinatorLink(self), ack_every=self.options.ack_every, keep_empty=True
+            self.rank, _CoordinatorLink(me), ack_every=self.options.ack_every, keep_empty=True
         )
-        self._driver = rank_driver(self.pack, self.pack_batch, _IteratorLink(self))
+        self._driver = rank_driver(self.pack, self.pack_batch, _IteratorLink(me))
 
     @property
     def step(self) -> int:
@@ -365,7 +374,10 @@ class RankIterator:
         got = driver.batches(epoch)
         done = False
         if self._meter is None:
-            self._meter = RankMeter(self.stream, self.rank, self._waited_report)
+            # Not a method of this iterator: the meter it holds would hold it (a cycle,
+            # freed at the collector's next full pass, and with it the stream's actors).
+            report = functools.partial(_waited_report, self.coordinator, self.rank)
+            self._meter = RankMeter(self.stream, self.rank, report)
         meter = self._meter
         try:
             for batch in got:
@@ -388,11 +400,6 @@ class RankIterator:
                 with contextlib.suppress(Exception):
                     self.flush()
                     driver.left(epoch)  # for a state taken on the driver
-
-    def _waited_report(self, waited_s: float, span_s: float, rows: int) -> None:
-        """To the pool's sizer, through the coordinator (not waited for: a lost report is
-        one interval's figure less)."""
-        self.coordinator.waited.remote(self.rank, waited_s, span_s, rows)
 
     def _items(self, epoch: int) -> Iterator[Item | End]:
         """The rank's items of ``epoch`` from its reader, up to its :class:`End`, each batch's
@@ -561,6 +568,12 @@ class _IteratorLink:
 
     def upcoming_epoch(self) -> int:
         return self._it.upcoming_epoch()
+
+
+def _waited_report(coordinator: Any, rank: int, waited_s: float, span_s: float, rows: int) -> None:
+    """A rank's wait, to the pool's sizer through the coordinator (not waited for: a lost
+    report is one interval's figure less)."""
+    coordinator.waited.remote(rank, waited_s, span_s, rows)
 
 
 _LIVE: dict[tuple[str, int], weakref.ref[RankIterator]] = {}

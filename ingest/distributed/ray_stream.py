@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 import warnings
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -181,10 +183,12 @@ class RayStream:
             name=self.name, **self.pool.coordinator_options()
         ).remote(self.spec, world_size, placement, timeout_s, pack is not None)
         # Start the pool and plan the first epoch now, while the trainers start; the source
-        # is listed here while the actors' processes start.
+        # is listed here while the actors' processes start. (What makes a reader names no
+        # `self`: the finalizer below holds the pool, and through it would hold the stream.)
+        pool, name, spec, packs = self.pool, self.name, self.spec, pack is not None
         self._pool = Readers(
-            lambda: Reader.options(**self.pool.actor_options()).remote(
-                self.name, self.spec, transform, self.pool, timeout_s, pack is not None
+            lambda: Reader.options(**pool.actor_options()).remote(
+                name, spec, transform, pool, timeout_s, packs
             ),
             self.pool,
             world_size,
@@ -195,6 +199,13 @@ class RayStream:
         """With ``ReaderPool(autoscale=...)``, what sizes the pool (its ``history``)."""
         if self.pool.autoscale is not None:
             self.sizer = PoolSizer(self._pool, self.coordinator, self.pool.autoscale, self.name)
+        # A stream let go without shutdown() (a notebook's cell run again) stops its actors:
+        # their handles on each other (readers and coordinator) kept them alive, each
+        # reader's CPU held, until the driver's end. A copy sent to a task has no finalizer
+        # (see __getstate__); an iterator keeps its stream (RankIterator.owner). Not at the
+        # interpreter's exit: Ray stops the driver's actors then, and may be shut down first.
+        self._finalizer = weakref.finalize(self, _release, self._pool, self.coordinator, self.sizer)
+        self._finalizer.atexit = False
         self._warmed = False
         """Whether the ranks' feeds were started (:meth:`_warm`)."""
         # The source is listed here while the actors' processes start; a bad URL fails here.
@@ -279,8 +290,9 @@ class RayStream:
     def __getstate__(self) -> dict[str, Any]:
         # Sent to the ranks (a TorchTrainer's config): what they are served is settled.
         self._warm()
-        # A copy sent to a task never sizes the pool: the driver's sizer alone does.
-        return {**self.__dict__, "sizer": None}
+        # A copy sent to a task never sizes the pool (the driver's sizer alone does), nor
+        # stops the actors when it is let go (the driver's stream alone does).
+        return {**self.__dict__, "sizer": None, "_finalizer": None}
 
     @property
     def readers(self) -> list[Any]:
@@ -314,6 +326,7 @@ class RayStream:
             stream=self.name,
             pack=self.pack,
             pack_batch=self.batch_size,
+            owner=self,
         )
 
     def joined(
@@ -404,6 +417,9 @@ class RayStream:
         if self._shut_down:
             return
         self._shut_down = True
+        finalizer = getattr(self, "_finalizer", None)  # None: a copy sent to a task
+        if finalizer is not None:
+            finalizer.detach()
         if self.sizer is not None:
             self.sizer.stop()
         if self.spec.provenance is not None:
@@ -429,3 +445,15 @@ class RayStream:
 
     def __exit__(self, *exc: object) -> None:
         self.shutdown()
+
+
+def _release(readers: Readers, coordinator: Any, sizer: PoolSizer | None) -> None:
+    """Stop the actors of a stream let go without :meth:`RayStream.shutdown` (its
+    finalizer's call: it waits on nothing, as it may run in any thread the collector does)."""
+    if not ray.is_initialized():
+        return
+    if sizer is not None:
+        sizer.stop(wait=False)
+    with contextlib.suppress(Exception):  # a Ray going down takes the actors with it
+        readers.kill()
+        ray.kill(coordinator)

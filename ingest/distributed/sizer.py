@@ -297,10 +297,11 @@ class PoolSizer:
         self._grew_at = time.monotonic()
         return True
 
-    def stop(self) -> None:
-        """Stop deciding (a resize under way ends first, up to the readers' timeout)."""
+    def stop(self, wait: bool = True) -> None:
+        """Stop deciding (a resize under way ends first, up to the readers' timeout, waited
+        for unless ``wait`` is False)."""
         self._stop.set()
-        if self._thread is not threading.current_thread():
+        if wait and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.readers.timeout_s)
 
 
