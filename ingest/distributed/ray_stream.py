@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 import uuid
 import warnings
@@ -449,11 +450,17 @@ class RayStream:
 
 def _release(readers: Readers, coordinator: Any, sizer: PoolSizer | None) -> None:
     """Stop the actors of a stream let go without :meth:`RayStream.shutdown` (its
-    finalizer's call: it waits on nothing, as it may run in any thread the collector does)."""
+    finalizer's call). It waits on nothing and takes no lock in the thread it runs in: a
+    collection may run it in any thread, one that holds the pool's lock among them (its
+    sizer's, resizing), which would wait on itself; a thread of its own kills the actors."""
     if not ray.is_initialized():
         return
     if sizer is not None:
         sizer.stop(wait=False)
-    with contextlib.suppress(Exception):  # a Ray going down takes the actors with it
-        readers.kill()
-        ray.kill(coordinator)
+
+    def kill() -> None:
+        with contextlib.suppress(Exception):  # a Ray going down takes the actors with it
+            readers.kill()
+            ray.kill(coordinator)
+
+    threading.Thread(target=kill, name="ingest-release", daemon=True).start()
