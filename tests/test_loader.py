@@ -93,6 +93,39 @@ def test_a_state_taken_mid_epoch_resumes_with_another_worker_count(
     assert TOTAL - len(counts) < max(before, after, 1) * BATCH
 
 
+def id_lists(batches: Any) -> list[list[int]]:
+    return [[int(i) for i in b["id"].tolist()] for b in batches]
+
+
+@pytest.mark.parametrize(("workers", "k"), [(2, 8), (3, 21)])
+def test_a_state_resumed_at_the_same_worker_count_gives_the_uninterrupted_batches(
+    data: str, workers: int, k: int
+) -> None:
+    """The README's promise (a cursor): a restore with the same seed, world size (here the
+    workers) and shuffle settings yields the uninterrupted run's batches, this epoch and the
+    next, from a state taken where every worker stands at the same step (k batches, a
+    multiple of the workers). The loader's state went through its stream's book of one rank,
+    which kept the rows consumed but not each worker's place: the rest was shared out again,
+    in other batches, and rows that then filled no step on every worker were carried into
+    the next epoch."""
+    whole = ingest.DataLoader(stream_of(data), num_workers=workers)
+    epochs = [id_lists(whole), id_lists(whole)]
+    loader = ingest.DataLoader(stream_of(data), num_workers=workers)
+    head: list[list[int]] = []
+    for batch in loader:
+        head.append([int(i) for i in batch["id"].tolist()])
+        if len(head) == k:
+            break
+    state = loader.state_dict()
+    resumed = ingest.DataLoader(stream_of(data), num_workers=workers)
+    resumed.load_state_dict(state)
+    assert resumed.state_dict() == state, "a state loaded is the state saved again"
+    assert head + id_lists(resumed) == epochs[0]
+    assert id_lists(resumed) == epochs[1]
+    # The loop left early goes on the same way.
+    assert head + id_lists(loader) == epochs[0]
+
+
 def test_a_loop_left_early_goes_on_after_its_last_batch(data: str) -> None:
     loader = ingest.DataLoader(stream_of(data), num_workers=2)
     head = []
@@ -229,10 +262,67 @@ def test_a_state_loaded_ends_the_running_loop_its_workers_kept(data: str) -> Non
     assert len(workers) == 2
     loader.load_state_dict(loader.state_dict())
     assert all(w.is_alive() for w in workers), "the workers are kept"
-    assert next(it, None) is None, "the ended loop hands out nothing more"
+    with pytest.raises(ingest.SupersededError):  # the ended loop hands out nothing more
+        next(it)
     rest = ids(loader)
     assert sorted(first + rest) == list(range(TOTAL))
     assert set(multiprocessing.active_children()) - before == workers, "the same workers"
+
+
+def test_a_loop_ended_by_a_newer_one_or_a_state_loaded_says_so(data: str) -> None:
+    """As a Stream's loop (README, Epochs): a loop that a newer ``iter(loader)`` or
+    ``load_state_dict`` ended raises ingest.SupersededError if asked for another batch. It
+    ended quietly, as if the epoch were over: a training loop went on to its next epoch."""
+    loader = ingest.DataLoader(stream_of(data), num_workers=2)
+    old = iter(loader)
+    head = ids([next(old), next(old)])
+    new = iter(loader)
+    with pytest.raises(ingest.SupersededError, match=r"newer loop over this ingest.DataLoader"):
+        next(old)
+    head += ids([next(new)])
+    loader.load_state_dict(loader.state_dict())
+    with pytest.raises(ingest.SupersededError):
+        next(new)
+    both = Counter(head + ids(loader))
+    assert max(both.values()) == 1 and TOTAL - len(both) < 2 * BATCH
+
+
+def test_the_stream_of_a_running_loader_stands_where_the_loader_stands(data: str) -> None:
+    """The loader's stream is one place to read from (one loop at a time; the DataLoader
+    docstring: the stream's state advances with the loader's). During a loader's loop the
+    stream stood at the loop's start: its state (0 delivered) resumed into the loader's
+    batches again, and a loop over it handed them out again. Now its state is the loader's,
+    a loop over it takes over from the loader's last batch (the loader's loop then says so),
+    and a state loaded into it ends the loader's loop, whose next one starts there."""
+    stream = stream_of(data)
+    loader = ingest.DataLoader(stream, num_workers=2)
+    loop = iter(loader)
+    head = ids([next(loop) for _ in range(4)])
+    state = stream.state_dict()
+    assert state == loader.state_dict()
+    assert state["progress"]["delivered"] == len(head)
+    rest = ids(stream)
+    with pytest.raises(ingest.SupersededError):
+        next(loop)
+    both = Counter(head + rest)
+    assert max(both.values()) == 1 and TOTAL - len(both) < 2 * BATCH
+    resumed = stream_of(data)
+    resumed.load_state_dict(state)
+    assert Counter(head + ids(resumed)) == both
+    loop = iter(loader)  # the next epoch
+    next(loop)
+    stream.load_state_dict(state)
+    with pytest.raises(ingest.SupersededError):
+        next(loop)
+    assert loader.state_dict() == state
+    assert Counter(head + ids(loader)) == both
+
+
+@pytest.mark.parametrize("workers", ["2", 2.0, True, -1])
+def test_a_worker_count_that_is_not_a_count_is_refused_naming_it(data: str, workers: Any) -> None:
+    """It was a bare TypeError ('<' not supported between 'str' and 'int') for a string."""
+    with pytest.raises(ingest.ConfigError, match=r"num_workers=.* must be an integer >= 0"):
+        ingest.DataLoader(stream_of(data), num_workers=workers)
 
 
 def test_the_state_loads_into_a_stream(data: str) -> None:

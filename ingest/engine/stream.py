@@ -20,7 +20,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.quarantine import Quarantined, is_skip, summary
@@ -161,6 +161,14 @@ class Stream:
         self._active: weakref.ref[_Loop] | None = None
         self._running = False
         """An epoch's loop started and has not finished: the next loop rewinds first."""
+        self._lent: weakref.ref[Holder] | None = None
+        """Who runs this stream's loop, if not the stream itself (:meth:`lend`)."""
+        self._as_loaded: StreamState | None = None
+        """The state last loaded, until a loop begins: :meth:`state_dict` gives it back as it
+        came. This stream's book has one rank: it keeps what a state of several ranks (a
+        DataLoader's workers, a RayStream's ranks) consumed, not each rank's place, and a
+        DataLoader of as many workers, which plans from this stream's state, goes on from
+        their places only if it gets the state whole."""
 
     @property
     def parts(self) -> StreamParts:
@@ -279,12 +287,41 @@ class Stream:
         """One epoch, or the rest of the one a loop left; a loop still held stops (see
         :class:`_Loop`). Over a Mix: one epoch of the mixture (:mod:`ingest.engine.mix`)."""
         with interrupts.deferred():  # a Ctrl-C in the rewind: at its end (interrupts)
+            self._take_back()
             self._stop_active(superseded=True)
             if self._running:
                 self._rewind()
+            self._as_loaded = None
             loop = _Loop(self._run(self._next_epoch))
             self._active = weakref.ref(loop)
         return loop
+
+    def lend(self, holder: Holder) -> None:
+        """Let ``holder`` (an :class:`ingest.DataLoader`, whose workers read this stream's
+        shares) run this stream's loop, until it gives it back (:meth:`release`). Meanwhile
+        the stream stands where the holder stands: its state is the holder's, a loop over it
+        takes over after the holder's last batch and a state loaded replaces the holder's
+        place; either ends the holder's loop (:meth:`Holder.give_back`). A loop of the
+        stream's own, or of another holder, ends here (that holder's place put into the
+        stream first)."""
+        if self._holder() is not holder:
+            self._take_back()
+        self._stop_active(superseded=True)
+        self._lent = weakref.ref(holder)
+
+    def release(self, holder: Holder) -> None:
+        """``holder``'s loop ended: the stream runs its own loops again (:meth:`lend`)."""
+        if self._holder() is holder:
+            self._lent = None
+
+    def _holder(self) -> Holder | None:
+        return self._lent() if self._lent is not None else None
+
+    def _take_back(self) -> None:
+        """End the holder's loop, its place put into this stream (:meth:`lend`)."""
+        holder, self._lent = self._holder(), None
+        if holder is not None:
+            holder.give_back()
 
     def _stop_active(self, *, superseded: bool = False) -> None:
         """Close the loop in progress, if its caller still holds it; ``superseded``: a newer
@@ -379,9 +416,15 @@ class Stream:
     def state_dict(self) -> dict[str, Any]:
         """The state after the last batch handed out: plain JSON, see :mod:`ingest.core.state`
         (over a Mix, a state of several sources: :mod:`ingest.engine.mix`)."""
+        holder = self._holder()
+        held = holder.held_state() if holder is not None else None
+        if held is not None:  # a DataLoader's loop runs: where it stands (see lend)
+            return held
         with interrupts.deferred():  # its acks are sent whole (ingest.engine.interrupts)
             state = self._snapshot().to_json()
             self._book.fold(self._rank.step)
+        if self._as_loaded is not None:  # no loop since: the state loaded, its ranks' places
+            return self._as_loaded.to_json()
         return state
 
     def _snapshot(self) -> StreamState:
@@ -407,6 +450,7 @@ class Stream:
         """
         parsed = state if isinstance(state, StreamState) else StreamState.from_json(state)
         with interrupts.deferred():  # loaded whole (ingest.engine.interrupts)
+            self._take_back()  # (its place put here first: where a refused state leaves it)
             self._stop_active(superseded=True)
             if self._running:  # the loop left: put where the next loop would go on, so that
                 self._left_loop()  # a state refused leaves the stream as it was
@@ -422,6 +466,7 @@ class Stream:
             self._node.load(parsed)
             self._next_epoch = parsed.progress.epoch
             self._delivered = parsed.progress.delivered
+            self._as_loaded = parsed
 
     def close(self) -> None:
         """Stop background reading. Iterating again resumes where the stream stopped.
@@ -445,6 +490,19 @@ class Stream:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Holder(Protocol):
+    """What runs a stream's loop in the stream's stead (:meth:`Stream.lend`): an
+    :class:`ingest.DataLoader`."""
+
+    def held_state(self) -> dict[str, Any] | None:
+        """The state after the holder's last batch (JSON); None while its loop has not
+        begun its epoch."""
+
+    def give_back(self) -> None:
+        """End the holder's loop (it raises :class:`ingest.SupersededError` if asked for
+        another batch), its place put into the stream (``load_state_dict``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,7 +49,7 @@ from typing import Any
 import torch.utils.data
 
 from ingest.core.book import EpochBook
-from ingest.core.errors import ConfigError, IngestError
+from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
 from ingest.engine import interrupts
@@ -375,7 +375,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         """Each worker's node over its loop, in this process: its read steps as batches, or
         regrouped with ``pack`` (the workers read, decode and tokenize; see
         :mod:`ingest.engine.rank_node`)."""
-        self._running: weakref.ref[Iterator[Batch]] | None = None
+        self._running: weakref.ref[_Running] | None = None
         """The loop last started, held weakly, so that a loop the caller drops (a ``break``)
         is closed at once. The loop refers to this loader: held strongly, the two made a
         cycle, which only the cyclic garbage collector frees."""
@@ -406,21 +406,35 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
 
     def __iter__(self) -> Iterator[Batch]:  # type: ignore[override]
         with interrupts.deferred():  # a Ctrl-C in the last loop's end: at its end
-            self._stop()
-            loop = interrupts.Guarded(self._loop())  # a Ctrl-C loses no batch
+            self._stop(superseded=True)
+            loop = _Running(self._loop())  # a Ctrl-C loses no batch
             self._running = weakref.ref(loop)
         return loop
 
     def close(self) -> None:
         """Stop the worker processes now (the next loop starts new ones); the stream goes
         on right after the last batch handed out."""
-        self._stop()
+        self._stop(superseded=False)
         self._next = None
         self._workers.close()
+
+    def held_state(self) -> dict[str, Any] | None:
+        """The state after this loader's last batch while its loop runs over the stream
+        (:meth:`ingest.Stream.lend`: the stream's own ``state_dict`` is this), else None."""
+        if self._book is None:
+            return None
+        with interrupts.deferred():  # its acks are sent whole (ingest.engine.interrupts)
+            return self._state().to_json()
+
+    def give_back(self) -> None:
+        """The stream is iterated or loaded with a state while this loader's loop runs: the
+        loop ends (it says so if asked again), the stream goes on after its last batch."""
+        self._stop(superseded=True)
 
     def _loop(self) -> Iterator[Batch]:
         ranks = max(1, self.num_workers)
         stream = self.stream
+        stream.lend(self)  # until this loop ends, the stream stands where it stands
         stream.close()
         state = stream.state_dict()
         early, self._next = self._next, None
@@ -455,6 +469,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
         # The epoch is done: the stream goes on from the next one, planned now, so that the
         # workers read its first window while this loop's caller goes on.
+        stream.release(self)
         stream.load_state_dict(self._state(), listing=listing)
         self._book = None
         if not self._keep:
@@ -564,23 +579,23 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             for rank in self._ranks.values():
                 rank.flush()
 
-    def _stop(self) -> None:
+    def _stop(self, *, superseded: bool) -> None:
         """End a loop left early; the stream goes on right after its last batch."""
-        self._end_loop()
+        self._end_loop(superseded=superseded)
         if self._book is not None:
             self.stream.load_state_dict(self._state())
             self._book = None
 
-    def _end_loop(self) -> None:
-        """Close the running loop, if any: what its workers read ahead is dropped when the
-        next loop begins (with ``persistent_workers=False``, they stop now)."""
+    def _end_loop(self, *, superseded: bool) -> None:
+        """Close the running loop, if any (``superseded``: it says so if asked again): what
+        its workers read ahead is dropped when the next loop begins (with
+        ``persistent_workers=False``, they stop now). The stream is given back."""
+        self.stream.release(self)
         ref, self._running = self._running, None
         running = ref() if ref is not None else None
         if running is not None:
-            close = getattr(running, "close", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    close()
+            with contextlib.suppress(Exception):
+                running.stop(superseded=superseded)
         if not self._keep:
             self._workers.close()
 
@@ -604,7 +619,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         """Start the next epoch exactly after ``state`` (from any loader, Stream or
         RayStream, any worker count or world size)."""
         with interrupts.deferred():
-            self._end_loop()  # its state is replaced: not saved into the stream first
+            self._end_loop(superseded=True)  # its state is replaced: not saved into the stream
             kept = self._book, self._ranks, self._nodes
             self._book, self._ranks, self._nodes = None, {}, {}
             try:
@@ -612,6 +627,29 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             except BaseException:  # refused: the next loop goes on where the last one was
                 self._book, self._ranks, self._nodes = kept
                 raise
+
+
+class _Running(interrupts.Guarded[Batch]):
+    """A loader's loop. Ended by a newer loop, a state loaded or a loop over its stream, it
+    raises :class:`ingest.SupersededError` if asked for another batch, as a Stream's loop
+    does (it ended quietly, as if its epoch were over); ended by ``close()``, it ends."""
+
+    def __init__(self, items: Iterator[Batch]) -> None:
+        super().__init__(items)
+        self._superseded = False
+
+    def _acquire(self) -> None:
+        if self._superseded:
+            raise SupersededError(
+                "a newer loop over this ingest.DataLoader (iter(loader) again, "
+                "load_state_dict, or a loop over its stream) took over from this one, after "
+                "its last batch; iterate the newest loop only"
+            )
+
+    def stop(self, *, superseded: bool) -> None:
+        """End the loop (its generator closes); ``superseded``: say so when next asked."""
+        self._superseded = superseded
+        self.close()
 
 
 def checked_keywords(num_workers: int, kwargs: dict[str, Any]) -> bool:
@@ -623,8 +661,11 @@ def checked_keywords(num_workers: int, kwargs: dict[str, Any]) -> bool:
                 f"ingest.DataLoader takes no {name}=: the stream batches and shuffles "
                 "(set batch_size, shuffle_seed on the Stream)"
             )
-    if num_workers < 0:
-        raise ConfigError(f"num_workers={num_workers} must be >= 0")
+    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+        raise ConfigError(
+            f"num_workers={num_workers!r} must be an integer >= 0: the worker processes "
+            "(0: the stream is read in this process)"
+        )
     return bool(kwargs.pop("persistent_workers", True))
 
 
