@@ -171,6 +171,20 @@ def test_paths_are_urls_and_other_objects_are_refused(local: Store) -> None:
         ingest.list_shards(None)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("url", ["", "  ", "file://", "s3://"])
+def test_an_empty_url_is_refused_not_read_as_the_working_directory(
+    local: Store, monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    """``ingest.Stream(os.environ.get("DATA", ""))`` with the variable unset: an empty URL
+    (or a scheme alone) read the working directory, a training on whatever lay there."""
+    local.write("cwd/a.parquet", encode(make_table(0, 7), "parquet"))
+    monkeypatch.chdir(local.url("cwd").removeprefix("file://"))
+    with pytest.raises(ingest.ConfigError, match=r"source URL .* names nothing: .*unset"):
+        ingest.Stream(url, batch_size=1)
+    with pytest.raises(ingest.ConfigError, match=r"names nothing"):
+        ingest.list_shards(["a.parquet", url])
+
+
 def test_explicit_file_with_unknown_extension_asks_for_a_format(local: Store) -> None:
     local.write("d/data.bin", encode(make_table(0, 5), "parquet"))
     with pytest.raises(ingest.ConfigError, match="pass format="):

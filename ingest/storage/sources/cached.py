@@ -11,7 +11,8 @@ from fsspec.callbacks import TqdmCallback
 
 from ingest.storage.cache import CacheEvent
 from ingest.storage.cache.files import DISK_FULL
-from ingest.storage.sources.files import CountingFile
+from ingest.storage.sources.faults import ChangedError
+from ingest.storage.sources.files import CountingFile, listed_etag
 from ingest.storage.sources.retry import GaveUpError, attempt
 from ingest.storage.sources.shard import Shard
 
@@ -71,6 +72,16 @@ def fetch_whole(source: Source, shard: Shard, to: str) -> None:
         fs, path = source.fs_path(shard)  # within the retries: a Hub file asks where it is
         source.stats.add(opens=1, reads=1)
         fs.get_file(path, to, **kwargs)
+        etag = listed_etag(shard)
+        if etag is not None and hasattr(fs, "_cat_whole"):
+            # An S3 object: the copy is kept under the listed ETag only if the object still
+            # is that version once fetched (s3fs's whole-object GET names no version; one
+            # HEAD a miss). It kept an object overwritten since the listing under the old
+            # version's name, read in its place once the old bytes were written back.
+            fs.invalidate_cache(path)
+            source.stats.add(reads=1)
+            if fs.info(path).get("ETag") != etag:
+                raise ChangedError(f"{source.scrub(shard.url)} is no longer ETag {etag}")
 
     try:
         attempt(get, source.policy(shard.url), source.stats)

@@ -53,6 +53,10 @@ def is_store_error(error: BaseException) -> bool:
     return type(error).__module__.split(".")[0] in _STORE_ERROR_PACKAGES
 
 
+class ChangedError(OSError):
+    """The object read is no longer the version listed (:func:`is_changed`)."""
+
+
 class ShortBodyError(OSError):
     """A response ended before the bytes asked for: never handed on as data."""
 
@@ -101,6 +105,19 @@ def _busy(error: BaseException) -> bool:
     ``FileNotFoundError``, a throttled one too: its cause says which it was."""
     status, _ = _http_status(error)
     return status is not None and (status in _TRANSIENT_STATUSES or status >= 500)
+
+
+def is_changed(error: BaseException) -> bool:
+    """Whether ``error`` says the object is no longer the version listed: a read that named
+    the listed ETag (``If-Match``) refused by the store (412), as s3fs reports it (fsspec's
+    ``FileExpired``, or the ``OSError`` it makes of S3's PreconditionFailed)."""
+    for e in _chain(error):
+        if isinstance(e, ChangedError) or type(e).__name__ == "FileExpired":
+            return True
+        if isinstance(e, OSError) and "pre-conditions" in str(e):
+            return True
+    status, _ = _http_status(error)
+    return status == 412
 
 
 def is_not_found(error: BaseException) -> bool:
@@ -181,7 +198,8 @@ def is_transient(error: BaseException) -> bool:
     not."""
     if refused_connection(error) is not None:
         return True
-    if not is_store_error(error) or missing_credentials(error) is not None:
+    # a version other than the one listed: no retry brings the one listed back
+    if not is_store_error(error) or missing_credentials(error) is not None or is_changed(error):
         return False
     if _busy(error):  # also under a FileNotFoundError (fsspec's HTTP info)
         return True

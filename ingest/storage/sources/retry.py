@@ -13,6 +13,7 @@ from ingest.core.errors import ConfigError, SourceError, StoreError
 from ingest.storage.sources.faults import (
     HTTP_REFUSED_FIX,
     http_refusal,
+    is_changed,
     is_not_found,
     is_store_error,
     is_transient,
@@ -93,8 +94,17 @@ class GaveUpError(Exception):
 
 
 def _vanished(url: str, gave_up: GaveUpError) -> SourceError | None:
-    """The error for a listed object that is gone, if that is why a request failed: a
-    ``FileNotFoundError`` (S3's NoSuchKey), or an HTTP 404 or 410 (an HTTP server, the Hub)."""
+    """The error for a listed object that is gone or changed, if that is why a request
+    failed: a ``FileNotFoundError`` (S3's NoSuchKey), an HTTP 404 or 410 (an HTTP server,
+    the Hub), or a read of the version listed refused (:func:`is_changed`)."""
+    if is_changed(gave_up.last):
+        return SourceError(
+            url,
+            "changed after it was listed (the store refused a read of the version listed, "
+            "its ETag): its rows would mix two versions",
+            "the dataset changed under the stream; restart the epoch (its listing takes the "
+            "new version) or restore the object",
+        )
     if not is_not_found(gave_up.last):
         return None
     return SourceError(

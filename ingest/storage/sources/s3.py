@@ -31,6 +31,7 @@ import s3fs.core
 from aiobotocore.session import AioSession  # type: ignore[import-untyped]
 from fsspec.asyn import sync_wrapper
 from fsspec.core import url_to_fs
+from s3fs.core import version_id_kw
 from s3fs.errors import translate_boto_error
 
 _stock_error_wrapper = s3fs.core._error_wrapper
@@ -131,6 +132,41 @@ def _new_loaders_lock() -> None:
 os.register_at_fork(after_in_child=_new_loaders_lock)
 
 
+async def _cat_file_of_version(
+    self: Any,
+    path: str,
+    version_id: str | None = None,
+    start: int | None = None,
+    end: int | None = None,
+    if_match: str | None = None,
+    **kwargs: Any,
+) -> bytes:
+    """s3fs's ``_cat_file``; with ``if_match`` (an ETag: ``cat_ranges(..., if_match=)`` hands
+    it to each range), a ranged GET of that version only: S3 refuses it (412, an ``OSError``
+    here) where the object changed. s3fs's takes no request options. Run against
+    :data:`_NAMESPACE` (:func:`_rebound`), as s3fs's functions are."""
+    if if_match is None or (start is None and end is None):
+        return await self._cat_whole(path, version_id, start, end, **kwargs)  # type: ignore[no-any-return]
+    bucket, key, vers = self.split_path(path)
+    limits = await self._process_limits(path, start, end)
+
+    async def read() -> bytes:
+        resp = await self._call_s3(
+            "get_object",
+            Bucket=bucket,
+            Key=key,
+            Range=limits,
+            IfMatch=if_match,
+            **version_id_kw(version_id or vers),
+        )
+        try:
+            return await resp["Body"].read()  # type: ignore[no-any-return]
+        finally:
+            resp["Body"].close()
+
+    return await _error_wrapper(read, retries=self.retries)  # type: ignore[no-any-return]
+
+
 class OneAttemptS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
     """An s3fs filesystem that makes one attempt per call and raises at once when it fails:
     every request (``_call_s3``), whole and ranged reads (``_cat_file``, ``cat_ranges``) and
@@ -141,7 +177,8 @@ class OneAttemptS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
     session: Any
     _call_s3 = _rebound(s3fs.S3FileSystem._call_s3)
     call_s3 = sync_wrapper(_call_s3)
-    _cat_file = _rebound(s3fs.S3FileSystem._cat_file)
+    _cat_whole = _rebound(s3fs.S3FileSystem._cat_file)
+    _cat_file = _rebound(_cat_file_of_version)
     _open = _rebound(s3fs.S3FileSystem._open)
 
     async def set_session(self, refresh: bool = False, kwargs: Any = None) -> Any:

@@ -6,6 +6,7 @@ counted."""
 from __future__ import annotations
 
 import os
+import re
 import threading
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,7 +24,12 @@ from ingest.storage.cache import CacheOptions, ShardCache
 from ingest.storage.sources.cached import open_cached
 from ingest.storage.sources.delta import TableVersion
 from ingest.storage.sources.faults import ShortBodyError, is_not_found, is_transient
-from ingest.storage.sources.files import CountingFile, range_ignored, with_listed_details
+from ingest.storage.sources.files import (
+    CountingFile,
+    listed_etag,
+    range_ignored,
+    with_listed_details,
+)
 from ingest.storage.sources.hubfs import expired, hub_cdn, hub_http, located, signed
 from ingest.storage.sources.known_parts import KnownParts
 from ingest.storage.sources.listing import list_url
@@ -65,8 +71,26 @@ def as_urls(urls: URLs) -> tuple[str, ...]:
                 f"source URL {url!r} ({type(url).__name__}) is not a string or a path; pass "
                 "a URL ('s3://bucket/train/*.parquet'), a local path, or a list of them"
             )
+        if not url.strip() or _SCHEME_ALONE.fullmatch(url.strip()):
+            # fsspec reads "" and "file://" as the working directory: a training on
+            # whatever lies there, where a variable meant to hold the URL was unset
+            raise ConfigError(
+                f"source URL {url!r} names nothing: pass a URL ('s3://bucket/train/'), a "
+                "local path ('.' for the working directory), or a list of them (is the "
+                "variable meant to hold it unset?)"
+            )
         out.append(url)
     return tuple(out)
+
+
+def _names_versions(fs: Any) -> bool:
+    """Whether ``fs`` reads ranges of one version of an object (the source's S3
+    filesystem, unless its store has no ``If-Match``: ``local_expiry_check``)."""
+    return bool(getattr(fs, "_cat_whole", None)) and not getattr(fs, "local_expiry_check", True)
+
+
+_SCHEME_ALONE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+"""A URL that is a scheme and nothing else (``file://``, ``s3://``)."""
 
 
 class Source:
@@ -576,7 +600,10 @@ class Source:
         since the last call (:func:`expired`: a transient error)."""
         try:
             fs, path = self.fs_path(shard)
-            got: list[Any] = fs.cat_ranges([path] * len(starts), starts, ends)
+            # An S3 object's ranges name the version listed (see with_listed_details).
+            etag = listed_etag(shard) if _names_versions(fs) else None
+            options = {} if etag is None else {"if_match": etag}
+            got: list[Any] = fs.cat_ranges([path] * len(starts), starts, ends, **options)
         except Exception as e:
             got = [e] * len(starts)
         if not self._on_hub(shard):
