@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import errno
+import os
 import pickle
 import sys
 import warnings
@@ -183,6 +184,29 @@ def test_an_empty_url_is_refused_not_read_as_the_working_directory(
         ingest.Stream(url, batch_size=1)
     with pytest.raises(ingest.ConfigError, match=r"names nothing"):
         ingest.list_shards(["a.parquet", url])
+
+
+def test_symlinked_shards_are_listed_as_the_files_they_name(local: Store) -> None:
+    """The Hugging Face cache's layout (``snapshots/<rev>/x.jsonl -> ../../blobs/<hash>``):
+    fsspec lists a symlink as 'other', and the listing left it out, so a folder of links was
+    'no data files' and a link beside files was dropped with its rows, silently. A link's
+    size and version are its file's (a change of the file is seen); a broken link is still
+    left out."""
+    root = Path(local.url("hf").removeprefix("file://"))
+    (root / "blobs").mkdir(parents=True)
+    (root / "snap").mkdir()
+    for k in range(3):
+        (root / "blobs" / f"b{k}").write_bytes(encode(make_table(k * 10, 10), "jsonl"))
+        (root / "snap" / f"p{k}.jsonl").symlink_to(f"../blobs/b{k}")
+    local.write("hf/snap/real.jsonl", encode(make_table(30, 10), "jsonl"))
+    (root / "snap" / "broken.jsonl").symlink_to("../blobs/none")
+    for url in (root / "snap", root / "snap" / "*.jsonl"):
+        ids = sorted(i for b in ingest.Stream(str(url), batch_size=8) for i in b["id"].tolist())
+        assert ids == list(range(40)), url
+    before = ingest.list_shards(root / "snap").shards[0]
+    assert before.size == (root / "blobs" / "b0").stat().st_size
+    os.utime(root / "blobs" / "b0", (1, 1))
+    assert ingest.list_shards(root / "snap").shards[0].version != before.version
 
 
 def test_explicit_file_with_unknown_extension_asks_for_a_format(local: Store) -> None:

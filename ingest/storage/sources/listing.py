@@ -4,8 +4,10 @@ files among them and the version of each; an ``hf://`` URL pinned to its commit 
 from __future__ import annotations
 
 import functools
+import os
 import posixpath
 import re
+import stat
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -261,6 +263,26 @@ def _check_listed(
         )
 
 
+def _followed(fs: fsspec.AbstractFileSystem, info: dict[str, Any]) -> dict[str, Any]:
+    """``info``, a local symlink's to a file taken as that file's (its size and modification
+    time: its version); any other as it is.
+
+    fsspec lists a symlink as ``type: "other"`` (its size the file's, its times the link's):
+    left out as not a file, a folder of links (the Hugging Face cache's snapshots, links to
+    its blobs) was no data, and a link beside files was dropped with its rows. A broken
+    link, or one to a folder, stays out."""
+    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
+    if not info.get("islink") or info.get("type") == "file" or "file" not in protocols:
+        return info
+    try:
+        found = os.stat(info["name"])  # the file the link names (follows every link)
+    except OSError:  # broken
+        return info
+    if not stat.S_ISREG(found.st_mode):
+        return info
+    return {**info, "type": "file", "size": found.st_size, "mtime": found.st_mtime}
+
+
 def _kept_or_listed(
     source: Source,
     fs: fsspec.AbstractFileSystem,
@@ -280,6 +302,7 @@ def _kept_or_listed(
         ]
         return infos, len(infos) == 1 and infos[0]["name"] == path
     infos, explicit = _file_infos(source, fs, url, path)
+    infos = [_followed(fs, i) for i in infos]
     if listings is not None and key:
         listings.put_listing(
             key,
