@@ -193,6 +193,19 @@ def no_ranges(tmp_path: Path) -> Iterator[tuple[LoopbackHTTP, list[str]]]:
         yield server, [server.url(f"data/{Path(p).name}") for p in paths]
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_server_that_says_no_size_is_refused_naming_it(tmp_path: Path, fmt: str) -> None:
+    """A server that sends no ``Content-Length`` (one that compresses or streams its
+    answers): fsspec says no size, and the listing took it for 0 bytes, so a JSONL shard
+    was read as empty (its rows left out, silently) and a Parquet one as 'empty: not a
+    parquet file'."""
+    paths = write_dataset(fsspec.filesystem("file"), str(tmp_path / "data"), fmt, 2, ROWS)
+    with LoopbackHTTP(tmp_path, sizes=False) as server:
+        urls = [server.url(f"data/{Path(p).name}") for p in paths]
+        with pytest.raises(ingest.SourceError, match=r"/data/.*: the server says no size"):
+            list(ingest.Stream(urls, batch_size=BATCH))
+
+
 def test_a_small_shard_from_a_server_that_ignores_range_is_sliced_from_the_whole_body(
     no_ranges: tuple[LoopbackHTTP, list[str]],
 ) -> None:

@@ -86,6 +86,8 @@ def list_url(
         if fmt is None:
             unread.append(plain)
             continue
+        if info.get("size") is None:
+            _no_size(fs.unstrip_protocol(name))
         real = fs.unstrip_protocol(name)
         # A listed name holds no secret (a '?' in it is its own): a query's values are
         # scrubbed only from a URL named explicitly, where a token may be one.
@@ -261,6 +263,19 @@ def _check_listed(
             "commit",
             "restore the files, or repair the table (FSCK REPAIR TABLE in Spark)",
         )
+
+
+def _no_size(url: str) -> NoReturn:
+    """Refuse a file whose store says no size (an HTTP server that sends no
+    ``Content-Length``: one that compresses or streams its answers). Taken for 0 bytes, a
+    JSONL shard was read as empty, its rows left out without a word."""
+    raise SourceError(
+        redact(url),
+        "the server says no size for it (no Content-Length: a compressed or streamed "
+        "answer), and a shard is read by byte ranges of a known size",
+        "serve the files with their Content-Length, as stored (no Content-Encoding for "
+        "them), or copy them to an object store or a disk",
+    )
 
 
 def _followed(fs: fsspec.AbstractFileSystem, info: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,8 @@ class _Handler(SimpleHTTPRequestHandler):
     def _headers(self, path: Path, length: int) -> None:
         stat = path.stat()
         tag = hashlib.md5(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
-        self.send_header("Content-Length", str(length))
+        if self.server.sizes or (self.command == "GET" and self.headers.get("Range")):
+            self.send_header("Content-Length", str(length))
         if self.server.ranges:
             self.send_header("Accept-Ranges", "bytes")
         if self.server.etag:
@@ -102,11 +103,14 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # socketserver's 5 dropped a burst's connections past it: each
     # sent again by the client's kernel a second later
 
-    def __init__(self, root: str, *, etag: bool, last_modified: bool, ranges: bool) -> None:
+    def __init__(
+        self, root: str, *, etag: bool, last_modified: bool, ranges: bool, sizes: bool
+    ) -> None:
         self.root = root
         self.etag = etag
         self.last_modified = last_modified
         self.ranges = ranges
+        self.sizes = sizes
         self.requests: dict[str, int] = {}
         self.served: list[tuple[str, int, int, int]] = []
         self.headers: dict[str, set[str]] = {}
@@ -138,6 +142,8 @@ class LoopbackHTTP:
         last_modified: Send ``Last-Modified`` (the modification time, to the second).
         ranges: Serve ``Range`` requests (``206``); False answers them ``200`` with the whole
             file and sends no ``Accept-Ranges``, counted as ``GET range ignored``.
+        sizes: Send ``Content-Length`` with a ``HEAD`` and a whole ``GET``; False: a server
+            that says no file's size (one that compresses or streams its answers).
     """
 
     def __init__(
@@ -147,9 +153,12 @@ class LoopbackHTTP:
         etag: bool = True,
         last_modified: bool = True,
         ranges: bool = True,
+        sizes: bool = True,
     ) -> None:
         self.root = Path(root)
-        self._server = _Server(str(root), etag=etag, last_modified=last_modified, ranges=ranges)
+        self._server = _Server(
+            str(root), etag=etag, last_modified=last_modified, ranges=ranges, sizes=sizes
+        )
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
