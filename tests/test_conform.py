@@ -168,6 +168,29 @@ def test_shards_of_narrower_and_wider_kinds_read_in_the_wider(
     assert got == {i: [i, i / 4, i * 1_000_000, [i, -i], f"k{i % 3}"] for i in range(100)}
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+@pytest.mark.parametrize("required_first", [True, False])
+def test_shards_that_differ_in_nullability_alone_read_as_one_schema(
+    local: Store, fmt: str, required_first: bool
+) -> None:
+    """Spark writes a column no row leaves empty as ``required`` (``not null``), pandas and
+    pyarrow as nullable: shards of both crashed the window's table with a bare pyarrow
+    error (Schema at index 1 was different: id: int64 not null vs id: int64), named or
+    declared columns too. The stream's column is nullable where any shard's is."""
+    required = pa.schema([pa.field("id", pa.int64(), nullable=False), ("x", pa.string())])
+    for n in range(4):
+        rows = {"id": list(range(n * 10, n * 10 + 10)), "x": [f"r{n}"] * 10}
+        nullable = (n % 2 == 1) == required_first
+        table = pa.table(rows) if nullable else pa.table(rows, schema=required)
+        _write(local, f"nn/{n}.{fmt}", table, fmt)
+    declared = ReadOptions(schema=pa.schema([("id", pa.int64()), ("x", pa.string())]))
+    for options in ({}, {"columns": ["id"]}, {"read": declared}):
+        stream = ingest.Stream(local.url("nn"), batch_size=8, shuffle_seed=1, **options)
+        assert sorted(i for b in stream for i in b["id"].tolist()) == list(range(40)), options
+    resumed = through_a_resume(local.url("nn"), 2, batch_size=8, shuffle_seed=1)
+    assert sorted(resumed) == list(range(40))
+
+
 def _int_and_double(store: Store, fmt: str = "parquet") -> None:
     """pandas: an int column, and the same column with a missing value (``double``)."""
     store.write(f"p/0.{fmt}", encode(pa.table({"id": [0, 1], "n": [5, 6]}), fmt))

@@ -219,7 +219,7 @@ def open_reader(ctx: ReadContext) -> ShardReader:
         cast = read_casts(ctx)
         reorder = conform.reorders(known, ctx.schema, ctx.columns)
         reshape = reorder or bool(absent) or unnamed  # the columns come in another set
-        if cast or reshape:
+        if cast or reshape or conform.relabels(known, ctx.schema):
             order = list(wanted) if reshape else None
             reader = conform.ConformingReader(ctx, reader, cast, order, absent)
     if ctx.partition_columns:

@@ -147,7 +147,7 @@ def widened_schema(
     """``schema`` (a stream's) with each of its columns (of ``columns``, None: all) widened
     to hold ``other``'s (a shard's): the same object where none changes, None where some
     column's types have no :func:`widened` (the shard is refused: check_schema)."""
-    changed = {}
+    changed, nullable = {}, set()
     for name in schema.names if columns is None else columns:
         if name in schema.names and name in other.names:
             mine, theirs = schema.field(name).type, other.field(name).type
@@ -156,10 +156,25 @@ def widened_schema(
                 return None
             if not same_values(both, mine):
                 changed[name] = both
-    if not changed:
+            if other.field(name).nullable and not schema.field(name).nullable:
+                nullable.add(name)  # (Spark writes 'required' columns, pandas nullable ones)
+    if not changed and not nullable:
         return schema
     fields = [f.with_type(changed[f.name]) if f.name in changed else f for f in schema]
+    fields = [f.with_nullable(True) if f.name in nullable else f for f in fields]
     return pa.schema(fields, metadata=schema.metadata)
+
+
+def relabels(schema: pa.Schema, expected: pa.Schema) -> bool:
+    """Whether a shard of ``schema`` has a column the stream's schema (``expected``) takes
+    as nullable and the shard does not (``not null``, as Spark writes a column no row
+    leaves empty): its batches are labelled nullable (:class:`ConformingReader`), or a
+    window's table of its batches and another shard's would not make one schema."""
+    return any(
+        not f.nullable and expected.field(f.name).nullable
+        for f in schema
+        if f.name in expected.names
+    )
 
 
 def reads_as(got: pa.DataType, want: pa.DataType, *, declared: bool) -> bool:
@@ -293,7 +308,9 @@ class ConformingReader(MappedReader):
             data = data.append_column(pa.field(name, t), pa.nulls(data.num_rows, t))
         if self._order is not None:
             data = data.select(self._order)
-        if not self._casts:
+        expected = self.ctx.schema if self.ctx.schema is not None else data.schema
+        relabel = relabels(data.schema, expected)
+        if not self._casts and not relabel:
             return data
         arrays = list(data.columns)
         fields = list(data.schema)
@@ -302,6 +319,8 @@ class ConformingReader(MappedReader):
             if want is not None:
                 arrays[i] = self._cast(field, arrays[i], want)
                 fields[i] = field.with_type(want)
+            if relabel and not field.nullable and field.name in expected.names:
+                fields[i] = fields[i].with_nullable(expected.field(field.name).nullable)
         schema = pa.schema(fields, metadata=data.schema.metadata)
         return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
