@@ -739,6 +739,24 @@ class TestWebDataset(FormatContract):
         assert batch.column("txt")[3].as_py() == b"row 3"
         assert batch.column("json")[3].as_py() == b'{"id": 3}'
 
+    @pytest.mark.parametrize("columns", [None, ["__key__", "txt"]])
+    def test_an_empty_tar_listed_first_gives_no_columns(
+        self, local: Store, columns: list[str] | None
+    ) -> None:
+        """A tar of no sample (an empty shard of a writer) listed first: its columns
+        (``__key__`` alone) were the stream's, so every other shard was refused ('fields the
+        first samples of a.tar do not have'), and the fix it named (columns=...) failed
+        on the empty tar itself ('has no column(s)'). It holds no sample to infer from: the
+        next shard's are taken, as for a CSV file of its header alone."""
+        local.write("e/a.tar", encode(make_table(0, 0), "tar"))
+        local.write("e/b.tar", encode(make_table(0, 10), "tar"))
+        stream = ingest.Stream(local.url("e"), batch_size=5, columns=columns)
+        batches = list(stream)
+        assert sorted(k for b in batches for k in b["__key__"]) == sorted(
+            k for b in ingest.Stream(local.url("e/b.tar"), batch_size=5) for k in b["__key__"]
+        )
+        assert all(len(b["txt"]) == 5 for b in batches)
+
 
 class TestWebDatasetGzip(TestWebDataset):
     """A compressed tar (``.tar.gz``, as ``webdataset`` reads it): decompressed as it is read,

@@ -206,14 +206,18 @@ class WebDatasetFormat(UncountedFormat):
 
     def infer_schema(
         self, source: Source, shard: Shard, info: ShardInfo, options: ReadOptions
-    ) -> pa.Schema:
+    ) -> pa.Schema | None:
         """``__key__`` (string), then the union of the fields of the shard's first
-        :data:`_INFER_SAMPLES` samples (binary), sorted by name."""
+        :data:`_INFER_SAMPLES` samples (binary), sorted by name; None for a tar of no
+        sample (the next shard's are taken: its ``__key__`` alone refused every other)."""
         extensions: set[str] = set()
+        n = -1
         for n, (_, _, fields) in enumerate(_samples(source, shard, 0, options.block_bytes)):
             extensions.update(fields)
             if n + 1 >= _INFER_SAMPLES:
                 break
+        if n < 0:
+            return None
         return pa.schema(
             [pa.field(KEY, pa.string())] + [pa.field(e, pa.binary()) for e in sorted(extensions)]
         )
