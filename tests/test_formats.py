@@ -756,6 +756,8 @@ class TestWebDataset(FormatContract):
             k for b in ingest.Stream(local.url("e/b.tar"), batch_size=5) for k in b["__key__"]
         )
         assert all(len(b["txt"]) == 5 for b in batches)
+        with pytest.warns(UserWarning, match="gave no batch"):  # an empty tar alone: no rows
+            assert list(ingest.Stream(local.url("e/a.tar"), batch_size=5)) == []
 
 
 class TestWebDatasetGzip(TestWebDataset):

@@ -238,8 +238,8 @@ class _WebDatasetReader(ShardReader):
 
     def _batches(self, row: int, offset: int) -> Iterator[RowBatch]:
         ctx = self.ctx
-        schema = ctx.schema
-        assert schema is not None
+        # None: no shard of the stream holds a sample (infer_schema)
+        schema = ctx.schema if ctx.schema is not None else pa.schema([pa.field(KEY, pa.string())])
         check_columns(ctx.shard.url, ctx.columns, schema.names)
         names = list(ctx.columns) if ctx.columns is not None else schema.names
         known = set(schema.names)
