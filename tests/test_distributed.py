@@ -216,6 +216,26 @@ def test_bad_parquet_row_group_fails_its_rank_without_hanging_others(local: Stor
     assert time.monotonic() - start < 120
 
 
+def test_a_state_loaded_on_the_driver_stops_the_loops_of_its_rank_iterators(
+    s3_data: Store,
+) -> None:
+    """``stream.load_state_dict`` while a rank's loop of this process runs (a notebook): the
+    loop handed out what its reader had read ahead for the session the state replaced (72
+    rows again in the probe, the rest of its epoch), then raised a StaleSessionError. It
+    stops with the clear error at its next batch; a new iterator goes on from the state."""
+    with make(s3_data, "parquet", 1, timeout_s=60) as stream:
+        it = stream.rank_iterator(0)
+        loop = iter(it)
+        head = [int(i) for _ in range(3) for i in next(loop)["id"].tolist()]
+        state = it.state_dict()  # after its 3 batches
+        stream.load_state_dict(state)
+        with pytest.raises(ingest.SupersededError, match="a state was loaded"):
+            next(loop)
+        rest = [int(i) for b in stream.rank_iterator(0) for i in b["id"].tolist()]
+    delivered = head + rest
+    assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < BATCH
+
+
 @ray.remote(num_cpus=0)
 def take_and_leave(it: Any, n: int) -> list[int]:
     """A rank that takes ``n`` batches and returns, leaving its loop (no state_dict call)."""

@@ -141,6 +141,9 @@ class RankIterator:
     """This iterator's lease of the rank (0: none yet; see :meth:`_take_over`)."""
     _superseded: bool = False
     """A newer iterator of the rank in this process took it over while this one's loop ran."""
+    _replaced: bool = False
+    """A state was loaded into the stream on this process's driver while this one's loop ran
+    (:func:`stop_loops`)."""
     _interrupted: bool = False
     """A Ctrl-C ended the last loop while it took a batch (before it handed it out): the
     items it had taken from the reader, or the answer it waited for, may be lost, so the
@@ -278,6 +281,7 @@ class RankIterator:
             "claim", self.rank, self._session(), self.lease, self._loop.step, self.epoch
         )
         self.lease, self.epoch, self._superseded = claim.lease, claim.epoch, False
+        self._replaced = False
         if not claim.kept:
             self._held.clear()
             self._inflight = None
@@ -396,7 +400,11 @@ class RankIterator:
             # here would hide the one that left the loop, if any). Not once Ray is shut down
             # (a generator closed at interpreter exit, after Ray's own exit hook): any call
             # then would start a new local Ray, and the process would never end (issue 31).
-            if not done and ray.is_initialized():
+            try:
+                up = not done and ray.is_initialized()
+            except (AttributeError, TypeError):  # interpreter exit: this module's globals
+                up = False  # are gone ('NoneType' object has no attribute ...)
+            if up:
                 with contextlib.suppress(Exception):
                     self.flush()
                     driver.left(epoch)  # for a state taken on the driver
@@ -410,6 +418,13 @@ class RankIterator:
         asked = time.monotonic()
         while True:
             item = self._next(epoch)
+            if self._replaced:  # what it read ahead is of the session the state replaced
+                raise SupersededError(
+                    f"a state was loaded into the stream (load_state_dict) while this loop of "
+                    f"rank {self.rank} ran: its batches read ahead are of the session the "
+                    "state replaced; take a new iterator (stream.rank_iterator), which goes "
+                    "on from the state"
+                )
             if self._superseded:  # a newer iterator of this process took the rank over
                 raise SupersededError.of_rank(self.rank)
             if isinstance(item, End):
@@ -579,6 +594,18 @@ def _waited_report(coordinator: Any, rank: int, waited_s: float, span_s: float, 
 _LIVE: dict[tuple[str, int], weakref.ref[RankIterator]] = {}
 """The iterator of each (stream, rank) that last took the rank over in this process."""
 _LIVE_LOCK = threading.Lock()
+
+
+def stop_loops(stream: str) -> None:
+    """A state was loaded into ``stream`` on the driver: the loops of its rank iterators in
+    this process stop at their next batch (:class:`ingest.SupersededError`), where they
+    handed out what their readers had read ahead for the session the state replaced (the
+    rest of an epoch, again), then failed with the coordinator's stale session."""
+    with _LIVE_LOCK:
+        live = [ref() for (name, _), ref in _LIVE.items() if name == stream]
+    for it in live:
+        if it is not None:
+            it._replaced = True
 
 
 def _new_iterator(

@@ -18,7 +18,7 @@ from ingest.core.quarantine import Quarantined, summary
 from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool, check_fits, wait_started
-from ingest.distributed.rank import RankIterator, RankOptions, unwrap
+from ingest.distributed.rank import RankIterator, RankOptions, stop_loops, unwrap
 from ingest.distributed.sizer import PoolSizer, Readers
 from ingest.engine.mix import Mix
 from ingest.engine.options import StreamKeywords, StreamOptions
@@ -388,6 +388,7 @@ class RayStream:
                     raise
                 time.sleep(0.5)
         self.loaded_state = dict(state)
+        stop_loops(self.name)  # (a loop of a rank iterator of this process still running)
         first = self._get(self.coordinator.first_epoch.remote())
         self._warmed = True
         for rank in range(self.world_size):
