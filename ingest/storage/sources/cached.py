@@ -76,10 +76,11 @@ def fetch_whole(source: Source, shard: Shard, to: str) -> None:
         if etag is not None and hasattr(fs, "_cat_whole"):
             # An S3 object: the copy is kept under the listed ETag only if the object still
             # is that version once fetched (s3fs's whole-object GET names no version; one
-            # HEAD a miss). It kept an object overwritten since the listing under the old
-            # version's name, read in its place once the old bytes were written back.
+            # HEAD a miss, counted as the listing's are). It kept an object overwritten since
+            # the listing under the old version's name, read in its place once the old bytes
+            # were written back.
             fs.invalidate_cache(path)
-            source.stats.add(reads=1)
+            source.stats.add(listings=1)
             if fs.info(path).get("ETag") != etag:
                 raise ChangedError(f"{source.scrub(shard.url)} is no longer ETag {etag}")
 

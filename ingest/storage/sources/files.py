@@ -239,5 +239,5 @@ def with_listed_details(f: Any, path: str, shard: Shard) -> IO[bytes]:
     if s3 and etag is not None:
         f.details = {"name": path, "size": shard.size, "ETag": etag, "type": "file"}
         if not f.fs.local_expiry_check:
-            f.read_kw = {**f._request_payer_kw, "IfMatch": etag}
+            f.read_kw = {**f.read_kw, "IfMatch": etag}  # (s3fs's: RequestPayer)
     return f  # type: ignore[no-any-return]
