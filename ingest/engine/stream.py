@@ -164,11 +164,13 @@ class Stream:
         self._lent: weakref.ref[Holder] | None = None
         """Who runs this stream's loop, if not the stream itself (:meth:`lend`)."""
         self._as_loaded: StreamState | None = None
-        """The state last loaded, until a loop begins: :meth:`state_dict` gives it back as it
-        came. This stream's book has one rank: it keeps what a state of several ranks (a
-        DataLoader's workers, a RayStream's ranks) consumed, not each rank's place, and a
-        DataLoader of as many workers, which plans from this stream's state, goes on from
-        their places only if it gets the state whole."""
+        """The state last loaded, taken inside its epoch (a step past its first), until a
+        loop begins: :meth:`state_dict` gives it back as it came. This stream's book has one
+        rank: it keeps what a state of several ranks (a DataLoader's workers, a RayStream's
+        ranks) consumed, not each rank's place, and a DataLoader of as many workers, which
+        plans from this stream's state, goes on from their places only if it gets the state
+        whole. At an epoch's start no rank has a place to keep: the book's own state then
+        (a skip of that epoch's steps applied as the book plans it, the rows carried in)."""
 
     @property
     def parts(self) -> StreamParts:
@@ -466,7 +468,8 @@ class Stream:
             self._node.load(parsed)
             self._next_epoch = parsed.progress.epoch
             self._delivered = parsed.progress.delivered
-            self._as_loaded = parsed
+            inside = parsed.progress.step > parsed.progress.first_step
+            self._as_loaded = parsed if inside else None
 
     def close(self) -> None:
         """Stop background reading. Iterating again resumes where the stream stopped.
