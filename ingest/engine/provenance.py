@@ -38,6 +38,7 @@ from ingest.core.provenance import PIECE_WIDTH, Attempt, StepRows, authoritative
 from ingest.core.skipping import SkipRows, apply_skip
 from ingest.core.state import StreamState, read_state
 from ingest.formats.arrays import ints, strings
+from ingest.storage.sources.files import is_local
 
 BUCKET_STEPS = 4096
 """Steps per folder of chunks: a lookup lists one folder (and the one before, for chunks
@@ -304,7 +305,7 @@ def _attempt_json(a: Attempt) -> bytes:
 def put_whole(fs: Any, path: str, data: bytes) -> None:
     """Write ``data`` at ``path`` whole (a reader never sees part of it): a local file by
     rename, a store object by one put."""
-    if "file" in _protocols(fs):
+    if is_local(fs):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = f"{path}.{secrets.token_hex(4)}.tmp"
         with open(tmp, "wb") as f:
@@ -312,11 +313,6 @@ def put_whole(fs: Any, path: str, data: bytes) -> None:
         os.replace(tmp, path)
     else:
         fs.pipe_file(path, data)
-
-
-def _protocols(fs: Any) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 def _chunk(part: Sequence[tuple[int, int, int, Sequence[str], StepRows]]) -> bytes:

@@ -212,6 +212,12 @@ _S3_ETAG = re.compile(r"[0-9a-f]{32}(-[0-9]+)?")
 """An S3 ETag without its quotes: an MD5, or a multipart upload's MD5 and part count."""
 
 
+def is_local(fs: Any) -> bool:
+    """Whether ``fs`` is this machine's file system (fsspec's ``file``/``local``)."""
+    protocol = fs.protocol
+    return "file" in ((protocol,) if isinstance(protocol, str) else tuple(protocol))
+
+
 def listed_etag(shard: Shard) -> str | None:
     """The ETag the listing saw of an S3 object (quoted, as S3 sends it), or None: another
     store's version, or a member of an archive (its version is the archive's)."""

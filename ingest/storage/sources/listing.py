@@ -27,6 +27,7 @@ from ingest.storage.sources.faults import (
     missing_credentials,
     refused_connection,
 )
+from ingest.storage.sources.files import is_local
 from ingest.storage.sources.hubfs import known_commit, pin
 from ingest.storage.sources.options import strip_userinfo
 from ingest.storage.sources.partitions import base_of, hive_partition
@@ -286,8 +287,7 @@ def _followed(fs: fsspec.AbstractFileSystem, info: dict[str, Any]) -> dict[str, 
     left out as not a file, a folder of links (the Hugging Face cache's snapshots, links to
     its blobs) was no data, and a link beside files was dropped with its rows. A broken
     link, or one to a folder, stays out."""
-    protocols = fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)
-    if not info.get("islink") or info.get("type") == "file" or "file" not in protocols:
+    if not info.get("islink") or info.get("type") == "file" or not is_local(fs):
         return info
     try:
         found = os.stat(info["name"])  # the file the link names (follows every link)

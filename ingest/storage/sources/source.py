@@ -26,6 +26,7 @@ from ingest.storage.sources.delta import TableVersion
 from ingest.storage.sources.faults import ShortBodyError, is_not_found, is_transient
 from ingest.storage.sources.files import (
     CountingFile,
+    is_local,
     listed_etag,
     range_ignored,
     with_listed_details,
@@ -488,7 +489,7 @@ class Source:
         if self.caches(shard) or shard.members or self._on_hub(shard):
             return None
         fs, path = self.fs_path(shard)
-        return path if "file" in _protocols(fs) else None
+        return path if is_local(fs) else None
 
     def fetches_ranges(self, shard: Shard) -> bool:
         """Whether the shard's store serves many byte ranges concurrently (async fsspec),
@@ -657,11 +658,6 @@ def _short(start: int, end: int, got: int) -> str:
 def _worst(kept: BaseException | None, new: BaseException) -> BaseException:
     """The error to act on among a call's failures: a permanent one wins."""
     return new if kept is None or not is_transient(new) else kept
-
-
-def _protocols(fs: fsspec.AbstractFileSystem) -> tuple[str, ...]:
-    protocol = fs.protocol
-    return (protocol,) if isinstance(protocol, str) else tuple(protocol)
 
 
 T = TypeVar("T")
