@@ -73,7 +73,7 @@ def fetch_whole(source: Source, shard: Shard, to: str) -> None:
         source.stats.add(opens=1, reads=1)
         fs.get_file(path, to, **kwargs)
         etag = listed_etag(shard)
-        if etag is not None and hasattr(fs, "_cat_whole"):
+        if etag is not None and getattr(fs, "reads_a_version", False):
             # An S3 object: the copy is kept under the listed ETag only if the object still
             # is that version once fetched (s3fs's whole-object GET names no version; one
             # HEAD a miss, counted as the listing's are). It kept an object overwritten since

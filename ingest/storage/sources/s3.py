@@ -174,6 +174,10 @@ class OneAttemptS3FileSystem(s3fs.S3FileSystem):  # type: ignore[misc]
     storage options give one, is a :class:`SharedModelsSession`."""
 
     retries = 1  # s3fs's own retry loop: the source retries instead
+    reads_a_version = True
+    """Its range reads take the ETag of the version to read (``cat_ranges(...,
+    if_match=)``), and a shard's copy is checked against the listed ETag
+    (:func:`~ingest.storage.sources.cached.fetch_whole`): what a stock s3fs does not."""
     session: Any
     _call_s3 = _rebound(s3fs.S3FileSystem._call_s3)
     call_s3 = sync_wrapper(_call_s3)

@@ -87,7 +87,7 @@ def as_urls(urls: URLs) -> tuple[str, ...]:
 def _names_versions(fs: Any) -> bool:
     """Whether ``fs`` reads ranges of one version of an object (the source's S3
     filesystem, unless its store has no ``If-Match``: ``local_expiry_check``)."""
-    return bool(getattr(fs, "_cat_whole", None)) and not getattr(fs, "local_expiry_check", True)
+    return bool(getattr(fs, "reads_a_version", False)) and not fs.local_expiry_check
 
 
 _SCHEME_ALONE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
