@@ -1,4 +1,5 @@
-"""A shard overwritten on S3 after the stream listed it: its reads fail naming it.
+"""A shard overwritten after the stream listed it (on S3, or a local file rewritten in place
+or replaced): its reads fail naming it.
 
 Found by a probe: an object overwritten while an epoch read it (a new ETag) was read on as
 the new version, with no error: the epoch handed out the old version's first rows and the
@@ -9,18 +10,29 @@ the ETag the listing saw (``If-Match``), the file reads and the concurrent range
 Parquet alike: the store refuses a read of another version (412), and the read fails at
 once, naming the URL and the fix. (A state saved before the change is refused already:
 tests/test_sources.py.)
+
+A local file rewritten in place (the same inode) was read on as the new version, by a probe
+too: a JSONL shard failed with a misleading short read and the next loop read on in the new
+version; a Parquet shard (read by pyarrow natively) lost the rest of its rows silently until
+the epoch's end, whose error named no shard. Local reads take no version to name, so every
+batch read of a local shard is checked against its listed size and modification time (one
+``stat``) before it is handed on, and so are its inspection and its index.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
 import pytest
 
 import ingest
-from ingest.formats import FORMAT_RESOLVER
+from ingest.formats import FORMAT_RESOLVER, ReadOptions
+from ingest.formats.base import ReadContext
+from ingest.planner.catalog import Catalog
+from ingest.planner.index import index_shard
 from ingest.storage.sources import Source
 from ingest.storage.sources.cached import open_cached
 from ingest.testing import Store, encode, make_table
@@ -30,6 +42,11 @@ CHANGED = r"changed after it was listed.*restart the epoch"
 
 def jsonl(first: int, rows: int) -> bytes:
     return "".join(json.dumps({"id": i}) + "\n" for i in range(first, first + rows)).encode()
+
+
+def path_of(store: Store, relpath: str) -> str:
+    """A local store's file's path."""
+    return store.url(relpath).removeprefix("file://")
 
 
 def listed(store: Store) -> dict[str, Any]:
@@ -60,13 +77,14 @@ def test_a_read_of_an_object_overwritten_since_its_listing_fails_naming_it(
     assert time.monotonic() - started < 5, "failed at once, not retried to the deadline"
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet", "arrow"])
 def test_a_stream_whose_shards_are_overwritten_mid_epoch_stops_naming_one(
-    s3_store: Store, fmt: str
+    store: Store, fmt: str
 ) -> None:
     """Overwritten after the epoch's first batch, while the first shard is read: a shard of
     more rows than the read-ahead's windows (two of 16,384 rows), small reads. The stream
-    hands out no row of the new versions."""
+    hands out no row of the new versions, in that loop or the next (a local file is
+    rewritten in place: the same inode, as ``open(path, "wb")`` writes)."""
 
     def content(first: int, rows: int) -> bytes:
         if fmt == "jsonl":
@@ -75,13 +93,13 @@ def test_a_stream_whose_shards_are_overwritten_mid_epoch_stops_naming_one(
 
     sizes = (60_000 if fmt == "jsonl" else 20_000, 300)
     for k, rows in enumerate(sizes):
-        s3_store.write(f"d/{k}.{fmt}", content(k * 10_000, rows))
+        store.write(f"d/{k}.{fmt}", content(k * 10_000, rows))
     stream = ingest.Stream(
-        s3_store.url("d"),
+        store.url("d"),
         batch_size=50,
         shuffle_lanes=1,
         read=ingest.ReadOptions(prefetch_bytes=1, block_bytes=4096),
-        storage_options=s3_store.storage_options,
+        storage_options=store.storage_options,
     )
     seen: list[int] = []
     with pytest.raises(ingest.SourceError, match=rf"/d/[01]\.{fmt}: " + CHANGED):
@@ -89,10 +107,65 @@ def test_a_stream_whose_shards_are_overwritten_mid_epoch_stops_naming_one(
             seen += batch["id"].tolist()
             if len(seen) == 50:
                 for k, rows in enumerate(sizes):
-                    s3_store.write(f"d/{k}.{fmt}", content(100_000 + k * 10_000, rows))
+                    store.write(f"d/{k}.{fmt}", content(100_000 + k * 10_000, rows))
     assert len(seen) < sum(sizes)
+    with pytest.raises(ingest.SourceError, match=rf"/d/[01]\.{fmt}: " + CHANGED):
+        for batch in stream:  # the next loop: on in the same epoch, still refused
+            seen += batch["id"].tolist()
     assert not [i for i in seen if i >= 100_000], "no row of the new versions"
     assert len(seen) == len(set(seen))
+
+
+def test_a_local_shard_replaced_by_a_rename_mid_epoch_stops_naming_it(local: Store) -> None:
+    """A writer's atomic replace (a new file renamed over the old: another inode) is another
+    version too: the file opened may read on as the old one, but the next open of the path
+    would read the new one, so the stream stops at the first read after it."""
+    sizes = (20_000, 300)  # more rows than the read-ahead's windows, as above
+    for k, rows in enumerate(sizes):
+        table = make_table(k * 100_000, rows)
+        local.write(f"d/{k}.parquet", encode(table, "parquet", row_group_rows=100))
+    stream = ingest.Stream(
+        local.url("d"),
+        batch_size=50,
+        shuffle_lanes=1,
+        read=ingest.ReadOptions(prefetch_bytes=1, block_bytes=4096),
+    )
+    seen: list[int] = []
+    with pytest.raises(ingest.SourceError, match=r"/d/[01]\.parquet: " + CHANGED):
+        for batch in stream:
+            seen += batch["id"].tolist()
+            if len(seen) == 50:
+                for k, rows in enumerate(sizes):
+                    table = make_table(1_000_000 + k * 100_000, rows)
+                    local.write(f"d/{k}.tmp", encode(table, "parquet", row_group_rows=100))
+                    os.replace(path_of(local, f"d/{k}.tmp"), path_of(local, f"d/{k}.parquet"))
+    assert 50 <= len(seen) < sum(sizes)
+    assert not [i for i in seen if i >= 1_000_000], "no row of the new versions"
+    assert len(seen) == len(set(seen))
+
+
+def test_a_local_file_changed_after_its_listing_is_neither_inspected_nor_indexed(
+    local: Store,
+) -> None:
+    """An inspection (a Parquet footer) or an index (a JSONL file's row count) of a file
+    changed since its listing would be kept under the listed version's name, in this stream
+    and in the persistent index that later streams read: refused, naming the file."""
+    local.write("d/a.jsonl", jsonl(0, 500))
+    local.write("d/b.parquet", encode(make_table(1000, 500), "parquet"))
+    shards = listed(local)
+    source: Source = shards["source"]
+    jsonl_shard = shards["a.jsonl"]
+    info = Catalog(source, ReadOptions(), None).inspect(jsonl_shard)
+    ctx = ReadContext(source, jsonl_shard, info, ReadOptions(), None, "", None)
+    time.sleep(0.05)  # a modification time the listing's is not (the clock's coarse tick)
+    local.write("d/a.jsonl", jsonl(0, 400) + b" " * (len(jsonl(400, 100)) - 1) + b"\n")
+    local.write("d/b.parquet", encode(make_table(2000, 500), "parquet"))
+    for name in ("a.jsonl", "b.parquet"):
+        assert os.path.getsize(path_of(local, f"d/{name}")) == shards[name].size, "as many bytes"
+    with pytest.raises(ingest.SourceError, match=r"/d/b\.parquet: " + CHANGED):
+        Catalog(source, ReadOptions(), None).inspect(shards["b.parquet"])
+    with pytest.raises(ingest.SourceError, match=r"/d/a\.jsonl: " + CHANGED):
+        index_shard(ctx)
 
 
 def test_an_object_overwritten_before_its_fetch_into_the_shard_cache_is_not_kept(

@@ -31,6 +31,7 @@ from ingest.formats.base import (
 )
 from ingest.formats.deleted_rows import DeletedRowsReader
 from ingest.formats.folder import FOLDER_METADATA
+from ingest.formats.listed_version import ListedVersionReader
 from ingest.formats.partitions import PartitionedReader
 from ingest.storage.sources import Shard
 
@@ -204,7 +205,9 @@ def open_reader(ctx: ReadContext) -> ShardReader:
     """A reader over ``ctx.shard`` by its format, whose batches are in the stream's column
     order and types (a shard that differs only so is conformed: :mod:`ingest.formats.conform`)
     and hold the shard's hive partition columns too (:attr:`ReadContext.partition_columns`,
-    :mod:`ingest.formats.partitions`). Every read of the stream's rows opens one so."""
+    :mod:`ingest.formats.partitions`), of the version listed (a local file's batches are
+    checked: :mod:`ingest.formats.listed_version`). Every read of the stream's rows opens
+    one so."""
     known = ctx.info.schema
     if known is None or ctx.schema is None or known.equals(ctx.schema):
         reader = _format_reader(ctx)
@@ -224,7 +227,8 @@ def open_reader(ctx: ReadContext) -> ShardReader:
             reader = conform.ConformingReader(ctx, reader, cast, order, absent)
     if ctx.partition_columns:
         reader = PartitionedReader(ctx, reader)
-    return reader
+    path = ctx.source.local_path(ctx.shard)
+    return reader if path is None else ListedVersionReader(ctx, reader, path)
 
 
 def _format_reader(ctx: ReadContext) -> ShardReader:

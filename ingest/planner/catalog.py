@@ -226,7 +226,12 @@ class Catalog:
                 "remove the file or write it again",
                 byte=0,
             )
-        info = EMPTY if shard.size == 0 else fmt.inspect(self.source, shard, self.options)
+        try:
+            info = EMPTY if shard.size == 0 else fmt.inspect(self.source, shard, self.options)
+        except Exception:
+            self.source.check_unchanged(shard)  # the change, where that is why
+            raise
+        self.source.check_unchanged(shard)  # not kept under the listed version's name
         with self._lock:
             self._cache[key] = info
         return info

@@ -4,12 +4,14 @@ whole or retried under the source's :class:`RetryPolicy`."""
 from __future__ import annotations
 
 import io
+import os
 import re
 import warnings
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import IO, Any
 
-from ingest.core.errors import StoreError
+from ingest.core.errors import SourceError, StoreError
 from ingest.storage.sources.faults import RangeIgnoredError, ShortBodyError, is_range_ignored
 from ingest.storage.sources.retry import GaveUpError, RetryPolicy, attempt, store_error
 from ingest.storage.sources.shard import Shard
@@ -216,6 +218,49 @@ def is_local(fs: Any) -> bool:
     """Whether ``fs`` is this machine's file system (fsspec's ``file``/``local``)."""
     protocol = fs.protocol
     return "file" in ((protocol,) if isinstance(protocol, str) else tuple(protocol))
+
+
+def local_change(shard: Shard, path: str) -> SourceError | None:
+    """The error for a local file ``path`` (listed as ``shard``) whose size or modification
+    time is no longer the listing's, or that is gone; None where it is as listed.
+
+    A store's read names the version listed (:func:`with_listed_details`: ``If-Match``), a
+    local read cannot: a file rewritten in place is read on as its new version (the same
+    inode: a JSONL file's next lines, or Parquet's row groups at the old footer's offsets),
+    and a file replaced by a rename is read as the new one from its next open. So a local
+    shard's reads are followed by this ``stat`` (a microsecond or two) before what they read
+    is handed on (:mod:`ingest.formats.listed_version`). The modification time is the
+    version a local listing records (fsspec's ``mtime``): a writer changes it as it writes.
+    """
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return SourceError(
+            shard.url,
+            "disappeared after it was listed",
+            "the dataset changed under the stream; restart the epoch or restore the file",
+        )
+    except OSError:
+        return None  # unreadable: the read says why
+    if st.st_size == shard.size and (not shard.version or str(st.st_mtime) == shard.version):
+        return None
+    return SourceError(
+        shard.url,
+        f"changed after it was listed (listed: {shard.size} bytes, modified "
+        f"{_when(shard.version)}; now {st.st_size} bytes, modified {_when(str(st.st_mtime))}): "
+        "its rows would mix two versions",
+        "the dataset changed under the stream; restart the epoch (its listing takes the new "
+        "version) or restore the file; write new shards under new names rather than "
+        "rewriting or replacing a file that a stream may be reading",
+    )
+
+
+def _when(mtime: str) -> str:
+    """A local version (a modification time in seconds) as a UTC time, where it is one."""
+    try:
+        return datetime.fromtimestamp(float(mtime), tz=UTC).isoformat(timespec="microseconds")
+    except (ValueError, OverflowError, OSError):
+        return repr(mtime)
 
 
 def listed_etag(shard: Shard) -> str | None:

@@ -28,6 +28,7 @@ from ingest.storage.sources.files import (
     CountingFile,
     is_local,
     listed_etag,
+    local_change,
     range_ignored,
     with_listed_details,
 )
@@ -490,6 +491,19 @@ class Source:
             return None
         fs, path = self.fs_path(shard)
         return path if is_local(fs) else None
+
+    def check_unchanged(self, shard: Shard) -> None:
+        """Refuse what was just read of ``shard`` where it is a local file no longer as
+        listed (see :func:`~ingest.storage.sources.files.local_change`); a remote shard's
+        reads name the version listed themselves.
+
+        Raises:
+            SourceError: Naming the file, its listed and present size and modification time.
+        """
+        path = self.local_path(shard)
+        error = None if path is None else local_change(shard, path)
+        if error is not None:
+            raise error
 
     def fetches_ranges(self, shard: Shard) -> bool:
         """Whether the shard's store serves many byte ranges concurrently (async fsspec),
