@@ -205,3 +205,20 @@ def test_a_server_without_etag_or_last_modified_is_named_in_a_warning(tmp_path: 
         warnings.simplefilter("error", UnversionedShardWarning)
         with pytest.raises(UnversionedShardWarning, match=NAMES[0]):
             next(iter(ingest.Stream([server.url(NAMES[0])], batch_size=BATCH)))
+
+
+def test_a_list_of_unversioned_urls_is_named_in_one_warning(tmp_path: Path) -> None:
+    """A list of URLs (an index's: thousands) is one listing: one warning counts them and
+    names a few, where each URL was named in a warning of its own."""
+    for name, data in zip(NAMES, ORIGINAL, strict=True):
+        (tmp_path / name).write_bytes(data)
+    with (
+        LoopbackHTTP(tmp_path, etag=False, last_modified=False) as server,
+        warnings.catch_warnings(record=True) as seen,
+    ):
+        warnings.simplefilter("always")
+        ingest.list_shards([server.url(name) for name in NAMES])
+    said = [str(w.message) for w in seen if issubclass(w.category, UnversionedShardWarning)]
+    assert len(said) == 1, said
+    assert said[0].startswith(f"{SHARDS} shard(s) listed by {SHARDS} URLs"), said[0]
+    assert all(name in said[0] for name in NAMES), said[0]

@@ -9,7 +9,7 @@ import posixpath
 import re
 import stat
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from glob import has_magic
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -109,8 +109,6 @@ def list_url(
         )
         names.append(name)
     _check_found(fs, (url, path), formats, shards, unread)
-    gone = {u for t in (tables or {}).values() for u in t.vacuumed}  # listed from the log
-    _warn_unversioned(url, [s for s in shards if s.url not in gone])
     if not explicit:
         _warn_splits(url, base, names, shards)
     return shards
@@ -556,15 +554,18 @@ def _version_of(info: Mapping[str, Any]) -> str:
     return ""
 
 
-def _warn_unversioned(url: str, shards: list[Shard]) -> None:
-    """Say, naming the URLs, that ``shards`` have no version (none is local: a file's
-    modification time always is one)."""
-    bare = [s.url for s in shards if not s.version and not s.members]
+def warn_unversioned(urls: Sequence[str], shards: Iterable[Shard], gone: set[str]) -> None:
+    """Say in one warning, naming a few, that the ``shards`` a source's ``urls`` listed have
+    no version (none is local: a file's modification time always is one), but for those
+    ``gone`` (listed from a Delta log: deleted by a VACUUM). One per listing: a list of
+    URLs (an index's, thousands) gave one warning per URL before."""
+    bare = [s.url for s in shards if not s.version and not s.members and s.url not in gone]
     if not bare:
         return
     named = ", ".join(bare[:3]) + (f" and {len(bare) - 3} more" if len(bare) > 3 else "")
+    where = redact(urls[0]) if len(urls) == 1 else f"{len(urls)} URLs"
     warnings.warn(
-        f"{len(bare)} shard(s) listed by {redact(url)} have no version: the server sent "
+        f"{len(bare)} shard(s) listed by {where} have no version: the server sent "
         f"neither ETag nor Last-Modified for {named}. A shard rewritten in place with the same "
         "size cannot be told from the one a state was saved against: a resume checks only "
         "their sizes. Have the server send ETag or Last-Modified headers, or write changed "

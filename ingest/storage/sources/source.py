@@ -34,7 +34,7 @@ from ingest.storage.sources.files import (
 )
 from ingest.storage.sources.hubfs import expired, hub_cdn, hub_http, located, signed
 from ingest.storage.sources.known_parts import KnownParts
-from ingest.storage.sources.listing import list_url
+from ingest.storage.sources.listing import list_url, warn_unversioned
 from ingest.storage.sources.options import (
     SECRET_OPTION_NAMES,
     fs_options,
@@ -297,6 +297,8 @@ class Source:
             for shard in shards:
                 found.setdefault(shard.url, shard)
         self.tables = tables
+        gone = {u for t in tables.values() for u in t.vacuumed}  # listed from a Delta log
+        warn_unversioned(self.urls, found.values(), gone)
         return [found[u] for u in sorted(found)]
 
     # -- opening -------------------------------------------------------------------------
