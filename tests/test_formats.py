@@ -550,6 +550,17 @@ class TestArrowStream(FormatContract):
     footer_rows = False  # nor a footer: rows are counted by reading
 
 
+def test_a_feather_v1_file_is_named_as_one(tmp_path: Any) -> None:
+    """A ``.feather`` file of Feather V1 (pandas' ``to_feather`` before pyarrow 0.17) is not
+    Arrow IPC: it was called "not a readable Arrow IPC file" (its magic missing), with a fix
+    that did not apply. Its own magic names it, and the fix (write it again as V2)."""
+    import pyarrow.feather as feather
+
+    feather.write_feather(pa.table({"id": list(range(10))}), tmp_path / "a.feather", version=1)
+    with pytest.raises(ShardError, match=r"a\.feather.*Feather V1.*version=2"):
+        next(iter(ingest.Stream(str(tmp_path), batch_size=5)))
+
+
 @pytest.mark.parametrize("fmt", ["arrows", "arrow"])
 def test_an_arrow_shard_is_read_in_large_requests(s3: Any, fmt: str) -> None:
     """An Arrow IPC shard was opened without a read-ahead buffer, so every read pyarrow

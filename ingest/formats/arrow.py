@@ -35,6 +35,8 @@ from ingest.formats.base import (
 from ingest.storage.sources import Shard, Source
 
 _MAGIC = b"ARROW1"
+_FEATHER_V1 = b"FEA1"
+"""The magic of Feather V1 (pandas' ``to_feather`` before pyarrow 0.17), not Arrow IPC."""
 _INSPECT_BYTES = 64 << 10
 """Read-ahead of the reads that list a shard (its schema, its rows)."""
 _WHOLE_BYTES = 1 << 20
@@ -66,6 +68,15 @@ class ArrowFormat(Format):
             if shard.size <= _WHOLE_BYTES:
                 f = pa.BufferReader(opened.read())
             head = f.read(len(_MAGIC))
+            if head.startswith(_FEATHER_V1):
+                raise ShardError(
+                    shard.url,
+                    "is a Feather V1 file (written by pandas' to_feather before pyarrow 0.17, "
+                    "or with version=1), which is not Arrow IPC",
+                    "write it again as Feather V2, which is: pyarrow.feather.write_feather("
+                    "pyarrow.feather.read_table(path), path, version=2)",
+                    byte=0,
+                )
             try:
                 if head == _MAGIC:
                     rows = None
