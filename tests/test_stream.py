@@ -784,6 +784,41 @@ next(it)
     assert "Exception ignored" not in done.stderr, done.stderr
 
 
+@pytest.mark.parametrize("prefetch", [4, 0])
+def test_a_packing_loop_left_at_exit_closes_without_a_traceback(
+    tmp_path: Path, prefetch: int
+) -> None:
+    """As above, for a loop of a Tokenize and Pack stream left with ``break``, its iterator
+    kept: closed at exit, its read-ahead printed "Exception ignored ... 'NoneType' object
+    has no attribute 'discard'" (the prefetchers' set, a module global, already gone), every
+    run. Found by a probe."""
+    import subprocess
+    import sys
+
+    script = f"""
+import json, ingest
+with open({str(tmp_path / "a.jsonl")!r}, "w") as f:
+    for i in range(200):
+        f.write(json.dumps({{"text": "abcdefghij"[: i % 11]}}) + "\\n")
+def chars(texts):
+    return [[ord(c) for c in t] for t in texts]
+stream = ingest.Stream(
+    {str(tmp_path / "a.jsonl")!r}, batch_size=4, shuffle_seed=0,
+    transform=ingest.Tokenize(chars, eos_id=0), pack=ingest.Pack(seq_len=8, read_rows=16),
+    read=ingest.ReadOptions(prefetch={prefetch}),
+)
+it = iter(stream)
+for k, batch in enumerate(it):
+    if k == 4:
+        break
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Exception ignored" not in done.stderr, done.stderr
+
+
 def test_a_shuffled_first_batch_over_small_shards_reads_about_its_window(tmp_path: Path) -> None:
     """Each lane's thread hands its reads over a shard at a time: the first window waits for
     the shards it needs, not for bundles of dozens of small shards. Before, a lane handed out

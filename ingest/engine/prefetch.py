@@ -189,7 +189,11 @@ class Prefetcher(Generic[T]):
             deadline -= _POLL_S
         with self._room:
             self.held_bytes = 0  # what was buffered is dropped
-        _LIVE.discard(self)  # type: ignore[arg-type]
+        live: weakref.WeakSet[Prefetcher[object]] | None = _LIVE
+        if live is not None:  # None where a loop is closed as the interpreter tears this
+            # module down (a script that ended inside a packing loop): _stop_all stopped
+            # the thread already, and an error here was printed as "Exception ignored"
+            live.discard(self)  # type: ignore[arg-type]
 
 
 T_co = TypeVar("T_co", covariant=True)
