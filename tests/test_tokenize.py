@@ -299,6 +299,23 @@ def test_an_id_out_of_range_names_its_shard_and_row_through_a_stream(tmp_path: P
     stream.close()
 
 
+def test_a_null_text_names_its_shard_and_row_through_a_stream(tmp_path: Path) -> None:
+    """A document whose text is null (or missing from its JSON line) was refused naming
+    neither its shard nor its row, where every other error of a document names both."""
+    import json
+
+    import ingest
+
+    lines = [json.dumps({"text": "ok"}) for _ in range(5)] + [json.dumps({"text": None})]
+    (tmp_path / "a.jsonl").write_text("\n".join(lines) + "\n")
+    stream = ingest.Stream(
+        str(tmp_path), batch_size=6, transform=Tokenize(lambda t: [[7]] * len(t))
+    )
+    with pytest.raises(ConfigError, match=r"a\.jsonl row 5: column 'text' holds a null text"):
+        next(iter(stream))
+    stream.close()
+
+
 @pytest.mark.parametrize("eos", [-7, 2**31, 1.0, True, "2"])
 def test_an_eos_id_that_is_no_token_id_is_refused(eos: Any) -> None:
     with pytest.raises(ConfigError, match=rf"Tokenize\(eos_id={eos!r}\) must be a token id"):

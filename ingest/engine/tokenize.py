@@ -369,9 +369,12 @@ class Tokenize(Stage):
                 "tokenizer encodes strings; name the text column, or convert it first (a "
                 "transform before, or a callable tokenizer that takes these values)"
             )
-        if column.null_count:
-            raise ConfigError(
-                f"column {self.column!r} holds null texts; fill or filter them before Tokenize"
+        if column.null_count:  # the feed names the document's shard and row (RowError.at)
+            first = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            raise RowError(
+                first,
+                f"column {self.column!r} holds a null text (or the document has no such key)",
+                "fill or filter null texts before Tokenize (a Filter stage before it)",
             )
         texts = column.to_pylist()
         if isinstance(self.encode, _Rust):
