@@ -335,6 +335,12 @@ def test_ingest_skip_edits_a_state_file_or_a_checkpoint_in_place(
     assert edited == ingest.skip(state, rows=[(data[0], 0, 5)])
     assert main(["skip", str(saved), "--out", str(out)]) == 2  # nothing named
     assert "give --steps" in capsys.readouterr().err
+    # A state file that is not one names the file, as a missing one does.
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    assert main(["skip", str(broken), "--rows", row, "--out", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert f"{broken}: the state is not JSON" in said, said
 
 
 # -- replay (item 2) -------------------------------------------------------------------------

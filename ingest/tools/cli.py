@@ -24,7 +24,7 @@ from typing import Any
 from fsspec.utils import get_protocol
 from tqdm.auto import tqdm
 
-from ingest.core.errors import ConfigError, IngestError
+from ingest.core.errors import ConfigError, IngestError, StateError
 from ingest.formats import open_reader
 from ingest.formats.base import ReadOptions
 from ingest.planner.catalog import Catalog, Listing
@@ -332,13 +332,16 @@ def skip(args: argparse.Namespace) -> int:
             text = f.read(MAX_STATE_BYTES + 1).decode("utf-8", "replace")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the state ({e.strerror or e})") from None
-    out = skip_rows(
-        text,
-        steps=args.steps,
-        rows=args.rows or None,
-        provenance=args.provenance,
-        storage_options=parse_storage_options(args.storage_option),
-    )
+    try:
+        out = skip_rows(
+            text,
+            steps=args.steps,
+            rows=args.rows or None,
+            provenance=args.provenance,
+            storage_options=parse_storage_options(args.storage_option),
+        )
+    except StateError as e:  # what is wrong with the state: named by its file, as above
+        raise StateError(f"{path}: {e}") from None
     target = path if args.in_place else args.out
     with open(target + ".tmp", "w") as written:
         json.dump(out, written)
