@@ -554,7 +554,7 @@ def test_a_feather_v1_file_is_named_as_one(tmp_path: Any) -> None:
     """A ``.feather`` file of Feather V1 (pandas' ``to_feather`` before pyarrow 0.17) is not
     Arrow IPC: it was called "not a readable Arrow IPC file" (its magic missing), with a fix
     that did not apply. Its own magic names it, and the fix (write it again as V2)."""
-    import pyarrow.feather as feather
+    from pyarrow import feather
 
     feather.write_feather(pa.table({"id": list(range(10))}), tmp_path / "a.feather", version=1)
     with pytest.raises(ShardError, match=r"a\.feather.*Feather V1.*version=2"):
