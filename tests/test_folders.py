@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import ray
 import ingest
 from ingest.core.errors import ConfigError, ShardError
 from ingest.formats.base import ReadOptions
-from ingest.formats.folder import ImageFolderFormat, class_of, group
+from ingest.formats.folder import FolderLabelsWarning, ImageFolderFormat, class_of, group
 from ingest.storage.sources import Shard, Source
 from ingest.testing import Store, write_audio_folder, write_image_folder
 from tests.resumed import through_a_resume
@@ -49,6 +50,27 @@ def test_files_are_grouped_into_units_with_their_labels() -> None:
         assert u.url == f"{u.members[0].url}+{len(u.members) - 1}"
         assert u.size == sum(m.size for m in u.members)
         assert [classes[i] for i in u.labels] == [class_of(m.url) for m in u.members]
+
+
+def test_files_at_several_depths_are_labelled_with_a_warning_naming_them() -> None:
+    """A file's label is its directory's name: files at several depths below the listing
+    (``pets/top.png`` beside ``pets/cat/a.png``, or ``pets/dog/puppy/e.png``) were labelled
+    ``pets`` and ``puppy`` without a word. ``datasets`` adds labels only where every file is
+    at one depth; the stream keeps its labels and says which files it labelled so."""
+    shards = [
+        Shard(f"s3://b/pets/{name}", 10, "v", "imagefolder")
+        for name in ("cat/a.png", "dog/c.png", "dog/puppy/e.png", "top.png")
+    ]
+    with pytest.warns(FolderLabelsWarning, match="folders above other labelled folders") as w:
+        _, classes = group(shards)
+    said = str(w[0].message)
+    assert said.startswith("2 files"), said
+    assert "s3://b/pets/top.png" in said and "s3://b/pets/dog/c.png" in said, said
+    assert classes == ("cat", "dog", "pets", "puppy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FolderLabelsWarning)
+        group(files(10))  # one depth: no warning
+        group([*files(4), Shard("s3://b/more/pets/cat/x.png", 10, "v", "imagefolder")])
 
 
 def test_a_unit_is_cut_at_its_byte_bound_and_changes_with_any_file() -> None:

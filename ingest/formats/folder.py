@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 import threading
+import warnings
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -77,6 +78,12 @@ UNIT_BYTES = 64 << 20
 """Most bytes per work unit (a unit of large files, e.g. long audio, is cut sooner)."""
 
 
+class FolderLabelsWarning(UserWarning):
+    """Files of a folder dataset lie in folders above other labelled folders (``pets/x.png``
+    beside ``pets/cat/a.png``): each is labelled with its own folder's name, a class of its
+    own (:func:`group` says which)."""
+
+
 def class_of(url: str) -> str:
     """A file's class: the name of its directory (``s3://b/pets/cat/1.jpg`` -> ``cat``)."""
     return posixpath.basename(posixpath.dirname(url.split("://", 1)[-1]))
@@ -108,6 +115,8 @@ def group(
         return list(shards), ()
     metadata = {_directory(s.url): s for s in shards if _is_metadata(s)}
     classes = () if metadata else tuple(sorted({class_of(f.url) for f in files}))
+    if classes:
+        _warn_nested_labels(files)
     index = {name: n for n, name in enumerate(classes)}
     out = [s for s in shards if s.format not in FOLDER_FORMATS and not _is_metadata(s)]
     run: list[Shard] = []
@@ -123,6 +132,39 @@ def group(
     out.append(_unit(run, index, metadata))
     out.sort(key=lambda s: s.url)
     return out, classes
+
+
+def _warn_nested_labels(files: Sequence[Shard]) -> None:
+    """Say which files lie in a folder above another labelled folder (``pets/top.png`` and
+    ``pets/cat/a.png``; ``dog/c.png`` and ``dog/puppy/e.png``): labelled by its folder's
+    name (``pets``, ``dog``) beside its subfolders' classes, most likely not what was meant.
+    ``datasets``' imagefolder adds labels only where every file is at one depth; the roots
+    are not known here, so a folder nested in another is the sign (two roots at different
+    depths are not)."""
+    folders = {_directory(f.url) for f in files}
+    above: dict[str, str] = {}  # a folder of files -> a labelled folder below it
+    for folder in folders:
+        parent = _directory(folder)
+        while "/" in parent.split("://", 1)[-1]:
+            if parent in folders:
+                above.setdefault(parent, folder)
+            parent = _directory(parent)
+    if not above:
+        return
+    named = [f for f in files if _directory(f.url) in above]
+    shown = "; ".join(
+        f"{f.url} (labelled {class_of(f.url)!r}, beside {above[_directory(f.url)]}/)"
+        for f in named[:3]
+    )
+    more = f" and {len(named) - 3} more" if len(named) > 3 else ""
+    warnings.warn(
+        f"{len(named)} files lie in folders above other labelled folders: {shown}{more}. "
+        "A file's label is its folder's name, so each of these is a class of its own "
+        "beside the classes below it. Put every file at <root>/<class>/<file>, list the "
+        "class folders' root alone, or give the files their columns with a metadata.jsonl",
+        FolderLabelsWarning,
+        stacklevel=3,
+    )
 
 
 def _is_metadata(shard: Shard) -> bool:
