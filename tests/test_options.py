@@ -89,6 +89,35 @@ def test_a_bad_stream_option_is_refused_before_anything_is_read(
             StreamSpec(urls=(url,), **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "pattern"),
+    [
+        (
+            {"read": {"prefetch": 2}},
+            r"^read=\{'prefetch': 2\} \(dict\) is not an ingest\.ReadOptions",
+        ),
+        (
+            {"read": ingest.CacheOptions("/tmp/x", max_bytes=1)},
+            r"^read=.* \(CacheOptions\) is not an ingest\.ReadOptions",
+        ),
+        ({"follow": {"poll_s": 1}}, r"^follow=.* \(dict\) is not an ingest\.Follow"),
+        ({"pack": "x"}, r"^pack='x' \(str\) is not an ingest\.Pack or ingest\.TokenBatches"),
+        ({"shuffle": 3}, r"^shuffle=3 \(int\) is not an ingest\.Shuffle"),
+        ({"storage_options": [1]}, r"^storage_options=\[1\] \(list\) is not a mapping"),
+    ],
+)
+def test_an_option_of_the_wrong_kind_is_named(
+    local: Store, kwargs: dict[str, Any], pattern: str
+) -> None:
+    """An option object of another kind (a dict for ReadOptions, a CacheOptions passed as
+    read=) was a bare AttributeError or TypeError from deep inside, naming no option. Found
+    by a probe."""
+    url = local.url("d")
+    write_dataset(local.fs, url, "parquet", 1, 100)
+    with pytest.raises(ingest.ConfigError, match=pattern):
+        ingest.Stream(url, **kwargs)
+
+
 def test_a_shuffle_is_one_config_and_the_keywords_still_make_it(local: Store) -> None:
     """Issue 33, item 4: the order's settings are one frozen ``Shuffle``, taken by every
     stream; the ``shuffle_*`` keywords make the same one; both at once are refused, naming

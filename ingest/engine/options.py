@@ -142,6 +142,7 @@ class StreamOptions:
     provenance: str | None = None
 
     def __post_init__(self) -> None:
+        _check_kinds(self)
         check_read(self.pack, self.read)
         object.__setattr__(self, "derived", derived_config(self.derived))
         if self.derived is not None and self.transform is None:
@@ -213,6 +214,32 @@ class StreamOptions:
             "derived": self.derived,
             "provenance": self.provenance,
         }
+
+
+_KINDS: tuple[tuple[str, type, str], ...] = (
+    ("shuffle", Shuffle, "an ingest.Shuffle: pass ingest.Shuffle(seed=..., window=...)"),
+    ("read", ReadOptions, "an ingest.ReadOptions: pass ingest.ReadOptions(...)"),
+    ("follow", Follow, "an ingest.Follow: pass ingest.Follow(poll_s=..., idle_timeout_s=...)"),
+    ("storage_options", Mapping, "a mapping: pass the filesystem's options as a dict"),
+)
+"""The options that take a config object: its kind, and what to pass."""
+_GROUPING = ("column", "pad_id", "read_rows", "max_lag", "provenance")
+"""What a ``pack=`` setting has (:class:`~ingest.engine.grouping.Grouping`)."""
+
+
+def _check_kinds(options: StreamOptions) -> None:
+    """Refuse an option given an object of another kind (a dict for a ReadOptions, a
+    CacheOptions passed as ``read=``), which failed deep inside, naming no option."""
+    for name, kind, want in _KINDS:
+        value = getattr(options, name)
+        if value is not None and not isinstance(value, kind):
+            raise ConfigError(f"{name}={value!r} ({type(value).__name__}) is not {want}")
+    pack = options.pack
+    if pack is not None and not all(hasattr(pack, a) for a in _GROUPING):
+        raise ConfigError(
+            f"pack={pack!r} ({type(pack).__name__}) is not an ingest.Pack or "
+            "ingest.TokenBatches: pass ingest.Pack(seq_len=...) or ingest.TokenBatches(...)"
+        )
 
 
 def derived_config(derived: object) -> DerivedConfig | None:
