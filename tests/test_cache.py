@@ -267,6 +267,25 @@ def test_a_streams_second_epoch_reads_the_cache_and_sends_no_read(
     assert after_two["cache_misses"] == 6 and after_two["cache_evicted_bytes"] == 0
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_a_shard_larger_than_the_bound_is_counted_as_read_past_the_cache(
+    s3_store: Any, tmp_path: Path, fmt: str
+) -> None:
+    """The stats count a shard read from the store because it cannot be cached
+    (``cache_bypassed``, as the cache's docs say of one larger than the bound): one over the
+    bound was read past the cache with no count, so a cache too small for every shard
+    looked like a cache that was never asked. Found by a probe."""
+    write_dataset(s3_store.fs, s3_store.url("d"), fmt, 3, 200, row_group_rows=50)
+    options = ingest.ReadOptions(cache=CacheOptions(str(tmp_path / "cache"), max_bytes=64))
+    stream = ingest.Stream(
+        s3_store.url("d"), storage_options=s3_store.storage_options, batch_size=40, read=options
+    )
+    assert sorted(epoch_ids(stream)) == list(range(600))
+    stats = stream.stats
+    assert stats["cache_misses"] == stats["cache_hits"] == 0, stats
+    assert stats["cache_bypassed"] >= 3, stats
+
+
 def test_a_stream_keeps_reading_when_the_cache_cannot_hold_every_shard(
     s3_store: Any, tmp_path: Path
 ) -> None:

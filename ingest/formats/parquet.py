@@ -184,6 +184,8 @@ class _ParquetReader(ShardReader):
         check_columns(ctx.shard.url, ctx.columns, info.schema.names)  # pyarrow skips them
         check_schema(ctx.shard.url, info.schema, ctx.schema, ctx.schema_origin, ctx.columns)
         self._ranged = ctx.source.fetches_ranges(ctx.shard)
+        if self._ranged:  # (an open through Source.open counts itself)
+            ctx.source.count_past_cache(ctx.shard)
         self._native = None if self._ranged else _open_native(ctx)
         self._file: Any = self._native
         if self._file is None and not self._ranged:

@@ -24,6 +24,8 @@ def open_cached(source: Source, shard: Shard, *, fetch: bool) -> CountingFile | 
     """The shard from the node's cache (fetched whole into it on a miss if ``fetch``),
     or None."""
     if not source.caches(shard):
+        if fetch:
+            source.count_past_cache(shard)
         return None
     cache = source.node_cache()
 

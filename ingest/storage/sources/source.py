@@ -525,6 +525,14 @@ class Source:
             return False
         return get_protocol(self._hidden.get(shard.url, shard.url)) not in ("file", "local")
 
+    def count_past_cache(self, shard: Shard) -> None:
+        """Count an open of ``shard`` read from its store because it is larger than the
+        cache's bound (``cache_bypassed``, as one the cache cannot make room for)."""
+        if self.cache is not None and shard.size > self.cache.max_bytes:
+            real = self._hidden.get(shard.url, shard.url)
+            if get_protocol(real) not in _LOCAL_PROTOCOLS:
+                self.stats.add(cache_bypassed=1)
+
     def node_cache(self) -> ShardCache:
         """The node's shard cache (:mod:`ingest.storage.cache`), opened on first use; only
         with a ``cache``."""
