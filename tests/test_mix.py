@@ -10,6 +10,7 @@ document and source.
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -369,11 +370,13 @@ def test_a_state_refused_by_one_source_leaves_the_mixture_as_it_was(
     else:
         got = []
     shard = tmp_path / "b" / "1.parquet"
-    kept = shard.read_bytes()
+    kept, listed = shard.read_bytes(), shard.stat()
     pq.write_table(pa.table({"id": list(range(5000, 5030))}), shard)  # 'code' changed
     with pytest.raises(StateError, match=r"source 'code'.*changed"):
         s.load_state_dict(state)
-    shard.write_bytes(kept)  # the same rows again
+    shard.write_bytes(kept)  # the version listed again: its bytes, and its mtime (a local
+    os.utime(shard, ns=(listed.st_atime_ns, listed.st_mtime_ns))  # file's version), as a
+    # backup's restore keeps them; with a new mtime, the stream's next read refuses it
     got += [b["id"].tolist() for b in s]
     assert got == want
 
