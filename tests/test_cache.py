@@ -3,6 +3,7 @@ processes, changed shards; then a Stream and a RayStream reading S3 through it."
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -284,6 +285,25 @@ def test_a_shard_larger_than_the_bound_is_counted_as_read_past_the_cache(
     stats = stream.stats
     assert stats["cache_misses"] == stats["cache_hits"] == 0, stats
     assert stats["cache_bypassed"] >= 3, stats
+
+
+def test_a_cache_directory_removed_between_epochs_is_made_again(
+    s3_store: Any, tmp_path: Path
+) -> None:
+    """The cache's folders were made once, when it was first opened: removed between two
+    epochs of a stream (a cleaner of temporary files), the next epoch failed with a bare
+    FileNotFoundError on a lock file, naming neither shard nor fix. Found by a probe."""
+    write_dataset(s3_store.fs, s3_store.url("d"), "parquet", 2, 100)
+    directory = tmp_path / "cache"
+    options = ingest.ReadOptions(cache=CacheOptions(str(directory), max_bytes=1 << 30))
+    stream = ingest.Stream(
+        s3_store.url("d"), storage_options=s3_store.storage_options, batch_size=20, read=options
+    )
+    assert sorted(epoch_ids(stream)) == list(range(200))
+    shutil.rmtree(directory)
+    assert sorted(epoch_ids(stream)) == list(range(200))
+    assert stream.stats["cache_misses"] == 4, "each shard fetched again into the new folders"
+    assert options.cache is not None and ShardCache(options.cache).usage() > 0
 
 
 def test_a_stream_keeps_reading_when_the_cache_cannot_hold_every_shard(

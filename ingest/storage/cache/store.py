@@ -56,14 +56,20 @@ class ShardCache:
         self._locks = os.path.join(self.root, "locks")
         self._lock_path = os.path.join(self.root, "cache.lock")
         self._warned_full = False
-        make_private_dirs(self.root, options.directory)
+        self._make_folders()
+
+    def _make_folders(self) -> None:
+        """Make the cache's folders, owner-only, or refuse (again where they were removed
+        since: a cleaner of temporary files while a stream ran, see :meth:`open`)."""
+        directory = self.options.directory
+        make_private_dirs(self.root, directory)
         for d in (self._data, self._tmp, self._locks):
-            make_private_dirs(d, options.directory)
-            check_private(d, options.directory)
+            make_private_dirs(d, directory)
+            check_private(d, directory)
         for d in (self.root, self._data, self._tmp, self._locks):
             if not os.access(d, os.W_OK | os.X_OK):
                 raise ConfigError(
-                    f"CacheOptions(directory={options.directory!r}): {d} is not writable by "
+                    f"CacheOptions(directory={directory!r}): {d} is not writable by "
                     "this user (read-only, or another user's); make it writable, or name a "
                     "directory of your own (e.g. ~/.cache/ingest-shards)"
                 )
@@ -101,6 +107,10 @@ class ShardCache:
         """
         if size > self.options.max_bytes:
             return None
+        if not all(map(os.path.isdir, (self._data, self._tmp, self._locks))):
+            # removed since they were made (a cleaner of temporary files between two
+            # epochs): the next lock file's open failed with a bare FileNotFoundError
+            self._make_folders()
         path = self.path_of(self.key(url, size, version))
         held = self._open_held(path, size)
         if held is None and fetch is not None and self._fetched(url, size, path, fetch, event):
