@@ -1,6 +1,6 @@
 """A local shard is read as the version listed: every batch a format reads of a local file
 is handed on only after a ``stat`` finds the file as its listing did (its size and
-modification time: :func:`~ingest.storage.sources.files.local_change`).
+modification time: :func:`~ingest.storage.sources.files.as_listed`).
 
 A read from a store names the version listed (S3's ``If-Match``); a read of a local file
 cannot, and a file rewritten in place or replaced by a rename since the listing was read on
@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from ingest.formats.base import ReadContext, RowBatch, Seek, ShardReader
 from ingest.formats.spans import Range
-from ingest.storage.sources.files import local_change
+from ingest.storage.sources.files import as_listed
 
 _T = TypeVar("_T")
 
@@ -42,17 +42,9 @@ class ListedVersionReader(ShardReader):
         it = iter(items)
         while True:
             try:
-                item = next(it)
+                item = as_listed(self.ctx.shard, self._path, lambda: next(it))
             except StopIteration:
                 return
-            except Exception as e:
-                error = local_change(self.ctx.shard, self._path)
-                if error is not None:
-                    raise error from e
-                raise
-            error = local_change(self.ctx.shard, self._path)
-            if error is not None:
-                raise error
             yield item
 
     def close(self) -> None:

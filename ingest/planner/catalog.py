@@ -226,12 +226,12 @@ class Catalog:
                 "remove the file or write it again",
                 byte=0,
             )
-        try:
-            info = EMPTY if shard.size == 0 else fmt.inspect(self.source, shard, self.options)
-        except Exception:
-            self.source.check_unchanged(shard)  # the change, where that is why
-            raise
-        self.source.check_unchanged(shard)  # not kept under the listed version's name
+        if shard.size == 0:
+            info = EMPTY
+        else:  # not kept under the listed version's name where the file changed meanwhile
+            info = self.source.read_as_listed(
+                shard, lambda: fmt.inspect(self.source, shard, self.options)
+            )
         with self._lock:
             self._cache[key] = info
         return info

@@ -21,14 +21,8 @@ Results may be yielded as they are ready; the catalog stores each one as it arri
 def index_shard(ctx: ReadContext) -> ShardInfo:
     """Read ``ctx.shard`` once: its row count and seek points (``Format.index``), of the
     version listed (a local file changed as it was read is refused, not indexed under the
-    listed version's name: :meth:`~ingest.storage.sources.Source.check_unchanged`)."""
-    try:
-        info = get_format(ctx.shard.format).index(ctx)
-    except Exception:
-        ctx.source.check_unchanged(ctx.shard)  # the change, where that is why
-        raise
-    ctx.source.check_unchanged(ctx.shard)
-    return info
+    listed version's name: :meth:`~ingest.storage.sources.Source.read_as_listed`)."""
+    return ctx.source.read_as_listed(ctx.shard, lambda: get_format(ctx.shard.format).index(ctx))
 
 
 def local_indexer(workers: int = IO_THREADS) -> Indexer:

@@ -9,7 +9,7 @@ import re
 import warnings
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ingest.core.errors import SourceError, StoreError
 from ingest.storage.sources.faults import RangeIgnoredError, ShortBodyError, is_range_ignored
@@ -253,6 +253,29 @@ def local_change(shard: Shard, path: str) -> SourceError | None:
         "version) or restore the file; write new shards under new names rather than "
         "rewriting or replacing a file that a stream may be reading",
     )
+
+
+_T = TypeVar("_T")
+
+
+def as_listed(shard: Shard, path: str, read: Callable[[], _T]) -> _T:
+    """``read()``, something read of the local file ``path`` (listed as ``shard``), refused
+    where the file is no longer as listed once it is read (:func:`local_change`); a read
+    that failed on a file that changed says it changed. The end of an iterator read so
+    (``StopIteration``) passes as it is: what was read before it was checked."""
+    try:
+        got = read()
+    except StopIteration:
+        raise
+    except Exception as e:
+        error = local_change(shard, path)
+        if error is not None:
+            raise error from e
+        raise
+    error = local_change(shard, path)
+    if error is not None:
+        raise error
+    return got
 
 
 def _when(mtime: str) -> str:

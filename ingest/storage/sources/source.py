@@ -26,9 +26,9 @@ from ingest.storage.sources.delta import TableVersion
 from ingest.storage.sources.faults import ShortBodyError, is_not_found, is_transient
 from ingest.storage.sources.files import (
     CountingFile,
+    as_listed,
     is_local,
     listed_etag,
-    local_change,
     range_ignored,
     with_listed_details,
 )
@@ -494,18 +494,17 @@ class Source:
         fs, path = self.fs_path(shard)
         return path if is_local(fs) else None
 
-    def check_unchanged(self, shard: Shard) -> None:
-        """Refuse what was just read of ``shard`` where it is a local file no longer as
-        listed (see :func:`~ingest.storage.sources.files.local_change`); a remote shard's
-        reads name the version listed themselves.
+    def read_as_listed(self, shard: Shard, read: Callable[[], T]) -> T:
+        """``read()``, something read of ``shard`` (its inspection, its index), refused
+        where ``shard`` is a local file no longer as listed once it is read (see
+        :func:`~ingest.storage.sources.files.as_listed`): else it is kept under the listed
+        version's name. A remote shard's reads name the version listed themselves.
 
         Raises:
             SourceError: Naming the file, its listed and present size and modification time.
         """
         path = self.local_path(shard)
-        error = None if path is None else local_change(shard, path)
-        if error is not None:
-            raise error
+        return read() if path is None else as_listed(shard, path, read)
 
     def fetches_ranges(self, shard: Shard) -> bool:
         """Whether the shard's store serves many byte ranges concurrently (async fsspec),
@@ -523,15 +522,17 @@ class Source:
         the cache's bound, with a cache)."""
         if self.cache is None or shard.size > self.cache.max_bytes:
             return False
-        return get_protocol(self._hidden.get(shard.url, shard.url)) not in ("file", "local")
+        return self._remote(shard)
 
     def count_past_cache(self, shard: Shard) -> None:
         """Count an open of ``shard`` read from its store because it is larger than the
         cache's bound (``cache_bypassed``, as one the cache cannot make room for)."""
-        if self.cache is not None and shard.size > self.cache.max_bytes:
-            real = self._hidden.get(shard.url, shard.url)
-            if get_protocol(real) not in _LOCAL_PROTOCOLS:
-                self.stats.add(cache_bypassed=1)
+        if self.cache is not None and shard.size > self.cache.max_bytes and self._remote(shard):
+            self.stats.add(cache_bypassed=1)
+
+    def _remote(self, shard: Shard) -> bool:
+        """Whether ``shard`` is not on this machine's disks (a cache may hold a copy)."""
+        return get_protocol(self._hidden.get(shard.url, shard.url)) not in _LOCAL_PROTOCOLS
 
     def node_cache(self) -> ShardCache:
         """The node's shard cache (:mod:`ingest.storage.cache`), opened on first use; only
