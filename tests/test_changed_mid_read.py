@@ -49,6 +49,18 @@ def path_of(store: Store, relpath: str) -> str:
     return store.url(relpath).removeprefix("file://")
 
 
+def read_little_ahead(store: Store) -> ingest.Stream:
+    """A stream of ``d/`` in batches of 50, in order, whose read-ahead holds little and
+    whose reads are small: a change after its first batch is met by later reads."""
+    return ingest.Stream(
+        store.url("d"),
+        batch_size=50,
+        shuffle_lanes=1,
+        read=ingest.ReadOptions(prefetch_bytes=1, block_bytes=4096),
+        storage_options=store.storage_options,
+    )
+
+
 def listed(store: Store) -> dict[str, Any]:
     source = Source(store.url("d"), storage_options=store.storage_options)
     return {s.url.rsplit("/", 1)[1]: s for s in source.list_shards(FORMAT_RESOLVER)} | {
@@ -94,13 +106,7 @@ def test_a_stream_whose_shards_are_overwritten_mid_epoch_stops_naming_one(
     sizes = (60_000 if fmt == "jsonl" else 20_000, 300)
     for k, rows in enumerate(sizes):
         store.write(f"d/{k}.{fmt}", content(k * 10_000, rows))
-    stream = ingest.Stream(
-        store.url("d"),
-        batch_size=50,
-        shuffle_lanes=1,
-        read=ingest.ReadOptions(prefetch_bytes=1, block_bytes=4096),
-        storage_options=store.storage_options,
-    )
+    stream = read_little_ahead(store)
     seen: list[int] = []
     with pytest.raises(ingest.SourceError, match=rf"/d/[01]\.{fmt}: " + CHANGED):
         for batch in stream:
@@ -124,12 +130,7 @@ def test_a_local_shard_replaced_by_a_rename_mid_epoch_stops_naming_it(local: Sto
     for k, rows in enumerate(sizes):
         table = make_table(k * 100_000, rows)
         local.write(f"d/{k}.parquet", encode(table, "parquet", row_group_rows=100))
-    stream = ingest.Stream(
-        local.url("d"),
-        batch_size=50,
-        shuffle_lanes=1,
-        read=ingest.ReadOptions(prefetch_bytes=1, block_bytes=4096),
-    )
+    stream = read_little_ahead(local)
     seen: list[int] = []
     with pytest.raises(ingest.SourceError, match=r"/d/[01]\.parquet: " + CHANGED):
         for batch in stream:
