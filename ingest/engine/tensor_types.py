@@ -8,7 +8,8 @@ import json
 from collections.abc import Mapping
 
 import pyarrow as pa
-import pyarrow.compute as pc
+
+from ingest.formats.arrays import first_null
 
 NULL_FIX = "fill them in a transform (pyarrow.compute.fill_null) or cast the column to float"
 
@@ -25,8 +26,7 @@ def refused_null(table: pa.Table) -> tuple[str, pa.DataType, int] | None:
     """
     for name, column in zip(table.column_names, table.columns, strict=True):
         if column.null_count and _refuses_null(column.type):
-            row = pc.index(pc.is_null(column), True).as_py()
-            return name, column.type, int(row)
+            return name, column.type, first_null(column)
     return None
 
 

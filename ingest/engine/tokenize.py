@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ingest.core.errors import ConfigError
 from ingest.engine.stage import RowError, Stage, Staged
-from ingest.formats.arrays import ints
+from ingest.formats.arrays import first_null, ints
 
 EOS_KEY = b"ingest.eos_id"
 """The id column's field metadata key holding ``eos_id``: a :class:`ingest.Pack` without a
@@ -370,9 +370,8 @@ class Tokenize(Stage):
                 "transform before, or a callable tokenizer that takes these values)"
             )
         if column.null_count:  # the feed names the document's shard and row (RowError.at)
-            first = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
             raise RowError(
-                first,
+                first_null(column),
                 f"column {self.column!r} holds a null text (or the document has no such key)",
                 "fill or filter null texts before Tokenize (a Filter stage before it)",
             )

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 _INT32_MAX = 2**31 - 1
 
@@ -125,9 +126,24 @@ def _bits(buffer: pa.Buffer | None, offset: int, length: int) -> npt.NDArray[np.
     return np.unpackbits(packed, count=offset + length, bitorder="little")[offset:].astype(bool)
 
 
+def first_null(column: pa.Array | pa.ChunkedArray) -> int:
+    """The position of ``column``'s first null (it holds one: ``column.null_count``)."""
+    return int(pc.index(pc.is_null(column), True).as_py())
+
+
 def record_batch(columns: dict[str, pa.Array]) -> pa.RecordBatch:
     """Named arrays as a record batch (``pa.record_batch`` of a dict imports pandas)."""
     return pa.RecordBatch.from_arrays(list(columns.values()), names=list(columns))
 
 
-__all__ = ["binaries", "bools", "ints", "numbers", "of_numpy", "record_batch", "strings", "view"]
+__all__ = [
+    "binaries",
+    "bools",
+    "first_null",
+    "ints",
+    "numbers",
+    "of_numpy",
+    "record_batch",
+    "strings",
+    "view",
+]
