@@ -175,6 +175,9 @@ class GivenListing:
     ) -> Listing:
         return self._listing
 
+    def counted(self, listing: Listing, shards: Sequence[int]) -> Listing:
+        raise AssertionError("a synthetic listing counts every shard's rows; it follows nothing")
+
     def window_rows(self, listing: Listing) -> int:
         spec = self.spec
         return budget.listing_window_rows(

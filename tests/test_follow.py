@@ -19,7 +19,7 @@ from ingest.core.errors import SourceError
 from ingest.core.state import StreamState
 from ingest.engine.options import Shuffle
 from ingest.engine.spec import StreamSpec
-from ingest.planner.catalog import Listing
+from ingest.planner.catalog import Catalog, Listing
 from ingest.testing import Store, encode, make_table
 from tests.test_epochs import batches_of, ids
 
@@ -367,3 +367,66 @@ def test_ranks_wait_for_the_first_shard_of_an_empty_source(s3_store: Store) -> N
         write(s3_store, 0, rows=2 * ROWS, where="ranks-later")
         got = [i for r in ray.get(refs, timeout=120) for i in r]
     assert len(got) == len(set(got)) and 2 * ROWS - len(got) < 2 * BATCH
+
+
+def write_jsonl(store: Store, n: int, rows: int) -> None:
+    store.write(f"d/part-{n:05d}.jsonl", encode(make_table(n * ROWS, rows), "jsonl"))
+
+
+@pytest.mark.parametrize("workers", [None, 0, 2])
+def test_a_round_of_small_json_lines_shards_waits_for_a_step(
+    local: Store, workers: int | None
+) -> None:
+    # A JSON Lines shard has no row count until it is read: a round counted a new one as
+    # "a full step" whatever it held, so a shard of a few rows began a round of no step at
+    # once, and the README's loop over a followed dataset (a round that hands out nothing
+    # ends it) stopped following while the writer still wrote.
+    step = BATCH * (2 if workers == 2 else 1)  # rows of a step of every rank
+    write_jsonl(local, 0, step)
+    stream = ingest.Stream(
+        local.url("d") + "/",
+        batch_size=BATCH,
+        shuffle_seed=1,
+        follow=ingest.Follow(poll_s=0.05, idle_timeout_s=3.0),
+    )
+    loop: Any = stream if workers is None else ingest.DataLoader(stream, num_workers=workers)
+    got = [int(i) for b in loop for i in b["id"].tolist()]
+    assert sorted(got) == list(range(step))
+
+    def write_more() -> None:  # a writer of small shards: a step of rows after the third
+        for n in range(1, 4):
+            time.sleep(0.2)
+            write_jsonl(local, n, step // 3 + 1)
+
+    writer = threading.Thread(target=write_more)
+    writer.start()
+    try:
+        second = [int(i) for b in loop for i in b["id"].tolist()]
+    finally:
+        writer.join()
+    assert len(second) == step and len(set(second)) == step
+    assert set(second) <= {n * ROWS + r for n in range(1, 4) for r in range(step // 3 + 1)}
+
+
+@pytest.mark.parametrize(("rows", "counted"), [(BATCH, [1]), (BATCH // 3 + 1, [1, 2])])
+def test_a_round_counts_as_few_new_shards_as_tell_it_holds_a_step(
+    local: Store, monkeypatch: pytest.MonkeyPatch, rows: int, counted: list[int]
+) -> None:
+    # Counting a JSON Lines shard reads it whole (and the round reads it again): of 8 new
+    # shards, as many are counted as it takes to know that the round holds a step.
+    calls: list[int] = []
+    count = Catalog.count
+
+    def spy(self: Catalog, listing: Listing, shards: Any, progress: bool = False) -> Listing:
+        calls.append(len(shards))
+        return count(self, listing, shards, progress)
+
+    monkeypatch.setattr(Catalog, "count", spy)
+    write_jsonl(local, 0, BATCH)
+    stream = ingest.Stream(local.url("d") + "/", batch_size=BATCH, follow=FOLLOW)
+    assert len([b for b in stream]) == 1 and calls == []
+    for n in range(1, 9):
+        write_jsonl(local, n, rows)
+    got = [int(i) for b in stream for i in b["id"].tolist()]
+    assert calls == counted
+    assert len(got) == len(set(got)) == 8 * rows // BATCH * BATCH

@@ -207,6 +207,16 @@ class EpochBook(Generic[L]):
             wanted, first=first, counted=self.world_size > 1, at=at, since=since
         )
 
+    def _counted(self, listing: L, main: Consumed, carry: Sequence[Span]) -> L:
+        """``listing`` (a followed round's) with the row counts of as many of its new shards
+        as it takes to tell whether it holds a step of rows (:meth:`EpochPlans.uncounted`):
+        1, then 2, 4, ... at a time, so a round of many new shards reads few of them twice."""
+        take = 1
+        while unknown := self.plans.uncounted(listing, main, carry):
+            listing = self.lister.counted(listing, unknown[:take])
+            take *= 2
+        return listing
+
     def _followed(self, listing: L) -> L:
         """``listing``, a followed round's: each Delta table it holds that the book did not
         follow yet is followed from the version listed (the first round's)."""
@@ -324,8 +334,10 @@ class EpochBook(Generic[L]):
             nonlocal last
             if epoch in self._epochs:
                 return True
-            last = (listing, self.plans.round_after(prev, listing))
-            return self.plans.has_a_step(listing, last[1][2], last[1][1])
+            round_listing, carry, main, owed = self.plans.round_after(prev, listing)
+            round_listing = self._counted(round_listing, main, carry)
+            last = (listing, (round_listing, carry, main, owed))
+            return self.plans.has_a_step(round_listing, main, carry)
 
         listing = self._list(wanted if self.config.follows else None)
         made = last[1] if last is not None and last[0] is listing else None
@@ -353,10 +365,13 @@ class EpochBook(Generic[L]):
                 epoch, step, listing, (), Consumed(), Consumed(), 0, 0, step, None
             )
 
+        counted: list[tuple[L, L]] = []  # the last listing ``wanted`` saw, with the counts
+
         def wanted(listing: L) -> bool:  # a followed round loaded at its start
             match_listing(start.dataset, listing.records(), listing.classes)
             carry, main, _ = resumed_in(start, listing)
-            return self.plans.has_a_step(listing, main, carry)
+            counted[:] = [(listing, self._counted(listing, main, carry))]
+            return self.plans.has_a_step(counted[0][1], main, carry)
 
         # A followed round loaded at its start (a DataLoader's every epoch, a stream resumed
         # between rounds) waits for new rows like a round planned after another; not when the
@@ -368,6 +383,8 @@ class EpochBook(Generic[L]):
         if listing is None:  # listed again while a round waits: the state must fit it
             listing = self._list(wanted if waits else None, first=True)
             match_listing(start.dataset, listing.records(), listing.classes)
+        if counted and counted[0][0] is listing:
+            listing = counted[0][1]
         carry, main, carried = resumed_in(start, listing)
         if listing.kept and not start.started:  # joined from another version: carried rows
             kept = kept_consumed(listing, {})

@@ -316,13 +316,31 @@ class EpochPlans(Generic[L]):
 
     def has_a_step(self, listing: Listed, main: Consumed, carry: Sequence[Span]) -> bool:
         """Whether a round of a followed dataset has a full step of rows to read: rows of shards
-        not consumed yet (unknown counts: as many as it takes) and carried rows."""
+        not consumed yet (unknown counts: as many as it takes, see :meth:`uncounted`) and
+        carried rows."""
         fresh = sum(
             TO_END if i.rows is None else i.rows
             for n, i in enumerate(listing.infos)
             if n not in main.sets
         ) + sum(s.stop - s.start for s in carry)
         return fresh >= self.world_size * self.config.batch_size
+
+    def uncounted(self, listing: Listed, main: Consumed, carry: Sequence[Span]) -> list[int]:
+        """The shards of a round whose row counts must be known to tell whether it has a full
+        step (:meth:`has_a_step`): those not consumed yet with no count (a JSON Lines or CSV
+        shard, until read), when the rows known fall short of a step; else none. Without
+        their counts a shard of three rows made a round of no step, and the round that hands
+        out nothing ends a loop that follows."""
+        need = self.world_size * self.config.batch_size
+        unknown, known = [], sum(s.stop - s.start for s in carry)
+        for n, i in enumerate(listing.infos):
+            if n in main.sets:
+                continue
+            if i.rows is None:
+                unknown.append(n)
+            else:
+                known += i.rows
+        return unknown if known < need else []
 
     def same_order(self, state: StreamState, listing: L) -> bool:
         """Whether ``state`` resumes on ``listing`` in the original order (else the rest is

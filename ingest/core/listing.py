@@ -117,6 +117,12 @@ class Lister(Protocol[L]):
         """
         ...
 
+    def counted(self, listing: L, shards: Sequence[int]) -> L:
+        """``listing`` with a row count for each of ``shards`` (indices) that has none: a
+        followed round that must know whether its new shards hold a step of rows. Shards
+        whose footer has no count are indexed (read whole, once: the count is kept)."""
+        ...
+
     def window_rows(self, listing: L) -> int:
         """Rows per shuffle window in an epoch of ``listing``: fixed when the epoch is planned
         (within the stream's byte budget for the window), so the order stays a pure function

@@ -330,6 +330,11 @@ class Catalog:
         listing = replace(self._settled(shards, infos, classes), tables=tables)
         return self._index(listing, progress) if index else listing
 
+    def count(self, listing: Listing, shards: Sequence[int], progress: bool = False) -> Listing:
+        """``listing`` with row counts for ``shards`` (indices), as :meth:`scan` ``index``
+        gives every shard: from this catalog's memory, its index store, else by reading."""
+        return self._index(listing, progress, shards)
+
     def _side_by_side(self, call: Callable[[int], None], items: Sequence[int]) -> None:
         """``call`` of each of ``items``, reads of the source at once: a store's are waited
         for (requests_at_once); local ones are parsed, not waited for: as many as CPUs (16
@@ -493,8 +498,13 @@ class Catalog:
             self._cache.update(stored)
             return set(self._cache)
 
-    def _index(self, listing: Listing, progress: bool) -> Listing:
-        todo = [n for n, i in enumerate(listing.infos) if i.rows is None]
+    def _index(
+        self, listing: Listing, progress: bool, shards: Sequence[int] | None = None
+    ) -> Listing:
+        """``listing`` with a row count for each of ``shards`` (None: every shard)."""
+        if shards is None:
+            shards = range(len(listing.infos))
+        todo = [n for n in shards if listing.infos[n].rows is None]
         if not todo:
             return listing
         infos = list(listing.infos)

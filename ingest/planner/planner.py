@@ -118,6 +118,10 @@ class Planner:
                 return listing
             pause(follow.poll_s)
 
+    def counted(self, listing: Listing, shards: Sequence[int]) -> Listing:
+        """See :meth:`ingest.core.listing.Lister.counted`."""
+        return self.catalog.count(listing, shards, self.progress)
+
     def window_rows(self, listing: Listing) -> int:
         """See :meth:`ingest.core.listing.Lister.window_rows` (:mod:`ingest.planner.budget`)."""
         return budget.listing_window_rows(

@@ -7,7 +7,9 @@ that could not fill a step on every rank). The epoch boundary is explicit: a rou
 are shared out evenly when it is planned, so every rank gets the same number of steps, and
 a round is planned only when it holds at least one full step (``world_size x batch_size``
 rows) or when nothing new came for ``idle_timeout_s``; then the round holds what there is
-(maybe no step: the loop over it ends at once, and the next round waits again). A source
+(maybe no step: the loop over it ends at once, and the next round waits again). New shards
+whose format keeps no row count (JSON Lines, CSV) are counted, one, then two, four, ... at
+a time, while the rows known fall short of a step (the book's ``_counted``). A source
 that lists nothing yet (a job started before its data) is waited for the same way: the
 first round starts with the first shards, or fails with :class:`ingest.NoShardsError`
 once ``idle_timeout_s`` passed without any.
