@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -36,6 +37,7 @@ from ingest.planner.index import index_shard
 from ingest.storage.sources import Source
 from ingest.storage.sources.cached import open_cached
 from ingest.testing import Store, encode, make_table
+from ingest.tools.loopback.http import LoopbackHTTP
 
 CHANGED = r"changed after it was listed.*restart the epoch"
 
@@ -189,3 +191,69 @@ def test_an_object_overwritten_before_its_fetch_into_the_shard_cache_is_not_kept
     copy = open_cached(again, again.list_shards(FORMAT_RESOLVER)[0], fetch=True)
     assert copy is not None and copy.read() == old
     assert again.stats.cache_misses == 1, "fetched: no copy was kept"
+
+
+def overwrite(path: Path, data: bytes) -> None:
+    """``data`` written in place, modified 10 s later than before (Last-Modified is to the
+    second: a server that sends only it tells the versions apart by that)."""
+    before = path.stat().st_mtime
+    path.write_bytes(data)
+    os.utime(path, (before + 10, before + 10))
+
+
+@pytest.mark.parametrize("validator", ["etag", "last_modified"])
+def test_an_http_shard_overwritten_since_its_listing_fails_naming_it(
+    tmp_path: Path, validator: str
+) -> None:
+    # An HTTP read names no version (fsspec's HTTP files send no If-Match): an object
+    # overwritten since the listing was read as its new version, rows of two versions in
+    # one epoch. Each answer's ETag (or Last-Modified) is compared with the version listed.
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d/a.jsonl").write_bytes(jsonl(0, 500))
+    (tmp_path / "d/b.parquet").write_bytes(encode(make_table(0, 500), "parquet"))
+    only = {"etag": validator == "etag", "last_modified": validator == "last_modified"}
+    with LoopbackHTTP(tmp_path, **only) as server:
+        source = Source([server.url("d/a.jsonl"), server.url("d/b.parquet")])
+        shards = {s.url.rsplit("/", 1)[1]: s for s in source.list_shards(FORMAT_RESOLVER)}
+        assert all(s.version for s in shards.values())
+        assert source.open(shards["a.jsonl"], block_size=1024).read(9) == b'{"id": 0}'
+        assert len(source.fetch_ranges(shards["b.parquet"], [0], [4]).read(4)) == 4
+        overwrite(tmp_path / "d/a.jsonl", jsonl(500, 500))
+        overwrite(tmp_path / "d/b.parquet", encode(make_table(500, 500), "parquet"))
+        started = time.monotonic()
+        with pytest.raises(ingest.SourceError, match=r"/d/a\.jsonl: " + CHANGED):
+            source.open(shards["a.jsonl"], block_size=1024).read(9)
+        with pytest.raises(ingest.SourceError, match=r"/d/b\.parquet: " + CHANGED):
+            source.fetch_ranges(shards["b.parquet"], [0], [4])
+        assert time.monotonic() - started < 5, "failed at once, not retried to the deadline"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_http_stream_whose_shards_are_overwritten_mid_epoch_stops_naming_one(
+    tmp_path: Path, fmt: str
+) -> None:
+    def content(first: int, rows: int) -> bytes:
+        if fmt == "jsonl":
+            return jsonl(first, rows)
+        return encode(make_table(first, rows), fmt, row_group_rows=100)
+
+    (tmp_path / "d").mkdir()
+    sizes = (60_000 if fmt == "jsonl" else 20_000, 300)
+    for k, rows in enumerate(sizes):
+        (tmp_path / f"d/{k}.{fmt}").write_bytes(content(k * 10_000, rows))
+    with LoopbackHTTP(tmp_path) as server:
+        stream = ingest.Stream(
+            [server.url(f"d/{k}.{fmt}") for k in range(len(sizes))],
+            batch_size=50,
+            shuffle_lanes=1,
+            read=ingest.ReadOptions(prefetch_bytes=1, block_bytes=4096),
+        )
+        seen: list[int] = []
+        with pytest.raises(ingest.SourceError, match=rf"/d/[01]\.{fmt}: " + CHANGED):
+            for batch in stream:
+                seen += batch["id"].tolist()
+                if len(seen) == 50:
+                    for k, rows in enumerate(sizes):
+                        overwrite(tmp_path / f"d/{k}.{fmt}", content(100_000 + k * 10_000, rows))
+        assert not [i for i in seen if i >= 100_000], "no row of the new versions"
+        assert len(seen) == len(set(seen)) < sum(sizes)

@@ -83,8 +83,11 @@ def fetch_whole(source: Source, shard: Shard, to: str) -> None:
             # were written back.
             fs.invalidate_cache(path)
             source.stats.add(listings=1)
-            if fs.info(path).get("ETag") != etag:
-                raise ChangedError(f"{source.scrub(shard.url)} is no longer ETag {etag}")
+            now = fs.info(path).get("ETag")
+            if now != etag:
+                raise ChangedError(
+                    f"the object is ETag {now} once fetched, where the listing saw {etag}"
+                )
 
     try:
         attempt(get, source.policy(shard.url), source.stats)

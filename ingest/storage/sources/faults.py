@@ -54,7 +54,16 @@ def is_store_error(error: BaseException) -> bool:
 
 
 class ChangedError(OSError):
-    """The object read is no longer the version listed (:func:`is_changed`)."""
+    """The object read is no longer the version listed (:func:`is_changed`); its message
+    says what the read found instead (:func:`changed_answer`)."""
+
+
+def changed_answer(error: BaseException) -> str | None:
+    """What the :class:`ChangedError` in ``error``'s chain found, or None."""
+    for e in _chain(error):
+        if isinstance(e, ChangedError):
+            return str(e)
+    return None
 
 
 class ShortBodyError(OSError):

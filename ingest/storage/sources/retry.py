@@ -12,6 +12,7 @@ from typing import TypeVar
 from ingest.core.errors import ConfigError, SourceError, StoreError
 from ingest.storage.sources.faults import (
     HTTP_REFUSED_FIX,
+    changed_answer,
     http_refusal,
     is_changed,
     is_not_found,
@@ -98,10 +99,11 @@ def _vanished(url: str, gave_up: GaveUpError) -> SourceError | None:
     failed: a ``FileNotFoundError`` (S3's NoSuchKey), an HTTP 404 or 410 (an HTTP server,
     the Hub), or a read of the version listed refused (:func:`is_changed`)."""
     if is_changed(gave_up.last):
+        found = changed_answer(gave_up.last)
+        why = found or "the store refused a read of the version listed, its ETag"
         return SourceError(
             url,
-            "changed after it was listed (the store refused a read of the version listed, "
-            "its ETag): its rows would mix two versions",
+            f"changed after it was listed ({why}): its rows would mix two versions",
             "the dataset changed under the stream; restart the epoch (its listing takes the "
             "new version) or restore the object",
         )

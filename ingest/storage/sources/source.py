@@ -32,6 +32,7 @@ from ingest.storage.sources.files import (
     range_ignored,
     with_listed_details,
 )
+from ingest.storage.sources.http_versions import ListedVersions, listed_versions, watch
 from ingest.storage.sources.hubfs import expired, hub_cdn, hub_http, located, signed
 from ingest.storage.sources.known_parts import KnownParts
 from ingest.storage.sources.listing import list_url, warn_unversioned
@@ -192,6 +193,12 @@ class Source:
                         from gcsfs.core import GCSFileSystem
 
                         fs = GCSFileSystem(**options)
+                    elif protocol in ("http", "https"):  # each GET checks the version listed
+                        listed = ListedVersions()
+                        client = options["client_kwargs"]
+                        traces = [*client.get("trace_configs", ()), listed.trace_config()]
+                        options["client_kwargs"] = {**client, "trace_configs": traces}
+                        fs = watch(url_to_fs(url, **options)[0], listed)
                     else:
                         fs, _ = url_to_fs(strip_userinfo(url), **options)
                 except (ImportError, ValueError) as e:
@@ -319,7 +326,11 @@ class Source:
             return (hub_http(self), url) if cdn is None else (hub_cdn(self), cdn)
         real = self._hidden.get(shard.url, shard.url)
         fs = self.filesystem(real)
-        return fs, fs._strip_protocol(real)
+        path = fs._strip_protocol(real)
+        listed = listed_versions(fs)
+        if listed is not None and not shard.members:  # see ingest.storage.sources.http_versions
+            listed.expect(path, shard.version)
+        return fs, path
 
     def _hub_url(self, shard: Shard) -> str:
         """A Hub shard's resolve URL at its commit (:mod:`ingest.storage.hub`)."""
