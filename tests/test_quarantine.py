@@ -195,6 +195,29 @@ def test_a_ragged_csv_row_quarantines_just_that_row(tmp_path: Path) -> None:
     exactly_once_but_quarantined(seen, stream.quarantined, 2 * rows, rows_per_shard=rows)
 
 
+@pytest.mark.parametrize(
+    "bad", [b",extra,fields", b"\xff\xfe not text"], ids=["ragged", "not-utf8"]
+)
+def test_a_bad_csv_row_where_types_are_inferred_quarantines_just_that_row(
+    tmp_path: Path, bad: bytes
+) -> None:
+    # Found by a probe: a bad record in the first block of the first shard (where the
+    # column types are inferred) quarantined the whole shard, its good rows with it, and
+    # the epoch said its shard held no rows.
+    rows = 100
+    for i in range(2):
+        lines = encode(make_table(i * rows, rows), "csv").split(b"\n")
+        if i == 0:
+            lines[31] = lines[31] + bad  # row 30 (line 1 is the header)
+        (tmp_path / f"part-{i}.csv").write_bytes(b"\n".join(lines))
+    stream = ingest.Stream(str(tmp_path), batch_size=1, read=ingest.ReadOptions(on_error="skip"))
+    seen = ids_of(list(stream))
+    [q] = stream.quarantined
+    assert q.url is not None and q.url.endswith("part-0.csv") and (q.start, q.stop) == (30, 31), q
+    assert stream.stats["rows_skipped"] == 1
+    exactly_once_but_quarantined(seen, stream.quarantined, 2 * rows, rows_per_shard=rows)
+
+
 def test_a_shard_that_vanished_after_the_listing_is_quarantined(tmp_path: Path) -> None:
     paths = write_parquet(tmp_path)
     stream = ingest.Stream(

@@ -246,6 +246,16 @@ class CsvFormat(UncountedFormat):
         if not any(line.strip(b"\r\n") for line in lines):  # (pyarrow skips empty lines)
             return None
         read = pcsv.ReadOptions(column_names=names)
+        if options.on_error == "skip":  # from the records a read does not quarantine
+            lines = _readable(header, lines, read, parse, names)
+            if not any(line.strip(b"\r\n") for line in lines):
+                raise ShardError(
+                    shard.url,
+                    f"has no readable {self.name.upper()} record in its first "
+                    f"{len(chunk)} bytes to infer the column types from",
+                    "fix the records, or pass ReadOptions(schema=...)",
+                )
+            chunk = header + b"".join(lines)
         try:
             schema = exact_csv(chunk, read, parse).schema
         except pa.ArrowInvalid as e:
@@ -270,7 +280,15 @@ class CsvFormat(UncountedFormat):
         (whether the first record is the column names is a warning of the data's)."""
         if not self.header:
             return None
-        return json.dumps([self.name, self.delimiter, options.block_bytes, options.max_line_bytes])
+        return json.dumps(
+            [
+                self.name,
+                self.delimiter,
+                options.block_bytes,
+                options.max_line_bytes,
+                options.on_error,
+            ]
+        )
 
     def kept_schema(self, shard: Shard, schema: pa.Schema, options: ReadOptions) -> None:
         if len(schema) == 1 and options.delimiter is None:
@@ -481,6 +499,54 @@ def _describe(line: bytes, error: Exception) -> tuple[str, str]:
     )
 
 
+def _first_bad(
+    header: bytes,
+    lines: list[bytes],
+    text: Sequence[str],
+    parse_options: pcsv.ParseOptions,
+    names: list[str] | None,
+) -> tuple[int, Exception] | None:
+    """The index of the first of ``lines`` pyarrow cannot read (see :func:`_locate`) and
+    its error, or None if it reads every line."""
+    convert = pcsv.ConvertOptions(column_types={name: pa.string() for name in text})
+    read = pcsv.ReadOptions(column_names=names)
+
+    def parse(body: bytes) -> pa.Table:
+        return pcsv.read_csv(pa.BufferReader(header + body), read, parse_options, convert)
+
+    try:
+        parse(b"".join(lines))
+    except PARSE_ERRORS as e:
+        first_error: Exception = e
+    else:
+        return None
+    bad, error = first_bad_line(parse, lines)
+    return bad, error or first_error
+
+
+def _readable(
+    header: bytes,
+    lines: list[bytes],
+    read: pcsv.ReadOptions,
+    parse_options: pcsv.ParseOptions,
+    names: list[str] | None,
+) -> list[bytes]:
+    """``lines`` without those a read under ``on_error="skip"`` quarantines: those pyarrow
+    cannot read, and those with a value that is not UTF-8 (pyarrow infers such a column as
+    binary), for the types inferred (a bad record among them quarantined its whole shard)."""
+    lines = list(lines)
+    while True:
+        try:
+            schema = exact_csv(header + b"".join(lines), read, parse_options).schema
+            text = [f.name for f in schema if pa.types.is_binary(f.type)]
+        except pa.ArrowInvalid:
+            text = []
+        found = _first_bad(header, lines, text, parse_options, names)
+        if found is None:
+            return lines
+        del lines[found[0]]
+
+
 def _locate(
     shard: Shard,
     header: bytes,
@@ -502,20 +568,11 @@ def _locate(
     Returns:
         The error, or None if pyarrow reads every line.
     """
-    convert = pcsv.ConvertOptions(column_types={name: pa.string() for name in text})
-    read = pcsv.ReadOptions(column_names=names)
-
-    def parse(body: bytes) -> pa.Table:
-        return pcsv.read_csv(pa.BufferReader(header + body), read, parse_options, convert)
-
-    try:
-        parse(b"".join(lines))
-    except PARSE_ERRORS as e:
-        first_error: Exception = e
-    else:
+    found = _first_bad(header, lines, text, parse_options, names)
+    if found is None:
         return None
-    bad, error = first_bad_line(parse, lines)
-    problem, fix = _describe(lines[bad], error or first_error)
+    bad, error = found
+    problem, fix = _describe(lines[bad], error)
     return ShardError(
         shard.url,
         problem,
