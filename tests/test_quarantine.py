@@ -218,6 +218,23 @@ def test_a_bad_csv_row_where_types_are_inferred_quarantines_just_that_row(
     exactly_once_but_quarantined(seen, stream.quarantined, 2 * rows, rows_per_shard=rows)
 
 
+def test_a_quarantine_to_a_shard_s_end_is_told_as_rows_not_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # An unterminated quote runs to the end of its shard: the rows after it cannot be told
+    # apart, so the quarantine holds "the rest". The epoch's report said "skipped 0 rows".
+    rows = [f"{i},t{i}\n" if i != 30 else f'{i},"open\n' for i in range(100)]  # never closed
+    (tmp_path / "a.csv").write_text("id,text\n" + "".join(rows))
+    stream = ingest.Stream(str(tmp_path), batch_size=10, read=SKIP)
+    with caplog.at_level(logging.WARNING, logger="ingest.engine.stream"):
+        assert sorted(ids_of(list(stream))) == list(range(30))
+    [q] = stream.quarantined
+    assert (q.start, q.stop, q.rows) == (30, None, None)
+    assert stream.stats["rows_skipped"] == 0, "rows known to be skipped (none are)"
+    told = "epoch 0 skipped 0 rows and the rest of 1 shard (rows not counted) in 1 quarantine"
+    assert any(told in r.message for r in caplog.records), [r.message for r in caplog.records]
+
+
 def test_a_shard_that_vanished_after_the_listing_is_quarantined(tmp_path: Path) -> None:
     paths = write_parquet(tmp_path)
     stream = ingest.Stream(

@@ -378,10 +378,13 @@ class Stream:
         records = [q for q in records if not is_skip(q)]
         if records:
             told = summary(records)
+            ends = len({q.url for q in records if q.rows is None and q.stop is None})
+            rest = f" and the rest of {ends} shard{'s' * (ends > 1)} (rows not counted)"
             _log.warning(
-                "epoch %d skipped %d rows in %d quarantine(s) (on_error='skip'):\n  %s",
+                "epoch %d skipped %d rows%s in %d quarantine(s) (on_error='skip'):\n  %s",
                 epoch,
                 told["rows_skipped"],
+                rest if ends else "",
                 told["quarantined"],
                 "\n  ".join(q.describe() for q in records),
             )
