@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import json
+import math
 import os
 import pickle
 import re
@@ -14,6 +16,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
 import zstandard
@@ -803,3 +806,41 @@ def test_too_deep_measures_the_first_line_past_the_limit_strings_left_out() -> N
     assert too_deep("\r\n".join(lines).encode(), 9) is None, "a depth of the limit is allowed"
     assert too_deep(nested(7).encode(), 6) == 7, "no newline at all"
     assert too_deep(b"", 1) is None
+
+
+def written(table: pa.Table, fmt: str) -> bytes:
+    """``table`` as a shard of ``fmt``, whatever its columns."""
+    if fmt == "jsonl":
+        return "".join(json.dumps(row) + "\n" for row in table.to_pylist()).encode()
+    if fmt == "csv":
+        sink = pa.BufferOutputStream()
+        pa_csv.write_csv(table, sink)
+        return bytes(sink.getvalue())
+    return encode(table, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "jsonl", "csv"])
+@pytest.mark.parametrize("first_lacks", [True, False])
+def test_a_selected_column_one_shard_lacks_is_named_in_that_shard(
+    local: Store, fmt: str, first_lacks: bool
+) -> None:
+    # Found by a probe: where the first shard (whose types the stream takes) lacked a
+    # column of columns=[...], the error blamed the shard that has it ("column 'b' is
+    # int64, not null": a type nobody wrote); the other way round it named the right one.
+    table = make_table(0, 50).select(["id", "score", "text"])
+    lacking, having = ("a", "b") if first_lacks else ("b", "a")
+    local.write(f"d/{lacking}.{fmt}", written(table.drop_columns(["score"]), fmt))
+    local.write(f"d/{having}.{fmt}", written(table, fmt))
+    stream = ingest.Stream(local.url("d"), columns=["id", "score"], batch_size=10)
+    if fmt == "jsonl" and not first_lacks:  # a key no line of it holds: nulls, as in JSON
+        scores = [float(x) for b in stream for x in b["score"].tolist()]
+        assert len(scores) == 100 and sum(math.isnan(x) for x in scores) == 50
+        return
+    told = r"has no column\(s\) \['score'\]; it has \['id', 'text'\]"
+    if first_lacks:
+        told += r" \(the stream takes its column types from this shard.*ReadOptions\(schema="
+    if fmt == "csv" and not first_lacks:  # CSV shards must share the first one's header
+        told = r"header \['id', 'text'\] differs from .*a\.csv's"
+    with pytest.raises(ingest.ShardError, match=told) as err:
+        drain(stream)
+    assert err.value.url == local.url(f"d/{lacking}.{fmt}")

@@ -409,7 +409,7 @@ class Catalog:
         """The listing with the stream's schema: the files' (every footer checked against
         it), then the partition columns."""
         keys = partition_keys(shards)
-        stream_schema, origin = self._schema(shards, infos)
+        stream_schema, origin = self._schema(shards, infos, self._file_columns(keys))
         if stream_schema is not None:
             declared = stream_schema if declares(origin) else None
             if declared is None:
@@ -609,12 +609,17 @@ class Catalog:
         )
 
     def _schema(
-        self, shards: Sequence[Shard], infos: list[ShardInfo]
+        self, shards: Sequence[Shard], infos: list[ShardInfo], columns: Sequence[str] | None
     ) -> tuple[pa.Schema | None, str]:
         """The stream schema: the explicit one, or that of the first non-empty shard whose
-        schema can be inferred (those that cannot are marked unread in ``infos`` under
-        ``on_error="skip"``; those without records, a CSV file of its header alone, are
-        passed over); None where no shard holds a record."""
+        schema can be inferred and holds the ``columns`` read (those that cannot are marked
+        unread in ``infos`` under ``on_error="skip"``; those without records, a CSV file of
+        its header alone, are passed over); None where no shard holds a record.
+
+        A shard that lacks a column read is refused here, naming it (:func:`_check_typed`):
+        taken as the stream's, its missing column was typed null, and the next shard, which
+        has it, was blamed for a type nobody wrote (or a JSON Lines stream read on without
+        the column)."""
         if self.options.schema is not None:
             return self.options.schema, DECLARED
         table = self._table_schema(shards)
@@ -629,6 +634,8 @@ class Catalog:
                 return known, shard.url
             try:
                 inferred = self._inferred(shard, info)
+                if inferred is not None:
+                    _check_typed(shard.url, columns, inferred.names)
             except IndexStoreError:
                 raise
             except Exception as e:
@@ -656,6 +663,24 @@ class Catalog:
         if inferred is not None:
             self.index_store.put_schema(shard, key, inferred)
         return inferred
+
+
+def _check_typed(url: str, columns: Sequence[str] | None, names: Sequence[str]) -> None:
+    """Refuse the shard whose types the stream takes (the first) where it lacks one of the
+    ``columns`` read: it has no type for it.
+
+    Raises:
+        ShardError: Naming ``url``, the missing columns and ``names``.
+    """
+    missing = [c for c in columns or () if c not in names]
+    if missing:
+        raise ShardError(
+            url,
+            f"has no column(s) {missing}; it has {list(names)} (the stream takes its column "
+            "types from this shard, the first that holds records)",
+            "fix columns=[...] or the data, or declare the types with ReadOptions(schema=...) "
+            "(a column a shard lacks then reads as nulls)",
+        )
 
 
 def _vacuumed_info(shard: Shard, rows: int | None) -> ShardInfo:
