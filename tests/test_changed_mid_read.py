@@ -34,7 +34,7 @@ from ingest.formats import FORMAT_RESOLVER, ReadOptions
 from ingest.formats.base import ReadContext
 from ingest.planner.catalog import Catalog
 from ingest.planner.index import index_shard
-from ingest.storage.sources import Source
+from ingest.storage.sources import Source, UnversionedShardWarning
 from ingest.storage.sources.cached import open_cached
 from ingest.testing import Store, encode, make_table
 from ingest.tools.loopback.http import LoopbackHTTP
@@ -225,6 +225,32 @@ def test_an_http_shard_overwritten_since_its_listing_fails_naming_it(
             source.open(shards["a.jsonl"], block_size=1024).read(9)
         with pytest.raises(ingest.SourceError, match=r"/d/b\.parquet: " + CHANGED):
             source.fetch_ranges(shards["b.parquet"], [0], [4])
+        assert time.monotonic() - started < 5, "failed at once, not retried to the deadline"
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_http_shard_of_another_size_since_its_listing_fails_naming_it(
+    tmp_path: Path, fmt: str
+) -> None:
+    # Found by a probe: a server that sends no validator, a shard replaced by one of
+    # another size mid-epoch: a Parquet read was retried as a short body until the deadline
+    # ("check the network"), a JSON Lines one failed as "invalid JSON ... fix the line".
+    # Each answer says the object's size (Content-Range, or Content-Length): compared too.
+    (tmp_path / "d").mkdir()
+    data = jsonl(0, 500) if fmt == "jsonl" else encode(make_table(0, 500), "parquet")
+    (tmp_path / f"d/a.{fmt}").write_bytes(data)
+    with LoopbackHTTP(tmp_path, etag=False, last_modified=False) as server:
+        with pytest.warns(UnversionedShardWarning):
+            source = Source([server.url(f"d/a.{fmt}")])
+            [shard] = source.list_shards(FORMAT_RESOLVER)
+        assert len(source.fetch_ranges(shard, [0], [4]).read(4)) == 4
+        (tmp_path / f"d/a.{fmt}").write_bytes(data[: len(data) // 2])
+        started = time.monotonic()
+        with pytest.raises(ingest.SourceError, match=rf"/d/a\.{fmt}: " + CHANGED) as err:
+            source.fetch_ranges(shard, [0], [4])
+        assert f"{len(data) // 2} bytes" in str(err.value) and f"{len(data)}" in str(err.value)
+        with pytest.raises(ingest.SourceError, match=rf"/d/a\.{fmt}: " + CHANGED):
+            source.open(shard, block_size=1024).read(9)
         assert time.monotonic() - started < 5, "failed at once, not retried to the deadline"
 
 

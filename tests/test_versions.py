@@ -22,7 +22,7 @@ import pytest
 import ingest
 from ingest.core.errors import StateError
 from ingest.storage.sources import UnversionedShardWarning
-from ingest.storage.sources.http_versions import other_version
+from ingest.storage.sources.http_versions import other_size, other_version
 from ingest.testing import make_table
 from ingest.tools.loopback.http import LoopbackHTTP
 from tests.hub_stub import HubStub
@@ -252,3 +252,22 @@ def test_an_http_answer_of_another_version_is_told_from_one_of_the_listed(
     # changing content must not fail the read.
     found = other_version(listed, headers)
     assert found == other if other is None else (found or "").startswith(other)
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "other"),
+    [
+        (206, {"Content-Range": "bytes 0-3/100"}, None),
+        (206, {"Content-Range": "bytes 0-3/60", "Content-Length": "4"}, 60),
+        (206, {"Content-Range": "bytes 0-3/*"}, None),  # a server that does not know
+        (206, {"Content-Length": "4"}, None),  # no Content-Range: the part's length only
+        (200, {"Content-Length": "100"}, None),  # a whole answer
+        (200, {"Content-Length": "60"}, 60),
+        (200, {"Content-Length": "60", "Content-Encoding": "gzip"}, None),  # compressed
+        (200, {}, None),
+    ],
+)
+def test_an_http_answer_of_another_size_is_told_from_one_of_the_listed(
+    status: int, headers: dict[str, str], other: int | None
+) -> None:
+    assert other_size(100, status, headers) == other

@@ -6,12 +6,14 @@ mishandles it (an unquoted or weak ETag, a proxy that drops it): an object overw
 the server since the listing was read on as its new version, the rows of two versions in one
 epoch (the old version's first rows and the new one's last, some of either lost or doubled).
 
-Every answer to a ``GET`` carries its validators, though (``ETag``, ``Last-Modified``): each
-``GET`` of a listed shard is compared with the version the listing saw, and an answer of
-another version fails the read before its body is read (:class:`~ingest.storage.sources.
-faults.ChangedError`: the source names the URL and the fix, and retries nothing). A server
-that sends no validator on a ``GET`` cannot be checked (as its listing warned:
-``UnversionedShardWarning``). The check is an aiohttp trace hook on the HTTP filesystem's
+Every answer to a ``GET`` carries its validators, though (``ETag``, ``Last-Modified``), and
+the object's size (``Content-Range``'s total; a whole answer's ``Content-Length``): each
+``GET`` of a listed shard is compared with the version and size the listing saw, and an
+answer of another fails the read before its body is read (:class:`~ingest.storage.sources.
+faults.ChangedError`: the source names the URL and the fix, and retries nothing; a shard of
+another size was retried as a short body until the deadline, or parsed as bad data). A
+server that sends no validator on a ``GET`` is checked by the size alone (as its listing
+warned: ``UnversionedShardWarning``). The check is an aiohttp trace hook on the HTTP filesystem's
 session (fsspec makes the requests; subclassing its files to see their answers would copy
 their fetches), so ranged reads, whole reads and streamed reads are all checked.
 
@@ -67,6 +69,24 @@ def other_version(listed: str, headers: Mapping[str, str]) -> str | None:
     return None if etag is None else f"ETag {etag}"
 
 
+def other_size(listed: int, status: int, headers: Mapping[str, str]) -> int | None:
+    """The object's size an answer's ``headers`` say where it is not ``listed``; None where
+    it is, or where they do not tell: a part's (``206``) size is in ``Content-Range`` (a
+    server that sends none says nothing), a whole answer's (``200``) is its length, unless
+    compressed.
+
+    >>> other_size(100, 206, {"Content-Range": "bytes 0-3/60"})
+    60
+    """
+    whole = headers.get("Content-Range", "").rpartition("/")[2]
+    if status == 200 and not whole and "Content-Encoding" not in headers:
+        whole = headers.get("Content-Length", "")
+    if not whole.isdigit():  # "*": unknown
+        return None
+    size = int(whole)
+    return None if size == listed else size
+
+
 def _key(url: str | yarl.URL) -> str:
     """``url`` as requested (encoded as aiohttp sends it), without credentials."""
     return str(yarl.URL(url).with_user(None).with_fragment(None))
@@ -77,13 +97,12 @@ class ListedVersions:
     answer by the trace hook of :meth:`trace_config` (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._versions: dict[str, str] = {}
+        self._listed: dict[str, tuple[str, int]] = {}
 
-    def expect(self, url: str, version: str) -> None:
-        """Check the answers to ``GET`` requests of ``url`` against ``version`` (the
-        listing's; a shard listed again takes its new version). No version: none."""
-        if version:
-            self._versions[_key(url)] = version
+    def expect(self, url: str, version: str, size: int) -> None:
+        """Check the answers to ``GET`` requests of ``url`` against ``version`` and ``size``
+        (the listing's; a shard listed again takes its new ones). No version: the size."""
+        self._listed[_key(url)] = (version, size)
 
     def trace_config(self) -> aiohttp.TraceConfig:
         """A trace config for the HTTP filesystem's session (``client_kwargs``)."""
@@ -105,13 +124,20 @@ class ListedVersions:
     ) -> None:
         if params.method != "GET" or params.response.status not in (200, 206):
             return
-        listed = self._versions.get(_key(getattr(ctx, "url", params.url)))
+        listed = self._listed.get(_key(getattr(ctx, "url", params.url)))
         if listed is None:
             return
-        other = other_version(listed, params.response.headers)
+        version, size = listed
+        headers = params.response.headers
+        other = other_version(version, headers) if version else None
         if other is not None:  # raised here, the answer is closed and the request fails
             raise ChangedError(
-                f"the server answered a read with {other}, where the listing saw {listed!r}"
+                f"the server answered a read with {other}, where the listing saw {version!r}"
+            )
+        now = other_size(size, params.response.status, headers)
+        if now is not None:
+            raise ChangedError(
+                f"the server says it holds {now} bytes, where the listing saw {size}"
             )
 
 
@@ -127,4 +153,4 @@ def listed_versions(fs: Any) -> ListedVersions | None:
     return found
 
 
-__all__ = ["ListedVersions", "listed_versions", "other_version", "watch"]
+__all__ = ["ListedVersions", "listed_versions", "other_size", "other_version", "watch"]

@@ -329,7 +329,7 @@ class Source:
         path = fs._strip_protocol(real)
         listed = listed_versions(fs)
         if listed is not None and not shard.members:  # see ingest.storage.sources.http_versions
-            listed.expect(path, shard.version)
+            listed.expect(path, shard.version, shard.size)
         return fs, path
 
     def _hub_url(self, shard: Shard) -> str:
