@@ -5,6 +5,7 @@ resumes and world-size changes, on every transport."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -278,6 +279,11 @@ def test_skip_by_rows_and_the_refusals(data: list[str], tmp_path: Path) -> None:
     assert not got & set(range(ROWS, ROWS + 100))
     with pytest.raises(ingest.StateError, match="not a shard of the state's listing"):
         ingest.skip(state, rows=[("s3://elsewhere/x.parquet", 0, 1)])
+    # Rows past a shard's end (a typo: 40-4500 for 40-45) were recorded as that many rows
+    # left out (stats["rows_skipped_on_request"] said 4460 of a 500-row shard).
+    past = rf"rows \[40, 4500\) of {re.escape(data[1])}: the shard holds {ROWS} rows"
+    with pytest.raises(ingest.StateError, match=past):
+        ingest.skip(state, rows=[(data[1], 40, 4500)])
     with pytest.raises(ingest.ProvenanceError, match="without a log"):
         ingest.skip(state, steps=[3])
 
@@ -341,6 +347,11 @@ def test_ingest_skip_edits_a_state_file_or_a_checkpoint_in_place(
     assert main(["skip", str(broken), "--rows", row, "--out", str(out)]) == 2
     said = capsys.readouterr().err
     assert f"{broken}: the state is not JSON" in said, said
+    # An --out in a folder that is not there: the one-line error, not a traceback.
+    nowhere = tmp_path / "no-such-folder" / "out.json"
+    assert main(["skip", str(saved), "--rows", row, "--out", str(nowhere)]) == 2
+    said = capsys.readouterr().err
+    assert f"{nowhere}: cannot write the state" in said and "Traceback" not in said, said
 
 
 # -- replay (item 2) -------------------------------------------------------------------------

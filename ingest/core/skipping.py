@@ -91,6 +91,12 @@ def _skip_now(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple[
                 f"{r.url} is not a shard of the state's listing ({len(index)} shards); pass "
                 "a URL as the stream listed it (the provenance log's url column)"
             )
+        held = state.shards[shard].rows
+        if held is not None and r.stop > held:
+            raise StateError(
+                f"rows [{r.start}, {r.stop}) of {r.url}: the shard holds {held} rows (the "
+                f"state's listing); pass a range within [0, {held})"
+            )
         mine = consumed.of(shard)
         before = mine.count
         mine.add(r.start, r.stop)

@@ -343,8 +343,14 @@ def skip(args: argparse.Namespace) -> int:
     except StateError as e:  # what is wrong with the state: named by its file, as above
         raise StateError(f"{path}: {e}") from None
     target = path if args.in_place else args.out
-    with open(target + ".tmp", "w") as written:
-        json.dump(out, written)
+    try:
+        with open(target + ".tmp", "w") as written:
+            json.dump(out, written)
+    except OSError as e:
+        raise ConfigError(
+            f"{target}: cannot write the state ({e.strerror or e}); pass --out in a folder "
+            "that exists and may be written"
+        ) from None
     if args.in_place:  # the state before kept, the new one put in its place whole
         os.replace(path, path + ".bak")
     os.replace(target + ".tmp", target)
