@@ -422,3 +422,47 @@ def test_a_server_that_refuses_access_is_named_as_such_not_as_missing(
     assert "not found" not in message, message
     assert "headers" in message and "signed URL" in message, message
     assert time.monotonic() - start < 20
+
+
+class _Answering(http.server.BaseHTTPRequestHandler):
+    """Answers every request ``status``: 503 (busy), or 302 back to its own path (a loop)."""
+
+    status = 503
+
+    def do_HEAD(self) -> None:
+        self.send_response(self.status)
+        if self.status == 302:
+            self.send_header("Location", self.path)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        self.do_HEAD()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("status", "told"),
+    [
+        (503, r"kept answering HTTP 503 .*busy.*RetryPolicy\(deadline_s="),
+        (429, r"kept answering HTTP 429 .*busy.*RetryPolicy\(deadline_s="),
+        (302, r"redirects in a loop.*check the URL"),
+    ],
+)
+def test_a_server_that_is_always_busy_or_redirects_in_a_loop_is_named_as_such(
+    status: int, told: str
+) -> None:
+    """Found by a probe: both were 'not found (...). check the bucket and path' (a
+    NoShardsError), the answer only in the error's cause three levels down."""
+    handler = type("Handler", (_Answering,), {"status": status})
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        url = f"http://127.0.0.1:{server.server_address[1]}/a.parquet"
+        read = ingest.ReadOptions(retry=ingest.RetryPolicy(deadline_s=1.0, backoff_s=0.1))
+        with pytest.raises(ingest.IngestError, match=told) as err:
+            next(iter(ingest.Stream(url, batch_size=BATCH, read=read)))
+        server.shutdown()
+    assert "not found" not in str(err.value) and not isinstance(err.value, ingest.NoShardsError)
+    assert "a.parquet" in str(err.value)

@@ -112,8 +112,28 @@ def _busy(error: BaseException) -> bool:
     """Whether ``error``'s chain holds an answer that asks to try again (429, 503, any 5xx).
     fsspec's HTTP filesystem reports every failed HEAD or GET of a file's info as a
     ``FileNotFoundError``, a throttled one too: its cause says which it was."""
+    return busy_status(error) is not None
+
+
+def busy_status(error: BaseException) -> int | None:
+    """The status of the answer in ``error``'s chain that asks to try again (429, 503, any
+    5xx: see :func:`_busy`), or None."""
     status, _ = _http_status(error)
-    return status is not None and (status in _TRANSIENT_STATUSES or status >= 500)
+    busy = status is not None and (status in _TRANSIENT_STATUSES or status >= 500)
+    return status if busy else None
+
+
+def redirect_loop(error: BaseException) -> bool:
+    """Whether ``error``'s chain says the server redirected past the client's limit (a
+    loop): fsspec's HTTP filesystem reports it as a ``FileNotFoundError`` too."""
+    return any(type(e).__name__ == "TooManyRedirects" for e in _chain(error))
+
+
+BUSY_FIX = (
+    "the server is busy or failing: try again later, or give it longer with "
+    "ReadOptions(retry=ingest.RetryPolicy(deadline_s=...))"
+)
+REDIRECT_FIX = "check the URL: the server sends the request on to itself, again and again"
 
 
 def is_changed(error: BaseException) -> bool:
