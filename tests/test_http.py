@@ -4,6 +4,8 @@ through a stop and a resume, footers once, the Ray pool; requests counted at the
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import http.server
 import json
 import re
@@ -466,3 +468,32 @@ def test_a_server_that_is_always_busy_or_redirects_in_a_loop_is_named_as_such(
         server.shutdown()
     assert "not found" not in str(err.value) and not isinstance(err.value, ingest.NoShardsError)
     assert "a.parquet" in str(err.value)
+
+
+class _IndexPages(http.server.SimpleHTTPRequestHandler):
+    """Python's own file server: a folder's GET is an HTML page of links to its files."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("index_page", [False, True])
+@pytest.mark.parametrize("path", ["data/*.parquet", "data/"])
+def test_a_glob_or_a_folder_over_http_says_http_lists_nothing(
+    tmp_path: Path, index_page: bool, path: str
+) -> None:
+    """Found by a probe: a glob or a folder URL over HTTP failed as 'not found: http://host
+    does not exist. check the bucket and prefix' (the server was up), or, where the server
+    serves an index page (fsspec reads its links), as 'the server says no size'."""
+    write_dataset(fsspec.filesystem("file"), str(tmp_path / "data"), "parquet", 2, ROWS)
+    handler = functools.partial(_IndexPages, directory=str(tmp_path))
+    with contextlib.ExitStack() as stack:
+        if index_page:
+            server = stack.enter_context(http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler))
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            stack.callback(server.shutdown)
+            endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        else:
+            endpoint = stack.enter_context(LoopbackHTTP(tmp_path)).endpoint
+        with pytest.raises(ingest.SourceError, match=r"HTTP.*lists no folder.*urls_from"):
+            next(iter(ingest.Stream(f"{endpoint}/{path}", batch_size=BATCH)))

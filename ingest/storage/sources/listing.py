@@ -68,6 +68,7 @@ def list_url(
         known_commit(fs, url)
         key = f"{hub.endpoint_of(source.storage_options)} {url} {source.format}"
     path = fs._strip_protocol(strip_userinfo(url))
+    _check_http_names_a_file(url, path)
     infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
     base = base_of(_without_query(path), glob=_is_glob(path) and not explicit)
     logged: dict[str, delta.DeltaFile] = {}  # a Delta table's files, as their log says
@@ -265,6 +266,20 @@ def _check_listed(
             f"{fs.unstrip_protocol(lost[0])} first: removed by hand since the table's last "
             "commit",
             "restore the files, or repair the table (FSCK REPAIR TABLE in Spark)",
+        )
+
+
+def _check_http_names_a_file(url: str, path: str) -> None:
+    """Refuse an HTTP(S) URL that names a folder or a glob: fsspec reads the links of a
+    folder's index page where a server serves one, with no sizes; where it serves none, the
+    folder "does not exist" (the server is up). Both were refused naming another cause."""
+    if get_protocol(url) in ("http", "https") and (_is_glob(path) or path.endswith("/")):
+        raise NoShardsError(
+            url,
+            "names a folder or a glob, and HTTP(S) lists no folder: each shard is a URL of "
+            "its own",
+            "pass the shards' URLs, or an index file naming them one per line: "
+            "ingest.Stream(ingest.urls_from(index_url), ...)",
         )
 
 
