@@ -276,8 +276,7 @@ def _check_http_names_a_file(url: str, path: str) -> None:
     if get_protocol(url) in ("http", "https") and (_is_glob(path) or path.endswith("/")):
         raise NoShardsError(
             url,
-            "names a folder or a glob, and HTTP(S) lists no folder: each shard is a URL of "
-            "its own",
+            "names a folder or a glob, and HTTP(S) lists no folder: each shard is a URL of its own",
             "pass the shards' URLs, or an index file naming them one per line: "
             "ingest.Stream(ingest.urls_from(index_url), ...)",
         )
