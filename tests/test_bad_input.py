@@ -723,6 +723,20 @@ def test_a_duplicate_field_in_one_sample_is_refused(local: Store) -> None:
         drain(ingest.Stream(local.url("d"), batch_size=1))
 
 
+def test_a_sample_whose_members_are_apart_is_refused(local: Store) -> None:
+    # Found by a probe: members a.txt, b.txt, a.json, b.json made four rows, two per key,
+    # each with half its fields null, without a word.
+    local.write(
+        "d/a.tar", tar_of(("a.txt", b"1"), ("b.txt", b"2"), ("a.json", b"{}"), ("b.json", b"{}"))
+    )
+    with pytest.raises(
+        ingest.ShardError,
+        match=r"a\.tar at byte 2048: sample 'a' goes on after sample 'b'.*\(member 'a\.json'\)"
+        r".*two rows.*--sort=name",
+    ):
+        list(ingest.Stream(local.url("d"), batch_size=1))
+
+
 class RunsCode:
     """Unpickling this runs code: it creates the file ``marker``."""
 

@@ -15,7 +15,10 @@ What a shard may hold, as WebDataset users expect it:
   samples had is a :class:`~ingest.core.errors.SchemaMismatchError`, unless ``columns=[...]``
   leaves it out.
 - The same field twice in one sample (``0001.jpg`` twice in a row) is an error, as in
-  ``webdataset``'s ``group_by_keys``: one of the two would be lost.
+  ``webdataset``'s ``group_by_keys``: one of the two would be lost. So is a sample whose
+  members are apart (``a.txt``, ``b.txt``, ``a.json``): it would be two rows of one key, each
+  with half its fields (``webdataset`` yields them so, silently). A read from a seek point
+  checks the samples from there on.
 - A member with no extension (``0001``, ``dir.v2/0001``) names no field, and one whose
   extension is ``__key__`` would overwrite the sample's key: both are errors (``webdataset``
   drops the first silently).
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import posixpath
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
@@ -87,6 +90,7 @@ def _samples(
         go_to(f, seekable, offset, block_bytes, shard.url)
         key: str | None = None
         fields: dict[str, bytes] = {}
+        done: set[str] = set()  # the keys of the samples read (a key again: members apart)
         start = position = offset
         members = tar.Members(f, offset, block_bytes)
         try:
@@ -97,7 +101,10 @@ def _samples(
                 k, ext = _field(shard, member)
                 if k != key:
                     if key is not None:
+                        done.add(key)
                         yield start, key, fields
+                    if k in done:
+                        _refuse_apart(shard, k, key, member.name, position)
                     key, fields, start = k, {}, position
                 elif ext in fields:
                     raise ShardError(
@@ -118,6 +125,19 @@ def _samples(
         _check_end(shard, f, seekable, members.end)
         if key is not None:
             yield start, key, fields
+
+
+def _refuse_apart(shard: Shard, key: str, after: str | None, name: str, position: int) -> NoReturn:
+    """Refuse sample ``key``, met again after sample ``after`` (its member ``name``)."""
+    raise ShardError(
+        shard.url,
+        f"sample {key!r} goes on after sample {after!r} (member {name!r}): a sample's members "
+        "must follow one another, or it would be two rows of one key, each with part of "
+        "its fields",
+        "write each sample's files one after another (tar --sort=name, or a WebDataset "
+        "writer such as webdataset.TarWriter)",
+        byte=position,
+    )
 
 
 def _check_end(shard: Shard, f: Any, seekable: bool, end: int) -> None:
