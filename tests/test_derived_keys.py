@@ -122,6 +122,13 @@ def test_a_callable_tokenizer_is_not_cacheable_and_says_so() -> None:
 
     with pytest.warns(DerivedWarning, match="has no fingerprint.*version="):
         assert chain_fingerprint(Tokenize(tokenizer)) is None
+    # The warning's advice, followed (found by a probe: Tokenize took no version=).
+    one = chain_fingerprint(Tokenize(tokenizer, version="1"))
+    assert one is not None and one == chain_fingerprint(Tokenize(tokenizer, version="1"))
+    assert one != chain_fingerprint(Tokenize(tokenizer, version="2"))
+    assert one != chain_fingerprint(Tokenize(tokenizer, version="1", eos_id=4))
+    with pytest.raises(ConfigError, match="version="):
+        Tokenize(tokenizer, version="")
 
 
 @pytest.mark.parametrize(

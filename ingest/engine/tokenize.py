@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError
-from ingest.engine.stage import RowError, Stage, Staged
+from ingest.engine.stage import RowError, Stage, Staged, checked_version
 from ingest.formats.arrays import first_null, ints
 
 EOS_KEY = b"ingest.eos_id"
@@ -301,6 +301,10 @@ class Tokenize(Stage):
             named here).
         parallel_batches: Batches tokenized at once, in threads (see above); None:
             :func:`default_parallel_batches`.
+        version: For a callable tokenizer, which has no serialized form: a str you change
+            whenever what it computes changes, so that the derived cache (``derived=``)
+            keeps its output (:meth:`fingerprint`); a Rust tokenizer needs none (given one,
+            its copies are made anew when it changes).
     """
 
     def __init__(
@@ -312,7 +316,10 @@ class Tokenize(Stage):
         eos_id: int | None = None,
         keep: Sequence[str] = (),
         parallel_batches: int | None = None,
+        version: str | None = None,
     ) -> None:
+        if version is not None:
+            checked_version("Tokenize", version)
         if parallel_batches is None:
             parallel_batches = default_parallel_batches()
         if parallel_batches < 1:
@@ -327,6 +334,7 @@ class Tokenize(Stage):
                 "or None; pass the tokenizer's end-of-text id (tokenizer.token_to_id(...))"
             )
         self.parallel_batches = parallel_batches
+        self.version = version
         self.tokenizer = tokenizer
         self.encode = _encoder(tokenizer)
         self._rust = isinstance(self.encode, _Rust)
@@ -339,19 +347,23 @@ class Tokenize(Stage):
         """What this stage computes, for the derived cache: the SHA-256 of the tokenizer's
         serialized form (``tokenizers.Tokenizer.to_str()``), ``column``, ``output``,
         ``eos_id``, ``keep`` and :data:`REVISION`; ``parallel_batches`` is left out (it
-        changes how fast, not what). None for a callable tokenizer, which has no serialized
-        form to compare: its chain is not cached."""
+        changes how fast, not what). A callable tokenizer, which has no serialized form to
+        compare, is named by its ``version`` instead; None without one: its chain is not
+        cached."""
         to_str = getattr(self.tokenizer, "to_str", None)
-        if to_str is None:
+        if to_str is None and self.version is None:
             return None
-        fields = {
+        fields: dict[str, Any] = {
             "revision": REVISION,
-            "tokenizer": hashlib.sha256(str(to_str()).encode()).hexdigest(),
             "column": self.column,
             "output": self.output,
             "eos_id": None if self.eos_id is None else int(self.eos_id),
             "keep": list(self.keep),
         }
+        if to_str is not None:
+            fields["tokenizer"] = hashlib.sha256(str(to_str()).encode()).hexdigest()
+        if self.version is not None:  # (a Rust tokenizer's: to make its copies anew)
+            fields["version"] = self.version
         return json.dumps(fields, sort_keys=True)
 
     def __call__(self, table: pa.Table) -> Staged:
