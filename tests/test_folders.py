@@ -523,3 +523,11 @@ def test_an_image_folder_read_without_its_format_says_which_format_reads_it(
     with warnings.catch_warnings():
         warnings.simplefilter("error", ingest.storage.sources.UnreadFolderFilesWarning)
         ingest.Stream(str(tmp_path / "bare"), batch_size=1).listing()
+
+
+@pytest.mark.parametrize("size", [7, (4,), (0, 4), (4.5, "4"), "224"])
+def test_an_image_size_that_is_not_height_and_width_is_named(size: Any) -> None:
+    # Found by a probe: Images(7) (torchvision's habit: one side) was a bare
+    # "TypeError: object of type 'int' has no len()".
+    with pytest.raises(ConfigError, match=r"size=.* must be \(height, width\)"):
+        ingest.decode.Images(size)

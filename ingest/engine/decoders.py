@@ -14,6 +14,7 @@ feed splits the batch to find the files that fail and delivers the others
 from __future__ import annotations
 
 import io
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -23,6 +24,19 @@ import pyarrow as pa
 from ingest.core.errors import ConfigError, ShardError
 
 _FIX = "replace or remove the file, or pass ReadOptions(on_error='skip') to quarantine it"
+
+
+def _height_and_width(size: object) -> bool:
+    """Whether ``size`` is two integers >= 1."""
+    return (
+        isinstance(size, (tuple, list))
+        and len(size) == 2
+        and all(_positive_integer(n) for n in size)
+    )
+
+
+def _positive_integer(n: object) -> bool:
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool) and int(n) >= 1
 
 
 class Images:
@@ -45,8 +59,11 @@ class Images:
         keep: Sequence[str] = ("label",),
         column: str = "image",
     ) -> None:
-        if len(size) != 2 or min(size) < 1:
-            raise ConfigError(f"size={size!r} must be (height, width), both >= 1")
+        if not _height_and_width(size):
+            raise ConfigError(
+                f"size={size!r} must be (height, width), both integers >= 1 (for a square "
+                "image of side n, pass (n, n))"
+            )
         self.size = (int(size[0]), int(size[1]))
         self.mode = mode
         self.keep = tuple(keep)
