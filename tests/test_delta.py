@@ -358,10 +358,13 @@ def test_a_version_is_read_from_the_checkpoint_and_commits_before_it(tmp_path: P
     assert snapshot(read_log(fs, url, []), url).version == 4  # the newest
     (tmp_path / "t" / "_delta_log" / f"{0:020}.json").unlink()  # the log's retention
     assert snapshot(read_log(fs, url, [], 3), url).version == 3  # from the checkpoint
-    with pytest.raises(SourceError, match=r"no longer holds version 1.*without the state"):
+    with pytest.raises(SourceError, match=r"no longer holds version 1.*without the state") as e:
         snapshot(read_log(fs, url, [], 1), url)
-    with pytest.raises(SourceError, match=r"no longer holds version 9"):
+    # What the log holds, in words (found by a probe: "commits []..[] ... checkpoint None").
+    assert "(it holds commit 1 and no checkpoint before version 1)" in str(e.value), e.value
+    with pytest.raises(SourceError, match=r"no longer holds version 9") as e:
         snapshot(read_log(fs, url, [], 9), url)
+    assert "(it holds commits 3..4 after its checkpoint at version 2)" in str(e.value), e.value
 
 
 def test_what_the_files_alone_do_not_give_exactly_is_refused_with_the_fix() -> None:

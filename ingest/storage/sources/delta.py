@@ -440,12 +440,24 @@ def _check_holds(log: DeltaLog, where: str, expected: list[int]) -> None:
     held = sorted(log.commits)
     if held == expected and (held[-1] if held else log.checkpoint_version) == log.at:
         return
+    if not held:
+        commits = "no commit"
+    elif len(held) == 1:
+        commits = f"commit {held[0]}"
+    else:
+        commits = f"commits {held[0]}..{held[-1]}"
+    checkpoint = (
+        f"no checkpoint before version {log.at}"
+        if log.checkpoint_version is None
+        else f"its checkpoint at version {log.checkpoint_version}"
+    )
+    joined = "and" if log.checkpoint_version is None else "after"
     raise SourceError(
         where,
         f"its Delta log no longer holds version {log.at}, the version the stream's state "
-        f"was saved at (commits {held[:1]}..{held[-1:]} up to it after checkpoint "
-        f"{log.checkpoint_version}): the log's retention (delta.logRetentionDuration) "
-        "removed its commits, or the table was written again from scratch",
+        f"was saved at (it holds {commits} {joined} {checkpoint}): the log's retention "
+        "(delta.logRetentionDuration) removed its commits, or the table was written again "
+        "from scratch",
         "start the epoch without the state (a new stream reads the newest version), or keep "
         "the log longer",
     )
