@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.formats.arrays import first_null
 
@@ -27,7 +28,42 @@ def refused_null(table: pa.Table) -> tuple[str, pa.DataType, int] | None:
     for name, column in zip(table.column_names, table.columns, strict=True):
         if column.null_count and _refuses_null(column.type):
             return name, column.type, first_null(column)
+        if is_number_list(column.type):
+            row = _first_null_inside(column)
+            if row is not None:
+                return name, column.type, row
     return None
+
+
+def _first_null_inside(column: pa.Array | pa.ChunkedArray) -> int | None:
+    """The first row of a list-of-numbers column (:func:`is_number_list`) that holds a
+    refused null inside: a null integer, or a null list of a row's fixed shape; None if
+    none does. The levels' values are only counted (no copy); where one holds a null, each
+    value is mapped to its row (``list_parent_indices``)."""
+    chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+    before = 0
+    for chunk in chunks:
+        row = _null_inside(chunk)
+        if row is not None:
+            return before + row
+        before += len(chunk)
+    return None
+
+
+def _null_inside(values: pa.Array) -> int | None:
+    """:func:`_first_null_inside` of one array."""
+    levels = []
+    while is_number_list(values.type):
+        levels.append(values)
+        values = pc.list_flatten(values)
+        if values.null_count and not pa.types.is_floating(values.type):  # (floats: NaN)
+            break
+    else:
+        return None
+    index = first_null(values)
+    for level in reversed(levels):  # the value's list, its list's, ... its row
+        index = int(pc.list_parent_indices(level)[index].as_py())
+    return index
 
 
 def _refuses_null(t: pa.DataType) -> bool:
