@@ -124,3 +124,15 @@ def test_ls_count_on_tar_shards(local: Store) -> None:
     lines = out.stdout.splitlines()
     assert [line.split()[-1] for line in lines[1:3]] == ["37", "5"]
     assert lines[-1].startswith("2 shards, 42 rows, ")
+
+
+def test_a_warning_is_one_line_naming_the_command(local: Store) -> None:
+    # Found by a probe: a warning came as Python prints it, with the library's source line
+    # ("/.../ingest/tools/cli.py:414: IncidentalFilesWarning: ... listing = catalog.scan(").
+    local.write("d/a.parquet", encode(make_table(0, 10), "parquet"))
+    local.write("d/README.txt", b"about the data\n")
+    out = run("ls", local.url("d"))
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ingest ls: warning: "), out.stderr
+    assert "README.txt" in lines[0] and ".py:" not in out.stderr, out.stderr

@@ -341,6 +341,10 @@ def test_ingest_skip_edits_a_state_file_or_a_checkpoint_in_place(
     assert edited == ingest.skip(state, rows=[(data[0], 0, 5)])
     assert main(["skip", str(saved), "--out", str(out)]) == 2  # nothing named
     assert "give --steps" in capsys.readouterr().err
+    # Steps without the log that names their rows: the flag to pass, not the library's name.
+    assert main(["skip", str(saved), "--steps", "8-9", "--out", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert "--steps needs --provenance" in said and "provenance=" not in said, said
     # A state file that is not one names the file, as a missing one does.
     broken = tmp_path / "broken.json"
     broken.write_text("{not json")

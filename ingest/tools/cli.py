@@ -18,6 +18,7 @@ import importlib
 import json
 import os
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -316,22 +317,34 @@ def which(url: str, steps: range, storage_options: Sequence[str], as_json: bool)
     return 0 if found else 1
 
 
-def skip(args: argparse.Namespace) -> int:
-    """``ingest skip``: the state at ``args.state`` with the rows left out, written out."""
-    from ingest.core.quarantine import SKIPPED, is_skip
-    from ingest.core.state import StreamState, read_state
+def _skip_state(args: argparse.Namespace) -> tuple[str, str]:
+    """``ingest skip``'s state file (in a checkpoint folder, its state file) and text, once
+    the arguments are checked."""
     from ingest.core.state.checks import MAX_STATE_BYTES
-    from ingest.engine.provenance import skip as skip_rows
     from ingest.integrations.ray_train import STATE_FILE
 
     if args.steps is None and not args.rows:
         raise ConfigError("ingest skip: give --steps (with --provenance) or --rows")
+    if args.steps is not None and not args.provenance:
+        raise ConfigError(
+            "--steps needs --provenance LOG: the run's provenance log (the URL the stream was "
+            "given as its provenance), which names the rows of each step"
+        )
     path = os.path.join(args.state, STATE_FILE) if os.path.isdir(args.state) else args.state
     try:
         with open(path, "rb") as f:
-            text = f.read(MAX_STATE_BYTES + 1).decode("utf-8", "replace")
+            return path, f.read(MAX_STATE_BYTES + 1).decode("utf-8", "replace")
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the state ({e.strerror or e})") from None
+
+
+def skip(args: argparse.Namespace) -> int:
+    """``ingest skip``: the state at ``args.state`` with the rows left out, written out."""
+    from ingest.core.quarantine import SKIPPED, is_skip
+    from ingest.core.state import StreamState, read_state
+    from ingest.engine.provenance import skip as skip_rows
+
+    path, text = _skip_state(args)
     try:
         out = skip_rows(
             text,
@@ -585,8 +598,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list[:1] == ["bench"]:
         return bench(args_list[1:])
     args = _parser().parse_args(args_list)
+
+    def show(message: Warning | str, *_: Any, **__: Any) -> None:  # one line, no source line
+        print(f"ingest {args.command}: warning: {message}", file=sys.stderr)
+
     try:
-        return _run(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = show
+            return _run(args)
     except IngestError as e:
         print(f"ingest {args.command}: error: {e}", file=sys.stderr)
         return 2
