@@ -879,3 +879,21 @@ def test_a_selected_column_one_shard_lacks_is_named_in_that_shard(
     with pytest.raises(ingest.ShardError, match=told) as err:
         drain(stream)
     assert err.value.url == local.url(f"d/{lacking}.{fmt}")
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (encode(make_table(0, 10), "parquet"), r"a Parquet file.*format='parquet'"),
+        (gzip.compress(b'{"id": 1}\n'), r"gzip-compressed.*\.jsonl\.gz"),
+    ],
+    ids=["parquet", "gzip"],
+)
+def test_a_file_read_as_json_lines_that_is_another_format_says_so(
+    local: Store, data: bytes, kind: str
+) -> None:
+    # Found by a probe: format="jsonl" over a Parquet file said "invalid JSON ... fix or
+    # remove the line", its bytes (b'PAR1...') the only hint.
+    local.write("d/a.jsonl", data)
+    with pytest.raises(ingest.ShardError, match=r"a\.jsonl at line 1, row 0, byte 0: .*" + kind):
+        list(ingest.Stream(local.url("d"), batch_size=1))

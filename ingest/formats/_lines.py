@@ -187,6 +187,30 @@ def split_lines(body: bytes) -> list[bytes]:
     return lines if lines[-1] else lines[:-1]
 
 
+_OTHER_FORMATS = (
+    (b"PAR1", "a Parquet file", "read it with format='parquet' (or name it .parquet)"),
+    (b"ARROW1", "an Arrow IPC file", "read it with format='arrow' (or name it .arrow)"),
+    (b"\x1f\x8b", "a gzip-compressed file", "name it for its compression (.jsonl.gz, .csv.gz)"),
+    (
+        b"\x28\xb5\x2f\xfd",
+        "a zstd-compressed file",
+        "name it for its compression (.jsonl.zst, .csv.zst)",
+    ),
+    (b"PK\x03\x04", "a zip archive", "unpack it, or store its files as shards"),
+)
+"""The first bytes of files a line format cannot read: what the file is, and the fix."""
+
+
+def another_format(first: bytes) -> tuple[str, str] | None:
+    """What a file whose first line is ``first`` is, where it starts as a file of another
+    format does (a wrong ``format=``, or a compressed file without its extension), and the
+    fix; else None."""
+    for magic, kind, fix in _OTHER_FORMATS:
+        if first.startswith(magic):
+            return kind, fix
+    return None
+
+
 def first_bad_line(
     parse: Callable[[bytes], object], lines: list[bytes]
 ) -> tuple[int, Exception | None]:
@@ -408,6 +432,9 @@ class LineReader(ShardReader):
         byte = offset + sum(len(x) for x in lines[:bad])
         rows_before = sum(1 for x in lines[:bad] if self.has_rows(x))
         problem, fix, schema = self.describe_error(lines[bad], error or first_error)
+        other = another_format(lines[bad]) if byte == 0 else None
+        if other is not None:  # a wrong format=, or a compressed file without its extension
+            problem, fix = f"{problem}; the file starts as {other[0]} does", other[1]
         cls = SchemaMismatchError if schema else ShardError
         return bad, cls(
             self.ctx.shard.url,
