@@ -98,8 +98,9 @@ def match_needed(
         raise StateError(
             f"the state carries rows of its last epoch into the next one (an epoch's rows "
             f"that did not fill a step), in shards {(missing + changed)[:3]} that are no "
-            f"longer there as they were (the state was listed with {tables}): rewritten or "
-            "removed since. Restore them, or load no state (the epoch starts over); a run "
+            f"longer there as they were (the state was listed with {tables}): rewritten, "
+            "removed, or given other deleted rows (a Delta deletion vector: a DELETE, UPDATE "
+            "or MERGE) since. Restore them, or load no state (the epoch starts over); a run "
             "whose data changes between epochs can pass remainder='drop' (the rows that "
             "fill no step are dropped, and counted), so that its states carry none"
         )
