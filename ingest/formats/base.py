@@ -605,21 +605,35 @@ def clip(batches: Iterator[RowBatch], start: int, stop: int | None) -> Iterator[
 
 
 def check_columns(
-    url: str, columns: Sequence[str] | None, names: Sequence[str], row: int | None = None
+    url: str,
+    columns: Sequence[str] | None,
+    names: Sequence[str],
+    row: int | None = None,
+    *,
+    typed: bool = False,
 ) -> None:
     """Raise if ``columns`` (the stream's ``columns=[...]``) names one that is not among the
     shard's ``names``, naming the missing ones and those it has (in every format: a
-    column asked for is never dropped without a word).
+    column asked for is never dropped without a word). ``typed``: the shard is the one the
+    stream takes its column types from (the first), so it has no type for the column.
 
     Raises:
         ShardError: Naming ``url``, the missing columns and ``names``.
     """
     missing = [c for c in columns or () if c not in names]
     if missing:
+        first = " (the stream takes its column types from this shard, the first that holds "
         raise ShardError(
             url,
-            f"has no column(s) {missing}; it has {list(names)}",
-            "fix columns=[...] or the data",
+            f"has no column(s) {missing}; it has {list(names)}"
+            + (first + "records)" if typed else ""),
+            "fix columns=[...] or the data"
+            + (
+                ", or declare the types with ReadOptions(schema=...) (a column a shard lacks "
+                "then reads as nulls)"
+                if typed
+                else ""
+            ),
             row=row,
         )
 

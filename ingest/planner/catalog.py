@@ -47,6 +47,7 @@ from ingest.formats.base import (
     ReadContext,
     ReadOptions,
     ShardInfo,
+    check_columns,
     check_schema,
     declares,
 )
@@ -616,10 +617,10 @@ class Catalog:
         unread in ``infos`` under ``on_error="skip"``; those without records, a CSV file of
         its header alone, are passed over); None where no shard holds a record.
 
-        A shard that lacks a column read is refused here, naming it (:func:`_check_typed`):
-        taken as the stream's, its missing column was typed null, and the next shard, which
-        has it, was blamed for a type nobody wrote (or a JSON Lines stream read on without
-        the column)."""
+        A shard that lacks a column read is refused here, naming it
+        (:func:`~ingest.formats.base.check_columns`): taken as the stream's, its missing
+        column was typed null, and the next shard, which has it, was blamed for a type
+        nobody wrote (or a JSON Lines stream read on without the column)."""
         if self.options.schema is not None:
             return self.options.schema, DECLARED
         table = self._table_schema(shards)
@@ -635,7 +636,7 @@ class Catalog:
             try:
                 inferred = self._inferred(shard, info)
                 if inferred is not None:
-                    _check_typed(shard.url, columns, inferred.names)
+                    check_columns(shard.url, columns, inferred.names, typed=True)
             except IndexStoreError:
                 raise
             except Exception as e:
@@ -663,24 +664,6 @@ class Catalog:
         if inferred is not None:
             self.index_store.put_schema(shard, key, inferred)
         return inferred
-
-
-def _check_typed(url: str, columns: Sequence[str] | None, names: Sequence[str]) -> None:
-    """Refuse the shard whose types the stream takes (the first) where it lacks one of the
-    ``columns`` read: it has no type for it.
-
-    Raises:
-        ShardError: Naming ``url``, the missing columns and ``names``.
-    """
-    missing = [c for c in columns or () if c not in names]
-    if missing:
-        raise ShardError(
-            url,
-            f"has no column(s) {missing}; it has {list(names)} (the stream takes its column "
-            "types from this shard, the first that holds records)",
-            "fix columns=[...] or the data, or declare the types with ReadOptions(schema=...) "
-            "(a column a shard lacks then reads as nulls)",
-        )
 
 
 def _vacuumed_info(shard: Shard, rows: int | None) -> ShardInfo:
