@@ -70,6 +70,22 @@ def listed(store: Store) -> dict[str, Any]:
     }
 
 
+def read_both(source: Source, shards: dict[str, Any]) -> None:
+    """A file read and a range read of the shards ``a.jsonl`` and ``b.parquet`` as listed."""
+    assert source.open(shards["a.jsonl"], block_size=1024).read(9) == b'{"id": 0}'
+    assert len(source.fetch_ranges(shards["b.parquet"], [0], [4]).read(4)) == 4
+
+
+def both_refused(source: Source, shards: dict[str, Any]) -> None:
+    """The same reads once both shards changed: each refused, naming it, at once."""
+    started = time.monotonic()
+    with pytest.raises(ingest.SourceError, match=r"/d/a\.jsonl: " + CHANGED):
+        source.open(shards["a.jsonl"], block_size=1024).read(9)
+    with pytest.raises(ingest.SourceError, match=r"/d/b\.parquet: " + CHANGED):
+        source.fetch_ranges(shards["b.parquet"], [0], [4])
+    assert time.monotonic() - started < 5, "failed at once, not retried to the deadline"
+
+
 def test_a_read_of_an_object_overwritten_since_its_listing_fails_naming_it(
     s3_store: Store,
 ) -> None:
@@ -78,17 +94,11 @@ def test_a_read_of_an_object_overwritten_since_its_listing_fails_naming_it(
     shards = listed(s3_store)
     source: Source = shards["source"]
     # The versions listed read as before (the ETag is the one listed).
-    assert source.open(shards["a.jsonl"], block_size=1024).read(9) == b'{"id": 0}'
-    assert len(source.fetch_ranges(shards["b.parquet"], [0], [4]).read(4)) == 4
+    read_both(source, shards)
     # Overwritten with as many bytes: only the version tells them apart.
     s3_store.write("d/a.jsonl", jsonl(500, 500))
     s3_store.write("d/b.parquet", encode(make_table(500, 500), "parquet"))
-    started = time.monotonic()
-    with pytest.raises(ingest.SourceError, match=r"/d/a\.jsonl: " + CHANGED):
-        source.open(shards["a.jsonl"], block_size=1024).read(9)
-    with pytest.raises(ingest.SourceError, match=r"/d/b\.parquet: " + CHANGED):
-        source.fetch_ranges(shards["b.parquet"], [0], [4])
-    assert time.monotonic() - started < 5, "failed at once, not retried to the deadline"
+    both_refused(source, shards)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet", "arrow"])
@@ -216,16 +226,10 @@ def test_an_http_shard_overwritten_since_its_listing_fails_naming_it(
         source = Source([server.url("d/a.jsonl"), server.url("d/b.parquet")])
         shards = {s.url.rsplit("/", 1)[1]: s for s in source.list_shards(FORMAT_RESOLVER)}
         assert all(s.version for s in shards.values())
-        assert source.open(shards["a.jsonl"], block_size=1024).read(9) == b'{"id": 0}'
-        assert len(source.fetch_ranges(shards["b.parquet"], [0], [4]).read(4)) == 4
+        read_both(source, shards)
         overwrite(tmp_path / "d/a.jsonl", jsonl(500, 500))
         overwrite(tmp_path / "d/b.parquet", encode(make_table(500, 500), "parquet"))
-        started = time.monotonic()
-        with pytest.raises(ingest.SourceError, match=r"/d/a\.jsonl: " + CHANGED):
-            source.open(shards["a.jsonl"], block_size=1024).read(9)
-        with pytest.raises(ingest.SourceError, match=r"/d/b\.parquet: " + CHANGED):
-            source.fetch_ranges(shards["b.parquet"], [0], [4])
-        assert time.monotonic() - started < 5, "failed at once, not retried to the deadline"
+        both_refused(source, shards)
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
