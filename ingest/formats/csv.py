@@ -247,7 +247,7 @@ class CsvFormat(UncountedFormat):
             return None
         read = pcsv.ReadOptions(column_names=names)
         if options.on_error == "skip":  # from the records a read does not quarantine
-            lines = _readable(header, lines, read, parse, names)
+            lines = _readable(header, lines, read, parse, names, options.max_errors)
             if not any(line.strip(b"\r\n") for line in lines):
                 raise ShardError(
                     shard.url,
@@ -530,12 +530,15 @@ def _readable(
     read: pcsv.ReadOptions,
     parse_options: pcsv.ParseOptions,
     names: list[str] | None,
+    max_errors: int,
 ) -> list[bytes]:
     """``lines`` without those a read under ``on_error="skip"`` quarantines: those pyarrow
     cannot read, and those with a value that is not UTF-8 (pyarrow infers such a column as
-    binary), for the types inferred (a bad record among them quarantined its whole shard)."""
+    binary), for the types inferred (a bad record among them quarantined its whole shard).
+    At most ``max_errors`` are left out (a read refuses more): past them, the lines are
+    returned as they are, and their inference fails naming the next."""
     lines = list(lines)
-    while True:
+    for _ in range(max_errors + 1):
         try:
             schema = exact_csv(header + b"".join(lines), read, parse_options).schema
             text = [f.name for f in schema if pa.types.is_binary(f.type)]
@@ -543,8 +546,9 @@ def _readable(
             text = []
         found = _first_bad(header, lines, text, parse_options, names)
         if found is None:
-            return lines
+            break
         del lines[found[0]]
+    return lines
 
 
 def _locate(
