@@ -339,6 +339,56 @@ def test_the_state_loads_into_a_stream(data: str) -> None:
 def test_options_that_belong_to_the_stream_are_refused(data: str) -> None:
     with pytest.raises(ingest.ConfigError, match="batch_size"):
         ingest.DataLoader(stream_of(data), batch_size=4)
+    # Found by a probe: torch's own "batch_size=None option ... mutually exclusive with
+    # drop_last", naming a batch_size the user never passed.
+    with pytest.raises(ingest.ConfigError, match=r"no drop_last=.*remainder='drop'"):
+        ingest.DataLoader(stream_of(data), num_workers=2, drop_last=True)
+
+
+def test_options_that_need_workers_are_refused_without_them(data: str) -> None:
+    # Found by a probe: timeout= without workers was taken, then the first loop failed
+    # with torch's "AssertionError: _SingleProcessDataLoaderIter requires timeout == 0".
+    with pytest.raises(ingest.ConfigError, match=r"timeout=30 .* worker processes.*num_workers"):
+        ingest.DataLoader(stream_of(data), num_workers=0, timeout=30)
+
+
+def test_a_worker_init_fn_that_spawned_workers_cannot_get_is_refused(data: str) -> None:
+    # Found by a probe: a lambda worker_init_fn under spawn was taken, then the first loop
+    # failed with "PicklingError: Can't pickle <function <lambda>>" (a lambda transform
+    # was refused when the loader was made).
+    with pytest.raises(ingest.ConfigError, match=r"spawn.*worker_init_fn.*cannot be pickled"):
+        ingest.DataLoader(
+            stream_of(data),
+            num_workers=2,
+            multiprocessing_context="spawn",
+            worker_init_fn=lambda worker: None,
+        )
+
+
+def test_a_loader_left_in_its_first_epoch_at_exit_says_nothing(data: str) -> None:
+    # Found by a probe: next(iter(loader)) at a script's top level, then exit, printed
+    # "Exception ignored in: <generator object _failing_as_item ...> TypeError: catching
+    # classes that do not inherit from BaseException is not allowed" (module teardown).
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, ingest\n"
+        "s = ingest.Stream(sys.argv[1], columns=['id'], batch_size=10)\n"
+        "loader = ingest.DataLoader(s, num_workers=0)\n"
+        "it = iter(loader)\n"
+        "print(len(next(it)['id']))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, data],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+    assert out.returncode == 0 and out.stdout == "10\n", out.stderr
+    assert out.stderr == "", out.stderr
 
 
 def test_persistent_workers_false_stops_the_workers_at_each_epochs_end(data: str) -> None:

@@ -74,6 +74,7 @@ from ingest.integrations.worker_items import (
     with_tensors,
 )
 from ingest.integrations.worker_start import (
+    checked_init,
     checked_sendable,
     preload_forkserver,
     ray_process,
@@ -391,6 +392,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         )
         if not chosen:
             checked_sendable(self._shares, num_workers, self.multiprocessing_context)
+        checked_init(self.worker_init_fn, num_workers, self.multiprocessing_context)
         if num_workers:
             preload_forkserver(self.multiprocessing_context)
 
@@ -661,10 +663,23 @@ def checked_keywords(num_workers: int, kwargs: dict[str, Any]) -> bool:
                 f"ingest.DataLoader takes no {name}=: the stream batches and shuffles "
                 "(set batch_size, shuffle_seed on the Stream)"
             )
+    if kwargs.get("drop_last"):
+        raise ConfigError(
+            "ingest.DataLoader takes no drop_last=: the stream makes the batches, each whole "
+            "(the rows that fill no step go on into the next epoch); to drop them, pass "
+            "remainder='drop' to the Stream"
+        )
+    kwargs.pop("drop_last", None)
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
         raise ConfigError(
             f"num_workers={num_workers!r} must be an integer >= 0: the worker processes "
             "(0: the stream is read in this process)"
+        )
+    timeout = kwargs.get("timeout", 0)
+    if not num_workers and timeout:
+        raise ConfigError(
+            f"timeout={timeout!r} is how long to wait for a batch from the worker processes, "
+            "and num_workers=0 starts none: pass num_workers >= 1, or leave timeout out"
         )
     return bool(kwargs.pop("persistent_workers", True))
 
@@ -737,11 +752,16 @@ def _as_is(batch: Any) -> Any:
     return batch
 
 
-def _failing_as_item(items: Iterator[Any]) -> Iterator[Any]:
-    """``items``, then a :class:`Failed` if they end with an :class:`IngestError`."""
+def _failing_as_item(
+    items: Iterator[Any], failing: type[IngestError] = IngestError
+) -> Iterator[Any]:
+    """``items``, then a :class:`Failed` if they end with an :class:`IngestError`.
+    ``failing`` is bound as the function is made: a loop left open at exit is closed as the
+    interpreter clears this module, whose ``IngestError`` may be None by then (a traceback,
+    "catching classes that do not inherit from BaseException")."""
     try:
         yield from items
-    except IngestError as e:
+    except failing as e:
         yield Failed(e)
 
 

@@ -136,6 +136,22 @@ def _sendable(sent: Any, ray: RayProcess) -> bool:
     return True
 
 
+def checked_init(worker_init_fn: Any, num_workers: int, context: Any) -> None:
+    """Refuse a ``worker_init_fn`` that workers started by spawn or forkserver cannot get
+    (a lambda, a local function): torch failed at the first loop ("Can't pickle")."""
+    if not num_workers or worker_init_fn is None or start_method(context) == "fork":
+        return
+    try:
+        multiprocessing.reduction.ForkingPickler.dumps(worker_init_fn)
+    except Exception as e:
+        raise ConfigError(
+            f"ingest.DataLoader's workers start by {start_method(context)}: they get "
+            f"worker_init_fn={worker_init_fn!r} by pickling, and it cannot be pickled "
+            f"({type(e).__name__}: {e}). Define it at a module's top level (not a lambda "
+            "or a function inside another), or pass multiprocessing_context='fork' (Linux)"
+        ) from None
+
+
 def checked_sendable(shares: Any, num_workers: int, context: Any) -> None:
     """Refuse a stream that workers started by spawn or forkserver (macOS's default, and
     ``multiprocessing_context="spawn"``) cannot get: they get it by pickling, where a forked
