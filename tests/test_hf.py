@@ -119,6 +119,26 @@ def test_a_checkpoint_without_the_data_state_is_refused(tmp_path: Path) -> None:
         )
 
 
+def test_the_dataloader_arguments_are_taken_or_refused(tmp_path: Path) -> None:
+    # Found by a probe: dataloader_prefetch_factor and dataloader_drop_last were ignored
+    # without a word (the loader read 2 batches ahead, and kept the last short one).
+    (tmp_path / "data").mkdir()
+    url = write_tokens(tmp_path / "data")
+    model = make(url, tmp_path / "out", 0).model
+
+    def trainer(**arguments: Any) -> Trainer:
+        args = transformers.TrainingArguments(
+            output_dir=str(tmp_path), report_to=[], max_steps=5, use_cpu=True, **arguments
+        )
+        return Trainer(model=model, args=args, train_stream=ingest.Stream(url, batch_size=BATCH))
+
+    loader = trainer(dataloader_num_workers=2, dataloader_prefetch_factor=4).loader
+    assert loader.prefetch_factor == 4
+    loader.close()
+    with pytest.raises(ingest.ConfigError, match=r"dataloader_drop_last.*remainder='drop'"):
+        trainer(dataloader_drop_last=True)
+
+
 class RecordingSources(Recording):
     """Records each batch's rows as (source, source epoch, id)."""
 

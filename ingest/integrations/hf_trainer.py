@@ -4,7 +4,10 @@
 
 :class:`Trainer` is ``transformers.Trainer`` with ``train_stream=`` instead of
 ``train_dataset=``. It reads the stream through an :class:`ingest.DataLoader`
-(``dataloader_num_workers`` worker processes, ``dataloader_pin_memory``), writes the data
+(``dataloader_num_workers`` worker processes, ``dataloader_pin_memory``,
+``dataloader_prefetch_factor``; the workers are kept across epochs whatever
+``dataloader_persistent_workers`` says, and ``dataloader_drop_last`` is refused: the stream
+makes the batches), writes the data
 state into every checkpoint folder (``ingest_data_state.json``; one file per rank,
 ``ingest_data_state-rank{R}.json``, when several processes train, each with its own stream),
 and ``train(resume_from_checkpoint=...)`` loads it back before training goes on. The
@@ -65,10 +68,19 @@ class Trainer(transformers.Trainer):
             )
         # The data state resumes by seeking: the Trainer must not replay batches as well.
         self.args.ignore_data_skip = True
+        if self.args.dataloader_drop_last:
+            raise ConfigError(
+                "TrainingArguments(dataloader_drop_last=True): the stream makes the batches, "
+                "each whole (the rows that fill no step go on into the next epoch); to drop "
+                "them, pass remainder='drop' to the Stream"
+            )
+        workers = self.args.dataloader_num_workers
+        prefetch = getattr(self.args, "dataloader_prefetch_factor", None)
         self.loader = DataLoader(
             train_stream,
-            num_workers=self.args.dataloader_num_workers,
+            num_workers=workers,
             pin_memory=self.args.dataloader_pin_memory,
+            **({"prefetch_factor": prefetch} if workers and prefetch is not None else {}),
         )
 
     def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
