@@ -329,7 +329,8 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         **kwargs: Passed to ``torch.utils.data.DataLoader`` (``pin_memory``,
             ``prefetch_factor``, ``multiprocessing_context``, ``timeout`` with workers, ...);
             not ``batch_size``, ``shuffle``, ``sampler``, ``collate_fn`` or ``drop_last``: the
-            stream batches and shuffles (``remainder="drop"`` drops the rows that fill no step). ``persistent_workers`` (default True): keep the workers across epochs
+            stream batches and shuffles (``remainder="drop"`` drops the rows that fill no
+            step). ``persistent_workers`` (default True): keep the workers across epochs
             (until the loader goes, or :meth:`close`); False stops them at each epoch's end.
             Without ``multiprocessing_context``, the workers start as torch starts them
             (fork on Linux), but by ``forkserver`` beside Ray's threads: in a Ray worker
