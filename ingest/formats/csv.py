@@ -544,6 +544,9 @@ def _readable(
             text = [f.name for f in schema if pa.types.is_binary(f.type)]
         except pa.ArrowInvalid:
             text = []
+        else:
+            if not text:  # every record read, as text where text: none to leave out
+                break
         found = _first_bad(header, lines, text, parse_options, names)
         if found is None:
             break
