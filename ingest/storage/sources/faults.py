@@ -123,17 +123,33 @@ def busy_status(error: BaseException) -> int | None:
     return status if busy else None
 
 
-def redirect_loop(error: BaseException) -> bool:
+def _redirect_loop(error: BaseException) -> bool:
     """Whether ``error``'s chain says the server redirected past the client's limit (a
     loop): fsspec's HTTP filesystem reports it as a ``FileNotFoundError`` too."""
     return any(type(e).__name__ == "TooManyRedirects" for e in _chain(error))
 
 
-BUSY_FIX = (
+_BUSY_FIX = (
     "the server is busy or failing: try again later, or give it longer with "
     "ReadOptions(retry=ingest.RetryPolicy(deadline_s=...))"
 )
-REDIRECT_FIX = "check the URL: the server sends the request on to itself, again and again"
+_REDIRECT_FIX = "check the URL: the server sends the request on to itself, again and again"
+
+
+def server_answer(url: str, error: BaseException) -> tuple[str, str] | None:
+    """What an HTTP server's answer in ``error``'s chain says, and the fix: a refusal (401,
+    403: :func:`http_refusal`), busy (429, 5xx, until the deadline), or a redirect loop;
+    else None. fsspec's HTTP filesystem reports each as a ``FileNotFoundError``, the answer
+    as its cause: the listing and the reads name it from here."""
+    refusal = http_refusal(url, error)
+    if refusal is not None:
+        return f"the server refused access ({refusal})", HTTP_REFUSED_FIX
+    busy = busy_status(error)
+    if busy is not None:
+        return f"the server kept answering HTTP {busy} (busy, or failing)", _BUSY_FIX
+    if _redirect_loop(error):
+        return "the server redirects in a loop", _REDIRECT_FIX
+    return None
 
 
 def is_changed(error: BaseException) -> bool:

@@ -21,16 +21,7 @@ from ingest.core.errors import ConfigError, NoShardsError, SourceError, redact
 from ingest.storage import hub
 from ingest.storage.sources import delta
 from ingest.storage.sources.deletion_vectors import DeletionVector
-from ingest.storage.sources.faults import (
-    BUSY_FIX,
-    HTTP_REFUSED_FIX,
-    REDIRECT_FIX,
-    busy_status,
-    http_refusal,
-    missing_credentials,
-    redirect_loop,
-    refused_connection,
-)
+from ingest.storage.sources.faults import missing_credentials, refused_connection, server_answer
 from ingest.storage.sources.files import is_local
 from ingest.storage.sources.hubfs import known_commit, pin
 from ingest.storage.sources.options import strip_userinfo
@@ -446,9 +437,10 @@ def _listing_error(source: Source, url: str, gave_up: GaveUpError) -> SourceErro
             f"no credentials for the store ({type(e).__name__}: {source.scrub(str(e))})",
             credentials,
         )
-    answered = _answered(url, e, gave_up.describe(source.scrub))
+    answered = server_answer(url, e)
     if answered is not None:  # an answer fsspec's HTTP filesystem calls FileNotFoundError
-        return SourceError(url, *answered)
+        problem, fix = answered
+        return SourceError(url, f"cannot list: {problem} {gave_up.describe(source.scrub)}", fix)
     if isinstance(e, FileNotFoundError):
         return NoShardsError(
             url,
@@ -469,22 +461,6 @@ def _listing_error(source: Source, url: str, gave_up: GaveUpError) -> SourceErro
         "check the endpoint and the network; the deadline and timeouts are set "
         "with ReadOptions(retry=ingest.RetryPolicy(...))",
     )
-
-
-def _answered(url: str, error: BaseException, tried: str) -> tuple[str, str] | None:
-    """What an HTTP server's answers in ``error``'s chain say, and the fix: a refusal (401,
-    403), busy (429, 5xx: until the deadline), or a redirect loop; else None."""
-    refusal = http_refusal(url, error)
-    if refusal is not None:
-        return f"the server refused access ({refusal})", HTTP_REFUSED_FIX
-    busy = busy_status(error)
-    if busy is not None:
-        return f"cannot list: the server kept answering HTTP {busy} (busy, or failing) {tried}", (
-            BUSY_FIX
-        )
-    if redirect_loop(error):
-        return "cannot list: the server redirects in a loop", REDIRECT_FIX
-    return None
 
 
 def _check_found(

@@ -11,20 +11,15 @@ from typing import TypeVar
 
 from ingest.core.errors import ConfigError, SourceError, StoreError
 from ingest.storage.sources.faults import (
-    BUSY_FIX,
-    HTTP_REFUSED_FIX,
-    REDIRECT_FIX,
-    busy_status,
     changed_answer,
-    http_refusal,
     is_changed,
     is_not_found,
     is_store_error,
     is_transient,
     missing_credentials,
-    redirect_loop,
     refused_connection,
     retry_after,
+    server_answer,
 )
 from ingest.storage.sources.stats import IOStats
 
@@ -155,14 +150,9 @@ def store_error(
     credentials = missing_credentials(gave_up.last)
     if credentials is not None:
         what, fix = f"{what}: no credentials for the store", credentials
-    refusal = http_refusal(url, gave_up.last)
-    busy = busy_status(gave_up.last)
-    if busy is not None:
-        what, fix = f"{what}: the server kept answering HTTP {busy} (busy, or failing)", BUSY_FIX
-    elif redirect_loop(gave_up.last):
-        what, fix = f"{what}: the server redirects in a loop", REDIRECT_FIX
-    if refusal is not None:
-        what, fix = f"{what}: the server refused access ({refusal})", HTTP_REFUSED_FIX
+    answered = server_answer(url, gave_up.last)
+    if answered is not None:
+        what, fix = f"{what}: {answered[0]}", answered[1]
     elif isinstance(gave_up.last, PermissionError):  # s3fs and gcsfs: a 403 on this object
         what, fix = f"{what}: access denied", DENIED_FIX
     return StoreError(url, f"{what} {gave_up.describe(scrub)}", fix, byte=byte)
