@@ -365,13 +365,14 @@ class EpochBook(Generic[L]):
                 epoch, step, listing, (), Consumed(), Consumed(), 0, 0, step, None
             )
 
-        counted: list[tuple[L, L]] = []  # the last listing ``wanted`` saw, with the counts
+        last: tuple[L, L] | None = None  # the last listing ``wanted`` saw, with the counts
 
         def wanted(listing: L) -> bool:  # a followed round loaded at its start
+            nonlocal last
             match_listing(start.dataset, listing.records(), listing.classes)
             carry, main, _ = resumed_in(start, listing)
-            counted[:] = [(listing, self._counted(listing, main, carry))]
-            return self.plans.has_a_step(counted[0][1], main, carry)
+            last = (listing, self._counted(listing, main, carry))
+            return self.plans.has_a_step(last[1], main, carry)
 
         # A followed round loaded at its start (a DataLoader's every epoch, a stream resumed
         # between rounds) waits for new rows like a round planned after another; not when the
@@ -383,8 +384,8 @@ class EpochBook(Generic[L]):
         if listing is None:  # listed again while a round waits: the state must fit it
             listing = self._list(wanted if waits else None, first=True)
             match_listing(start.dataset, listing.records(), listing.classes)
-        if counted and counted[0][0] is listing:
-            listing = counted[0][1]
+        if last is not None and last[0] is listing:
+            listing = last[1]
         carry, main, carried = resumed_in(start, listing)
         if listing.kept and not start.started:  # joined from another version: carried rows
             kept = kept_consumed(listing, {})
