@@ -546,3 +546,33 @@ def test_a_state_saved_again_before_any_batch_keeps_the_row_counts_it_knew(
     finally:
         rest.close()
     assert max(got.values()) == 1
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_streams_stats_count_what_the_loaders_workers_read_and_handed_out(
+    data: str, workers: int
+) -> None:
+    """``stream.stats`` under a DataLoader: the workers' requests and bytes (in their own
+    processes, with their own sources) and the rows the loader handed out. They counted
+    none: a run that read 6 shards said 0 opens, 0 bytes and 0 rows delivered."""
+    alone = stream_of(data)
+    assert len(ids(alone)) == TOTAL
+    footers = alone.stats["bytes_read"]
+    assert len(ids(alone)) == TOTAL
+    read_alone = alone.stats["bytes_read"] - footers  # an epoch's, its footers read before
+    stream = stream_of(data)
+    loader = ingest.DataLoader(stream, num_workers=workers)
+    batches = iter(loader)
+    for _ in range(5):
+        next(batches)
+    assert stream.stats["rows_delivered"] == 5 * BATCH
+    list(batches)
+    first = stream.stats
+    assert first["rows_delivered"] == TOTAL
+    assert first["opens"] >= SHARDS and first["reads"] >= SHARDS
+    assert read_alone <= first["bytes_read"] < 3 * read_alone
+    assert len(ids(loader)) == TOTAL
+    second = stream.stats
+    assert second["rows_delivered"] == TOTAL
+    assert second["opens"] >= first["opens"] + SHARDS
+    assert second["bytes_read"] >= first["bytes_read"] + read_alone

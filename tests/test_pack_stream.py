@@ -289,12 +289,16 @@ def test_dataloader_workers_tokenize_and_the_main_process_packs(
     """Workers read and tokenize their shares; every token once across a stop that resumes
     with another worker count (-1: in a Stream), and the state loads either way."""
     url = write_corpus(local)
-    loader = ingest.DataLoader(stream(url, local, shuffle_seed=4), num_workers=workers)
+    first = stream(url, local, shuffle_seed=4)
+    loader = ingest.DataLoader(first, num_workers=workers)
     got: list[dict[str, Any]] = []
     for batch in loader:
         got.append(batch)
         if len(got) == 7:
             break
+    # The stream's stats count what the loader's packing handed out (they counted nothing).
+    assert first.stats["tokens"] == sum(tokens_of(got).values())
+    assert first.stats["rows_delivered"] == sum(len(b["input_ids"]) for b in got)
     state = json.loads(json.dumps(loader.state_dict()))
     assert state["version"] == 7 and state["pack"]["tokens"]
     resumed = stream(url, local, shuffle_seed=4)
@@ -307,6 +311,7 @@ def test_dataloader_workers_tokenize_and_the_main_process_packs(
         # consumed whole, and no worker's packing may still list it with its old offset.
         assert source.state_dict()["progress"]["step"] >= 0
     assert all(b["input_ids"].shape[1] == SEQ_LEN for b in rest)
+    assert resumed.stats["tokens"] == sum(tokens_of(rest).values())
     # Another worker count shares the rest in steps of its own: what does not fill one step
     # on every worker is carried into the next epoch, as rows are.
     carried = carried_tokens(source.state_dict())

@@ -151,6 +151,8 @@ class Stream:
         """The rank's node: its read steps handed out as batches, or regrouped with ``pack``
         (:mod:`ingest.engine.rank_node`)."""
         self._delivered = 0
+        self._lent_counts: dict[str, int] = {}
+        """What holders' loops handed out beyond :attr:`_node`'s counts (:meth:`count_lent`)."""
         self._reading: tuple[Feed, Any] | None = None
         """The last loop's feed and its read-ahead, for the bytes they hold (:attr:`stats`)."""
         self._peak_held = 0
@@ -211,7 +213,7 @@ class Stream:
         return {
             **self._planner.source.stats.as_dict(),
             "rows_delivered": self._delivered,
-            **self._node.counts(),
+            **{k: n + self._lent_counts.get(k, 0) for k, n in self._node.counts().items()},
             **summary(self._book.quarantined()),
             **self._held(),
         }
@@ -310,6 +312,14 @@ class Stream:
             self._take_back()
         self._stop_active(superseded=True)
         self._lent = weakref.ref(holder)
+
+    def count_lent(self, delivered: int, counts: Mapping[str, int] | None = None) -> None:
+        """What a holder's loop (:meth:`lend`) handed out, for :attr:`stats`: ``delivered``
+        rows of the epoch in progress so far, and ``counts`` grown since it last said (its
+        nodes' ``tokens`` and ``padding_tokens``, with ``pack``)."""
+        self._delivered = delivered
+        for name, n in (counts or {}).items():
+            self._lent_counts[name] = self._lent_counts.get(name, 0) + n
 
     def release(self, holder: Holder) -> None:
         """``holder``'s loop ended: the stream runs its own loops again (:meth:`lend`)."""

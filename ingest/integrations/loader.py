@@ -68,6 +68,7 @@ from ingest.integrations.worker_items import (
     Came,
     Ended,
     Failed,
+    IOSent,
     in_turn,
     ring_slots,
     sent,
@@ -164,12 +165,14 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         self._planner: tuple[int, Planner] | None = None
         """The planner made in this process (its pid), kept across epochs: never one made
         before a fork (fsspec's filesystems are not fork-safe)."""
+        self._io: IOSent | None = None
+        """What of that planner's source's counts this process sent the main one."""
 
     def __getstate__(self) -> dict[str, Any]:
         # spawn, forkserver: the worker makes its own planner; the rings go to it only as
         # it starts (their memory's descriptor passed with the start), never elsewhere
         starting = multiprocessing.context.get_spawning_popen() is not None
-        gone: dict[str, Any] = {"_planner": None, "_listener": None}
+        gone: dict[str, Any] = {"_planner": None, "_io": None, "_listener": None}
         gone.update(_early=None, _exiting=None, rings=self.rings if starting else [])
         return {**self.__dict__, **gone}
 
@@ -185,11 +188,13 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
             return
         assert order is not None, "the main process sets the order before it iterates"
         opened = self._early_for(order) or self._opened(order, rank)
+        io = self._io_here()
         ended = False
         try:
             if opened.error is not None:
                 raise opened.error
-            for out in _worker_items(rank, opened.items, self.pack, ring, info is not None):
+            worker = _worker_items(rank, opened.items, self.pack, ring, info is not None, io)
+            for out in worker:
                 ended = isinstance(out[KEY], Ended) and info is not None
                 yield out
         finally:
@@ -261,8 +266,15 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
     def _planner_here(self) -> Planner:
         pid = os.getpid()
         if self._planner is None or self._planner[0] != pid:
-            self._planner = (pid, self.spec.planner())
+            planner = self.spec.planner()
+            self._planner, self._io = (pid, planner), IOSent(planner.source.stats)
         return self._planner[1]
+
+    def _io_here(self) -> IOSent:
+        """What this process's planner's source counted and sent (made with the planner)."""
+        self._planner_here()
+        assert self._io is not None
+        return self._io
 
     def _receive(self, rank: int) -> _Order | Failed:
         """In worker ``rank``: the order of the epoch torch just began (older ones passed
@@ -452,7 +464,9 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         self._ranks = {rank: RankLoop(rank, link) for rank in range(ranks)}
         self._nodes = self._rank_nodes(book, start, listing)
         self._book = book
-        ended = 0
+        ended, delivered = 0, start.progress.delivered
+        stream.count_lent(delivered)
+        io = stream.parts.planner.source.stats  # the workers' reads, counted in the stream
         # Every kind of batch, as it leaves its rank (ingest.engine.convert.placed).
         place = functools.partial(placed, pin_memory=self.pin_memory, device=None)
         shares = self._shares  # its rings are made as the workers start (_begin)
@@ -460,13 +474,19 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
             came = out.pop(KEY)
             if isinstance(came, Failed):
                 raise came.error
+            if came.io:
+                io.add(**dict(came.io))
             node = self._nodes[came.rank]
             if isinstance(came, Ended):
                 made = node.finish(epoch, came)
                 ended += 1
             else:
                 made = node.feed(came, functools.partial(with_tensors, out))
-            for _, batch in made:
+            counts = node.counts()
+            for rows, batch in made:
+                delivered += rows
+                counts, before = node.counts(), counts
+                stream.count_lent(delivered, {k: n - before.get(k, 0) for k, n in counts.items()})
                 yield place(batch)
         if ended != ranks:
             raise ConfigError(f"only {ended} of {ranks} DataLoader workers ended their share")
@@ -474,6 +494,7 @@ class DataLoader(torch.utils.data.DataLoader[Batch]):
         # workers read its first window while this loop's caller goes on.
         stream.release(self)
         stream.load_state_dict(self._state(), listing=listing)
+        stream.count_lent(delivered)  # its stats count the epoch done, as a Stream's do
         self._book = None
         if not self._keep:
             self._workers.close()
@@ -724,11 +745,17 @@ class _Workers:
 
 
 def _worker_items(
-    rank: int, items: Iterator[Any], pack: Grouping | None, ring: SlotRing | None, forked: bool
+    rank: int,
+    items: Iterator[Any],
+    pack: Grouping | None,
+    ring: SlotRing | None,
+    forked: bool,
+    io: IOSent,
 ) -> Iterator[Batch]:
     """What worker ``rank`` sends of its feed's ``items`` (``forked``: in a worker process,
     not in the main one with ``num_workers=0``): its batches, a few to an item where they lie
-    in its ``ring``, then its end; or a failure (the batches before it first)."""
+    in its ``ring``, then its end; or a failure (the batches before it first). What its reads
+    add to its counts goes with them (``io``)."""
     bundler = Bundler(rank)
     for item in items:
         if isinstance(item, Failed | Tail):
@@ -737,16 +764,18 @@ def _worker_items(
             yield {KEY: item}
             return
         if isinstance(item, Tail):
-            yield {KEY: Ended(rank, item.steps, item.leftover, item.learned, item.quarantined)}
+            grown = io.growth(now=True)
+            ended = Ended(rank, item.steps, item.leftover, item.learned, item.quarantined, grown)
+            yield {KEY: ended}
             return
         assert isinstance(item, Ready)
         table = worker_table(pack, item.table)
         if table is not None:  # regrouped by the main process's node
-            yield from bundler.add({KEY: Came.of(rank, item, table=table)}, 0)
+            yield from bundler.add(io.on({KEY: Came.of(rank, item, table=table)}), 0)
         elif not forked:
-            yield {**to_torch(item.table), KEY: Came.of(rank, item)}
+            yield io.on({**to_torch(item.table), KEY: Came.of(rank, item)})
         else:
-            yield from bundler.add(sent(rank, item, ring), item.nbytes)
+            yield from bundler.add(io.on(sent(rank, item, ring)), item.nbytes)
 
 
 def _as_is(batch: Any) -> Any:

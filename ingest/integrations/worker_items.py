@@ -5,7 +5,8 @@ A batch (:class:`Came`: where its rows came from) whose tensors, runs and string
 worker wrote into its ring of shared slots (:mod:`ingest.integrations.shared_slots`), or sent
 by the pipe where the ring was full or the batch larger than a slot; a packing stream's read
 step (its token ids, packed by the main process); the end of the worker's share
-(:class:`Ended`) or its failure (:class:`Failed`).
+(:class:`Ended`) or its failure (:class:`Failed`). What the worker's reads add to its
+source's counts goes with a batch every half second, and with its end (:class:`IOSent`).
 
 Torch hands its main process one item at a time, and each costs it about 140 us (the pipe's
 receive and unpickling, the next index sent to the worker through a feeder thread): of a
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,7 @@ from ingest.core.state import Cursor
 from ingest.engine.convert import Batch, column_to_torch, to_torch
 from ingest.engine.feed import Ready
 from ingest.integrations.shared_slots import Placed, SlotRing, text_buffers, text_values
+from ingest.storage.sources import IOStats
 
 KEY = "__ingest__"
 """The entry of a worker's item that says what it is (and where a batch's rows came from)."""
@@ -51,6 +54,9 @@ SLOT_WAIT_S = 10.0
 """Seconds a worker waits for a free slot of its ring before it sends that batch by the pipe
 (its ring is full only when more of its batches wait in the main process than it has slots,
 or when the main process left the loop, which ends the wait at once)."""
+IO_EVERY_S = 0.5
+"""A worker sends what its reads added to its counts (``stream.stats``) with a batch at most
+this often, and with its share's end."""
 BUNDLE_BATCHES = 4
 """At most this many ring-placed batches go in one torch item (:class:`Bundle`): four cut the
 main process's per-item cost by three quarters; more only hold batches back longer."""
@@ -87,6 +93,9 @@ class Came:
     main process (:class:`ingest.engine.pack.PackedRank`)."""
     texts: tuple[tuple[str, str], ...] = ()
     """The string and binary columns whose buffers lie in the ring (name, Arrow type)."""
+    io: tuple[tuple[str, int], ...] = ()
+    """What the worker's reads added to its counts since it last sent them
+    (:meth:`ingest.IOStats.growth`), sent at most every :data:`IO_EVERY_S`."""
 
     def __reduce__(self) -> tuple[type[Came], tuple[Any, ...]]:
         # Sent with every batch: a frozen dataclass with slots pickles through
@@ -140,6 +149,37 @@ class Ended:
     leftover: Runs
     learned: dict[int, int]
     quarantined: tuple[Quarantined, ...]
+    io: tuple[tuple[str, int], ...] = ()
+    """What the worker's reads added to its counts since it last sent them (see :class:`Came`)."""
+
+
+class IOSent:
+    """In a worker: what of its source's counts (:class:`ingest.IOStats`) it sent the main
+    process, for one planner (its counts grow across epochs; an epoch's feed opened early
+    reads before its batches go)."""
+
+    def __init__(self, stats: IOStats) -> None:
+        self.stats = stats
+        self._sent = stats.as_dict()
+        self._at = time.monotonic()
+
+    def growth(self, *, now: bool = False) -> tuple[tuple[str, int], ...]:
+        """The counts grown since they were last sent, to send now (none if sent less than
+        :data:`IO_EVERY_S` ago, unless ``now``)."""
+        at = time.monotonic()
+        if not now and at - self._at < IO_EVERY_S:
+            return ()
+        grown = self.stats.growth(self._sent)
+        self._at = at
+        for name, n in grown.items():
+            self._sent[name] += n
+        return tuple(grown.items())
+
+    def on(self, batch: Batch) -> Batch:
+        """``batch`` (as :func:`sent` made it), with the counts grown if they are due."""
+        io = self.growth()
+        came = batch[KEY]
+        return {**batch, KEY: dataclasses.replace(came, io=io)} if io else batch
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,6 +339,7 @@ __all__ = [
     "Came",
     "Ended",
     "Failed",
+    "IOSent",
     "in_turn",
     "ring_slots",
     "sent",

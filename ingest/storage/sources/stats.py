@@ -56,3 +56,9 @@ class IOStats:
     def as_dict(self) -> dict[str, int]:
         with self._lock:
             return {f.name: getattr(self, f.name) for f in fields(self) if f.name[0] != "_"}
+
+    def growth(self, since: dict[str, int]) -> dict[str, int]:
+        """The counts that grew since ``since`` (an :meth:`as_dict` of these counts), by how
+        much: what a DataLoader worker sends of its reads to the main process's stream."""
+        now = self.as_dict()
+        return {name: n - since.get(name, 0) for name, n in now.items() if n != since.get(name, 0)}
