@@ -530,3 +530,18 @@ def test_the_reference_names_every_public_name() -> None:
         f"{REFERENCE} does not name these public names of ingest/__init__.py's __all__ "
         "(as `ingest.Name` in backticks, with what it is): " + ", ".join(missing)
     )
+
+
+@pytest.mark.parametrize("doc", ["README.md", *DOCS, "docs/what-survives-what.md"])
+def test_the_state_version_shown_is_the_one_written(doc: str) -> None:
+    """A state shown as ``{"version": N, ...}`` shows the version states are written with
+    (the README showed version 2 of a version-7 state)."""
+    tree = ast.parse((PACKAGE / "core" / "state" / "checks.py").read_text())
+    version = next(
+        ast.literal_eval(n.value)
+        for n in tree.body
+        if isinstance(n, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "STATE_VERSION" for t in n.targets)
+    )
+    shown = re.findall(r'\{"version": (\d+), "(?:dataset|sources)"', (ROOT / doc).read_text())
+    assert all(int(v) == version for v in shown), f"{doc} shows state versions {shown}"
