@@ -69,7 +69,7 @@ def test_a_fully_consumed_run_is_one_interval() -> None:
     assert iv.to_json() == [[0, 10_000]]
 
 
-@pytest.mark.parametrize("bad", [[[1]], [[1, "x"]], "nope", [[5, 2]]])
+@pytest.mark.parametrize("bad", [[[1]], [[1, "x"]], "nope", [[5, 2]], [[True, 5]], [[0, 5.0]]])
 def test_from_json_rejects_malformed(bad: object) -> None:
     with pytest.raises(ValueError, match="interval"):
         IntervalSet.from_json(bad)

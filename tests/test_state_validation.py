@@ -120,6 +120,8 @@ def test_a_position_that_does_not_fit_the_plan_is_refused(data: str, edit: Any, 
         (lambda c: c["lanes"].__setitem__(0, [0, 5]), "position.ranks[0].lanes[0]", "[0, 5]"),
         (lambda c: c["lanes"][0].__setitem__(1, -5), "position.ranks[0].lanes[0]", "-5"),
         (lambda c: c.pop("window"), "position.ranks[0]", "window"),
+        (lambda c: c["lanes"][0].__setitem__(0, None), "position.ranks[0].lanes[0] span", "None"),
+        (lambda c: c["lanes"][0].__setitem__(1, None), "position.ranks[0].lanes[0] row", "None"),
     ],
     ids=[
         "negative window",
@@ -128,6 +130,8 @@ def test_a_position_that_does_not_fit_the_plan_is_refused(data: str, edit: Any, 
         "short lane",
         "negative row",
         "no window",
+        "null span",
+        "null row",
     ],
 )
 def test_a_malformed_position_is_refused_when_parsed(
@@ -139,6 +143,34 @@ def test_a_malformed_position_is_refused_when_parsed(
         StreamState.from_json(state)
     for pattern in (field, value, FIX):
         assert pattern in str(info.value)
+
+
+def _set(state: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    part = state
+    for key in path[:-1]:
+        part = part[key]
+    part[path[-1]] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("dataset",), []),
+        (("progress", "consumed"), None),
+        (("progress", "consumed", "partial"), []),
+        (("progress",), "x"),
+        (("distributed",), "x"),
+        (("position", "shuffle"), 3),
+        (("position",), [1]),
+    ],
+)
+def test_a_part_of_another_kind_is_refused_as_malformed(
+    data: str, path: tuple[str, ...], value: Any
+) -> None:
+    """A part of the state edited into another JSON kind is a StateError naming the state as
+    malformed (a list where an object goes was a bare AttributeError from deep inside)."""
+    refused(data, _set(saved(data), path, value), "malformed")
 
 
 # -- counts against rows --------------------------------------------------------------------

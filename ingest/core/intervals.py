@@ -229,7 +229,7 @@ class IntervalSet:
             if (
                 not isinstance(pair, list)
                 or len(pair) != 2
-                or not all(isinstance(v, int) for v in pair)
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair)
             ):
                 raise ValueError(f"interval {pair!r} is not a [start, stop] pair of integers")
             _check_range(pair[0], pair[1])

@@ -303,5 +303,5 @@ def _check_cursor(cursor: object, what: str) -> None:
         if (lane[2] is None) != (lane[3] is None):
             raise refuse(where, lane, "its seek_row and seek_cursor are both null or both set")
         for name, value in zip(("span", "row", "seek_row", "seek_cursor"), lane, strict=True):
-            if value is not None:
+            if value is not None or name in ("span", "row"):  # (only the seek pair is null)
                 checked_int(value, f"{where} {name}")

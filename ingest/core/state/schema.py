@@ -146,7 +146,8 @@ class StreamState:
                 DistributedState.from_json(data.get("distributed") or {}, dataset.shards),
                 PositionState.from_json(data.get("position") or {}),
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (AttributeError, KeyError, TypeError, ValueError) as e:
+            # (AttributeError: a part of another JSON kind, a list where an object goes)
             if isinstance(e, StateError):
                 raise
             raise StateError(
