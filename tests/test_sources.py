@@ -47,6 +47,31 @@ def test_listing_gives_sizes_versions_formats_and_footer_rows(store: Store) -> N
     assert all(s.url.startswith(store.root.split("://")[0] + "://") for s in listing.shards)
 
 
+@pytest.mark.parametrize("glob", [False, True])
+def test_files_under_folders_named_like_writer_droppings_are_no_shards(
+    store: Store, glob: bool
+) -> None:
+    """Spark's ``_temporary/`` (a failed task's copy), Jupyter's ``.ipynb_checkpoints/``, a
+    writer's ``.staging/``: files below a folder whose name starts with ``_`` or ``.`` are no
+    shards, as files so named are not (pyarrow and Spark skip them alike). They were read:
+    every row of the copies twice, without a word."""
+    for n, name in enumerate(["part-0.parquet", "p=1/part-1.parquet"]):
+        store.write(f"o/{name}", encode(make_table(10 * n, 10), "parquet"))
+    for name in ["_temporary/0/_temporary/a/part-0.parquet", ".ipynb_checkpoints/x.parquet"]:
+        store.write(f"o/{name}", encode(make_table(0, 10), "parquet"))
+    store.write("o/p=1/.staging/part-1.parquet", encode(make_table(10, 10), "parquet"))
+    url = store.url("o/**/*.parquet" if glob else "o")
+    listing = ingest.list_shards(url, storage_options=store.storage_options)
+    assert [s.url.split("/o/", 1)[1] for s in listing.shards] == [
+        "p=1/part-1.parquet",
+        "part-0.parquet",
+    ]
+    # A folder so named that the URL names is read: the rule holds below what is listed.
+    so = store.storage_options
+    named = ingest.list_shards(store.url("o/.ipynb_checkpoints"), storage_options=so)
+    assert [s.url.split("/o/", 1)[1] for s in named.shards] == [".ipynb_checkpoints/x.parquet"]
+
+
 def test_a_question_mark_in_a_listed_name_is_part_of_the_name(store: Store) -> None:
     """A file or key named ``page?id=7.parquet`` (a crawl keyed by its URL) is a shard of a
     directory's listing like any other. Before, its name was cut at the ``?`` as if a query

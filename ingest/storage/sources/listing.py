@@ -74,8 +74,8 @@ def list_url(
         if info.get("type", "file") != "file":
             continue
         name = info["name"]
-        if not explicit and posixpath.basename(name).startswith((".", "_")):
-            continue  # _SUCCESS, .crc and other writer droppings
+        if not explicit and _dropping(base, name):
+            continue  # _SUCCESS, .crc, _temporary/ and other writer droppings
         # A query string (``?token=...``, ``?versionId=...``) comes only with a URL named
         # explicitly: in a directory's or a glob's listing, a '?' is part of the file's name.
         plain = _without_query(name) if explicit else name
@@ -108,6 +108,17 @@ def list_url(
     if not explicit:
         _warn_splits(url, base, names, shards)
     return shards
+
+
+def _dropping(base: str, name: str) -> bool:
+    """Whether ``name`` (a listed file) is a writer's dropping, no shard: its own name or a
+    folder's below ``base`` (the listed folder, a glob's fixed part) starts with ``.`` or
+    ``_`` (``_SUCCESS``, ``x.crc``, Spark's ``_temporary/``, ``.ipynb_checkpoints/``), as
+    pyarrow's and Spark's discovery skip them. A Delta table's ``_delta_log/`` is read apart
+    (:func:`_delta_tables`)."""
+    prefix = base + "/" if base else ""
+    below = name[len(prefix) :] if name.startswith(prefix) else posixpath.basename(name)
+    return any(part.startswith((".", "_")) for part in below.split("/"))
 
 
 _NO_TABLES = frozenset({"hf", "http", "https"})
