@@ -30,7 +30,11 @@ from __future__ import annotations
 
 from ingest.storage.sources.faults import is_store_error
 from ingest.storage.sources.files import WHOLE_BODY_BYTES, RangeIgnoredWarning
-from ingest.storage.sources.listing import UnreadFolderFilesWarning, UnversionedShardWarning
+from ingest.storage.sources.listing import (
+    BrokenLinkWarning,
+    UnreadFolderFilesWarning,
+    UnversionedShardWarning,
+)
 from ingest.storage.sources.options import parse_storage_options
 from ingest.storage.sources.retry import RetryPolicy
 from ingest.storage.sources.shard import FormatResolver, ListingStore, Shard
@@ -40,6 +44,7 @@ from ingest.storage.sources.stats import IOStats
 
 __all__ = [
     "WHOLE_BODY_BYTES",
+    "BrokenLinkWarning",
     "FormatResolver",
     "IOStats",
     "ListingStore",

@@ -58,7 +58,7 @@ def list_url(
         url = pin(source, url)
         known_commit(fs, url)
         key = f"{hub.endpoint_of(source.storage_options)} {url} {source.format}"
-    path = fs._strip_protocol(strip_userinfo(url))
+    path = _path_of(fs, url)
     _check_http_names_a_file(url, path)
     infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
     base = base_of(_without_query(path), glob=_is_glob(path) and not explicit)
@@ -70,6 +70,7 @@ def list_url(
     shards: list[Shard] = []
     names: list[str] = []  # each shard's path on its filesystem
     unread: list[str] = []  # files no format reads unless named (an image folder's)
+    _warn_broken(fs, url, infos, formats, source.format)
     for info in infos:
         if info.get("type", "file") != "file":
             continue
@@ -316,6 +317,43 @@ def _followed(fs: fsspec.AbstractFileSystem, info: dict[str, Any]) -> dict[str, 
     return {**info, "type": "file", "size": found.st_size, "mtime": found.st_mtime}
 
 
+def _path_of(fs: fsspec.AbstractFileSystem, url: str) -> str:
+    """``url``'s path on ``fs``; a local one normalised (``d/../d`` and ``d/./`` are ``d``:
+    its files listed once, under one URL each)."""
+    path: str = fs._strip_protocol(strip_userinfo(url))
+    return posixpath.normpath(path) if is_local(fs) else path
+
+
+def _warn_broken(
+    fs: fsspec.AbstractFileSystem,
+    url: str,
+    infos: list[dict[str, Any]],
+    formats: FormatResolver,
+    chosen: str | None,
+) -> None:
+    """Warn of the local links among ``infos`` that point at nothing (:func:`_followed`
+    left them out) and whose names a format reads, naming a few."""
+    if not is_local(fs):
+        return
+    links = [
+        fs.unstrip_protocol(i["name"])
+        for i in infos
+        if i.get("islink")
+        and not os.path.exists(i["name"])
+        and formats.format_of(i["name"], chosen=chosen, explicit=False) is not None
+    ]
+    if not links:
+        return
+    named = ", ".join(links[:3]) + (f" and {len(links) - 3} more" if len(links) > 3 else "")
+    warnings.warn(
+        f"{len(links)} link(s) listed by {url} point at no file, and their rows are not "
+        f"read: {named}. Fetch what they point at (git annex get, dvc pull, the download "
+        "that fills a cache) or remove the links",
+        BrokenLinkWarning,
+        stacklevel=3,
+    )
+
+
 def _kept_or_listed(
     source: Source,
     fs: fsspec.AbstractFileSystem,
@@ -558,6 +596,12 @@ class UnreadFolderFilesWarning(UserWarning):
     """A listing found documents alone (a README.txt) beside the files of a dataset that a
     format reads only when named (an image folder: ``format="imagefolder"``): it reads the
     documents, as asked, and names the format that would read the rest."""
+
+
+class BrokenLinkWarning(UserWarning):
+    """A local folder or glob listed links that point at no file (a git-annex or DVC
+    checkout whose objects were never fetched, a cache whose blobs were deleted): they are
+    no shards, and the warning names them."""
 
 
 class UnversionedShardWarning(UserWarning):
