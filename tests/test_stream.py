@@ -350,6 +350,56 @@ def test_numeric_columns_are_zero_copy_views_of_arrow_buffers() -> None:
         to_torch(pa.record_batch({"v": pa.array([1, None])}))
 
 
+@pytest.mark.parametrize("unsigned", ["uint16", "uint32"])
+def test_unsigned_16_and_32_bit_integers_are_int64_at_every_depth(unsigned: str) -> None:
+    """Token ids kept as ``uint16``: a column of them was int64, but a fixed-size list, a
+    list or a Hugging Face array of them was ``torch.uint16``, which ``nn.Embedding``,
+    ``x + 1`` and indexing refuse."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ingest.engine.convert import to_torch
+
+    kind = getattr(pa, unsigned)()
+    top = 2 ** (16 if unsigned == "uint16" else 32) - 1
+    fixed = pa.FixedSizeListArray.from_arrays(pa.array([1, top, 3, 4], kind), 2)
+    nested = pa.FixedSizeListArray.from_arrays(fixed, 1)
+    lists = pa.array([[1, top], [3]], pa.list_(kind))
+    out = to_torch(pa.record_batch({"v": pa.array([1, top], kind), "f": fixed, "n": nested}))
+    out.update(to_torch(pa.record_batch({"l": lists})))
+    for got in (out["v"], out["f"], out["n"], *out["l"]):
+        assert got.dtype == torch.int64
+    assert out["f"].tolist() == [[1, top], [3, 4]]
+    assert out["n"].shape == (2, 1, 2) and [t.tolist() for t in out["l"]] == [[1, top], [3]]
+    assert torch.nn.Embedding(4, 2)(out["f"] % 4).shape == (2, 2, 2)
+    assert np.asarray(out["v"]).tolist() == [1, top]
+
+
+def test_an_interval_column_is_months_days_and_nanoseconds(tmp_path: Path) -> None:
+    """An interval column became pyarrow ``MonthDayNano`` objects, which do not pickle: a
+    DataLoader's worker dropped its batch (a PicklingError in torch's feeder thread) and the
+    main process waited for it forever. It is an ``(n, 3)`` int64 tensor, as other
+    temporal types are integers; a null is refused naming the column."""
+    import pyarrow as pa
+    from pyarrow import feather
+
+    from ingest.engine.convert import to_torch
+
+    values = [pa.MonthDayNano([1, 2, 3]), pa.MonthDayNano([-1, 0, 2**40])] * 4
+    gap = pa.array(values, pa.month_day_nano_interval())
+    got = to_torch(pa.record_batch({"gap": gap}))["gap"]
+    assert got.dtype == torch.int64 and got.tolist()[:2] == [[1, 2, 3], [-1, 0, 2**40]]
+    with pytest.raises(ingest.ConfigError, match=r"'gap' .*null"):
+        to_torch(pa.record_batch({"gap": pa.array([None], pa.month_day_nano_interval())}))
+    table = pa.table({"id": range(8), "gap": gap})
+    feather.write_feather(table, str(tmp_path / "a.arrow"), compression="uncompressed")
+    stream = ingest.Stream(str(tmp_path), batch_size=4)
+    loader = ingest.DataLoader(stream, num_workers=2, timeout=60)
+    batches = list(loader)
+    assert sorted(i for b in batches for i in b["id"].tolist()) == list(range(8))
+    assert all(b["gap"].shape == (4, 3) for b in batches)
+
+
 def test_nested_fixed_size_lists_are_one_tensor_of_their_shape() -> None:
     """A fixed-size list of fixed-size lists of numbers (a 2x2 matrix a row, an embedding per
     token, a fixed-shape spectrogram written by Arrow or Parquet writers) is one

@@ -17,7 +17,9 @@ instant, so the same instant gives the same number in any zone, and the zone its
 metadata) is dropped: a transform that needs local wall-clock time computes it before the
 conversion (``pyarrow.compute.local_timestamp``). A date32 becomes int32 days since
 1970-01-01, a date64 int64 milliseconds; a time, its unit since midnight (int32 for time32,
-int64 for time64); a duration, int64 counts of its unit.
+int64 for time64); a duration, int64 counts of its unit; an interval, an ``(n, 3)`` int64
+tensor of months, days and nanoseconds. ``uint16`` and ``uint32`` numbers become ``int64``
+at every depth (a column, lists and arrays of them).
 """
 
 from __future__ import annotations
@@ -46,12 +48,36 @@ Batch = dict[str, Any]
 
 
 def _numeric(arr: pa.Array, name: str) -> torch.Tensor:
+    """Numbers as a tensor (zero-copy where torch has their dtype). At every depth (a column,
+    its lists, fixed-size lists, arrays): ``uint16`` and ``uint32`` become ``int64``, as
+    torch's dtypes of them do no arithmetic, embedding or indexing worth using."""
     if arr.null_count and not pa.types.is_floating(arr.type):
         raise ConfigError(
             f"column {name!r} ({arr.type}) has {arr.null_count} null(s) and no "
             f"torch integer dtype holds nulls; {NULL_FIX}"
         )
+    t = arr.type
+    if pa.types.is_unsigned_integer(t) and 8 < t.bit_width < 64:
+        arr = arr.cast(pa.int64())
     return torch.from_numpy(numbers(arr))  # (a float null as NaN)
+
+
+def _temporal(arr: pa.Array, name: str) -> torch.Tensor:
+    """Dates, times, timestamps (as UTC instants), durations and intervals: integers (see
+    the module docstring). An interval (``month_day_nano_interval``): an ``(n, 3)`` int64
+    tensor of months, days and nanoseconds (its values as Python objects would be pyarrow's,
+    which do not pickle: a DataLoader worker's batch was dropped, and the loader waited for
+    it)."""
+    t = arr.type
+    if not pa.types.is_interval(t):
+        return _numeric(arr.cast(pa.int64() if t.bit_width == 64 else pa.int32()), name)
+    if arr.null_count:
+        raise ConfigError(
+            f"column {name!r} ({arr.type}) has {arr.null_count} null interval(s) and no "
+            f"torch integer dtype holds nulls; {NULL_FIX}"
+        )
+    rows = [(v.months, v.days, v.nanoseconds) for v in arr.to_pylist()]
+    return torch.tensor(rows, dtype=torch.int64).reshape(len(arr), 3)
 
 
 def column_to_torch(
@@ -75,12 +101,9 @@ def column_to_torch(
         arr = arr.dictionary_decode()
         t = arr.type
     if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-        if pa.types.is_unsigned_integer(t) and t.bit_width > 8 and t.bit_width < 64:
-            arr = arr.cast(pa.int64())  # torch has no uint16/uint32 arithmetic worth using
         return _numeric(arr, name)
-    if pa.types.is_temporal(t) and not pa.types.is_interval(t):
-        # Dates, times, timestamps (as UTC instants), durations: see the module docstring.
-        return _numeric(arr.cast(pa.int64() if t.bit_width == 64 else pa.int32()), name)
+    if pa.types.is_temporal(t):
+        return _temporal(arr, name)
     if is_number_list(t):
         return _number_lists(arr, name)
     return arr.to_pylist()  # strings, binary and nested values stay Python objects
