@@ -10,6 +10,7 @@ refused as before, with a fix that helps: declare the type with ``ReadOptions(sc
 
 from __future__ import annotations
 
+import datetime
 import re
 from typing import Any
 
@@ -24,7 +25,7 @@ from hypothesis import strategies as st
 import ingest
 from ingest.core.errors import ConfigError, SchemaMismatchError, ShardError
 from ingest.formats.base import ReadOptions
-from ingest.formats.conform import holds, same_values, widened
+from ingest.formats.conform import cast_checked, holds, same_values, widened
 from ingest.testing import Store, encode
 from tests.resumed import through_a_resume
 
@@ -231,6 +232,42 @@ def test_a_declared_schema_casts_each_shard_and_names_a_value_it_cannot_hold(
     odd = pa.schema([("id", pa.int64()), ("n", pa.list_(pa.int64()))])
     with pytest.raises(SchemaMismatchError, match=r"column 'n' is (int64|double)"):
         list(ingest.Stream(local.url("p"), batch_size=2, read=ReadOptions(schema=odd)))
+
+
+_NOON = datetime.datetime(2020, 1, 1, 12, 30)
+_MIDNIGHT = datetime.datetime(2020, 1, 2)
+
+
+@pytest.mark.parametrize(
+    ("values", "kind", "declared", "fits"),
+    [
+        ([1e300, 0.5], pa.float64(), pa.float32(), False),  # was inf
+        ([70000.0], pa.float64(), pa.float16(), False),  # was inf
+        ([2, 0], pa.int64(), pa.bool_(), False),  # was True
+        ([_NOON], pa.timestamp("s"), pa.date32(), False),  # its time of day was dropped
+        ([0.1, float("inf"), float("nan"), None], pa.float64(), pa.float32(), True),
+        ([1, 0, None], pa.int64(), pa.bool_(), True),
+        ([_MIDNIGHT, None], pa.timestamp("s"), pa.date32(), True),
+    ],
+    ids=["overflow-f32", "overflow-f16", "int-to-bool", "time-of-day", "f32", "bool", "date"],
+)
+def test_a_declared_cast_pyarrow_does_not_check_is_checked(
+    local: Store, values: list[Any], kind: pa.DataType, declared: pa.DataType, fits: bool
+) -> None:
+    """pyarrow's safe cast checks integers and truncation, not a float made infinite, an
+    integer made a bool or a timestamp made a date: each was read as another value, where
+    the docs promise an error naming the shard and the column. A float narrowed rounds, as
+    its type does; its infinities and NaNs stay."""
+    array = pa.array(values, kind)
+    if fits:
+        got, want = cast_checked(array, declared), array.cast(declared)
+        assert repr(got.to_pylist()) == repr(want.to_pylist())  # (NaN is no NaN's equal)
+        return
+    local.write("c/0.parquet", encode(pa.table({"x": array}), "parquet"))
+    read = ReadOptions(schema=pa.schema([("x", declared)]))
+    with pytest.raises(ShardError, match=r"c/0.parquet.*column 'x' .* does not fit") as e:
+        list(ingest.Stream(local.url("c"), batch_size=len(values), read=read))
+    assert "ReadOptions(schema=" in str(e.value)
 
 
 def test_a_resume_inside_a_window_and_a_dataloader_are_exactly_once(local: Store) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.core.errors import ShardError
 from ingest.formats.base import MappedReader, ReadContext, ShardReader
@@ -285,6 +286,39 @@ def _python(t: pa.DataType) -> str:
     return f"pa.{_NAMED.get(name, name)}()"
 
 
+def cast_checked(array: pa.Array, want: pa.DataType) -> pa.Array:
+    """``array`` cast to ``want``, every value checked: pyarrow's safe cast checks integers
+    and truncation; a float made infinite (``1e300`` as ``float32``), an integer made a bool
+    (``2``) or a timestamp made a date (its time of day) are checked here, by the values
+    they had. A float narrowed rounds, as its type does. Nested types: pyarrow's checks.
+
+    Raises:
+        pyarrow.ArrowInvalid: If a value does not fit ``want``.
+    """
+    out = array.cast(want)
+    t = array.type
+    if pa.types.is_floating(want) and (pa.types.is_floating(t) or pa.types.is_decimal(t)):
+        made = pc.is_inf(out)
+        if pa.types.is_floating(t):
+            made = pc.and_(made, pc.invert(pc.is_inf(array)))
+        lost = pc.any(made).as_py()
+    elif _round_trips(t, want):
+        lost = pc.any(pc.not_equal(out.cast(t), array)).as_py()
+    else:
+        return out
+    if lost:
+        raise pa.ArrowInvalid(f"a value of {t} is another value as {want}")
+    return out
+
+
+def _round_trips(t: pa.DataType, want: pa.DataType) -> bool:
+    """Whether a cast from ``t`` to ``want`` is checked by casting back: an integer to a
+    bool, a timestamp to a date."""
+    if pa.types.is_boolean(want):
+        return bool(pa.types.is_integer(t))
+    return bool(pa.types.is_date(want) and pa.types.is_timestamp(t))
+
+
 class ConformingReader(MappedReader):
     """A format's reader whose batches' columns come in ``order`` (None: as read), those
     named in ``casts`` cast to the type given (the stream's), and those in ``nulls`` (a
@@ -329,7 +363,7 @@ class ConformingReader(MappedReader):
         cannot hold (a declared ``double`` for ``2**53 + 1``, a ``ns`` timestamp past 2262)
         is an error naming the shard and the column, never a value rounded."""
         try:
-            return array.cast(want)
+            return cast_checked(array, want)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
             raise ShardError(
                 self.ctx.shard.url,
@@ -342,6 +376,7 @@ class ConformingReader(MappedReader):
 __all__ = [
     "ConformingReader",
     "absent",
+    "cast_checked",
     "casts",
     "declaration",
     "holds",
