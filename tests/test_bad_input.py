@@ -881,6 +881,24 @@ def test_a_selected_column_one_shard_lacks_is_named_in_that_shard(
     assert err.value.url == local.url(f"d/{lacking}.{fmt}")
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "arrow", "csv"])
+@pytest.mark.parametrize("first", [True, False])
+def test_a_shard_with_two_columns_of_one_name_is_refused_naming_them(
+    local: Store, fmt: str, first: bool
+) -> None:
+    """Two columns named ``x``: a batch holds one column of a name, so a Parquet or Arrow
+    shard's first ``x`` was dropped without a word, and a CSV header ``x,x`` failed with a
+    bare ``KeyError`` naming no shard."""
+    twice = pa.Table.from_arrays([pa.array([1, 2]), pa.array([10, 20])], names=["x", "x"])
+    once = pa.table({"x": [3, 4]})
+    local.write(f"d/a.{fmt}", written(twice if first else once, fmt))
+    local.write(f"d/b.{fmt}", written(once if first else twice, fmt))
+    bad = local.url(f"d/{'a' if first else 'b'}.{fmt}")
+    with pytest.raises(ingest.ShardError, match=r"column\(s\) named twice: \['x'\]") as err:
+        drain(ingest.Stream(local.url("d"), batch_size=2))
+    assert err.value.url == bad and "rename" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("data", "kind"),
     [

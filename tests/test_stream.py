@@ -375,6 +375,19 @@ def test_unsigned_16_and_32_bit_integers_are_int64_at_every_depth(unsigned: str)
     assert np.asarray(out["v"]).tolist() == [1, top]
 
 
+def test_a_batch_with_two_columns_of_one_name_is_refused(tmp_path: Path) -> None:
+    """A transform that adds a column under a name the batch has: the dict of tensors kept
+    the last, the other lost without a word."""
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
+
+    def again(table: pa.Table) -> pa.Table:
+        return table.append_column("x", pa.array([7, 8]))
+
+    stream = ingest.Stream(str(tmp_path), batch_size=2, transform=again)
+    with pytest.raises(ingest.ConfigError, match=r"two columns named \['x'\].*rename"):
+        next(iter(stream))
+
+
 def test_an_interval_column_is_months_days_and_nanoseconds(tmp_path: Path) -> None:
     """An interval column became pyarrow ``MonthDayNano`` objects, which do not pickle: a
     DataLoader's worker dropped its batch (a PicklingError in torch's feeder thread) and the

@@ -180,6 +180,13 @@ def to_torch(batch: pa.RecordBatch | pa.Table | Mapping[str, Any]) -> Batch:
     """Convert a record batch, a table or a dict of arrays/tensors to a dict for torch."""
     if isinstance(batch, pa.RecordBatch | pa.Table):
         schema = batch.schema
+        if len(set(schema.names)) != len(schema.names):  # a dict holds one of them
+            twice = sorted({n for n in schema.names if schema.names.count(n) > 1})
+            raise ConfigError(
+                f"a batch has two columns named {twice} (its columns: {schema.names}), and "
+                "a batch of tensors holds one column of a name; rename one in the transform "
+                "that added it"
+            )
         return {
             name: column_to_torch(batch.column(i), name, schema.field(i))
             for i, name in enumerate(schema.names)

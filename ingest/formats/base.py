@@ -662,6 +662,27 @@ def declares(origin: str) -> bool:
     return origin == DECLARED or origin.startswith(TABLE_LOG)
 
 
+def check_names(url: str, names: Sequence[str]) -> None:
+    """Raise if a shard (``url``) has two columns of one name: a batch holds one column of a
+    name, so one of them would be lost without a word.
+
+    Raises:
+        SchemaMismatchError: Naming ``url`` and the names.
+    """
+    if len(set(names)) == len(names):
+        return
+    from ingest.core.errors import SchemaMismatchError
+
+    twice = sorted({n for n in names if names.count(n) > 1})
+    raise SchemaMismatchError(
+        url,
+        f"has column(s) named twice: {twice} (its columns: {list(names)}); a batch holds "
+        "one column of a name",
+        "rename them where the shard is written (pyarrow: table.rename_columns([...]); a "
+        "CSV file: its header)",
+    )
+
+
 def check_schema(
     url: str,
     schema: pa.Schema,
@@ -679,6 +700,7 @@ def check_schema(
     """
     from ingest.core.errors import SchemaMismatchError
 
+    check_names(url, schema.names)
     if expected is None:
         return
     names = list(columns) if columns is not None else None

@@ -31,7 +31,7 @@ def exact(table: pa.Table, read: Callable[[pa.Schema], pa.Table]) -> pa.Table:
     """``table`` (a sample as pyarrow inferred it), or the sample read again by ``read``
     with each ``double`` that holds integers past int64 as ``uint64``: the same object
     where no column does, or where the read again fails (see the module)."""
-    fields = [f.with_type(_unsigned(f.type, table.column(f.name))) for f in table.schema]
+    fields = [f.with_type(_unsigned(f.type, table.column(i))) for i, f in enumerate(table.schema)]
     schema = pa.schema(fields, metadata=table.schema.metadata)
     if schema.equals(table.schema):
         return table

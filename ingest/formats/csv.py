@@ -44,6 +44,7 @@ from ingest.formats.base import (
     ShardReader,
     UncountedFormat,
     check_columns,
+    check_names,
 )
 from ingest.formats.big_integers import exact_csv
 from ingest.formats.conform import declaration
@@ -437,6 +438,7 @@ class _CsvReader(LineReader):
         stream's."""
         ctx = self.ctx
         assert ctx.schema is not None
+        check_names(ctx.shard.url, names)
         if names != ctx.schema.names:
             raise SchemaMismatchError(
                 ctx.shard.url,

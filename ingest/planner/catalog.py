@@ -48,6 +48,7 @@ from ingest.formats.base import (
     ReadOptions,
     ShardInfo,
     check_columns,
+    check_names,
     check_schema,
     declares,
 )
@@ -410,6 +411,9 @@ class Catalog:
         """The listing with the stream's schema: the files' (every footer checked against
         it), then the partition columns."""
         keys = partition_keys(shards)
+        for shard, info in zip(shards, infos, strict=True):
+            if info.schema is not None:  # (before a schema of two columns x is taken or widened)
+                check_names(shard.url, info.schema.names)
         stream_schema, origin = self._schema(shards, infos, self._file_columns(keys))
         if stream_schema is not None:
             declared = stream_schema if declares(origin) else None
@@ -636,6 +640,7 @@ class Catalog:
             try:
                 inferred = self._inferred(shard, info)
                 if inferred is not None:
+                    check_names(shard.url, inferred.names)
                     check_columns(shard.url, columns, inferred.names, typed=True)
             except IndexStoreError:
                 raise
