@@ -20,17 +20,23 @@ parts of input rows: that is the language-model data's issue, built on this seam
 from __future__ import annotations
 
 import json
+import reprlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ingest.core.errors import ConfigError
 from ingest.engine.window import indices
+from ingest.formats.arrays import numbers
+
+_NOTED = "while running "
+"""How the note :func:`noted` adds begins: an error that has one already names its stage."""
 
 
 class RowError(ConfigError):
@@ -165,13 +171,9 @@ class Filter(Stage):
         return _versioned("Filter", self.version, per_row=self.per_row)
 
     def __call__(self, table: pa.Table) -> Staged:
-        if self.per_row:
-            mask = np.fromiter((bool(self.keep(r)) for r in table.to_pylist()), bool, len(table))
-        else:
-            got = self.keep(table)
-            mask = np.asarray(
-                got.to_numpy(zero_copy_only=False) if hasattr(got, "to_numpy") else got
-            )
+        mask = self._mask(table)
+        if mask.shape != (table.num_rows,) or mask.dtype != np.bool_:
+            mask = _nulls_dropped(mask)
         if mask.shape != (table.num_rows,) or mask.dtype != np.bool_:
             raise ConfigError(
                 f"Filter: keep returned {mask.dtype} of shape {mask.shape} for {table.num_rows} "
@@ -179,6 +181,26 @@ class Filter(Stage):
             )
         rows = np.flatnonzero(mask).astype(np.int64)
         return Staged(table.take(indices(rows)), rows)
+
+    def _mask(self, table: pa.Table) -> npt.NDArray[Any]:
+        """What ``keep`` says of ``table``'s rows, as numpy; a null (pyarrow's, a masked
+        array's) is False, as ``Table.filter`` takes it: its row is dropped."""
+        try:
+            if self.per_row:
+                rows = table.to_pylist()
+                return np.fromiter((bool(self.keep(r)) for r in rows), bool, len(rows))
+            got = self.keep(table)
+        except Exception as e:
+            how = " (per_row)" if self.per_row else ""
+            noted(e, f"Filter's keep {_named(self.keep)}{how} on a batch of {len(table)} rows")
+            raise
+        if isinstance(got, pa.Array | pa.ChunkedArray) and pa.types.is_boolean(got.type):
+            if got.null_count:
+                got = pc.and_kleene(got, pc.is_valid(got))  # null and false: false
+            return numbers(got)  # (to_numpy would import pandas)
+        if isinstance(got, np.ma.MaskedArray):
+            return np.ma.filled(got, False)
+        return np.asarray(got.to_numpy(zero_copy_only=False) if hasattr(got, "to_numpy") else got)
 
 
 class FlatMap(Stage):
@@ -205,12 +227,87 @@ class FlatMap(Stage):
     def __call__(self, table: pa.Table) -> Staged:
         out: list[dict[str, Any]] = []
         origin: list[int] = []
-        for i, row in enumerate(table.to_pylist()):
-            made = list(self.fn(row))
+        rows = table.to_pylist()
+        for i, row in enumerate(rows):
+            try:
+                made = self._made(row, i)
+            except Exception as e:
+                where = f"on row {i} of a batch of {len(rows)} rows"
+                noted(e, f"FlatMap's fn {_named(self.fn)} {where}")
+                raise
             out += made
             origin += [i] * len(made)
-        made_table = pa.Table.from_pylist(out, schema=self.schema)
-        return Staged(made_table, np.asarray(origin, dtype=np.int64).reshape(-1))
+        return Staged(self._table(out, origin), np.asarray(origin, dtype=np.int64).reshape(-1))
+
+    def _made(self, row: dict[str, Any], i: int) -> list[Any]:
+        """The rows ``fn`` makes of ``row``, row ``i`` of its batch.
+
+        Raises:
+            ConfigError: If ``fn`` returned what is not an iterable of rows (None, one dict,
+                a str).
+        """
+        got = self.fn(row)
+        if isinstance(got, list):
+            return got
+        if got is None or isinstance(got, Mapping | str | bytes) or not isinstance(got, Iterable):
+            raise _not_rows(_what(got), i)
+        return list(got)
+
+    def _table(self, out: list[Any], origin: list[int]) -> pa.Table:
+        """The rows ``fn`` made (``origin``: each one's input row) as a table.
+
+        Raises:
+            ConfigError: If one of them is not a dict.
+        """
+        try:
+            return pa.Table.from_pylist(out, schema=self.schema)
+        except (AttributeError, TypeError) as e:
+            bad = next((k for k, row in enumerate(out) if not isinstance(row, Mapping)), None)
+            if bad is None:
+                raise
+            raise _not_rows(f"an iterable holding {_what(out[bad])}", origin[bad]) from e
+
+
+def _not_rows(got: str, row: int) -> ConfigError:
+    """FlatMap's refusal of what its ``fn`` returned (``got``) for ``row`` of the batch."""
+    return ConfigError(
+        f"FlatMap: fn returned {got} for row {row} of the batch; fn must return an iterable "
+        "of dicts, the rows it makes of the row, each a dict of column -> value (a list, [] "
+        "for none): return [{'text': ...}] for one row, not {'text': ...}"
+    )
+
+
+def _what(value: Any) -> str:
+    """``value`` in a message: its type, and a short repr of it."""
+    if isinstance(value, Mapping):
+        return f"a {type(value).__name__} (keys {reprlib.repr(list(value))})"
+    return f"{type(value).__name__} {reprlib.repr(value)}" if value is not None else "None"
+
+
+def _nulls_dropped(mask: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    """An object array of booleans and Nones (a list with a None, pyarrow's ``to_numpy`` of
+    a mask with nulls) as booleans, a None False; any other array as it is."""
+    if mask.dtype == object and all(v is None or isinstance(v, bool | np.bool_) for v in mask.flat):
+        return mask.astype(bool)
+    return mask
+
+
+def noted(error: BaseException, where: str) -> None:
+    """Add to ``error``, raised by a user's function that a stage ran, a note naming
+    ``where`` it was raised ("while running ..."), for the message to name the stage; its
+    type and traceback stay the user's. Once: the innermost stage names it. Not to a
+    :class:`ConfigError`, whose message names its stage already.
+    """
+    if isinstance(error, ConfigError):
+        return
+    if any(note.startswith(_NOTED) for note in getattr(error, "__notes__", ())):
+        return
+    error.add_note(f"{_NOTED}{where}")
+
+
+def _named(fn: Any) -> str:
+    """A user's function's name for a message, quoted."""
+    return repr(str(getattr(fn, "__qualname__", type(fn).__qualname__)))
 
 
 def checked_version(stage: str, version: object) -> str:
@@ -236,4 +333,4 @@ def _versioned(stage: str, version: str | None, **options: Any) -> str | None:
     return json.dumps({"stage": stage, "version": version, **options}, sort_keys=True)
 
 
-__all__ = ["Filter", "FlatMap", "RowError", "Stage", "Staged", "checked_version"]
+__all__ = ["Filter", "FlatMap", "RowError", "Stage", "Staged", "checked_version", "noted"]
