@@ -375,6 +375,23 @@ def test_unsigned_16_and_32_bit_integers_are_int64_at_every_depth(unsigned: str)
     assert np.asarray(out["v"]).tolist() == [1, top]
 
 
+def test_lists_of_booleans_are_bool_tensors_as_lists_of_numbers_are() -> None:
+    """A list or fixed-size list of booleans (an attention mask a row) stayed Python lists
+    of lists, where numbers are tensors."""
+    from ingest.engine.convert import to_torch
+
+    flags = pa.array([True, False, True, True, False, False])
+    fixed = pa.FixedSizeListArray.from_arrays(flags, 3).slice(1, 1)
+    lists = pa.array([[True], [False, True], []], pa.list_(pa.bool_())).slice(1, 2)
+    out = to_torch(pa.record_batch({"f": fixed}))
+    assert out["f"].dtype == torch.bool and out["f"].tolist() == [[True, False, False]]
+    got = to_torch(pa.record_batch({"l": lists}))["l"]
+    assert [t.dtype for t in got] == [torch.bool] * 2 and [t.tolist() for t in got] == [
+        [False, True],
+        [],
+    ]
+
+
 def test_a_batch_with_two_columns_of_one_name_is_refused(tmp_path: Path) -> None:
     """A transform that adds a column under a name the batch has: the dict of tensors kept
     the last, the other lost without a word."""

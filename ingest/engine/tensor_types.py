@@ -106,17 +106,18 @@ def hf_array_shape(
 
 
 def is_number_list(t: pa.DataType) -> bool:
-    """A list (fixed or variable) of integers or floats, or of fixed-size lists of them at any
-    depth: one tensor, or a list of views."""
+    """A list (fixed or variable) of integers, floats or booleans, or of fixed-size lists of
+    them at any depth: one tensor, or a list of views."""
     lists = pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t)
     return bool(lists and _numbers_within(t.value_type))
 
 
 def _numbers_within(t: pa.DataType) -> bool:
-    """Integers or floats, or fixed-size lists of them at any depth (a row's fixed shape)."""
+    """Integers, floats or booleans, or fixed-size lists of them at any depth (a row's fixed
+    shape)."""
     while pa.types.is_fixed_size_list(t):
         t = t.value_type
-    return bool(pa.types.is_integer(t) or pa.types.is_floating(t))
+    return bool(pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t))
 
 
 __all__ = ["HF_ARRAY", "NULL_FIX", "hf_array_shape", "is_number_list", "refused_null"]
