@@ -150,6 +150,45 @@ def test_the_state_records_the_quarantine_and_a_resume_never_reads_it_again(
     assert resumed.stats["rows_delivered"] == 4 * ROWS - resumed.stats["rows_skipped"]
 
 
+def _consumed(state: dict[str, Any], url: str, row: int) -> bool:
+    """Whether ``state`` counts ``row`` of shard ``url`` consumed (its own or carried in)."""
+    index = str([s[0] for s in state["dataset"]["shards"]].index(url))
+    for consumed in (state["progress"]["consumed"], state["distributed"]["carry"]["consumed"]):
+        if int(index) in consumed.get("done", []):
+            return True
+        if any(a <= row < b for a, b in consumed.get("partial", {}).get(index, [])):
+            return True
+    return False
+
+
+def test_a_state_lists_only_the_quarantines_its_consumed_rows_hold(tmp_path: Path) -> None:
+    """A bad line read ahead (its row's place in a later batch) was listed in the state as
+    quarantined while its row was not consumed (the docs: a quarantined row is consumed). A
+    state lists a quarantine once its row is consumed; a resume reads it again until then,
+    and delivers no row twice."""
+    for s in range(4):
+        lines = [
+            "{bad json" if i in (150, 351) else json.dumps({"id": i})
+            for i in range(s * 100, s * 100 + 100)
+        ]
+        (tmp_path / f"part-{s}.jsonl").write_text("\n".join(lines) + "\n")
+    options: dict[str, Any] = {"batch_size": 20, "shuffle_seed": 0, "shuffle_window": 64}
+    stream = ingest.Stream(str(tmp_path), read=SKIP, shuffle_lanes=2, **options)
+    listed, got = 0, []
+    for n, batch in enumerate(stream):
+        got.append(batch)
+        state = json.loads(json.dumps(stream.state_dict()))
+        for q in state["progress"].get("quarantined", []):
+            assert _consumed(state, q["url"], q["start"]), (n, q["url"], q["start"])
+            listed += 1
+        if n in (0, 3, 6):
+            resumed = ingest.Stream(str(tmp_path), read=SKIP, shuffle_lanes=2, **options)
+            resumed.load_state_dict(state)
+            seen = ids_of(got + list(resumed))
+            exactly_once_but_quarantined(seen, resumed.quarantined, 400, rows_per_shard=100)
+    assert listed, "no state listed a quarantine"
+
+
 def test_a_bad_json_line_quarantines_just_that_line(tmp_path: Path) -> None:
     # It used to quarantine the rest of its shard (277 rows for one bad line).
     rows = 400

@@ -20,6 +20,7 @@ from ingest.core.carry import Copy
 from ingest.core.epoch import BookConfig, PlannedEpoch, learnt
 from ingest.core.errors import StateError
 from ingest.core.progress import add_runs, all_of
+from ingest.core.quarantine import Quarantined
 from ingest.core.state import (
     Consumed,
     Cursor,
@@ -62,7 +63,7 @@ def state_in(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int) ->
     delivered = e.delivered + done * config.batch_size * acks.world_size
     delivered -= acks.missing(e.based, step)
     restored = e.cursors if step + 1 == e.opened else None
-    quarantined = acks.quarantined_in(e.epoch, step)
+    quarantined = _held(acks.quarantined_in(e.epoch, step), e, (main, carried))
     return StreamState(
         e.dataset,
         ProgressState(e.epoch, e.first_step, step + 1, delivered, e.dropped, main, quarantined),
@@ -71,6 +72,31 @@ def state_in(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int) ->
         ),
         _position(config, acks, step, restored, e.window),
     )
+
+
+def _held(
+    records: list[Quarantined], e: PlannedEpoch[Any], consumed: tuple[Consumed, Consumed]
+) -> list[Quarantined]:
+    """The quarantine ``records`` of which a state of epoch ``e`` holds rows consumed (its
+    own or those carried in): a row read ahead of its batch is quarantined before that batch
+    is handed out, and a state lists it once its place (a hole) is, so that a resume reads it
+    again until then (the docs: a quarantined row is consumed). A record of no shard (a
+    transform's) or of a shard to its unknown end is listed as it comes."""
+    if not records:
+        return records
+    index = {s.url: i for i, s in enumerate(e.listing.shards)}
+    kept = []
+    for q in records:
+        i = index.get(q.url) if q.url is not None else None
+        if i is None or q.stop is None or any(_holds(c, i, q.start, q.stop) for c in consumed):
+            kept.append(q)
+    return kept
+
+
+def _holds(consumed: Consumed, index: int, start: int, stop: int) -> bool:
+    """Whether ``consumed`` holds a row of ``[start, stop)`` of shard ``index``."""
+    rows = consumed.sets.get(index)
+    return rows is not None and rows.gaps(start, stop) != [(start, stop)]
 
 
 def state_after(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int) -> StreamState:
