@@ -184,9 +184,10 @@ def refused_connection(error: BaseException) -> BaseException | None:
 
 
 # The client library found no credentials at all, before any request: botocore's provider
-# chain (storage options, environment, profile, instance role) and google-auth's default
-# credentials. botocore's and google-auth's own fetchers already retry an instance's
-# metadata service, and no retry here finds credentials that are not set.
+# chain (storage options, environment, profile, instance role), the profile it was told to
+# use (a name in no config file), and google-auth's default credentials. botocore's and
+# google-auth's own fetchers already retry an instance's metadata service, and no retry here
+# finds credentials that are not set.
 _NO_CREDENTIALS = {
     "NoCredentialsError": (
         "set them in storage_options (key and secret, or profile) or the environment "
@@ -197,6 +198,12 @@ _NO_CREDENTIALS = {
     "PartialCredentialsError": (
         "set both the key and the secret: in storage_options (key, secret) or the "
         "environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+    ),
+    "ProfileNotFound": (
+        "the profile (storage_options' profile, else AWS_PROFILE) is in neither "
+        "~/.aws/config nor ~/.aws/credentials (AWS_CONFIG_FILE, AWS_SHARED_CREDENTIALS_FILE): "
+        "check its name, add it (aws configure --profile NAME; on Ray, on the reader nodes "
+        "too), or pass key and secret in storage_options instead"
     ),
     "DefaultCredentialsError": (
         "set GOOGLE_APPLICATION_CREDENTIALS to a service account's key file, or pass "

@@ -10,6 +10,7 @@ import re
 import stat
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from glob import has_magic
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -59,9 +60,10 @@ def list_url(
         known_commit(fs, url)
         key = f"{hub.endpoint_of(source.storage_options)} {url} {source.format}"
     path = _path_of(fs, url)
+    local = is_local(fs)  # a local path has no query: a '?' in it is a glob's or a name's
     _check_http_names_a_file(url, path)
     infos, explicit = _kept_or_listed(source, fs, url, path, key, listings)
-    base = base_of(_without_query(path), glob=_is_glob(path) and not explicit)
+    base = base_of(_without_query(path, local=local), glob=_is_glob(path, local) and not explicit)
     logged: dict[str, delta.DeltaFile] = {}  # a Delta table's files, as their log says
     if not explicit:
         found = {} if tables is None else tables
@@ -79,8 +81,8 @@ def list_url(
             continue  # _SUCCESS, .crc, _temporary/ and other writer droppings
         # A query string (``?token=...``, ``?versionId=...``) comes only with a URL named
         # explicitly: in a directory's or a glob's listing, a '?' is part of the file's name.
-        plain = _without_query(name) if explicit else name
-        fmt = formats.format_of(plain, chosen=source.format, explicit=explicit)
+        plain = _without_query(name, local=local) if explicit else name
+        fmt = _format_of(fs, formats, source.format, plain, explicit=explicit)
         if fmt is None:
             unread.append(plain)
             continue
@@ -154,7 +156,8 @@ def _delta_tables(
     names = [str(i["name"]) for i in infos]
     refuse_other_tables(names, fs.unstrip_protocol)
     roots = delta.table_roots(names)
-    if _is_glob(path) and base and base not in roots and get_protocol(url) not in _NO_TABLES:
+    glob = _is_glob(path, is_local(fs))
+    if glob and base and base not in roots and get_protocol(url) not in _NO_TABLES:
         roots |= {base} if fs.isdir(posixpath.join(base, delta.LOG)) else set()
     if not roots:
         return infos, {}
@@ -182,7 +185,7 @@ def _delta_tables(
             _same_vectors(table, current, version)
             current.update((f.path, f) for f in version.files)
             paths = [f.path for f in version.files if f.path not in version.retired]
-            _check_listed(fs, root, paths, listed, glob=_is_glob(path), at=log.at)
+            _check_listed(fs, root, paths, listed, glob=glob, at=log.at)
             gone = [f for f in version.files if f.path in version.retired and f.path not in listed]
             retired += [{"name": f.path, "size": f.size, "type": "file"} for f in gone]
             vacuumed.update((fs.unstrip_protocol(f.path), f.rows) for f in gone)
@@ -405,15 +408,14 @@ def _file_infos(
 
     def infos() -> tuple[list[dict[str, Any]], bool]:
         source.stats.add(listings=1)
-        if _is_glob(path):
+        if _is_glob(path, is_local(fs)):
             found = _glob(fs, url, path)
             if found:
-                return list(found.values()), False
-            # A file whose name holds a glob's characters (`run[a].parquet`), named: the
-            # glob matched nothing; the name may still be the file's own.
+                return _with_files_below(source, fs, (path, url.endswith("/")), found), False
+            # A file or a folder whose name holds a glob's characters (`run[a].parquet`,
+            # `run[1]/`), named: the glob matched nothing; the name may still be its own.
             source.stats.add(listings=1)
-            named = _named_file(fs, path)
-            return ([named], True) if named is not None else ([], False)
+            return _named(source, fs, path)
         if url.endswith("/"):
             # A directory by its name: one listing, not a HEAD and a listing to tell
             # (object stores) first. Nothing under it: the checks below say why.
@@ -432,15 +434,54 @@ def _file_infos(
         raise _listing_error(source, url, gave_up) from None
 
 
-def _named_file(fs: fsspec.AbstractFileSystem, path: str) -> dict[str, Any] | None:
-    """The info of the file at ``path`` taken as a name, not a pattern; None where there is
-    no such file (a directory is no named file: a glob's characters in a directory's name
-    are a pattern's)."""
+def _named(
+    source: Source, fs: fsspec.AbstractFileSystem, path: str
+) -> tuple[list[dict[str, Any]], bool]:
+    """The infos of ``path`` taken as a name, not a pattern, and whether it named a file: the
+    file, or every file below the folder of that name; none where there is neither."""
     try:
         info: dict[str, Any] = fs.info(path)
     except FileNotFoundError:
-        return None
-    return info if info.get("type") != "directory" else None
+        return [], False
+    if info.get("type") != "directory":
+        return [info], True
+    source.stats.add(listings=1)
+    return list(fs.find(path, detail=True, withdirs=False).values()), False
+
+
+def _with_files_below(
+    source: Source,
+    fs: fsspec.AbstractFileSystem,
+    glob: tuple[str, bool],
+    found: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """The infos a glob (its path, and whether its URL ends with ``/``: folders only)
+    ``found``, with every file below the folders it matched, as a folder's URL lists them
+    (``s3://b/2024-01-*/``: the day folders' files), each once. A glob whose last part is
+    ``**`` matched those files itself; a folder below another one matched is listed with
+    it. A listing per folder, up to 16 at once."""
+    path, folders_only = glob
+    folders = sorted(
+        (n for n, i in found.items() if i.get("type") == "directory"), key=lambda n: n.count("/")
+    )
+    if not folders or (posixpath.basename(path) == "**" and not folders_only):
+        return list(found.values())
+    top: set[str] = set()
+    for folder in folders:
+        parts = folder.split("/")
+        if not any("/".join(parts[:i]) in top for i in range(1, len(parts))):
+            top.add(folder)
+
+    def below(folder: str) -> dict[str, Any]:
+        source.stats.add(listings=1)
+        files: dict[str, Any] = fs.find(folder, detail=True, withdirs=False)
+        return files
+
+    files = {} if folders_only else {n: i for n, i in found.items() if i.get("type") != "directory"}
+    with ThreadPoolExecutor(max_workers=min(16, len(top))) as pool:
+        for listed in pool.map(below, sorted(top)):
+            files.update(listed)
+    return [files[n] for n in sorted(files)]
 
 
 def _glob(fs: fsspec.AbstractFileSystem, url: str, path: str) -> dict[str, Any]:
@@ -551,7 +592,7 @@ def _raise_no_match(
     Raises:
         SourceError: Always.
     """
-    if _is_glob(path):
+    if _is_glob(path, is_local(fs)):
         prefix = re.split(r"[*?\[]", path, maxsplit=1)[0].rsplit("/", 1)[0]
         if prefix and not fs.exists(prefix):
             raise NoShardsError(
@@ -565,13 +606,59 @@ def _raise_no_match(
     raise NoShardsError(url, "matches no data files", f"check the glob; {formats.describe()}")
 
 
-def _without_query(path: str) -> str:
-    return _QUERY_TAIL.sub("", path)
+def _without_query(path: str, *, local: bool = False) -> str:
+    """``path`` less a trailing query (``?token=...``); a ``local`` path as it is: it has no
+    query, and a '?' in it is a glob's or the file's name's (``q?x=1.parquet``)."""
+    return path if local else _QUERY_TAIL.sub("", path)
 
 
-def _is_glob(path: str) -> bool:
-    """Whether ``path`` is a glob; a trailing query (``?token=...``) is not one."""
-    return has_magic(_without_query(path))
+def _is_glob(path: str, local: bool = False) -> bool:
+    """Whether ``path`` is a glob; a trailing query (``?token=...``) is not one, but for a
+    ``local`` path, which has none."""
+    return has_magic(_without_query(path, local=local))
+
+
+def _format_of(
+    fs: fsspec.AbstractFileSystem,
+    formats: FormatResolver,
+    chosen: str | None,
+    name: str,
+    *,
+    explicit: bool,
+) -> str | None:
+    """The format of the listed file ``name`` (:meth:`FormatResolver.format_of`); one named
+    ``explicit``-ly is told by its URL, which its error names (a path without its scheme,
+    ``bucket/d``, named no URL), with the folder of the same name where one is there too.
+
+    Raises:
+        ConfigError: If ``explicit`` and the file's format cannot be told, or is not
+            ``chosen``.
+    """
+    if not explicit:
+        return formats.format_of(name, chosen=chosen, explicit=False)
+    url = fs.unstrip_protocol(name)
+    try:
+        return formats.format_of(url, chosen=chosen, explicit=True)
+    except ConfigError as e:
+        message = str(e) if is_local(fs) else redact(str(e))  # a local '?' is no query
+        raise ConfigError(message + _folder_beside(fs, name, url)) from None
+
+
+def _folder_beside(fs: fsspec.AbstractFileSystem, name: str, url: str) -> str:
+    """A sentence naming the folder ``url/`` where an object store holds one beside the
+    object ``name`` (a zero-byte ``d`` some tools write beside the prefix ``d/``); else
+    ``""``."""
+    if is_local(fs):
+        return ""
+    try:
+        folder = fs.isdir(name)
+    except Exception:  # only a hint: the error stands without it
+        return ""
+    return (
+        f"; a folder {redact(url)}/ is there too: name it so to read the files below it"
+        if folder
+        else ""
+    )
 
 
 _VERSION_KEYS = (

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from fsspec.utils import get_protocol
 
-from ingest.core.errors import ConfigError
+from ingest.core.errors import ConfigError, redact
 from ingest.storage.sources.retry import RetryPolicy
 
 SECRET_OPTION_NAMES = (
@@ -148,6 +148,38 @@ def s3_userinfo(urls: Sequence[str]) -> tuple[str, str] | None:
             "key= and secret= in storage_options, or read them as separate streams"
         )
     return found.pop() if found else None
+
+
+_ENDPOINT_STORES = ("s3", "s3a", "gs", "gcs")
+"""Protocols whose filesystems take an ``endpoint_url`` (s3fs at the top or in
+``client_kwargs``, gcsfs at the top)."""
+
+
+def check_endpoint(urls: Sequence[str], options: Mapping[str, Any]) -> None:
+    """Refuse an ``endpoint_url`` without its scheme (``127.0.0.1:9000``) for a source of
+    ``urls`` on a store that takes one, before any request: botocore refused it deep in the
+    first call with a bare ``ValueError: Invalid endpoint`` naming neither the URL nor the fix.
+
+    Raises:
+        ConfigError: If ``endpoint_url`` (or ``client_kwargs.endpoint_url``) has no scheme.
+    """
+    url = next((u for u in urls if get_protocol(u) in _ENDPOINT_STORES), None)
+    if url is None:
+        return
+    client = options.get("client_kwargs")
+    for name, value in (
+        ("endpoint_url", options.get("endpoint_url")),
+        (
+            "client_kwargs.endpoint_url",
+            client.get("endpoint_url") if isinstance(client, Mapping) else None,
+        ),
+    ):
+        if isinstance(value, str) and value and "://" not in value:
+            raise ConfigError(
+                f"{redact(strip_userinfo(url))}: the storage option {name}={value!r} has no "
+                f"scheme, which the store's client refuses; endpoint_url needs a scheme: "
+                f"http://{value} (https://{value} where the endpoint serves TLS)"
+            )
 
 
 def option_secrets(options: Mapping[str, Any]) -> tuple[str, ...]:

@@ -38,6 +38,7 @@ from ingest.storage.sources.known_parts import KnownParts
 from ingest.storage.sources.listing import list_url, warn_unversioned
 from ingest.storage.sources.options import (
     SECRET_OPTION_NAMES,
+    check_endpoint,
     fs_options,
     option_secrets,
     requests_at_once,
@@ -118,7 +119,8 @@ class Source:
             bound (:mod:`ingest.storage.cache`); None reads every time from the store.
 
     Raises:
-        ConfigError: If two ``s3://`` URLs carry different credentials.
+        ConfigError: If two ``s3://`` URLs carry different credentials, or an
+            ``endpoint_url`` has no scheme.
     """
 
     def __init__(
@@ -140,6 +142,7 @@ class Source:
         self._options = dict(storage_options or {})
         self._secrets = url_secrets(self.urls) + option_secrets(self._options)
         self._userinfo = s3_userinfo(self.urls)
+        check_endpoint(self.urls, self._options)
         # Listed URL (secrets shown as ***) -> the URL to open, for URLs whose secrets are
         # part of the request (HTTP user or query).
         self._hidden = {redact(u): u for u in self.urls if redact(u) != u}
