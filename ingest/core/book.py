@@ -164,17 +164,17 @@ class EpochBook(Generic[L]):
             since = _first_versions(saved)
             if listing is None or _first_versions(listing.tables) != since:
                 listing = self._list(since=since)
-            match_listing(state.dataset, listing.records(), listing.classes)
+            match_listing(state.dataset, listing.records(), listing.classes, listing.formats)
             return listing
         pinned = versions_of(saved)
         if not pinned:
             listing = self._list() if listing is None else listing
-            match_listing(state.dataset, listing.records(), listing.classes)
+            match_listing(state.dataset, listing.records(), listing.classes, listing.formats)
             return listing
         if state.started:
             if listing is None or listing.tables != saved:
                 listing = self._list(at=pinned)
-            match_listing(state.dataset, listing.records(), listing.classes)
+            match_listing(state.dataset, listing.records(), listing.classes, listing.formats)
             return listing
         listing = self._list() if listing is None else listing
         needed = needed_shards(state)
@@ -369,7 +369,7 @@ class EpochBook(Generic[L]):
 
         def wanted(listing: L) -> bool:  # a followed round loaded at its start
             nonlocal last
-            match_listing(start.dataset, listing.records(), listing.classes)
+            match_listing(start.dataset, listing.records(), listing.classes, listing.formats)
             carry, main, _ = resumed_in(start, listing)
             last = (listing, self._counted(listing, main, carry))
             return self.plans.has_a_step(last[1], main, carry)
@@ -383,7 +383,7 @@ class EpochBook(Generic[L]):
             listing = None  # list again, and wait
         if listing is None:  # listed again while a round waits: the state must fit it
             listing = self._list(wanted if waits else None, first=True)
-            match_listing(start.dataset, listing.records(), listing.classes)
+            match_listing(start.dataset, listing.records(), listing.classes, listing.formats)
         if last is not None and last[0] is listing:
             listing = last[1]
         carry, main, carried = resumed_in(start, listing)

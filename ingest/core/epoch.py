@@ -244,6 +244,7 @@ class EpochPlans(Generic[L]):
                 shard_table(listing, counts),
                 classes=listing.classes,
                 tables=listing.tables,
+                formats=listing.formats,
             )
             # The listing part of every state of the epoch, made once (a second for a million
             # shards: here rather than in the first snapshot).

@@ -56,6 +56,12 @@ class Listed(Protocol):
         ...
 
     @property
+    def formats(self) -> tuple[str, ...]:
+        """The formats its shards are read as, sorted (a state records them: rows are
+        numbered per format)."""
+        ...
+
+    @property
     def tables(self) -> tuple[tuple[str, int], ...]:
         """The Delta tables listed: each root's URL with a version read (a table twice where
         the listing holds files of two versions: :meth:`joined`), sorted; else empty."""

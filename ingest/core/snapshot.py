@@ -117,7 +117,11 @@ def state_after(config: BookConfig, acks: Acks, e: PlannedEpoch[Any], step: int)
         for index, rows in counted.items():
             records[index] = records[index]._replace(rows=rows)
         dataset = DatasetState(
-            list(config.sources), records, classes=e.listing.classes, tables=e.listing.tables
+            list(config.sources),
+            records,
+            classes=e.listing.classes,
+            tables=e.listing.tables,
+            formats=e.listing.formats,
         )
     following = Consumed()
     if config.follows:  # the next round reads none of these shards again

@@ -91,6 +91,12 @@ class Listing:
     """URLs of shards :meth:`joined` from other versions of the tables, which rows carried
     into the epoch are in (:meth:`ingest.core.listing.Listed.kept`)."""
 
+    @property
+    def formats(self) -> tuple[str, ...]:
+        """The formats its shards are read as, sorted
+        (:meth:`ingest.core.listing.Listed.formats`)."""
+        return tuple(sorted({s.format for s in self.shards}))
+
     def records(self) -> list[ShardRecord]:
         return [
             ShardRecord(s.url, s.size, s.rows_version, i.rows)

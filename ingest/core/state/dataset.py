@@ -41,6 +41,10 @@ class DatasetState:
     JSON, an object of each root's versions, absent when empty): the rest of the state's
     epoch is read at them (two where it reads rows carried from files a compaction
     replaced beside the newest version's)."""
+    formats: tuple[str, ...] = ()
+    """The formats the shards were read as, sorted (``"formats"`` in the JSON; absent in a
+    state saved before they were recorded): rows are numbered per format (a CSV file's
+    header is no row, a text file's first line is one)."""
     _json: dict[str, Any] | None = field(default=None, repr=False, compare=False)
     _counts: npt.NDArray[np.int64] | None = field(default=None, repr=False, compare=False)
 
@@ -70,7 +74,13 @@ class DatasetState:
             r._replace(rows=known[r.url]) if n < 0 and r.url in known else r
             for r, n in zip(self.shards, mine.tolist(), strict=True)
         ]
-        return DatasetState(list(self.sources), records, classes=self.classes, tables=self.tables)
+        return DatasetState(
+            list(self.sources),
+            records,
+            classes=self.classes,
+            tables=self.tables,
+            formats=self.formats,
+        )
 
     @property
     def packed(self) -> bool:
@@ -98,6 +108,8 @@ class DatasetState:
                 self._json["classes"] = list(self.classes)
             if self.tables:
                 self._json["tables"] = {u: list(v) for u, v in versions_of(self.tables).items()}
+            if self.formats:
+                self._json["formats"] = list(self.formats)
         return dict(self._json)
 
     @classmethod
@@ -105,9 +117,10 @@ class DatasetState:
         sources = [str(s) for s in checked_list(data.get("sources", []), "dataset.sources")]
         classes = tuple(_classes(data.get("classes", [])))
         tables = _tables(data.get("tables", {}))
+        formats = tuple(str(f) for f in checked_list(data.get("formats", []), "dataset.formats"))
         if version >= 3 and "packed" in data:
             shards, fingerprint = unpack_listing(data["packed"], data.get("digest"))
-            return cls(sources, shards, fingerprint, classes, tables)
+            return cls(sources, shards, fingerprint, classes, tables, formats)
         shards = []
         for n, entry in enumerate(checked_list(data["shards"], "dataset.shards")):
             if not isinstance(entry, list) or len(entry) != 4:
@@ -128,7 +141,7 @@ class DatasetState:
                 "dataset.digest does not match dataset.shards: the state was "
                 "edited or corrupted; save it again"
             )
-        return cls(sources, shards, None, classes, tables)
+        return cls(sources, shards, None, classes, tables, formats)
 
 
 def versions_of(tables: Iterable[tuple[str, int]]) -> dict[str, tuple[int, ...]]:

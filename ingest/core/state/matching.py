@@ -13,16 +13,35 @@ from ingest.core.state.packed import PackedFingerprint, size_hashes, version_has
 from ingest.core.state.shards import ShardRecord, packed_digest
 
 
+def _match_formats(saved: Sequence[str], formats: Sequence[str]) -> None:
+    """Refuse a state whose shards were read as a format this listing reads none as (a
+    dataset that grew may add formats): rows are numbered per format, so the state's rows
+    would be other rows (a CSV file's header is no row, a text file's first line is one)."""
+    gone = [f for f in saved if f not in formats]
+    if not gone:
+        return
+    raise StateError(
+        f"the state's shards were read as {', '.join(saved)}, and this stream reads them as "
+        f"{', '.join(formats) or 'nothing'}: a row's number depends on its format (a CSV "
+        "file's header is no row, a text file's first line is one), so the state's rows "
+        f"would be other rows. Pass format={gone[0]!r} as when the state was saved, or start "
+        "without the state"
+    )
+
+
 def match_listing(
     saved: DatasetState | Sequence[ShardRecord],
     listed: Sequence[ShardRecord],
     classes: Sequence[str] = (),
+    formats: Sequence[str] = (),
 ) -> None:
     """Check that every saved shard is in ``listed``, unchanged. New shards are fine.
 
     Sizes are compared, and versions where both sides have one. A packed state (its sizes
     and versions kept as a digest and hashes) is checked against the digest first. A folder
-    dataset's class list (``classes``, the listing's) must be the state's.
+    dataset's class list (``classes``, the listing's) must be the state's, and every format
+    the state's shards were read as among ``formats`` (the listing's; a state that recorded
+    none is not checked).
 
     Raises:
         StateError: Naming the shards that are missing or changed, and what changed, or the
@@ -37,6 +56,8 @@ def match_listing(
             "label indices would name other classes. Restore the class directories, or "
             "start without the state"
         )
+    if isinstance(saved, DatasetState):
+        _match_formats(saved.formats, formats)
     fingerprint = saved.fingerprint if isinstance(saved, DatasetState) else None
     shards = saved.shards if isinstance(saved, DatasetState) else saved
     by_url = {s.url: s for s in listed}
