@@ -4,6 +4,7 @@ ranks or readers, 429s retried as the Hub asks, the token never shown."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -256,6 +257,54 @@ def test_a_branch_that_moves_mid_run_changes_no_shard_under_it(hub: HubStub) -> 
     rest = ids(loop)
     assert sorted(head + rest) == list(range(SHARDS * ROWS)), "the epoch reads its commit"
     assert sorted(ids(s)) == list(range(100 * ROWS, 102 * ROWS)), "the next epoch, the new one"
+
+
+@pytest.mark.parametrize("endpoint", ["http://127.0.0.1:9", "http://no-such-host.invalid"])
+def test_a_hub_that_cannot_be_reached_is_named_with_the_fix(endpoint: str) -> None:
+    """A closed port or a name that does not resolve: huggingface_hub's client (httpx)
+    raised a bare ConnectError naming neither the URL nor the fix."""
+    url = f"hf://datasets/{REPO}/data/*.parquet"
+    retry = ingest.RetryPolicy(deadline_s=2)
+    stream = ingest.Stream(
+        url,
+        batch_size=5,
+        storage_options={"endpoint": endpoint, "token": TOKEN},
+        read=ingest.ReadOptions(retry=retry),
+    )
+    with pytest.raises(ingest.SourceError) as e:
+        next(iter(stream))
+    assert url in str(e.value) and endpoint.split("//")[1] in str(e.value)
+
+
+def test_a_state_of_a_branch_that_moved_says_so_and_how_to_resume(hub: HubStub) -> None:
+    """A commit pushed to the branch since the state was saved (a README edited): the state
+    was refused as "another dataset ... load a state saved by this stream" (it was this
+    stream's). It names both commits, and the URL that resumes at the state's, which reads
+    the rest of its epoch exactly once."""
+    url = f"hf://datasets/{REPO}/data/*.parquet"
+    s = ingest.Stream(url, batch_size=50, storage_options=options(hub))
+    loop = iter(s)
+    head = ids(next(loop) for _ in range(3))
+    state = s.state_dict()
+    s.close()
+    hub.add_dataset(REPO, {**files(), "README.md": b"# edited\n"})  # the same data files
+    fresh = ingest.Stream(url, batch_size=50, storage_options=options(hub))
+    with pytest.raises(ingest.StateError, match=r"moved from commit \w{12}.* to \w{12}") as e:
+        fresh.load_state_dict(state)
+    pinned = re.search(r"hf://datasets/\S+@\w{40}/data/\*\.parquet", str(e.value))
+    assert pinned is not None, str(e.value)
+    again = ingest.Stream(pinned.group(0), batch_size=50, storage_options=options(hub))
+    again.load_state_dict(state)
+    assert sorted(head + ids(again)) == list(range(SHARDS * ROWS))
+
+
+def test_following_a_hub_branch_is_refused_with_the_reason() -> None:
+    """Each round of a followed branch lists it at its newest commit, where the files a
+    round read have other URLs: the round after a push failed, saying a file it read had
+    "vanished". Refused when the stream is made, naming why and what to do."""
+    url = f"hf://datasets/{REPO}/data/*.parquet"
+    with pytest.raises(ingest.ConfigError, match=r"follow= .*hf://.*commit.*new stream"):
+        ingest.Stream(url, batch_size=5, follow=ingest.Follow(poll_s=1))
 
 
 def test_429s_are_retried_as_the_hub_asks(hub: HubStub) -> None:

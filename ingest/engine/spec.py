@@ -81,6 +81,14 @@ class StreamSpec:
         check_remainder(self.remainder)
         if self.format is not None:
             get_format(self.format)
+        hub = next((u for u in self.urls if u.startswith("hf://")), None)
+        if self.follow is not None and hub is not None:
+            raise ConfigError(
+                f"follow= over the Hub ({hub}): each round lists the branch at its newest "
+                "commit, where the files a round read have other URLs (they name the commit), "
+                "so a round after a push cannot tell them from new ones; read the new commit "
+                "as a new stream (or epoch), or follow a store that files are added to"
+            )
 
     @classmethod
     def of(

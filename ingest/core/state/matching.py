@@ -3,6 +3,7 @@ unchanged (new shards are fine), and the same folder classes. Pure."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -11,6 +12,64 @@ from ingest.core.errors import StateError
 from ingest.core.state.dataset import DatasetState
 from ingest.core.state.packed import PackedFingerprint, size_hashes, version_hashes
 from ingest.core.state.shards import ShardRecord, packed_digest
+
+_AT_COMMIT = re.compile(r"^(hf://[^@]+)@([0-9a-f]{40})(/.*)?$")
+"""A Hub shard's URL at a commit: the repository's part, the commit, the path."""
+_HUB_SOURCE = re.compile(r"^(hf://(?:datasets|models|spaces)/[^/@]+/[^/@]+)(@[^/]*)?(/.*)?$")
+
+
+def _moved_commit(missing: Sequence[str], listed: Mapping[str, object]) -> tuple[str, str] | None:
+    """The state's commit and the listing's where every one of the ``missing`` shards (Hub
+    URLs at a commit) is in the listing at another commit, the same path: the branch read
+    moved (a commit was pushed); None otherwise."""
+    commits = {}
+    for url in listed:
+        found = _AT_COMMIT.match(url)
+        if found is not None:
+            commits[found.group(1)] = found.group(2)
+    old = new = None
+    for url in missing:
+        found = _AT_COMMIT.match(url)
+        if found is None or found.group(1) not in commits:
+            return None
+        repo, old, path = found.group(1), found.group(2), found.group(3) or ""
+        new = commits[repo]
+        if f"{repo}@{new}{path}" not in listed:
+            return None
+    return (old, new) if old is not None and new is not None else None
+
+
+def _none_listed(
+    saved: DatasetState | Sequence[ShardRecord],
+    missing: Sequence[str],
+    listed: Sequence[ShardRecord],
+    by_url: Mapping[str, ShardRecord],
+) -> StateError:
+    """The refusal of a state none of whose shards (``missing``) is listed: a Hub branch that
+    moved (:func:`_moved_commit`), else another dataset's."""
+    moved = _moved_commit(missing, by_url)
+    if moved is not None:
+        return _moved_error(saved, *moved)
+    return StateError(
+        f"the state belongs to another dataset: none of its {len(missing)} shards (e.g. "
+        f"{missing[0] if missing else '-'}) is in this listing of {len(listed)} shards "
+        f"(e.g. {listed[0].url if listed else '-'}); load a state saved by this stream"
+    )
+
+
+def _moved_error(saved: DatasetState | Sequence[ShardRecord], old: str, new: str) -> StateError:
+    """The refusal of a state of a Hub branch that moved from commit ``old`` to ``new``."""
+    sources = saved.sources if isinstance(saved, DatasetState) else []
+    pinned = [
+        _HUB_SOURCE.sub(lambda m: f"{m.group(1)}@{old}{m.group(3) or ''}", u) for u in sources
+    ]
+    at = ", ".join(pinned) or f"the URL with @{old} after the repository's name"
+    return StateError(
+        f"the Hub branch moved from commit {old[:12]} to {new[:12]} since the state was "
+        f"saved (a commit was pushed): the state's shards are the files at {old[:12]}. Resume "
+        f"the state at its commit, named in the URL: {at} (every row of its epoch once); a "
+        "stream over the branch starts its next epoch at the new commit without the state"
+    )
 
 
 def _match_formats(saved: Sequence[str], formats: Sequence[str]) -> None:
@@ -79,11 +138,7 @@ def match_listing(
             "them or start the epoch without the state"
         )
     if len(missing) == len(shards):
-        raise StateError(
-            f"the state belongs to another dataset: none of its {len(shards)} shards (e.g. "
-            f"{shards[0].url if shards else '-'}) is in this listing of {len(listed)} shards "
-            f"(e.g. {listed[0].url if listed else '-'}); load a state saved by this stream"
-        )
+        raise _none_listed(saved, missing, listed, by_url)
     parts = []
     if missing:
         parts.append(f"{len(missing)} shard(s) gone: {', '.join(missing[:5])}")

@@ -8,6 +8,7 @@ requests, huggingface_hub); :mod:`ingest.storage.sources.retry` acts on it.
 from __future__ import annotations
 
 import email.utils
+import socket
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -36,6 +37,10 @@ _STORE_ERROR_PACKAGES = frozenset(
         "requests",
         "urllib3",
         "huggingface_hub",
+        "httpx",  # huggingface_hub's HTTP client: its ConnectError, timeouts
+        "httpx2",
+        "httpcore",
+        "httpcore2",
         "google",
         "gcsfs",
         "adlfs",
@@ -171,6 +176,15 @@ def is_not_found(error: BaseException) -> bool:
     if refused_connection(error) is not None or _busy(error):
         return False
     return isinstance(error, FileNotFoundError) or _http_status(error)[0] in _GONE_STATUSES
+
+
+def unresolved_name(error: BaseException) -> BaseException | None:
+    """The failed name lookup somewhere in ``error``'s chain (the endpoint's host name does
+    not resolve), or None."""
+    for e in _chain(error):
+        if isinstance(e, socket.gaierror):
+            return e
+    return None
 
 
 def refused_connection(error: BaseException) -> BaseException | None:

@@ -16,7 +16,7 @@ import fsspec.asyn
 
 from ingest.core.errors import SourceError
 from ingest.storage import hub
-from ingest.storage.sources.faults import http_refusal, refused_connection
+from ingest.storage.sources.faults import http_refusal, refused_connection, unresolved_name
 from ingest.storage.sources.options import fs_options
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 
@@ -36,14 +36,18 @@ def pin(source: Source, url: str) -> str:
     try:
         sha = attempt(resolve, source.policy(url), source.stats)
     except GaveUpError as gave_up:
-        refused = refused_connection(gave_up.last) is not None
+        if refused_connection(gave_up.last) is not None:
+            unreached = f": the endpoint {source.endpoint(url)} refused the connection"
+        elif unresolved_name(gave_up.last) is not None:
+            unreached = f": the endpoint {source.endpoint(url)}'s host name does not resolve"
+        else:
+            unreached = ""
         raise SourceError(
             url,
             f"cannot resolve revision {where.revision or 'main'!r} of {where.repo_id}"
-            + (f": the endpoint {source.endpoint(url)} refused the connection" if refused else "")
-            + f": {gave_up.describe(source.scrub)}",
+            + f"{unreached}: {gave_up.describe(source.scrub)}",
             REFUSED_FIX
-            if refused
+            if unreached
             else "check the repository, the revision and the token (HF_TOKEN, or "
             "storage_options={'token': ...}); a private or gated repository needs one",
         ) from None
