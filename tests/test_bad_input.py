@@ -881,6 +881,17 @@ def test_a_selected_column_one_shard_lacks_is_named_in_that_shard(
     assert err.value.url == local.url(f"d/{lacking}.{fmt}")
 
 
+def test_a_json_lines_shard_the_stream_types_as_json_cannot_hold_is_named(local: Store) -> None:
+    """A JSON Lines shard beside Parquet shards whose column is a fixed-size list (the type
+    the stream takes from them): pyarrow's JSON reader converts to no fixed-size list, and
+    its bare ArrowNotImplementedError named neither the shard nor a fix."""
+    local.write("m/a.parquet", encode(make_table(0, 10), "parquet"))
+    local.write("m/b.jsonl", encode(make_table(10, 10), "jsonl"))
+    with pytest.raises(ingest.ShardError, match=r"fixed_size_list.*schema=") as err:
+        drain(ingest.Stream(local.url("m"), batch_size=5))
+    assert err.value.url == local.url("m/b.jsonl") and "a.parquet" in str(err.value)
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "arrow", "csv"])
 @pytest.mark.parametrize("first", [True, False])
 def test_a_shard_with_two_columns_of_one_name_is_refused_naming_them(

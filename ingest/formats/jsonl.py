@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.json as pj
 
-from ingest.core.errors import ShardError
+from ingest.core.errors import SchemaMismatchError, ShardError
 from ingest.formats._json_document import open_json
 from ingest.formats._lines import LineReader, Opener, iter_chunks, not_utf8
 from ingest.formats.base import (
@@ -241,7 +241,17 @@ class _JsonlReader(LineReader):
         # asks for them next (LineReader.newlines), and need not pass over it again.
         self._counted = (chunk, len(opens) - 1)
         depth = self.ctx.options.max_json_depth
-        table = _parse(chunk, self._schema, self._columns, depth, opens)
+        try:
+            table = _parse(chunk, self._schema, self._columns, depth, opens)
+        except pa.ArrowNotImplementedError as e:  # a type JSON converts to none of
+            ctx = self.ctx
+            raise SchemaMismatchError(
+                ctx.shard.url,
+                f"is read with the stream's types, taken from {ctx.schema_origin}, and "
+                f"pyarrow reads JSON as none of some of them ({e})",
+                "read the JSON Lines shards as a stream of their own, or declare types JSON "
+                "reads with ReadOptions(schema=...) (a list for a fixed-size list)",
+            ) from None
         if self._columns is not None:
             check_columns(self.ctx.shard.url, self._columns, table.column_names)
             table = table.select(self._columns)
