@@ -89,6 +89,8 @@ def test_parse_takes_an_hf_url_apart() -> None:
     )
     with pytest.raises(ingest.ConfigError, match="names no repository"):
         parse("hf://datasets/org")
+    with pytest.raises(ingest.ConfigError, match=r"an empty revision.*@main"):
+        parse("hf://datasets/org/name@/data/*.parquet")  # was asked as revision ''
 
 
 def test_a_stream_lists_once_at_a_commit_and_reads_with_range_requests(hub: HubStub) -> None:
@@ -296,6 +298,19 @@ def test_a_state_of_a_branch_that_moved_says_so_and_how_to_resume(hub: HubStub) 
     again = ingest.Stream(pinned.group(0), batch_size=50, storage_options=options(hub))
     again.load_state_dict(state)
     assert sorted(head + ids(again)) == list(range(SHARDS * ROWS))
+
+
+def test_a_missing_commit_or_folder_says_what_to_check(hub: HubStub) -> None:
+    """A commit that does not exist was told to "check the endpoint and the network", a
+    folder the repository lacks to "check the bucket and prefix"."""
+    commit = f"hf://datasets/{REPO}@{'a' * 40}/data/*.parquet"
+    with pytest.raises(ingest.SourceError, match=r"check the revision") as e:
+        next(iter(ingest.Stream(commit, batch_size=5, storage_options=options(hub))))
+    assert "network" not in str(e.value)
+    folder = f"hf://datasets/{REPO}/nodir/*.parquet"
+    with pytest.raises(ingest.NoShardsError, match=r"check the path in the repository") as e:
+        next(iter(ingest.Stream(folder, batch_size=5, storage_options=options(hub))))
+    assert "bucket" not in str(e.value)
 
 
 def test_following_a_hub_branch_is_refused_with_the_reason() -> None:

@@ -90,6 +90,11 @@ def parse(url: str) -> HubPath:
         )
     name, at, revision = parts[1].partition("@")
     tail = "/".join(parts[2:])
+    if at and not revision:
+        raise ConfigError(
+            f"{url} names an empty revision after '@'; name one (@main, a tag, a commit) or "
+            "leave out the '@' for the default branch"
+        )
     if at:
         match = _SLASHED.match(f"{revision}/{tail}") if revision == "refs" else None
         if match:

@@ -531,13 +531,9 @@ def _listing_error(source: Source, url: str, gave_up: GaveUpError) -> SourceErro
     if answered is not None:  # an answer fsspec's HTTP filesystem calls FileNotFoundError
         problem, fix = answered
         return SourceError(url, f"cannot list: {problem} {gave_up.describe(source.scrub)}", fix)
-    if isinstance(e, FileNotFoundError):
-        return NoShardsError(
-            url,
-            f"not found ({source.scrub(str(e)) or 'no such object'})",
-            "check the bucket and path; for object stores the bucket must "
-            "exist and be visible with these credentials",
-        )
+    missing = _missing(url, e, source.scrub(str(e)))
+    if missing is not None:
+        return missing
     if isinstance(e, PermissionError):
         return SourceError(
             url,
@@ -598,12 +594,39 @@ def _raise_no_match(
             raise NoShardsError(
                 url,
                 f"not found: {redact(fs.unstrip_protocol(prefix))} does not exist",
-                "check the bucket and prefix; for object stores the bucket must exist "
-                "and be visible with these credentials",
+                _missing_fix(url),
             )
     if hint is not None:
         raise NoShardsError(url, f"matches no data files; {hint}", formats.describe())
     raise NoShardsError(url, "matches no data files", f"check the glob; {formats.describe()}")
+
+
+def _missing(url: str, error: BaseException, said: str) -> SourceError | None:
+    """The error of a listing of ``url`` whose revision (a Hub commit) or object is not
+    there (``said``: the store's words, scrubbed); None for another failure."""
+    if type(error).__name__ == "RevisionNotFoundError":  # huggingface_hub's
+        return SourceError(
+            url,
+            f"cannot list: the repository has no such revision ({said})",
+            "check the revision after '@' (a branch, a tag or a commit of the repository)",
+        )
+    if isinstance(error, FileNotFoundError):
+        return NoShardsError(url, f"not found ({said or 'no such object'})", _missing_fix(url))
+    return None
+
+
+def _missing_fix(url: str) -> str:
+    """What to check where ``url``'s folder or object is not there: a Hub repository's
+    path and revision, else a bucket's."""
+    if get_protocol(url) == "hf":
+        return (
+            "check the path in the repository and the revision (its files: the repository's "
+            "'Files' page on the Hub)"
+        )
+    return (
+        "check the bucket and path; for object stores the bucket must exist and be visible "
+        "with these credentials"
+    )
 
 
 def _without_query(path: str, *, local: bool = False) -> str:
