@@ -622,3 +622,51 @@ def test_a_stream_let_go_without_shutdown_releases_its_actors(local: Store) -> N
         assert not _alive(later)
     finally:
         gc.enable()
+
+
+def test_a_name_a_running_stream_holds_is_refused_with_the_fix(local: Store) -> None:
+    """A notebook's cell ``stream = ingest.RayStream(..., name="train")`` run again: the
+    last stream still holds the name as the new one starts, and Ray's bare
+    ActorAlreadyExistsError said to ``ray.get_actor`` it. A ConfigError names the stream and
+    the fix; once the first is shut down, the name is free."""
+    local.write("n/a.parquet", encode(make_table(0, 20), "parquet"))
+    pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.1)
+    first = ingest.RayStream(local.url("n"), batch_size=10, readers=pool, name="train-73")
+    try:
+        with pytest.raises(ingest.ConfigError, match=r"'train-73'.*shutdown\(\)"):
+            ingest.RayStream(local.url("n"), batch_size=10, readers=pool, name="train-73")
+    finally:
+        first.shutdown()
+    again = ingest.RayStream(local.url("n"), batch_size=10, readers=pool, name="train-73")
+    assert sum(len(b["id"]) for b in again.rank_iterator(0)) == 20
+    again.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class _Holder:
+    """Holds CPUs of the session's Ray while it lives."""
+
+    def ping(self) -> bool:
+        return True
+
+
+def test_an_index_task_that_cannot_start_fails_within_the_streams_timeout(
+    local: Store,
+) -> None:
+    """Shards without row counts at two ranks are indexed by Ray tasks; where the CPUs they
+    ask are held by others (another stream's readers), the stream waited the indexer's own
+    600 s, silently, whatever its ``timeout_s``. It fails within ``timeout_s``, naming the
+    resources to check."""
+    for s in range(2):
+        local.write(f"j/p{s}.jsonl", encode(make_table(s * 20, 20), "jsonl"))
+    free = ray.available_resources().get("CPU", 0)  # type: ignore[no-untyped-call]
+    holder = _Holder.options(num_cpus=free - 0.5).remote()  # type: ignore[attr-defined]
+    try:
+        ray.get(holder.ping.remote(), timeout=60)
+        pool = ingest.ReaderPool(min_size=1, max_size=1, num_cpus=0.05, start_timeout_s=10)
+        started = time.monotonic()
+        with pytest.raises(ingest.StreamTimeoutError, match=r"indexing .*free CPUs"):
+            ingest.RayStream(local.url("j"), batch_size=5, world_size=2, timeout_s=8, readers=pool)
+        assert time.monotonic() - started < 60
+    finally:
+        ray.kill(holder)

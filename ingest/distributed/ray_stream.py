@@ -180,9 +180,19 @@ class RayStream:
             "resources": self.pool.resources,
             "label_selector": self.pool.label_selector,
         }
-        self.coordinator = Coordinator.options(
-            name=self.name, **self.pool.coordinator_options()
-        ).remote(self.spec, world_size, placement, timeout_s, pack is not None)
+        try:
+            self.coordinator = Coordinator.options(
+                name=self.name, **self.pool.coordinator_options()
+            ).remote(self.spec, world_size, placement, timeout_s, pack is not None)
+        except ray.exceptions.ActorAlreadyExistsError:  # a name another actor holds
+            if name is None:
+                raise
+            raise ConfigError(
+                f"RayStream name={name!r} is held by a stream that runs already (its "
+                "coordinator, in this Ray): shut that one down first (stream.shutdown(); a "
+                "notebook cell run again makes the new stream before the old one is let go), "
+                "give this one another name, or leave name= out"
+            ) from None
         # Start the pool and plan the first epoch now, while the trainers start; the source
         # is listed here while the actors' processes start. (What makes a reader names no
         # `self`: the finalizer below holds the pool, and through it would hold the stream.)
@@ -217,6 +227,7 @@ class RayStream:
             resources=self.pool.resources,
             label_selector=self.pool.label_selector,
             beside={k: v * held for k, v in self.pool.asks().items()},
+            timeout_s=timeout_s,  # (the indexer's own 600 s, silently, whatever the stream's)
         )
         try:
             listing = self.spec.catalog(indexer).scan(
