@@ -81,7 +81,7 @@ class SourcePlanners:
         for name, part in state.parts.items():
             listing = listings[name]
             try:
-                match_listing(part.dataset, listing.records(), listing.classes)
+                match_listing(part.dataset, listing.records(), listing.classes, listing.formats)
             except StateError as e:
                 raise StateError(f"source {name!r}: {e}") from None
 

@@ -18,7 +18,9 @@ _AT_COMMIT = re.compile(r"^(hf://[^@]+)@([0-9a-f]{40})(/.*)?$")
 _HUB_SOURCE = re.compile(r"^(hf://(?:datasets|models|spaces)/[^/@]+/[^/@]+)(@[^/]*)?(/.*)?$")
 
 
-def _moved_commit(missing: Sequence[str], listed: Mapping[str, object]) -> tuple[str, str] | None:
+def _moved_commit(
+    missing: Sequence[str], listed: Mapping[str, ShardRecord]
+) -> tuple[str, str] | None:
     """The state's commit and the listing's where every one of the ``missing`` shards (Hub
     URLs at a commit) is in the listing at another commit, the same path: the branch read
     moved (a commit was pushed); None otherwise."""
@@ -49,7 +51,8 @@ def _none_listed(
     moved (:func:`_moved_commit`), else another dataset's."""
     moved = _moved_commit(missing, by_url)
     if moved is not None:
-        return _moved_error(saved, *moved)
+        changed = _changed_at(saved, moved, by_url)
+        return _moved_error(saved, *moved, changed)
     return StateError(
         f"the state belongs to another dataset: none of its {len(missing)} shards (e.g. "
         f"{missing[0] if missing else '-'}) is in this listing of {len(listed)} shards "
@@ -57,16 +60,38 @@ def _none_listed(
     )
 
 
-def _moved_error(saved: DatasetState | Sequence[ShardRecord], old: str, new: str) -> StateError:
+def _changed_at(
+    saved: DatasetState | Sequence[ShardRecord],
+    commits: tuple[str, str],
+    by_url: Mapping[str, ShardRecord],
+) -> list[str]:
+    """The state's shards whose file at the listing's commit is another (its size or version
+    differs from the record's at the state's commit)."""
+    old, new = commits
+    if isinstance(saved, DatasetState) and saved.fingerprint is not None:
+        return []  # (a packed state's records keep no sizes or versions: not told apart)
+    shards = saved.shards if isinstance(saved, DatasetState) else saved
+    return _changed(shards, {u.replace(f"@{new}/", f"@{old}/", 1): s for u, s in by_url.items()})
+
+
+def _moved_error(
+    saved: DatasetState | Sequence[ShardRecord], old: str, new: str, changed: Sequence[str]
+) -> StateError:
     """The refusal of a state of a Hub branch that moved from commit ``old`` to ``new``."""
     sources = saved.sources if isinstance(saved, DatasetState) else []
     pinned = [
         _HUB_SOURCE.sub(lambda m: f"{m.group(1)}@{old}{m.group(3) or ''}", u) for u in sources
     ]
     at = ", ".join(pinned) or f"the URL with @{old} after the repository's name"
+    rewritten = (
+        f" ({len(changed)} of its shards are other files there: {', '.join(changed[:5])})"
+        if changed
+        else ""
+    )
     return StateError(
         f"the Hub branch moved from commit {old[:12]} to {new[:12]} since the state was "
-        f"saved (a commit was pushed): the state's shards are the files at {old[:12]}. Resume "
+        f"saved (a commit was pushed){rewritten}: the state's shards are the files at "
+        f"{old[:12]}. Resume "
         f"the state at its commit, named in the URL: {at} (every row of its epoch once); a "
         "stream over the branch starts its next epoch at the new commit without the state"
     )
