@@ -297,7 +297,10 @@ def cast_checked(array: pa.Array, want: pa.DataType) -> pa.Array:
     """
     out = array.cast(want)
     t = array.type
-    if pa.types.is_floating(want) and (pa.types.is_floating(t) or pa.types.is_decimal(t)):
+    narrower = pa.types.is_decimal(t) or (
+        pa.types.is_floating(t) and want.bit_width < t.bit_width
+    )  # (a float widened cannot overflow: no pass over it)
+    if pa.types.is_floating(want) and narrower:
         made = pc.is_inf(out)
         if pa.types.is_floating(t):
             made = pc.and_(made, pc.invert(pc.is_inf(array)))
