@@ -215,6 +215,44 @@ def test_a_contender_whose_resume_hangs_keeps_its_other_figures(tmp_path, monkey
     assert 0 < figures["shuffle_quality"] <= 1.05
 
 
+class _RestartsOnResume(_HangsOnResume):
+    """A contender whose resumed loader ignores its state: the epoch again from its start."""
+
+    def resume(self, data: Any, states: object) -> list[_ListSource]:  # type: ignore[override]
+        return [_ListSource(data.rows, data.labels or 1)]
+
+
+@pytest.mark.usefixtures("ray_session")
+def test_a_resume_that_delivers_rows_again_is_reported_with_its_evidence(tmp_path, monkeypatch):
+    """The bench's own check of a resume: the ids before the checkpoint and after the resume
+    are counted, and a resume that replays rows is reported as not exactly once, with the
+    counts and the states loaded (what test_bench_peers leans on for the peers)."""
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the ranks import no tests
+    monkeypatch.setitem(
+        CONTENDERS,
+        "restarts",
+        Entry(
+            name="restarts", title="restarts", target=f"{__name__}:_RestartsOnResume", modules=()
+        ),
+    )
+    out = tmp_path / "bench.json"
+    argv = [
+        *("--contenders", "restarts", "--shards", "2", "--rows", "512"),
+        *("--row-group", "256", "--batch-size", "128", "--epochs", "1", "--labels", "2"),
+        *("--timeout-s", "60", "--json", str(out), "--no-progress"),
+    ]
+    assert main(argv) == 0
+    (report,) = json.loads(out.read_text())["contenders"]
+    assert report["status"] == "ok", report["reason"]
+    figures, notes = report["figures"], report["notes"]
+    assert figures["exactly_once"] is True  # its epochs are right; its resume is not
+    assert figures["resume_exactly_once"] is False, notes
+    # 2 shards of 512 rows, 8 batches of 128, the checkpoint after 3 (45%): their 384 ids
+    # come again, none is missed.
+    assert "384 duplicated, 0 missing ids" in notes["resume_exactly_once"], notes
+    assert "{'batches': 3}" in notes["resume_exactly_once"], notes
+
+
 def test_unknown_contender_lists_the_valid_ones(capsys):
     assert main(["--contenders", "stream,nope", "--no-progress"]) == 2
     err = capsys.readouterr().err

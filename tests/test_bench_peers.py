@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -19,10 +20,15 @@ from ingest.tools.bench.report import FIGURES
 
 SHARDS, ROWS = 4, 256
 PEERS = ("mosaic", "litdata")
-# Whether the peer's own resume promises the rest of the epoch exactly once: Mosaic's
-# state is the global sample offset into a deterministic order (every rank and worker
-# recomputes it), LitData's the samples each worker has yielded of its chunks.
-EXACT_RESUME = {"mosaic": True, "litdata": True}
+# Both peers promise the rest of the epoch exactly once after a resume: Mosaic's state is the
+# global sample offset into a deterministic order (every rank and worker recomputes it),
+# LitData's the samples each worker has yielded of its chunks. Whether a run kept the promise
+# is the peer's behaviour, which the bench measures and reports (with the counts and the
+# states loaded); this test checks that it was measured. In CI, one run of about twenty saw
+# Mosaic's resume give 84 of 1,024 ids twice and miss 84, from states alike on both ranks and
+# right for the checkpoint (448 samples seen); ten runs here, four of them beside three
+# busy loops, did not repeat it. The bench's own check is tested on a contender whose resume
+# is wrong by construction (test_bench::test_a_resume_that_delivers_rows_again_is_reported_...).
 MOSAIC_NAME = re.compile(r"\d{6}_\w+")
 """How Mosaic names its shared memory segments (``000042_barrier``) and its file locks
 (``000042_barrier_filelock``, in the temporary directory): nothing else here does."""
@@ -75,7 +81,12 @@ def test_peers_convert_read_and_resume(tmp_path, capsys):
         else:
             assert figures["epoch1_requests"] > 0, f"{name} did not read through the S3 proxy"
         assert figures["resume_first_batch_s"] > 0, report["notes"]
-        assert figures["resume_exactly_once"] is EXACT_RESUME[name], (name, report["notes"])
+        once = figures["resume_exactly_once"]
+        assert isinstance(once, bool), (name, report["notes"])
+        if not once:
+            note = report["notes"]["resume_exactly_once"]
+            assert "duplicated" in note and "the states loaded" in note, note
+            warnings.warn(f"{name}'s own resume was not exactly once: {note}", stacklevel=1)
         # LitData mixes items inside a chunk only: on label-sorted shards (a chunk each)
         # every batch holds one label, quality 0.
         assert 0 <= figures["shuffle_quality"] <= 1.05

@@ -254,7 +254,10 @@ class _Run:
         average), as a resume that replays another epoch's order would. Reading the peers'
         code found no such path within one pipeline; from new processes nothing the first
         pipeline held can reach the resumed one, and a violation names the states loaded
-        (the report's note) so that the next one says which.
+        (the report's note) so that the next one says which. The next one, from new
+        processes, was Mosaic's: 84 ids twice and 84 missed, from states alike on both ranks
+        and right for the checkpoint (``epoch`` 0, ``sample_in_epoch`` 448); its cause is not
+        found, and the bench reports it as the peer's figure.
         """
         old, self.actors = self.actors, []
         _stop(old, 0.0 if self.hung else EXIT_WAIT_S)
