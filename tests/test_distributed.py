@@ -236,6 +236,27 @@ def test_a_state_loaded_on_the_driver_stops_the_loops_of_its_rank_iterators(
     assert len(delivered) == len(set(delivered)) and TOTAL - len(delivered) < BATCH
 
 
+def test_a_state_taken_on_the_driver_while_its_loops_are_open_covers_their_batches(
+    s3_data: Store,
+) -> None:
+    """A notebook iterates both ranks in the driver's process and takes ``stream.state_dict()``
+    with the loops open: the ranks held their last acks (up to ``ack_every`` batches), so
+    the state left out the 3 batches each had handed out and a resume gave them again. The
+    driver's state sends the acks of this process's open loops first; the loops go on."""
+    with make(s3_data, "parquet", 2, timeout_s=60) as stream:
+        loops = [iter(stream.rank_iterator(r)) for r in range(2)]
+        head = [next(loop)["id"] for _ in range(3) for loop in loops]
+        state = stream.state_dict()
+        assert state["progress"]["step"] == 3  # steps handed out on every rank
+        assert all(len(next(loop)["id"]) == BATCH for loop in loops)  # they go on
+    with make(s3_data, "parquet", 1, timeout_s=60) as resumed:
+        resumed.load_state_dict(state)
+        rest = [b["id"] for b in resumed.rank_iterator(0)]
+    delivered = [int(i) for b in [*head, *rest] for i in b.tolist()]
+    assert len(delivered) == len(set(delivered)), "no row twice"
+    assert TOTAL - len(delivered) < 2 * BATCH
+
+
 @ray.remote(num_cpus=0)
 def take_and_leave(it: Any, n: int) -> list[int]:
     """A rank that takes ``n`` batches and returns, leaving its loop (no state_dict call)."""

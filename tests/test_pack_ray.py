@@ -89,6 +89,27 @@ def test_stops_and_resumes_at_3_then_2_then_4_ranks_hand_out_every_token_once(
     assert handed == every_token(DOCS) - carried_tokens(state, DOCS)
 
 
+def test_a_state_taken_on_the_driver_while_packing_loops_are_open_covers_them(
+    s3_store: Store,
+) -> None:
+    """``stream.state_dict()`` on the driver while the rank's loop is open in its process (a
+    notebook; packing ranks wait for each other's batches, so one thread iterates one): the
+    state covers the batches it handed out and the documents its packer holds, so a resume
+    hands out every other token once."""
+    url = write_corpus(s3_store, DOCS)
+    with make(url, s3_store, 1) as stream:
+        loop = iter(stream.rank_iterator(0))
+        head = [next(loop)["input_ids"] for _ in range(3)]
+        state = json.loads(json.dumps(stream.state_dict()))
+        assert next(loop)["input_ids"].shape == (BATCH, SEQ_LEN)  # it goes on
+    with make(url, s3_store, 2) as resumed:
+        resumed.load_state_dict(state)
+        rest = run(resumed)
+        end = resumed.state_dict()
+    handed = Counter(t for b in head for t in b.flatten().tolist() if t) + tokens(rest)
+    assert handed == every_token(DOCS) - carried_tokens(end, DOCS)
+
+
 def test_two_epochs_carry_the_surplus_with_its_offsets(s3_store: Store) -> None:
     """Every rank takes the same steps (``run`` checks), and the ranks' documents packed
     beyond the epoch's last common step (cut ones too) are carried into the next epoch, which

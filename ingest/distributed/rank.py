@@ -11,7 +11,9 @@ Which batches a state covers: a batch counts as consumed once the iterator has h
 the loop. ``state_dict()`` (on every rank at the same step) covers every batch handed out up
 to that step; an iterator left early (``break``, an exception, ``close()``) sends its held
 acks before it returns, so a state taken on the driver afterwards covers every batch its
-loop received, and a new loop over the same iterator continues right after them.
+loop received, and a new loop over the same iterator continues right after them. A state
+taken on the driver while loops of this process are open has them send what they hold
+first (:func:`flush_loops`; a loop in another thread, between two of its batches).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 
-from ingest.core.errors import IngestError, StreamTimeoutError, SupersededError
+from ingest.core.errors import IngestError, StateError, StreamTimeoutError, SupersededError
 from ingest.core.ledger import StepRecord
 from ingest.core.provenance import BatchPieces
 from ingest.core.quarantine import Quarantined
@@ -165,6 +167,13 @@ class RankIterator:
     _driver: RankDriver = field(init=False, repr=False)
     """What happens between the feed's read steps and the loop, across loops
     (:mod:`ingest.distributed.rank_link`)."""
+    _open: int | None = field(default=None, init=False, repr=False, compare=False)
+    """The epoch of this iterator's loop while one is open (:func:`flush_loops`)."""
+    _stepping: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
+    """Held while the loop makes a batch (one ``next()``): a state taken on the driver
+    (:func:`flush_loops`) sees a loop of another thread between two batches."""
 
     def __post_init__(self) -> None:
         # The links reach this iterator through a weak proxy: with strong references, the
@@ -365,7 +374,7 @@ class RankIterator:
         # A Ctrl-C (the main thread's SIGINT) while a batch is handed out is held until
         # the loop returns it; one while the loop waits or reads is raised at once, and the
         # next loop reads again what it was taking (ingest.engine.interrupts).
-        return interrupts.Guarded(self._batches())
+        return _Loop(self._batches(), self._stepping)
 
     def _batches(self) -> Iterator[Batch]:
         _import_torch_meanwhile()
@@ -377,6 +386,7 @@ class RankIterator:
             raise
         got = driver.batches(epoch)
         done = False
+        self._open = epoch
         if self._meter is None:
             # Not a method of this iterator: the meter it holds would hold it (a cycle,
             # freed at the collector's next full pass, and with it the stream's actors).
@@ -396,6 +406,7 @@ class RankIterator:
             self._interrupted = True
             raise
         finally:
+            self._open = None
             # Left early: the acks of every batch handed out reach the coordinator (an error
             # here would hide the one that left the loop, if any). Not once Ray is shut down
             # (a generator closed at interpreter exit, after Ray's own exit hook): any call
@@ -472,6 +483,31 @@ class RankIterator:
             )
         self._loop.flush()
         self._drain_acks()
+
+    def flush_open_loop(self) -> None:
+        """For a state taken on the driver (:func:`flush_loops`): an open loop of this
+        iterator sends its acks and what its driver holds (a packing rank's documents in
+        flight), then goes on.
+
+        Raises:
+            StateError: If a loop of another thread does not finish its batch within
+                ``RankOptions.timeout_s``.
+        """
+        if not self._stepping.acquire(timeout=self.options.timeout_s):
+            raise StateError(
+                f"rank {self.rank}'s loop in another thread of this process did not finish "
+                f"its batch within {self.options.timeout_s:.0f} s, so a state taken on the "
+                "driver cannot cover its batches: take states on the ranks "
+                "(it.state_dict() at the same step on every rank)"
+            )
+        try:
+            epoch = self._open
+            if epoch is None or self._superseded or self._replaced:
+                return
+            self.flush()
+            self._driver.left(epoch)
+        finally:
+            self._stepping.release()
 
     def _drain_acks(self) -> None:
         sent, self._acks = self._acks, []
@@ -594,6 +630,32 @@ def _waited_report(coordinator: Any, rank: int, waited_s: float, span_s: float, 
 _LIVE: dict[tuple[str, int], weakref.ref[RankIterator]] = {}
 """The iterator of each (stream, rank) that last took the rank over in this process."""
 _LIVE_LOCK = threading.Lock()
+
+
+class _Loop(interrupts.Guarded["Batch"]):
+    """A rank iterator's loop: each ``next()`` holds the iterator's step lock (see
+    :meth:`RankIterator.flush_open_loop`)."""
+
+    def __init__(self, items: Iterator[Batch], stepping: threading.Lock) -> None:
+        super().__init__(items)
+        self._stepping = stepping
+
+    def _acquire(self) -> None:
+        self._stepping.acquire()
+
+    def _release(self) -> None:
+        self._stepping.release()
+
+
+def flush_loops(stream: str) -> None:
+    """A state is taken on the driver of ``stream``: the open loops of its rank iterators in
+    this process send their acks and what they hold, so that it covers every batch they
+    handed out (:meth:`RankIterator.flush_open_loop`); the loops go on."""
+    with _LIVE_LOCK:
+        live = [ref() for (name, _), ref in _LIVE.items() if name == stream]
+    for it in live:
+        if it is not None:
+            it.flush_open_loop()
 
 
 def stop_loops(stream: str) -> None:

@@ -18,7 +18,13 @@ from ingest.core.quarantine import Quarantined, summary
 from ingest.distributed.coordinator import Coordinator, CoordinatorLostError
 from ingest.distributed.index_tasks import ray_indexer
 from ingest.distributed.pool import Reader, ReaderPool, check_fits, wait_started
-from ingest.distributed.rank import RankIterator, RankOptions, stop_loops, unwrap
+from ingest.distributed.rank import (
+    RankIterator,
+    RankOptions,
+    flush_loops,
+    stop_loops,
+    unwrap,
+)
 from ingest.distributed.sizer import PoolSizer, Readers
 from ingest.engine.mix import Mix
 from ingest.engine.options import StreamKeywords, StreamOptions
@@ -374,9 +380,11 @@ class RayStream:
         """The state after ``step`` on every rank; None: after the last step all ranks acked.
 
         It covers every batch the ranks' iterators handed out up to that step (an iterator
-        left early sends its acks as it returns). Over a Mix, states are taken on the ranks.
+        left early sends its acks as it returns; the open loops of this process send theirs
+        first). Over a Mix, states are taken on the ranks.
         """
         self._running()
+        flush_loops(self.name)
         ref = self.coordinator.state_dict.remote(step, self.timeout_s)
         try:
             return ray.get(ref, timeout=self.timeout_s + 30)  # type: ignore[no-any-return]
