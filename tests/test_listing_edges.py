@@ -34,6 +34,26 @@ def test_an_endpoint_url_without_a_scheme_is_a_config_error_naming_the_fix(neste
     Source("/tmp/x/", storage_options={"endpoint_url": "127.0.0.1:9000"})
 
 
+@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+def test_an_endpoint_in_the_environment_without_a_scheme_is_a_config_error_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, variable: str
+) -> None:
+    """``AWS_ENDPOINT_URL=127.0.0.1:9000`` (no ``http://``) failed in botocore with a bare
+    ``ValueError: Invalid endpoint``, as the storage option did. It is refused when the
+    stream is made, before any request, naming the variable, its value and the fix."""
+    for name in ("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "127.0.0.1:9000")
+    with pytest.raises(ingest.ConfigError) as err:
+        ingest.Stream("s3://bucket/prefix/", batch_size=4, storage_options={"anon": True})
+    message = str(err.value)
+    assert "s3://bucket/prefix/" in message and f"{variable}='127.0.0.1:9000'" in message
+    assert "http://127.0.0.1:9000" in message and "https://127.0.0.1:9000" in message
+    # an endpoint in the storage options is the one used; a local source does not look
+    Source("s3://b/t/", storage_options={"endpoint_url": "http://h:9"})
+    Source("/tmp/x/")
+
+
 def test_a_profile_that_does_not_exist_fails_at_once_naming_the_profile(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

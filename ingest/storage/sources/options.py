@@ -155,31 +155,67 @@ _ENDPOINT_STORES = ("s3", "s3a", "gs", "gcs")
 ``client_kwargs``, gcsfs at the top)."""
 
 
-def check_endpoint(urls: Sequence[str], options: Mapping[str, Any]) -> None:
+def check_endpoint(
+    urls: Sequence[str], options: Mapping[str, Any], environ: Mapping[str, str] | None = None
+) -> None:
     """Refuse an ``endpoint_url`` without its scheme (``127.0.0.1:9000``) for a source of
     ``urls`` on a store that takes one, before any request: botocore refused it deep in the
     first call with a bare ``ValueError: Invalid endpoint`` naming neither the URL nor the fix.
+    For ``s3://`` with no endpoint in the options, the one botocore reads from ``environ``
+    (``AWS_ENDPOINT_URL_S3``, else ``AWS_ENDPOINT_URL``) is checked too.
+
+    Args:
+        urls: The source's URLs.
+        options: Its storage options.
+        environ: The environment botocore reads (None: nothing from the environment).
 
     Raises:
-        ConfigError: If ``endpoint_url`` (or ``client_kwargs.endpoint_url``) has no scheme.
+        ConfigError: If ``endpoint_url`` (or ``client_kwargs.endpoint_url``), or the
+            environment variable that gives an S3 source its endpoint, has no scheme.
     """
     url = next((u for u in urls if get_protocol(u) in _ENDPOINT_STORES), None)
     if url is None:
         return
+    shown = redact(strip_userinfo(url))
     client = options.get("client_kwargs")
-    for name, value in (
+    given = [
         ("endpoint_url", options.get("endpoint_url")),
         (
             "client_kwargs.endpoint_url",
             client.get("endpoint_url") if isinstance(client, Mapping) else None,
         ),
-    ):
+    ]
+    for name, value in given:
         if isinstance(value, str) and value and "://" not in value:
             raise ConfigError(
-                f"{redact(strip_userinfo(url))}: the storage option {name}={value!r} has no "
+                f"{shown}: the storage option {name}={value!r} has no "
                 f"scheme, which the store's client refuses; endpoint_url needs a scheme: "
                 f"http://{value} (https://{value} where the endpoint serves TLS)"
             )
+    if environ is None or any(value for _, value in given):
+        return
+    if get_protocol(url) in ("s3", "s3a"):
+        _check_endpoint_variable(shown, environ)
+
+
+_ENDPOINT_VARIABLES = ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+"""The variables botocore takes an S3 client's endpoint from, the first set winning."""
+
+
+def _check_endpoint_variable(shown: str, environ: Mapping[str, str]) -> None:
+    """Refuse the S3 endpoint botocore would take from ``environ`` if it has no scheme
+    (unless ``AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`` is true, when botocore reads none)."""
+    if environ.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "").strip().lower() == "true":
+        return
+    name = next((n for n in _ENDPOINT_VARIABLES if environ.get(n)), None)
+    value = environ[name] if name is not None else ""
+    if name is not None and "://" not in value:
+        raise ConfigError(
+            f"{shown}: the environment variable {name}={value!r} has no scheme, which the "
+            f"store's client refuses; the S3 endpoint needs a scheme: set "
+            f"{name}=http://{value} (https://{value} where the endpoint serves TLS), or "
+            f"pass storage_options={{'endpoint_url': 'http://{value}'}}"
+        )
 
 
 def option_secrets(options: Mapping[str, Any]) -> tuple[str, ...]:

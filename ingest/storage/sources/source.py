@@ -120,7 +120,8 @@ class Source:
 
     Raises:
         ConfigError: If two ``s3://`` URLs carry different credentials, or an
-            ``endpoint_url`` has no scheme.
+            ``endpoint_url`` (or ``AWS_ENDPOINT_URL``, ``AWS_ENDPOINT_URL_S3``) has no
+            scheme.
     """
 
     def __init__(
@@ -142,7 +143,7 @@ class Source:
         self._options = dict(storage_options or {})
         self._secrets = url_secrets(self.urls) + option_secrets(self._options)
         self._userinfo = s3_userinfo(self.urls)
-        check_endpoint(self.urls, self._options)
+        check_endpoint(self.urls, self._options, os.environ)
         # Listed URL (secrets shown as ***) -> the URL to open, for URLs whose secrets are
         # part of the request (HTTP user or query).
         self._hidden = {redact(u): u for u in self.urls if redact(u) != u}
