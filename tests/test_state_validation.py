@@ -173,6 +173,16 @@ def test_a_part_of_another_kind_is_refused_as_malformed(
     refused(data, _set(saved(data), path, value), "malformed")
 
 
+@pytest.mark.parametrize("part", ["position", "progress", "distributed", "dataset"])
+def test_a_missing_part_is_refused_as_malformed_naming_it(data: str, part: str) -> None:
+    """Found by a probe: a state whose ``position`` was deleted was refused as saved "with
+    another shuffle_seed", which it was not. A part missing is the state malformed, named."""
+    state = saved(data)
+    del state[part]
+    message = refused(data, state, "malformed", f"{part!r}", "missing")
+    assert "shuffle_seed" not in message
+
+
 # -- counts against rows --------------------------------------------------------------------
 
 

@@ -137,6 +137,16 @@ class StreamState:
                 f"versions {', '.join(map(str, READ_VERSIONS))}); resume with the ingest "
                 "release that wrote it, or start without the state"
             )
+        # Every state saved holds the four parts; a version 2 state without the two last
+        # is read (their defaults), as it was. From version 3 on, a part missing was deleted.
+        parts = BOOK_PARTS if version >= 3 else ("dataset", "progress")
+        missing = [part for part in parts if part not in data]
+        if missing:
+            raise StateError(
+                f"the state is malformed: its {', '.join(map(repr, missing))} part"
+                f"{'s are' if len(missing) > 1 else ' is'} missing (a state has "
+                f"{', '.join(map(repr, BOOK_PARTS))}): it was edited or corrupted; {FIX}"
+            )
         tokens, batches = (None, None) if version < 7 else _node_parts(data)
         try:
             dataset = DatasetState.from_json(data["dataset"], version)
