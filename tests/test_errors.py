@@ -20,6 +20,7 @@ from ingest.core.errors import (
     StoreError,
 )
 from ingest.distributed.coordinator import CoordinatorLostError, StaleSessionError
+from ingest.engine.decoders import UndecodedMemberError
 from ingest.engine.derived.codec import CorruptDerivedError
 from ingest.engine.derived.copies import DerivedStoreError
 from ingest.engine.derived.prepare import PrepareError
@@ -58,6 +59,7 @@ EXAMPLES: list[IngestError] = [
     ingest.SupersededError.of_rank(2),
     IndexStoreError("s3://bucket/index", "forbidden", "grant write access"),
     RowError(3, "the tokenizer's id 2147483653 is out of range", "return the vocabulary's ids"),
+    UndecodedMemberError(1, "k1.png", "cannot be decoded as an image", "replace the file"),
     CorruptDerivedError("1000 bytes where its header says 1200"),
     DerivedStoreError("s3://key:secret@bucket/derived/", "forbidden", "grant write access"),
     PrepareError(f"{URL} rows [0, 4096): the chain raised ValueError: bad text"),

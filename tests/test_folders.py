@@ -531,3 +531,66 @@ def test_an_image_size_that_is_not_height_and_width_is_named(size: Any) -> None:
     # "TypeError: object of type 'int' has no len()".
     with pytest.raises(ConfigError, match=r"size=.* must be \(height, width\)"):
         ingest.decode.Images(size)
+
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (4, 4), (9, 0, 0)).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_an_image_that_does_not_decode_is_named_without_an_object_address(
+    tmp_path: Path,
+) -> None:
+    """Found by a probe: the error named ``<_io.BytesIO object at 0x7f...>``, Pillow's name
+    for the bytes it was given, instead of the file. It names the file, Pillow's reason and
+    the fix, and no object address."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "good.png").write_bytes(_png())
+    (tmp_path / "a" / "bad.png").write_bytes(b"garbage, not a png")
+    s = ingest.Stream(
+        f"{tmp_path}/", format="imagefolder", batch_size=2, transform=ingest.decode.Images((4, 4))
+    )
+    with pytest.raises(ingest.ShardError) as err:
+        list(s)
+    message = str(err.value)
+    assert "a/bad.png" in message and "cannot identify image file" in message
+    assert "on_error='skip'" in message and " at 0x" not in message
+
+
+def test_a_webdataset_member_that_does_not_decode_is_named_with_its_shard(
+    tmp_path: Path,
+) -> None:
+    """Found by a probe: a WebDataset sample whose image did not decode was named ``row 1 of a
+    batch`` (and an object address): neither the shard nor the member. It names both."""
+    import io
+    import tarfile
+
+    with tarfile.open(tmp_path / "s-000.tar", "w") as tar:
+        for key, data in (("k0", _png()), ("k1", b"garbage, not a png")):
+            for ext, payload in (("png", data), ("cls", b"1")):
+                info = tarfile.TarInfo(f"{key}.{ext}")
+                info.size = len(payload)
+                tar.addfile(info, io.BytesIO(payload))
+    decode = ingest.decode.Images((4, 4), keep=(), column="png")
+    with pytest.raises(ingest.ShardError) as err:
+        list(ingest.Stream(str(tmp_path / "s-000.tar"), batch_size=2, transform=decode))
+    message = str(err.value)
+    assert "s-000.tar" in message and "row 1" in message and "k1.png" in message
+    assert "cannot identify image file" in message and " at 0x" not in message
+    # under on_error="skip", the sample is quarantined alone, named the same way
+    s = ingest.Stream(
+        str(tmp_path / "s-000.tar"),
+        batch_size=2,
+        transform=decode,
+        read=ReadOptions(on_error="skip"),
+    )
+    (batch,) = list(s)
+    assert batch["png"].shape == (1, 3, 4, 4)
+    [record] = s.quarantined
+    assert record.url is not None and record.url.endswith("s-000.tar") and record.start == 1
+    assert "k1.png" in record.reason and "row 0 of a batch" not in record.reason

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import numbers
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,44 @@ import pyarrow as pa
 from ingest.core.errors import ConfigError, ShardError
 
 _FIX = "replace or remove the file, or pass ReadOptions(on_error='skip') to quarantine it"
+
+_ADDRESS = re.compile(r"\s*<[^<>]* object at 0x[0-9a-fA-F]+>")
+"""A Python object's repr (``<_io.BytesIO object at 0x7f...>``), which Pillow and soundfile
+put in their errors for the bytes they were given: it names no file."""
+
+
+class UndecodedMemberError(ShardError):
+    """A row's file did not decode, and the batch does not hold its URL (a WebDataset
+    sample: its member's name is known, its shard's URL is not): the feed that ran the
+    decoder names the shard URL and row (:meth:`at`).
+
+    Attributes:
+        batch_row: The row's position in the batch the decoder was given.
+        member: The file's name in its shard (``key.png``).
+    """
+
+    def __init__(self, batch_row: int, member: str, problem: str, fix: str) -> None:
+        self.batch_row = batch_row
+        self.member = member
+        super().__init__(f"row {batch_row} of a batch", f"member {member} {problem}", fix)
+
+    def at(self, url: str, row: int) -> ShardError:
+        """The same error naming the member's shard ``url`` and ``row``."""
+        return ShardError(url, self.problem, self.fix, row=row)
+
+
+def _reason(error: Exception) -> str:
+    """What a decoder's ``error`` says, without the object address it gives for the bytes."""
+    return _ADDRESS.sub("", str(error)) or type(error).__name__
+
+
+def _file_error(names: _Names, n: int, problem: str, fix: str = _FIX) -> ShardError:
+    """The error for row ``n``'s file: named by its URL, or by its member's name for the
+    feed to add its shard's URL and row (:class:`UndecodedMemberError`)."""
+    paths, members = names
+    if members is not None:
+        return UndecodedMemberError(n, members[n], problem, fix)
+    return ShardError(paths[n], problem, fix)
 
 
 def _height_and_width(size: object) -> bool:
@@ -73,7 +112,7 @@ class Images:
         from PIL import Image
 
         height, width = self.size
-        datas, paths = _files(table, self.column)
+        datas, names = _files(table, self.column)
         out: list[np.ndarray] = []
         for n, data in enumerate(datas):
             try:
@@ -83,7 +122,9 @@ class Images:
                     )
                     array = np.asarray(pixels, dtype=np.uint8)
             except Exception as e:
-                raise ShardError(paths[n], f"cannot be decoded as an image ({e})", _FIX) from None
+                raise _file_error(
+                    names, n, f"cannot be decoded as an image ({_reason(e)})"
+                ) from None
             out.append(array.reshape(height, width, -1))
         images = (
             np.stack(out).transpose(0, 3, 1, 2).astype(np.float32) / 255.0
@@ -131,7 +172,7 @@ class Audio:
             raise ConfigError(
                 "ingest.decode.Audio needs soundfile: pip install 'ingest[media]'"
             ) from None
-        datas, paths = _files(table, self.column)
+        datas, names = _files(table, self.column)
         clips = np.zeros((len(datas), self.frames), np.float32)
         lengths = np.zeros(len(datas), np.int64)
         for n, data in enumerate(datas):
@@ -140,10 +181,11 @@ class Audio:
                     io.BytesIO(data or b""), dtype="float32", always_2d=True
                 )
             except Exception as e:
-                raise ShardError(paths[n], f"cannot be decoded as audio ({e})", _FIX) from None
+                raise _file_error(names, n, f"cannot be decoded as audio ({_reason(e)})") from None
             if rate != self.sample_rate:
-                raise ShardError(
-                    paths[n],
+                raise _file_error(
+                    names,
+                    n,
                     f"is sampled at {rate} Hz, not the {self.sample_rate} Hz asked for",
                     f"resample the files, or pass Audio(sample_rate={rate})",
                 )
@@ -153,12 +195,18 @@ class Audio:
         return {self.column: clips, "frames": lengths, **_kept(table, self.keep)}
 
 
-def _files(table: pa.Table, column: str) -> tuple[list[bytes], list[str]]:
+_Names = tuple[list[str], list[str] | None]
+"""Each row's file named by its URL (or as ``row n of a batch``), and for the rows of a
+WebDataset shard (no URL, a ``__key__``) each one's member name in its shard."""
+
+
+def _files(table: pa.Table, column: str) -> tuple[list[bytes], _Names]:
     """Each row's file bytes in ``column``, and a name for each row's file in errors.
 
-    The column holds bytes (a folder dataset's, its file's URL in ``path``), or a Hugging
-    Face ``Image()``/``Audio()`` feature as ``datasets`` writes it: ``struct<bytes, path>``,
-    the path the file's name in the dataset.
+    The column holds bytes (a folder dataset's, its file's URL in ``path``; a WebDataset
+    shard's member ``key.column``, its sample's key in ``__key__``), or a Hugging Face
+    ``Image()``/``Audio()`` feature as ``datasets`` writes it: ``struct<bytes, path>``, the
+    path the file's name in the dataset.
 
     Raises:
         ConfigError: If the batch has no such column.
@@ -175,8 +223,12 @@ def _files(table: pa.Table, column: str) -> tuple[list[bytes], list[str]]:
     if not pa.types.is_struct(values.type) or values.type.get_field_index("bytes") < 0:
         datas = values.to_pylist()
         if "path" in table.column_names:
-            return datas, [str(p) for p in table.column("path").to_pylist()]
-        return datas, [f"row {n} of a batch" for n in range(table.num_rows)]
+            return datas, ([str(p) for p in table.column("path").to_pylist()], None)
+        unnamed = [f"row {n} of a batch" for n in range(table.num_rows)]
+        if "__key__" in table.column_names:
+            keys = table.column("__key__").to_pylist()
+            return datas, (unnamed, [f"{key}.{column}" for key in keys])
+        return datas, (unnamed, None)
     datas = values.field("bytes").to_pylist()
     named = values.type.get_field_index("path") >= 0
     names = values.field("path").to_pylist() if named else [None] * len(datas)
@@ -189,7 +241,7 @@ def _files(table: pa.Table, column: str) -> tuple[list[bytes], list[str]]:
                 "embed the files' bytes in the dataset (datasets' embed_external_files), "
                 "or decode them in a transform of your own",
             )
-    return datas, paths
+    return datas, (paths, None)
 
 
 def _kept(table: pa.Table, keep: Sequence[str]) -> dict[str, Any]:
@@ -202,4 +254,4 @@ def _kept(table: pa.Table, keep: Sequence[str]) -> dict[str, Any]:
     return {c: table.column(c).combine_chunks() for c in keep}
 
 
-__all__ = ["Audio", "Images"]
+__all__ = ["Audio", "Images", "UndecodedMemberError"]

@@ -72,6 +72,7 @@ from ingest.core.plan import permutation
 from ingest.core.quarantine import Quarantine, Quarantined, skippable
 from ingest.core.share import FeedPlan
 from ingest.core.state import Cursor
+from ingest.engine.decoders import UndecodedMemberError
 from ingest.engine.derived.batches import DerivedBatches
 from ingest.engine.derived.reading import REF, Deriving, refs_of
 from ingest.engine.derived.store import DerivedConfig
@@ -491,17 +492,16 @@ class Feed:
         except RowError as e:  # a stage refused a row of the batch: name its shard and row
             url, row = self._origin_of(parts, e.row)
             raise e.at(url, row) from e
+        except UndecodedMemberError as e:  # a decoder named a member: name its shard and row
+            if not self._skip:
+                url, row = self._origin_of(parts, e.batch_row)
+                raise e.at(url, row) from None
+            table, rows, failed = self._split(self.transform, table, parts, rows)
         except Exception as e:
             if not self._skip:
                 raise
             if skippable(e):  # a data error (a file that does not decode): its rows alone
-                table, bad = split_failures(self.transform, table)
-                for index, error in bad:
-                    url, row = self._origin_of(parts, index)
-                    failed.append(
-                        self.quarantine.record(error, url=url, start=row, stop=row + 1, rows=1)
-                    )
-                rows -= len(bad)
+                table, rows, failed = self._split(self.transform, table, parts, rows)
             else:
                 failed.append(self.quarantine.record(e, step=item.step, rows=rows))
                 table, rows = output_of_no_rows(self.transform, table), 0
@@ -510,6 +510,24 @@ class Feed:
         return replace(
             item, table=table, quarantined=quarantined, rows=-1 if rows == size else rows
         )
+
+    def _split(
+        self,
+        transform: Callable[[pa.Table], Any],
+        table: pa.Table,
+        parts: Sequence[tuple[Window, int, int]],
+        rows: int,
+    ) -> tuple[Any, int, list[Quarantined]]:
+        """``transform`` over the rows of ``table`` it does not fail on, the number of them,
+        and a quarantine for each row it fails on, named by its shard URL and row
+        (``on_error="skip"``; :func:`split_failures`)."""
+        out, bad = split_failures(transform, table)
+        failed: list[Quarantined] = []
+        for index, error in bad:
+            url, row = self._origin_of(parts, index)
+            named = error.at(url, row) if isinstance(error, UndecodedMemberError) else error
+            failed.append(self.quarantine.record(named, url=url, start=row, stop=row + 1, rows=1))
+        return out, rows - len(bad), failed
 
     def _refuse_nulls(
         self, table: pa.Table, parts: Sequence[tuple[Window, int, int]], step: int | None
