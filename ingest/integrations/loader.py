@@ -53,26 +53,24 @@ from ingest.core.errors import ConfigError, IngestError, SupersededError
 from ingest.core.snapshot import state_with_tokens
 from ingest.core.state import StreamState
 from ingest.engine import interrupts
-from ingest.engine.convert import Batch, placed, to_torch
-from ingest.engine.feed import Feed, Ready, Tail
+from ingest.engine.convert import Batch, placed
+from ingest.engine.feed import Feed
 from ingest.engine.grouping import Grouping
 from ingest.engine.loop import BookLink, RankLoop
 from ingest.engine.pack import StepCount, merged
-from ingest.engine.rank_node import RankNode, rank_node, worker_table
+from ingest.engine.rank_node import RankNode, rank_node
 from ingest.engine.spec import StreamSpec
 from ingest.engine.stream import Stream
 from ingest.integrations.shared_slots import SlotRing, worker_rings
 from ingest.integrations.worker_items import (
     KEY,
-    Bundler,
-    Came,
     Ended,
     Failed,
     IOSent,
     in_turn,
     ring_slots,
-    sent,
     with_tensors,
+    worker_sends,
 )
 from ingest.integrations.worker_start import (
     checked_init,
@@ -193,7 +191,7 @@ class _Shares(torch.utils.data.IterableDataset[Batch]):
         try:
             if opened.error is not None:
                 raise opened.error
-            worker = _worker_items(rank, opened.items, self.pack, ring, info is not None, io)
+            worker = worker_sends(rank, opened.items, self.pack, ring, info is not None, io)
             for out in worker:
                 ended = isinstance(out[KEY], Ended) and info is not None
                 yield out
@@ -742,40 +740,6 @@ class _Workers:
         rings, self.rings = self.rings, []
         for ring in rings:
             ring.close()
-
-
-def _worker_items(
-    rank: int,
-    items: Iterator[Any],
-    pack: Grouping | None,
-    ring: SlotRing | None,
-    forked: bool,
-    io: IOSent,
-) -> Iterator[Batch]:
-    """What worker ``rank`` sends of its feed's ``items`` (``forked``: in a worker process,
-    not in the main one with ``num_workers=0``): its batches, a few to an item where they lie
-    in its ``ring``, then its end; or a failure (the batches before it first). What its reads
-    add to its counts goes with them (``io``)."""
-    bundler = Bundler(rank)
-    for item in items:
-        if isinstance(item, Failed | Tail):
-            yield from bundler.flush()
-        if isinstance(item, Failed):
-            yield {KEY: item}
-            return
-        if isinstance(item, Tail):
-            grown = io.growth(now=True)
-            ended = Ended(rank, item.steps, item.leftover, item.learned, item.quarantined, grown)
-            yield {KEY: ended}
-            return
-        assert isinstance(item, Ready)
-        table = worker_table(pack, item.table)
-        if table is not None:  # regrouped by the main process's node
-            yield from bundler.add(io.on({KEY: Came.of(rank, item, table=table)}), 0)
-        elif not forked:
-            yield io.on({**to_torch(item.table), KEY: Came.of(rank, item)})
-        else:
-            yield from bundler.add(io.on(sent(rank, item, ring)), item.nbytes)
 
 
 def _as_is(batch: Any) -> Any:

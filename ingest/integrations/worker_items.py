@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import pickle
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,12 +35,14 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from ingest.core.errors import IngestError
+from ingest.core.errors import ConfigError, IngestError
 from ingest.core.ledger import Closed, Rows, Runs
 from ingest.core.quarantine import Quarantined
 from ingest.core.state import Cursor
 from ingest.engine.convert import Batch, column_to_torch, to_torch
-from ingest.engine.feed import Ready
+from ingest.engine.feed import Ready, Tail
+from ingest.engine.grouping import Grouping
+from ingest.engine.rank_node import worker_table
 from ingest.integrations.shared_slots import Placed, SlotRing, text_buffers, text_values
 from ingest.storage.sources import IOStats
 
@@ -279,11 +282,17 @@ def sent(rank: int, item: Ready, ring: SlotRing | None) -> Batch:
     the sharing strategy is the user's to set), its tensors, runs and each string or binary
     column as Arrow offsets and bytes (the main process decodes them: a list of 1,000
     strings pickled and unpickled cost more); the ring full or the batch larger than a
-    slot, all by value through the pipe."""
+    slot, all by value through the pipe.
+
+    Raises:
+        ConfigError: If a column the conversion left as Python objects holds a value that
+            does not pickle (see :func:`refuse_unpicklable`).
+    """
     table = item.table
     texts = text_buffers(table) if ring is not None else {}
     names = list(table.column_names) if texts else None
     batch = to_torch(table.drop_columns(list(texts)) if texts else table)
+    refuse_unpicklable(batch, table.schema)
     tensors = {k: v.numpy() for k, v in batch.items() if isinstance(v, torch.Tensor)}
     placed = None
     if ring is not None:
@@ -303,6 +312,98 @@ def sent(rank: int, item: Ready, ring: SlotRing | None) -> Batch:
     order = names if names is not None else batch
     out = {k: tensors.get(k, batch[k]) for k in order}
     return {**out, KEY: Came.of(rank, item, arrays=tuple(tensors))}
+
+
+_PLAIN = (
+    pa.types.is_null,
+    pa.types.is_boolean,
+    pa.types.is_integer,
+    pa.types.is_floating,
+    pa.types.is_decimal,
+    pa.types.is_string,
+    pa.types.is_large_string,
+    pa.types.is_binary,
+    pa.types.is_large_binary,
+    pa.types.is_string_view,
+    pa.types.is_binary_view,
+    pa.types.is_fixed_size_binary,
+    pa.types.is_date,
+    pa.types.is_time,
+    pa.types.is_timestamp,
+    pa.types.is_duration,
+)
+"""Arrow types whose Python values are Python's, pandas' or the standard library's own
+(numbers, strings, bytes, decimals, dates, times, timestamps, timedeltas): they pickle."""
+
+
+def sure_to_pickle(kind: pa.DataType) -> bool:
+    """Whether every Python value of Arrow type ``kind`` (as ``to_pylist`` makes them)
+    pickles, told by the type alone: those of :data:`_PLAIN`, and lists, structs, maps,
+    unions, dictionaries and run-end encodings of them. Not an interval (pyarrow's
+    ``MonthDayNano``, which does not pickle), at any depth, nor an extension type (its
+    scalars make what they will), nor a type not known here: their values are tried."""
+    if isinstance(kind, pa.BaseExtensionType):
+        return False
+    if isinstance(kind, pa.DictionaryType):
+        return sure_to_pickle(kind.value_type)
+    if kind.num_fields:
+        return all(sure_to_pickle(kind.field(i).type) for i in range(kind.num_fields))
+    return any(plain(kind) for plain in _PLAIN)
+
+
+def refuse_unpicklable(batch: Batch, schema: pa.Schema) -> None:
+    """Refuse a batch a worker is about to send whose values do not all pickle: torch's
+    queue pickles it in a feeder thread, which prints the error and drops the batch, and the
+    main process waited for it for ever. Tried only for the columns the conversion left as
+    Python objects whose type is not :func:`sure_to_pickle` (never tensors, arrays, strings,
+    numbers or lists of them: no cost a batch for those).
+
+    Raises:
+        ConfigError: Naming the column, the type of the value that does not pickle and the
+            fix; sent to the main process as a worker's other errors are (:class:`Failed`).
+    """
+    for name, value in batch.items():
+        if isinstance(value, torch.Tensor | np.ndarray) or value is None:
+            continue
+        kind = schema.field(name).type
+        if sure_to_pickle(kind):
+            continue
+        try:
+            pickle.dumps(value, pickle.HIGHEST_PROTOCOL)
+        except Exception as e:  # pickling raises PicklingError, TypeError, AttributeError...
+            raise _unpicklable(name, kind, _first_unpicklable(value), e) from None
+
+
+def _unpicklable(name: str, kind: pa.DataType, value: Any, error: Exception) -> ConfigError:
+    cls = type(value)
+    where = "" if cls.__module__ == "builtins" else f"{cls.__module__}."
+    what = where + cls.__qualname__
+    return ConfigError(
+        f"column {name!r} ({kind}) holds {what} values, and a {what} does not pickle "
+        f"({type(error).__name__}: {error}); an ingest.DataLoader worker sends its batches to "
+        "the main process pickled, so it cannot send this one: return tensors, numbers, "
+        "strings or lists of them from the transform (or read the stream with "
+        "num_workers=0, which pickles nothing)"
+    )
+
+
+def _first_unpicklable(value: Any) -> Any:
+    """The first value in ``value`` (its lists, tuples and dicts walked) that does not
+    pickle alone; ``value`` itself if none does (made only for the error)."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if type(v) in (list, tuple):  # not a named tuple's subclass (MonthDayNano is one)
+            stack.extend(reversed(v))
+            continue
+        if type(v) is dict:
+            stack.extend(reversed([x for pair in v.items() for x in pair]))
+            continue
+        try:
+            pickle.dumps(v, pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            return v
+    return value
 
 
 def taken(batch: Batch, came: Came, ring: SlotRing) -> Came:
@@ -329,6 +430,59 @@ def with_tensors(batch: Batch, came: Came) -> Batch:
     return batch
 
 
+def worker_sends(
+    rank: int,
+    items: Iterator[Any],
+    pack: Grouping | None,
+    ring: SlotRing | None,
+    forked: bool,
+    io: IOSent,
+) -> Iterator[Batch]:
+    """What worker ``rank`` sends of its feed's ``items`` (``forked``: in a worker process,
+    not in the main one with ``num_workers=0``): its batches, a few to an item where they lie
+    in its ``ring``, then its end; or a failure (the batches before it first): the feed's, or
+    a batch's that cannot be sent (:func:`_converted`). What its reads add to its counts goes
+    with them (``io``)."""
+    bundler = Bundler(rank)
+    for item in items:
+        out = _converted(rank, item, pack, ring, forked, io) if isinstance(item, Ready) else item
+        if isinstance(out, Failed | Tail):
+            yield from bundler.flush()
+        if isinstance(out, Failed):
+            yield {KEY: out}
+            return
+        if isinstance(out, Tail):
+            grown = io.growth(now=True)
+            ended = Ended(rank, out.steps, out.leftover, out.learned, out.quarantined, grown)
+            yield {KEY: ended}
+            return
+        yield from bundler.add(*out)
+
+
+def _converted(
+    rank: int,
+    item: Ready,
+    pack: Grouping | None,
+    ring: SlotRing | None,
+    forked: bool,
+    io: IOSent,
+) -> tuple[Batch, int] | Failed:
+    """What worker ``rank`` sends of its feed's batch ``item``, with its bytes (for the
+    :class:`Bundler`); or, if it cannot be sent (a column no tensor holds, values that do
+    not pickle: :func:`ingest.integrations.worker_items.sent`), the error, sent as the
+    feed's are, so that it reaches the main process as it is (torch's pipe would have lost
+    the batch, and the main process waited for it for ever)."""
+    try:
+        table = worker_table(pack, item.table)
+        if table is not None:  # regrouped by the main process's node
+            return io.on({KEY: Came.of(rank, item, table=table)}), 0
+        if not forked:
+            return io.on({**to_torch(item.table), KEY: Came.of(rank, item)}), 0
+        return io.on(sent(rank, item, ring)), item.nbytes
+    except IngestError as e:
+        return Failed(e)
+
+
 __all__ = [
     "BUNDLE_BATCHES",
     "BUNDLE_BYTES",
@@ -341,8 +495,11 @@ __all__ = [
     "Failed",
     "IOSent",
     "in_turn",
+    "refuse_unpicklable",
     "ring_slots",
     "sent",
+    "sure_to_pickle",
     "taken",
     "with_tensors",
+    "worker_sends",
 ]
