@@ -226,3 +226,62 @@ def test_filter_and_flatmap_are_cacheable_with_a_version() -> None:
     assert split is not None and split != one
     typed = FlatMap(lambda row: [row], schema=pa.schema([("id", pa.int64())]), version="1")
     assert chain_fingerprint(typed) not in (None, split)
+
+
+def _keep_even(t: pa.Table) -> Any:
+    return [True] * t.num_rows
+
+
+def _keep_odd(t: pa.Table) -> Any:
+    return [False] * t.num_rows
+
+
+def _split_words(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return [row]
+
+
+def _split_lines(row: dict[str, Any]) -> list[dict[str, Any]]:
+    return [row]
+
+
+def test_the_function_a_stage_runs_is_part_of_its_key() -> None:
+    """Found by a probe: ``Filter(keep_even, version="1")`` then ``Filter(keep_odd,
+    version="1")`` over one ``derived=`` URL (shared by every job) read the first one's rows,
+    as two callable tokenizers of one version read each other's ids: the key named the
+    stage's class, never the function it runs. Two lambdas of one module are told apart by
+    their line."""
+    assert chain_fingerprint(Filter(_keep_even, version="1")) != chain_fingerprint(
+        Filter(_keep_odd, version="1")
+    )
+    assert chain_fingerprint(FlatMap(_split_words, version="1")) != chain_fingerprint(
+        FlatMap(_split_lines, version="1")
+    )
+
+    def lengths(texts: list[str]) -> list[list[int]]:
+        return [[len(t)] for t in texts]
+
+    def firsts(texts: list[str]) -> list[list[int]]:
+        return [[ord(t[0])] for t in texts]
+
+    assert chain_fingerprint(Tokenize(lengths, version="1")) != chain_fingerprint(
+        Tokenize(firsts, version="1")
+    )
+    one = FlatMap(lambda row: [row], version="1")
+    two = FlatMap(lambda row: [row, row], version="1")
+    assert chain_fingerprint(one) != chain_fingerprint(two)
+
+
+def test_a_transformers_fast_tokenizer_is_fingerprinted_by_its_tokenizer() -> None:
+    """Found by a probe: ``Tokenize(PreTrainedTokenizerFast(...))`` had no fingerprint (its
+    serialized form is its ``backend_tokenizer``'s), so it was never cached and, once given
+    a ``version=`` as the warning said, another tokenizer of that version read its ids."""
+    from transformers import PreTrainedTokenizerFast
+
+    def fast(words: list[str]) -> Any:
+        return PreTrainedTokenizerFast(tokenizer_object=word_tokenizer(words))
+
+    base = chain_fingerprint(Tokenize(fast(WORDS)))
+    assert base is not None and base == chain_fingerprint(Tokenize(fast(WORDS)))
+    # Another vocabulary is another key.
+    other = chain_fingerprint(Tokenize(fast([*WORDS, "epoch"]), version="1"))
+    assert other not in (None, chain_fingerprint(Tokenize(fast(WORDS), version="1")))

@@ -168,7 +168,7 @@ class Filter(Stage):
         self.version = version
 
     def fingerprint(self) -> str | None:
-        return _versioned("Filter", self.version, per_row=self.per_row)
+        return _versioned("Filter", self.version, fn=function_id(self.keep), per_row=self.per_row)
 
     def __call__(self, table: pa.Table) -> Staged:
         mask = self._mask(table)
@@ -222,7 +222,7 @@ class FlatMap(Stage):
         self.version = version
 
     def fingerprint(self) -> str | None:
-        return _versioned("FlatMap", self.version, schema=str(self.schema))
+        return _versioned("FlatMap", self.version, fn=function_id(self.fn), schema=str(self.schema))
 
     def __call__(self, table: pa.Table) -> Staged:
         out: list[dict[str, Any]] = []
@@ -324,13 +324,36 @@ def checked_version(stage: str, version: object) -> str:
     return version
 
 
+def function_id(fn: Any) -> str:
+    """What names a user's function in a derived copy's key, beside its ``version``: its
+    module and qualified name, and for a lambda or a function made inside another (which
+    share a name) the line it starts on. Two functions of one name and version in one job
+    read each other's copies (a ``derived=`` URL is shared by every job): this tells them
+    apart; what a function computes is still told by its version (an edited body is not)."""
+    kind = fn if hasattr(fn, "__qualname__") else type(fn)
+    name = f"{getattr(kind, '__module__', '?')}.{kind.__qualname__}"
+    code = getattr(fn, "__code__", None)
+    if code is not None and ("<lambda>" in name or "<locals>" in name):
+        name += f":{code.co_firstlineno}"
+    return name
+
+
 def _versioned(stage: str, version: str | None, **options: Any) -> str | None:
     """A user function's stage's fingerprint: its ``version`` and the options that change
-    its outputs; None without a version."""
+    its outputs (its function's :func:`function_id` among them); None without a version."""
     if version is None:
         return None
     version = checked_version(stage, version)
     return json.dumps({"stage": stage, "version": version, **options}, sort_keys=True)
 
 
-__all__ = ["Filter", "FlatMap", "RowError", "Stage", "Staged", "checked_version", "noted"]
+__all__ = [
+    "Filter",
+    "FlatMap",
+    "RowError",
+    "Stage",
+    "Staged",
+    "checked_version",
+    "function_id",
+    "noted",
+]

@@ -23,7 +23,7 @@ import numpy.typing as npt
 import pyarrow as pa
 
 from ingest.core.errors import ConfigError
-from ingest.engine.stage import RowError, Stage, Staged, checked_version
+from ingest.engine.stage import RowError, Stage, Staged, checked_version, function_id
 from ingest.formats.arrays import first_null, ints
 
 EOS_KEY = b"ingest.eos_id"
@@ -348,9 +348,11 @@ class Tokenize(Stage):
         serialized form (``tokenizers.Tokenizer.to_str()``), ``column``, ``output``,
         ``eos_id``, ``keep`` and :data:`REVISION`; ``parallel_batches`` is left out (it
         changes how fast, not what). A callable tokenizer, which has no serialized form to
-        compare, is named by its ``version`` instead; None without one: its chain is not
-        cached."""
-        to_str = getattr(self.tokenizer, "to_str", None)
+        compare, is named by its ``version`` (and :func:`~ingest.engine.stage.function_id`)
+        instead; None without one: its chain is not cached. A ``transformers`` fast
+        tokenizer's serialized form is its ``backend_tokenizer``'s."""
+        rust = getattr(self.tokenizer, "backend_tokenizer", None) or self.tokenizer
+        to_str = getattr(rust, "to_str", None)
         if to_str is None and self.version is None:
             return None
         fields: dict[str, Any] = {
@@ -362,6 +364,8 @@ class Tokenize(Stage):
         }
         if to_str is not None:
             fields["tokenizer"] = hashlib.sha256(str(to_str()).encode()).hexdigest()
+        else:
+            fields["function"] = function_id(self.tokenizer)
         if self.version is not None:  # (a Rust tokenizer's: to make its copies anew)
             fields["version"] = self.version
         return json.dumps(fields, sort_keys=True)
