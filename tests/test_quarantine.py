@@ -89,15 +89,20 @@ def test_a_corrupt_row_group_is_quarantined_and_the_rest_arrives_once(
     )
     with caplog.at_level(logging.WARNING, logger="ingest.engine.stream"):
         batches = list(stream)
-    # From the bad row group on, the shard's row groups not read yet are quarantined: in
-    # listing order rows 500-999; shuffled, the bad one and those after it in block order.
+    # The span being read loses its rows from the bad row group on: in listing order the
+    # shard is one span (rows 500-999); shuffled, the block that holds row 500 from there,
+    # and the shard's other blocks are read (found by a probe: they were all quarantined,
+    # good row groups with them).
     records = stream.quarantined
     assert {q.url for q in records} == {f"file://{paths[2]}"}
     assert {q.epoch for q in records} == {0}
     assert any(q.start <= 500 and (q.stop or ROWS) >= 750 for q in records)
     assert all("at row 500: row group 2 cannot be read" in q.reason for q in records)
-    if seed is None:
-        assert [(q.start, q.stop, q.rows) for q in records] == [(500, 1000, 500)]
+    if seed is None:  # the bad row group alone (row group 3, read with it, was lost too)
+        assert [(q.start, q.stop, q.rows) for q in records] == [(500, 750, 250)]
+    else:
+        assert [q.start for q in records] == [500], [(q.start, q.stop) for q in records]
+        assert 0 < (records[0].rows or 0) < 500
     exactly_once_but_quarantined(ids_of(batches), records, 4 * ROWS)
     skipped = sum(q.rows or 0 for q in records)
     assert stream.stats["quarantined"] == len(records)
@@ -106,8 +111,8 @@ def test_a_corrupt_row_group_is_quarantined_and_the_rest_arrives_once(
     # Holes keep their place: the steps are those of the run without the error. A batch
     # that lost rows is short; one that lost all is left out (one process).
     sizes = [len(b["id"]) for b in batches]
-    if seed is None:  # rows 500-999 of shard 2 are ten whole batches in listing order
-        assert sizes == [50] * 70
+    if seed is None:  # rows 500-749 of shard 2 are five whole batches in listing order
+        assert sizes == [50] * 75
     else:  # shuffled in one window: the holes are spread over the 80 steps
         assert len(sizes) == 80 and max(sizes) <= 50 and min(sizes) < 50
     # Listed at the end of the epoch, with the URL, the rows and the reason.
@@ -305,7 +310,8 @@ def test_max_errors_turns_a_flood_of_bad_data_into_the_clear_error(tmp_path: Pat
     with pytest.raises(ingest.IngestError, match=r"more than ReadOptions.max_errors=2") as err:
         list(ingest.Stream(str(tmp_path), columns=["id"], batch_size=50, read=read))
     message = str(err.value)
-    assert all(f"part-{i}.parquet rows [0, 1000)" in message for i in range(3)), message
+    # Each shard's bad row group alone (its good ones were quarantined with it before).
+    assert all(f"part-{i}.parquet rows [0, 250)" in message for i in range(3)), message
     assert "raise max_errors" in message
 
 

@@ -17,6 +17,7 @@ import contextlib
 import functools
 from collections import deque
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import cast
 
 from ingest.core.assign import MAIN, TO_END, Span
@@ -204,6 +205,21 @@ def unit_rest(plan: FeedPlan[Listing], lane: Sequence[int]) -> int | None:
     return rows if count > 1 else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A span of a run that failed to read under ``on_error="skip"``: the error, the span's
+    index in the run, and the spans of the run that had failed before it."""
+
+    error: Exception
+    at: int
+    failures: int
+
+
+_FAILED_SPANS = 8
+"""Spans of one run that may fail under ``on_error="skip"`` before the rest of the run is
+quarantined without being tried (a shard broken through fails each span in turn)."""
+
+
 class LaneReader:
     """Reads the lanes of one feed: opens their shards, retries a damaged cached copy, turns
     what cannot be read into holes, and hands out rows a window at a time (:meth:`take`).
@@ -386,10 +402,14 @@ class LaneReader:
         ranges: list[tuple[int, int | None]],
         seek: Seek | None,
         together: bool,
+        failures: int = 0,
     ) -> Iterator[Read]:
         """Batches of one shard's ``ranges`` (lane spans ``run``), the shard opened once;
-        what cannot be read as holes under ``on_error="skip"``. ``together``: the rows of
-        several spans in one batch come as one :class:`~ingest.formats.base.Gathered`."""
+        what cannot be read as holes under ``on_error="skip"``: a span from where it
+        failed, the others read on (``failures``: spans of the run that failed already; past
+        :data:`_FAILED_SPANS`, the rest of the run is given up). ``together``: the rows of
+        several spans in one batch come as one :class:`~ingest.formats.base.Gathered` (a
+        failure there loses the run from the span it was in)."""
         last = [start for start, _ in ranges]
         at = 0
         try:
@@ -416,11 +436,47 @@ class LaneReader:
         except Exception as e:
             if not (self._skip and skippable(e)):
                 raise
-            yield from self._holes(e, ctx.shard.url, shard, run, ranges, last, at)
+            failed = _Failed(e, at, failures)
+            yield from self._failed(failed, ctx, shard, run, ranges, last, together)
             return
         for index, (_, stop) in enumerate(ranges):
             if stop is None:
                 yield SpanEnd(run[index], shard, last[index])
+
+    def _failed(
+        self,
+        failed: _Failed,
+        ctx: ReadContext,
+        shard: int,
+        run: list[int],
+        ranges: list[tuple[int, int | None]],
+        last: list[int],
+        together: bool,
+    ) -> Iterator[Read]:
+        """The run's reads after ``failed`` (:meth:`_read_ranges`): the span being read loses
+        its rows from where the error came, and the run's other spans (its shuffled blocks,
+        which may lie in good row groups) are read, the shard opened again; they were all
+        quarantined, good row groups with them. Spans read together (a batch of several) are
+        read again one by one from where each got to, so that the one that fails is known.
+        An error that names no row (the shard vanished, its footer is unreadable), or past
+        :data:`_FAILED_SPANS`, loses the rest of the run with it."""
+        url, at = ctx.shard.url, failed.at
+        local = getattr(failed.error, "row", None) is not None  # (a vanished shard: none)
+        if not local or failed.failures >= _FAILED_SPANS:
+            yield from self._holes(failed.error, url, shard, run, ranges, last, at)
+            return
+        if together:
+            todo = [i for i in range(len(ranges)) if not read_whole(ranges[i], last[i])]
+            spans = [(last[i], ranges[i][1]) for i in todo]
+            runs = [run[i] for i in todo]
+            yield from self._read_ranges(ctx, shard, runs, spans, None, False, failed.failures + 1)
+            return
+        if at + 1 >= len(ranges):
+            yield from self._holes(failed.error, url, shard, run, ranges, last, at)
+            return
+        yield from self._holes(failed.error, url, shard, run[: at + 1], ranges[: at + 1], last, at)
+        rest = (run[at + 1 :], ranges[at + 1 :])
+        yield from self._read_ranges(ctx, shard, *rest, None, together, failed.failures + 1)
 
     def _read_run(
         self,
