@@ -172,6 +172,7 @@ class GivenListing:
         counted: bool,
         at: Mapping[str, Sequence[int]] | None = None,
         since: Mapping[str, int] | None = None,
+        commits: Mapping[str, str] | None = None,
     ) -> Listing:
         return self._listing
 

@@ -4,7 +4,6 @@ ranks or readers, 429s retried as the Hub asks, the token never shown."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -278,26 +277,79 @@ def test_a_hub_that_cannot_be_reached_is_named_with_the_fix(endpoint: str) -> No
     assert url in str(e.value) and endpoint.split("//")[1] in str(e.value)
 
 
-def test_a_state_of_a_branch_that_moved_says_so_and_how_to_resume(hub: HubStub) -> None:
-    """A commit pushed to the branch since the state was saved (a README edited): the state
-    was refused as "another dataset ... load a state saved by this stream" (it was this
-    stream's). It names both commits, and the URL that resumes at the state's, which reads
-    the rest of its epoch exactly once."""
+@pytest.mark.parametrize("push", ["readme", "rewritten", "added"])
+def test_a_state_of_a_branch_that_moved_reads_the_rest_of_its_epoch_at_its_commit(
+    hub: HubStub, push: str
+) -> None:
+    """A commit pushed to the branch since the state was saved (a README edited, a shard
+    rewritten, a shard added): every state was refused, as "another dataset" and later
+    naming both commits with a URL pinned to the state's. The shard URLs name the commit,
+    whose files the Hub keeps as they were, so the rest of the state's epoch is read there
+    (every row of it once, a rewritten shard as it was), and the next epoch reads the
+    branch's new commit, as a Delta table's state reads its version (tests/test_delta.py)."""
     url = f"hf://datasets/{REPO}/data/*.parquet"
     s = ingest.Stream(url, batch_size=50, storage_options=options(hub))
     loop = iter(s)
     head = ids(next(loop) for _ in range(3))
     state = s.state_dict()
     s.close()
-    hub.add_dataset(REPO, {**files(), "README.md": b"# edited\n"})  # the same data files
-    fresh = ingest.Stream(url, batch_size=50, storage_options=options(hub))
-    with pytest.raises(ingest.StateError, match=r"moved from commit \w{12}.* to \w{12}") as e:
-        fresh.load_state_dict(state)
-    pinned = re.search(r"hf://datasets/\S+@\w{40}/data/\*\.parquet", str(e.value))
-    assert pinned is not None, str(e.value)
-    again = ingest.Stream(pinned.group(0), batch_size=50, storage_options=options(hub))
-    again.load_state_dict(state)
-    assert sorted(head + ids(again)) == list(range(SHARDS * ROWS))
+    new = files()
+    if push == "readme":
+        new["README.md"] = b"# edited\n"
+    elif push == "rewritten":  # shard 0 holds other rows now
+        new["data/train-000.parquet"] = encode(make_table(10_000, ROWS), "parquet")
+    else:
+        new |= {k.replace("data/train-", "data/more-"): v for k, v in files(SHARDS, 1).items()}
+    hub.add_dataset(REPO, new)
+    resumed = ingest.Stream(url, batch_size=50, storage_options=options(hub))
+    resumed.load_state_dict(state)
+    assert sorted(head + ids(resumed)) == list(range(SHARDS * ROWS))
+    # The next epoch reads the branch as it is now.
+    now = {int(i) for i in ids(resumed)}
+    if push == "rewritten":
+        assert now == set(range(ROWS, SHARDS * ROWS)) | set(range(10_000, 10_000 + ROWS))
+    elif push == "added":
+        assert now == set(range((SHARDS + 1) * ROWS))
+    else:
+        assert now == set(range(SHARDS * ROWS))
+
+
+def test_a_dataloader_resumes_a_state_of_a_branch_that_moved_at_its_commit(hub: HubStub) -> None:
+    """The same through ``ingest.DataLoader(num_workers=2)``: its workers read the rest of
+    the epoch at the state's commit, as its main process listed it."""
+    url = f"hf://datasets/{REPO}/data/*.parquet"
+    loader = ingest.DataLoader(
+        ingest.Stream(url, batch_size=50, storage_options=options(hub)), num_workers=2
+    )
+    loop = iter(loader)
+    head = ids(next(loop) for _ in range(4))
+    state = loader.state_dict()
+    del loop, loader
+    hub.add_dataset(
+        REPO, {**files(), "data/train-000.parquet": encode(make_table(10_000, ROWS), "parquet")}
+    )
+    resumed = ingest.DataLoader(
+        ingest.Stream(url, batch_size=50, storage_options=options(hub)), num_workers=2
+    )
+    resumed.load_state_dict(state)
+    assert sorted(head + ids(resumed)) == list(range(SHARDS * ROWS))
+
+
+def test_a_state_between_epochs_of_a_branch_that_moved_goes_on_at_the_new_commit(
+    hub: HubStub,
+) -> None:
+    """A state taken at an epoch's end, a shard added since: its next epoch reads the new
+    commit (it was refused as another dataset's)."""
+    url = f"hf://datasets/{REPO}/data/*.parquet"
+    s = ingest.Stream(url, batch_size=50, storage_options=options(hub))
+    assert sorted(ids(s)) == list(range(SHARDS * ROWS))
+    state = s.state_dict()
+    s.close()
+    more = {k.replace("data/train-", "data/more-"): v for k, v in files(SHARDS, 1).items()}
+    hub.add_dataset(REPO, files() | more)
+    resumed = ingest.Stream(url, batch_size=50, storage_options=options(hub))
+    resumed.load_state_dict(state)
+    assert sorted(ids(resumed)) == list(range((SHARDS + 1) * ROWS))
 
 
 def test_a_missing_commit_or_folder_says_what_to_check(hub: HubStub) -> None:

@@ -59,8 +59,11 @@ from ingest.core.state import (
     Cursor,
     SkipAhead,
     StreamState,
+    hub_commits,
+    match_kinds,
     match_listing,
     match_needed,
+    moved_from,
     versions_of,
 )
 
@@ -158,8 +161,13 @@ class EpochBook(Generic[L]):
         and those the newest version no longer holds are joined to it from the state's
         (:meth:`~ingest.core.listing.Listed.joined`). A followed table only grows: it is
         read at its newest, from the version its first round listed (:meth:`_list`).
+
+        A Hugging Face Hub branch a commit was pushed to since the state was saved is read
+        alike: the rest of the state's epoch at the state's commit (the Hub keeps its files
+        as they were), the next epoch at the new one.
         """
         saved = state.dataset.tables
+        commits = hub_commits(s.url for s in state.dataset.shards)
         if self.config.follows:
             since = _first_versions(saved)
             if listing is None or _first_versions(listing.tables) != since:
@@ -169,23 +177,26 @@ class EpochBook(Generic[L]):
         pinned = versions_of(saved)
         if not pinned:
             listing = self._list() if listing is None else listing
-            match_listing(state.dataset, listing.records(), listing.classes, listing.formats)
-            return listing
+            if not _moved(commits, listing):
+                match_listing(state.dataset, listing.records(), listing.classes, listing.formats)
+                return listing
         if state.started:
-            if listing is None or listing.tables != saved:
-                listing = self._list(at=pinned)
+            if listing is None or listing.tables != saved or _moved(commits, listing):
+                listing = self._list(at=pinned, commits=commits)
             match_listing(state.dataset, listing.records(), listing.classes, listing.formats)
             return listing
         listing = self._list() if listing is None else listing
         needed = needed_shards(state)
         have = {s.url for s in listing.shards}
         missing = [u for u in (state.shards[n].url for n in needed) if u not in have]
-        if missing:  # rows carried from files a compaction replaced: read from them
-            older = self._list(at=pinned)
+        if missing:  # rows carried from files a compaction (or a push) replaced: read there
+            older = self._list(at=pinned, commits=commits)
             held = {s.url for s in older.shards}
             listing = listing.joined(older, [u for u in missing if u in held])
-        tables = f"the Delta table(s) {sorted(pinned)}"
-        match_needed(state.dataset, needed, listing.records(), tables)
+        where = [f"the Delta table(s) {sorted(pinned)}"] if pinned else []
+        where += [f"the Hub repositories {sorted(commits)}"] if commits else []
+        match_kinds(state.dataset, listing.classes, listing.formats)
+        match_needed(state.dataset, needed, listing.records(), " and ".join(where))
         return listing
 
     def _list(
@@ -195,6 +206,7 @@ class EpochBook(Generic[L]):
         first: bool = False,
         at: Mapping[str, Sequence[int]] | None = None,
         since: Mapping[str, int] | None = None,
+        commits: Mapping[str, str] | None = None,
     ) -> L:
         """A listing from the lister (``at``: Delta tables' versions to list them at);
         several ranks need every shard's row count. Following, each Delta table is listed
@@ -204,7 +216,12 @@ class EpochBook(Generic[L]):
         if self.config.follows and since is None:
             since = self._since
         return self.lister.listing(
-            wanted, first=first, counted=self.world_size > 1, at=at, since=since
+            wanted,
+            first=first,
+            counted=self.world_size > 1,
+            at=at,
+            since=since,
+            commits=commits,
         )
 
     def _counted(self, listing: L, main: Consumed, carry: Sequence[Span]) -> L:
@@ -744,6 +761,12 @@ class EpochBook(Generic[L]):
             batches = state.progress.batches or 0
             first = batches if self.logs_batches else state.progress.step
             self.log.start(first, self.world_size)
+
+
+def _moved(commits: Mapping[str, str], listing: L) -> bool:
+    """Whether ``listing`` holds a Hub repository of ``commits`` (a state's) at another
+    commit (:func:`ingest.core.state.moved_from`)."""
+    return moved_from(commits, (s.url for s in listing.shards))
 
 
 def _first_versions(tables: Iterable[tuple[str, int]]) -> dict[str, int]:

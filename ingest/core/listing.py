@@ -102,6 +102,7 @@ class Lister(Protocol[L]):
         counted: bool,
         at: Mapping[str, Sequence[int]] | None = None,
         since: Mapping[str, int] | None = None,
+        commits: Mapping[str, str] | None = None,
     ) -> L:
         """One listing of the source.
 
@@ -120,6 +121,10 @@ class Lister(Protocol[L]):
                 (a followed stream's first round's): their files are those of that version
                 and those appended since, read through compactions (the versions listed are
                 the first and the newest); a table it does not name is listed at its newest.
+            commits: Hugging Face Hub repositories' commits by their ``hf://`` URLs
+                (``hf://datasets/<org>/<name>``; a state's, for the rest of its epoch):
+                their files are those of these commits, the others' those their URLs'
+                revisions name now.
         """
         ...
 

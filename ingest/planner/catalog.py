@@ -266,6 +266,7 @@ class Catalog:
         index: bool = False,
         at: Mapping[str, Sequence[int]] | None = None,
         since: Mapping[str, int] | None = None,
+        commits: Mapping[str, str] | None = None,
     ) -> Listing:
         """List the source once and inspect every shard.
 
@@ -280,6 +281,8 @@ class Catalog:
                 are those of these versions, the others' their newest.
             since: Followed Delta tables' first versions by their roots' URLs: their files
                 are those of that version and those appended since.
+            commits: Hub repositories' commits by their ``hf://`` URLs (a state's): their
+                files are those of these commits.
 
         Raises:
             SourceError: If the source cannot be listed or matches nothing.
@@ -288,7 +291,7 @@ class Catalog:
             IndexStoreError: If the index store cannot be read or written.
         """
         listed = self.source.list_shards(
-            FORMAT_RESOLVER, listings=self.index_store, at=at, since=since
+            FORMAT_RESOLVER, listings=self.index_store, at=at, since=since, commits=commits
         )
         shards, classes = folders.group(without_incidental(listed))
         tables = tuple(sorted((u, v) for u, t in self._tables().items() for v in t.versions))

@@ -65,6 +65,7 @@ class Planner:
         counted: bool = False,
         at: Mapping[str, Sequence[int]] | None = None,
         since: Mapping[str, int] | None = None,
+        commits: Mapping[str, str] | None = None,
     ) -> Listing:
         """One listing of the source; ``counted``: every shard gets a row count; ``at``:
         Delta tables' versions to list them at; ``since``: followed Delta tables' first
@@ -76,7 +77,9 @@ class Planner:
         finished = None
         if self.follow is not None and self.follow.manifest is not None:
             finished = read_manifest(self.source, self.follow.manifest)
-        listing = self.catalog.scan(progress=self.progress, index=counted, at=at, since=since)
+        listing = self.catalog.scan(
+            progress=self.progress, index=counted, at=at, since=since, commits=commits
+        )
         if finished is not None:
             listing = listing.subset(finished.select(self.source, [s.url for s in listing.shards]))
         return listing
@@ -89,6 +92,7 @@ class Planner:
         counted: bool,
         at: Mapping[str, Sequence[int]] | None = None,
         since: Mapping[str, int] | None = None,
+        commits: Mapping[str, str] | None = None,
     ) -> Listing:
         """See :meth:`ingest.core.listing.Lister.listing`."""
         follow = self.follow
@@ -99,7 +103,7 @@ class Planner:
 
         while True:
             try:
-                listing = self.scan(counted=counted, at=at, since=since)
+                listing = self.scan(counted=counted, at=at, since=since, commits=commits)
             except NoShardsError as e:  # followed: the first round waits for a first shard
                 if follow is None or not first:
                     raise

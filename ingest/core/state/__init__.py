@@ -101,7 +101,14 @@ source's own state side by side, and the mix node's part).
 from ingest.core.state.checks import FIX, MAX_STATE_BYTES, STATE_VERSION, refuse
 from ingest.core.state.consumed import Consumed, Intervals
 from ingest.core.state.dataset import DatasetState, versions_of
-from ingest.core.state.matching import changed_shards, match_listing, match_needed
+from ingest.core.state.matching import (
+    changed_shards,
+    hub_commits,
+    match_kinds,
+    match_listing,
+    match_needed,
+    moved_from,
+)
 from ingest.core.state.packed import PackedFingerprint
 from ingest.core.state.parts import (
     Cursor,
@@ -132,8 +139,11 @@ __all__ = [
     "SourcesState",
     "StreamState",
     "changed_shards",
+    "hub_commits",
+    "match_kinds",
     "match_listing",
     "match_needed",
+    "moved_from",
     "packed_digest",
     "read_state",
     "refuse",

@@ -4,7 +4,7 @@ unchanged (new shards are fine), and the same folder classes. Pure."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -16,6 +16,24 @@ from ingest.core.state.shards import ShardRecord, packed_digest
 _AT_COMMIT = re.compile(r"^(hf://[^@]+)@([0-9a-f]{40})(/.*)?$")
 """A Hub shard's URL at a commit: the repository's part, the commit, the path."""
 _HUB_SOURCE = re.compile(r"^(hf://(?:datasets|models|spaces)/[^/@]+/[^/@]+)(@[^/]*)?(/.*)?$")
+
+
+def hub_commits(urls: Iterable[str]) -> dict[str, str]:
+    """The commit the Hugging Face Hub shards among ``urls`` were listed at, by repository
+    (``hf://datasets/<org>/<name>`` -> sha; the first shard's of each)."""
+    out: dict[str, str] = {}
+    for url in urls:
+        found = _AT_COMMIT.match(url)
+        if found is not None:
+            out.setdefault(found.group(1), found.group(2))
+    return out
+
+
+def moved_from(commits: Mapping[str, str], urls: Iterable[str]) -> bool:
+    """Whether a listing of ``urls`` holds a repository of ``commits`` (a state's) at
+    another commit: its branch moved since the state was saved."""
+    now = hub_commits(urls)
+    return any(now.get(repo, sha) != sha for repo, sha in commits.items())
 
 
 def _moved_commit(
@@ -113,6 +131,25 @@ def _match_formats(saved: Sequence[str], formats: Sequence[str]) -> None:
     )
 
 
+def match_kinds(saved: DatasetState, classes: Sequence[str], formats: Sequence[str]) -> None:
+    """Check that a folder dataset's class list (``classes``, the listing's) is the
+    state's, and every format its shards were read as among ``formats`` (the listing's).
+
+    Raises:
+        StateError: Naming the classes added or gone, or the formats.
+    """
+    if tuple(saved.classes) != tuple(classes):
+        gone = sorted(set(saved.classes) - set(classes))
+        added = sorted(set(classes) - set(saved.classes))
+        raise StateError(
+            f"the folder dataset's classes changed since the state was saved (gone: "
+            f"{gone[:5]}, added: {added[:5]}; {len(saved.classes)} -> {len(classes)}): its "
+            "label indices would name other classes. Restore the class directories, or "
+            "start without the state"
+        )
+    _match_formats(saved.formats, formats)
+
+
 def match_listing(
     saved: DatasetState | Sequence[ShardRecord],
     listed: Sequence[ShardRecord],
@@ -131,17 +168,8 @@ def match_listing(
         StateError: Naming the shards that are missing or changed, and what changed, or the
             classes added or gone.
     """
-    if isinstance(saved, DatasetState) and tuple(saved.classes) != tuple(classes):
-        gone = sorted(set(saved.classes) - set(classes))
-        added = sorted(set(classes) - set(saved.classes))
-        raise StateError(
-            f"the folder dataset's classes changed since the state was saved (gone: "
-            f"{gone[:5]}, added: {added[:5]}; {len(saved.classes)} -> {len(classes)}): its "
-            "label indices would name other classes. Restore the class directories, or "
-            "start without the state"
-        )
     if isinstance(saved, DatasetState):
-        _match_formats(saved.formats, formats)
+        match_kinds(saved, classes, formats)
     fingerprint = saved.fingerprint if isinstance(saved, DatasetState) else None
     shards = saved.shards if isinstance(saved, DatasetState) else saved
     by_url = {s.url: s for s in listed}

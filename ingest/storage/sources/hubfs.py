@@ -21,12 +21,18 @@ from ingest.storage.sources.options import fs_options
 from ingest.storage.sources.retry import REFUSED_FIX, GaveUpError, attempt
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ingest.storage.sources.source import Source
 
 
-def pin(source: Source, url: str) -> str:
-    """``url`` (``hf://``) at the commit its revision names now: one request."""
+def pin(source: Source, url: str, commits: Mapping[str, str] | None = None) -> str:
+    """``url`` (``hf://``) at the commit its revision names now: one request; at its
+    repository's commit in ``commits`` (by ``hf://<repo>``; a state's), with none, unless
+    the URL names a commit itself (a state of another commit is refused then)."""
     where = hub.parse(url)
+    if commits and not where.pinned and (sha := commits.get(f"hf://{where.repo}")):
+        return where.at(sha)
     hub_token(source)  # scrubbed from the errors below
 
     def resolve() -> str:

@@ -47,16 +47,18 @@ def list_url(
     tables: dict[str, delta.TableVersion] | None = None,
     at: Mapping[str, Sequence[int]] | None = None,
     since: Mapping[str, int] | None = None,
+    commits: Mapping[str, str] | None = None,
 ) -> list[Shard]:
     """The shards ``url`` lists, for :meth:`Source.list_shards` (see there); ``tables``
     gets the Delta tables it holds, each root's URL with the version listed and its schema;
     ``at`` pins tables (by their roots' URLs) to versions (the files of each), the newest
     otherwise; ``since`` follows tables from a version (the files appended since it too;
-    a table it does not name at its newest; None: not following)."""
+    a table it does not name at its newest; None: not following); ``commits`` pins Hub
+    repositories (by their ``hf://`` URLs) to commits."""
     fs = source.filesystem(url)
     key = None
     if get_protocol(url) == "hf":
-        url = pin(source, url)
+        url = pin(source, url, commits)
         known_commit(fs, url)
         key = f"{hub.endpoint_of(source.storage_options)} {url} {source.format}"
     path = _path_of(fs, url)

@@ -266,6 +266,7 @@ class Source:
         listings: ListingStore | None = None,
         at: Mapping[str, Sequence[int]] | None = None,
         since: Mapping[str, int] | None = None,
+        commits: Mapping[str, str] | None = None,
     ) -> list[Shard]:
         """List every URL once and return the shards, sorted by URL, without duplicates.
 
@@ -283,6 +284,10 @@ class Source:
             since: Followed Delta tables' first versions, by their roots' URLs: those
                 tables' files are those of that version and those appended since
                 (:func:`ingest.storage.sources.delta.snapshot`).
+            commits: Hub repositories' commits by their URLs (``hf://datasets/<org>/<name>``;
+                a state's): an ``hf://`` URL of one is listed at its commit, not at the one
+                its revision names now (the rest of a resumed epoch reads the files it was
+                saved on, though commits were pushed since).
 
         Raises:
             SourceError: If a URL matches nothing, its bucket does not exist, the
@@ -299,7 +304,7 @@ class Source:
 
         def one(url: str) -> tuple[list[Shard], dict[str, TableVersion]]:
             tables: dict[str, TableVersion] = {}
-            return list_url(self, url, formats, listings, tables, at, since), tables
+            return list_url(self, url, formats, listings, tables, at, since, commits), tables
 
         found: dict[str, Shard] = {}
         tables: dict[str, TableVersion] = {}
