@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -136,3 +137,51 @@ def test_a_warning_is_one_line_naming_the_command(local: Store) -> None:
     lines = out.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ingest ls: warning: "), out.stderr
     assert "README.txt" in lines[0] and ".py:" not in out.stderr, out.stderr
+
+
+def test_the_help_describes_the_commands_for_a_user() -> None:
+    top = run("--help")
+    assert top.returncode == 0
+    assert "Thin" not in top.stdout and "calls the library" not in top.stdout, top.stdout
+    assert "ingest ls" not in top.stdout.splitlines()[2], top.stdout  # a sentence, not usage
+    ls = run("ls", "--help")
+    head = ls.stdout.split("positional arguments:")[0]
+    assert "row" in head.split("\n\n", 1)[1], ls.stdout  # a description under the usage
+
+
+def test_prepare_with_a_transform_that_is_no_stage_names_the_fix(tmp_path: object) -> None:
+    got = run("prepare", str(tmp_path), "--transform", "os:path", "--derived", str(tmp_path))
+    assert got.returncode == 2
+    said = got.stderr.strip()
+    assert "'os:path' is a module, not a stage" in said, said
+    assert "pass MODULE:NAME" in said and "Traceback" not in said, said
+
+
+def test_skip_on_a_folder_with_no_state_names_the_path_and_the_fix(tmp_path: object) -> None:
+    got = run("skip", str(tmp_path), "--rows", "file:///x.jsonl:0-1", "--out", f"{tmp_path}/o")
+    assert got.returncode == 2
+    said = got.stderr.strip()
+    assert f"{tmp_path}/ingest_stream_state.json" in said, said
+    assert "pass the state file" in said and "checkpoint folder" in said, said
+
+
+def test_skip_rows_past_the_end_of_a_json_lines_shard_count_no_row_it_lacks(
+    tmp_path: object,
+) -> None:
+    import ingest
+
+    root = f"{tmp_path}/d"
+    os.makedirs(root)
+    with open(f"{root}/s0.jsonl", "w") as f:
+        f.writelines(json.dumps({"id": i}) + "\n" for i in range(10))
+    stream = ingest.Stream(root, batch_size=4)
+    next(iter(stream))
+    with open(f"{tmp_path}/state.json", "w") as f:
+        json.dump(stream.state_dict(), f)
+    stream.close()
+    url = f"file://{root}/s0.jsonl"
+    out = f"{tmp_path}/out.json"
+    got = run("skip", f"{tmp_path}/state.json", "--rows", f"{url}:2-900", "--out", out)
+    assert got.returncode == 0, got.stderr
+    (line,) = [x for x in got.stdout.splitlines() if "left out" in x]
+    assert line.endswith(": 0 rows left out") and "not counted" in line, line

@@ -9,6 +9,14 @@ errors, through every later state of the epoch. A row that the epoch before carr
 be read twice in an epoch (its carried copy and its own): a skip leaves out both. A row
 whose tokens were in flight (a packing stream's ``pack.tokens``) is consumed whole.
 
+A range is checked against its shard's row count when the state knows it (the listing's, or
+one learnt by reading the shard): past it, refused. A JSON Lines or CSV shard is listed
+without one until it is read to its end; the rows named of such a shard are left out as
+named (rows past its end are none: nothing is read differently), but the record counts them
+only where a run read them (the provenance log's rows, which name their epoch): rows named by
+hand are listed as not counted, so no count exceeds what the shard holds. A skip that leaves
+out nothing new (steps the state passed) changes nothing and records nothing.
+
 Rows of a later epoch than the state's (the spike came after an epoch's end the state did
 not reach) cannot be consumed yet: that epoch starts from every row again. The state keeps
 them apart (:class:`ingest.core.state.SkipAhead`, ``progress.skip_ahead``, by URL), every
@@ -23,8 +31,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from ingest.core.errors import StateError
-from ingest.core.intervals import IntervalSet
+from ingest.core.errors import ConfigError, StateError, redact
+from ingest.core.intervals import MAX_ROW, IntervalSet
 from ingest.core.quarantine import SKIPPED, Quarantined, is_skip
 from ingest.core.state import Consumed, SkipAhead, StreamState
 
@@ -32,7 +40,7 @@ from ingest.core.state import Consumed, SkipAhead, StreamState
 @dataclass(frozen=True, slots=True)
 class SkipRows:
     """Rows ``[start, stop)`` of the shard at ``url`` to leave out, consumed in ``epoch``
-    (None: the state's)."""
+    (None: the state's, rows named by hand; given: the provenance log's, rows a run read)."""
 
     url: str
     start: int
@@ -45,13 +53,16 @@ def apply_skip(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple
     asked, for the record); and the number of rows it newly left out.
 
     Raises:
-        StateError: For rows of an earlier epoch, or of a shard the state does not list.
+        ConfigError: For a range that is none (``start < 0``, ``stop <= start``).
+        StateError: For rows of an earlier epoch, of a shard the state does not list, or
+            past the row count the state knows of their shard.
     """
     progress = state.progress
     epoch = progress.epoch
     now: list[SkipRows] = []
     later: dict[int, dict[str, IntervalSet]] = {}
     for r in rows:
+        _check_range(r)
         if r.epoch is None or r.epoch == epoch:
             now.append(r)
         elif r.epoch > epoch:
@@ -71,44 +82,57 @@ def apply_skip(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple
     return state, added
 
 
+def _check_range(r: SkipRows) -> None:
+    """Refuse a range that names no rows (the command line refuses it as its argument)."""
+    least = r.start + 1 if r.epoch is None else r.start  # a log's run of no rows: none
+    if not 0 <= r.start <= least <= r.stop <= MAX_ROW:
+        raise ConfigError(
+            f"rows [{r.start}, {r.stop}) of {redact(r.url)}: not a row range (need "
+            f"0 <= start < stop <= {MAX_ROW}, stop the row after the last); pass "
+            "(url, start, stop) as ingest.which names them, e.g. (url, 40, 45) for rows 40..44"
+        )
+
+
 def _skip_now(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple[StreamState, int]:
     """:func:`apply_skip` of rows of the state's own epoch."""
     progress, dist = state.progress, state.distributed
     epoch = progress.epoch
-    index = {s.url: i for i, s in enumerate(state.shards)}
-    # a local shard is listed as file://PATH; its bare path names it too
-    index.update({u.removeprefix("file://"): i for u, i in list(index.items())})
     consumed, carried = progress.consumed.copy(), dist.carry_consumed.copy()
     carry: dict[int, IntervalSet] = {}
     for carried_shard, start, stop in dist.carry:
         carry.setdefault(carried_shard, IntervalSet()).add(start, stop)
-    added = 0
+    index = {s.url: i for i, s in enumerate(state.shards)}
+    # a local shard is listed as file://PATH; its bare path names it too
+    index.update({u.removeprefix("file://"): i for u, i in list(index.items())})
+    added = grew = 0
+    uncounted: set[int] = set()
     skipped: dict[int, IntervalSet] = {}
     for r in rows:
-        shard = index.get(r.url)
-        if shard is None:
-            raise StateError(
-                f"{r.url} is not a shard of the state's listing ({len(index)} shards); pass "
-                "a URL as the stream listed it (the provenance log's url column)"
-            )
-        held = state.shards[shard].rows
-        if held is not None and r.stop > held:
-            raise StateError(
-                f"rows [{r.start}, {r.stop}) of {r.url}: the shard holds {held} rows (the "
-                f"state's listing); pass a range within [0, {held})"
-            )
+        shard = _shard_of(state, index, r)
         mine = consumed.of(shard)
         before = mine.count
         mine.add(r.start, r.stop)
-        added += mine.count - before
+        grew += mine.count - before
+        if r.epoch is None and progress.consumed.rows_of(shard, state.shards) is None:
+            uncounted.add(shard)  # named by hand, the shard's end unknown: not counted
+        else:
+            added += mine.count - before
         skipped.setdefault(shard, IntervalSet()).add(r.start, r.stop)
-        if shard in carry:
-            for a, b in _overlap(carry[shard], r.start, r.stop):
-                carried.of(shard).add(a, b)
-    if not skipped:
-        return state, 0
+        for a, b in _overlap(carry.get(shard, IntervalSet()), r.start, r.stop):
+            theirs = carried.of(shard)
+            before = theirs.count
+            theirs.add(a, b)
+            grew += theirs.count - before
     tokens = [t for t in progress.tokens if not (t[1] in skipped and t[2] in skipped[t[1]])]
-    record = Quarantined(f"{SKIPPED}: {what}", epoch, 0, rows=added)
+    if not grew and len(tokens) == len(progress.tokens):  # all consumed already: no change
+        return state, 0
+    reason = f"{SKIPPED}: {what}"
+    if uncounted:
+        reason += (
+            f" (+ rows named of {len(uncounted)} shard(s) of unknown row count: left out, "
+            "not counted)"
+        )
+    record = Quarantined(reason, epoch, 0, rows=added)
     new_progress = replace(
         progress,
         consumed=consumed,
@@ -121,6 +145,30 @@ def _skip_now(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple[
     # rows alone, as after a world-size change.
     position = replace(state.position, ranks=[None] * len(state.position.ranks))
     return replace(state, progress=new_progress, distributed=new_dist, position=position), added
+
+
+def _shard_of(state: StreamState, index: dict[str, int], r: SkipRows) -> int:
+    """The index of ``r``'s shard in the state's listing (``index``: by URL, and by bare
+    path).
+
+    Raises:
+        StateError: If the listing holds no such shard, or ``r`` passes its known end.
+    """
+    shard = index.get(r.url)
+    if shard is None:  # the listing's count, not the index's (bare paths counted again)
+        raise StateError(
+            f"{redact(r.url)} is not a shard of the state's listing ({len(state.shards)} "
+            "shards); pass a URL as the stream listed it (the provenance log's url column)"
+        )
+    held = state.progress.consumed.rows_of(shard, state.shards)
+    if held is not None and r.stop > held:
+        listed = state.shards[shard].rows is not None
+        how = "the state's listing" if listed else "learnt by reading it"
+        raise StateError(
+            f"rows [{r.start}, {r.stop}) of {redact(r.url)}: the shard holds {held} rows "
+            f"({how}); pass a range within [0, {held})"
+        )
+    return shard
 
 
 def _overlap(carry: IntervalSet, start: int, stop: int) -> list[tuple[int, int]]:

@@ -32,15 +32,28 @@ from ingest.planner.catalog import Catalog, Listing
 from ingest.planner.index import IndexConfig, Indexer, IndexStore, default_location, local_indexer
 from ingest.storage.sources import Source, parse_storage_options
 
+_DESCRIPTION = (
+    "Work with the data a stream reads and the states it saves: list the shards of a source "
+    "(ls), index them ahead of a run (index), derive them through a transform ahead of a run "
+    "(prepare), find the rows a run's steps consumed (which), and leave rows out of a saved "
+    "state after a loss spike (skip). Each command's --help says more."
+)
+
 _STORAGE_OPTION_HELP = (
     "fsspec storage option; dotted keys nest (client_kwargs.endpoint_url=http://127.0.0.1:9000)"
 )
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ingest", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="ingest", description=_DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    ls = sub.add_parser("ls", help="list the shards of a source with their sizes and rows")
+    ls = sub.add_parser(
+        "ls",
+        help="list the shards of a source with their sizes and rows",
+        description="List the shards a stream over URL would read, with their format, size "
+        "and row count (from their footers or the shard index; '?' where none is known: "
+        "--count reads those shards to count them).",
+    )
     _source_arguments(ls)
     ls.add_argument(
         "--count",
@@ -335,7 +348,11 @@ def _skip_state(args: argparse.Namespace) -> tuple[str, str]:
         with open(path, "rb") as f:
             return path, f.read(MAX_STATE_BYTES + 1).decode("utf-8", "replace")
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read the state ({e.strerror or e})") from None
+        raise ConfigError(
+            f"{path}: cannot read the state ({e.strerror or e}); pass the state file the job "
+            f"saved (its state_dict() as JSON), or the checkpoint folder holding it as "
+            f"{STATE_FILE}"
+        ) from None
 
 
 def skip(args: argparse.Namespace) -> int:

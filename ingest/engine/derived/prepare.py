@@ -254,7 +254,11 @@ def load_transform(spec: str) -> Transform:
     if isinstance(found, (list, tuple, type)):
         return found  # type: ignore[no-any-return]
     if not callable(found):
-        raise ConfigError(f"--transform {spec!r} is a {type(found).__name__}, not a stage")
+        raise ConfigError(
+            f"--transform {spec!r} is a {type(found).__name__}, not a stage: pass MODULE:NAME "
+            "of a stage or transform (a function of a table, a stage class, or a function of "
+            "no arguments that returns the stages, as mypkg.tok:make_tokenize)"
+        )
     if inspect.isfunction(found) and _takes_nothing(found):
         return found()  # type: ignore[no-any-return]
     return found  # type: ignore[no-any-return]
