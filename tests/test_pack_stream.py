@@ -13,11 +13,13 @@ import functools
 import json
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
@@ -547,3 +549,32 @@ def test_a_null_in_a_column_packing_leaves_out_is_no_error(local: Store) -> None
         url = local.url("nulls/*.jsonl")
         got = tokens_of(list(stream(url, local, shuffle_seed=None, transform=transform)))
         assert got and not got - every and 3 * 10_000 + 1 in got
+
+
+@pytest.mark.parametrize(
+    ("ids", "kind", "says"),
+    [
+        ([[1, 2], [3, -5, 6]], pa.list_(pa.int64()), r"row 1: .*id -5 is out of range"),
+        ([[1, 2], [3, 2**40]], pa.list_(pa.int64()), r"row 1: .*id 1099511627776 is out of"),
+        ([[1.0, 2.0], [10.7, 11.2]], pa.list_(pa.float64()), r"list<element: double>.*integers"),
+        ([[[1, 2]], [[3]]], pa.list_(pa.list_(pa.int64())), r"list<element: list<.*one list"),
+    ],
+    ids=["negative", "past 2**31", "floats", "nested"],
+)
+def test_token_ids_made_before_pack_are_checked_as_tokenize_checks_its_own(
+    tmp_path: Path, ids: list[Any], kind: pa.DataType, says: str
+) -> None:
+    """Found by a probe: ``Pack`` over an id column made beforehand (no ``Tokenize``) took
+    any list: a negative id and one past 2**31 reached ``input_ids`` (an embedding index
+    error or a device-side assert later, far from the shard), float ids were cut to
+    integers without a word (10.7 -> 10), lists of lists failed as numpy's bare ValueError.
+    Refused, naming the shard and row (or the column's type) and the fix."""
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"ids": pa.array(ids, kind)}), path)
+    s = ingest.Stream(
+        str(path), batch_size=1, pack=ingest.Pack(seq_len=2, column="ids", pad_id=0, read_rows=2)
+    )
+    with pytest.raises(ingest.IngestError, match=says) as err:
+        next(iter(s))
+    if "row 1" in says:
+        assert str(path) in str(err.value)

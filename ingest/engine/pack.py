@@ -58,7 +58,8 @@ from ingest.engine.grouping import Group, Grouper, Grouping
 from ingest.engine.interrupts import commit
 from ingest.engine.loop import BatchItem, Ending, RankLoop
 from ingest.engine.pack_settings import ORIGIN, Pack, with_origin
-from ingest.engine.tokenize import EOS_KEY
+from ingest.engine.stage import RowError
+from ingest.engine.tokenize import EOS_KEY, check_ids
 from ingest.formats.arrays import numbers
 
 if TYPE_CHECKING:  # convert imports torch, which the Ray readers of a packing stream need not
@@ -147,11 +148,25 @@ def tokens_of(table: pa.Table, pack: Grouping) -> tuple[npt.NDArray[np.int64], n
     lists = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
     if not any(is_list(kind) for is_list in lists):
         raise ConfigError(f"{name}(column={column!r}) is {ids.type}, not a list of token ids")
+    if not pa.types.is_integer(kind.value_type):
+        nested = any(is_list(kind.value_type) for is_list in lists)
+        raise ConfigError(
+            f"{name}(column={column!r}) is {kind}: a row's token ids are one list of "
+            "integers in [0, 2**31)"
+            + (
+                ", one list per row (flatten the lists of lists)"
+                if nested
+                else "; cast the column to integers (a float id would be cut: 10.7 to 10)"
+            )
+            + ", or tokenize with transform=ingest.Tokenize(...)"
+        )
     lengths = pc.list_value_length(ids)
     if lengths.null_count:  # null lists: no token (a Python 0 imports pandas: only here)
         lengths = lengths.fill_null(0)
     flat = numbers(pc.list_flatten(ids))
-    return numbers(lengths).astype(np.int64), flat
+    counts = numbers(lengths).astype(np.int64)
+    check_ids(flat, counts)
+    return counts, flat
 
 
 class PackedRank:
@@ -430,7 +445,11 @@ class PackedRank:
         if self._pad is None:
             self._pad = pad_of(self.pack, table)
         origin = numbers(table.column(ORIGIN))
-        lengths, flat = tokens_of(table, self.pack)
+        try:
+            lengths, flat = tokens_of(table, self.pack)
+        except RowError as e:  # an id made before packing out of range: name its row
+            _, shard, row = unpacked_row(keys[origin][e.row])
+            raise e.at(self._url(shard), row) from None
         ends = np.cumsum(lengths)
         step = _Step(item, self._serial)
         self._steps.append(step)

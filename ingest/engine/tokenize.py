@@ -261,6 +261,24 @@ def _in_range(lengths: npt.NDArray[np.int64], flat: npt.NDArray[np.integer]) -> 
         raise RowError(doc, f"the tokenizer's id {int(flat[bad])} is out of range", _FIX)
 
 
+def check_ids(flat: npt.NDArray[np.integer], lengths: npt.NDArray[np.int64]) -> None:
+    """Refuse token ids made before packing (a column of them, no :class:`Tokenize`) out of
+    ``[0, MAX_ID]``, naming the row of the first one (``lengths``: the rows' id counts).
+
+    Raises:
+        RowError: Naming the row in the batch, for the feed or the packer to name its shard.
+    """
+    if len(flat) and (flat.min() < 0 or flat.max() > MAX_ID):
+        bad = int(np.flatnonzero((flat < 0) | (flat > MAX_ID))[0])
+        row = int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
+        raise RowError(
+            row,
+            f"token id {int(flat[bad])} is out of range",
+            f"token ids are integers in [0, {MAX_ID}]: the vocabulary's ids (the column holds "
+            "something else, or was written with another type)",
+        )
+
+
 REVISION = 1
 """Part of :meth:`Tokenize.fingerprint`: bumped when Tokenize's output for the same tokenizer
 and options changes (its columns, their types, where ``eos_id`` goes), so that the derived
