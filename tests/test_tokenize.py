@@ -89,6 +89,26 @@ def test_a_transformers_tokenizer_from_a_local_directory(
     assert got == loaded(docs, add_special_tokens=False)["input_ids"]
 
 
+def test_a_tokenizers_special_tokens_are_added_when_asked_and_said_when_not() -> None:
+    """Found by a probe: a tokenizer whose post-processor puts a BOS before each document
+    (Llama's, Mistral's) lost it without a word: Tokenize encodes without special tokens
+    (documents are separated by ``eos_id`` when packed), which no doc said. It is said, and
+    ``special_tokens=True`` encodes as the tokenizer does by default; the derived cache keys
+    the two apart; a callable tokenizer, which adds what it adds, refuses it."""
+    from tokenizers import processors
+
+    tok = Tokenizer(models.WordLevel({"<s>": 0, "hello": 1, "world": 2}, unk_token="<s>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    table = pa.table({"text": ["hello world", "world"]})
+    assert Tokenize(tok)(table).table.column("input_ids").to_pylist() == [[1, 2], [2]]
+    with_bos = Tokenize(tok, special_tokens=True, eos_id=2)(table).table
+    assert with_bos.column("input_ids").to_pylist() == [[0, 1, 2, 2], [0, 2, 2]]
+    assert Tokenize(tok).fingerprint() != Tokenize(tok, special_tokens=True).fingerprint()
+    with pytest.raises(ConfigError, match="special_tokens"):
+        Tokenize(lambda texts: [[1] for _ in texts], special_tokens=True)
+
+
 def test_any_callable_from_texts_to_ids() -> None:
     def by_chars(batch: list[str]) -> dict[str, list[list[int]]]:
         return {"input_ids": [[ord(c) for c in t] for t in batch]}

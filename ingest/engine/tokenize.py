@@ -3,6 +3,9 @@
 :class:`Tokenize` takes any tokenizer: a Hugging Face ``tokenizers.Tokenizer``, a
 ``transformers`` fast tokenizer (its Rust tokenizer is used directly), or any callable from
 a list of texts to a list of token id lists (or to a dict holding them as ``"input_ids"``).
+A Rust tokenizer encodes each document's own tokens, without its special tokens (its
+post-processor's template: a BOS before each document with Llama's), unless
+``special_tokens=True``; packed documents are separated by ``eos_id``.
 One output row per input row: the token ids as a ``list<int32>`` column and their count,
 beside the columns kept. Packing them into sequences (:mod:`ingest.core.packing`) is the
 next stage.
@@ -57,23 +60,24 @@ def _new_lock() -> None:
 os.register_at_fork(after_in_child=_new_lock)
 
 
-def _encodings(batch: Callable[..., Any], texts: list[str]) -> Sequence[Any]:
+def _encodings(batch: Callable[..., Any], texts: list[str], special: bool) -> Sequence[Any]:
     """``batch`` (a Rust tokenizer's batch encoding) of ``texts``: an encoding per text, its
     ids as ``ids``. A function of the module, not a closure: a closure is pickled with the
     globals it names (the lock)."""
     with _Encoding.lock:
-        return batch(texts, add_special_tokens=False)  # type: ignore[no-any-return]
+        return batch(texts, add_special_tokens=special)  # type: ignore[no-any-return]
 
 
-def _encoder(tokenizer: Any) -> Callable[[list[str]], Sequence[Sequence[int]]]:
-    """A function from texts to token id lists, for ``tokenizer``."""
+def _encoder(tokenizer: Any, special: bool) -> Callable[[list[str]], Sequence[Sequence[int]]]:
+    """A function from texts to token id lists, for ``tokenizer`` (``special``: a Rust
+    tokenizer's special tokens added)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)  # a transformers fast tokenizer
     if backend is not None:
         tokenizer = backend
     fast = getattr(tokenizer, "encode_batch_fast", None)  # tokenizers: no offsets computed
     batch = fast or getattr(tokenizer, "encode_batch", None)
     if batch is not None:
-        return _Rust(batch)
+        return _Rust(batch, special)
     if not callable(tokenizer):
         raise ConfigError(
             f"tokenizer {tokenizer!r} is neither a tokenizers.Tokenizer, a transformers fast "
@@ -92,18 +96,19 @@ def _encoder(tokenizer: Any) -> Callable[[list[str]], Sequence[Sequence[int]]]:
 class _Rust:
     """A Rust tokenizer's batch encoding, as a function from texts to id lists (ints)."""
 
-    def __init__(self, batch: Callable[..., Any]) -> None:
+    def __init__(self, batch: Callable[..., Any], special: bool) -> None:
         self.batch = batch
+        self.special = special
 
     def __call__(self, texts: list[str]) -> list[list[int]]:
-        return [e.ids for e in _encodings(self.batch, texts)]
+        return [e.ids for e in _encodings(self.batch, texts, self.special)]
 
     def flat(
         self, texts: list[str], eos_id: int | None
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32]]:
         """:func:`_flat` of the ids of ``texts``, each encoding's converted as it comes
         (:func:`_packed`)."""
-        encodings = _encodings(self.batch, texts)
+        encodings = _encodings(self.batch, texts, self.special)
         return _packed((e.ids for e in encodings), len(encodings), eos_id)
 
 
@@ -323,6 +328,10 @@ class Tokenize(Stage):
             whenever what it computes changes, so that the derived cache (``derived=``)
             keeps its output (:meth:`fingerprint`); a Rust tokenizer needs none (given one,
             its copies are made anew when it changes).
+        special_tokens: Whether a Rust tokenizer adds its special tokens (its
+            post-processor's template, as it does by default: a BOS before each document
+            with Llama's). False: each document's own tokens (``eos_id`` separates packed
+            documents). A callable adds what it adds: refused with it.
     """
 
     def __init__(
@@ -335,6 +344,7 @@ class Tokenize(Stage):
         keep: Sequence[str] = (),
         parallel_batches: int | None = None,
         version: str | None = None,
+        special_tokens: bool = False,
     ) -> None:
         if version is not None:
             checked_version("Tokenize", version)
@@ -354,8 +364,14 @@ class Tokenize(Stage):
         self.parallel_batches = parallel_batches
         self.version = version
         self.tokenizer = tokenizer
-        self.encode = _encoder(tokenizer)
+        self.special_tokens = bool(special_tokens)
+        self.encode = _encoder(tokenizer, self.special_tokens)
         self._rust = isinstance(self.encode, _Rust)
+        if self.special_tokens and not self._rust:
+            raise ConfigError(
+                "Tokenize(special_tokens=True) is for a tokenizers or transformers tokenizer: "
+                "a callable adds what it adds; add the special tokens in it"
+            )
         self.column = column
         self.output = output
         self.eos_id = eos_id
@@ -386,6 +402,8 @@ class Tokenize(Stage):
             fields["function"] = function_id(self.tokenizer)
         if self.version is not None:  # (a Rust tokenizer's: to make its copies anew)
             fields["version"] = self.version
+        if self.special_tokens:  # (only then: the keys of copies made without stay)
+            fields["special_tokens"] = True
         return json.dumps(fields, sort_keys=True)
 
     def __call__(self, table: pa.Table) -> Staged:
