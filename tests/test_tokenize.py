@@ -371,6 +371,23 @@ def test_a_tokenizers_tokenizer_refuses_a_column_that_is_not_text(tokenizer: Tok
     assert got.table.column("num_tokens").to_pylist() == [2]
 
 
+def test_a_stages_refusal_of_a_batch_names_the_shards_it_was_read_from(
+    tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    """Found by a probe: an error a stage raises of a whole batch (a column that is not
+    text, a callable's wrong count of id lists) named no shard, so a user of many shards or
+    sources could not tell which holds the bad column. A note names them."""
+    import ingest
+
+    (tmp_path / "a.jsonl").write_text('{"text": "the a"}\n' * 3)
+    (tmp_path / "b.jsonl").write_text('{"text": 7}\n' * 3)
+    s = ingest.Stream(str(tmp_path / "b.jsonl"), batch_size=3, transform=Tokenize(tokenizer))
+    with pytest.raises(ConfigError, match="not text") as err:
+        next(iter(s))
+    notes = " ".join(getattr(err.value, "__notes__", []))
+    assert f"file://{tmp_path}/b.jsonl" in notes, notes
+
+
 # -- a fork while an encoding runs; close() ends the encodings (issue 31, finding 3) -------
 
 

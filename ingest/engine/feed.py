@@ -499,6 +499,7 @@ class Feed:
             table, rows, failed = self._split(self.transform, table, parts, rows)
         except Exception as e:
             if not self._skip:
+                self._note_shards(e, parts)
                 raise
             if skippable(e):  # a data error (a file that does not decode): its rows alone
                 table, rows, failed = self._split(self.transform, table, parts, rows)
@@ -568,6 +569,25 @@ class Feed:
                 return self.plan.listing.shards[int(shard[0])].url, int(row[0])
             index -= len(keys)
         raise IndexError(f"row {index} is past the batch")  # pragma: no cover
+
+    def _note_shards(self, error: Exception, parts: Sequence[tuple[Window, int, int]]) -> None:
+        """Name in a note the shards the batch cut from ``parts`` was read from, on a
+        :class:`ConfigError` a stage raised of the whole batch (a column that is not text):
+        it named no shard. (Another error's note names its stage: :func:`stage.noted`.)"""
+        if isinstance(error, ConfigError):
+            error.add_note(f"(the batch was read from {self._shards_of(parts)})")
+
+    def _shards_of(self, parts: Sequence[tuple[Window, int, int]], most: int = 3) -> str:
+        """The URLs of the shards the batch cut from ``parts`` was read from (``most`` of
+        them, then how many more)."""
+        shards: list[int] = []
+        for w, lo, hi in parts:
+            keys = w.keys[lo:hi] if w.holes is None else w.keys[lo:hi][~w.holes[lo:hi]]
+            if len(keys):
+                shards += np.unique(w.origin.locate(keys)[1]).tolist()
+        urls = list(dict.fromkeys(self.plan.listing.shards[s].url for s in shards))
+        more = f" and {len(urls) - most} more" if len(urls) > most else ""
+        return ", ".join(urls[:most]) + more
 
     @staticmethod
     def _acked(parts: Sequence[tuple[Window, int, int]]) -> Runs | Rows:
