@@ -266,6 +266,11 @@ def test_the_function_a_stage_runs_is_part_of_its_key() -> None:
     assert chain_fingerprint(Tokenize(lengths, version="1")) != chain_fingerprint(
         Tokenize(firsts, version="1")
     )
+    import functools
+
+    assert chain_fingerprint(Filter(functools.partial(_keep_even), version="1")) != (
+        chain_fingerprint(Filter(functools.partial(_keep_odd), version="1"))
+    )
     one = FlatMap(lambda row: [row], version="1")
     two = FlatMap(lambda row: [row, row], version="1")
     assert chain_fingerprint(one) != chain_fingerprint(two)

@@ -19,6 +19,7 @@ parts of input rows: that is the language-model data's issue, built on this seam
 
 from __future__ import annotations
 
+import functools
 import json
 import reprlib
 from abc import ABC, abstractmethod
@@ -326,10 +327,13 @@ def checked_version(stage: str, version: object) -> str:
 
 def function_id(fn: Any) -> str:
     """What names a user's function in a derived copy's key, beside its ``version``: its
-    module and qualified name, and for a lambda or a function made inside another (which
-    share a name) the line it starts on. Two functions of one name and version in one job
-    read each other's copies (a ``derived=`` URL is shared by every job): this tells them
-    apart; what a function computes is still told by its version (an edited body is not)."""
+    module and qualified name, for a lambda or a function made inside another (which share
+    a name) with the line it starts on, for a ``functools.partial`` its function's. Without
+    it two functions of one version read each other's copies (a ``derived=`` URL is shared
+    by every job); what a function computes is still told by its version (an edited body,
+    or a partial's arguments, are not)."""
+    if isinstance(fn, functools.partial):
+        return f"partial({function_id(fn.func)})"
     kind = fn if hasattr(fn, "__qualname__") else type(fn)
     name = f"{getattr(kind, '__module__', '?')}.{kind.__qualname__}"
     code = getattr(fn, "__code__", None)
