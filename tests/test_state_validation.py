@@ -173,12 +173,17 @@ def test_a_part_of_another_kind_is_refused_as_malformed(
     refused(data, _set(saved(data), path, value), "malformed")
 
 
+@pytest.mark.parametrize("null", [False, True], ids=["deleted", "null"])
 @pytest.mark.parametrize("part", ["position", "progress", "distributed", "dataset"])
-def test_a_missing_part_is_refused_as_malformed_naming_it(data: str, part: str) -> None:
+def test_a_missing_part_is_refused_as_malformed_naming_it(data: str, part: str, null: bool) -> None:
     """Found by a probe: a state whose ``position`` was deleted was refused as saved "with
-    another shuffle_seed", which it was not. A part missing is the state malformed, named."""
+    another shuffle_seed", which it was not; one set to null was read as empty. A part
+    missing, or null, is the state malformed, named."""
     state = saved(data)
-    del state[part]
+    if null:
+        state[part] = None
+    else:
+        del state[part]
     message = refused(data, state, "malformed", f"{part!r}", "missing")
     assert "shuffle_seed" not in message
 

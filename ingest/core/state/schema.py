@@ -137,10 +137,11 @@ class StreamState:
                 f"versions {', '.join(map(str, READ_VERSIONS))}); resume with the ingest "
                 "release that wrote it, or start without the state"
             )
-        # Every state saved holds the four parts; a version 2 state without the two last
-        # is read (their defaults), as it was. From version 3 on, a part missing was deleted.
+        # Every state saved holds the four parts, none null; a version 2 state without the
+        # two last is read (their defaults), as it was. From version 3 on, a part missing (or
+        # null) was deleted.
         parts = BOOK_PARTS if version >= 3 else ("dataset", "progress")
-        missing = [part for part in parts if part not in data]
+        missing = [part for part in parts if data.get(part) is None]
         if missing:
             raise StateError(
                 f"the state is malformed: its {', '.join(map(repr, missing))} part"
