@@ -108,12 +108,12 @@ def _skip_now(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple[
     uncounted: set[int] = set()
     skipped: dict[int, IntervalSet] = {}
     for r in rows:
-        shard = _shard_of(state, index, r)
+        shard, held = _shard_of(state, index, r)
         mine = consumed.of(shard)
         before = mine.count
         mine.add(r.start, r.stop)
         grew += mine.count - before
-        if r.epoch is None and progress.consumed.rows_of(shard, state.shards) is None:
+        if r.epoch is None and held is None:
             uncounted.add(shard)  # named by hand, the shard's end unknown: not counted
         else:
             added += mine.count - before
@@ -147,9 +147,9 @@ def _skip_now(state: StreamState, rows: Iterable[SkipRows], what: str) -> tuple[
     return replace(state, progress=new_progress, distributed=new_dist, position=position), added
 
 
-def _shard_of(state: StreamState, index: dict[str, int], r: SkipRows) -> int:
+def _shard_of(state: StreamState, index: dict[str, int], r: SkipRows) -> tuple[int, int | None]:
     """The index of ``r``'s shard in the state's listing (``index``: by URL, and by bare
-    path).
+    path), and its rows where the state knows them.
 
     Raises:
         StateError: If the listing holds no such shard, or ``r`` passes its known end.
@@ -168,7 +168,7 @@ def _shard_of(state: StreamState, index: dict[str, int], r: SkipRows) -> int:
             f"rows [{r.start}, {r.stop}) of {redact(r.url)}: the shard holds {held} rows "
             f"({how}); pass a range within [0, {held})"
         )
-    return shard
+    return shard, held
 
 
 def _overlap(carry: IntervalSet, start: int, stop: int) -> list[tuple[int, int]]:

@@ -408,8 +408,8 @@ class LaneReader:
         what cannot be read as holes under ``on_error="skip"``: a span from where it
         failed, the others read on (``failures``: spans of the run that failed already; past
         :data:`_FAILED_SPANS`, the rest of the run is given up). ``together``: the rows of
-        several spans in one batch come as one :class:`~ingest.formats.base.Gathered` (a
-        failure there loses the run from the span it was in)."""
+        several spans in one batch come as one :class:`~ingest.formats.base.Gathered` (after
+        a failure, read again one by one: :meth:`_failed`)."""
         last = [start for start, _ in ranges]
         at = 0
         try:
@@ -471,12 +471,10 @@ class LaneReader:
             runs = [run[i] for i in todo]
             yield from self._read_ranges(ctx, shard, runs, spans, None, False, failed.failures + 1)
             return
-        if at + 1 >= len(ranges):
-            yield from self._holes(failed.error, url, shard, run, ranges, last, at)
-            return
         yield from self._holes(failed.error, url, shard, run[: at + 1], ranges[: at + 1], last, at)
-        rest = (run[at + 1 :], ranges[at + 1 :])
-        yield from self._read_ranges(ctx, shard, *rest, None, together, failed.failures + 1)
+        if at + 1 < len(ranges):
+            rest = (run[at + 1 :], ranges[at + 1 :])
+            yield from self._read_ranges(ctx, shard, *rest, None, together, failed.failures + 1)
 
     def _read_run(
         self,

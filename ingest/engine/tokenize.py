@@ -68,12 +68,15 @@ def _encodings(batch: Callable[..., Any], texts: list[str], special: bool) -> Se
         return batch(texts, add_special_tokens=special)  # type: ignore[no-any-return]
 
 
+def _backend(tokenizer: Any) -> Any:
+    """A ``transformers`` fast tokenizer's Rust tokenizer; any other tokenizer as it is."""
+    return getattr(tokenizer, "backend_tokenizer", None) or tokenizer
+
+
 def _encoder(tokenizer: Any, special: bool) -> Callable[[list[str]], Sequence[Sequence[int]]]:
     """A function from texts to token id lists, for ``tokenizer`` (``special``: a Rust
     tokenizer's special tokens added)."""
-    backend = getattr(tokenizer, "backend_tokenizer", None)  # a transformers fast tokenizer
-    if backend is not None:
-        tokenizer = backend
+    tokenizer = _backend(tokenizer)
     fast = getattr(tokenizer, "encode_batch_fast", None)  # tokenizers: no offsets computed
     batch = fast or getattr(tokenizer, "encode_batch", None)
     if batch is not None:
@@ -258,17 +261,26 @@ def _integers(n: int, ids: Iterable[Any]) -> None:
 
 
 def _in_range(lengths: npt.NDArray[np.int64], flat: npt.NDArray[np.integer]) -> None:
-    """Refuse ids in ``flat`` out of ``[0, MAX_ID]``, naming the document of the first one
-    (``lengths``: the documents' lengths in ``flat``)."""
-    if len(flat) and (flat.min() < 0 or flat.max() > MAX_ID):
-        bad = int(np.flatnonzero((flat < 0) | (flat > MAX_ID))[0])
-        doc = int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
-        raise RowError(doc, f"the tokenizer's id {int(flat[bad])} is out of range", _FIX)
+    """Refuse the tokenizer's ids in ``flat`` out of ``[0, MAX_ID]``, naming the document of
+    the first one (``lengths``: the documents' lengths in ``flat``)."""
+    check_ids(flat, lengths, "the tokenizer's id", _FIX)
 
 
-def check_ids(flat: npt.NDArray[np.integer], lengths: npt.NDArray[np.int64]) -> None:
-    """Refuse token ids made before packing (a column of them, no :class:`Tokenize`) out of
-    ``[0, MAX_ID]``, naming the row of the first one (``lengths``: the rows' id counts).
+_MADE_FIX = (
+    f"token ids are integers in [0, {MAX_ID}]: the vocabulary's ids (the column holds "
+    "something else, or was written with another type)"
+)
+
+
+def check_ids(
+    flat: npt.NDArray[np.integer],
+    lengths: npt.NDArray[np.int64],
+    what: str = "token id",
+    fix: str = _MADE_FIX,
+) -> None:
+    """Refuse ids in ``flat`` out of ``[0, MAX_ID]``, naming the row of the first one
+    (``lengths``: the rows' id counts): token ids made before packing (a column of them, no
+    :class:`Tokenize`), or a tokenizer's (:func:`_in_range`, ``what`` and ``fix`` its own).
 
     Raises:
         RowError: Naming the row in the batch, for the feed or the packer to name its shard.
@@ -276,12 +288,7 @@ def check_ids(flat: npt.NDArray[np.integer], lengths: npt.NDArray[np.int64]) -> 
     if len(flat) and (flat.min() < 0 or flat.max() > MAX_ID):
         bad = int(np.flatnonzero((flat < 0) | (flat > MAX_ID))[0])
         row = int(np.searchsorted(np.cumsum(lengths), bad, side="right"))
-        raise RowError(
-            row,
-            f"token id {int(flat[bad])} is out of range",
-            f"token ids are integers in [0, {MAX_ID}]: the vocabulary's ids (the column holds "
-            "something else, or was written with another type)",
-        )
+        raise RowError(row, f"{what} {int(flat[bad])} is out of range", fix)
 
 
 REVISION = 1
@@ -385,8 +392,7 @@ class Tokenize(Stage):
         compare, is named by its ``version`` (and :func:`~ingest.engine.stage.function_id`)
         instead; None without one: its chain is not cached. A ``transformers`` fast
         tokenizer's serialized form is its ``backend_tokenizer``'s."""
-        rust = getattr(self.tokenizer, "backend_tokenizer", None) or self.tokenizer
-        to_str = getattr(rust, "to_str", None)
+        to_str = getattr(_backend(self.tokenizer), "to_str", None)
         if to_str is None and self.version is None:
             return None
         fields: dict[str, Any] = {

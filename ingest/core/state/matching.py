@@ -42,11 +42,7 @@ def _moved_commit(
     """The state's commit and the listing's where every one of the ``missing`` shards (Hub
     URLs at a commit) is in the listing at another commit, the same path: the branch read
     moved (a commit was pushed); None otherwise."""
-    commits = {}
-    for url in listed:
-        found = _AT_COMMIT.match(url)
-        if found is not None:
-            commits[found.group(1)] = found.group(2)
+    commits = hub_commits(listed)
     old = new = None
     for url in missing:
         found = _AT_COMMIT.match(url)
